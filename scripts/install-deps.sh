@@ -1,0 +1,31 @@
+#!/bin/sh
+# Installs everything cohort needs to build, test and run on Debian 12.
+# Idempotent: packages already present are left alone; safe to run again.
+set -eu
+
+PKGS="build-essential cmake ninja-build ccache pkg-config git
+libtorch-dev libgloo-dev
+libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+libgtest-dev libgmock-dev libbenchmark-dev
+openmpi-bin libopenmpi-dev
+zlib1g-dev
+dataset-fashion-mnist
+python3 python3-torch python3-torchvision"
+
+missing=""
+for p in $PKGS; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  echo "cohort: installing:$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -q --no-install-recommends $missing
+else
+  echo "cohort: all dependencies present"
+fi
