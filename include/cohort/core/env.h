@@ -1,0 +1,57 @@
+#pragma once
+
+// Every environment variable cohort reads is read in src/core/env.cc.
+//
+// A rank learns its place in the job from the environment, as torchrun
+// defines it: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT. Ranks started by OpenMPI's mpirun (OMPI_COMM_WORLD_*) or by
+// Slurm's srun (SLURM_PROCID, ...) are mapped onto the same contract.
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cohort::env {
+
+struct RankEnv {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  int localWorldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;  // torchrun's default
+  bool masterFromEnv = false;  // MASTER_ADDR/MASTER_PORT were set
+  // Which launcher's variables were found: "torchrun", "openmpi", "slurm",
+  // or "none" (a single process: rank 0 of 1).
+  std::string source = "none";
+  // COHORT_AGENT_STORE=1: a cohort launcher hosts the rendezvous store at
+  // MASTER_ADDR:MASTER_PORT; otherwise rank 0 hosts it.
+  bool agentStore = false;
+};
+
+// Reads the rank's environment. Throws ConfigError naming the variable when a
+// value is not a number or is inconsistent (RANK >= WORLD_SIZE, ...).
+RankEnv detectRankEnv();
+
+// The variables a cohort launcher sets for one rank (torchrun's names).
+std::vector<std::pair<std::string, std::string>> rankVariables(const RankEnv& r);
+
+// COHORT_LOG_LEVEL, if set.
+std::optional<std::string> logLevel();
+
+// COHORT_FAULT: a fault to inject, for tests of failure handling.
+// Syntax "<action>@rank<R>:step<S>" with action "exit<code>" or "kill"
+// (SIGKILL to itself), e.g. "exit3@rank1:step5".
+struct Fault {
+  enum class Action { exit, kill } action = Action::exit;
+  int exitCode = 1;
+  int rank = 0;
+  long step = 0;
+};
+std::optional<Fault> fault();
+
+// Number of CPU cores this process may use (affinity mask), at least 1.
+int availableCores();
+
+}  // namespace cohort::env

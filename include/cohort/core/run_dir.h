@@ -1,0 +1,37 @@
+#pragma once
+
+// The run directory: everything one run produced, in one place.
+//
+//   job.yaml            the resolved job, every default filled in
+//   logs/rank-<r>.log   one log per rank (logs/launcher.log for the launcher)
+//   metrics.jsonl       train and eval records
+//   model/final.pt      trained weights (a PyTorch state dict)
+//   summary.json        the outcome
+
+#include <string>
+
+#include "cohort/config/job.h"
+
+namespace cohort {
+
+struct RunDir {
+  std::string root;
+
+  std::string jobFile() const { return root + "/job.yaml"; }
+  std::string logsDir() const { return root + "/logs"; }
+  std::string rankLog(int rank) const { return logsDir() + "/rank-" + std::to_string(rank) + ".log"; }
+  std::string launcherLog() const { return logsDir() + "/launcher.log"; }
+  std::string metrics() const { return root + "/metrics.jsonl"; }
+  std::string modelDir() const { return root + "/model"; }
+  std::string finalModel() const { return modelDir() + "/final.pt"; }
+  std::string summary() const { return root + "/summary.json"; }
+};
+
+// Creates `<output.dir>/<name>-<UTC time>` (with a numeric suffix if it
+// exists already) and its logs/ and model/ folders. Throws IoError.
+RunDir createDefaultRunDir(const JobConfig& job);
+
+// Creates `path` (and logs/, model/) if missing. Throws IoError.
+RunDir openRunDir(const std::string& path);
+
+}  // namespace cohort

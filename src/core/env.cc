@@ -1,0 +1,173 @@
+#include "cohort/core/env.h"
+
+#include <fmt/format.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <regex>
+#include <thread>
+
+#include "cohort/core/error.h"
+
+namespace cohort::env {
+namespace {
+
+std::optional<std::string> get(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int parseInt(const char* name, const std::string& value) {
+  try {
+    size_t pos = 0;
+    long v = std::stol(value, &pos);
+    if (pos != value.size() || v < 0 || v > 1'000'000'000) throw std::invalid_argument("");
+    return static_cast<int>(v);
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format(
+        "environment variable {}: expected a non-negative integer, got '{}'", name, value));
+  }
+}
+
+std::optional<int> getInt(const char* name) {
+  if (auto v = get(name)) return parseInt(name, *v);
+  return std::nullopt;
+}
+
+int require(const char* name, const char* because) {
+  auto v = getInt(name);
+  if (!v) {
+    throw ConfigError(fmt::format("environment variable {} is not set ({} is set)", name, because));
+  }
+  return *v;
+}
+
+// Slurm writes tasks per node as "2(x3),1": three nodes with 2 tasks, then 1.
+std::optional<int> slurmTasksOnNode(const std::string& spec, int node) {
+  static const std::regex item(R"((\d+)(?:\(x(\d+)\))?)");
+  int index = 0;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    std::smatch m;
+    std::string part = spec.substr(start, end - start);
+    if (!std::regex_match(part, m, item)) return std::nullopt;
+    int tasks = std::stoi(m[1]);
+    int repeat = m[2].matched ? std::stoi(m[2]) : 1;
+    if (node < index + repeat) return tasks;
+    index += repeat;
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+RankEnv detectRankEnv() {
+  RankEnv r;
+  if (get("RANK") || get("WORLD_SIZE")) {
+    r.source = "torchrun";
+    r.rank = require("RANK", "WORLD_SIZE");
+    r.worldSize = require("WORLD_SIZE", "RANK");
+    r.localRank = getInt("LOCAL_RANK").value_or(r.rank);
+    r.localWorldSize = getInt("LOCAL_WORLD_SIZE").value_or(r.worldSize);
+  } else if (get("OMPI_COMM_WORLD_RANK")) {
+    r.source = "openmpi";
+    r.rank = require("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_RANK");
+    r.worldSize = require("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
+    r.localRank = getInt("OMPI_COMM_WORLD_LOCAL_RANK").value_or(r.rank);
+    r.localWorldSize = getInt("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(r.worldSize);
+  } else if (get("SLURM_PROCID")) {
+    r.source = "slurm";
+    r.rank = require("SLURM_PROCID", "SLURM_PROCID");
+    r.worldSize = require("SLURM_NTASKS", "SLURM_PROCID");
+    r.localRank = getInt("SLURM_LOCALID").value_or(0);
+    if (auto n = getInt("SLURM_NTASKS_PER_NODE")) {
+      r.localWorldSize = *n;
+    } else if (auto spec = get("SLURM_TASKS_PER_NODE")) {
+      auto n2 = slurmTasksOnNode(*spec, getInt("SLURM_NODEID").value_or(0));
+      if (!n2) {
+        throw ConfigError(fmt::format(
+            "environment variable SLURM_TASKS_PER_NODE: cannot parse '{}'", *spec));
+      }
+      r.localWorldSize = *n2;
+    } else {
+      r.localWorldSize = r.worldSize;
+    }
+  }
+
+  if (r.worldSize < 1) {
+    throw ConfigError(fmt::format("world size from {} must be >= 1, got {}", r.source, r.worldSize));
+  }
+  if (r.rank >= r.worldSize) {
+    throw ConfigError(fmt::format("rank {} from {} is not below the world size {}", r.rank,
+                                  r.source, r.worldSize));
+  }
+  if (r.localWorldSize < 1 || r.localRank >= r.localWorldSize) {
+    throw ConfigError(fmt::format("local rank {} from {} is not below the local world size {}",
+                                  r.localRank, r.source, r.localWorldSize));
+  }
+
+  auto addr = get("MASTER_ADDR");
+  auto port = getInt("MASTER_PORT");
+  if (addr) r.masterAddr = *addr;
+  if (port) {
+    if (*port < 1 || *port > 65535) {
+      throw ConfigError(fmt::format("environment variable MASTER_PORT: {} is not a TCP port", *port));
+    }
+    r.masterPort = *port;
+  }
+  r.masterFromEnv = addr.has_value() || port.has_value();
+  r.agentStore = get("COHORT_AGENT_STORE").value_or("0") == "1";
+  return r;
+}
+
+std::vector<std::pair<std::string, std::string>> rankVariables(const RankEnv& r) {
+  return {
+      {"RANK", std::to_string(r.rank)},
+      {"WORLD_SIZE", std::to_string(r.worldSize)},
+      {"LOCAL_RANK", std::to_string(r.localRank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(r.localWorldSize)},
+      {"MASTER_ADDR", r.masterAddr},
+      {"MASTER_PORT", std::to_string(r.masterPort)},
+      {"COHORT_AGENT_STORE", r.agentStore ? "1" : "0"},
+  };
+}
+
+std::optional<std::string> logLevel() { return get("COHORT_LOG_LEVEL"); }
+
+std::optional<Fault> fault() {
+  auto v = get("COHORT_FAULT");
+  if (!v) return std::nullopt;
+  static const std::regex re(R"((exit(\d+)|kill)@rank(\d+):step(\d+))");
+  std::smatch m;
+  if (!std::regex_match(*v, m, re)) {
+    throw ConfigError(fmt::format(
+        "environment variable COHORT_FAULT: expected '<exitN|kill>@rank<R>:step<S>', got '{}'",
+        *v));
+  }
+  Fault f;
+  if (m[1].str() == "kill") {
+    f.action = Fault::Action::kill;
+  } else {
+    f.exitCode = std::stoi(m[2]);
+  }
+  f.rank = std::stoi(m[3]);
+  f.step = std::stol(m[4]);
+  return f;
+}
+
+int availableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  unsigned hc = std::thread::hardware_concurrency();
+  return hc > 0 ? static_cast<int>(hc) : 1;
+}
+
+}  // namespace cohort::env

@@ -1,0 +1,50 @@
+#include "cohort/core/run_dir.h"
+
+#include <fmt/format.h>
+
+#include <ctime>
+#include <filesystem>
+
+#include "cohort/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace cohort {
+namespace {
+
+void makeDirs(const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) throw IoError(fmt::format("cannot create directory {}: {}", path, ec.message()));
+}
+
+}  // namespace
+
+RunDir openRunDir(const std::string& path) {
+  RunDir d{fs::absolute(path).lexically_normal().string()};
+  while (d.root.size() > 1 && d.root.back() == '/') d.root.pop_back();
+  makeDirs(d.root);
+  makeDirs(d.logsDir());
+  makeDirs(d.modelDir());
+  return d;
+}
+
+RunDir createDefaultRunDir(const JobConfig& job) {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  makeDirs(job.output.dir);
+  const std::string base = fmt::format("{}/{}-{}", job.output.dir, job.name, stamp);
+  for (int k = 1; k < 1000; ++k) {
+    const std::string candidate = k == 1 ? base : fmt::format("{}-{}", base, k);
+    std::error_code ec;
+    // create_directory returns false when it exists: try the next suffix.
+    if (fs::create_directory(candidate, ec)) return openRunDir(candidate);
+    if (ec) throw IoError(fmt::format("cannot create directory {}: {}", candidate, ec.message()));
+  }
+  throw IoError(fmt::format("cannot create a run directory under {}", job.output.dir));
+}
+
+}  // namespace cohort
