@@ -1,0 +1,126 @@
+#pragma once
+
+// The job: everything a run needs, as plain structs with their defaults.
+// Every key, its type, range and default is declared once, in
+// src/config/schema.cc; docs/job-spec.md documents each of them (a test
+// checks that the two agree).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cohort {
+
+struct ModelConfig {
+  std::string arch = "simple_cnn";  // simple_cnn | resnet18 | resnet34 | resnet50 | resnet101
+  int64_t numClasses = 10;
+  int64_t inChannels = 0;   // 0: taken from the training data
+  bool smallInput = false;  // ResNet stem for 28-64 px images
+  bool batchNorm = true;    // simple_cnn
+  int64_t width = 32;       // simple_cnn: channels of the first convolution
+  int64_t hidden = 128;     // simple_cnn: units of the hidden linear layer
+  double dropout = 0.0;     // simple_cnn: before the classifier
+  bool zeroInitResidual = false;  // ResNet: last BN of each block starts at 0
+  std::string initFrom;     // state dict (.pt) to start from
+};
+
+struct AugmentConfig {
+  bool hflip = false;       // random horizontal flip
+  int64_t cropPadding = 0;  // random crop of the original size after zero padding
+};
+
+struct DatasetConfig {
+  std::string kind = "none";  // idx | synthetic | none
+  std::string images;         // idx: images file (raw or .gz)
+  std::string labels;         // idx: labels file (raw or .gz)
+  int64_t limit = 0;          // use only the first N samples; 0 = all
+  int64_t size = 1024;        // synthetic: number of samples
+  std::vector<int64_t> shape = {3, 32, 32};  // synthetic: C, H, W
+  int64_t seed = 0;           // synthetic: content seed
+  std::vector<double> mean;   // per-channel normalization; empty = none
+  std::vector<double> std;
+  AugmentConfig augment;
+};
+
+struct DataConfig {
+  DatasetConfig train;
+  DatasetConfig eval;
+  int64_t loaderThreads = 2;   // batch-building threads per rank
+  int64_t prefetchBatches = 4; // batches built ahead of the trainer
+  bool dropLast = false;       // drop the last incomplete training batch
+  int64_t evalBatchSize = 0;   // 0: twice training.batch_size
+};
+
+struct DistributionConfig {
+  int64_t nodes = 1;
+  int64_t procsPerNode = 1;
+  std::string backend = "gloo";  // gloo | nccl
+  int64_t threadsPerRank = 0;    // intra-op threads; 0: cores / procs_per_node
+  std::string masterAddr = "127.0.0.1";  // where `cohort run` hosts the store
+  int64_t masterPort = 0;        // 0: a free port
+  std::string interface;         // network interface for collectives; empty: by address
+  double timeoutS = 300;         // rendezvous and collective timeout
+  double bucketCapMb = 25;       // gradient bucket size
+  bool findUnusedParameters = false;
+  bool broadcastBuffers = true;  // buffers (BatchNorm statistics) follow rank 0
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";  // sgd | adamw
+  double lr = 0.1;
+  int64_t baseBatch = 0;     // linear scaling: lr * global_batch / base_batch; 0 = off
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weightDecay = 0.0;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+};
+
+struct ScheduleConfig {
+  std::string name = "constant";  // constant | cosine | step
+  double warmupEpochs = 0;
+  double minLr = 0;
+  std::vector<double> milestones;  // step: epochs at which lr *= gamma
+  double gamma = 0.1;
+};
+
+struct TrainingConfig {
+  int64_t epochs = 1;
+  int64_t maxSteps = 0;       // stop after this many optimizer steps; 0 = no limit
+  int64_t batchSize = 32;     // per rank and micro-step
+  int64_t accumulateSteps = 1;
+  int64_t seed = 0;
+  double labelSmoothing = 0;
+  int64_t logEvery = 50;      // steps between train metrics
+  int64_t evalEvery = 1;      // epochs between evaluations; 0 = only after the last
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+};
+
+struct OutputConfig {
+  std::string dir = "runs";        // parent of run directories
+  std::string progress = "auto";   // auto | bar | plain | off
+  bool saveFinal = true;           // write model/final.pt
+};
+
+// Reserved for checkpointing; only `enabled: false` is accepted for now.
+struct CheckpointConfig {
+  bool enabled = false;
+};
+
+struct JobConfig {
+  std::string name = "job";
+  ModelConfig model;
+  DataConfig data;
+  DistributionConfig distribution;
+  TrainingConfig training;
+  OutputConfig output;
+  CheckpointConfig checkpoint;
+};
+
+// Number of ranks the job asks for: nodes * procs_per_node.
+inline int64_t requestedWorldSize(const JobConfig& job) {
+  return job.distribution.nodes * job.distribution.procsPerNode;
+}
+
+}  // namespace cohort

@@ -1,0 +1,183 @@
+#pragma once
+
+// The job schema, declared once. Each describe() lists the keys of one
+// section with their member, rule and one-line description; visitors walk
+// it to parse YAML (parse.cc), emit YAML (emit.cc) and list the keys for
+// documentation (describeJobKeys).
+//
+// A visitor V provides:
+//   template <class T> void field(const char* key, T& member, const char* doc,
+//                                 const Rule& rule = {});
+//   template <class S> void section(const char* key, S& member, const char* doc);
+// and section() calls describe(*this, member) for the nested keys.
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/config/job.h"
+
+namespace cohort::detail {
+
+struct Rule {
+  std::optional<double> min;  // inclusive
+  std::optional<double> max;  // inclusive
+  bool minExclusive = false;
+  std::vector<std::string> choices;
+};
+
+inline Rule atLeast(double v) { return Rule{v, std::nullopt, false, {}}; }
+inline Rule above(double v) { return Rule{v, std::nullopt, true, {}}; }
+inline Rule between(double lo, double hi) { return Rule{lo, hi, false, {}}; }
+inline Rule oneOf(std::vector<std::string> c) { return Rule{std::nullopt, std::nullopt, false, std::move(c)}; }
+
+template <class V>
+void describe(V& v, ModelConfig& c) {
+  v.field("arch", c.arch, "Model architecture.",
+          oneOf({"simple_cnn", "resnet18", "resnet34", "resnet50", "resnet101"}));
+  v.field("num_classes", c.numClasses, "Number of output classes.", atLeast(1));
+  v.field("in_channels", c.inChannels, "Input channels; 0 takes them from the training data.",
+          atLeast(0));
+  v.field("small_input", c.smallInput,
+          "ResNet: 3x3 stride-1 stem without max-pool, for 28-64 px images.");
+  v.field("batch_norm", c.batchNorm, "simple_cnn: BatchNorm after each convolution.");
+  v.field("width", c.width, "simple_cnn: channels of the first convolution (the second has twice).",
+          atLeast(1));
+  v.field("hidden", c.hidden, "simple_cnn: units of the hidden fully connected layer.", atLeast(1));
+  v.field("dropout", c.dropout, "simple_cnn: dropout probability before the classifier.",
+          Rule{0.0, 0.99, false, {}});
+  v.field("zero_init_residual", c.zeroInitResidual,
+          "ResNet: start the last BatchNorm of each residual block at zero.");
+  v.field("init_from", c.initFrom,
+          "State dict (.pt, as written by torch.save(model.state_dict())) to start from.");
+}
+
+template <class V>
+void describe(V& v, AugmentConfig& c) {
+  v.field("hflip", c.hflip, "Random horizontal flip.");
+  v.field("crop_padding", c.cropPadding,
+          "Random crop of the original size after zero-padding each side by this many pixels.",
+          atLeast(0));
+}
+
+template <class V>
+void describe(V& v, DatasetConfig& c) {
+  v.field("kind", c.kind, "Source of samples.", oneOf({"idx", "synthetic", "none"}));
+  v.field("images", c.images, "idx: images file (IDX format, raw or gzip).");
+  v.field("labels", c.labels, "idx: labels file (IDX format, raw or gzip).");
+  v.field("limit", c.limit, "Use only the first N samples; 0 uses all.", atLeast(0));
+  v.field("size", c.size, "synthetic: number of samples.", atLeast(1));
+  v.field("shape", c.shape, "synthetic: sample shape [channels, height, width].");
+  v.field("seed", c.seed, "synthetic: seed of the sample contents.", atLeast(0));
+  v.field("mean", c.mean, "Per-channel mean subtracted after scaling pixels to [0,1]; empty: none.");
+  v.field("std", c.std, "Per-channel standard deviation divided by after the mean; empty: none.");
+  v.section("augment", c.augment, "Training-time augmentation.");
+}
+
+template <class V>
+void describe(V& v, DataConfig& c) {
+  v.section("train", c.train, "Training data (required).");
+  v.section("eval", c.eval, "Evaluation data, evaluated after each epoch; kind none skips it.");
+  v.field("loader_threads", c.loaderThreads, "Batch-building threads per rank.", atLeast(1));
+  v.field("prefetch_batches", c.prefetchBatches, "Batches built ahead of the trainer.",
+          atLeast(1));
+  v.field("drop_last", c.dropLast, "Drop each rank's last incomplete training batch.");
+  v.field("eval_batch_size", c.evalBatchSize,
+          "Evaluation batch size per rank; 0 uses twice training.batch_size.", atLeast(0));
+}
+
+template <class V>
+void describe(V& v, DistributionConfig& c) {
+  v.field("nodes", c.nodes, "Machines in the job.", atLeast(1));
+  v.field("procs_per_node", c.procsPerNode, "Ranks per machine (`cohort run --procs` sets it).",
+          atLeast(1));
+  v.field("backend", c.backend, "Collective backend.", oneOf({"gloo", "nccl"}));
+  v.field("threads_per_rank", c.threadsPerRank,
+          "Intra-op threads per rank; 0: available cores / procs_per_node (at least 1).",
+          atLeast(0));
+  v.field("master_addr", c.masterAddr, "Address where `cohort run` hosts the rendezvous store.");
+  v.field("master_port", c.masterPort, "Port of the rendezvous store; 0 picks a free port.",
+          between(0, 65535));
+  v.field("interface", c.interface,
+          "Network interface for collectives (e.g. eth0); empty: the address of master_addr's "
+          "route (loopback for one machine).");
+  v.field("timeout_s", c.timeoutS, "Timeout of rendezvous and of each collective, in seconds.",
+          above(0));
+  v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", above(0));
+  v.field("find_unused_parameters", c.findUnusedParameters,
+          "Allow parameters that get no gradient in a step (their gradient counts as zero).");
+  v.field("broadcast_buffers", c.broadcastBuffers,
+          "Broadcast buffers (BatchNorm running statistics) from rank 0 before each step.");
+}
+
+template <class V>
+void describe(V& v, OptimizerConfig& c) {
+  v.field("name", c.name, "Optimizer.", oneOf({"sgd", "adamw"}));
+  v.field("lr", c.lr, "Base learning rate.", above(0));
+  v.field("base_batch", c.baseBatch,
+          "Linear scaling rule: the peak lr is lr * global_batch / base_batch; 0 uses lr as is.",
+          atLeast(0));
+  v.field("momentum", c.momentum, "sgd: momentum.", between(0, 1));
+  v.field("nesterov", c.nesterov, "sgd: Nesterov momentum.");
+  v.field("weight_decay", c.weightDecay,
+          "Weight decay (sgd: L2 added to the gradient; adamw: decoupled).", atLeast(0));
+  v.field("betas", c.betas, "adamw: [beta1, beta2].");
+  v.field("eps", c.eps, "adamw: epsilon.", above(0));
+}
+
+template <class V>
+void describe(V& v, ScheduleConfig& c) {
+  v.field("name", c.name, "Learning-rate decay after warmup.", oneOf({"constant", "cosine", "step"}));
+  v.field("warmup_epochs", c.warmupEpochs,
+          "Linear warmup from 0 to the peak lr over this many epochs (fractions allowed).",
+          atLeast(0));
+  v.field("min_lr", c.minLr, "cosine: final learning rate.", atLeast(0));
+  v.field("milestones", c.milestones, "step: epochs at which the lr is multiplied by gamma.");
+  v.field("gamma", c.gamma, "step: decay factor.", Rule{0.0, 1.0, true, {}});
+}
+
+template <class V>
+void describe(V& v, TrainingConfig& c) {
+  v.field("epochs", c.epochs, "Passes over the training data.", atLeast(1));
+  v.field("max_steps", c.maxSteps, "Stop after this many optimizer steps; 0: no limit.", atLeast(0));
+  v.field("batch_size", c.batchSize, "Samples per rank per micro-step.", atLeast(1));
+  v.field("accumulate_steps", c.accumulateSteps,
+          "Micro-steps per optimizer step; gradients are only exchanged on the last.", atLeast(1));
+  v.field("seed", c.seed, "Seed of initialization, shuffling, augmentation and dropout.",
+          atLeast(0));
+  v.field("label_smoothing", c.labelSmoothing, "Cross-entropy label smoothing.", Rule{0.0, 1.0, false, {}});
+  v.field("log_every", c.logEvery, "Optimizer steps between train records in metrics.jsonl.",
+          atLeast(1));
+  v.field("eval_every", c.evalEvery, "Epochs between evaluations; 0: only after the last epoch.",
+          atLeast(0));
+  v.section("optimizer", c.optimizer, "Optimizer.");
+  v.section("schedule", c.schedule, "Learning-rate schedule (per optimizer step).");
+}
+
+template <class V>
+void describe(V& v, OutputConfig& c) {
+  v.field("dir", c.dir, "Directory in which run directories are created.");
+  v.field("progress", c.progress,
+          "Console progress: bar on a terminal and plain lines otherwise (auto), or forced.",
+          oneOf({"auto", "bar", "plain", "off"}));
+  v.field("save_final", c.saveFinal, "Write the trained weights to model/final.pt.");
+}
+
+template <class V>
+void describe(V& v, CheckpointConfig& c) {
+  v.field("enabled", c.enabled, "Reserved: checkpointing is not available yet; must be false.");
+}
+
+template <class V>
+void describe(V& v, JobConfig& c) {
+  v.field("name", c.name, "Job name; run directories are named <name>-<UTC time>.");
+  v.section("model", c.model, "The network.");
+  v.section("data", c.data, "Training and evaluation data.");
+  v.section("distribution", c.distribution, "Ranks and communication.");
+  v.section("training", c.training, "The training loop.");
+  v.section("output", c.output, "Run directory and console output.");
+  v.section("checkpoint", c.checkpoint, "Checkpoints (reserved).");
+}
+
+}  // namespace cohort::detail

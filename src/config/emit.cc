@@ -1,0 +1,145 @@
+// The resolved job as YAML, the key list for documentation, and the job hash,
+// all walking the same schema as the parser.
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "cohort/config/load.h"
+#include "config/detail/schema.h"
+
+namespace cohort {
+namespace detail {
+namespace {
+
+std::string scalarText(int64_t v) { return std::to_string(v); }
+std::string scalarText(double v) {
+  std::string s = fmt::format("{}", v);
+  // Keep a float recognisable as one in the emitted YAML.
+  if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
+  return s;
+}
+std::string scalarText(bool v) { return v ? "true" : "false"; }
+
+class Emitter {
+ public:
+  explicit Emitter(YAML::Emitter& out) : out_(out) {}
+
+  template <class T>
+  void field(const char* key, T& value, const char*, const Rule& = {}) {
+    out_ << YAML::Key << key << YAML::Value;
+    emit(value);
+  }
+  template <class S>
+  void section(const char* key, S& value, const char*) {
+    out_ << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    describe(*this, value);
+    out_ << YAML::EndMap;
+  }
+
+ private:
+  template <class T>
+  void emit(const T& v) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (v.empty()) {
+        out_ << YAML::DoubleQuoted << "";
+      } else {
+        out_ << v;
+      }
+    } else {
+      out_ << scalarText(v);
+    }
+  }
+  template <class T>
+  void emit(const std::vector<T>& v) {
+    out_ << YAML::Flow << YAML::BeginSeq;
+    for (const auto& x : v) emit(x);
+    out_ << YAML::EndSeq;
+  }
+
+  YAML::Emitter& out_;
+};
+
+template <class T>
+std::string typeName(const T&) {
+  if constexpr (std::is_same_v<T, int64_t>) return "int";
+  if constexpr (std::is_same_v<T, double>) return "float";
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of int";
+  if constexpr (std::is_same_v<T, std::vector<double>>) return "list of float";
+  return "?";
+}
+
+template <class T>
+std::string defaultText(const T& v) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return v.empty() ? "\"\"" : v;
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                       std::is_same_v<T, std::vector<double>>) {
+    std::vector<std::string> parts;
+    for (auto x : v) parts.push_back(scalarText(x));
+    return fmt::format("[{}]", fmt::join(parts, ", "));
+  } else {
+    return scalarText(v);
+  }
+}
+
+class Lister {
+ public:
+  std::vector<KeyDoc> keys;
+
+  template <class T>
+  void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
+    std::string description = doc;
+    if (!rule.choices.empty()) {
+      description += fmt::format(" One of: {}.", fmt::join(rule.choices, ", "));
+    }
+    keys.push_back(KeyDoc{path(key), typeName(value), defaultText(value), description});
+  }
+  template <class S>
+  void section(const char* key, S& value, const char*) {
+    prefix_.push_back(key);
+    describe(*this, value);
+    prefix_.pop_back();
+  }
+
+ private:
+  std::string path(const char* key) const {
+    std::string p;
+    for (const auto& s : prefix_) p += s + ".";
+    return p + key;
+  }
+  std::vector<std::string> prefix_;
+};
+
+}  // namespace
+}  // namespace detail
+
+std::string toYaml(const JobConfig& job) {
+  JobConfig copy = job;  // the visitor interface takes mutable references
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  detail::Emitter e(out);
+  detail::describe(e, copy);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string jobHash(const JobConfig& job) {
+  // FNV-1a, 64 bit: stable across builds and machines.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : toYaml(job)) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::vector<KeyDoc> describeJobKeys() {
+  JobConfig defaults;
+  detail::Lister l;
+  detail::describe(l, defaults);
+  return l.keys;
+}
+
+}  // namespace cohort

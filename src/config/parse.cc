@@ -1,0 +1,430 @@
+// Job file parsing: YAML -> JobConfig through the schema, with --set
+// overrides applied to the YAML tree first, so both go through the same checks
+// and every message names where the value came from.
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <type_traits>
+
+#include "cohort/config/load.h"
+#include "cohort/core/error.h"
+#include "config/detail/did_you_mean.h"
+#include "config/detail/schema.h"
+
+namespace fs = std::filesystem;
+
+namespace cohort {
+namespace detail {
+namespace {
+
+// Where each key's value came from: "file:line:column" or "--set k=v".
+struct Source {
+  std::string origin;
+  std::map<std::string, std::string> overrides;  // key path -> "--set key.path=value"
+
+  std::string locate(const YAML::Node& n, const std::string& path) const {
+    for (const auto& [key, text] : overrides) {
+      if (path == key || path.rfind(key + ".", 0) == 0) return text;
+    }
+    const YAML::Mark m = n.Mark();
+    if (m.is_null()) return origin;
+    return fmt::format("{}:{}:{}", origin, m.line + 1, m.column + 1);
+  }
+};
+
+using Locations = std::map<std::string, std::string>;
+
+std::string describeNode(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar());
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Null: return "nothing";
+    default: return "an undefined value";
+  }
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& path, const std::string& msg) {
+  throw ConfigError(fmt::format("{}: {}: {}", where, path, msg));
+}
+
+bool parseInt(const std::string& s, int64_t& out) {
+  const char* b = s.data();
+  const char* e = s.data() + s.size();
+  if (b != e && *b == '+') ++b;
+  auto r = std::from_chars(b, e, out);
+  return r.ec == std::errc() && r.ptr == e && b != e;
+}
+
+bool parseDouble(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtod(s.c_str(), &end);
+  return errno == 0 && end == s.c_str() + s.size() && std::isfinite(out);
+}
+
+bool parseBool(const std::string& s, bool& out) {
+  std::string l;
+  for (char c : s) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "true" || l == "yes" || l == "on") return out = true, true;
+  if (l == "false" || l == "no" || l == "off") return out = false, true;
+  return false;
+}
+
+void convert(const YAML::Node& n, int64_t& v, const std::string& where, const std::string& path) {
+  if (!n.IsScalar() || !parseInt(n.Scalar(), v)) {
+    fail(where, path, fmt::format("expected an integer, got {}", describeNode(n)));
+  }
+}
+void convert(const YAML::Node& n, double& v, const std::string& where, const std::string& path) {
+  if (!n.IsScalar() || !parseDouble(n.Scalar(), v)) {
+    fail(where, path, fmt::format("expected a number, got {}", describeNode(n)));
+  }
+}
+void convert(const YAML::Node& n, bool& v, const std::string& where, const std::string& path) {
+  if (!n.IsScalar() || !parseBool(n.Scalar(), v)) {
+    fail(where, path, fmt::format("expected true or false, got {}", describeNode(n)));
+  }
+}
+void convert(const YAML::Node& n, std::string& v, const std::string& where, const std::string& path) {
+  if (!n.IsScalar()) fail(where, path, fmt::format("expected a string, got {}", describeNode(n)));
+  v = n.Scalar();
+}
+template <class T>
+void convert(const YAML::Node& n, std::vector<T>& v, const std::string& where, const std::string& path) {
+  if (!n.IsSequence()) fail(where, path, fmt::format("expected a list, got {}", describeNode(n)));
+  v.clear();
+  size_t i = 0;
+  for (const auto& item : n) {
+    T x{};
+    convert(item, x, where, fmt::format("{}[{}]", path, i++));
+    v.push_back(x);
+  }
+}
+
+std::string formatNumber(double x) { return fmt::format("{}", x); }
+
+void checkRange(double x, const Rule& r, const std::string& where, const std::string& path) {
+  if (r.min) {
+    if (r.minExclusive ? !(x > *r.min) : !(x >= *r.min)) {
+      fail(where, path, fmt::format("must be {} {}, got {}", r.minExclusive ? ">" : ">=",
+                                    formatNumber(*r.min), formatNumber(x)));
+    }
+  }
+  if (r.max && !(x <= *r.max)) {
+    fail(where, path, fmt::format("must be <= {}, got {}", formatNumber(*r.max), formatNumber(x)));
+  }
+}
+
+void check(int64_t v, const Rule& r, const std::string& w, const std::string& p) {
+  checkRange(static_cast<double>(v), r, w, p);
+}
+void check(double v, const Rule& r, const std::string& w, const std::string& p) { checkRange(v, r, w, p); }
+void check(bool, const Rule&, const std::string&, const std::string&) {}
+void check(const std::string& v, const Rule& r, const std::string& where, const std::string& path) {
+  if (r.choices.empty()) return;
+  for (const auto& c : r.choices) {
+    if (c == v) return;
+  }
+  std::string list = fmt::format("{}", fmt::join(r.choices, ", "));
+  std::string hint = closestMatch(v, r.choices);
+  fail(where, path,
+       fmt::format("'{}' is not one of: {}{}", v, list,
+                   hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint)));
+}
+template <class T>
+void check(const std::vector<T>& v, const Rule& r, const std::string& w, const std::string& p) {
+  for (size_t i = 0; i < v.size(); ++i) check(v[i], r, w, fmt::format("{}[{}]", p, i));
+}
+
+class Parser {
+ public:
+  Parser(const Source& src, const YAML::Node& root, Locations& locs) : src_(src), locs_(locs) {
+    frames_.push_back(Frame{root, "", {}});
+  }
+
+  template <class T>
+  void field(const char* key, T& value, const char* /*doc*/, const Rule& rule = {}) {
+    Frame& f = frames_.back();
+    f.known.push_back(key);
+    const std::string path = join(f.path, key);
+    const YAML::Node n = child(f.node, key);
+    if (!n.IsDefined()) {
+      locs_[path] = src_.origin;
+      return;
+    }
+    const std::string where = src_.locate(n, path);
+    locs_[path] = where;
+    if (n.IsNull()) {
+      if constexpr (std::is_same_v<T, std::string>) value.clear();
+      return;
+    }
+    convert(n, value, where, path);
+    check(value, rule, where, path);
+  }
+
+  template <class S>
+  void section(const char* key, S& value, const char* /*doc*/) {
+    Frame& f = frames_.back();
+    f.known.push_back(key);
+    const std::string path = join(f.path, key);
+    const YAML::Node n = child(f.node, key);
+    const std::string where = n.IsDefined() ? src_.locate(n, path) : src_.origin;
+    locs_[path] = where;
+    if (n.IsDefined() && !n.IsNull() && !n.IsMap()) {
+      fail(where, path, fmt::format("expected a mapping of keys, got {}", describeNode(n)));
+    }
+    frames_.push_back(Frame{n, path, {}});
+    describe(*this, value);
+    rejectUnknownKeys();
+    frames_.pop_back();
+  }
+
+  void rejectUnknownKeys() {
+    const Frame& f = frames_.back();
+    if (!f.node.IsDefined() || !f.node.IsMap()) return;
+    for (auto it = f.node.begin(); it != f.node.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      bool ok = false;
+      for (const auto& k : f.known) ok = ok || k == key;
+      if (ok) continue;
+      const std::string path = join(f.path, key);
+      std::string hint = closestMatch(key, f.known);
+      throw ConfigError(fmt::format(
+          "{}: unknown key '{}'{}{}", src_.locate(it->first, path), key,
+          f.path.empty() ? "" : fmt::format(" in '{}'", f.path),
+          hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint)));
+    }
+  }
+
+ private:
+  struct Frame {
+    YAML::Node node;
+    std::string path;
+    std::vector<std::string> known;
+  };
+
+  static std::string join(const std::string& prefix, const std::string& key) {
+    return prefix.empty() ? key : prefix + "." + key;
+  }
+  static YAML::Node child(const YAML::Node& parent, const char* key) {
+    if (!parent.IsDefined() || !parent.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& p = parent;
+    return p[key];
+  }
+
+  const Source& src_;
+  Locations& locs_;
+  std::vector<Frame> frames_;
+};
+
+// Applies "a.b.c=value" to the YAML tree, creating sections as needed.
+void applyOverride(YAML::Node& root, const std::string& text, Source& src) {
+  const size_t eq = text.find('=');
+  const std::string option = "--set " + text;
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(fmt::format("{}: expected key.path=value", option));
+  }
+  const std::string path = text.substr(0, eq);
+  const std::string value = text.substr(eq + 1);
+  std::vector<std::string> keys;
+  std::stringstream ss(path);
+  for (std::string k; std::getline(ss, k, '.');) {
+    if (k.empty()) throw ConfigError(fmt::format("{}: empty key in '{}'", option, path));
+    keys.push_back(k);
+  }
+  if (path.back() == '.') throw ConfigError(fmt::format("{}: empty key in '{}'", option, path));
+
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: cannot parse the value: {}", option, e.msg));
+  }
+
+  YAML::Node cur = root;
+  std::string walked;
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    walked = walked.empty() ? keys[i] : walked + "." + keys[i];
+    YAML::Node next = cur[keys[i]];
+    if (next.IsNull() || !next.IsDefined()) {
+      cur[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      next = cur[keys[i]];
+    } else if (!next.IsMap()) {
+      throw ConfigError(fmt::format("{}: '{}' is a value, not a section", option, walked));
+    }
+    cur.reset(next);
+  }
+  cur[keys.back()] = parsed;
+  src.overrides[path] = option;
+}
+
+fs::path absolutePath(const std::string& p) {
+  std::error_code ec;
+  fs::path a = fs::absolute(p, ec);
+  return ec ? fs::path(p) : a.lexically_normal();
+}
+
+// Checks across keys, after every key parsed on its own.
+void validate(JobConfig& job, const Locations& locs, const std::string& origin) {
+  auto where = [&](const std::string& path) {
+    auto it = locs.find(path);
+    return it == locs.end() ? origin : it->second;
+  };
+
+  for (char c : job.name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+      fail(where("name"), "name",
+           fmt::format("'{}' may only contain letters, digits, '-', '_' and '.'", job.name));
+    }
+  }
+  if (job.name.empty()) fail(where("name"), "name", "must not be empty");
+
+  auto checkDataset = [&](DatasetConfig& d, const std::string& prefix, bool required) {
+    if (d.kind == "none") {
+      if (required) {
+        fail(where(prefix + ".kind"), prefix + ".kind",
+             "training data is required (kind: idx or synthetic)");
+      }
+      return;
+    }
+    if (d.kind == "idx") {
+      for (auto [member, key] : {std::pair<std::string*, const char*>{&d.images, "images"},
+                                 {&d.labels, "labels"}}) {
+        const std::string path = prefix + "." + key;
+        if (member->empty()) fail(where(path), path, "is required for kind: idx");
+        fs::path abs = absolutePath(*member);
+        std::error_code ec;
+        if (!fs::is_regular_file(abs, ec)) {
+          throw DataError(fmt::format("{}: {}: data file not found: {}", where(path), path,
+                                      abs.string()));
+        }
+        *member = abs.string();
+      }
+    }
+    if (d.kind == "synthetic") {
+      if (d.shape.size() != 3) {
+        fail(where(prefix + ".shape"), prefix + ".shape",
+             fmt::format("expected [channels, height, width], got {} values", d.shape.size()));
+      }
+      for (int64_t s : d.shape) {
+        if (s < 1 || s > 65536) {
+          fail(where(prefix + ".shape"), prefix + ".shape",
+               fmt::format("each size must be in [1, 65536], got {}", s));
+        }
+      }
+    }
+    if (d.mean.size() != d.std.size()) {
+      fail(where(prefix + ".std"), prefix + ".std",
+           fmt::format("has {} values but mean has {}", d.std.size(), d.mean.size()));
+    }
+    for (double s : d.std) {
+      if (!(s > 0)) fail(where(prefix + ".std"), prefix + ".std", "values must be > 0");
+    }
+  };
+  checkDataset(job.data.train, "data.train", true);
+  checkDataset(job.data.eval, "data.eval", false);
+
+  if (!job.model.initFrom.empty()) {
+    fs::path abs = absolutePath(job.model.initFrom);
+    std::error_code ec;
+    if (!fs::is_regular_file(abs, ec)) {
+      throw DataError(fmt::format("{}: model.init_from: file not found: {}",
+                                  where("model.init_from"), abs.string()));
+    }
+    job.model.initFrom = abs.string();
+  }
+
+  const auto& opt = job.training.optimizer;
+  if (opt.betas.size() != 2) {
+    fail(where("training.optimizer.betas"), "training.optimizer.betas",
+         fmt::format("expected [beta1, beta2], got {} values", opt.betas.size()));
+  }
+  for (double b : opt.betas) {
+    if (!(b >= 0 && b < 1)) {
+      fail(where("training.optimizer.betas"), "training.optimizer.betas",
+           fmt::format("values must be in [0, 1), got {}", b));
+    }
+  }
+  if (opt.nesterov && !(opt.momentum > 0)) {
+    fail(where("training.optimizer.nesterov"), "training.optimizer.nesterov",
+         "needs momentum > 0");
+  }
+  const auto& ms = job.training.schedule.milestones;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i] < 0 || (i > 0 && ms[i] <= ms[i - 1])) {
+      fail(where("training.schedule.milestones"), "training.schedule.milestones",
+           "must be non-negative and increasing");
+    }
+  }
+  if (job.distribution.backend == "nccl") {
+#ifndef COHORT_WITH_CUDA
+    fail(where("distribution.backend"), "distribution.backend",
+         "nccl needs a CUDA build of cohort (cmake -DCOHORT_WITH_CUDA=ON)");
+#endif
+  }
+  if (job.checkpoint.enabled) {
+    fail(where("checkpoint.enabled"), "checkpoint.enabled",
+         "checkpointing is not available in this version of cohort");
+  }
+  job.output.dir = absolutePath(job.output.dir).string();
+}
+
+JobConfig parseTree(YAML::Node root, Source& src, const std::vector<std::string>& overrides) {
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) {
+    throw ConfigError(fmt::format("{}: expected a mapping of keys at the top level, got {}",
+                                  src.locate(root, ""), describeNode(root)));
+  }
+  for (const auto& o : overrides) applyOverride(root, o, src);
+  JobConfig job;
+  Locations locs;
+  Parser parser(src, root, locs);
+  describe(parser, job);
+  parser.rejectUnknownKeys();
+  validate(job, locs, src.origin);
+  return job;
+}
+
+}  // namespace
+}  // namespace detail
+
+JobConfig loadJobFromString(const std::string& yaml, const std::string& origin,
+                            const std::vector<std::string>& overrides) {
+  detail::Source src{origin, {}};
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("{}:{}:{}: YAML syntax error: {}", origin, e.mark.line + 1,
+                                  e.mark.column + 1, e.msg));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: YAML error: {}", origin, e.msg));
+  }
+  try {
+    return detail::parseTree(root, src, overrides);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: YAML error: {}", origin, e.msg));
+  }
+}
+
+JobConfig loadJob(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw ConfigError(fmt::format("job file not found: {}", path));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("cannot read job file: {}", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return loadJobFromString(ss.str(), path, overrides);
+}
+
+}  // namespace cohort
