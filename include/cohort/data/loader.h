@@ -1,0 +1,82 @@
+#pragma once
+
+// Builds batches on background threads, ahead of the trainer, and hands
+// them out in order.
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "cohort/data/dataset.h"
+#include "cohort/data/transform.h"
+
+namespace cohort::data {
+
+struct Batch {
+  at::Tensor images;  // float32 [B, C, H, W]
+  at::Tensor labels;  // int64 [B]
+  int64_t index = 0;  // position in the epoch
+};
+
+struct LoaderOptions {
+  int64_t batchSize = 32;
+  int threads = 2;
+  int prefetch = 4;     // batches built ahead of the consumer
+  bool dropLast = false;
+  uint64_t seed = 0;    // augmentation seed
+  Transform transform;
+};
+
+// Design: `threads` workers take batch numbers in order from a shared
+// counter, never more than `prefetch` ahead of the consumer, and put finished
+// batches in a map keyed by number; next() waits for its number. Random
+// augmentation is seeded by (seed, epoch, sample), so batches do not depend
+// on which thread built them or when.
+class BatchLoader {
+ public:
+  BatchLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  ~BatchLoader();  // stops and joins the threads
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  // Starts an epoch over `indices` (this rank's samples, in visiting order).
+  // Unconsumed batches of a previous epoch are dropped.
+  void startEpoch(std::vector<int64_t> indices, int64_t epoch);
+  int64_t batchesInEpoch() const;
+  // The next batch in order, or nullopt after the epoch's last. Blocks until
+  // it is built; the time blocked is added to waitSeconds(). Rethrows the
+  // first exception of a loader thread.
+  std::optional<Batch> next();
+  // Total seconds next() spent waiting for batches.
+  double waitSeconds() const;
+
+ private:
+  void work();
+  Batch build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const;
+
+  std::shared_ptr<const Dataset> dataset_;
+  LoaderOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  std::shared_ptr<const std::vector<int64_t>> indices_;
+  int64_t epoch_ = 0;
+  int64_t batches_ = 0;
+  int64_t nextToBuild_ = 0;
+  int64_t consumed_ = 0;
+  std::map<int64_t, Batch> ready_;
+  std::exception_ptr error_;
+  double waitSeconds_ = 0;
+};
+
+}  // namespace cohort::data

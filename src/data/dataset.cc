@@ -1,0 +1,20 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cohort/core/error.h"
+#include "cohort/data/dataset.h"
+
+namespace cohort::data {
+
+std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses) {
+  if (config.kind == "idx") return openIdx(config.images, config.labels, config.limit, numClasses);
+  if (config.kind == "synthetic") {
+    int64_t size = config.limit > 0 ? std::min(config.limit, config.size) : config.size;
+    SampleShape shape{config.shape.at(0), config.shape.at(1), config.shape.at(2)};
+    return makeSynthetic(size, shape, numClasses, static_cast<uint64_t>(config.seed));
+  }
+  throw DataError(fmt::format("no dataset: kind '{}'", config.kind));
+}
+
+}  // namespace cohort::data

@@ -1,0 +1,122 @@
+#include "cohort/data/loader.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "cohort/core/error.h"
+#include "data/detail/random.h"
+
+namespace cohort::data {
+
+BatchLoader::BatchLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), options_(std::move(options)) {
+  COHORT_ASSERT(options_.batchSize > 0 && options_.threads > 0 && options_.prefetch > 0,
+                "bad loader options");
+  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { work(); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch) {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    ++generation_;
+    const int64_t n = static_cast<int64_t>(indices.size());
+    batches_ = options_.dropLast ? n / options_.batchSize
+                                 : (n + options_.batchSize - 1) / options_.batchSize;
+    indices_ = std::make_shared<const std::vector<int64_t>>(std::move(indices));
+    epoch_ = epoch;
+    nextToBuild_ = 0;
+    consumed_ = 0;
+    ready_.clear();
+  }
+  cv_.notify_all();
+}
+
+int64_t BatchLoader::batchesInEpoch() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return batches_;
+}
+
+double BatchLoader::waitSeconds() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return waitSeconds_;
+}
+
+std::optional<Batch> BatchLoader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (error_) std::rethrow_exception(error_);
+  if (consumed_ >= batches_) return std::nullopt;
+  const auto start = std::chrono::steady_clock::now();
+  cv_.wait(lock, [&] { return error_ || ready_.count(consumed_) > 0; });
+  waitSeconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (error_) std::rethrow_exception(error_);
+  auto node = ready_.extract(consumed_);
+  ++consumed_;
+  lock.unlock();
+  cv_.notify_all();
+  return std::move(node.mapped());
+}
+
+void BatchLoader::work() {
+  for (;;) {
+    int64_t number = 0;
+    uint64_t generation = 0;
+    int64_t epoch = 0;
+    std::shared_ptr<const std::vector<int64_t>> indices;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] {
+        return stop_ || (!error_ && nextToBuild_ < batches_ &&
+                         nextToBuild_ < consumed_ + options_.prefetch);
+      });
+      if (stop_) return;
+      number = nextToBuild_++;
+      generation = generation_;
+      epoch = epoch_;
+      indices = indices_;
+    }
+    try {
+      Batch b = build(number, *indices, epoch);
+      std::lock_guard<std::mutex> g(mutex_);
+      if (generation == generation_) ready_.emplace(number, std::move(b));
+    } catch (...) {
+      std::lock_guard<std::mutex> g(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    cv_.notify_all();
+  }
+}
+
+Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const {
+  const int64_t begin = number * options_.batchSize;
+  const int64_t end = std::min<int64_t>(begin + options_.batchSize, indices.size());
+  const int64_t count = end - begin;
+  const SampleShape s = dataset_->shape();
+  Batch b;
+  b.index = number;
+  b.images = torch::empty({count, s.channels, s.height, s.width}, torch::kFloat32);
+  b.labels = torch::empty({count}, torch::kInt64);
+  float* img = b.images.data_ptr<float>();
+  int64_t* lab = b.labels.data_ptr<int64_t>();
+  std::vector<float> scratch(static_cast<size_t>(s.numel()));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t sample = indices[static_cast<size_t>(begin + i)];
+    float* out = img + i * s.numel();
+    lab[i] = dataset_->read(sample, out);
+    applyTransform(options_.transform, s, out, scratch.data(),
+                   detail::mix(options_.seed, static_cast<uint64_t>(epoch),
+                               static_cast<uint64_t>(sample)));
+  }
+  return b;
+}
+
+}  // namespace cohort::data

@@ -1,0 +1,52 @@
+#include "cohort/data/sampler.h"
+
+#include <numeric>
+#include <utility>
+
+#include "cohort/core/error.h"
+#include "data/detail/random.h"
+
+namespace cohort::data {
+
+std::vector<int64_t> permutation(int64_t size, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> p(static_cast<size_t>(size));
+  std::iota(p.begin(), p.end(), int64_t{0});
+  detail::Rng rng(detail::mix(seed, 0x5a3b1e, static_cast<uint64_t>(epoch)));
+  for (int64_t i = size - 1; i > 0; --i) {
+    int64_t j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+DistributedSampler::DistributedSampler(SamplerOptions options) : options_(options) {
+  COHORT_ASSERT(options_.worldSize >= 1 && options_.rank >= 0 && options_.rank < options_.worldSize,
+                "rank ", options_.rank, " of ", options_.worldSize);
+  COHORT_ASSERT(options_.size >= 0, "size ", options_.size);
+}
+
+int64_t DistributedSampler::samplesPerRank() const {
+  const int64_t n = options_.size;
+  const int64_t w = options_.worldSize;
+  if (options_.evenSplit) return n / w;
+  return n / w + (options_.rank < n % w ? 1 : 0);
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  std::vector<int64_t> order;
+  if (options_.shuffle) {
+    order = permutation(options_.size, options_.seed, epoch);
+  } else {
+    order.resize(static_cast<size_t>(options_.size));
+    std::iota(order.begin(), order.end(), int64_t{0});
+  }
+  const int64_t count = samplesPerRank();
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    mine.push_back(order[static_cast<size_t>(options_.rank + k * options_.worldSize)]);
+  }
+  return mine;
+}
+
+}  // namespace cohort::data
