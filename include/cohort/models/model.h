@@ -1,0 +1,36 @@
+#pragma once
+
+// The model zoo. Every network is a cohort::models::Model: a torch Module
+// with a forward from images [B, C, H, W] to logits [B, num_classes].
+// Parameter and buffer names follow torchvision, so state dicts move
+// between cohort and PyTorch unchanged.
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "cohort/config/job.h"
+
+namespace cohort::models {
+
+class Model : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& images) = 0;
+};
+
+struct InputShape {
+  int64_t channels = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+};
+
+// Builds the network `config` names for inputs of `input` shape, with
+// weights initialized from the current torch seed. Throws ConfigError when
+// the configuration cannot work (e.g. an input too small for the network).
+std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input);
+
+// Parameter count (trainable and not), for logs and tests.
+int64_t parameterCount(const torch::nn::Module& module);
+
+}  // namespace cohort::models

@@ -1,0 +1,40 @@
+#pragma once
+
+#include <torch/torch.h>
+
+#include "cohort/models/model.h"
+
+namespace cohort::models {
+
+// ResNet v1.5 exactly as torchvision builds it (stride in the 3x3 convolution
+// of the bottleneck), with the same module names, so state dicts are
+// interchangeable. ResNet-50 with 1000 classes has 25,557,032 parameters.
+class ResidualBlock : public torch::nn::Module {
+ public:
+  // bottleneck: 1x1 -> 3x3 -> 1x1 (expansion 4); otherwise two 3x3 (expansion 1).
+  ResidualBlock(bool bottleneck, int64_t inPlanes, int64_t planes, int64_t stride,
+                bool zeroInitResidual);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  bool bottleneck_;
+  torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
+  torch::nn::Sequential downsample_{nullptr};
+};
+
+class ResNet : public Model {
+ public:
+  // depth: 18, 34, 50 or 101.
+  ResNet(int depth, const ModelConfig& config, const InputShape& input);
+  at::Tensor forward(const at::Tensor& x) override;
+
+ private:
+  bool smallInput_;
+  torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::Sequential layer1_{nullptr}, layer2_{nullptr}, layer3_{nullptr}, layer4_{nullptr};
+  torch::nn::Linear fc_{nullptr};
+};
+
+}  // namespace cohort::models
