@@ -1,0 +1,155 @@
+#include "cohort/ckpt/state_dict.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "ckpt/detail/pickle.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+
+namespace cohort::ckpt {
+namespace {
+
+void collect(const torch::nn::Module& m, const std::string& prefix, StateDict& out) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    if (p.value().defined()) out.emplace_back(prefix + p.key(), p.value());
+  }
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
+    if (b.value().defined()) out.emplace_back(prefix + b.key(), b.value());
+  }
+  for (const auto& c : m.named_children()) collect(*c.value(), prefix + c.key() + ".", out);
+}
+
+bool isTensorDict(const detail::Value& v) {
+  if (v.kind != detail::Value::Kind::dict) return false;
+  for (const auto& [k, x] : v.entries) {
+    if (k->kind != detail::Value::Kind::string || x->kind != detail::Value::Kind::tensor) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string shapeText(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+}  // namespace
+
+StateDict stateDict(const torch::nn::Module& module) {
+  StateDict out;
+  collect(module, "", out);
+  return out;
+}
+
+void saveStateDict(const StateDict& dict, const std::string& path) {
+  c10::Dict<std::string, at::Tensor> d;
+  for (const auto& [name, t] : dict) d.insert(name, t.detach().cpu().contiguous());
+  std::vector<char> bytes = torch::pickle_save(d);
+  writeFileAtomic(path, bytes.data(), bytes.size());
+}
+
+StateDict readStateDict(const std::string& path) {
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw DataError(fmt::format("{}: cannot open", path));
+    char magic[2] = {0, 0};
+    in.read(magic, 2);
+    if (in.gcount() != 2 || magic[0] != 'P' || magic[1] != 'K') {
+      throw DataError(fmt::format(
+          "{}: not a zip-format PyTorch file (save it with torch.save in PyTorch >= 1.6 and "
+          "without _use_new_zipfile_serialization=False)",
+          path));
+    }
+  }
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  std::string pickled;
+  try {
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    if (!reader->hasRecord("data.pkl")) {
+      throw DataError(fmt::format("{}: no data.pkl in the archive: not a torch.save file", path));
+    }
+    auto [ptr, size] = reader->getRecord("data.pkl");
+    pickled.assign(static_cast<const char*>(ptr.get()), size);
+  } catch (const c10::Error& e) {
+    throw DataError(fmt::format("{}: corrupt PyTorch archive: {}", path, e.what_without_backtrace()));
+  }
+
+  auto loadStorage = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    const std::string record = "data/" + key;
+    if (!reader->hasRecord(record)) {
+      throw DataError(fmt::format("{}: storage {} missing from the archive", path, record));
+    }
+    try {
+      auto [ptr, size] = reader->getRecord(record);
+      const size_t expected = static_cast<size_t>(numel) * c10::elementSize(dtype);
+      if (size != expected) {
+        throw DataError(fmt::format("{}: storage {} holds {} bytes, expected {}", path, record,
+                                    size, expected));
+      }
+      at::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+      if (size > 0) std::memcpy(t.data_ptr(), ptr.get(), size);
+      return t;
+    } catch (const c10::Error& e) {
+      throw DataError(fmt::format("{}: cannot read {}: {}", path, record, e.what_without_backtrace()));
+    }
+  };
+
+  detail::ValuePtr root = detail::unpickle(pickled, loadStorage, path);
+  const detail::Value* dict = root.get();
+  if (!isTensorDict(*dict)) {
+    dict = nullptr;
+    if (root->kind == detail::Value::Kind::dict) {
+      for (const auto& [k, v] : root->entries) {
+        if (k->kind == detail::Value::Kind::string && (k->s == "state_dict" || k->s == "model") &&
+            isTensorDict(*v)) {
+          dict = v.get();
+          break;
+        }
+      }
+    }
+    if (dict == nullptr) {
+      throw DataError(fmt::format(
+          "{}: not a state dict: expected a dict of tensor names to tensors (or a dict holding "
+          "one under 'state_dict' or 'model')",
+          path));
+    }
+  }
+  StateDict out;
+  for (const auto& [k, v] : dict->entries) out.emplace_back(k->s, v->tensor);
+  return out;
+}
+
+void loadStateDict(torch::nn::Module& module, const StateDict& dict, const std::string& origin) {
+  StateDict own = stateDict(module);
+  std::map<std::string, const at::Tensor*> given;
+  for (const auto& [name, t] : dict) given[name] = &t;
+  std::set<std::string> known;
+  for (const auto& [name, t] : own) {
+    known.insert(name);
+    auto it = given.find(name);
+    if (it == given.end()) {
+      throw DataError(fmt::format("{}: missing tensor '{}' (shape {}) that the model needs",
+                                  origin, name, shapeText(t.sizes())));
+    }
+    if (it->second->sizes() != t.sizes()) {
+      throw DataError(fmt::format("{}: tensor '{}' has shape {}, the model expects {}", origin,
+                                  name, shapeText(it->second->sizes()), shapeText(t.sizes())));
+    }
+  }
+  for (const auto& [name, t] : dict) {
+    if (known.count(name) == 0) {
+      throw DataError(fmt::format("{}: unexpected tensor '{}' (shape {}): the model has no such "
+                                  "parameter or buffer",
+                                  origin, name, shapeText(t.sizes())));
+    }
+  }
+  torch::NoGradGuard g;
+  for (auto& [name, t] : own) t.copy_(*given[name]);
+}
+
+}  // namespace cohort::ckpt
