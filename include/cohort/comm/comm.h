@@ -1,0 +1,60 @@
+#pragma once
+
+// Rendezvous and the process group: a c10d TCPStore (hosted by the launcher
+// or by rank 0) and a c10d ProcessGroupGloo over TCP. Collectives come from
+// c10d; cohort adds timeouts and error messages that name the rank.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace cohort::comm {
+
+struct CommOptions {
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  bool hostStore = false;  // this process hosts the TCPStore server
+  std::string backend = "gloo";
+  std::string interface;   // gloo: network interface; empty: chosen from masterAddr
+  std::chrono::milliseconds timeout{300000};
+};
+
+struct Comm {
+  int rank = 0;
+  int worldSize = 1;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  std::chrono::milliseconds timeout{300000};
+};
+
+// Connects to (or hosts) the store and builds the process group. Blocks
+// until every rank has joined or the timeout passes. Throws CommError or
+// TimeoutError naming the store address.
+Comm connect(const CommOptions& options);
+
+// Waits for a collective and turns a c10d failure into CommError naming the
+// operation and this rank.
+void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const char* what);
+
+// In-place sum across ranks.
+void allreduceSum(const Comm& comm, at::Tensor& t, const char* what);
+// Every tensor takes rank `root`'s values. Tensors of one dtype are packed
+// into one message.
+void broadcast(const Comm& comm, std::vector<at::Tensor>& tensors, int root, const char* what);
+void barrier(const Comm& comm, const char* what);
+
+// Checks that every rank holds the same `value` for `key` (through the
+// store). On disagreement every rank throws the same ConfigError, naming the
+// ranks and their values.
+void checkAgreement(const Comm& comm, const std::string& key, const std::string& value);
+
+// Rank `root` publishes `value` under `key`; every rank returns it.
+std::string shareFromRoot(const Comm& comm, const std::string& key, const std::string& value,
+                          int root = 0);
+
+}  // namespace cohort::comm

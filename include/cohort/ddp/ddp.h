@@ -1,0 +1,115 @@
+#pragma once
+
+// cohort's data-parallel engine on c10d.
+//
+// Every parameter's .grad is a view into a flat bucket (gradients are
+// produced in place, never copied). Buckets hold parameters in reverse
+// registration order, which is roughly the order backward produces their
+// gradients, up to bucket_cap_mb each. A post-hook on each parameter's
+// gradient accumulator counts down its bucket; when a bucket is complete and
+// every bucket before it has been launched, its allreduce starts
+// asynchronously, so communication overlaps the rest of backward. Launching
+// strictly in bucket order keeps the collectives in the same order on every
+// rank whatever order autograd runs in.
+//
+//   setSyncGradients(sync);   // false on inner accumulation micro-steps
+//   loss.backward();          // hooks launch bucket allreduces as they fill
+//   finishGradients();        // waits for them; .grad is the mean over ranks
+//   optimizer.step(); zeroGrad();
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/comm.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace cohort::ddp {
+
+struct DdpOptions {
+  double bucketCapMb = 25;
+  // false: a parameter without a gradient in a synchronizing step is an
+  // error. true: its gradient counts as zero (its bucket then launches only
+  // in finishGradients).
+  bool findUnusedParameters = false;
+  bool broadcastBuffers = true;
+};
+
+struct DdpStats {
+  int64_t buckets = 0;
+  int64_t syncs = 0;                  // finishGradients calls that exchanged gradients
+  int64_t launchedDuringBackward = 0; // bucket allreduces started from hooks
+  int64_t launchedAtFinish = 0;       // started by finishGradients (unused parameters)
+};
+
+class DistributedDataParallel {
+ public:
+  // Buckets the module's trainable parameters and hooks them. The module and
+  // comm must outlive this object.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, comm::Comm comm,
+                          DdpOptions options);
+  ~DistributedDataParallel();  // removes the hooks
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Every rank takes rank 0's parameters and buffers. Blocks (collective).
+  void broadcastState();
+  // Every rank takes rank 0's buffers (BatchNorm statistics), if
+  // broadcast_buffers. Call before each forward. Blocks (collective).
+  void syncBuffers();
+  // Whether the next backward exchanges gradients.
+  void setSyncGradients(bool sync);
+  // After backward of a synchronizing step: launches what hooks did not,
+  // waits for every bucket; then each .grad holds the mean over ranks.
+  // Throws Error naming the first parameter without a gradient (unless
+  // find_unused_parameters) and CommError if a collective fails.
+  void finishGradients();
+  // Zeroes every gradient (the buckets).
+  void zeroGrad();
+
+  // Parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> bucketParameterNames() const;
+  DdpStats stats() const;
+
+ private:
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    at::Tensor gradView;
+    size_t bucket = 0;
+    bool ready = false;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    uintptr_t hookKey = 0;
+  };
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<size_t> params;
+    size_t pending = 0;
+    bool launched = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  void onGradReady(size_t index);
+  void launchReadyBuckets(bool fromHook);  // mutex_ held
+  void resetReadiness();                   // mutex_ held
+
+  std::shared_ptr<torch::nn::Module> module_;
+  comm::Comm comm_;
+  DdpOptions options_;
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<at::Tensor> buffers_;
+  mutable std::mutex mutex_;
+  bool sync_ = true;
+  size_t nextLaunch_ = 0;
+  DdpStats stats_;
+};
+
+}  // namespace cohort::ddp

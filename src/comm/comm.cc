@@ -1,0 +1,159 @@
+#include "cohort/comm/comm.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <map>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+
+namespace cohort::comm {
+namespace {
+
+bool isLoopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::string message(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+Comm connect(const CommOptions& o) {
+  Comm c;
+  c.rank = o.rank;
+  c.worldSize = o.worldSize;
+  c.timeout = o.timeout;
+  const std::string where = fmt::format("{}:{}", o.masterAddr, o.masterPort);
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(o.masterPort);
+    so.isServer = o.hostStore;
+    so.numWorkers = c10::nullopt;
+    so.waitWorkers = false;
+    so.timeout = o.timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+    c.store = c10::make_intrusive<c10d::PrefixStore>("cohort", tcp);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}: cannot {} the rendezvous store at {}: {}", o.rank,
+                                o.hostStore ? "host" : "reach", where, message(e)));
+  }
+
+  if (o.backend != "gloo") {
+    throw CommError(fmt::format("backend '{}' is not available in this build", o.backend));
+  }
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    if (!o.interface.empty()) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
+    } else if (isLoopback(o.masterAddr)) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    opts->threads = 2;
+    auto pgStore = c10::make_intrusive<c10d::PrefixStore>("pg", c.store);
+    c.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pgStore, o.rank, o.worldSize, opts);
+  } catch (const std::exception& e) {
+    std::string m = message(e);
+    if (m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos) {
+      throw TimeoutError(fmt::format(
+          "rank {}: not every one of the {} ranks joined within {} s (store {}): {}", o.rank,
+          o.worldSize, o.timeout.count() / 1000.0, where, m));
+    }
+    throw CommError(fmt::format("rank {}: cannot build the process group (store {}): {}", o.rank,
+                                where, m));
+  }
+  return c;
+}
+
+void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const char* what) {
+  try {
+    work->wait(comm.timeout);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}: {} failed (a peer may have died): {}", comm.rank, what,
+                                message(e)));
+  }
+}
+
+void allreduceSum(const Comm& comm, at::Tensor& t, const char* what) {
+  if (comm.worldSize == 1) return;
+  std::vector<at::Tensor> v{t};
+  wait(comm.pg->allreduce(v), comm, what);
+}
+
+void broadcast(const Comm& comm, std::vector<at::Tensor>& tensors, int root, const char* what) {
+  if (comm.worldSize == 1 || tensors.empty()) return;
+  std::map<at::ScalarType, std::vector<at::Tensor*>> byType;
+  for (auto& t : tensors) byType[t.scalar_type()].push_back(&t);
+  for (auto& [type, group] : byType) {
+    std::vector<at::Tensor> flat;
+    for (auto* t : group) flat.push_back(t->detach().reshape({-1}));
+    std::vector<at::Tensor> packed{torch::cat(flat)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    wait(comm.pg->broadcast(packed, opts), comm, what);
+    torch::NoGradGuard g;
+    int64_t offset = 0;
+    for (auto* t : group) {
+      const int64_t n = t->numel();
+      t->copy_(packed[0].narrow(0, offset, n).view_as(*t));
+      offset += n;
+    }
+  }
+}
+
+void barrier(const Comm& comm, const char* what) {
+  if (comm.worldSize == 1) return;
+  wait(comm.pg->barrier(), comm, what);
+}
+
+void checkAgreement(const Comm& comm, const std::string& key, const std::string& value) {
+  if (comm.worldSize == 1) return;
+  comm.store->set(fmt::format("agree/{}/{}", key, comm.rank), bytesOf(value));
+  std::map<std::string, std::vector<int>> byValue;
+  for (int r = 0; r < comm.worldSize; ++r) {
+    const std::string k = fmt::format("agree/{}/{}", key, r);
+    try {
+      comm.store->wait({k}, comm.timeout);
+      byValue[stringOf(comm.store->get(k))].push_back(r);
+    } catch (const std::exception& e) {
+      throw TimeoutError(fmt::format("rank {}: rank {} did not report its {} within {} s: {}",
+                                     comm.rank, r, key, comm.timeout.count() / 1000.0, message(e)));
+    }
+  }
+  if (byValue.size() == 1) return;
+  std::vector<std::string> parts;
+  for (const auto& [v, ranks] : byValue) {
+    parts.push_back(fmt::format("ranks [{}] have {}", fmt::join(ranks, ", "), v));
+  }
+  throw ConfigError(fmt::format("the ranks disagree on the {}: {}", key, fmt::join(parts, "; ")));
+}
+
+std::string shareFromRoot(const Comm& comm, const std::string& key, const std::string& value,
+                          int root) {
+  if (comm.worldSize == 1) return value;
+  const std::string k = "share/" + key;
+  if (comm.rank == root) {
+    comm.store->set(k, bytesOf(value));
+    return value;
+  }
+  try {
+    comm.store->wait({k}, comm.timeout);
+    return stringOf(comm.store->get(k));
+  } catch (const std::exception& e) {
+    throw TimeoutError(fmt::format("rank {}: rank {} did not publish {} within {} s: {}", comm.rank,
+                                   root, key, comm.timeout.count() / 1000.0, message(e)));
+  }
+}
+
+}  // namespace cohort::comm

@@ -1,0 +1,236 @@
+#include "cohort/ddp/ddp.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+
+namespace cohort::ddp {
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 comm::Comm comm, DdpOptions options)
+    : module_(std::move(module)), comm_(std::move(comm)), options_(options) {
+  COHORT_ASSERT(module_ != nullptr, "no module");
+  for (const auto& p : module_->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    Param param;
+    param.name = p.key();
+    param.tensor = p.value();
+    params_.push_back(std::move(param));
+  }
+  for (const auto& b : module_->named_buffers()) buffers_.push_back(b.value());
+
+  // Buckets in reverse registration order, split by dtype and device and by
+  // the size cap (a parameter larger than the cap gets a bucket of its own).
+  const double capBytes = options_.bucketCapMb * 1024.0 * 1024.0;
+  double bucketBytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const at::Tensor& t = params_[k].tensor;
+    const double bytes = static_cast<double>(t.numel()) * t.element_size();
+    bool fresh = buckets_.empty();
+    if (!fresh) {
+      const Param& prev = params_[buckets_.back().params.back()];
+      fresh = bucketBytes + bytes > capBytes || prev.tensor.scalar_type() != t.scalar_type() ||
+              prev.tensor.device() != t.device();
+    }
+    if (fresh) {
+      buckets_.emplace_back();
+      bucketBytes = 0;
+    }
+    buckets_.back().params.push_back(k);
+    params_[k].bucket = buckets_.size() - 1;
+    bucketBytes += bytes;
+  }
+
+  torch::NoGradGuard noGrad;
+  for (Bucket& b : buckets_) {
+    int64_t total = 0;
+    for (size_t k : b.params) total += params_[k].tensor.numel();
+    b.flat = torch::zeros({total}, params_[b.params.front()].tensor.options());
+    int64_t offset = 0;
+    for (size_t k : b.params) {
+      Param& p = params_[k];
+      const int64_t n = p.tensor.numel();
+      p.gradView = b.flat.narrow(0, offset, n).view(p.tensor.sizes());
+      p.tensor.mutable_grad() = p.gradView;
+      offset += n;
+    }
+  }
+
+  // The accumulator of a leaf is held only weakly by the tensor: keep it
+  // alive, or autograd would make a fresh one without our hook.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Param& p = params_[k];
+    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+    COHORT_ASSERT(p.accumulator != nullptr, "no gradient accumulator for ", p.name);
+    p.hookKey = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, k](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          onGradReady(k);
+          return outputs;
+        }));
+  }
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  std::lock_guard<std::mutex> g(mutex_);
+  resetReadiness();
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (Param& p : params_) {
+    if (p.accumulator) p.accumulator->del_post_hook(p.hookKey);
+  }
+  // Never leave a collective running on memory that is about to go away.
+  for (Bucket& b : buckets_) {
+    if (b.work) {
+      try {
+        b.work->wait(comm_.timeout);
+      } catch (...) {
+      }
+    }
+  }
+}
+
+void DistributedDataParallel::broadcastState() {
+  std::vector<at::Tensor> state;
+  for (const Param& p : params_) state.push_back(p.tensor);
+  for (const auto& b : buffers_) state.push_back(b);
+  comm::broadcast(comm_, state, 0, "broadcast of the initial parameters");
+}
+
+void DistributedDataParallel::syncBuffers() {
+  if (!options_.broadcastBuffers || buffers_.empty()) return;
+  std::vector<at::Tensor> buffers = buffers_;
+  comm::broadcast(comm_, buffers, 0, "broadcast of buffers");
+}
+
+void DistributedDataParallel::setSyncGradients(bool sync) {
+  std::lock_guard<std::mutex> g(mutex_);
+  sync_ = sync;
+}
+
+void DistributedDataParallel::onGradReady(size_t index) {
+  std::lock_guard<std::mutex> g(mutex_);
+  if (!sync_) return;
+  Param& p = params_[index];
+  if (p.ready) {
+    throw Error(fmt::format(
+        "rank {}: the gradient of '{}' became ready twice in one step (backward ran twice "
+        "without finishGradients())",
+        comm_.rank, p.name));
+  }
+  // Something (a zero_grad that sets .grad to None, a user) replaced the
+  // gradient: put it back into the bucket.
+  at::Tensor& grad = p.tensor.mutable_grad();
+  if (!grad.defined() || !grad.is_same(p.gradView)) {
+    torch::NoGradGuard noGrad;
+    if (grad.defined()) {
+      p.gradView.copy_(grad);
+    } else {
+      p.gradView.zero_();
+    }
+    grad = p.gradView;
+  }
+  p.ready = true;
+  Bucket& b = buckets_[p.bucket];
+  COHORT_ASSERT(b.pending > 0, "bucket ", p.bucket, " over-counted");
+  if (--b.pending == 0) launchReadyBuckets(/*fromHook=*/true);
+}
+
+void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
+  while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
+    Bucket& b = buckets_[nextLaunch_];
+    if (comm_.worldSize > 1) {
+      torch::NoGradGuard noGrad;
+      b.flat.div_(comm_.worldSize);
+      std::vector<at::Tensor> v{b.flat};
+      b.work = comm_.pg->allreduce(v);
+    }
+    b.launched = true;
+    ++(fromHook ? stats_.launchedDuringBackward : stats_.launchedAtFinish);
+    ++nextLaunch_;
+  }
+}
+
+void DistributedDataParallel::finishGradients() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!sync_) return;
+  if (nextLaunch_ < buckets_.size()) {
+    for (size_t bi = nextLaunch_; bi < buckets_.size(); ++bi) {
+      Bucket& b = buckets_[bi];
+      for (size_t k : b.params) {
+        Param& p = params_[k];
+        if (p.ready) continue;
+        if (!options_.findUnusedParameters) {
+          const std::string name = p.name;
+          lock.unlock();
+          // Let the collectives already started finish before failing.
+          for (Bucket& done : buckets_) {
+            if (done.work) {
+              try {
+                done.work->wait(comm_.timeout);
+              } catch (...) {
+              }
+              done.work.reset();
+            }
+          }
+          throw Error(fmt::format(
+              "rank {}: parameter '{}' received no gradient in this step; every parameter must "
+              "contribute to the loss, or set distribution.find_unused_parameters: true",
+              comm_.rank, name));
+        }
+        // Unused: its gradient (zero, or what earlier micro-steps summed)
+        // takes part as it is.
+        p.ready = true;
+        --b.pending;
+      }
+    }
+    launchReadyBuckets(/*fromHook=*/false);
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (Bucket& b : buckets_) {
+    if (b.work) works.push_back(b.work);
+    b.work.reset();
+  }
+  ++stats_.syncs;
+  resetReadiness();
+  lock.unlock();
+  for (auto& w : works) comm::wait(w, comm_, "gradient allreduce");
+}
+
+void DistributedDataParallel::zeroGrad() {
+  torch::NoGradGuard noGrad;
+  for (Bucket& b : buckets_) b.flat.zero_();
+  for (Param& p : params_) {
+    at::Tensor& grad = p.tensor.mutable_grad();
+    if (!grad.defined() || !grad.is_same(p.gradView)) grad = p.gradView;
+  }
+}
+
+void DistributedDataParallel::resetReadiness() {
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    b.launched = false;
+  }
+  for (Param& p : params_) p.ready = false;
+  nextLaunch_ = 0;
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucketParameterNames() const {
+  std::vector<std::vector<std::string>> out;
+  for (const Bucket& b : buckets_) {
+    out.emplace_back();
+    for (size_t k : b.params) out.back().push_back(params_[k].name);
+  }
+  return out;
+}
+
+DdpStats DistributedDataParallel::stats() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return stats_;
+}
+
+}  // namespace cohort::ddp
