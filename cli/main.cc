@@ -1,0 +1,127 @@
+// The cohort command line: parses arguments and calls libcohort.
+//
+//   cohort run JOB.yaml [--set key.path=value ...] [--run-dir DIR] [--procs N]
+//   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
+//   cohort validate JOB.yaml [--set ...]
+//   cohort help [COMMAND] | cohort --version
+//
+// Exit codes: 0 success; 2 bad input (job file, data, arguments); 1 a failure
+// during training; 128+N when stopped by signal N.
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "cohort/config/load.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/version.h"
+#include "cohort/launch/launcher.h"
+#include "cohort/train/worker.h"
+
+namespace {
+
+int fail(const std::string& message, int code) {
+  cohort::log::setStatusLine("");
+  cohort::log::error("{}", message);
+  cohort::log::flush();
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cohort: data-parallel deep-learning training", "cohort"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version",
+                       std::string("cohort ") + cohort::version() + " (LibTorch " +
+                           cohort::torchVersion() + ")");
+  app.footer(
+      "Exit codes: 0 success, 2 bad input (job file, data, arguments), 1 failure during "
+      "training.\nDocumentation: docs/job-spec.md, docs/launching.md");
+
+  std::string jobPath, runDir;
+  std::vector<std::string> overrides;
+  int procs = 0;
+
+  CLI::App* run = app.add_subcommand("run", "Train: start the ranks on this machine and watch them");
+  run->add_option("job", jobPath, "Job file (YAML)")->required();
+  run->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  run->add_option("--run-dir", runDir, "Run directory (default: <output.dir>/<name>-<UTC time>)");
+  run->add_option("--procs", procs, "Ranks to start (default: distribution.procs_per_node)")
+      ->check(CLI::Range(1, 4096));
+
+  CLI::App* worker = app.add_subcommand(
+      "worker", "Run one rank (started by `cohort run`, mpirun, srun or a torchrun-style launcher)");
+  worker->add_option("job", jobPath, "Job file (YAML)")->required();
+  worker->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
+      ->allow_extra_args(false);
+  worker->add_option("--run-dir", runDir, "Run directory (default: rank 0 creates one)");
+
+  CLI::App* validate = app.add_subcommand("validate", "Check a job file and print the resolved job");
+  validate->add_option("job", jobPath, "Job file (YAML)")->required();
+  validate->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
+      ->allow_extra_args(false);
+
+  CLI::App* help = app.add_subcommand("help", "Show help for cohort or one of its commands");
+  std::string helpTopic;
+  help->add_option("command", helpTopic, "Command to explain");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  try {
+    if (*help || app.get_subcommands().empty()) {
+      if (!helpTopic.empty()) {
+        for (CLI::App* sub : {run, worker, validate}) {
+          if (sub->get_name() == helpTopic) {
+            std::cout << sub->help();
+            return 0;
+          }
+        }
+        std::cerr << "cohort: no command '" << helpTopic << "' (commands: run, worker, validate)\n";
+        return 2;
+      }
+      std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
+      return app.get_subcommands().empty() && argc > 1 ? 2 : 0;
+    }
+    if (*validate) {
+      cohort::JobConfig job = cohort::loadJob(jobPath, overrides);
+      std::cout << cohort::toYaml(job);
+      return 0;
+    }
+    if (*run) {
+      cohort::launch::LaunchOptions o;
+      o.jobPath = jobPath;
+      o.overrides = overrides;
+      o.runDir = runDir;
+      o.procs = procs;
+      return cohort::launch::runLauncher(o);
+    }
+    if (*worker) {
+      cohort::train::runWorker({jobPath, overrides, runDir});
+      return 0;
+    }
+  } catch (const cohort::Error& e) {
+    return fail(e.what(), e.exitCode());
+  } catch (const c10::Error& e) {
+    return fail(e.what_without_backtrace(), 1);
+  } catch (const std::exception& e) {
+    return fail(e.what(), 1);
+  }
+  return 0;
+}

@@ -1,0 +1,50 @@
+#pragma once
+
+// metrics.jsonl: one JSON object per line, appended and flushed as it
+// happens, so a crashed run keeps every record written before the crash.
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace cohort::monitor {
+
+struct TrainRecord {
+  int64_t step = 0;       // optimizer steps done
+  int64_t epoch = 0;      // 1-based
+  double loss = 0;        // mean over the steps since the last record, all ranks
+  double lr = 0;
+  double imagesPerS = 0;  // all ranks together
+  double dataWaitFrac = 0;  // share of the time ranks waited for batches
+};
+
+struct EvalRecord {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  double top1 = 0;        // fraction in [0, 1]
+  double top5 = 0;
+  double loss = 0;
+  int64_t samples = 0;
+  double seconds = 0;
+};
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  // Appends to `path`; throws IoError naming it.
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const TrainRecord& r);
+  void write(const EvalRecord& r);
+  // Any other event: `json` must be one JSON object.
+  void writeLine(const std::string& json);
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace cohort::monitor

@@ -1,0 +1,34 @@
+#pragma once
+
+// Learning rate per optimizer step: linear warmup from 0 to the peak, then
+// constant, cosine decay to min_lr, or step decay at epoch milestones.
+// The peak follows the linear scaling rule when base_batch is set:
+// peak = lr * global_batch / base_batch.
+
+#include <cstdint>
+
+#include "cohort/config/job.h"
+
+namespace cohort::train {
+
+class LrSchedule {
+ public:
+  // stepsPerEpoch: optimizer steps per epoch; totalSteps: steps of the run.
+  LrSchedule(const ScheduleConfig& config, double peakLr, int64_t stepsPerEpoch,
+             int64_t totalSteps);
+  // Learning rate for optimizer step `step` (0-based).
+  double at(int64_t step) const;
+  int64_t warmupSteps() const { return warmupSteps_; }
+
+ private:
+  ScheduleConfig config_;
+  double peak_;
+  int64_t stepsPerEpoch_;
+  int64_t totalSteps_;
+  int64_t warmupSteps_;
+};
+
+// lr * global_batch / base_batch, or lr when base_batch is 0.
+double peakLearningRate(const OptimizerConfig& config, int64_t globalBatch);
+
+}  // namespace cohort::train

@@ -1,0 +1,122 @@
+#include "cohort/train/worker.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "cohort/comm/comm.h"
+#include "cohort/config/load.h"
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/core/log.h"
+#include "cohort/core/run_dir.h"
+#include "cohort/monitor/progress.h"
+#include "cohort/train/trainer.h"
+
+namespace cohort::train {
+namespace {
+
+// SIGINT/SIGTERM are blocked in every thread and taken by this thread, which
+// logs, flushes and ends the process. Nothing a rank writes is left torn:
+// outputs are written atomically.
+void installSignalThread() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) return;
+    log::setStatusLine("");
+    log::warn("received {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    log::flush();
+    std::_Exit(128 + sig);
+  }).detach();
+}
+
+}  // namespace
+
+void runWorker(const WorkerOptions& o) {
+  installSignalThread();
+  const env::RankEnv re = env::detectRankEnv();
+  const std::string tag = fmt::format("rank {}/{}", re.rank, re.worldSize);
+  log::Options lo;
+  lo.tag = tag;
+  lo.console = true;
+  lo.consoleLevel = re.rank == 0 ? log::Level::info : log::Level::warn;
+  log::init(lo);
+
+  JobConfig job = loadJob(o.jobPath, o.overrides);
+  if (re.worldSize != requestedWorldSize(job)) {
+    if (re.rank == 0 && re.source != "none") {
+      log::warn("the job asks for {} ranks (nodes {} x procs_per_node {}); {} started {}",
+                requestedWorldSize(job), job.distribution.nodes, job.distribution.procsPerNode,
+                re.source, re.worldSize);
+    }
+  }
+
+  int threads = static_cast<int>(job.distribution.threadsPerRank);
+  if (threads == 0) threads = std::max(1, env::availableCores() / std::max(1, re.localWorldSize));
+  at::set_num_threads(threads);
+  at::set_num_interop_threads(1);
+
+  comm::CommOptions co;
+  co.rank = re.rank;
+  co.worldSize = re.worldSize;
+  co.masterAddr = re.masterAddr;
+  co.masterPort = re.masterPort;
+  co.hostStore = !re.agentStore && re.rank == 0;
+  co.backend = job.distribution.backend;
+  co.interface = job.distribution.interface;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
+  if (re.worldSize > 1 && !re.masterFromEnv && re.rank == 0) {
+    log::warn("MASTER_ADDR/MASTER_PORT not set: using {}:{} (set both for runs across machines)",
+              re.masterAddr, re.masterPort);
+  }
+  comm::Comm comm = comm::connect(co);
+
+  // Rank 0 picks the run directory and tells the others.
+  std::string root = o.runDir;
+  if (root.empty() && re.rank == 0) root = createDefaultRunDir(job).root;
+  root = comm::shareFromRoot(comm, "run_dir", root);
+  const RunDir runDir = openRunDir(root);
+
+  lo.file = runDir.rankLog(re.rank);
+  log::init(lo);
+  log::info("cohort worker: {} via {}, {} threads, store {}:{}{}", tag, re.source, threads,
+            re.masterAddr, re.masterPort, re.agentStore ? " (launcher)" : "");
+  comm::checkAgreement(comm, "job (hash of the resolved job file)", jobHash(job));
+  if (re.rank == 0) {
+    std::error_code ec;
+    if (!std::filesystem::exists(runDir.jobFile(), ec)) writeFileAtomic(runDir.jobFile(), toYaml(job));
+    log::info("run directory: {}", runDir.root);
+  }
+
+  TrainSummary s = train(job, comm, runDir);
+  comm::barrier(comm, "final barrier");
+  if (re.rank == 0) {
+    writeSummary(job, s, runDir, re.worldSize);
+    std::string result;
+    if (s.evaluated) {
+      result = fmt::format("test top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images)",
+                           s.lastEval.top1, s.lastEval.top5, s.lastEval.loss, s.lastEval.samples);
+    } else {
+      result = "no evaluation data";
+    }
+    log::info("done: {} epochs, {} steps in {}; {}", s.epochs, s.steps,
+              monitor::formatDuration(s.seconds), result);
+    log::info("throughput {:.0f} images/s on {} ranks (data wait {:.1f}%)", s.imagesPerS,
+              re.worldSize, 100 * s.dataWaitFrac);
+    log::info("outputs in {}: {}job.yaml, metrics.jsonl, summary.json, logs/", runDir.root,
+              job.output.saveFinal ? "model/final.pt, " : "");
+  }
+  log::flush();
+}
+
+}  // namespace cohort::train
