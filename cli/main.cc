@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
 
   CLI::App* help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   std::string helpTopic;
-  help->add_option("command", helpTopic, "Command to explain");
+  help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
 
   try {
     app.parse(argc, argv);
@@ -86,6 +86,15 @@ int main(int argc, char** argv) {
 
   try {
     if (*help || app.get_subcommands().empty()) {
+      if (helpTopic == "job") {
+        // Every key of the job file, as the table in docs/job-spec.md.
+        std::cout << "| key | type | default | description |\n|---|---|---|---|\n";
+        for (const auto& k : cohort::describeJobKeys()) {
+          std::cout << "| `" << k.path << "` | " << k.type << " | `" << k.defaultValue << "` | "
+                    << k.description << " |\n";
+        }
+        return 0;
+      }
       if (!helpTopic.empty()) {
         for (CLI::App* sub : {run, worker, validate}) {
           if (sub->get_name() == helpTopic) {
@@ -93,7 +102,7 @@ int main(int argc, char** argv) {
             return 0;
           }
         }
-        std::cerr << "cohort: no command '" << helpTopic << "' (commands: run, worker, validate)\n";
+        std::cerr << "cohort: no help on '" << helpTopic << "' (try: run, worker, validate, job)\n";
         return 2;
       }
       std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);

@@ -126,7 +126,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   dopts.broadcastBuffers = job.distribution.broadcastBuffers;
   ddp::DistributedDataParallel ddp(model, comm, dopts);
   ddp.broadcastState();
-  log::info("{} gradient buckets (cap {} MiB)", ddp.stats().buckets, dopts.bucketCapMb);
+  log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, dopts.bucketCapMb);
   // Dropout differs per rank, as each rank sees different samples.
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull + static_cast<uint64_t>(rank) + 1);
 
@@ -330,6 +330,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
 
   summary.steps = step;
   summary.seconds = secondsSince(runStart);
+  const ddp::DdpStats ds = ddp.stats();
+  log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}",
+            ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish);
   summary.imagesPerS = trainSeconds > 0 ? double(summary.images) / trainSeconds : 0;
   at::Tensor waits = torch::tensor({trainSeconds > 0 ? waitTotal / trainSeconds : 0.0}, torch::kFloat64);
   comm::allreduceSum(comm, waits, "data wait summary");

@@ -41,8 +41,9 @@ std::shared_ptr<Dataset> openIdx(const std::string& images, const std::string& l
                                  int64_t limit, int64_t numClasses);
 
 // Deterministic synthetic samples: sample i depends only on (seed, i).
-// Its label is a hash of (seed, i); its pixels are noise around a
-// per-class mean, so a model can learn them.
+// Its label is a hash of (seed, i); its pixels are noise around a pattern
+// that depends only on the label, so a model can learn them and a model
+// trained on one seed is evaluated meaningfully on another.
 std::shared_ptr<Dataset> makeSynthetic(int64_t size, SampleShape shape, int64_t numClasses,
                                        uint64_t seed);
 

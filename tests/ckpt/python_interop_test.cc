@@ -1,0 +1,115 @@
+// State dicts move between cohort and PyTorch (Debian's python3-torch and
+// python3-torchvision) in both directions, and give the same logits.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/models/model.h"
+#include "test_paths.h"
+#include "util/jobs.h"
+
+namespace cohort {
+namespace {
+
+bool pythonHasTorch() {
+  auto r = test::run({COHORT_PYTHON, "-c", "import torch, torchvision"}, {},
+                     std::chrono::minutes(2));
+  return r.exitCode == 0;
+}
+
+class PythonInterop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!pythonHasTorch()) {
+      GTEST_SKIP() << "SKIPPED: " << COHORT_PYTHON
+                   << " cannot import torch and torchvision (scripts/install-deps.sh installs "
+                      "python3-torch and python3-torchvision)";
+    }
+  }
+  std::string script() const { return test::sourceDir() + "/tests/ckpt/interop.py"; }
+  test::TempDir dir;
+};
+
+std::shared_ptr<models::Model> resnet18() {
+  ModelConfig c;
+  c.arch = "resnet18";
+  c.numClasses = 10;
+  return models::createModel(c, {3, 64, 64});
+}
+
+at::Tensor find(const ckpt::StateDict& d, const std::string& name) {
+  for (const auto& [n, t] : d) {
+    if (n == name) return t;
+  }
+  return {};
+}
+
+TEST_F(PythonInterop, TorchvisionWeightsGiveTorchvisionLogits) {
+  auto r = test::run({COHORT_PYTHON, script(), "export", dir.path()});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  auto model = resnet18();
+  ckpt::loadStateDict(*model, ckpt::readStateDict(dir.file("tv_resnet18.pt")), "tv_resnet18.pt");
+  model->eval();
+  auto io = ckpt::readStateDict(dir.file("tv_io.pt"));
+  torch::NoGradGuard g;
+  at::Tensor y = model->forward(find(io, "input"));
+  const double diff = (y - find(io, "logits")).abs().max().item<double>();
+  EXPECT_LT(diff, 1e-4) << "cohort's logits differ from PyTorch's";
+  RecordProperty("max_logit_difference", std::to_string(diff));
+
+  // A checkpoint dict holding the weights under "state_dict" works too.
+  auto fromCheckpoint = ckpt::readStateDict(dir.file("tv_checkpoint.pt"));
+  EXPECT_EQ(fromCheckpoint.size(), ckpt::stateDict(*model).size());
+}
+
+TEST_F(PythonInterop, CohortWeightsLoadIntoTorchvision) {
+  torch::manual_seed(5);
+  auto model = resnet18();
+  {
+    torch::NoGradGuard g;
+    model->train();
+    for (int i = 0; i < 3; ++i) model->forward(torch::randn({4, 3, 64, 64}));
+  }
+  model->eval();
+  at::Tensor x = torch::randn({2, 3, 64, 64});
+  at::Tensor y;
+  {
+    torch::NoGradGuard g;
+    y = model->forward(x);
+  }
+  ckpt::saveStateDict(ckpt::stateDict(*model), dir.file("cohort_resnet18.pt"));
+  ckpt::saveStateDict({{"input", x}, {"logits", y}}, dir.file("cohort_io.pt"));
+  auto r = test::run({COHORT_PYTHON, script(), "check", dir.path()});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+}
+
+TEST_F(PythonInterop, InitFromInAJob) {
+  auto r = test::run({COHORT_PYTHON, script(), "export", dir.path()});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, R"(name: init
+model: {arch: resnet18, num_classes: 10}
+data:
+  train: {kind: synthetic, size: 8, shape: [3, 64, 64]}
+training: {max_steps: 1, batch_size: 4}
+distribution: {procs_per_node: 1}
+output: {progress: off}
+)");
+  auto ok = test::cohort({"run", job, "--run-dir", dir.file("run1"), "--set",
+                          "model.init_from=" + dir.file("tv_resnet18.pt")});
+  EXPECT_EQ(ok.exitCode, 0) << ok.describe();
+  EXPECT_NE(ok.err.find("initialized from " + dir.file("tv_resnet18.pt")), std::string::npos);
+
+  auto bad = test::cohort({"run", job, "--run-dir", dir.file("run2"), "--set",
+                           "model.arch=resnet34", "--set",
+                           "model.init_from=" + dir.file("tv_resnet18.pt")});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
+  EXPECT_NE(bad.err.find(dir.file("tv_resnet18.pt") +
+                         ": missing tensor 'layer1.2.conv1.weight' (shape [64, 64, 3, 3])"),
+            std::string::npos)
+      << bad.err;
+}
+
+}  // namespace
+}  // namespace cohort

@@ -1,0 +1,115 @@
+#include <caffe2/serialize/inline_container.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/core/error.h"
+#include "util/process.h"
+
+namespace cohort::ckpt {
+namespace {
+
+struct Tiny : torch::nn::Module {
+  Tiny() {
+    fc = register_module("fc", torch::nn::Linear(3, 2));
+    bn = register_module("bn", torch::nn::BatchNorm1d(2));
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "NO ERROR";
+}
+
+TEST(StateDict, OrderFollowsPyTorch) {
+  Tiny m;
+  std::vector<std::string> names;
+  for (const auto& [n, t] : stateDict(m)) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"fc.weight", "fc.bias", "bn.weight", "bn.bias",
+                                             "bn.running_mean", "bn.running_var",
+                                             "bn.num_batches_tracked"}));
+}
+
+TEST(StateDict, SaveAndReadRoundTrip) {
+  test::TempDir dir;
+  at::Tensor big = torch::randn({4, 6});
+  StateDict in = {{"a", torch::randn({2, 3})},
+                  {"view", big.t()},  // non-contiguous
+                  {"count", torch::tensor(7, torch::kLong)},
+                  {"half", torch::ones({5}, torch::kHalf)},
+                  {"flags", torch::tensor({true, false})},
+                  {"empty", torch::zeros({0, 3})}};
+  saveStateDict(in, dir.file("x.pt"));
+  StateDict out = readStateDict(dir.file("x.pt"));
+  ASSERT_EQ(out.size(), in.size());
+  for (size_t k = 0; k < in.size(); ++k) {
+    EXPECT_EQ(out[k].first, in[k].first);
+    EXPECT_EQ(out[k].second.scalar_type(), in[k].second.scalar_type()) << in[k].first;
+    EXPECT_TRUE(torch::equal(out[k].second, in[k].second)) << in[k].first;
+  }
+}
+
+TEST(StateDict, LoadIsStrictAndNamesTheTensor) {
+  test::TempDir dir;
+  Tiny a, b;
+  {
+    torch::NoGradGuard g;
+    a.fc->weight.fill_(0.5);
+  }
+  loadStateDict(b, stateDict(a), "mem");
+  EXPECT_TRUE(torch::equal(b.fc->weight, a.fc->weight));
+
+  StateDict missing = stateDict(a);
+  missing.erase(missing.begin() + 1);
+  EXPECT_EQ(errorOf([&] { loadStateDict(b, missing, "w.pt"); }),
+            "w.pt: missing tensor 'fc.bias' (shape [2]) that the model needs");
+
+  StateDict extra = stateDict(a);
+  extra.emplace_back("head.weight", torch::zeros({2, 2}));
+  EXPECT_EQ(errorOf([&] { loadStateDict(b, extra, "w.pt"); }),
+            "w.pt: unexpected tensor 'head.weight' (shape [2, 2]): the model has no such "
+            "parameter or buffer");
+
+  StateDict wrong = stateDict(a);
+  wrong[0].second = torch::zeros({2, 4});
+  EXPECT_EQ(errorOf([&] { loadStateDict(b, wrong, "w.pt"); }),
+            "w.pt: tensor 'fc.weight' has shape [2, 4], the model expects [2, 3]");
+}
+
+TEST(StateDict, RejectsFilesThatAreNotStateDicts) {
+  test::TempDir dir;
+  test::writeText(dir.file("text.pt"), "just some text");
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("text.pt")); }).find("not a zip-format PyTorch file"),
+            std::string::npos);
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("missing.pt")); }).find("cannot open"),
+            std::string::npos);
+
+  // A pickle that would call os.system("ls") in Python.
+  static const char kEvil[] =
+      "\x80\x02" "cos\nsystem\nq\x00" "X\x02\x00\x00\x00" "lsq\x01\x85q\x02Rq\x03.";
+  const std::string evil(kEvil, sizeof kEvil - 1);
+  {
+    caffe2::serialize::PyTorchStreamWriter w(dir.file("evil.pt"));
+    w.writeRecord("data.pkl", evil.data(), evil.size());
+    w.writeEndOfFile();
+  }
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("evil.pt")); }).find("refusing Python object 'os.system'"),
+            std::string::npos);
+
+  // Truncated archive.
+  StateDict in = {{"a", torch::randn({100})}};
+  saveStateDict(in, dir.file("ok.pt"));
+  std::string bytes = test::readText(dir.file("ok.pt"));
+  test::writeText(dir.file("cut.pt"), bytes.substr(0, bytes.size() / 2));
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("cut.pt")); }).find(dir.file("cut.pt")),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace cohort::ckpt

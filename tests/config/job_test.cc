@@ -1,0 +1,208 @@
+#include <gtest/gtest.h>
+
+#include "cohort/config/load.h"
+#include "cohort/core/error.h"
+#include "util/process.h"
+
+namespace cohort {
+namespace {
+
+const char* kValid = R"(name: t
+model:
+  arch: simple_cnn
+data:
+  train:
+    kind: synthetic
+    size: 10
+    shape: [1, 8, 8]
+training:
+  epochs: 2
+  batch_size: 4
+)";
+
+template <class E>
+std::string errorOf(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    loadJobFromString(yaml, "job.yaml", overrides);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("WRONG EXCEPTION TYPE: ") + e.what();
+  }
+  return "NO ERROR";
+}
+
+TEST(JobConfig, ValidJobGetsDefaultsFilledIn) {
+  JobConfig j = loadJobFromString(kValid, "job.yaml");
+  EXPECT_EQ(j.name, "t");
+  EXPECT_EQ(j.training.epochs, 2);
+  EXPECT_EQ(j.training.batchSize, 4);
+  EXPECT_EQ(j.training.optimizer.name, "sgd");
+  EXPECT_DOUBLE_EQ(j.distribution.bucketCapMb, 25.0);
+  EXPECT_EQ(j.data.train.shape, (std::vector<int64_t>{1, 8, 8}));
+  EXPECT_EQ(j.data.eval.kind, "none");
+}
+
+TEST(JobConfig, UnknownKeyNamesLineColumnAndSuggests) {
+  std::string yaml = std::string(kValid) + "  epocs: 3\n";
+  std::string e = errorOf<ConfigError>(yaml);
+  EXPECT_NE(e.find("job.yaml:12:3"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'epocs' in 'training'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'epochs'"), std::string::npos) << e;
+}
+
+TEST(JobConfig, UnknownTopLevelSection) {
+  std::string e = errorOf<ConfigError>(std::string(kValid) + "modle: {}\n");
+  EXPECT_NE(e.find("job.yaml:12:1: unknown key 'modle'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'model'"), std::string::npos) << e;
+}
+
+TEST(JobConfig, WrongTypeNamesKeyAndValue) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("epochs: 2"), 9, "epochs: ten");
+  std::string e = errorOf<ConfigError>(yaml);
+  EXPECT_NE(e.find("job.yaml:10:11: training.epochs: expected an integer, got 'ten'"),
+            std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, WrongTypeForList) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("[1, 8, 8]"), 9, "big");
+  std::string e = errorOf<ConfigError>(yaml);
+  EXPECT_NE(e.find("job.yaml:8:12: data.train.shape: expected a list, got 'big'"),
+            std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, OutOfRangeValue) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("batch_size: 4"), 13, "batch_size: 0");
+  std::string e = errorOf<ConfigError>(yaml);
+  EXPECT_NE(e.find("job.yaml:11:15: training.batch_size: must be >= 1, got 0"), std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, BadChoiceSuggests) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("simple_cnn"), 10, "resnet5O");
+  std::string e = errorOf<ConfigError>(yaml);
+  EXPECT_NE(e.find("job.yaml:3:9: model.arch: 'resnet5O' is not one of"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'resnet50'"), std::string::npos) << e;
+}
+
+TEST(JobConfig, MissingDataFileIsDataErrorWithLocationAndPath) {
+  const std::string yaml = R"(name: t
+data:
+  train:
+    kind: idx
+    images: /nonexistent/train-images.gz
+    labels: /nonexistent/train-labels.gz
+)";
+  std::string e = errorOf<DataError>(yaml);
+  EXPECT_NE(e.find("job.yaml:5:13: data.train.images: data file not found: "
+                   "/nonexistent/train-images.gz"),
+            std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, MissingTrainingData) {
+  std::string e = errorOf<ConfigError>("name: t\n");
+  EXPECT_NE(e.find("data.train.kind: training data is required"), std::string::npos) << e;
+}
+
+TEST(JobConfig, YamlSyntaxErrorHasLocation) {
+  std::string e = errorOf<ConfigError>("name: t\nmodel: [unclosed\n");
+  EXPECT_NE(e.find("job.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
+}
+
+TEST(JobConfig, SectionMustBeMapping) {
+  std::string e = errorOf<ConfigError>(std::string(kValid) + "output: 3\n");
+  EXPECT_NE(e.find("job.yaml:12:9: output: expected a mapping of keys, got '3'"),
+            std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, SetOverridesWithSameValidation) {
+  JobConfig j = loadJobFromString(kValid, "job.yaml",
+                                  {"training.epochs=5", "training.optimizer.lr=0.25",
+                                   "data.train.shape=[1, 16, 16]", "name=other"});
+  EXPECT_EQ(j.training.epochs, 5);
+  EXPECT_DOUBLE_EQ(j.training.optimizer.lr, 0.25);
+  EXPECT_EQ(j.data.train.shape, (std::vector<int64_t>{1, 16, 16}));
+  EXPECT_EQ(j.name, "other");
+
+  std::string e = errorOf<ConfigError>(kValid, {"training.epochs=abc"});
+  EXPECT_NE(e.find("--set training.epochs=abc: training.epochs: expected an integer, got 'abc'"),
+            std::string::npos)
+      << e;
+  e = errorOf<ConfigError>(kValid, {"training.epocs=3"});
+  EXPECT_NE(e.find("--set training.epocs=3: unknown key 'epocs' in 'training' (did you mean "
+                   "'epochs'?)"),
+            std::string::npos)
+      << e;
+  e = errorOf<ConfigError>(kValid, {"training.epochs=-1"});
+  EXPECT_NE(e.find("--set training.epochs=-1: training.epochs: must be >= 1, got -1"),
+            std::string::npos)
+      << e;
+  e = errorOf<ConfigError>(kValid, {"noequals"});
+  EXPECT_NE(e.find("--set noequals: expected key.path=value"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"training.epochs.x=1"});
+  EXPECT_NE(e.find("'training.epochs' is a value, not a section"), std::string::npos) << e;
+}
+
+TEST(JobConfig, SetCreatesMissingSections) {
+  JobConfig j = loadJobFromString(kValid, "job.yaml", {"data.eval.kind=synthetic"});
+  EXPECT_EQ(j.data.eval.kind, "synthetic");
+}
+
+TEST(JobConfig, CrossFieldChecks) {
+  std::string e = errorOf<ConfigError>(kValid, {"data.train.shape=[1, 8]"});
+  EXPECT_NE(e.find("data.train.shape: expected [channels, height, width], got 2 values"),
+            std::string::npos)
+      << e;
+  e = errorOf<ConfigError>(kValid, {"data.train.mean=[0.5]"});
+  EXPECT_NE(e.find("data.train.std: has 0 values but mean has 1"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"training.optimizer.betas=[0.9]"});
+  EXPECT_NE(e.find("training.optimizer.betas: expected [beta1, beta2]"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"name=a/b"});
+  EXPECT_NE(e.find("name: 'a/b' may only contain"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"checkpoint.enabled=true"});
+  EXPECT_NE(e.find("checkpoint.enabled: checkpointing is not available"), std::string::npos) << e;
+}
+
+TEST(JobConfig, ResolvedYamlRoundTrips) {
+  JobConfig j = loadJobFromString(kValid, "job.yaml",
+                                  {"training.optimizer.eps=1e-8", "data.train.mean=[0.25]",
+                                   "data.train.std=[0.5]", "training.schedule.milestones=[1.5, 3]"});
+  const std::string once = toYaml(j);
+  JobConfig again = loadJobFromString(once, "resolved.yaml");
+  EXPECT_EQ(toYaml(again), once);
+  EXPECT_EQ(jobHash(again), jobHash(j));
+  EXPECT_NE(jobHash(loadJobFromString(kValid, "job.yaml", {"training.seed=9"})), jobHash(j));
+}
+
+TEST(JobConfig, JobFileNotFound) {
+  try {
+    loadJob("/nonexistent/job.yaml");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("job file not found: /nonexistent/job.yaml"),
+              std::string::npos);
+  }
+}
+
+TEST(JobConfig, RelativeDataPathsBecomeAbsolute) {
+  test::TempDir dir;
+  test::writeText(dir.file("i.gz"), "x");
+  test::writeText(dir.file("l.gz"), "x");
+  const std::string yaml = "name: t\ndata:\n  train:\n    kind: idx\n    images: " +
+                           dir.file("i.gz") + "\n    labels: " + dir.file("l.gz") + "\n";
+  JobConfig j = loadJobFromString(yaml, "job.yaml");
+  EXPECT_EQ(j.data.train.images, dir.file("i.gz"));
+  EXPECT_EQ(j.output.dir.front(), '/');
+}
+
+}  // namespace
+}  // namespace cohort

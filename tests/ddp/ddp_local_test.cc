@@ -1,0 +1,137 @@
+// The DDP engine within one process (world size 1): bucketing, gradient
+// views, hook-driven launches, unused parameters, accumulation.
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
+
+#include "cohort/core/error.h"
+#include "cohort/ddp/ddp.h"
+
+namespace cohort::ddp {
+namespace {
+
+comm::Comm soloComm() {
+  comm::Comm c;
+  c.store = c10::make_intrusive<c10d::HashStore>();
+  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(30));
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  c.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c.store, 0, 1, opts);
+  c.timeout = std::chrono::seconds(30);
+  return c;
+}
+
+struct Net : torch::nn::Module {
+  explicit Net(bool withUnused = false) {
+    a = register_module("a", torch::nn::Linear(4, 8));
+    b = register_module("b", torch::nn::Linear(8, 3));
+    if (withUnused) unused = register_module("unused", torch::nn::Linear(2, 2));
+  }
+  at::Tensor forward(const at::Tensor& x) { return b(torch::relu(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr}, unused{nullptr};
+};
+
+TEST(DdpLocal, BucketsInReverseRegistrationOrderWithinTheCap) {
+  auto net = std::make_shared<Net>();
+  DistributedDataParallel tiny(net, soloComm(), {1e-9, false, true});
+  EXPECT_EQ(tiny.bucketParameterNames(),
+            (std::vector<std::vector<std::string>>{{"b.bias"}, {"b.weight"}, {"a.bias"}, {"a.weight"}}));
+  auto net2 = std::make_shared<Net>();
+  DistributedDataParallel huge(net2, soloComm(), {1000, false, true});
+  EXPECT_EQ(huge.bucketParameterNames(),
+            (std::vector<std::vector<std::string>>{{"b.bias", "b.weight", "a.bias", "a.weight"}}));
+  // a.weight is 128 bytes, b.weight 96: a 200-byte cap splits before a.weight.
+  auto net3 = std::make_shared<Net>();
+  DistributedDataParallel mid(net3, soloComm(), {200.0 / (1024 * 1024), false, true});
+  EXPECT_EQ(mid.bucketParameterNames(),
+            (std::vector<std::vector<std::string>>{{"b.bias", "b.weight", "a.bias"}, {"a.weight"}}));
+}
+
+TEST(DdpLocal, GradientsMatchPlainAutogradAndLaunchDuringBackward) {
+  torch::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  auto plain = std::make_shared<Net>();
+  {
+    torch::NoGradGuard g;
+    auto src = net->parameters(), dst = plain->parameters();
+    for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
+  }
+  DistributedDataParallel ddp(net, soloComm(), {1e-9, false, true});
+  at::Tensor x = torch::randn({5, 4});
+  ddp.setSyncGradients(true);
+  net->forward(x).pow(2).sum().backward();
+  ddp.finishGradients();
+  plain->forward(x).pow(2).sum().backward();
+  auto p = net->parameters(), q = plain->parameters();
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(torch::allclose(p[k].grad(), q[k].grad()));
+  DdpStats s = ddp.stats();
+  EXPECT_EQ(s.buckets, 4);
+  EXPECT_EQ(s.launchedDuringBackward, 4) << "bucket launches must come from autograd hooks";
+  EXPECT_EQ(s.launchedAtFinish, 0);
+  EXPECT_EQ(s.syncs, 1);
+
+  ddp.zeroGrad();
+  for (const auto& t : net->parameters()) EXPECT_EQ(t.grad().abs().sum().item<float>(), 0.0f);
+}
+
+TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
+  torch::manual_seed(2);
+  auto net = std::make_shared<Net>();
+  DistributedDataParallel ddp(net, soloComm(), {25, false, true});
+  at::Tensor x = torch::randn({6, 4});
+  ddp.setSyncGradients(false);
+  net->forward(x).sum().backward();
+  ddp.finishGradients();  // no-op on an inner micro-step
+  EXPECT_EQ(ddp.stats().syncs, 0);
+  EXPECT_EQ(ddp.stats().launchedDuringBackward, 0);
+  at::Tensor once = net->a->weight.grad().clone();
+  ddp.setSyncGradients(true);
+  net->forward(x).sum().backward();
+  ddp.finishGradients();
+  EXPECT_TRUE(torch::allclose(net->a->weight.grad(), 2 * once));
+  EXPECT_EQ(ddp.stats().syncs, 1);
+}
+
+TEST(DdpLocal, UnusedParameterIsAnErrorNamingIt) {
+  auto net = std::make_shared<Net>(true);
+  DistributedDataParallel ddp(net, soloComm(), {25, false, true});
+  ddp.setSyncGradients(true);
+  net->forward(torch::randn({2, 4})).sum().backward();
+  try {
+    ddp.finishGradients();
+    FAIL() << "no error for an unused parameter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'unused."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("find_unused_parameters"), std::string::npos);
+  }
+}
+
+TEST(DdpLocal, UnusedParameterAllowedUnderTheFlag) {
+  auto net = std::make_shared<Net>(true);
+  DistributedDataParallel ddp(net, soloComm(), {1e-9, true, true});
+  for (int step = 0; step < 2; ++step) {
+    ddp.setSyncGradients(true);
+    net->forward(torch::randn({2, 4})).sum().backward();
+    ddp.finishGradients();
+    ddp.zeroGrad();
+  }
+  EXPECT_EQ(net->unused->weight.grad().abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(ddp.stats().syncs, 2);
+  EXPECT_GT(ddp.stats().launchedAtFinish, 0);
+}
+
+TEST(DdpLocal, ReplacedGradientIsPutBackIntoItsBucket) {
+  auto net = std::make_shared<Net>();
+  DistributedDataParallel ddp(net, soloComm(), {25, false, true});
+  net->a->weight.mutable_grad() = at::Tensor();  // what zero_grad(set_to_none) does
+  ddp.setSyncGradients(true);
+  net->forward(torch::randn({3, 4})).sum().backward();
+  ddp.finishGradients();
+  EXPECT_GT(net->a->weight.grad().abs().sum().item<float>(), 0.0f);
+  ddp.zeroGrad();
+  EXPECT_EQ(net->a->weight.grad().abs().sum().item<float>(), 0.0f);
+}
+
+}  // namespace
+}  // namespace cohort::ddp

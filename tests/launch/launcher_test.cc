@@ -1,0 +1,162 @@
+// `cohort run` with real rank processes: a failing or killed rank stops the
+// job naming it, signals stop every rank, and no process is left behind.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "util/jobs.h"
+
+namespace cohort {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string uniqueMarker() {
+  std::random_device rd;
+  return "COHORT_TEST_TAG=" + std::to_string(getpid()) + "-" + std::to_string(rd());
+}
+
+// A job that trains until stopped.
+std::string longJob(const test::TempDir& dir) {
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("long"));
+  return job;
+}
+
+std::vector<std::string> runArgs(const std::string& job, const test::TempDir& dir) {
+  return {test::cohortBin(), "run", job, "--procs", "2", "--run-dir", dir.file("run"),
+          "--set", "training.epochs=100000"};
+}
+
+// Waits (bounded) until rank 0 has written a train record: the ranks are up
+// and training.
+bool waitForTraining(const test::TempDir& dir, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(dir.file("run/metrics.jsonl"));
+    std::string line;
+    if (std::getline(in, line) && !line.empty()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+pid_t rankPid(const test::Process& launcher, int rank) {
+  const std::string wanted = "RANK=" + std::to_string(rank);
+  for (pid_t p : launcher.children()) {
+    std::ifstream in("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
+    for (std::string entry; std::getline(in, entry, '\0');) {
+      if (entry == wanted) return p;
+    }
+  }
+  return -1;
+}
+
+TEST(Launcher, RankExitingWithCode3StopsTheJobNamingIt) {
+  test::TempDir dir;
+  const std::string marker = uniqueMarker();
+  const std::string tag = marker.substr(marker.find('=') + 1);
+  auto args = runArgs(longJob(dir), dir);
+  test::Process launcher(args, {{"COHORT_FAULT", "exit3@rank1:step3"}, {"COHORT_TEST_TAG", tag}});
+  auto r = launcher.wait(120s);
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("rank 1 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(") exited with code 3; stopped the other ranks"), std::string::npos) << r.err;
+  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "a rank outlived the launcher";
+  RecordProperty("launcher_seconds", std::to_string(r.seconds));
+}
+
+TEST(Launcher, SigkilledRankStopsTheJobNamingIt) {
+  test::TempDir dir;
+  const std::string marker = uniqueMarker();
+  const std::string tag = marker.substr(marker.find('=') + 1);
+  test::Process launcher(runArgs(longJob(dir), dir), {{"COHORT_TEST_TAG", tag}});
+  ASSERT_TRUE(waitForTraining(dir, 120s)) << launcher.stderrSoFar();
+  const pid_t victim = rankPid(launcher, 1);
+  ASSERT_GT(victim, 0) << "rank 1 not found among the launcher's children";
+  const auto killedAt = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto r = launcher.wait(120s);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killedAt).count();
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("rank 1 (pid " + std::to_string(victim) +
+                       ") was killed by signal 9 (SIGKILL); stopped the other ranks"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "a rank outlived the launcher";
+  RecordProperty("seconds_from_kill_to_launcher_exit", std::to_string(seconds));
+}
+
+TEST(Launcher, SigtermToTheLauncherStopsEveryRank) {
+  test::TempDir dir;
+  const std::string marker = uniqueMarker();
+  const std::string tag = marker.substr(marker.find('=') + 1);
+  test::Process launcher(runArgs(longJob(dir), dir), {{"COHORT_TEST_TAG", tag}});
+  ASSERT_TRUE(waitForTraining(dir, 120s)) << launcher.stderrSoFar();
+  launcher.signal(SIGTERM);
+  auto r = launcher.wait(120s);
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  EXPECT_EQ(r.exitCode, 128 + SIGTERM) << r.describe();
+  EXPECT_NE(r.err.find("interrupted: every rank stopped"), std::string::npos) << r.err;
+  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "a rank outlived the launcher";
+  // The ranks logged why they stopped.
+  EXPECT_NE(test::readText(dir.file("run/logs/rank-1.log")).find("received SIGTERM, stopping"),
+            std::string::npos);
+}
+
+TEST(Launcher, RanksDieWithASigkilledLauncher) {
+  test::TempDir dir;
+  const std::string marker = uniqueMarker();
+  const std::string tag = marker.substr(marker.find('=') + 1);
+  test::Process launcher(runArgs(longJob(dir), dir), {{"COHORT_TEST_TAG", tag}});
+  ASSERT_TRUE(waitForTraining(dir, 120s)) << launcher.stderrSoFar();
+  ASSERT_EQ(test::processesWithEnv(marker).size(), 3u);  // launcher + 2 ranks
+  // Kill only the launcher (not its group): the ranks must follow on their own.
+  kill(launcher.pid(), SIGKILL);
+  launcher.wait(60s);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!test::processesWithEnv(marker).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "orphaned ranks";
+}
+
+TEST(Launcher, CorruptDataInARankExitsWithBadInputCode) {
+  test::TempDir dir;
+  // Valid-looking paths, but the images file is truncated.
+  std::string images = test::readText(test::fashionMnistDir() + "/t10k-images-idx3-ubyte.gz");
+  ASSERT_FALSE(images.empty()) << "dataset-fashion-mnist is not installed";
+  test::writeText(dir.file("images.gz"), images.substr(0, images.size() / 3));
+  const std::string job = longJob(dir);
+  auto r = test::cohort({"run", job, "--procs", "2", "--run-dir", dir.file("run"), "--set",
+                         "data.train.kind=idx", "--set", "data.train.images=" + dir.file("images.gz"),
+                         "--set",
+                         "data.train.labels=" + test::fashionMnistDir() + "/t10k-labels-idx1-ubyte.gz",
+                         "--set", "model.num_classes=10", "--set", "data.train.shape=[1, 28, 28]"},
+                        {}, 120s);
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find(dir.file("images.gz")), std::string::npos) << r.err;
+}
+
+TEST(Launcher, BadJobFileExitsTwoBeforeStartingRanks) {
+  test::TempDir dir;
+  const std::string job = longJob(dir);
+  auto r = test::cohort({"run", job, "--run-dir", dir.file("run"), "--set", "training.epochs=0"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find("--set training.epochs=0: training.epochs: must be >= 1, got 0"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/logs/rank-0.log")));
+}
+
+}  // namespace
+}  // namespace cohort

@@ -1,0 +1,82 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/core/error.h"
+#include "cohort/models/model.h"
+
+namespace cohort::models {
+namespace {
+
+ModelConfig arch(const std::string& a, int64_t classes) {
+  ModelConfig c;
+  c.arch = a;
+  c.numClasses = classes;
+  return c;
+}
+
+TEST(Models, ResNetParameterCountsMatchTorchvision) {
+  // torchvision.models.resnetXX(num_classes=1000): sum(p.numel() for p in m.parameters())
+  EXPECT_EQ(parameterCount(*createModel(arch("resnet50", 1000), {3, 224, 224})), 25557032);
+  EXPECT_EQ(parameterCount(*createModel(arch("resnet18", 1000), {3, 224, 224})), 11689512);
+  EXPECT_EQ(parameterCount(*createModel(arch("resnet34", 1000), {3, 224, 224})), 21797672);
+  EXPECT_EQ(parameterCount(*createModel(arch("resnet101", 1000), {3, 224, 224})), 44549160);
+}
+
+TEST(Models, ResNetStateDictNamesFollowTorchvision) {
+  auto m = createModel(arch("resnet50", 10), {3, 64, 64});
+  auto sd = ckpt::stateDict(*m);
+  // resnet50 state_dict(): 320 entries, first and last as torchvision orders them.
+  EXPECT_EQ(sd.size(), 320u);
+  EXPECT_EQ(sd.front().first, "conv1.weight");
+  EXPECT_EQ(sd[1].first, "bn1.weight");
+  EXPECT_EQ(sd[5].first, "bn1.num_batches_tracked");
+  EXPECT_EQ(sd[6].first, "layer1.0.conv1.weight");
+  EXPECT_EQ(sd.back().first, "fc.bias");
+  bool hasDownsample = false;
+  for (const auto& [name, t] : sd) {
+    if (name == "layer2.0.downsample.1.running_var") hasDownsample = true;
+  }
+  EXPECT_TRUE(hasDownsample);
+}
+
+TEST(Models, ForwardShapes) {
+  auto cnn = createModel(arch("simple_cnn", 10), {1, 28, 28});
+  EXPECT_EQ(cnn->forward(torch::zeros({3, 1, 28, 28})).sizes(), (std::vector<int64_t>{3, 10}));
+  ModelConfig small = arch("resnet18", 7);
+  small.smallInput = true;
+  auto r = createModel(small, {1, 28, 28});
+  EXPECT_EQ(r->forward(torch::zeros({2, 1, 28, 28})).sizes(), (std::vector<int64_t>{2, 7}));
+  EXPECT_EQ(ckpt::stateDict(*r).front().second.sizes(), (std::vector<int64_t>{64, 1, 3, 3}));
+}
+
+TEST(Models, SameSeedSameWeights) {
+  torch::manual_seed(4);
+  auto a = createModel(arch("resnet18", 10), {3, 32, 32});
+  torch::manual_seed(4);
+  auto b = createModel(arch("resnet18", 10), {3, 32, 32});
+  auto sa = ckpt::stateDict(*a), sb = ckpt::stateDict(*b);
+  for (size_t k = 0; k < sa.size(); ++k) EXPECT_TRUE(torch::equal(sa[k].second, sb[k].second));
+}
+
+TEST(Models, InputTooSmallIsAConfigError) {
+  EXPECT_THROW(createModel(arch("resnet50", 10), {3, 16, 16}), ConfigError);
+  EXPECT_THROW(createModel(arch("simple_cnn", 10), {1, 3, 3}), ConfigError);
+}
+
+TEST(Models, ZeroInitResidual) {
+  ModelConfig c = arch("resnet18", 10);
+  c.zeroInitResidual = true;
+  auto m = createModel(c, {3, 32, 32});
+  for (const auto& [name, t] : ckpt::stateDict(*m)) {
+    if (name == "layer1.0.bn2.weight") {
+      EXPECT_EQ(t.abs().sum().item<float>(), 0.0f);
+    }
+    if (name == "layer1.0.bn1.weight") {
+      EXPECT_GT(t.abs().sum().item<float>(), 0.0f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cohort::models

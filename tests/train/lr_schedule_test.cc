@@ -1,0 +1,53 @@
+#include <gtest/gtest.h>
+
+#include "cohort/train/lr_schedule.h"
+
+namespace cohort::train {
+namespace {
+
+TEST(LrSchedule, LinearScalingRule) {
+  OptimizerConfig o;
+  o.lr = 0.1;
+  o.baseBatch = 256;
+  EXPECT_DOUBLE_EQ(peakLearningRate(o, 1024), 0.4);
+  EXPECT_DOUBLE_EQ(peakLearningRate(o, 128), 0.05);
+  o.baseBatch = 0;
+  EXPECT_DOUBLE_EQ(peakLearningRate(o, 1024), 0.1);
+}
+
+TEST(LrSchedule, WarmupRisesLinearlyToPeak) {
+  ScheduleConfig c;
+  c.warmupEpochs = 2;
+  LrSchedule s(c, 1.0, 10, 100);
+  EXPECT_EQ(s.warmupSteps(), 20);
+  EXPECT_DOUBLE_EQ(s.at(0), 1.0 / 20);
+  EXPECT_DOUBLE_EQ(s.at(9), 10.0 / 20);
+  EXPECT_DOUBLE_EQ(s.at(19), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(50), 1.0);  // constant after warmup
+}
+
+TEST(LrSchedule, CosineDecaysToMinLr) {
+  ScheduleConfig c;
+  c.name = "cosine";
+  c.warmupEpochs = 1;
+  c.minLr = 0.01;
+  LrSchedule s(c, 1.0, 10, 110);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);              // start of decay
+  EXPECT_NEAR(s.at(60), 0.505, 1e-12);          // halfway: (peak + min) / 2
+  EXPECT_NEAR(s.at(110), 0.01, 1e-12);          // end
+  for (int64_t k = 11; k < 110; ++k) EXPECT_LT(s.at(k), s.at(k - 1));
+}
+
+TEST(LrSchedule, StepDecayAtMilestones) {
+  ScheduleConfig c;
+  c.name = "step";
+  c.milestones = {3, 6};
+  c.gamma = 0.1;
+  LrSchedule s(c, 1.0, 100, 1000);
+  EXPECT_DOUBLE_EQ(s.at(299), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(300), 0.1);
+  EXPECT_NEAR(s.at(600), 0.01, 1e-15);
+}
+
+}  // namespace
+}  // namespace cohort::train

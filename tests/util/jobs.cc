@@ -1,0 +1,65 @@
+#include "util/jobs.h"
+
+#include <fstream>
+
+#include "test_paths.h"
+
+namespace cohort::test {
+
+std::string cohortBin() { return COHORT_BIN; }
+std::string sourceDir() { return COHORT_SOURCE_DIR; }
+std::string fashionMnistDir() { return "/usr/share/datasets/fashion-mnist"; }
+
+ProcessResult cohort(const std::vector<std::string>& args,
+                     const std::map<std::string, std::string>& env,
+                     std::chrono::milliseconds limit) {
+  std::vector<std::string> argv{cohortBin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, env, limit);
+}
+
+std::string tinyJobYaml(const std::string& name) {
+  return "name: " + name + R"(
+model:
+  arch: simple_cnn
+  num_classes: 4
+  width: 4
+  hidden: 16
+  batch_norm: false
+  dropout: 0.0
+data:
+  train:
+    kind: synthetic
+    size: 96
+    shape: [1, 8, 8]
+    seed: 3
+  loader_threads: 1
+distribution:
+  procs_per_node: 1
+  threads_per_rank: 1
+  timeout_s: 60
+training:
+  epochs: 1
+  batch_size: 8
+  seed: 7
+  log_every: 1
+  optimizer:
+    name: sgd
+    lr: 0.05
+    momentum: 0.9
+    weight_decay: 0.0001
+output:
+  progress: off
+)";
+}
+
+std::vector<nlohmann::json> readJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+}  // namespace cohort::test

@@ -1,0 +1,33 @@
+#pragma once
+
+// Helpers for tests that run the cohort binary on small jobs.
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "util/process.h"
+
+namespace cohort::test {
+
+std::string cohortBin();
+std::string sourceDir();
+std::string fashionMnistDir();  // /usr/share/datasets/fashion-mnist
+
+// Runs `cohort args...`; `limit` only guards against hangs.
+ProcessResult cohort(const std::vector<std::string>& args,
+                     const std::map<std::string, std::string>& env = {},
+                     std::chrono::milliseconds limit = std::chrono::minutes(10));
+
+// A small, fast job on synthetic 1x8x8 data with simple_cnn, no BatchNorm,
+// no dropout, progress off; `extra` is YAML merged over it through --set
+// style keys: pass overrides to the command line instead when possible.
+std::string tinyJobYaml(const std::string& name);
+
+// Lines of a JSON-lines file.
+std::vector<nlohmann::json> readJsonLines(const std::string& path);
+
+}  // namespace cohort::test

@@ -1,0 +1,220 @@
+#include "util/process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace cohort::test {
+
+std::string ProcessResult::describe() const {
+  std::ostringstream os;
+  os << "exit " << exitCode << ", signal " << signal << (timedOut ? ", TIMED OUT" : "") << ", "
+     << seconds << " s\n--- stdout ---\n"
+     << out << "\n--- stderr ---\n"
+     << err;
+  return os.str();
+}
+
+Process::Process(const std::vector<std::string>& argv,
+                 const std::map<std::string, std::string>& env) {
+  int outPipe[2], errPipe[2];
+  if (pipe2(outPipe, O_CLOEXEC) != 0 || pipe2(errPipe, O_CLOEXEC) != 0) {
+    throw std::runtime_error("pipe failed");
+  }
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string s(*e);
+    if (env.count(s.substr(0, s.find('='))) == 0) envStrings.push_back(s);
+  }
+  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : envStrings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  start_ = std::chrono::steady_clock::now();
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    dup2(outPipe[1], STDOUT_FILENO);
+    dup2(errPipe[1], STDERR_FILENO);
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  setpgid(pid_, pid_);
+  close(outPipe[1]);
+  close(errPipe[1]);
+  outFd_ = outPipe[0];
+  errFd_ = errPipe[0];
+}
+
+Process::~Process() {
+  if (!reaped_ && pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  // Grandchildren (ranks) of a launcher share its process group.
+  if (pid_ > 0) kill(-pid_, SIGKILL);
+  if (outFd_ >= 0) close(outFd_);
+  if (errFd_ >= 0) close(errFd_);
+}
+
+void Process::drain(int timeoutMs) {
+  pollfd fds[2] = {{outFd_, POLLIN, 0}, {errFd_, POLLIN, 0}};
+  if (poll(fds, 2, timeoutMs) <= 0) return;
+  char buf[65536];
+  for (int k = 0; k < 2; ++k) {
+    if (fds[k].revents & (POLLIN | POLLHUP)) {
+      ssize_t n = read(fds[k].fd, buf, sizeof buf);
+      if (n > 0) (k == 0 ? out_ : err_).append(buf, static_cast<size_t>(n));
+    }
+  }
+}
+
+std::string Process::stderrSoFar() {
+  drain(0);
+  return err_;
+}
+
+void Process::signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+std::vector<pid_t> Process::children() const {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+  for (pid_t p; in >> p;) out.push_back(p);
+  return out;
+}
+
+ProcessResult Process::wait(std::chrono::milliseconds limit) {
+  ProcessResult r;
+  const auto deadline = start_ + limit;
+  int status = 0;
+  for (;;) {
+    drain(50);
+    pid_t w = waitpid(pid_, &status, WNOHANG);
+    if (w == pid_) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      r.timedOut = true;
+      break;
+    }
+  }
+  reaped_ = true;
+  // Read what is left in the pipes (writers may be grandchildren still
+  // alive: bound the wait).
+  for (int k = 0; k < 20; ++k) {
+    pollfd fds[2] = {{outFd_, POLLIN, 0}, {errFd_, POLLIN, 0}};
+    if (poll(fds, 2, 50) <= 0) break;
+    bool any = false;
+    char buf[65536];
+    for (int j = 0; j < 2; ++j) {
+      if (fds[j].revents & POLLIN) {
+        ssize_t n = read(fds[j].fd, buf, sizeof buf);
+        if (n > 0) {
+          (j == 0 ? out_ : err_).append(buf, static_cast<size_t>(n));
+          any = true;
+        }
+      }
+    }
+    if (!any) break;
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (WIFEXITED(status)) r.exitCode = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  r.out = out_;
+  r.err = err_;
+  return r;
+}
+
+ProcessResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                  std::chrono::milliseconds limit) {
+  Process p(argv, env);
+  return p.wait(limit);
+}
+
+std::vector<pid_t> processesWithEnv(const std::string& marker) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), {});
+    size_t pos = 0;
+    while (pos < env.size()) {
+      size_t z = env.find('\0', pos);
+      if (z == std::string::npos) z = env.size();
+      if (env.compare(pos, z - pos, marker) == 0) {
+        // A zombie still has /proc/<pid> but no environment to read.
+        out.push_back(static_cast<pid_t>(pid));
+        break;
+      }
+      pos = z + 1;
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "cohort-test-XXXXXX").string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void writeText(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    throw std::runtime_error("bind failed");
+  }
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace cohort::test
