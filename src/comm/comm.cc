@@ -5,6 +5,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <map>
 
@@ -32,6 +35,7 @@ Comm connect(const CommOptions& o) {
   Comm c;
   c.rank = o.rank;
   c.worldSize = o.worldSize;
+  c.localRank = o.localRank;
   c.timeout = o.timeout;
   const std::string where = fmt::format("{}:{}", o.masterAddr, o.masterPort);
   try {
@@ -48,6 +52,23 @@ Comm connect(const CommOptions& o) {
                                 o.hostStore ? "host" : "reach", where, message(e)));
   }
 
+  if (o.backend == "nccl") {
+#ifdef USE_C10D_NCCL
+    // CUDA builds only. Untested: cohort's development machines have no GPU.
+    if (!torch::cuda::is_available()) {
+      throw CommError(fmt::format("rank {}: backend nccl needs a CUDA device", o.rank));
+    }
+    c.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
+                                           o.localRank % torch::cuda::device_count()));
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = o.timeout;
+    auto pgStore = c10::make_intrusive<c10d::PrefixStore>("pg", c.store);
+    c.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pgStore, o.rank, o.worldSize, opts);
+    return c;
+#else
+    throw CommError("backend nccl is not available in this build (cmake -DCOHORT_WITH_CUDA=ON)");
+#endif
+  }
   if (o.backend != "gloo") {
     throw CommError(fmt::format("backend '{}' is not available in this build", o.backend));
   }
@@ -87,8 +108,10 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const ch
 
 void allreduceSum(const Comm& comm, at::Tensor& t, const char* what) {
   if (comm.worldSize == 1) return;
-  std::vector<at::Tensor> v{t};
+  // Small host-side values (metrics) travel on the backend's device.
+  std::vector<at::Tensor> v{t.device() == comm.device ? t : t.to(comm.device)};
   wait(comm.pg->allreduce(v), comm, what);
+  if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
 void broadcast(const Comm& comm, std::vector<at::Tensor>& tensors, int root, const char* what) {

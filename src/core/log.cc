@@ -142,7 +142,10 @@ void write(Level level, std::string_view message) {
     std::lock_guard<std::mutex> g(s.mutex);
     if (!s.logger) {
       // Before init(): plain stderr, so early errors are never lost.
-      std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+      static const char* const kNames[] = {"trace", "debug", "info", "warning",
+                                           "error", "critical", "off"};
+      std::fprintf(stderr, "cohort: %s: %.*s\n", kNames[static_cast<int>(level)],
+                   static_cast<int>(message.size()), message.data());
       return;
     }
     logger = s.logger;

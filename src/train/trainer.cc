@@ -43,14 +43,16 @@ EvalResult evaluate(models::Model& model, data::BatchLoader& loader,
   loader.startEpoch(sampler.indices(0), 0);
   const int64_t k = std::min<int64_t>(5, numClasses);
   double lossSum = 0, correct1 = 0, correct5 = 0, count = 0;
+  const c10::Device device = comm.device;
   while (auto batch = loader.next()) {
-    at::Tensor logits = model.forward(batch->images);
+    const at::Tensor labels = batch->labels.to(device);
+    at::Tensor logits = model.forward(batch->images.to(device));
     lossSum += torch::nn::functional::cross_entropy(
-                   logits, batch->labels,
+                   logits, labels,
                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                    .item<double>();
     at::Tensor top = std::get<1>(logits.topk(k, 1));
-    at::Tensor hits = top.eq(batch->labels.unsqueeze(1));
+    at::Tensor hits = top.eq(labels.unsqueeze(1));
     correct1 += hits.select(1, 0).sum().item<double>();
     correct5 += hits.any(1).sum().item<double>();
     count += static_cast<double>(batch->labels.size(0));
@@ -117,6 +119,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     ckpt::loadStateDict(*model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
+  const c10::Device device = comm.device;
+  model->to(device);
   const int64_t parameters = models::parameterCount(*model);
   log::info("model {}: {} parameters", mc.arch, parameters);
 
@@ -233,8 +237,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       const bool sync = micro - cycleStart == cycleLen - 1;
       if (micro == cycleStart) ddp.syncBuffers();
       ddp.setSyncGradients(sync);
-      at::Tensor logits = model->forward(batch->images);
-      at::Tensor loss = F::cross_entropy(logits, batch->labels, lossOptions);
+      at::Tensor logits = model->forward(batch->images.to(device, /*non_blocking=*/true));
+      at::Tensor loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
       (loss / static_cast<double>(cycleLen)).backward();
       const double lossValue = loss.item<double>();
       if (!std::isfinite(lossValue)) {

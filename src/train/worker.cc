@@ -69,6 +69,7 @@ void runWorker(const WorkerOptions& o) {
   comm::CommOptions co;
   co.rank = re.rank;
   co.worldSize = re.worldSize;
+  co.localRank = re.localRank;
   co.masterAddr = re.masterAddr;
   co.masterPort = re.masterPort;
   co.hostStore = !re.agentStore && re.rank == 0;

@@ -16,10 +16,11 @@ namespace cohort::comm {
 struct CommOptions {
   int rank = 0;
   int worldSize = 1;
+  int localRank = 0;
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   bool hostStore = false;  // this process hosts the TCPStore server
-  std::string backend = "gloo";
+  std::string backend = "gloo";  // gloo | nccl (CUDA builds only; untested)
   std::string interface;   // gloo: network interface; empty: chosen from masterAddr
   std::chrono::milliseconds timeout{300000};
 };
@@ -27,6 +28,9 @@ struct CommOptions {
 struct Comm {
   int rank = 0;
   int worldSize = 1;
+  int localRank = 0;
+  // Where this rank's tensors live: CPU for gloo, cuda:<local rank> for nccl.
+  c10::Device device = c10::kCPU;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::chrono::milliseconds timeout{300000};
