@@ -63,25 +63,38 @@ std::optional<int> slurmTasksOnNode(const std::string& spec, int node) {
   return std::nullopt;
 }
 
+// The variables one launcher sets, in torchrun's roles.
+struct Family {
+  const char* source;
+  const char* rank;
+  const char* worldSize;
+  const char* localRank;
+  const char* localWorldSize;
+};
+
+constexpr Family kTorchrun{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+constexpr Family kOpenMpi{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+
+void readFamily(const Family& f, RankEnv& r) {
+  r.source = f.source;
+  r.rank = require(f.rank, f.worldSize);
+  r.worldSize = require(f.worldSize, f.rank);
+  r.localRank = getInt(f.localRank).value_or(r.rank);
+  r.localWorldSize = getInt(f.localWorldSize).value_or(r.worldSize);
+}
+
 }  // namespace
 
 RankEnv detectRankEnv() {
   RankEnv r;
-  if (get("RANK") || get("WORLD_SIZE")) {
-    r.source = "torchrun";
-    r.rank = require("RANK", "WORLD_SIZE");
-    r.worldSize = require("WORLD_SIZE", "RANK");
-    r.localRank = getInt("LOCAL_RANK").value_or(r.rank);
-    r.localWorldSize = getInt("LOCAL_WORLD_SIZE").value_or(r.worldSize);
-  } else if (get("OMPI_COMM_WORLD_RANK")) {
-    r.source = "openmpi";
-    r.rank = require("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_RANK");
-    r.worldSize = require("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
-    r.localRank = getInt("OMPI_COMM_WORLD_LOCAL_RANK").value_or(r.rank);
-    r.localWorldSize = getInt("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(r.worldSize);
+  if (get(kTorchrun.rank) || get(kTorchrun.worldSize)) {
+    readFamily(kTorchrun, r);
+  } else if (get(kOpenMpi.rank)) {
+    readFamily(kOpenMpi, r);
   } else if (get("SLURM_PROCID")) {
     r.source = "slurm";
-    r.rank = require("SLURM_PROCID", "SLURM_PROCID");
+    r.rank = require("SLURM_PROCID", "SLURM_NTASKS");
     r.worldSize = require("SLURM_NTASKS", "SLURM_PROCID");
     r.localRank = getInt("SLURM_LOCALID").value_or(0);
     if (auto n = getInt("SLURM_NTASKS_PER_NODE")) {

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -17,22 +19,28 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string uniqueMarker() {
-  std::random_device rd;
-  return "COHORT_TEST_TAG=" + std::to_string(getpid()) + "-" + std::to_string(rd());
-}
+// A launcher of a job that trains until stopped, with an environment marker
+// its ranks inherit, so the test can find every process it started.
+struct TaggedRun {
+  explicit TaggedRun(std::map<std::string, std::string> env = {}) {
+    std::random_device rd;
+    const std::string tag = std::to_string(getpid()) + "-" + std::to_string(rd());
+    marker = "COHORT_TEST_TAG=" + tag;
+    env["COHORT_TEST_TAG"] = tag;
+    const std::string job = dir.file("job.yaml");
+    test::writeText(job, test::tinyJobYaml("long"));
+    launcher = std::make_unique<test::Process>(
+        std::vector<std::string>{test::cohortBin(), "run", job, "--procs", "2", "--run-dir",
+                                 dir.file("run"), "--set", "training.epochs=100000"},
+        env);
+  }
+  // Processes still alive that this run started.
+  std::vector<pid_t> survivors() const { return test::processesWithEnv(marker); }
 
-// A job that trains until stopped.
-std::string longJob(const test::TempDir& dir) {
-  const std::string job = dir.file("job.yaml");
-  test::writeText(job, test::tinyJobYaml("long"));
-  return job;
-}
-
-std::vector<std::string> runArgs(const std::string& job, const test::TempDir& dir) {
-  return {test::cohortBin(), "run", job, "--procs", "2", "--run-dir", dir.file("run"),
-          "--set", "training.epochs=100000"};
-}
+  test::TempDir dir;
+  std::string marker;
+  std::unique_ptr<test::Process> launcher;
+};
 
 // Waits (bounded) until rank 0 has written a train record: the ranks are up
 // and training.
@@ -59,31 +67,24 @@ pid_t rankPid(const test::Process& launcher, int rank) {
 }
 
 TEST(Launcher, RankExitingWithCode3StopsTheJobNamingIt) {
-  test::TempDir dir;
-  const std::string marker = uniqueMarker();
-  const std::string tag = marker.substr(marker.find('=') + 1);
-  auto args = runArgs(longJob(dir), dir);
-  test::Process launcher(args, {{"COHORT_FAULT", "exit3@rank1:step3"}, {"COHORT_TEST_TAG", tag}});
-  auto r = launcher.wait(120s);
+  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank1:step3"}});
+  auto r = run.launcher->wait(120s);
   ASSERT_FALSE(r.timedOut) << r.describe();
   EXPECT_EQ(r.exitCode, 1) << r.describe();
   EXPECT_NE(r.err.find("rank 1 (pid "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(") exited with code 3; stopped the other ranks"), std::string::npos) << r.err;
-  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "a rank outlived the launcher";
+  EXPECT_TRUE(run.survivors().empty()) << "a rank outlived the launcher";
   RecordProperty("launcher_seconds", std::to_string(r.seconds));
 }
 
 TEST(Launcher, SigkilledRankStopsTheJobNamingIt) {
-  test::TempDir dir;
-  const std::string marker = uniqueMarker();
-  const std::string tag = marker.substr(marker.find('=') + 1);
-  test::Process launcher(runArgs(longJob(dir), dir), {{"COHORT_TEST_TAG", tag}});
-  ASSERT_TRUE(waitForTraining(dir, 120s)) << launcher.stderrSoFar();
-  const pid_t victim = rankPid(launcher, 1);
+  TaggedRun run;
+  ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
+  const pid_t victim = rankPid(*run.launcher, 1);
   ASSERT_GT(victim, 0) << "rank 1 not found among the launcher's children";
   const auto killedAt = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(victim, SIGKILL), 0);
-  auto r = launcher.wait(120s);
+  auto r = run.launcher->wait(120s);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killedAt).count();
   ASSERT_FALSE(r.timedOut) << r.describe();
@@ -92,42 +93,36 @@ TEST(Launcher, SigkilledRankStopsTheJobNamingIt) {
                        ") was killed by signal 9 (SIGKILL); stopped the other ranks"),
             std::string::npos)
       << r.err;
-  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "a rank outlived the launcher";
+  EXPECT_TRUE(run.survivors().empty()) << "a rank outlived the launcher";
   RecordProperty("seconds_from_kill_to_launcher_exit", std::to_string(seconds));
 }
 
 TEST(Launcher, SigtermToTheLauncherStopsEveryRank) {
-  test::TempDir dir;
-  const std::string marker = uniqueMarker();
-  const std::string tag = marker.substr(marker.find('=') + 1);
-  test::Process launcher(runArgs(longJob(dir), dir), {{"COHORT_TEST_TAG", tag}});
-  ASSERT_TRUE(waitForTraining(dir, 120s)) << launcher.stderrSoFar();
-  launcher.signal(SIGTERM);
-  auto r = launcher.wait(120s);
+  TaggedRun run;
+  ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
+  run.launcher->signal(SIGTERM);
+  auto r = run.launcher->wait(120s);
   ASSERT_FALSE(r.timedOut) << r.describe();
   EXPECT_EQ(r.exitCode, 128 + SIGTERM) << r.describe();
   EXPECT_NE(r.err.find("interrupted: every rank stopped"), std::string::npos) << r.err;
-  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "a rank outlived the launcher";
+  EXPECT_TRUE(run.survivors().empty()) << "a rank outlived the launcher";
   // The ranks logged why they stopped.
-  EXPECT_NE(test::readText(dir.file("run/logs/rank-1.log")).find("received SIGTERM, stopping"),
+  EXPECT_NE(test::readText(run.dir.file("run/logs/rank-1.log")).find("received SIGTERM, stopping"),
             std::string::npos);
 }
 
 TEST(Launcher, RanksDieWithASigkilledLauncher) {
-  test::TempDir dir;
-  const std::string marker = uniqueMarker();
-  const std::string tag = marker.substr(marker.find('=') + 1);
-  test::Process launcher(runArgs(longJob(dir), dir), {{"COHORT_TEST_TAG", tag}});
-  ASSERT_TRUE(waitForTraining(dir, 120s)) << launcher.stderrSoFar();
-  ASSERT_EQ(test::processesWithEnv(marker).size(), 3u);  // launcher + 2 ranks
+  TaggedRun run;
+  ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
+  ASSERT_EQ(run.survivors().size(), 3u);  // launcher + 2 ranks
   // Kill only the launcher (not its group): the ranks must follow on their own.
-  kill(launcher.pid(), SIGKILL);
-  launcher.wait(60s);
+  kill(run.launcher->pid(), SIGKILL);
+  run.launcher->wait(60s);
   const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!test::processesWithEnv(marker).empty() && std::chrono::steady_clock::now() < deadline) {
+  while (!run.survivors().empty() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(50ms);
   }
-  EXPECT_TRUE(test::processesWithEnv(marker).empty()) << "orphaned ranks";
+  EXPECT_TRUE(run.survivors().empty()) << "orphaned ranks";
 }
 
 TEST(Launcher, CorruptDataInARankExitsWithBadInputCode) {
@@ -136,7 +131,8 @@ TEST(Launcher, CorruptDataInARankExitsWithBadInputCode) {
   std::string images = test::readText(test::fashionMnistDir() + "/t10k-images-idx3-ubyte.gz");
   ASSERT_FALSE(images.empty()) << "dataset-fashion-mnist is not installed";
   test::writeText(dir.file("images.gz"), images.substr(0, images.size() / 3));
-  const std::string job = longJob(dir);
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("corrupt"));
   auto r = test::cohort({"run", job, "--procs", "2", "--run-dir", dir.file("run"), "--set",
                          "data.train.kind=idx", "--set", "data.train.images=" + dir.file("images.gz"),
                          "--set",
@@ -149,7 +145,8 @@ TEST(Launcher, CorruptDataInARankExitsWithBadInputCode) {
 
 TEST(Launcher, BadJobFileExitsTwoBeforeStartingRanks) {
   test::TempDir dir;
-  const std::string job = longJob(dir);
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("bad"));
   auto r = test::cohort({"run", job, "--run-dir", dir.file("run"), "--set", "training.epochs=0"});
   EXPECT_EQ(r.exitCode, 2) << r.describe();
   EXPECT_NE(r.err.find("--set training.epochs=0: training.epochs: must be >= 1, got 0"),

@@ -1,0 +1,24 @@
+#pragma once
+
+// Training runs of the tiny job through the cohort binary, compared by
+// their final weights.
+
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/state_dict.h"
+#include "util/process.h"
+
+namespace cohort::test {
+
+// Runs tinyJobYaml() with `procs` ranks into dir/<tag> with the given
+// "key=value" overrides (each passed as --set) and returns model/final.pt.
+// Records a test failure if the run does not exit 0.
+ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
+                          const std::vector<std::string>& overrides);
+
+// Largest absolute difference between same-named tensors (in double);
+// records a failure if names or counts differ.
+double maxDifference(const ckpt::StateDict& a, const ckpt::StateDict& b);
+
+}  // namespace cohort::test
