@@ -1,6 +1,7 @@
 #include "cohort/comm/comm.h"
 
 #include <fmt/format.h>
+#include <net/if.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -74,8 +75,11 @@ Comm connect(const CommOptions& o) {
   }
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    if (!o.interface.empty()) {
+    if (!o.interface.empty() && if_nametoindex(o.interface.c_str()) != 0) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
+    } else if (!o.interface.empty()) {
+      // Not an interface of this machine: an address or host name to bind to.
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface));
     } else if (isLoopback(o.masterAddr)) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     } else {
@@ -91,8 +95,10 @@ Comm connect(const CommOptions& o) {
           "rank {}: not every one of the {} ranks joined within {} s (store {}): {}", o.rank,
           o.worldSize, o.timeout.count() / 1000.0, where, m));
     }
-    throw CommError(fmt::format("rank {}: cannot build the process group (store {}): {}", o.rank,
-                                where, m));
+    throw CommError(fmt::format("rank {}: cannot build the process group (store {}{}): {}", o.rank,
+                                where,
+                                o.interface.empty() ? "" : ", distribution.interface " + o.interface,
+                                m));
   }
   return c;
 }

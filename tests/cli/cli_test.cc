@@ -1,6 +1,7 @@
 // The command line: subcommands, help, version and exit codes.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "util/jobs.h"
 
@@ -61,6 +62,63 @@ TEST(Cli, ValidateReportsBadInputWithLocation) {
   auto missing = test::cohort({"validate", dir.file("nope.yaml")});
   EXPECT_EQ(missing.exitCode, 2);
   EXPECT_NE(missing.err.find("job file not found"), std::string::npos);
+}
+
+TEST(Cli, EachBadInputExitsTwoWithItsMessage) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("bad"));
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--set", "training.epocs=2"}, "unknown key 'epocs' in 'training' (did you mean 'epochs'?)"},
+      {{"--set", "training.batch_size=big"}, "training.batch_size: expected an integer, got 'big'"},
+      {{"--set", "training.optimizer.lr=0"}, "training.optimizer.lr: must be > 0, got 0"},
+      {{"--set", "data.train.kind=idx", "--set", "data.train.images=/nonexistent/images.gz",
+        "--set", "data.train.labels=/nonexistent/labels.gz"},
+       "data.train.images: data file not found: /nonexistent/images.gz"},
+      {{"--set", "model.arch=resnet"}, "model.arch: 'resnet' is not one of"},
+  };
+  for (const auto& [sets, message] : cases) {
+    for (const char* cmd : {"validate", "run"}) {
+      std::vector<std::string> args{cmd, job};
+      if (std::string(cmd) == "run") {
+        args.push_back("--run-dir");
+        args.push_back(dir.file("run"));
+      }
+      args.insert(args.end(), sets.begin(), sets.end());
+      auto r = test::cohort(args);
+      EXPECT_EQ(r.exitCode, 2) << cmd << " " << message << "\n" << r.describe();
+      EXPECT_NE(r.err.find(message), std::string::npos) << cmd << "\n" << r.err;
+    }
+  }
+}
+
+TEST(Cli, ProgressIsPlainLinesWithoutATerminal) {
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("plain"));
+  auto r = test::cohort({"run", dir.file("job.yaml"), "--run-dir", dir.file("run"), "--set",
+                         "output.progress=auto", "--set", "training.log_every=4"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.err.find("epoch 1/1 step 4/12 (33%) loss "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" img/s ETA "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("\033[K"), std::string::npos) << "terminal control codes without a terminal";
+}
+
+TEST(Cli, ProgressBarOnATerminal) {
+  // util-linux's script(1) runs the command on a pseudo-terminal.
+  const std::string script = "/usr/bin/script";
+  ASSERT_EQ(access(script.c_str(), X_OK), 0) << "script(1) (bsdutils) is missing";
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("bar"));
+  const std::string cmd = test::cohortBin() + " run " + dir.file("job.yaml") + " --run-dir " +
+                          dir.file("run") + " --set output.progress=auto";
+  auto r = test::run({script, "-qec", cmd, "/dev/null"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string out = r.out + r.err;
+  EXPECT_NE(out.find("\r\033[Kepoch 1/1 ["), std::string::npos) << out;
+  EXPECT_NE(out.find("] 100% 12/12 loss "), std::string::npos) << out;
+  // The bar is cleared before the epoch's summary line.
+  EXPECT_NE(out.find("\r\033[K\r"), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 1/1: 12 steps in"), std::string::npos) << out;
 }
 
 }  // namespace

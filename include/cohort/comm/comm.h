@@ -21,7 +21,7 @@ struct CommOptions {
   int masterPort = 29500;
   bool hostStore = false;  // this process hosts the TCPStore server
   std::string backend = "gloo";  // gloo | nccl (CUDA builds only; untested)
-  std::string interface;   // gloo: network interface; empty: chosen from masterAddr
+  std::string interface;   // gloo: interface name or local address; empty: from masterAddr
   std::chrono::milliseconds timeout{300000};
 };
 

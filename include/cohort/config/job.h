@@ -58,7 +58,7 @@ struct DistributionConfig {
   int64_t threadsPerRank = 0;    // intra-op threads; 0: cores / procs_per_node
   std::string masterAddr = "127.0.0.1";  // where `cohort run` hosts the store
   int64_t masterPort = 0;        // 0: a free port
-  std::string interface;         // network interface for collectives; empty: by address
+  std::string interface;         // interface name or local address for collectives
   double timeoutS = 300;         // rendezvous and collective timeout
   double bucketCapMb = 25;       // gradient bucket size
   bool findUnusedParameters = false;

@@ -100,8 +100,8 @@ void describe(V& v, DistributionConfig& c) {
   v.field("master_port", c.masterPort, "Port of the rendezvous store; 0 picks a free port.",
           between(0, 65535));
   v.field("interface", c.interface,
-          "Network interface for collectives (e.g. eth0); empty: the address of master_addr's "
-          "route (loopback for one machine).");
+          "Network interface (e.g. eth0) or local address the collectives use; empty: loopback "
+          "when master_addr is a loopback address, else this host's name.");
   v.field("timeout_s", c.timeoutS, "Timeout of rendezvous and of each collective, in seconds.",
           above(0));
   v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", above(0));
