@@ -30,6 +30,37 @@ int fail(const std::string& message, int code) {
   return code;
 }
 
+// Reports the exception being handled; returns the exit code it maps to.
+int reportCurrentException() {
+  try {
+    throw;
+  } catch (const cohort::Error& e) {
+    return fail(e.what(), e.exitCode());
+  } catch (const c10::Error& e) {
+    return fail(e.what_without_backtrace(), 1);
+  } catch (const std::exception& e) {
+    return fail(e.what(), 1);
+  } catch (...) {
+    return fail("unknown error", 1);
+  }
+}
+
+// A rank ends with _Exit once its log is flushed: static destructors of
+// LibTorch and Gloo would race the rank's signal thread and background
+// threads for nothing.
+[[noreturn]] void runWorkerAndExit(const cohort::train::WorkerOptions& options) {
+  int code = 0;
+  try {
+    cohort::train::runWorker(options);
+  } catch (...) {
+    code = reportCurrentException();
+  }
+  cohort::log::flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,15 +153,10 @@ int main(int argc, char** argv) {
       return cohort::launch::runLauncher(o);
     }
     if (*worker) {
-      cohort::train::runWorker({jobPath, overrides, runDir});
-      return 0;
+      runWorkerAndExit({jobPath, overrides, runDir});
     }
-  } catch (const cohort::Error& e) {
-    return fail(e.what(), e.exitCode());
-  } catch (const c10::Error& e) {
-    return fail(e.what_without_backtrace(), 1);
-  } catch (const std::exception& e) {
-    return fail(e.what(), 1);
+  } catch (...) {
+    return reportCurrentException();
   }
   return 0;
 }

@@ -40,6 +40,11 @@ class Unpickler {
  public:
   Unpickler(const std::string& data, const StorageLoader& load, const std::string& origin)
       : data_(data), load_(load), origin_(origin) {}
+  ~Unpickler() {
+    std::vector<ValuePtr> all = std::move(stack_);
+    for (auto& [key, v] : memo_) all.push_back(std::move(v));
+    dismantle(std::move(all));
+  }
 
   ValuePtr run() {
     for (;;) {
@@ -59,25 +64,14 @@ class Unpickler {
           stack_.push_back(d);
           break;
         }
-        case 'l': {                        // LIST
-          auto l = make(Kind::list);
-          l->items = popMark();
-          stack_.push_back(l);
-          break;
-        }
-        case 't': {                        // TUPLE
-          auto t = make(Kind::tuple);
-          t->items = popMark();
-          stack_.push_back(t);
-          break;
-        }
+        case 'l': stack_.push_back(container(Kind::list, popMark())); break;   // LIST
+        case 't': stack_.push_back(container(Kind::tuple, popMark())); break;  // TUPLE
         case 0x85: case 0x86: case 0x87: { // TUPLE1..3
           const size_t n = op - 0x84;
           need(n);
-          auto t = make(Kind::tuple);
-          t->items.assign(stack_.end() - static_cast<long>(n), stack_.end());
+          std::vector<ValuePtr> items(stack_.end() - static_cast<long>(n), stack_.end());
           stack_.resize(stack_.size() - n);
-          stack_.push_back(t);
+          stack_.push_back(container(Kind::tuple, std::move(items)));
           break;
         }
         case 's': {                        // SETITEM
@@ -259,6 +253,11 @@ class Unpickler {
     if (items.size() % 2 != 0) fail("odd number of dict items");
     for (size_t k = 0; k < items.size(); k += 2) d.entries.emplace_back(items[k], items[k + 1]);
   }
+  static ValuePtr container(Kind k, std::vector<ValuePtr> items) {
+    auto v = make(k);
+    v->items = std::move(items);
+    return v;
+  }
   ValuePtr memoGet(uint64_t key) const {
     auto it = memo_.find(key);
     if (it == memo_.end()) fail(fmt::format("memo key {} not defined", key));
@@ -341,14 +340,21 @@ class Unpickler {
       const auto size = ints(arg(args, 2, Kind::tuple, "size"), "size");
       const auto stride = ints(arg(args, 3, Kind::tuple, "stride"), "stride");
       if (size.size() != stride.size()) fail("size and stride of a tensor differ in length");
+      // The last element reached must lie inside the storage; checked
+      // arithmetic, as every number here comes from the file.
+      if (offset < 0) fail("negative storage offset");
       int64_t last = offset;
+      bool empty = false;
       for (size_t k = 0; k < size.size(); ++k) {
         if (size[k] < 0 || stride[k] < 0) fail("negative size or stride");
-        if (size[k] > 0) last += (size[k] - 1) * stride[k];
+        empty = empty || size[k] == 0;
+        int64_t reach = 0;
+        if (size[k] > 0 && (__builtin_mul_overflow(size[k] - 1, stride[k], &reach) ||
+                            __builtin_add_overflow(last, reach, &last))) {
+          fail("tensor size overflows");
+        }
       }
-      bool empty = false;
-      for (auto s : size) empty = empty || s == 0;
-      if (!empty && (offset < 0 || last >= storage.tensor.numel())) {
+      if (!empty && last >= storage.tensor.numel()) {
         fail("tensor reaches past the end of its storage");
       }
       auto v = make(Kind::tensor);
@@ -378,6 +384,30 @@ class Unpickler {
 };
 
 }  // namespace
+
+void dismantle(std::vector<ValuePtr> roots) {
+  // Each node hands its children to the work list before it is released, so
+  // no destructor ever recurses. A node someone else still holds is only
+  // let go of: its last holder takes it apart.
+  while (!roots.empty()) {
+    ValuePtr v = std::move(roots.back());
+    roots.pop_back();
+    if (!v || v.use_count() > 1) continue;
+    for (auto& item : v->items) roots.push_back(std::move(item));
+    for (auto& [k, x] : v->entries) {
+      roots.push_back(std::move(k));
+      roots.push_back(std::move(x));
+    }
+    v->items.clear();
+    v->entries.clear();
+  }
+}
+
+void dismantle(ValuePtr&& root) {
+  std::vector<ValuePtr> roots;  // not {root}: an initializer_list would copy
+  roots.push_back(std::move(root));
+  dismantle(std::move(roots));
+}
 
 ValuePtr unpickle(const std::string& data, const StorageLoader& loadStorage,
                   const std::string& origin) {

@@ -86,7 +86,12 @@ StateDict readStateDict(const std::string& path) {
     }
     try {
       auto [ptr, size] = reader->getRecord(record);
-      const size_t expected = static_cast<size_t>(numel) * c10::elementSize(dtype);
+      const size_t element = c10::elementSize(dtype);
+      if (numel < 0 || static_cast<uint64_t>(numel) > size / element) {
+        throw DataError(fmt::format("{}: storage {} claims {} elements but holds {} bytes", path,
+                                    record, numel, size));
+      }
+      const size_t expected = static_cast<size_t>(numel) * element;
       if (size != expected) {
         throw DataError(fmt::format("{}: storage {} holds {} bytes, expected {}", path, record,
                                     size, expected));
@@ -99,8 +104,18 @@ StateDict readStateDict(const std::string& path) {
     }
   };
 
-  detail::ValuePtr root = detail::unpickle(pickled, loadStorage, path);
+  detail::ValuePtr root;
+  try {
+    root = detail::unpickle(pickled, loadStorage, path);
+  } catch (const c10::Error& e) {
+    throw DataError(fmt::format("{}: malformed state dict: {}", path, e.what_without_backtrace()));
+  }
   const detail::Value* dict = root.get();
+  // Frees the value tree without recursion, also when we throw below.
+  struct Dismantle {
+    detail::ValuePtr& root;
+    ~Dismantle() { detail::dismantle(std::move(root)); }
+  } dismantleOnExit{root};
   if (!isTensorDict(*dict)) {
     dict = nullptr;
     if (root->kind == detail::Value::Kind::dict) {

@@ -32,6 +32,24 @@ std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()
 
 }  // namespace
 
+HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = true;
+    so.waitWorkers = false;
+    // The server's own client connects at once on a local address; a short
+    // limit keeps a wrong address from blocking the launcher for minutes.
+    so.timeout = std::min(timeout, std::chrono::milliseconds(10000));
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    tcp->setTimeout(timeout);
+    return HostedStore{tcp, tcp->getPort()};
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("cannot host the rendezvous store on {}:{}: {}", addr, port,
+                                message(e)));
+  }
+}
+
 Comm connect(const CommOptions& o) {
   Comm c;
   c.rank = o.rank;

@@ -190,8 +190,17 @@ class Parser {
   void rejectUnknownKeys() {
     const Frame& f = frames_.back();
     if (!f.node.IsDefined() || !f.node.IsMap()) return;
+    std::map<std::string, std::string> seen;  // key -> where it first stands
     for (auto it = f.node.begin(); it != f.node.end(); ++it) {
       const std::string key = it->first.Scalar();
+      const std::string where = src_.locate(it->first, join(f.path, key));
+      auto [first, fresh] = seen.emplace(key, where);
+      if (!fresh) {
+        // yaml-cpp keeps both and reads the first: a silent surprise.
+        throw ConfigError(fmt::format("{}: duplicate key '{}'{} (first at {})", where, key,
+                                      f.path.empty() ? "" : fmt::format(" in '{}'", f.path),
+                                      first->second));
+      }
       bool ok = false;
       for (const auto& k : f.known) ok = ok || k == key;
       if (ok) continue;
@@ -374,6 +383,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     fail(where("checkpoint.enabled"), "checkpoint.enabled",
          "checkpointing is not available in this version of cohort");
   }
+  if (job.output.dir.empty()) fail(where("output.dir"), "output.dir", "must not be empty");
   job.output.dir = absolutePath(job.output.dir).string();
 }
 

@@ -54,8 +54,8 @@ std::optional<int> slurmTasksOnNode(const std::string& spec, int node) {
     std::smatch m;
     std::string part = spec.substr(start, end - start);
     if (!std::regex_match(part, m, item)) return std::nullopt;
-    int tasks = std::stoi(m[1]);
-    int repeat = m[2].matched ? std::stoi(m[2]) : 1;
+    int tasks = parseInt("SLURM_TASKS_PER_NODE", m[1]);
+    int repeat = m[2].matched ? parseInt("SLURM_TASKS_PER_NODE", m[2]) : 1;
     if (node < index + repeat) return tasks;
     index += repeat;
     start = end + 1;
@@ -165,10 +165,10 @@ std::optional<Fault> fault() {
   if (m[1].str() == "kill") {
     f.action = Fault::Action::kill;
   } else {
-    f.exitCode = std::stoi(m[2]);
+    f.exitCode = parseInt("COHORT_FAULT", m[2]);
   }
-  f.rank = std::stoi(m[3]);
-  f.step = std::stol(m[4]);
+  f.rank = parseInt("COHORT_FAULT", m[3]);
+  f.step = parseInt("COHORT_FAULT", m[4]);
   return f;
 }
 

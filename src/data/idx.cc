@@ -80,9 +80,15 @@ IdxArray readIdx(const std::string& path, int expectedDims, const char* what) {
   size_t elements = 1;
   for (int i = 0; i < expectedDims; ++i) {
     a.dims.push_back(bigEndian32(h + 4 + 4 * i));
-    elements *= a.dims.back();
+    if (__builtin_mul_overflow(elements, size_t{a.dims.back()}, &elements)) {
+      throw DataError(fmt::format("{}: corrupt header: dimensions {} overflow", path,
+                                  fmt::join(a.dims, "x")));
+    }
   }
-  size_t expected = a.dataOffset + elements;
+  size_t expected = 0;
+  if (__builtin_add_overflow(a.dataOffset, elements, &expected)) {
+    throw DataError(fmt::format("{}: corrupt header: dimensions overflow", path));
+  }
   if (a.bytes.size() != expected) {
     std::string shape = fmt::format("{}", fmt::join(a.dims, "x"));
     throw DataError(fmt::format("{}: {}: expected {} bytes ({}-byte header + {} {}), got {}", path,

@@ -13,16 +13,24 @@ BatchLoader::BatchLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions o
     : dataset_(std::move(dataset)), options_(std::move(options)) {
   COHORT_ASSERT(options_.batchSize > 0 && options_.threads > 0 && options_.prefetch > 0,
                 "bad loader options");
-  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { work(); });
+  try {
+    for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { work(); });
+  } catch (...) {
+    stopThreads();
+    throw;
+  }
 }
 
-BatchLoader::~BatchLoader() {
+BatchLoader::~BatchLoader() { stopThreads(); }
+
+void BatchLoader::stopThreads() {
   {
     std::lock_guard<std::mutex> g(mutex_);
     stop_ = true;
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
 }
 
 void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch) {
@@ -37,6 +45,7 @@ void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch) {
     nextToBuild_ = 0;
     consumed_ = 0;
     ready_.clear();
+    error_ = nullptr;  // an error of an abandoned epoch is not this epoch's
   }
   cv_.notify_all();
 }
@@ -90,7 +99,7 @@ void BatchLoader::work() {
       if (generation == generation_) ready_.emplace(number, std::move(b));
     } catch (...) {
       std::lock_guard<std::mutex> g(mutex_);
-      if (!error_) error_ = std::current_exception();
+      if (generation == generation_ && !error_) error_ = std::current_exception();
     }
     cv_.notify_all();
   }

@@ -6,6 +6,9 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <set>
+
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 
@@ -15,8 +18,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  comm::Comm comm, DdpOptions options)
     : module_(std::move(module)), comm_(std::move(comm)), options_(options) {
   COHORT_ASSERT(module_ != nullptr, "no module");
+  std::set<const void*> seen;  // tied weights appear under several names: bucket them once
   for (const auto& p : module_->named_parameters()) {
-    if (!p.value().requires_grad()) continue;
+    if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+    if (!p.value().requires_grad()) {
+      frozen_.push_back(p.value());
+      continue;
+    }
     Param param;
     param.name = p.key();
     param.tensor = p.value();
@@ -62,17 +70,24 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 
   // The accumulator of a leaf is held only weakly by the tensor: keep it
-  // alive, or autograd would make a fresh one without our hook.
-  for (size_t k = 0; k < params_.size(); ++k) {
-    Param& p = params_[k];
-    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-    COHORT_ASSERT(p.accumulator != nullptr, "no gradient accumulator for ", p.name);
-    p.hookKey = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          onGradReady(k);
-          return outputs;
-        }));
+  // alive, or autograd would make a fresh one without our hook. Hooks point
+  // at this object: if registering one fails, remove those already added.
+  try {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      Param& p = params_[k];
+      p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+      COHORT_ASSERT(p.accumulator != nullptr, "no gradient accumulator for ", p.name);
+      p.hookKey =
+          p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+              [this, k](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list&) {
+                onGradReady(k);
+                return outputs;
+              }));
+    }
+  } catch (...) {
+    removeHooks();
+    throw;
   }
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   std::lock_guard<std::mutex> g(mutex_);
@@ -80,23 +95,44 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (Param& p : params_) {
-    if (p.accumulator) p.accumulator->del_post_hook(p.hookKey);
-  }
+  removeHooks();
   // Never leave a collective running on memory that is about to go away.
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (Bucket& b : buckets_) {
-    if (b.work) {
-      try {
-        b.work->wait(comm_.timeout);
-      } catch (...) {
-      }
+    if (b.work) works.push_back(b.work);
+  }
+  waitAll(std::move(works));
+}
+
+void DistributedDataParallel::removeHooks() {
+  for (Param& p : params_) {
+    if (p.accumulator && p.hookKey != 0) p.accumulator->del_post_hook(p.hookKey);
+    p.hookKey = 0;
+  }
+}
+
+std::exception_ptr DistributedDataParallel::waitAll(
+    std::vector<c10::intrusive_ptr<c10d::Work>> works) {
+  const auto deadline = std::chrono::steady_clock::now() + comm_.timeout;
+  std::exception_ptr first;
+  for (auto& w : works) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      comm::Comm c = comm_;
+      c.timeout = std::max(left, std::chrono::milliseconds(1));
+      comm::wait(w, c, "gradient allreduce");
+    } catch (...) {
+      if (!first) first = std::current_exception();
     }
   }
+  return first;
 }
 
 void DistributedDataParallel::broadcastState() {
   std::vector<at::Tensor> state;
   for (const Param& p : params_) state.push_back(p.tensor);
+  for (const auto& f : frozen_) state.push_back(f);
   for (const auto& b : buffers_) state.push_back(b);
   comm::broadcast(comm_, state, 0, "broadcast of the initial parameters");
 }
@@ -158,38 +194,22 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
 void DistributedDataParallel::finishGradients() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!sync_) return;
-  if (nextLaunch_ < buckets_.size()) {
-    for (size_t bi = nextLaunch_; bi < buckets_.size(); ++bi) {
-      Bucket& b = buckets_[bi];
-      for (size_t k : b.params) {
-        Param& p = params_[k];
-        if (p.ready) continue;
-        if (!options_.findUnusedParameters) {
-          const std::string name = p.name;
-          lock.unlock();
-          // Let the collectives already started finish before failing.
-          for (Bucket& done : buckets_) {
-            if (done.work) {
-              try {
-                done.work->wait(comm_.timeout);
-              } catch (...) {
-              }
-              done.work.reset();
-            }
-          }
-          throw Error(fmt::format(
-              "rank {}: parameter '{}' received no gradient in this step; every parameter must "
-              "contribute to the loss, or set distribution.find_unused_parameters: true",
-              comm_.rank, name));
-        }
-        // Unused: its gradient (zero, or what earlier micro-steps summed)
-        // takes part as it is.
-        p.ready = true;
-        --b.pending;
-      }
+  // Parameters without a gradient in this step. Their buckets are launched
+  // all the same (the missing gradient counts as what the bucket holds: zero,
+  // or earlier micro-steps' sum), so every rank completes the same
+  // collectives even when only some ranks see an unused parameter.
+  std::string firstUnused;
+  for (size_t bi = nextLaunch_; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    for (size_t k : b.params) {
+      Param& p = params_[k];
+      if (p.ready) continue;
+      if (firstUnused.empty()) firstUnused = p.name;
+      p.ready = true;
+      --b.pending;
     }
-    launchReadyBuckets(/*fromHook=*/false);
   }
+  launchReadyBuckets(/*fromHook=*/false);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (Bucket& b : buckets_) {
     if (b.work) works.push_back(b.work);
@@ -198,7 +218,14 @@ void DistributedDataParallel::finishGradients() {
   ++stats_.syncs;
   resetReadiness();
   lock.unlock();
-  for (auto& w : works) comm::wait(w, comm_, "gradient allreduce");
+  std::exception_ptr failure = waitAll(std::move(works));
+  if (failure) std::rethrow_exception(failure);
+  if (!firstUnused.empty() && !options_.findUnusedParameters) {
+    throw Error(fmt::format(
+        "rank {}: parameter '{}' received no gradient in this step; every parameter must "
+        "contribute to the loss, or set distribution.find_unused_parameters: true",
+        comm_.rank, firstUnused));
+  }
 }
 
 void DistributedDataParallel::zeroGrad() {

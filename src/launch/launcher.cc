@@ -4,12 +4,12 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
 #include <cstring>
 #include <optional>
 
+#include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
@@ -28,6 +28,7 @@ struct Child {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
+  bool killedByUs = false;  // SIGKILLed after the grace period
   int status = 0;
 };
 
@@ -41,10 +42,16 @@ std::string describeStatus(int status) {
   return fmt::format("ended with status {}", status);
 }
 
-// Failures whose cause is elsewhere (a peer's death seen as a network error,
-// our own SIGTERM) rank below those that are a cause themselves.
-int severity(int status) {
-  if (WIFSIGNALED(status)) return WTERMSIG(status) == SIGTERM ? 1 : 3;
+// How telling a rank's end is as the cause of a failed job: a signal or an
+// unusual exit code is a cause (3); exit 1 is often a rank that only saw a
+// peer disappear (2); ends we or a Ctrl-C brought about come last (1).
+int severity(const Child& c) {
+  const int status = c.status;
+  if (c.killedByUs) return 1;
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return sig == SIGTERM || sig == SIGINT ? 1 : 3;
+  }
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
     if (code == 0) return 0;
@@ -57,10 +64,11 @@ int severity(int status) {
 // The environment block of one rank, built before fork: the child only calls
 // async-signal-safe functions until exec.
 std::vector<std::string> rankEnvironment(const env::RankEnv& r) {
-  std::vector<std::string> out;
   auto vars = env::rankVariables(r);
+  vars.emplace_back("OMP_NUM_THREADS", "1");  // the rank sets its own thread count
+  std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry(*e);
+    const std::string entry(*e);
     const std::string name = entry.substr(0, entry.find('='));
     bool replaced = false;
     for (const auto& [k, v] : vars) replaced = replaced || k == name;
@@ -69,7 +77,6 @@ std::vector<std::string> rankEnvironment(const env::RankEnv& r) {
     if (!replaced) out.push_back(entry);
   }
   for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
-  out.push_back("OMP_NUM_THREADS=1");  // the rank sets its own thread count
   return out;
 }
 
@@ -89,7 +96,6 @@ pid_t spawn(const std::string& exe, const std::vector<std::string>& args,
     if (getppid() != parent) _exit(127);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
     sigprocmask(SIG_SETMASK, &originalMask, nullptr);
     execve(exe.c_str(), argv.data(), envp.data());
     const char msg[] = "cohort: cannot execute the worker binary\n";
@@ -108,6 +114,42 @@ std::string selfExecutable() {
   return buf;
 }
 
+// Blocks SIGCHLD, SIGINT and SIGTERM for the launcher's lifetime (they are
+// taken synchronously with sigtimedwait) and restores the mask on the way out.
+class SignalScope {
+ public:
+  SignalScope() {
+    // Inherited "ignore SIGCHLD" would make the kernel reap the ranks behind
+    // our back and waitpid fail: take the default disposition.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGCHLD, &dfl, nullptr);
+    sigemptyset(&watched_);
+    sigaddset(&watched_, SIGCHLD);
+    sigaddset(&watched_, SIGINT);
+    sigaddset(&watched_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &watched_, &original_);
+  }
+  ~SignalScope() { pthread_sigmask(SIG_SETMASK, &original_, nullptr); }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  // Waits up to `timeout` for a watched signal; returns it, or 0.
+  int wait(std::chrono::milliseconds timeout) {
+    timespec ts{static_cast<time_t>(timeout.count() / 1000),
+                static_cast<long>((timeout.count() % 1000) * 1000000)};
+    siginfo_t info;
+    const int sig = sigtimedwait(&watched_, &info, &ts);
+    return sig > 0 ? sig : 0;
+  }
+  const sigset_t& original() const { return original_; }
+
+ private:
+  sigset_t watched_;
+  sigset_t original_;
+};
+
 }  // namespace
 
 int runLauncher(const LaunchOptions& o) {
@@ -125,39 +167,27 @@ int runLauncher(const LaunchOptions& o) {
         job.distribution.nodes));
   }
   const int world = static_cast<int>(job.distribution.procsPerNode);
+  const std::string exe = o.executable.empty() ? selfExecutable() : o.executable;
+
+  // Signals first, so the store's thread inherits the blocked mask; the store
+  // before the run directory, so a busy port leaves nothing behind.
+  SignalScope signals;
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
+  comm::HostedStore store =
+      comm::hostStore(job.distribution.masterAddr, static_cast<int>(job.distribution.masterPort),
+                      timeout);
   const RunDir runDir = o.runDir.empty() ? createDefaultRunDir(job) : openRunDir(o.runDir);
   writeFileAtomic(runDir.jobFile(), toYaml(job));
   lo.file = runDir.launcherLog();
   log::init(lo);
-
-  // Signals are taken synchronously below (sigtimedwait), never by a handler.
-  sigset_t watched, original;
-  sigemptyset(&watched);
-  sigaddset(&watched, SIGCHLD);
-  sigaddset(&watched, SIGINT);
-  sigaddset(&watched, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &watched, &original);
-
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(job.distribution.masterPort);
-    so.isServer = true;
-    so.waitWorkers = false;
-    so.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
-    store = c10::make_intrusive<c10d::TCPStore>(job.distribution.masterAddr, so);
-  } catch (const std::exception& e) {
-    pthread_sigmask(SIG_SETMASK, &original, nullptr);
-    throw CommError(fmt::format("cannot host the rendezvous store on {}:{}: {}",
-                                job.distribution.masterAddr, job.distribution.masterPort, e.what()));
-  }
-
-  const std::string exe = o.executable.empty() ? selfExecutable() : o.executable;
   log::info("starting {} ranks of job '{}'; run directory {}", world, job.name, runDir.root);
-  log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store->getPort());
+  log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store.port);
 
   std::vector<Child> children(static_cast<size_t>(world));
-  std::optional<Clock::time_point> killAt;
+  constexpr Clock::time_point kNever = Clock::time_point::max();
+  Clock::time_point killAt = kNever;     // SIGTERM sent: SIGKILL at this time
+  Clock::time_point abandonAt = kNever;  // SIGKILL sent: stop waiting at this time
   bool stopping = false;
   int interruptSignal = 0;
 
@@ -170,6 +200,14 @@ int runLauncher(const LaunchOptions& o) {
     }
     killAt = Clock::now() + o.termGrace;
   };
+  auto killAll = [&] {
+    for (auto& c : children) {
+      if (c.running) {
+        kill(c.pid, SIGKILL);
+        c.killedByUs = true;
+      }
+    }
+  };
 
   try {
     for (int r = 0; r < world; ++r) {
@@ -179,45 +217,51 @@ int runLauncher(const LaunchOptions& o) {
       re.localRank = r;
       re.localWorldSize = world;
       re.masterAddr = job.distribution.masterAddr;
-      re.masterPort = store->getPort();
+      re.masterPort = store.port;
       re.agentStore = true;
       auto& c = children[static_cast<size_t>(r)];
       c.rank = r;
       c.pid = spawn(exe, {exe, "worker", runDir.jobFile(), "--run-dir", runDir.root},
-                    rankEnvironment(re), original);
+                    rankEnvironment(re), signals.original());
       c.running = true;
       log::debug("rank {} is pid {}", r, c.pid);
     }
   } catch (...) {
-    stopAll("a rank could not be started");
+    killAll();
     for (auto& c : children) {
-      if (c.running) {
-        kill(c.pid, SIGKILL);
-        waitpid(c.pid, nullptr, 0);
-      }
+      if (c.running) waitpid(c.pid, nullptr, 0);
     }
-    pthread_sigmask(SIG_SETMASK, &original, nullptr);
     throw;
   }
 
   std::optional<Child> cause;
+  std::vector<int> lost;  // ranks whose end could not be observed
   for (;;) {
-    // Reap everything that ended; pick the most telling failure as the cause.
+    // Reap everything that ended; keep the most telling failure as the cause.
     for (;;) {
       int status = 0;
       const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid < 0 && errno == ECHILD) {
+        // Nothing left to wait for although ranks count as running.
+        for (auto& c : children) {
+          if (c.running) {
+            c.running = false;
+            lost.push_back(c.rank);
+          }
+        }
+      }
       if (pid <= 0) break;
       for (auto& c : children) {
         if (c.pid != pid || !c.running) continue;
         c.running = false;
         c.status = status;
-        const int sev = severity(status);
+        const int sev = severity(c);
         if (sev == 0) {
           log::debug("rank {} finished", c.rank);
           continue;
         }
         log::debug("rank {} {}", c.rank, describeStatus(status));
-        if (!cause || sev > severity(cause->status)) cause = c;
+        if (!cause || sev > severity(*cause)) cause = c;
         stopAll("a rank failed");
       }
     }
@@ -225,25 +269,34 @@ int runLauncher(const LaunchOptions& o) {
     for (const auto& c : children) anyRunning = anyRunning || c.running;
     if (!anyRunning) break;
 
-    if (killAt && Clock::now() >= *killAt) {
-      for (auto& c : children) {
+    const auto now = Clock::now();
+    if (now >= killAt) {
+      for (const auto& c : children) {
         if (c.running) {
           log::warn("rank {} did not stop within {} ms of SIGTERM: sending SIGKILL", c.rank,
                     o.termGrace.count());
-          kill(c.pid, SIGKILL);
         }
       }
-      killAt = Clock::now() + std::chrono::hours(1);
+      killAll();
+      killAt = kNever;
+      abandonAt = now + std::chrono::seconds(10);
+    }
+    if (now >= abandonAt) {
+      // A process stuck in the kernel cannot be reaped; do not wait forever.
+      for (auto& c : children) {
+        if (c.running) {
+          log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank,
+                     c.pid);
+          c.running = false;
+        }
+      }
+      break;
     }
 
-    timespec timeout{0, 100 * 1000 * 1000};
-    siginfo_t info;
-    const int sig = sigtimedwait(&watched, &info, &timeout);
+    const int sig = signals.wait(std::chrono::milliseconds(100));
     if (sig == SIGINT || sig == SIGTERM) {
       if (interruptSignal != 0) {
-        for (auto& c : children) {
-          if (c.running) kill(c.pid, SIGKILL);
-        }
+        killAll();  // a second Ctrl-C: no more grace
       } else {
         interruptSignal = sig;
         log::warn("received {}: stopping every rank", sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -253,16 +306,11 @@ int runLauncher(const LaunchOptions& o) {
   }
   // A Ctrl-C on the terminal reaches the ranks and the launcher together;
   // take a signal still pending so it is reported, not acted on later.
-  {
-    timespec zero{0, 0};
-    siginfo_t info;
-    for (int sig; (sig = sigtimedwait(&watched, &info, &zero)) > 0;) {
-      if ((sig == SIGINT || sig == SIGTERM) && interruptSignal == 0) interruptSignal = sig;
-    }
+  for (int sig; (sig = signals.wait(std::chrono::milliseconds(0))) != 0;) {
+    if ((sig == SIGINT || sig == SIGTERM) && interruptSignal == 0) interruptSignal = sig;
   }
-  pthread_sigmask(SIG_SETMASK, &original, nullptr);
 
-  if (cause && (severity(cause->status) >= 2 || interruptSignal == 0)) {
+  if (cause && (severity(*cause) >= 2 || interruptSignal == 0)) {
     const int code = WIFEXITED(cause->status) ? WEXITSTATUS(cause->status) : 0;
     log::error("rank {} (pid {}) {}; stopped the other ranks. Its log: {}", cause->rank, cause->pid,
                describeStatus(cause->status), runDir.rankLog(cause->rank));
@@ -271,6 +319,11 @@ int runLauncher(const LaunchOptions& o) {
   if (interruptSignal != 0) {
     log::error("interrupted: every rank stopped; outputs so far are in {}", runDir.root);
     return 128 + interruptSignal;
+  }
+  if (!lost.empty()) {
+    log::error("lost track of ranks [{}]: their exit status could not be collected",
+               fmt::join(lost, ", "));
+    return 1;
   }
   log::debug("all {} ranks finished", world);
   return 0;

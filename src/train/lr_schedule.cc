@@ -25,7 +25,8 @@ double LrSchedule::at(int64_t step) const {
     return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmupSteps_);
   }
   if (config_.name == "cosine") {
-    const double span = static_cast<double>(std::max<int64_t>(1, totalSteps_ - warmupSteps_));
+    // The last step (totalSteps_ - 1) trains at exactly min_lr.
+    const double span = static_cast<double>(std::max<int64_t>(1, totalSteps_ - warmupSteps_ - 1));
     const double progress = std::clamp(static_cast<double>(step - warmupSteps_) / span, 0.0, 1.0);
     return config_.minLr + (peak_ - config_.minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }

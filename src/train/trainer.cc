@@ -235,22 +235,29 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       const int64_t cycleStart = (micro / tc.accumulateSteps) * tc.accumulateSteps;
       const int64_t cycleLen = std::min(tc.accumulateSteps, batchesPerEpoch - cycleStart);
       const bool sync = micro - cycleStart == cycleLen - 1;
+      // Samples in this optimizer step on this rank (the epoch's last batch
+      // may be short); each micro-batch weighs by its share of them, so the
+      // step's gradient is the mean over its samples. Every rank has the
+      // same batch sizes, so the mean over ranks is the global mean.
+      const int64_t cycleSamples =
+          std::min(perRank, (cycleStart + cycleLen) * tc.batchSize) - cycleStart * tc.batchSize;
       if (micro == cycleStart) ddp.syncBuffers();
       ddp.setSyncGradients(sync);
+      const int64_t n = batch->labels.size(0);
       at::Tensor logits = model->forward(batch->images.to(device, /*non_blocking=*/true));
       at::Tensor loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
-      (loss / static_cast<double>(cycleLen)).backward();
       const double lossValue = loss.item<double>();
       if (!std::isfinite(lossValue)) {
         throw Error(fmt::format("rank {}: the loss is {} at step {} (epoch {}): training diverged",
                                 rank, lossValue, step + 1, epoch));
       }
+      (loss * (static_cast<double>(n) / static_cast<double>(cycleSamples))).backward();
       windowLoss += lossValue;
       epochLossSum += lossValue;
       ++epochLossCount;
       ++windowMicro;
-      windowImages += batch->labels.size(0);
-      epochImages += batch->labels.size(0);
+      windowImages += n;
+      epochImages += n;
       ++micro;
       if (!sync) continue;
 
@@ -342,12 +349,10 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   comm::allreduceSum(comm, waits, "data wait summary");
   summary.dataWaitFrac = waits.item<double>() / world;
 
+  ddp.syncBuffers();  // the saved BatchNorm statistics are rank 0's, as during training
   if (rank == 0 && job.output.saveFinal) {
-    ddp.syncBuffers();
     ckpt::saveStateDict(ckpt::stateDict(*model), runDir.finalModel());
     log::info("saved {}", runDir.finalModel());
-  } else {
-    ddp.syncBuffers();
   }
   return summary;
 }

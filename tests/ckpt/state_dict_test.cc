@@ -102,6 +102,24 @@ TEST(StateDict, RejectsFilesThatAreNotStateDicts) {
   EXPECT_NE(errorOf([&] { readStateDict(dir.file("evil.pt")); }).find("refusing Python object 'os.system'"),
             std::string::npos);
 
+  // Hostile shapes: a list nested 300,000 levels deep, a list holding itself.
+  auto writePickle = [&](const std::string& name, const std::string& pickle) {
+    caffe2::serialize::PyTorchStreamWriter w(dir.file(name));
+    w.writeRecord("data.pkl", pickle.data(), pickle.size());
+    w.writeEndOfFile();
+  };
+  writePickle("deep.pt", std::string("\x80\x02") + std::string(300000, ']') +
+                             std::string(299999, 'a') + ".");
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("deep.pt")); }).find("not a state dict"),
+            std::string::npos);
+  writePickle("deep-bad.pt", std::string("\x80\x02") + std::string(300000, ']') + "\xff");
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("deep-bad.pt")); }).find("unsupported pickle opcode"),
+            std::string::npos);
+  static const char kCycle[] = "\x80\x02" "]q\x00" "h\x00" "a.";
+  writePickle("cycle.pt", std::string(kCycle, sizeof kCycle - 1));
+  EXPECT_NE(errorOf([&] { readStateDict(dir.file("cycle.pt")); }).find("not a state dict"),
+            std::string::npos);
+
   // Truncated archive.
   StateDict in = {{"a", torch::randn({100})}};
   saveStateDict(in, dir.file("ok.pt"));

@@ -111,6 +111,22 @@ TEST(JobConfig, MissingTrainingData) {
   EXPECT_NE(e.find("data.train.kind: training data is required"), std::string::npos) << e;
 }
 
+TEST(JobConfig, DuplicateKeyIsAnError) {
+  std::string e = errorOf<ConfigError>(std::string(kValid) + "  epochs: 90\n");
+  EXPECT_NE(e.find("job.yaml:12:3: duplicate key 'epochs' in 'training' (first at job.yaml:10:3)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, LimitsOnSizesAndTimeouts) {
+  std::string e = errorOf<ConfigError>(kValid, {"distribution.timeout_s=0.0004"});
+  EXPECT_NE(e.find("distribution.timeout_s: must be >= 1, got 0.0004"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"distribution.procs_per_node=4294967297"});
+  EXPECT_NE(e.find("distribution.procs_per_node: must be <= 4096"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"output.dir="});
+  EXPECT_NE(e.find("output.dir: must not be empty"), std::string::npos) << e;
+}
+
 TEST(JobConfig, YamlSyntaxErrorHasLocation) {
   std::string e = errorOf<ConfigError>("name: t\nmodel: [unclosed\n");
   EXPECT_NE(e.find("job.yaml:"), std::string::npos) << e;

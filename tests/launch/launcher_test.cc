@@ -125,6 +125,19 @@ TEST(Launcher, RanksDieWithASigkilledLauncher) {
   EXPECT_TRUE(run.survivors().empty()) << "orphaned ranks";
 }
 
+TEST(Launcher, WorksWhenStartedWithSigchldIgnored) {
+  // An ignored SIGCHLD survives exec; the kernel would then reap the ranks
+  // itself and waitpid() would never report them.
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("sigchld"));
+  const std::string cmd = "trap '' CHLD; exec " + test::cohortBin() + " run " + job +
+                          " --procs 2 --run-dir " + dir.file("run") + " --set training.max_steps=3";
+  auto r = test::run({"/bin/bash", "-c", cmd}, {}, 120s);
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.err.find("done: 1 epochs, 3 steps"), std::string::npos) << r.err;
+}
+
 TEST(Launcher, CorruptDataInARankExitsWithBadInputCode) {
   test::TempDir dir;
   // Valid-looking paths, but the images file is truncated.

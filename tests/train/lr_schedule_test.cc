@@ -26,16 +26,16 @@ TEST(LrSchedule, WarmupRisesLinearlyToPeak) {
   EXPECT_DOUBLE_EQ(s.at(50), 1.0);  // constant after warmup
 }
 
-TEST(LrSchedule, CosineDecaysToMinLr) {
+TEST(LrSchedule, CosineDecaysToMinLrAtTheLastStep) {
   ScheduleConfig c;
   c.name = "cosine";
   c.warmupEpochs = 1;
   c.minLr = 0.01;
-  LrSchedule s(c, 1.0, 10, 110);
+  LrSchedule s(c, 1.0, 10, 111);                // steps 0..110; warmup 0..9
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);              // start of decay
   EXPECT_NEAR(s.at(60), 0.505, 1e-12);          // halfway: (peak + min) / 2
-  EXPECT_NEAR(s.at(110), 0.01, 1e-12);          // end
-  for (int64_t k = 11; k < 110; ++k) EXPECT_LT(s.at(k), s.at(k - 1));
+  EXPECT_NEAR(s.at(110), 0.01, 1e-12);          // the last step
+  for (int64_t k = 11; k <= 110; ++k) EXPECT_LT(s.at(k), s.at(k - 1));
 }
 
 TEST(LrSchedule, StepDecayAtMilestones) {

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,6 +52,7 @@ Process::Process(const std::vector<std::string>& argv,
   pid_ = fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a killed test leaves nothing running
     setpgid(0, 0);
     dup2(outPipe[1], STDOUT_FILENO);
     dup2(errPipe[1], STDERR_FILENO);
@@ -65,12 +67,13 @@ Process::Process(const std::vector<std::string>& argv,
 }
 
 Process::~Process() {
+  // Grandchildren (ranks of a launcher) share its process group. The group
+  // is only signalled while our child, its leader, is unreaped: its pid (and
+  // so the group id) cannot have been reused by then.
   if (!reaped_ && pid_ > 0) {
     kill(-pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
-  // Grandchildren (ranks) of a launcher share its process group.
-  if (pid_ > 0) kill(-pid_, SIGKILL);
   if (outFd_ >= 0) close(outFd_);
   if (errFd_ >= 0) close(errFd_);
 }
@@ -109,15 +112,19 @@ ProcessResult Process::wait(std::chrono::milliseconds limit) {
   int status = 0;
   for (;;) {
     drain(50);
-    pid_t w = waitpid(pid_, &status, WNOHANG);
-    if (w == pid_) break;
+    // Notice the exit without reaping, so the group can still be signalled.
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid_) {
+      break;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
-      kill(-pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
       r.timedOut = true;
       break;
     }
   }
+  kill(-pid_, SIGKILL);  // whatever the child left in its group
+  waitpid(pid_, &status, 0);
   reaped_ = true;
   // Read what is left in the pipes (writers may be grandchildren still
   // alive: bound the wait).

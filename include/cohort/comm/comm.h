@@ -36,6 +36,17 @@ struct Comm {
   std::chrono::milliseconds timeout{300000};
 };
 
+// A rendezvous store hosted by a launcher for its ranks.
+struct HostedStore {
+  c10::intrusive_ptr<c10d::Store> store;
+  int port = 0;  // the port it listens on (the free port picked when asked for 0)
+};
+
+// Hosts a TCPStore server on addr:port (0: a free port). Start-up itself is
+// bounded by a few seconds; operations then use `timeout`. Throws CommError
+// naming the address.
+HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout);
+
 // Connects to (or hosts) the store and builds the process group. Blocks
 // until every rank has joined or the timeout passes. Throws CommError or
 // TimeoutError naming the store address.

@@ -82,15 +82,3 @@ std::string concat(const Args&... args) {
                                    ::cohort::detail::concat(__VA_ARGS__)); \
     }                                                                       \
   } while (0)
-
-// Throws ErrorType naming both values when a != b.
-#define COHORT_ENFORCE_EQ(ErrorType, a, b, ...)                               \
-  do {                                                                        \
-    const auto& cohort_a_ = (a);                                              \
-    const auto& cohort_b_ = (b);                                              \
-    if (!(cohort_a_ == cohort_b_)) {                                          \
-      throw ErrorType(::cohort::detail::concat(                               \
-          __VA_ARGS__, " (expected ", #b, " = ", cohort_b_, ", got ", #a, " = ", \
-          cohort_a_, ")"));                                                   \
-    }                                                                         \
-  } while (0)

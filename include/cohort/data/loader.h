@@ -60,6 +60,7 @@ class BatchLoader {
 
  private:
   void work();
+  void stopThreads();
   Batch build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const;
 
   std::shared_ptr<const Dataset> dataset_;

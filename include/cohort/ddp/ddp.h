@@ -59,7 +59,8 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // Every rank takes rank 0's parameters and buffers. Blocks (collective).
+  // Every rank takes rank 0's parameters (trainable or not) and buffers.
+  // Blocks (collective).
   void broadcastState();
   // Every rank takes rank 0's buffers (BatchNorm statistics), if
   // broadcast_buffers. Call before each forward. Blocks (collective).
@@ -69,7 +70,8 @@ class DistributedDataParallel {
   // After backward of a synchronizing step: launches what hooks did not,
   // waits for every bucket; then each .grad holds the mean over ranks.
   // Throws Error naming the first parameter without a gradient (unless
-  // find_unused_parameters) and CommError if a collective fails.
+  // find_unused_parameters) -- after completing the exchange, so the other
+  // ranks are not left waiting -- and CommError if a collective fails.
   void finishGradients();
   // Zeroes every gradient (the buckets).
   void zeroGrad();
@@ -99,12 +101,17 @@ class DistributedDataParallel {
   void onGradReady(size_t index);
   void launchReadyBuckets(bool fromHook);  // mutex_ held
   void resetReadiness();                   // mutex_ held
+  void removeHooks();
+  // Waits for every launched bucket with one overall deadline; returns the
+  // first failure instead of throwing.
+  std::exception_ptr waitAll(std::vector<c10::intrusive_ptr<c10d::Work>> works);
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::Comm comm_;
   DdpOptions options_;
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
+  std::vector<at::Tensor> frozen_;   // parameters without gradients: broadcast only
   std::vector<at::Tensor> buffers_;
   mutable std::mutex mutex_;
   bool sync_ = true;

@@ -1,7 +1,8 @@
 #pragma once
 
-// Learning rate per optimizer step: linear warmup from 0 to the peak, then
-// constant, cosine decay to min_lr, or step decay at epoch milestones.
+// Learning rate per optimizer step: linear warmup (step s of W trains at
+// peak * (s+1) / W), then constant, cosine decay reaching min_lr at the last
+// step, or step decay at epoch milestones.
 // The peak follows the linear scaling rule when base_batch is set:
 // peak = lr * global_batch / base_batch.
 

@@ -33,6 +33,11 @@ struct Value {
   at::Tensor tensor;                               // storage (1-d, its dtype), tensor
 };
 
+// Releases the given references, freeing the nodes nobody else holds
+// without recursion (a hostile file may nest millions of levels).
+void dismantle(std::vector<ValuePtr> roots);
+void dismantle(ValuePtr&& root);
+
 // Returns the bytes of storage `key` ("data/<key>" in the archive) as a 1-d
 // tensor of `dtype` holding `numel` elements.
 using StorageLoader = std::function<at::Tensor(const std::string& key, at::ScalarType dtype,

@@ -36,15 +36,15 @@ template <class V>
 void describe(V& v, ModelConfig& c) {
   v.field("arch", c.arch, "Model architecture.",
           oneOf({"simple_cnn", "resnet18", "resnet34", "resnet50", "resnet101"}));
-  v.field("num_classes", c.numClasses, "Number of output classes.", atLeast(1));
+  v.field("num_classes", c.numClasses, "Number of output classes.", between(1, 1e7));
   v.field("in_channels", c.inChannels, "Input channels; 0 takes them from the training data.",
-          atLeast(0));
+          between(0, 4096));
   v.field("small_input", c.smallInput,
           "ResNet: 3x3 stride-1 stem without max-pool, for 28-64 px images.");
   v.field("batch_norm", c.batchNorm, "simple_cnn: BatchNorm after each convolution.");
   v.field("width", c.width, "simple_cnn: channels of the first convolution (the second has twice).",
-          atLeast(1));
-  v.field("hidden", c.hidden, "simple_cnn: units of the hidden fully connected layer.", atLeast(1));
+          between(1, 65536));
+  v.field("hidden", c.hidden, "simple_cnn: units of the hidden fully connected layer.", between(1, 1 << 24));
   v.field("dropout", c.dropout, "simple_cnn: dropout probability before the classifier.",
           Rule{0.0, 0.99, false, {}});
   v.field("zero_init_residual", c.zeroInitResidual,
@@ -58,7 +58,7 @@ void describe(V& v, AugmentConfig& c) {
   v.field("hflip", c.hflip, "Random horizontal flip.");
   v.field("crop_padding", c.cropPadding,
           "Random crop of the original size after zero-padding each side by this many pixels.",
-          atLeast(0));
+          between(0, 4096));
 }
 
 template <class V>
@@ -67,7 +67,7 @@ void describe(V& v, DatasetConfig& c) {
   v.field("images", c.images, "idx: images file (IDX format, raw or gzip).");
   v.field("labels", c.labels, "idx: labels file (IDX format, raw or gzip).");
   v.field("limit", c.limit, "Use only the first N samples; 0 uses all.", atLeast(0));
-  v.field("size", c.size, "synthetic: number of samples.", atLeast(1));
+  v.field("size", c.size, "synthetic: number of samples.", between(1, 1e12));
   v.field("shape", c.shape, "synthetic: sample shape [channels, height, width].");
   v.field("seed", c.seed, "synthetic: seed of the sample contents.", atLeast(0));
   v.field("mean", c.mean, "Per-channel mean subtracted after scaling pixels to [0,1]; empty: none.");
@@ -79,23 +79,23 @@ template <class V>
 void describe(V& v, DataConfig& c) {
   v.section("train", c.train, "Training data (required).");
   v.section("eval", c.eval, "Evaluation data, evaluated after each epoch; kind none skips it.");
-  v.field("loader_threads", c.loaderThreads, "Batch-building threads per rank.", atLeast(1));
+  v.field("loader_threads", c.loaderThreads, "Batch-building threads per rank.", between(1, 256));
   v.field("prefetch_batches", c.prefetchBatches, "Batches built ahead of the trainer.",
-          atLeast(1));
+          between(1, 4096));
   v.field("drop_last", c.dropLast, "Drop each rank's last incomplete training batch.");
   v.field("eval_batch_size", c.evalBatchSize,
-          "Evaluation batch size per rank; 0 uses twice training.batch_size.", atLeast(0));
+          "Evaluation batch size per rank; 0 uses twice training.batch_size.", between(0, 1 << 24));
 }
 
 template <class V>
 void describe(V& v, DistributionConfig& c) {
-  v.field("nodes", c.nodes, "Machines in the job.", atLeast(1));
+  v.field("nodes", c.nodes, "Machines in the job.", between(1, 1e6));
   v.field("procs_per_node", c.procsPerNode, "Ranks per machine (`cohort run --procs` sets it).",
-          atLeast(1));
+          between(1, 4096));
   v.field("backend", c.backend, "Collective backend.", oneOf({"gloo", "nccl"}));
   v.field("threads_per_rank", c.threadsPerRank,
           "Intra-op threads per rank; 0: available cores / procs_per_node (at least 1).",
-          atLeast(0));
+          between(0, 1024));
   v.field("master_addr", c.masterAddr, "Address where `cohort run` hosts the rendezvous store.");
   v.field("master_port", c.masterPort, "Port of the rendezvous store; 0 picks a free port.",
           between(0, 65535));
@@ -103,8 +103,8 @@ void describe(V& v, DistributionConfig& c) {
           "Network interface (e.g. eth0) or local address the collectives use; empty: loopback "
           "when master_addr is a loopback address, else this host's name.");
   v.field("timeout_s", c.timeoutS, "Timeout of rendezvous and of each collective, in seconds.",
-          above(0));
-  v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", above(0));
+          between(1, 7 * 86400));
+  v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", Rule{0.0, 1 << 20, true, {}});
   v.field("find_unused_parameters", c.findUnusedParameters,
           "Allow parameters that get no gradient in a step (their gradient counts as zero).");
   v.field("broadcast_buffers", c.broadcastBuffers,
@@ -130,7 +130,8 @@ template <class V>
 void describe(V& v, ScheduleConfig& c) {
   v.field("name", c.name, "Learning-rate decay after warmup.", oneOf({"constant", "cosine", "step"}));
   v.field("warmup_epochs", c.warmupEpochs,
-          "Linear warmup from 0 to the peak lr over this many epochs (fractions allowed).",
+          "Linear warmup to the peak lr over this many epochs (fractions allowed): step s of W "
+          "trains at peak * (s+1) / W.",
           atLeast(0));
   v.field("min_lr", c.minLr, "cosine: final learning rate.", atLeast(0));
   v.field("milestones", c.milestones, "step: epochs at which the lr is multiplied by gamma.");
@@ -139,16 +140,16 @@ void describe(V& v, ScheduleConfig& c) {
 
 template <class V>
 void describe(V& v, TrainingConfig& c) {
-  v.field("epochs", c.epochs, "Passes over the training data.", atLeast(1));
+  v.field("epochs", c.epochs, "Passes over the training data.", between(1, 1e7));
   v.field("max_steps", c.maxSteps, "Stop after this many optimizer steps; 0: no limit.", atLeast(0));
-  v.field("batch_size", c.batchSize, "Samples per rank per micro-step.", atLeast(1));
+  v.field("batch_size", c.batchSize, "Samples per rank per micro-step.", between(1, 1 << 24));
   v.field("accumulate_steps", c.accumulateSteps,
-          "Micro-steps per optimizer step; gradients are only exchanged on the last.", atLeast(1));
+          "Micro-steps per optimizer step; gradients are only exchanged on the last.", between(1, 1 << 20));
   v.field("seed", c.seed, "Seed of initialization, shuffling, augmentation and dropout.",
           atLeast(0));
   v.field("label_smoothing", c.labelSmoothing, "Cross-entropy label smoothing.", Rule{0.0, 1.0, false, {}});
   v.field("log_every", c.logEvery, "Optimizer steps between train records in metrics.jsonl.",
-          atLeast(1));
+          between(1, 1e12));
   v.field("eval_every", c.evalEvery, "Epochs between evaluations; 0: only after the last epoch.",
           atLeast(0));
   v.section("optimizer", c.optimizer, "Optimizer.");
