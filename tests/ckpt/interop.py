@@ -2,8 +2,10 @@
 
   interop.py export DIR   torchvision ResNet-18 weights as torch.save writes
                           them, plus an input and PyTorch's logits for it
-  interop.py check DIR    loads cohort's weights into torchvision's ResNet-18
-                          and compares logits with cohort's
+  interop.py check DIR ARCH
+                          loads cohort's weights (DIR/cohort_ARCH.pt) into
+                          torchvision's model ARCH and compares logits with
+                          cohort's (DIR/cohort_ARCH_io.pt)
 """
 import sys
 
@@ -31,12 +33,13 @@ def main():
                    f"{out}/tv_checkpoint.pt")
         return 0
     if mode == "check":
-        state = torch.load(f"{out}/cohort_resnet18.pt")
+        arch = sys.argv[3]
+        state = torch.load(f"{out}/cohort_{arch}.pt")
         assert isinstance(state, dict), type(state)
-        model = torchvision.models.resnet18(num_classes=10)
+        model = getattr(torchvision.models, arch)(num_classes=10)
         model.load_state_dict(state)  # strict: every name and shape must match
         model.eval()
-        io = torch.load(f"{out}/cohort_io.pt")
+        io = torch.load(f"{out}/cohort_{arch}_io.pt")
         with torch.no_grad():
             y = model(io["input"])
         diff = (y - io["logits"]).abs().max().item()

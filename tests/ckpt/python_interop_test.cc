@@ -31,9 +31,9 @@ class PythonInterop : public ::testing::Test {
   test::TempDir dir;
 };
 
-std::shared_ptr<models::Model> resnet18() {
+std::shared_ptr<models::Model> resnet(const std::string& arch) {
   ModelConfig c;
-  c.arch = "resnet18";
+  c.arch = arch;
   c.numClasses = 10;
   return models::createModel(c, {3, 64, 64});
 }
@@ -48,7 +48,7 @@ at::Tensor find(const ckpt::StateDict& d, const std::string& name) {
 TEST_F(PythonInterop, TorchvisionWeightsGiveTorchvisionLogits) {
   auto r = test::run({COHORT_PYTHON, script(), "export", dir.path()});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
-  auto model = resnet18();
+  auto model = resnet("resnet18");
   ckpt::loadStateDict(*model, ckpt::readStateDict(dir.file("tv_resnet18.pt")), "tv_resnet18.pt");
   model->eval();
   auto io = ckpt::readStateDict(dir.file("tv_io.pt"));
@@ -64,24 +64,26 @@ TEST_F(PythonInterop, TorchvisionWeightsGiveTorchvisionLogits) {
 }
 
 TEST_F(PythonInterop, CohortWeightsLoadIntoTorchvision) {
-  torch::manual_seed(5);
-  auto model = resnet18();
-  {
-    torch::NoGradGuard g;
-    model->train();
-    for (int i = 0; i < 3; ++i) model->forward(torch::randn({4, 3, 64, 64}));
+  for (const std::string arch : {"resnet18", "resnet50"}) {
+    torch::manual_seed(5);
+    auto model = resnet(arch);
+    {
+      torch::NoGradGuard g;
+      model->train();
+      for (int i = 0; i < 3; ++i) model->forward(torch::randn({4, 3, 64, 64}));
+    }
+    model->eval();
+    at::Tensor x = torch::randn({2, 3, 64, 64});
+    at::Tensor y;
+    {
+      torch::NoGradGuard g;
+      y = model->forward(x);
+    }
+    ckpt::saveStateDict(ckpt::stateDict(*model), dir.file("cohort_" + arch + ".pt"));
+    ckpt::saveStateDict({{"input", x}, {"logits", y}}, dir.file("cohort_" + arch + "_io.pt"));
+    auto r = test::run({COHORT_PYTHON, script(), "check", dir.path(), arch});
+    EXPECT_EQ(r.exitCode, 0) << arch << "\n" << r.describe();
   }
-  model->eval();
-  at::Tensor x = torch::randn({2, 3, 64, 64});
-  at::Tensor y;
-  {
-    torch::NoGradGuard g;
-    y = model->forward(x);
-  }
-  ckpt::saveStateDict(ckpt::stateDict(*model), dir.file("cohort_resnet18.pt"));
-  ckpt::saveStateDict({{"input", x}, {"logits", y}}, dir.file("cohort_io.pt"));
-  auto r = test::run({COHORT_PYTHON, script(), "check", dir.path()});
-  EXPECT_EQ(r.exitCode, 0) << r.describe();
 }
 
 TEST_F(PythonInterop, InitFromInAJob) {
