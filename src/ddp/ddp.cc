@@ -185,7 +185,6 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
       std::vector<at::Tensor> v{b.flat};
       b.work = comm_.pg->allreduce(v);
     }
-    b.launched = true;
     ++(fromHook ? stats_.launchedDuringBackward : stats_.launchedAtFinish);
     ++nextLaunch_;
   }
@@ -240,7 +239,6 @@ void DistributedDataParallel::zeroGrad() {
 void DistributedDataParallel::resetReadiness() {
   for (Bucket& b : buckets_) {
     b.pending = b.params.size();
-    b.launched = false;
   }
   for (Param& p : params_) p.ready = false;
   nextLaunch_ = 0;

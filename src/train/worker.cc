@@ -90,8 +90,8 @@ void runWorker(const WorkerOptions& o) {
 
   lo.file = runDir.rankLog(re.rank);
   log::init(lo);
-  log::info("cohort worker: {} via {}, {} threads, store {}:{}{}", tag, re.source, threads,
-            re.masterAddr, re.masterPort, re.agentStore ? " (launcher)" : "");
+  log::info("cohort worker: {} started by {}, {} threads, store {}:{}", tag,
+            re.agentStore ? "cohort run" : re.source, threads, re.masterAddr, re.masterPort);
   comm::checkAgreement(comm, "job (hash of the resolved job file)", jobHash(job));
   if (re.rank == 0) {
     std::error_code ec;

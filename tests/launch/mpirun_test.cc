@@ -28,7 +28,7 @@ TEST(Mpirun, TwoRanksUnderOpenMpi) {
   EXPECT_EQ(summary["world_size"], 2);
   EXPECT_EQ(summary["steps"], 4);
   EXPECT_TRUE(std::filesystem::exists(dir.file("run/model/final.pt")));
-  EXPECT_NE(test::readText(dir.file("run/logs/rank-1.log")).find("rank 1/2 via openmpi"),
+  EXPECT_NE(test::readText(dir.file("run/logs/rank-1.log")).find("rank 1/2 started by openmpi"),
             std::string::npos);
 }
 

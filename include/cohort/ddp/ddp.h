@@ -94,7 +94,6 @@ class DistributedDataParallel {
     at::Tensor flat;
     std::vector<size_t> params;
     size_t pending = 0;
-    bool launched = false;
     c10::intrusive_ptr<c10d::Work> work;
   };
 
