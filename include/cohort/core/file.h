@@ -16,7 +16,4 @@ inline void writeFileAtomic(const std::string& path, const std::string& text) {
   writeFileAtomic(path, text.data(), text.size());
 }
 
-// Reads a whole file; throws IoError naming the path.
-std::string readFile(const std::string& path);
-
 }  // namespace cohort
