@@ -3,10 +3,12 @@
 //   cohort run JOB.yaml [--set key.path=value ...] [--run-dir DIR] [--procs N]
 //   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
 //   cohort validate JOB.yaml [--set ...]
+//   cohort ckpt list|verify|inspect PATH
 //   cohort help [COMMAND] | cohort --version
 //
 // Exit codes: 0 success; 2 bad input (job file, data, arguments); 1 a failure
-// during training; 128+N when stopped by signal N.
+// during training; 75 stopped on SIGTERM after a checkpoint (rerun resumes);
+// 128+N when stopped by signal N.
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cohort/ckpt/tools.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -51,7 +54,7 @@ int reportCurrentException() {
 [[noreturn]] void runWorkerAndExit(const cohort::train::WorkerOptions& options) {
   int code = 0;
   try {
-    cohort::train::runWorker(options);
+    code = cohort::train::runWorker(options);
   } catch (...) {
     code = reportCurrentException();
   }
@@ -71,11 +74,13 @@ int main(int argc, char** argv) {
                            cohort::torchVersion() + ")");
   app.footer(
       "Exit codes: 0 success, 2 bad input (job file, data, arguments), 1 failure during "
-      "training.\nDocumentation: docs/job-spec.md, docs/launching.md");
+      "training, 75 stopped on SIGTERM after a checkpoint (rerun to resume).\nDocumentation: docs/job-spec.md, docs/launching.md");
 
   std::string jobPath, runDir;
   std::vector<std::string> overrides;
   int procs = 0;
+  std::string resume;
+  bool newRun = false;
 
   CLI::App* run = app.add_subcommand("run", "Train: start the ranks on this machine and watch them");
   run->add_option("job", jobPath, "Job file (YAML)")->required();
@@ -85,6 +90,12 @@ int main(int argc, char** argv) {
   run->add_option("--run-dir", runDir, "Run directory (default: <output.dir>/<name>-<UTC time>)");
   run->add_option("--procs", procs, "Ranks to start (default: distribution.procs_per_node)")
       ->check(CLI::Range(1, 4096));
+  run->add_option("--resume", resume,
+                  "Resume from this checkpoint (a step-<N> directory, a checkpoints directory or "
+                  "a run directory) when the run directory has none of its own");
+  run->add_flag("--new-run", newRun,
+                "Start a new run directory even if an interrupted run of the same job could be "
+                "resumed");
 
   CLI::App* worker = app.add_subcommand(
       "worker", "Run one rank (started by `cohort run`, mpirun, srun or a torchrun-style launcher)");
@@ -92,11 +103,31 @@ int main(int argc, char** argv) {
   worker->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
       ->allow_extra_args(false);
   worker->add_option("--run-dir", runDir, "Run directory (default: rank 0 creates one)");
+  worker->add_option("--resume", resume,
+                     "Resume from this checkpoint when the run directory has none of its own");
 
   CLI::App* validate = app.add_subcommand("validate", "Check a job file and print the resolved job");
   validate->add_option("job", jobPath, "Job file (YAML)")->required();
   validate->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
       ->allow_extra_args(false);
+
+  CLI::App* ckpt = app.add_subcommand("ckpt", "List, verify or inspect checkpoints");
+  ckpt->require_subcommand(1);
+  std::string ckptPath;
+  bool ckptTensors = false;
+  CLI::App* ckptList = ckpt->add_subcommand(
+      "list", "List checkpoints with step, position, size and status");
+  ckptList->add_option("path", ckptPath, "Run directory, checkpoints directory or step-<N>")
+      ->required();
+  CLI::App* ckptVerify = ckpt->add_subcommand(
+      "verify", "Verify every file's checksum; exit 1 naming each corrupt file");
+  ckptVerify->add_option("path", ckptPath, "Run directory, checkpoints directory or step-<N>")
+      ->required();
+  CLI::App* ckptInspect = ckpt->add_subcommand("inspect", "Show what a checkpoint holds");
+  ckptInspect->add_option("path", ckptPath,
+                          "step-<N> directory (or a directory: its newest valid checkpoint)")
+      ->required();
+  ckptInspect->add_flag("--tensors", ckptTensors, "List every tensor's name, type and shape");
 
   CLI::App* help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   std::string helpTopic;
@@ -127,13 +158,13 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!helpTopic.empty()) {
-        for (CLI::App* sub : {run, worker, validate}) {
+        for (CLI::App* sub : {run, worker, validate, ckpt}) {
           if (sub->get_name() == helpTopic) {
             std::cout << sub->help();
             return 0;
           }
         }
-        std::cerr << "cohort: no help on '" << helpTopic << "' (try: run, worker, validate, job)\n";
+        std::cerr << "cohort: no help on '" << helpTopic << "' (try: run, worker, validate, ckpt, job)\n";
         return 2;
       }
       std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -144,16 +175,21 @@ int main(int argc, char** argv) {
       std::cout << cohort::toYaml(job);
       return 0;
     }
+    if (*ckptList) return cohort::ckpt::listCommand(ckptPath, std::cout);
+    if (*ckptVerify) return cohort::ckpt::verifyCommand(ckptPath, std::cout);
+    if (*ckptInspect) return cohort::ckpt::inspectCommand(ckptPath, ckptTensors, std::cout);
     if (*run) {
       cohort::launch::LaunchOptions o;
       o.jobPath = jobPath;
       o.overrides = overrides;
       o.runDir = runDir;
       o.procs = procs;
+      o.resume = resume;
+      o.newRun = newRun;
       return cohort::launch::runLauncher(o);
     }
     if (*worker) {
-      runWorkerAndExit({jobPath, overrides, runDir});
+      runWorkerAndExit({jobPath, overrides, runDir, resume});
     }
   } catch (...) {
     return reportCurrentException();

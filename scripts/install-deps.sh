@@ -8,7 +8,7 @@ libtorch-dev libgloo-dev
 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 openmpi-bin libopenmpi-dev
-zlib1g-dev libopenblas0-openmp
+zlib1g-dev libxxhash-dev libopenblas0-openmp
 dataset-fashion-mnist
 python3 python3-torch python3-torchvision"
 

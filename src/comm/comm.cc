@@ -56,6 +56,9 @@ Comm connect(const CommOptions& o) {
   c.worldSize = o.worldSize;
   c.localRank = o.localRank;
   c.timeout = o.timeout;
+  c.storeAddr = o.masterAddr;
+  c.storePort = o.masterPort;
+  c.storePrefix = o.storePrefix;
   const std::string where = fmt::format("{}:{}", o.masterAddr, o.masterPort);
   try {
     c10d::TCPStoreOptions so;
@@ -65,7 +68,7 @@ Comm connect(const CommOptions& o) {
     so.waitWorkers = false;
     so.timeout = o.timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
-    c.store = c10::make_intrusive<c10d::PrefixStore>("cohort", tcp);
+    c.store = c10::make_intrusive<c10d::PrefixStore>(o.storePrefix, tcp);
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {}: cannot {} the rendezvous store at {}: {}", o.rank,
                                 o.hostStore ? "host" : "reach", where, message(e)));
@@ -119,6 +122,22 @@ Comm connect(const CommOptions& o) {
                                 m));
   }
   return c;
+}
+
+c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(comm.storePort);
+    so.isServer = false;
+    so.numWorkers = c10::nullopt;
+    so.waitWorkers = false;
+    so.timeout = comm.timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(comm.storeAddr, so);
+    return c10::make_intrusive<c10d::PrefixStore>(comm.storePrefix, tcp);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}: cannot reach the rendezvous store at {}:{}: {}",
+                                comm.rank, comm.storeAddr, comm.storePort, message(e)));
+  }
 }
 
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const char* what) {

@@ -135,6 +135,53 @@ std::string jobHash(const JobConfig& job) {
   return fmt::format("{:016x}", h);
 }
 
+namespace {
+
+void flatten(const YAML::Node& node, const std::string& prefix,
+             std::vector<std::pair<std::string, std::string>>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out);
+    }
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  out.emplace_back(prefix, e.c_str());
+}
+
+std::vector<std::pair<std::string, std::string>> flatYaml(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  try {
+    flatten(YAML::Load(text), "", out);
+  } catch (const YAML::Exception&) {
+    out.clear();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<JobChange> diffJobs(const std::string& beforeYaml, const JobConfig& job) {
+  const auto before = flatYaml(beforeYaml);
+  const auto after = flatYaml(toYaml(job));
+  std::vector<JobChange> changes;
+  for (const auto& [key, value] : after) {
+    std::string old = "(none)";
+    for (const auto& [k, v] : before) {
+      if (k == key) old = v;
+    }
+    if (old != value) changes.push_back({key, old, value});
+  }
+  for (const auto& [key, value] : before) {
+    bool present = false;
+    for (const auto& [k, v] : after) present = present || k == key;
+    if (!present) changes.push_back({key, value, "(none)"});
+  }
+  return changes;
+}
+
 std::vector<KeyDoc> describeJobKeys() {
   JobConfig defaults;
   detail::Lister l;

@@ -379,9 +379,9 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
          "nccl needs a CUDA build of cohort (cmake -DCOHORT_WITH_CUDA=ON)");
 #endif
   }
-  if (job.checkpoint.enabled) {
-    fail(where("checkpoint.enabled"), "checkpoint.enabled",
-         "checkpointing is not available in this version of cohort");
+  if (!job.checkpoint.dir.empty()) job.checkpoint.dir = absolutePath(job.checkpoint.dir).string();
+  if (!job.checkpoint.remote.empty() && job.checkpoint.remote.find("://") == std::string::npos) {
+    job.checkpoint.remote = absolutePath(job.checkpoint.remote).string();
   }
   if (job.output.dir.empty()) fail(where("output.dir"), "output.dir", "must not be empty");
   job.output.dir = absolutePath(job.output.dir).string();

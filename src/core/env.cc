@@ -172,6 +172,18 @@ std::optional<Fault> fault() {
   return f;
 }
 
+int restartCount() {
+  auto v = getInt("COHORT_RESTART_COUNT");
+  if (v && *v < 0) throw ConfigError("environment variable COHORT_RESTART_COUNT must be >= 0");
+  return v.value_or(0);
+}
+
+std::optional<long> checkpointPauseStep() {
+  auto v = getInt("COHORT_TEST_CKPT_PAUSE");
+  if (!v) return std::nullopt;
+  return *v;
+}
+
 int availableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "cohort/core/error.h"
@@ -33,7 +34,7 @@ void BatchLoader::stopThreads() {
   threads_.clear();
 }
 
-void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch) {
+void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch) {
   {
     std::lock_guard<std::mutex> g(mutex_);
     ++generation_;
@@ -42,8 +43,8 @@ void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch) {
                                  : (n + options_.batchSize - 1) / options_.batchSize;
     indices_ = std::make_shared<const std::vector<int64_t>>(std::move(indices));
     epoch_ = epoch;
-    nextToBuild_ = 0;
-    consumed_ = 0;
+    nextToBuild_ = std::clamp<int64_t>(firstBatch, 0, batches_);
+    consumed_ = nextToBuild_;
     ready_.clear();
     error_ = nullptr;  // an error of an abandoned epoch is not this epoch's
   }

@@ -6,8 +6,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/train/stop.h"
 
 #include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
@@ -42,6 +50,11 @@ std::string describeStatus(int status) {
   return fmt::format("ended with status {}", status);
 }
 
+bool stoppedAfterCheckpoint(const Child& c) {
+  return !c.killedByUs && WIFEXITED(c.status) &&
+         WEXITSTATUS(c.status) == train::kExitStoppedAfterCheckpoint;
+}
+
 // How telling a rank's end is as the cause of a failed job: a signal or an
 // unusual exit code is a cause (3); exit 1 is often a rank that only saw a
 // peer disappear (2); ends we or a Ctrl-C brought about come last (1).
@@ -56,6 +69,7 @@ int severity(const Child& c) {
     const int code = WEXITSTATUS(status);
     if (code == 0) return 0;
     if (code == 128 + SIGTERM || code == 128 + SIGINT) return 1;
+    if (code == train::kExitStoppedAfterCheckpoint) return 1;
     return code == 1 ? 2 : 3;
   }
   return 2;
@@ -63,9 +77,10 @@ int severity(const Child& c) {
 
 // The environment block of one rank, built before fork: the child only calls
 // async-signal-safe functions until exec.
-std::vector<std::string> rankEnvironment(const env::RankEnv& r) {
+std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount) {
   auto vars = env::rankVariables(r);
   vars.emplace_back("OMP_NUM_THREADS", "1");  // the rank sets its own thread count
+  vars.emplace_back("COHORT_RESTART_COUNT", std::to_string(restartCount));
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
@@ -150,6 +165,60 @@ class SignalScope {
   sigset_t original_;
 };
 
+// The newest run directory of this job under output.dir that did not
+// complete and holds a committed checkpoint: rerunning a command resumes it.
+std::optional<std::string> findInterruptedRun(const JobConfig& job) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> candidates;
+  for (const auto& e : fs::directory_iterator(job.output.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(job.name + "-", 0) == 0 && e.is_directory(ec)) candidates.push_back(e.path().string());
+  }
+  std::sort(candidates.rbegin(), candidates.rend());  // the names carry the UTC start time
+  const std::string hash = jobHash(job);
+  for (const auto& dir : candidates) {
+    try {
+      const RunDir rd{dir};
+      std::ifstream summary(rd.summary());
+      if (summary) {
+        const auto j = nlohmann::json::parse(summary, nullptr, false);
+        if (j.is_object() && j.value("status", "") == "completed") continue;
+      }
+      std::ifstream jobFile(rd.jobFile());
+      if (!jobFile) continue;
+      std::stringstream text;
+      text << jobFile.rdbuf();
+      if (jobHash(loadJobFromString(text.str(), rd.jobFile())) != hash) continue;
+      const std::string ckpts =
+          job.checkpoint.dir.empty() ? dir + "/checkpoints" : job.checkpoint.dir;
+      for (const auto& d : ckpt::listCheckpointDirs(ckpts)) {
+        if (ckpt::verifyCheckpoint(d.path, false).valid) return dir;
+      }
+    } catch (const std::exception&) {
+      continue;  // a run directory we cannot read is not one to resume
+    }
+  }
+  return std::nullopt;
+}
+
+struct Attempt {
+  int code = 0;
+  bool restartable = false;
+  std::string cause;
+};
+
+// Adds the launcher's record of restarts to the run's summary.json.
+void recordRestarts(const RunDir& runDir, const std::vector<std::string>& causes) {
+  if (causes.empty()) return;
+  std::ifstream in(runDir.summary());
+  if (!in) return;
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object()) return;
+  j["restart_causes"] = causes;
+  writeFileAtomic(runDir.summary(), j.dump(2) + "\n");
+}
+
 }  // namespace
 
 int runLauncher(const LaunchOptions& o) {
@@ -166,6 +235,9 @@ int runLauncher(const LaunchOptions& o) {
         "multi-machine job with mpirun or srun running `cohort worker` (see docs/launching.md)",
         job.distribution.nodes));
   }
+  if (!o.resume.empty() && !std::filesystem::is_directory(o.resume)) {
+    throw UsageError(fmt::format("--resume {}: no such directory", o.resume));
+  }
   const int world = static_cast<int>(job.distribution.procsPerNode);
   const std::string exe = o.executable.empty() ? selfExecutable() : o.executable;
 
@@ -177,156 +249,221 @@ int runLauncher(const LaunchOptions& o) {
   comm::HostedStore store =
       comm::hostStore(job.distribution.masterAddr, static_cast<int>(job.distribution.masterPort),
                       timeout);
-  const RunDir runDir = o.runDir.empty() ? createDefaultRunDir(job) : openRunDir(o.runDir);
+  std::optional<std::string> interrupted;
+  if (o.runDir.empty() && !o.newRun && job.checkpoint.enabled) interrupted = findInterruptedRun(job);
+  const RunDir runDir = !o.runDir.empty()  ? openRunDir(o.runDir)
+                        : interrupted      ? openRunDir(*interrupted)
+                                           : createDefaultRunDir(job);
   writeFileAtomic(runDir.jobFile(), toYaml(job));
   lo.file = runDir.launcherLog();
   log::init(lo);
+  if (interrupted) {
+    log::info("resuming the interrupted run {} (cohort run --new-run starts a new one)",
+              runDir.root);
+  }
   log::info("starting {} ranks of job '{}'; run directory {}", world, job.name, runDir.root);
   log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store.port);
+  const auto stopGrace =
+      std::chrono::milliseconds(static_cast<int64_t>(job.distribution.stopTimeoutS * 1000));
 
-  std::vector<Child> children(static_cast<size_t>(world));
-  constexpr Clock::time_point kNever = Clock::time_point::max();
-  Clock::time_point killAt = kNever;     // SIGTERM sent: SIGKILL at this time
-  Clock::time_point abandonAt = kNever;  // SIGKILL sent: stop waiting at this time
-  bool stopping = false;
-  int interruptSignal = 0;
+  // One attempt: start every rank, watch them, stop them all when one fails.
+  auto runAttempt = [&](int attempt) -> Attempt {
+    std::vector<Child> children(static_cast<size_t>(world));
+    constexpr Clock::time_point kNever = Clock::time_point::max();
+    Clock::time_point killAt = kNever;     // SIGTERM sent: SIGKILL at this time
+    Clock::time_point abandonAt = kNever;  // SIGKILL sent: stop waiting at this time
+    std::chrono::milliseconds grace = o.termGrace;
+    bool stopping = false;
+    int interruptSignal = 0;
 
-  auto stopAll = [&](const char* why) {
-    if (stopping) return;
-    stopping = true;
-    log::debug("stopping every rank: {}", why);
-    for (auto& c : children) {
-      if (c.running) kill(c.pid, SIGTERM);
-    }
-    killAt = Clock::now() + o.termGrace;
-  };
-  auto killAll = [&] {
-    for (auto& c : children) {
-      if (c.running) {
-        kill(c.pid, SIGKILL);
-        c.killedByUs = true;
+    auto stopAll = [&](const char* why, std::chrono::milliseconds within) {
+      if (stopping) return;
+      stopping = true;
+      grace = within;
+      log::debug("stopping every rank: {}", why);
+      for (auto& c : children) {
+        if (c.running) kill(c.pid, SIGTERM);
       }
-    }
-  };
+      killAt = Clock::now() + within;
+    };
+    auto killAll = [&] {
+      for (auto& c : children) {
+        if (c.running) {
+          kill(c.pid, SIGKILL);
+          c.killedByUs = true;
+        }
+      }
+    };
 
-  try {
-    for (int r = 0; r < world; ++r) {
-      env::RankEnv re;
-      re.rank = r;
-      re.worldSize = world;
-      re.localRank = r;
-      re.localWorldSize = world;
-      re.masterAddr = job.distribution.masterAddr;
-      re.masterPort = store.port;
-      re.agentStore = true;
-      auto& c = children[static_cast<size_t>(r)];
-      c.rank = r;
-      c.pid = spawn(exe, {exe, "worker", runDir.jobFile(), "--run-dir", runDir.root},
-                    rankEnvironment(re), signals.original());
-      c.running = true;
-      log::debug("rank {} is pid {}", r, c.pid);
+    try {
+      for (int r = 0; r < world; ++r) {
+        env::RankEnv re;
+        re.rank = r;
+        re.worldSize = world;
+        re.localRank = r;
+        re.localWorldSize = world;
+        re.masterAddr = job.distribution.masterAddr;
+        re.masterPort = store.port;
+        re.agentStore = true;
+        auto& c = children[static_cast<size_t>(r)];
+        c.rank = r;
+        std::vector<std::string> args = {exe, "worker", runDir.jobFile(), "--run-dir", runDir.root};
+        if (!o.resume.empty()) {
+          args.push_back("--resume");
+          args.push_back(o.resume);
+        }
+        c.pid = spawn(exe, args, rankEnvironment(re, attempt), signals.original());
+        c.running = true;
+        log::debug("rank {} is pid {}", r, c.pid);
+      }
+    } catch (...) {
+      killAll();
+      for (auto& c : children) {
+        if (c.running) waitpid(c.pid, nullptr, 0);
+      }
+      throw;
     }
-  } catch (...) {
-    killAll();
-    for (auto& c : children) {
-      if (c.running) waitpid(c.pid, nullptr, 0);
-    }
-    throw;
-  }
 
-  std::optional<Child> cause;
-  std::vector<int> lost;  // ranks whose end could not be observed
-  for (;;) {
-    // Reap everything that ended; keep the most telling failure as the cause.
+    std::optional<Child> cause;
+    std::vector<int> lost;  // ranks whose end could not be observed
     for (;;) {
-      int status = 0;
-      const pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid < 0 && errno == ECHILD) {
-        // Nothing left to wait for although ranks count as running.
+      // Reap everything that ended; keep the most telling failure as the cause.
+      for (;;) {
+        int status = 0;
+        const pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid < 0 && errno == ECHILD) {
+          // Nothing left to wait for although ranks count as running.
+          for (auto& c : children) {
+            if (c.running) {
+              c.running = false;
+              lost.push_back(c.rank);
+            }
+          }
+        }
+        if (pid <= 0) break;
         for (auto& c : children) {
-          if (c.running) {
-            c.running = false;
-            lost.push_back(c.rank);
+          if (c.pid != pid || !c.running) continue;
+          c.running = false;
+          c.status = status;
+          const int sev = severity(c);
+          if (sev == 0) {
+            log::debug("rank {} finished", c.rank);
+            continue;
+          }
+          log::debug("rank {} {}", c.rank, describeStatus(status));
+          if (!cause || sev > severity(*cause)) cause = c;
+          if (stoppedAfterCheckpoint(c)) {
+            // One rank was told to stop (SIGTERM): the others stop at the
+            // same step on their own; give them the time to checkpoint.
+            stopAll("a rank stopped after a checkpoint", stopGrace);
+          } else {
+            stopAll("a rank failed", o.termGrace);
           }
         }
       }
-      if (pid <= 0) break;
-      for (auto& c : children) {
-        if (c.pid != pid || !c.running) continue;
-        c.running = false;
-        c.status = status;
-        const int sev = severity(c);
-        if (sev == 0) {
-          log::debug("rank {} finished", c.rank);
-          continue;
-        }
-        log::debug("rank {} {}", c.rank, describeStatus(status));
-        if (!cause || sev > severity(*cause)) cause = c;
-        stopAll("a rank failed");
-      }
-    }
-    bool anyRunning = false;
-    for (const auto& c : children) anyRunning = anyRunning || c.running;
-    if (!anyRunning) break;
+      bool anyRunning = false;
+      for (const auto& c : children) anyRunning = anyRunning || c.running;
+      if (!anyRunning) break;
 
-    const auto now = Clock::now();
-    if (now >= killAt) {
-      for (const auto& c : children) {
-        if (c.running) {
-          log::warn("rank {} did not stop within {} ms of SIGTERM: sending SIGKILL", c.rank,
-                    o.termGrace.count());
+      const auto now = Clock::now();
+      if (now >= killAt) {
+        for (const auto& c : children) {
+          if (c.running) {
+            log::warn("rank {} did not stop within {} ms of SIGTERM: sending SIGKILL", c.rank,
+                      grace.count());
+          }
+        }
+        killAll();
+        killAt = kNever;
+        abandonAt = now + std::chrono::seconds(10);
+      }
+      if (now >= abandonAt) {
+        // A process stuck in the kernel cannot be reaped; do not wait forever.
+        for (auto& c : children) {
+          if (c.running) {
+            log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank,
+                       c.pid);
+            c.running = false;
+          }
+        }
+        break;
+      }
+
+      const int sig = signals.wait(std::chrono::milliseconds(100));
+      if (sig == SIGINT || sig == SIGTERM) {
+        if (interruptSignal != 0) {
+          killAll();  // a second signal: no more grace
+        } else {
+          interruptSignal = sig;
+          if (sig == SIGTERM && job.checkpoint.enabled) {
+            log::warn("received SIGTERM: every rank finishes its step, writes a checkpoint and "
+                      "stops (within distribution.stop_timeout_s = {} s)",
+                      job.distribution.stopTimeoutS);
+            stopAll("SIGTERM", stopGrace);
+          } else {
+            log::warn("received {}: stopping every rank", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            stopAll("interrupted", o.termGrace);
+          }
         }
       }
-      killAll();
-      killAt = kNever;
-      abandonAt = now + std::chrono::seconds(10);
     }
-    if (now >= abandonAt) {
-      // A process stuck in the kernel cannot be reaped; do not wait forever.
-      for (auto& c : children) {
-        if (c.running) {
-          log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank,
-                     c.pid);
-          c.running = false;
-        }
-      }
-      break;
+    // A Ctrl-C on the terminal reaches the ranks and the launcher together;
+    // take a signal still pending so it is reported, not acted on later.
+    for (int sig; (sig = signals.wait(std::chrono::milliseconds(0))) != 0;) {
+      if ((sig == SIGINT || sig == SIGTERM) && interruptSignal == 0) interruptSignal = sig;
     }
 
-    const int sig = signals.wait(std::chrono::milliseconds(100));
-    if (sig == SIGINT || sig == SIGTERM) {
-      if (interruptSignal != 0) {
-        killAll();  // a second Ctrl-C: no more grace
-      } else {
-        interruptSignal = sig;
-        log::warn("received {}: stopping every rank", sig == SIGINT ? "SIGINT" : "SIGTERM");
-        stopAll("interrupted");
-      }
+    Attempt a;
+    bool allStopped = true;
+    for (const auto& c : children) allStopped = allStopped && stoppedAfterCheckpoint(c);
+    if (allStopped) {
+      log::warn("every rank stopped after writing a checkpoint; rerun the same command to resume "
+                "(exit code {})",
+                train::kExitStoppedAfterCheckpoint);
+      a.code = train::kExitStoppedAfterCheckpoint;
+      return a;
     }
-  }
-  // A Ctrl-C on the terminal reaches the ranks and the launcher together;
-  // take a signal still pending so it is reported, not acted on later.
-  for (int sig; (sig = signals.wait(std::chrono::milliseconds(0))) != 0;) {
-    if ((sig == SIGINT || sig == SIGTERM) && interruptSignal == 0) interruptSignal = sig;
-  }
+    if (cause && (severity(*cause) >= 2 || interruptSignal == 0)) {
+      const int code = WIFEXITED(cause->status) ? WEXITSTATUS(cause->status) : 0;
+      a.cause = fmt::format("rank {} (pid {}) {}", cause->rank, cause->pid,
+                            describeStatus(cause->status));
+      a.code = code == 2 ? 2 : 1;
+      a.restartable = code != 2 && interruptSignal == 0;
+      log::error("{}; stopped the other ranks. Its log: {}", a.cause, runDir.rankLog(cause->rank));
+      return a;
+    }
+    if (interruptSignal != 0) {
+      log::error("interrupted: every rank stopped; outputs so far are in {}", runDir.root);
+      a.code = 128 + interruptSignal;
+      return a;
+    }
+    if (!lost.empty()) {
+      a.cause = fmt::format("lost track of ranks [{}]: their exit status could not be collected",
+                            fmt::join(lost, ", "));
+      log::error("{}", a.cause);
+      a.code = 1;
+      a.restartable = true;
+      return a;
+    }
+    log::debug("all {} ranks finished", world);
+    return a;
+  };
 
-  if (cause && (severity(*cause) >= 2 || interruptSignal == 0)) {
-    const int code = WIFEXITED(cause->status) ? WEXITSTATUS(cause->status) : 0;
-    log::error("rank {} (pid {}) {}; stopped the other ranks. Its log: {}", cause->rank, cause->pid,
-               describeStatus(cause->status), runDir.rankLog(cause->rank));
-    return code == 2 ? 2 : 1;
+  std::vector<std::string> causes;
+  for (int attempt = 0;; ++attempt) {
+    const Attempt a = runAttempt(attempt);
+    if (a.code == 0 || !a.restartable || attempt >= job.distribution.maxRestarts) {
+      if (a.restartable && job.distribution.maxRestarts > 0) {
+        log::error("giving up after {} restarts (distribution.max_restarts)", attempt);
+      }
+      recordRestarts(runDir, causes);
+      return a.code;
+    }
+    causes.push_back(a.cause);
+    log::warn("restart {} of at most {}: starting every rank again from the newest checkpoint "
+              "(cause: {})",
+              attempt + 1, job.distribution.maxRestarts, a.cause);
   }
-  if (interruptSignal != 0) {
-    log::error("interrupted: every rank stopped; outputs so far are in {}", runDir.root);
-    return 128 + interruptSignal;
-  }
-  if (!lost.empty()) {
-    log::error("lost track of ranks [{}]: their exit status could not be collected",
-               fmt::join(lost, ", "));
-    return 1;
-  }
-  log::debug("all {} ranks finished", world);
-  return 0;
 }
 
 }  // namespace cohort::launch

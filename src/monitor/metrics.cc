@@ -7,7 +7,11 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <sstream>
+
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
 
 namespace cohort::monitor {
 namespace {
@@ -50,6 +54,26 @@ void MetricsWriter::write(const EvalRecord& r) {
                       {"epoch", r.epoch}, {"top1", r.top1},     {"top5", r.top5},
                       {"loss", r.loss},   {"samples", r.samples}, {"seconds", r.seconds}};
   writeLine(j.dump());
+}
+
+void dropRecordsAfter(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    // An evaluation at the checkpoint's step came after the checkpoint and
+    // is repeated too.
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        (j["step"].get<int64_t>() > step ||
+         (j["step"].get<int64_t>() == step && j.value("event", "") == "eval"))) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped) writeFileAtomic(path, kept);
 }
 
 }  // namespace cohort::monitor

@@ -5,10 +5,18 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <nlohmann/json.hpp>
+#include <ATen/core/Generator.h>
 
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "cohort/ckpt/checkpointer.h"
+#include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/tensor_file.h"
+#include "cohort/config/load.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
@@ -20,6 +28,7 @@
 #include "cohort/monitor/progress.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/optimizer.h"
+#include "cohort/train/stop.h"
 
 namespace cohort::train {
 namespace {
@@ -82,13 +91,100 @@ void injectFault(const std::optional<env::Fault>& fault, int rank, int64_t step)
   std::_Exit(fault->exitCode);
 }
 
+at::Tensor rngState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void setRngState(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// Keys whose change makes a checkpoint's position in the epoch meaningless.
+bool positionDependsOn(const std::string& key) {
+  return key.rfind("data.train.", 0) == 0 || key == "training.batch_size" ||
+         key == "training.accumulate_steps" || key == "training.seed" ||
+         key == "data.drop_last" || key == "training.optimizer.name";
+}
+
+// Refuses a checkpoint this run cannot continue exactly; warns about job
+// changes that are safe (more epochs, another learning rate, ...).
+void checkResumable(const ckpt::Manifest& m, const JobConfig& job, const comm::Comm& comm,
+                    const std::string& path) {
+  if (m.worldSize != comm.worldSize) {
+    throw ConfigError(fmt::format(
+        "cannot resume from {}: it was written by {} ranks and this run has {}. Each rank's "
+        "place in the epoch and its random state belong to a world size; resume with {} ranks "
+        "(cohort run --procs {}), or start a new run with model.init_from={}/model.bin's weights "
+        "exported by `cohort ckpt export`",
+        path, m.worldSize, comm.worldSize, m.worldSize, m.worldSize, path));
+  }
+  if (m.jobHash == jobHash(job)) return;
+  const std::string saved = m.extra.value("job", std::string());
+  std::vector<std::string> changed;
+  for (const auto& c : diffJobs(saved, job)) {
+    if (positionDependsOn(c.key)) {
+      throw ConfigError(fmt::format(
+          "cannot resume from {}: {} changed from {} to {}, and the checkpoint's place in the "
+          "epoch depends on it; start a new run (cohort run --new-run) instead",
+          path, c.key, c.before, c.after));
+    }
+    changed.push_back(fmt::format("{}: {} -> {}", c.key, c.before, c.after));
+  }
+  if (comm.rank == 0 && !changed.empty()) {
+    log::warn("resuming with a changed job: {}", fmt::join(changed, "; "));
+  }
+}
+
 }  // namespace
 
-TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir) {
+std::string checkpointDir(const JobConfig& job, const RunDir& runDir) {
+  return job.checkpoint.dir.empty() ? runDir.root + "/checkpoints" : job.checkpoint.dir;
+}
+
+std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
+                                   const std::string& resumeArg) {
+  namespace fs = std::filesystem;
+  const std::string own = checkpointDir(job, runDir);
+  std::vector<std::string> skipped;
+  std::optional<ckpt::ResumePoint> point = ckpt::newestValidCheckpoint(own, &skipped);
+  for (const auto& s : skipped) log::warn("skipping invalid checkpoint {}", s);
+  if (!point && !resumeArg.empty()) point = ckpt::resolveResumePath(resumeArg);
+  if (!point && !job.checkpoint.remote.empty()) {
+    auto tier = ckpt::openTier(job.checkpoint.remote);
+    const auto steps = tier->list();
+    if (!steps.empty()) {
+      const std::string local = own + "/" + ckpt::checkpointDirName(steps.back());
+      log::info("downloading checkpoint step {} from {}", steps.back(), tier->describe());
+      tier->download(steps.back(), local);
+      ckpt::Verification v = ckpt::verifyCheckpoint(local, true);
+      if (!v.valid) throw DataError(fmt::format("downloaded checkpoint is invalid: {}", v.problem));
+      point = ckpt::ResumePoint{local, steps.back(), {}};
+    }
+  }
+  // What the run's own directory holds past the chosen point was never
+  // committed or is invalid: a resumed run writes those steps afresh.
+  const int64_t keepUpTo = point ? point->step : -1;
+  for (const auto& d : ckpt::listCheckpointDirs(own)) {
+    if (d.step <= keepUpTo || (point && d.path == point->path)) continue;
+    std::error_code ec;
+    fs::remove_all(d.path, ec);
+    log::info("removed {} (newer than the checkpoint resumed from, and not valid)", d.path);
+  }
+  return point ? point->path : std::string();
+}
+
+TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
+                   const TrainOptions& options) {
   const TrainingConfig& tc = job.training;
+  const CheckpointConfig& cc = job.checkpoint;
   const int rank = comm.rank;
   const int world = comm.worldSize;
-  const auto fault = env::fault();
+  std::optional<env::Fault> fault;
+  if (options.restartCount == 0) fault = env::fault();
 
   // Data. Every rank opens the datasets itself (they are read-only files).
   auto trainSet = data::openDataset(job.data.train, job.model.numClasses);
@@ -115,7 +211,13 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
                                   mc.inChannels, shape.channels));
   }
   auto model = models::createModel(mc, {mc.inChannels, shape.height, shape.width});
-  if (!mc.initFrom.empty()) {
+  std::optional<ckpt::Manifest> resume;
+  if (!options.resumeFrom.empty()) {
+    resume = ckpt::readManifest(options.resumeFrom);
+    checkResumable(*resume, job, comm, options.resumeFrom);
+    const std::string file = options.resumeFrom + "/model.bin";
+    ckpt::loadStateDict(*model, ckpt::readTensorFile(file).tensors, file);
+  } else if (!mc.initFrom.empty()) {
     ckpt::loadStateDict(*model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
@@ -133,6 +235,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, dopts.bucketCapMb);
   // Dropout differs per rank, as each rank sees different samples.
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull + static_cast<uint64_t>(rank) + 1);
+  if (resume) {
+    const std::string file = fmt::format("{}/rank-{}.bin", options.resumeFrom, rank);
+    for (const auto& [name, t] : ckpt::readTensorFile(file).tensors) {
+      if (name == "rng.cpu") setRngState(t);
+    }
+  }
 
   // Data pipeline.
   data::SamplerOptions so;
@@ -187,6 +295,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const double peakLr = peakLearningRate(tc.optimizer, globalBatch);
   LrSchedule schedule(tc.schedule, peakLr, stepsPerEpoch, totalSteps);
   auto optimizer = createOptimizer(tc.optimizer, model->parameters());
+  std::vector<std::string> paramNames;
+  for (const auto& p : model->named_parameters()) paramNames.push_back(p.key());
+  if (resume) {
+    const std::string file = options.resumeFrom + "/optimizer.bin";
+    loadOptimizerState(*optimizer, paramNames, ckpt::readTensorFile(file).tensors, file);
+  }
   log::info("{} ranks x batch {} x {} micro-steps = global batch {}; peak lr {:.6g}; {} steps "
             "per epoch, {} in all",
             world, tc.batchSize, tc.accumulateSteps, globalBatch, peakLr, stepsPerEpoch,
@@ -207,16 +321,124 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   summary.parameters = parameters;
   summary.peakLr = peakLr;
   summary.globalBatch = globalBatch;
+  summary.restartCount = options.restartCount;
   const auto runStart = Clock::now();
   double trainSeconds = 0;
   double waitTotal = 0;
   int64_t step = 0;
+  int64_t firstEpoch = 1;
+  int64_t firstBatch = 0;
   bool stop = false;
+  if (resume) {
+    step = resume->step;
+    firstEpoch = resume->epoch;
+    firstBatch = resume->batchInEpoch;
+    summary.resumedFromStep = step;
+    summary.resumedFrom = options.resumeFrom;
+    if (firstBatch > batchesPerEpoch) {
+      throw ConfigError(fmt::format("cannot resume from {}: it is at batch {} of epoch {}, which "
+                                    "has {} batches in this job",
+                                    options.resumeFrom, firstBatch, firstEpoch, batchesPerEpoch));
+    }
+    log::info("resumed from {}: step {}, epoch {}, batch {} of {} (sample {} of the epoch)",
+              options.resumeFrom, step, firstEpoch, firstBatch, batchesPerEpoch,
+              resume->samplesInEpoch);
+    if (rank == 0) {
+      monitor::dropRecordsAfter(runDir.metrics(), step);
+      if (metrics) {
+        metrics->writeLine(nlohmann::json{{"event", "resume"},
+                                          {"step", step},
+                                          {"from", options.resumeFrom},
+                                          {"restart_count", options.restartCount}}
+                               .dump());
+      }
+    }
+  }
 
-  for (int64_t epoch = 1; epoch <= tc.epochs && !stop; ++epoch) {
+  // Checkpoints: what each one holds. Parameters, buffers and optimizer
+  // state are the same on every rank (rank 0 writes them); each rank writes
+  // its random state.
+  std::unique_ptr<ckpt::Checkpointer> checkpointer;
+  std::vector<ckpt::SnapshotItem> modelItems;
+  if (cc.enabled) {
+    ckpt::CheckpointerOptions co;
+    co.dir = checkpointDir(job, runDir);
+    co.rank = rank;
+    co.worldSize = world;
+    co.maxInFlight = static_cast<int>(cc.maxInFlight);
+    co.whenBehind = cc.whenBehind == "wait" ? ckpt::WhenBehind::wait : ckpt::WhenBehind::skip;
+    co.onError = cc.onError == "fail" ? ckpt::OnError::fail : ckpt::OnError::warn;
+    co.keepLast = cc.keepLast;
+    co.keepEvery = cc.keepEverySteps;
+    co.timeout = comm.timeout;
+    if (world > 1) co.store = comm::openStoreClient(comm);
+    if (rank == 0 && !cc.remote.empty()) co.remote = ckpt::openTier(cc.remote);
+    if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
+    checkpointer = std::make_unique<ckpt::Checkpointer>(co);
+    std::set<const void*> buffers;
+    for (const auto& b : model->buffers()) buffers.insert(b.unsafeGetTensorImpl());
+    for (auto& [name, t] : ckpt::stateDict(*model)) {
+      modelItems.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
+    }
+  }
+  const std::string optimizerName = tc.optimizer.name;
+  const std::string resolvedJob = toYaml(job);
+  const std::string hash = jobHash(job);
+  auto takeCheckpoint = [&](int64_t epoch, int64_t micro, double lr) {
+    ckpt::Manifest m;
+    m.step = step;
+    m.epoch = epoch;
+    m.batchInEpoch = micro;
+    m.samplesInEpoch = std::min(perRank, micro * tc.batchSize) * world;
+    m.worldSize = world;
+    m.jobHash = hash;
+    m.extra = {{"lr", lr}, {"optimizer", optimizerName}, {"peak_lr", peakLr},
+               {"global_batch", globalBatch}, {"job", resolvedJob}};
+    std::vector<ckpt::SnapshotFile> files;
+    if (rank == 0) {
+      files.push_back({"model.bin", modelItems, {{"kind", "model"}, {"arch", mc.arch}}});
+      ckpt::SnapshotFile opt{"optimizer.bin", {}, {{"kind", "optimizer"}, {"name", optimizerName}}};
+      for (auto& [name, t] : optimizerState(*optimizer, paramNames)) opt.items.push_back({name, t, false});
+      files.push_back(std::move(opt));
+    }
+    files.push_back({fmt::format("rank-{}.bin", rank), {{"rng.cpu", rngState(), false}},
+                     {{"kind", "rank"}, {"rank", rank}}});
+    return checkpointer->mark(std::move(m), std::move(files));
+  };
+
+  // A stop request (SIGTERM) ends training at a step boundary every rank
+  // agrees on: the first rank to see one publishes "stop after step s+1"; no
+  // rank can finish step s+1 before that, as its gradients need every rank.
+  StopRequest& stopReq = stopRequest();
+  stopReq.graceful = cc.enabled;
+  std::optional<int64_t> stopAt;
+  bool stopPublished = false;
+  auto stopDue = [&]() -> bool {
+    if (!cc.enabled) return false;
+    if (!stopPublished && stopReq.signal.load() != 0) {
+      stopPublished = true;
+      if (world == 1) {
+        stopAt = step;
+      } else if (comm.store->add("stop/count", 1) == 1) {
+        const std::string v = std::to_string(step + 1);
+        comm.store->set("stop/at", std::vector<uint8_t>(v.begin(), v.end()));
+      }
+    }
+    if (!stopAt && world > 1 && comm.store->check({"stop/at"})) {
+      const auto v = comm.store->get("stop/at");
+      stopAt = std::stoll(std::string(v.begin(), v.end()));
+    }
+    return stopAt && step >= *stopAt;
+  };
+
+  for (int64_t epoch = firstEpoch; epoch <= tc.epochs && !stop && step < totalSteps; ++epoch) {
     model->train();
-    trainLoader.startEpoch(trainSampler.indices(epoch - 1), epoch);
-    if (progress) progress->startEpoch(epoch, std::min(stepsPerEpoch, totalSteps - step));
+    const int64_t startBatch = epoch == firstEpoch ? firstBatch : 0;
+    trainLoader.startEpoch(trainSampler.indices(epoch - 1), epoch, startBatch);
+    if (progress) {
+      progress->startEpoch(epoch, std::min(stepsPerEpoch - startBatch / tc.accumulateSteps,
+                                           totalSteps - step));
+    }
     const auto epochStart = Clock::now();
     const double epochWaitStart = trainLoader.waitSeconds();
     int64_t epochImages = 0;
@@ -230,7 +452,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     double windowLoss = 0;
     int64_t windowMicro = 0, windowImages = 0;
 
-    int64_t micro = 0;
+    int64_t micro = startBatch;
     while (auto batch = trainLoader.next()) {
       const int64_t cycleStart = (micro / tc.accumulateSteps) * tc.accumulateSteps;
       const int64_t cycleLen = std::min(tc.accumulateSteps, batchesPerEpoch - cycleStart);
@@ -241,6 +463,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       // same batch sizes, so the mean over ranks is the global mean.
       const int64_t cycleSamples =
           std::min(perRank, (cycleStart + cycleLen) * tc.batchSize) - cycleStart * tc.batchSize;
+      if (checkpointer) checkpointer->waitEarly();  // forward updates BatchNorm buffers
       if (micro == cycleStart) ddp.syncBuffers();
       ddp.setSyncGradients(sync);
       const int64_t n = batch->labels.size(0);
@@ -262,6 +485,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       if (!sync) continue;
 
       ddp.finishGradients();
+      if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
       const double lr = schedule.at(step);
       setLearningRate(*optimizer, lr);
       optimizer->step();
@@ -299,7 +523,26 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
         progress->update(epochSteps, epochLossSum / std::max<int64_t>(1, epochLossCount),
                          elapsed > 0 ? double(epochImages) * world / elapsed : NAN, false);
       }
-      if (step >= totalSteps) {
+      if (checkpointer) {
+        checkpointer->poll();
+        const bool endOfEpoch = micro == batchesPerEpoch;
+        const bool due = (cc.everySteps > 0 && step % cc.everySteps == 0) ||
+                         (endOfEpoch && cc.everyEpochs > 0 && epoch % cc.everyEpochs == 0);
+        if (stopDue()) {
+          // The last checkpoint is never skipped: a buffer is free once the
+          // earlier ones are written. It is durable when flush returns.
+          checkpointer->flush();
+          takeCheckpoint(epoch, micro, lr);
+          checkpointer->flush();
+          summary.stopped = true;
+          log::warn("stopped on request after step {} (epoch {}, batch {}); checkpoint written: "
+                    "rerun the same command to resume",
+                    step, epoch, micro);
+        } else if (due) {
+          takeCheckpoint(epoch, micro, lr);
+        }
+      }
+      if (summary.stopped || step >= totalSteps) {
         stop = true;
         break;
       }
@@ -317,7 +560,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
 
     const bool last = epoch == tc.epochs || stop;
     const bool due = tc.evalEvery > 0 ? (epoch % tc.evalEvery == 0) : false;
-    if (evalLoader && (due || last)) {
+    if (evalLoader && (due || last) && !summary.stopped) {
       ddp.syncBuffers();
       const auto evalStart = Clock::now();
       EvalResult e = evaluate(*model, *evalLoader, *evalSampler, comm, job.model.numClasses);
@@ -341,6 +584,19 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
 
   summary.steps = step;
   summary.seconds = secondsSince(runStart);
+  if (checkpointer) {
+    checkpointer->flush();
+    summary.checkpoints = checkpointer->stats();
+    log::info("checkpoints: {} taken, {} skipped, {} failed; training blocked {:.3f} ms per "
+              "checkpoint on average, {:.3f} ms at most",
+              summary.checkpoints.taken, summary.checkpoints.skipped, summary.checkpoints.failed,
+              summary.checkpoints.taken > 0
+                  ? 1000 * summary.checkpoints.blockedSeconds / summary.checkpoints.taken
+                  : 0.0,
+              1000 * summary.checkpoints.maxBlockedSeconds);
+  }
+  stopReq.graceful = false;
+  if (summary.stopped) return summary;
   const ddp::DdpStats ds = ddp.stats();
   log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}",
             ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish);
@@ -361,7 +617,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                   int worldSize) {
   nlohmann::json j;
   j["job"] = job.name;
-  j["status"] = "completed";
+  j["status"] = s.stopped ? "stopped" : "completed";
   j["world_size"] = worldSize;
   j["epochs"] = s.epochs;
   j["steps"] = s.steps;
@@ -372,6 +628,20 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["train_images"] = s.images;
   j["train_images_per_s"] = s.imagesPerS;
   j["data_wait_frac"] = s.dataWaitFrac;
+  j["restart_count"] = s.restartCount;
+  if (s.resumedFromStep >= 0) {
+    j["resumed_from"] = {{"step", s.resumedFromStep}, {"checkpoint", s.resumedFrom}};
+  }
+  if (job.checkpoint.enabled) {
+    const auto& c = s.checkpoints;
+    j["checkpoints"] = {{"dir", checkpointDir(job, runDir)},
+                        {"taken", c.taken},
+                        {"skipped", c.skipped},
+                        {"failed", c.failed},
+                        {"blocked_ms_mean", c.taken > 0 ? 1000 * c.blockedSeconds / c.taken : 0.0},
+                        {"blocked_ms_max", 1000 * c.maxBlockedSeconds},
+                        {"bytes_written", c.bytesWritten}};
+  }
   if (s.evaluated) {
     j["eval"] = {{"epoch", s.lastEval.epoch}, {"top1", s.lastEval.top1},
                  {"top5", s.lastEval.top5},   {"loss", s.lastEval.loss},

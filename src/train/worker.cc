@@ -16,14 +16,16 @@
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/monitor/progress.h"
+#include "cohort/train/stop.h"
 #include "cohort/train/trainer.h"
 
 namespace cohort::train {
 namespace {
 
-// SIGINT/SIGTERM are blocked in every thread and taken by this thread, which
-// logs, flushes and ends the process. Nothing a rank writes is left torn:
-// outputs are written atomically.
+// SIGINT/SIGTERM are blocked in every thread and taken by this thread. A
+// SIGTERM while the training loop can checkpoint becomes a stop request;
+// anything else logs, flushes and ends the process. Nothing a rank writes is
+// left torn: outputs are written atomically.
 void installSignalThread() {
   sigset_t set;
   sigemptyset(&set);
@@ -31,18 +33,27 @@ void installSignalThread() {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread([set] {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) return;
-    log::setStatusLine("");
-    log::warn("received {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    log::flush();
-    std::_Exit(128 + sig);
+    StopRequest& stop = stopRequest();
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) return;
+      log::setStatusLine("");
+      if (sig == SIGTERM && stop.graceful.load() && stop.signal.load() == 0) {
+        stop.signal = sig;
+        log::warn("received SIGTERM: finishing this step, then writing a checkpoint and stopping "
+                  "(a second SIGTERM stops at once)");
+        continue;
+      }
+      log::warn("received {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      log::flush();
+      std::_Exit(128 + sig);
+    }
   }).detach();
 }
 
 }  // namespace
 
-void runWorker(const WorkerOptions& o) {
+int runWorker(const WorkerOptions& o) {
   installSignalThread();
   const env::RankEnv re = env::detectRankEnv();
   const std::string tag = fmt::format("rank {}/{}", re.rank, re.worldSize);
@@ -76,6 +87,8 @@ void runWorker(const WorkerOptions& o) {
   co.backend = job.distribution.backend;
   co.interface = job.distribution.interface;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
+  const int restarts = env::restartCount();
+  co.storePrefix = fmt::format("cohort/attempt-{}", restarts);
   if (re.worldSize > 1 && !re.masterFromEnv && re.rank == 0) {
     log::warn("MASTER_ADDR/MASTER_PORT not set: using {}:{} (set both for runs across machines)",
               re.masterAddr, re.masterPort);
@@ -99,7 +112,21 @@ void runWorker(const WorkerOptions& o) {
     log::info("run directory: {}", runDir.root);
   }
 
-  TrainSummary s = train(job, comm, runDir);
+  TrainOptions to;
+  to.restartCount = restarts;
+  if (job.checkpoint.enabled || !o.resume.empty()) {
+    std::string chosen;
+    if (re.rank == 0) chosen = chooseResumeCheckpoint(job, runDir, o.resume);
+    to.resumeFrom = comm::shareFromRoot(comm, "resume_from", chosen);
+  }
+  if (restarts > 0) log::info("restart {} of this job", restarts);
+
+  TrainSummary s = train(job, comm, runDir, to);
+  if (s.stopped) {
+    if (re.rank == 0) writeSummary(job, s, runDir, re.worldSize);
+    log::flush();
+    return kExitStoppedAfterCheckpoint;
+  }
   comm::barrier(comm, "final barrier");
   if (re.rank == 0) {
     writeSummary(job, s, runDir, re.worldSize);
@@ -118,6 +145,7 @@ void runWorker(const WorkerOptions& o) {
               job.output.saveFinal ? "model/final.pt, " : "");
   }
   log::flush();
+  return 0;
 }
 
 }  // namespace cohort::train

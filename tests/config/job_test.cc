@@ -184,8 +184,10 @@ TEST(JobConfig, CrossFieldChecks) {
   EXPECT_NE(e.find("training.optimizer.betas: expected [beta1, beta2]"), std::string::npos) << e;
   e = errorOf<ConfigError>(kValid, {"name=a/b"});
   EXPECT_NE(e.find("name: 'a/b' may only contain"), std::string::npos) << e;
-  e = errorOf<ConfigError>(kValid, {"checkpoint.enabled=true"});
-  EXPECT_NE(e.find("checkpoint.enabled: checkpointing is not available"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"checkpoint.when_behind=later"});
+  EXPECT_NE(e.find("checkpoint.when_behind"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"checkpoint.keep_last=0"});
+  EXPECT_NE(e.find("checkpoint.keep_last"), std::string::npos) << e;
 }
 
 TEST(JobConfig, ResolvedYamlRoundTrips) {

@@ -23,6 +23,9 @@ struct CommOptions {
   std::string backend = "gloo";  // gloo | nccl (CUDA builds only; untested)
   std::string interface;   // gloo: interface name or local address; empty: from masterAddr
   std::chrono::milliseconds timeout{300000};
+  // Namespace of this run's keys in the store: a restarted job uses a fresh
+  // one, so keys of the failed attempt are never read.
+  std::string storePrefix = "cohort";
 };
 
 struct Comm {
@@ -34,6 +37,9 @@ struct Comm {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::chrono::milliseconds timeout{300000};
+  std::string storeAddr;
+  int storePort = 0;
+  std::string storePrefix;
 };
 
 // A rendezvous store hosted by a launcher for its ranks.
@@ -51,6 +57,11 @@ HostedStore hostStore(const std::string& addr, int port, std::chrono::millisecon
 // until every rank has joined or the timeout passes. Throws CommError or
 // TimeoutError naming the store address.
 Comm connect(const CommOptions& options);
+
+// A second connection to the rendezvous store, in the same namespace, for a
+// background thread: store operations on one connection are serialized, so a
+// thread blocked on its own connection does not block the training thread.
+c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm);
 
 // Waits for a collective and turns a c10d failure into CommError naming the
 // operation and this rank.

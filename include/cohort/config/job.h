@@ -63,6 +63,8 @@ struct DistributionConfig {
   double bucketCapMb = 25;       // gradient bucket size
   bool findUnusedParameters = false;
   bool broadcastBuffers = true;  // buffers (BatchNorm statistics) follow rank 0
+  int64_t maxRestarts = 3;       // `cohort run`: restarts from the newest checkpoint
+  double stopTimeoutS = 60;      // after SIGTERM: time to checkpoint before SIGKILL
 };
 
 struct OptimizerConfig {
@@ -103,9 +105,17 @@ struct OutputConfig {
   bool saveFinal = true;           // write model/final.pt
 };
 
-// Reserved for checkpointing; only `enabled: false` is accepted for now.
 struct CheckpointConfig {
-  bool enabled = false;
+  bool enabled = true;
+  int64_t everySteps = 0;       // 0: not by steps
+  int64_t everyEpochs = 1;      // at the end of every N-th epoch; 0: not by epochs
+  std::string dir;              // empty: <run dir>/checkpoints
+  int64_t keepLast = 3;
+  int64_t keepEverySteps = 0;   // also keep checkpoints at multiples of this step; 0: none
+  int64_t maxInFlight = 1;      // snapshots held in host memory at once
+  std::string whenBehind = "skip";  // skip | wait
+  std::string onError = "warn";     // warn | fail
+  std::string remote;           // a second tier: a directory (mounted file system)
 };
 
 struct JobConfig {

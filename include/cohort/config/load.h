@@ -30,6 +30,16 @@ std::string toYaml(const JobConfig& job);
 // A stable hash of the resolved job (hex), to check that ranks agree.
 std::string jobHash(const JobConfig& job);
 
+// The keys whose values differ between a resolved job saved as YAML (as
+// toYaml wrote it) and `job`, in schema order. Keys only one side has are
+// listed too (the other side's value is "(none)").
+struct JobChange {
+  std::string key;
+  std::string before;
+  std::string after;
+};
+std::vector<JobChange> diffJobs(const std::string& beforeYaml, const JobConfig& job);
+
 // Every key path of the schema ("training.optimizer.lr", ...) with its
 // one-line description, in declaration order.
 struct KeyDoc {

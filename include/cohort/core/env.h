@@ -51,6 +51,15 @@ struct Fault {
 };
 std::optional<Fault> fault();
 
+// COHORT_RESTART_COUNT: restarts of the job so far (a cohort launcher sets it
+// for the ranks it starts; 0 when unset). Faults of COHORT_FAULT are injected
+// in the first attempt only.
+int restartCount();
+
+// COHORT_TEST_CKPT_PAUSE=<step>: a test hook; the checkpoint writer stops in
+// the middle of writing that step's files, until the process is killed.
+std::optional<long> checkpointPauseStep();
+
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 

@@ -47,9 +47,10 @@ class BatchLoader {
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
-  // Starts an epoch over `indices` (this rank's samples, in visiting order).
-  // Unconsumed batches of a previous epoch are dropped.
-  void startEpoch(std::vector<int64_t> indices, int64_t epoch);
+  // Starts an epoch over `indices` (this rank's samples, in visiting order),
+  // at batch `firstBatch` (a resumed run: the batches before it are neither
+  // read nor built). Unconsumed batches of a previous epoch are dropped.
+  void startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch = 0);
   int64_t batchesInEpoch() const;
   // The next batch in order, or nullopt after the epoch's last. Blocks until
   // it is built; the time blocked is added to waitSeconds(). Rethrows the

@@ -47,4 +47,10 @@ class MetricsWriter {
   std::string path_;
 };
 
+// A resumed run repeats the steps after its checkpoint: drops the records of
+// `path` whose step is past `step` (and evaluations at `step`, which come
+// after a checkpoint), so each is recorded once. Lines that
+// are not JSON records with a step are kept. Rewrites the file atomically.
+void dropRecordsAfter(const std::string& path, int64_t step);
+
 }  // namespace cohort::monitor

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/ckpt/checkpointer.h"
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
@@ -26,13 +27,44 @@ struct TrainSummary {
   double bestTop1 = 0;
   double peakLr = 0;
   int64_t globalBatch = 0;
+  bool stopped = false;           // stopped on request after a checkpoint
+  int64_t resumedFromStep = -1;   // -1: started fresh
+  std::string resumedFrom;        // the checkpoint directory
+  int restartCount = 0;
+  ckpt::CheckpointStats checkpoints;
 };
+
+struct TrainOptions {
+  // A verified checkpoint directory to resume from; empty: start fresh.
+  std::string resumeFrom;
+  // Restarts of the job so far (COHORT_RESTART_COUNT); faults are injected
+  // in the first attempt only.
+  int restartCount = 0;
+};
+
+// Where the job's checkpoints go: checkpoint.dir, or <run dir>/checkpoints.
+std::string checkpointDir(const JobConfig& job, const RunDir& runDir);
+
+// Rank 0 before training: the checkpoint this run resumes from. The newest
+// valid one in the run's own checkpoint directory; if there is none,
+// `resumeArg` (--resume: a checkpoint, checkpoints or run directory); if that
+// is empty too, the newest on the remote tier (downloaded). Logs every newer
+// checkpoint skipped as invalid, and deletes the run's own checkpoint
+// directories newer than the one chosen (never committed or invalid).
+// Returns "" to start fresh.
+std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
+                                   const std::string& resumeArg);
 
 // Trains the job's model on this rank. Every rank must call it with the same
 // job. Rank 0 writes metrics.jsonl and model/final.pt into `runDir`.
 // Throws cohort::Error subclasses (DataError for bad data, CommError when a
 // peer fails).
-TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir);
+//
+// With checkpoint.enabled, checkpoints are taken as the job says, and a
+// stopRequest() (SIGTERM) ends training at an agreed step boundary after a
+// checkpoint that is durable (summary.stopped).
+TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
+                   const TrainOptions& options = {});
 
 // Writes summary.json (rank 0).
 void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& runDir,

@@ -109,6 +109,14 @@ void describe(V& v, DistributionConfig& c) {
           "Allow parameters that get no gradient in a step (their gradient counts as zero).");
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Broadcast buffers (BatchNorm running statistics) from rank 0 before each step.");
+  v.field("max_restarts", c.maxRestarts,
+          "`cohort run`: when a rank crashes, is killed or times out, restart every rank from the "
+          "newest checkpoint, at most this many times.",
+          between(0, 1e6));
+  v.field("stop_timeout_s", c.stopTimeoutS,
+          "After SIGTERM (a preemption notice), seconds the ranks have to finish the step and "
+          "write a checkpoint before they are killed.",
+          between(1, 86400));
 }
 
 template <class V>
@@ -167,7 +175,30 @@ void describe(V& v, OutputConfig& c) {
 
 template <class V>
 void describe(V& v, CheckpointConfig& c) {
-  v.field("enabled", c.enabled, "Reserved: checkpointing is not available yet; must be false.");
+  v.field("enabled", c.enabled,
+          "Take checkpoints, and resume from the newest valid one in the run directory.");
+  v.field("every_steps", c.everySteps, "Checkpoint every N optimizer steps; 0: not by steps.",
+          atLeast(0));
+  v.field("every_epochs", c.everyEpochs,
+          "Checkpoint at the end of every N-th epoch; 0: not by epochs.", atLeast(0));
+  v.field("dir", c.dir, "Where the step-<N> directories go; empty: <run dir>/checkpoints.");
+  v.field("keep_last", c.keepLast, "Keep this many newest valid checkpoints.", between(1, 1e9));
+  v.field("keep_every_steps", c.keepEverySteps,
+          "Also keep every checkpoint whose step is a multiple of this; 0: none.", atLeast(0));
+  v.field("max_in_flight", c.maxInFlight,
+          "Snapshots held in host memory at once (each the size of the model and optimizer "
+          "state).",
+          between(1, 64));
+  v.field("when_behind", c.whenBehind,
+          "When every snapshot buffer is still being written: skip this checkpoint (warning) or "
+          "wait for a buffer.",
+          oneOf({"skip", "wait"}));
+  v.field("on_error", c.onError,
+          "When writing a checkpoint fails: warn and train on, or fail the run.",
+          oneOf({"warn", "fail"}));
+  v.field("remote", c.remote,
+          "A second, remote tier each committed checkpoint is copied to: a directory (e.g. a "
+          "mounted network file system); empty: none.");
 }
 
 template <class V>
@@ -178,7 +209,7 @@ void describe(V& v, JobConfig& c) {
   v.section("distribution", c.distribution, "Ranks and communication.");
   v.section("training", c.training, "The training loop.");
   v.section("output", c.output, "Run directory and console output.");
-  v.section("checkpoint", c.checkpoint, "Checkpoints (reserved).");
+  v.section("checkpoint", c.checkpoint, "Checkpoints and resuming.");
 }
 
 }  // namespace cohort::detail

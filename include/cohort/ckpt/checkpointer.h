@@ -1,0 +1,142 @@
+#pragma once
+
+// Checkpoints that do not stall training.
+//
+// The training thread calls mark() at a step boundary: it records which
+// tensors make up the state and returns at once. A copier thread then copies
+// them into reusable host buffers while the next forward and backward run;
+// the tensors a forward modifies (BatchNorm statistics, marked `early`) are
+// copied first. waitEarly() before the next forward and waitCopied() before
+// the next optimizer step block only if that copy is not done yet. A writer
+// thread writes each buffer to disk (tensor files, fsync'd and renamed),
+// reports to rank 0 through the rendezvous store, and rank 0 commits the
+// checkpoint by writing manifest.json last. Errors of the background threads
+// surface on the training thread in poll(), as warnings or as an exception
+// (on_error). When every buffer set is still busy, mark() skips the
+// checkpoint with a warning or waits for a free one (when_behind).
+//
+// Tiers: host memory (the buffer sets) -> local disk (the checkpoint
+// directory) -> remote storage (a RemoteTier, optional).
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/tier.h"
+
+namespace cohort::ckpt {
+
+enum class WhenBehind { skip, wait };
+enum class OnError { warn, fail };
+
+struct CheckpointerOptions {
+  std::string dir;  // parent of the step-<N> directories
+  int rank = 0;
+  int worldSize = 1;
+  int maxInFlight = 1;  // host buffer sets (snapshots copied or being written)
+  WhenBehind whenBehind = WhenBehind::skip;
+  OnError onError = OnError::warn;
+  int64_t keepLast = 3;
+  int64_t keepEvery = 0;
+  // How long rank 0 waits for the other ranks' files of one checkpoint.
+  std::chrono::milliseconds timeout{300000};
+  // A store client of the writer thread's own (not shared with the training
+  // thread, whose store operations it would block). Null for one rank.
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<RemoteTier> remote;
+  // Test hook: the writer stops for good in the middle of writing this step.
+  std::optional<int64_t> pauseAtStep;
+};
+
+struct SnapshotItem {
+  std::string name;
+  at::Tensor tensor;   // a live tensor: copied by the copier thread
+  bool early = false;  // modified by the next forward: copied first
+};
+
+struct SnapshotFile {
+  std::string name;  // e.g. "model.bin"
+  std::vector<SnapshotItem> items;
+  nlohmann::json meta = nlohmann::json::object();
+};
+
+struct CheckpointStats {
+  int64_t taken = 0;      // mark() calls that took a snapshot
+  int64_t skipped = 0;    // skipped because the writer was behind
+  int64_t committed = 0;  // rank 0: manifests written; other ranks: files written
+  int64_t failed = 0;
+  double blockedSeconds = 0;     // training thread: mark + waits, in all
+  double maxBlockedSeconds = 0;  // the most for one checkpoint
+  double lastBlockedSeconds = 0;
+  double writeSeconds = 0;       // writer: time writing and committing, in all
+  uint64_t bytesWritten = 0;
+};
+
+class Checkpointer {
+ public:
+  explicit Checkpointer(CheckpointerOptions options);
+  ~Checkpointer();  // waits for the writer (see flush) without throwing
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Takes a snapshot of `files` for `manifest.step` (manifest.files is filled
+  // in by the writer). Returns false if it was skipped (writer behind).
+  bool mark(Manifest manifest, std::vector<SnapshotFile> files);
+  // Block until the tensors of the latest snapshot marked `early` / all of
+  // them are copied. Cheap when they are.
+  void waitEarly();
+  void waitCopied();
+  // Reports what the background threads finished: logs commits, and errors
+  // as warnings (on_error: warn) or throws IoError (fail).
+  void poll();
+  // Waits until every snapshot taken is written (and, on rank 0, committed),
+  // then poll().
+  void flush();
+  CheckpointStats stats() const;
+
+ private:
+  struct Slot;
+  struct Job;
+  struct Event {
+    bool ok = true;
+    int64_t step = 0;
+    std::string message;
+  };
+  void copyLoop();
+  void writeLoop();
+  void write(Job& job);
+  void commit(Job& job, const std::vector<ManifestFile>& mine);
+  void applyRetention();
+  void pauseForTest(int64_t step);
+  void addBlocked(double seconds);
+
+  CheckpointerOptions options_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> copyQueue_;
+  std::deque<std::shared_ptr<Job>> writeQueue_;
+  std::vector<Event> events_;
+  int64_t markedSeq_ = 0;       // snapshots marked
+  int64_t earlyCopiedSeq_ = 0;  // snapshots whose early tensors are copied
+  int64_t copiedSeq_ = 0;       // snapshots fully copied
+  int64_t pendingWrites_ = 0;   // jobs queued or being written
+  bool stop_ = false;
+  CheckpointStats stats_;
+  double currentBlocked_ = 0;
+  std::thread copier_;
+  std::thread writer_;
+};
+
+}  // namespace cohort::ckpt

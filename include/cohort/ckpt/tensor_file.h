@@ -1,0 +1,73 @@
+#pragma once
+
+// cohort's tensor file: named tensors as raw bytes behind a JSON header, so a
+// checkpoint is written straight from host buffers, with no serialization
+// copy, and read back with one read per tensor. docs/checkpoint-format.md
+// describes the layout:
+//
+//   "COHORTTN"  u64 little-endian header length  header (JSON)  zero padding
+//   tensor data, each tensor starting at a multiple of 64 bytes
+//
+// The header: {"format": "cohort-tensors", "version": 1, "meta": {...},
+// "tensors": [{"name", "dtype", "shape", "offset", "nbytes"}, ...]}.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/state_dict.h"
+
+namespace cohort::ckpt {
+
+inline constexpr int kTensorFileVersion = 1;
+
+// One tensor to write: contiguous bytes somewhere in memory.
+struct TensorRecord {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+};
+
+struct WrittenFile {
+  std::string name;      // file name (no directory)
+  uint64_t size = 0;     // bytes
+  std::string checksum;  // XXH3-64 hex of the whole file
+};
+
+// Writes the records to `path` atomically (temporary file, fsync, rename,
+// fsync of the directory), hashing the bytes as they are written.
+// `beforeCommit`, if set, runs after the data is written and before the
+// rename (a test hook). Throws IoError naming the path.
+WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
+                            const nlohmann::json& meta,
+                            const std::function<void()>& beforeCommit = nullptr);
+
+struct TensorFile {
+  nlohmann::json meta;
+  StateDict tensors;  // in file order
+};
+
+// Reads a tensor file. Throws DataError naming the path and what is wrong
+// (bad magic, truncated, a tensor outside the file).
+TensorFile readTensorFile(const std::string& path);
+
+// The header only: meta and each tensor's name, dtype and shape.
+struct TensorInfo {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+};
+std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::json* meta = nullptr);
+
+// "float32", "int64", ... and back; throws DataError for an unknown name.
+std::string dtypeName(c10::ScalarType t);
+c10::ScalarType dtypeFromName(const std::string& name);
+
+}  // namespace cohort::ckpt

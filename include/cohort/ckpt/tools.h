@@ -1,0 +1,26 @@
+#pragma once
+
+// `cohort ckpt list|verify|inspect PATH`. PATH is a checkpoint directory
+// (step-<N>), a directory of them, or a run directory (its checkpoints/).
+// Each prints to `out` and returns the exit code.
+
+#include <ostream>
+#include <string>
+
+namespace cohort::ckpt {
+
+// One line per checkpoint: step, epoch, position, world size, size, creation
+// time and status (valid, incomplete, invalid: why). Sizes are checked, not
+// checksums. 0, or 2 when PATH holds no checkpoint directories.
+int listCommand(const std::string& path, std::ostream& out);
+
+// Verifies every file's checksum. 0 when every committed checkpoint is valid;
+// 1 naming each corrupt or missing file; 2 when PATH holds no checkpoint.
+int verifyCommand(const std::string& path, std::ostream& out);
+
+// What one checkpoint holds (the newest valid one for a directory of them):
+// the manifest, its files and, with `tensors`, every tensor's name, type and
+// shape. 0, or 2 when PATH holds no readable checkpoint.
+int inspectCommand(const std::string& path, bool tensors, std::ostream& out);
+
+}  // namespace cohort::ckpt

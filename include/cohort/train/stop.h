@@ -1,0 +1,27 @@
+#pragma once
+
+// A request to stop, from a signal (SIGTERM: a preemption notice). The rank's
+// signal thread records it; the training loop, once it can save its state
+// (`graceful`), finishes the step, checkpoints and stops. Before that, or a
+// second time, the signal ends the process at once.
+
+#include <atomic>
+
+namespace cohort::train {
+
+struct StopRequest {
+  std::atomic<int> signal{0};        // the signal received, 0: none
+  std::atomic<bool> graceful{false}; // the training loop will stop at a step boundary
+};
+
+// The process-wide request.
+inline StopRequest& stopRequest() {
+  static StopRequest r;
+  return r;
+}
+
+// Exit code of a rank (and of `cohort run`) that stopped on request after
+// writing a checkpoint: rerunning the same command resumes (EX_TEMPFAIL).
+inline constexpr int kExitStoppedAfterCheckpoint = 75;
+
+}  // namespace cohort::train

@@ -1,0 +1,277 @@
+#include "cohort/ckpt/tensor_file.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "cohort/core/checksum.h"
+#include "cohort/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace cohort::ckpt {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', 'H', 'O', 'R', 'T', 'T', 'N'};
+constexpr uint64_t kAlign = 64;
+
+uint64_t alignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+struct DtypeName {
+  c10::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {c10::ScalarType::Float, "float32"},   {c10::ScalarType::Double, "float64"},
+    {c10::ScalarType::Half, "float16"},    {c10::ScalarType::BFloat16, "bfloat16"},
+    {c10::ScalarType::Long, "int64"},      {c10::ScalarType::Int, "int32"},
+    {c10::ScalarType::Short, "int16"},     {c10::ScalarType::Char, "int8"},
+    {c10::ScalarType::Byte, "uint8"},      {c10::ScalarType::Bool, "bool"},
+};
+
+// Writes everything or throws; feeds the hasher with what it wrote.
+class Output {
+ public:
+  Output(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  void write(const void* data, uint64_t size) {
+    hasher_.update(data, size);
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, p, std::min<uint64_t>(size, uint64_t{1} << 30));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw IoError(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
+      }
+      p += n;
+      size -= static_cast<uint64_t>(n);
+      written_ += static_cast<uint64_t>(n);
+    }
+  }
+  void pad(uint64_t to) {
+    static const char zeros[kAlign] = {};
+    while (written_ < to) write(zeros, std::min<uint64_t>(kAlign, to - written_));
+  }
+  uint64_t written() const { return written_; }
+  std::string checksum() const { return hasher_.hex(); }
+
+ private:
+  std::string path_;
+  int fd_;
+  Hasher hasher_;
+  uint64_t written_ = 0;
+};
+
+void readExactly(int fd, void* out, uint64_t size, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, p, std::min<uint64_t>(size, uint64_t{1} << 30),
+                              static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+    if (n == 0) throw DataError(fmt::format("{}: truncated at byte {}", path, offset));
+    p += n;
+    size -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_;
+};
+
+struct Parsed {
+  nlohmann::json meta;
+  std::vector<TensorInfo> tensors;
+  std::vector<uint64_t> offsets;
+};
+
+Parsed parseHeader(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw IoError(fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
+  }
+  const uint64_t fileSize = static_cast<uint64_t>(st.st_size);
+  char head[16];
+  if (fileSize < sizeof head) throw DataError(fmt::format("{}: too short to be a tensor file", path));
+  readExactly(fd, head, sizeof head, 0, path);
+  if (std::memcmp(head, kMagic, sizeof kMagic) != 0) {
+    throw DataError(fmt::format("{}: not a cohort tensor file (bad magic)", path));
+  }
+  uint64_t headerLen = 0;
+  for (int i = 7; i >= 0; --i) headerLen = (headerLen << 8) | static_cast<unsigned char>(head[8 + i]);
+  if (headerLen > fileSize - sizeof head) {
+    throw DataError(fmt::format("{}: header of {} bytes does not fit in the file ({} bytes)", path,
+                                headerLen, fileSize));
+  }
+  std::string text(headerLen, '\0');
+  readExactly(fd, text.data(), headerLen, sizeof head, path);
+  Parsed p;
+  try {
+    const auto h = nlohmann::json::parse(text);
+    if (h.value("format", "") != "cohort-tensors") {
+      throw DataError(fmt::format("{}: header is not a cohort-tensors header", path));
+    }
+    const int version = h.at("version").get<int>();
+    if (version > kTensorFileVersion) {
+      throw DataError(fmt::format("{}: tensor file version {} is newer than this cohort reads ({})",
+                                  path, version, kTensorFileVersion));
+    }
+    p.meta = h.value("meta", nlohmann::json::object());
+    for (const auto& t : h.at("tensors")) {
+      TensorInfo info;
+      info.name = t.at("name").get<std::string>();
+      info.dtype = t.at("dtype").get<std::string>();
+      info.shape = t.at("shape").get<std::vector<int64_t>>();
+      info.nbytes = t.at("nbytes").get<uint64_t>();
+      const uint64_t offset = t.at("offset").get<uint64_t>();
+      uint64_t numel = 1;
+      for (int64_t d : info.shape) {
+        if (d < 0) throw DataError(fmt::format("{}: tensor '{}' has a negative size", path, info.name));
+        numel *= static_cast<uint64_t>(d);
+      }
+      const uint64_t expected = numel * c10::elementSize(dtypeFromName(info.dtype));
+      if (expected != info.nbytes) {
+        throw DataError(fmt::format("{}: tensor '{}' claims {} bytes, its shape needs {}", path,
+                                    info.name, info.nbytes, expected));
+      }
+      if (offset > fileSize || info.nbytes > fileSize - offset) {
+        throw DataError(fmt::format("{}: tensor '{}' lies beyond the end of the file (truncated?)",
+                                    path, info.name));
+      }
+      p.tensors.push_back(std::move(info));
+      p.offsets.push_back(offset);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: unreadable header: {}", path, e.what()));
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string dtypeName(c10::ScalarType t) {
+  for (const auto& d : kDtypes) {
+    if (d.type == t) return d.name;
+  }
+  throw DataError(fmt::format("tensor type {} cannot be saved", c10::toString(t)));
+}
+
+c10::ScalarType dtypeFromName(const std::string& name) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) return d.type;
+  }
+  throw DataError(fmt::format("unknown tensor type '{}'", name));
+}
+
+WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
+                            const nlohmann::json& meta,
+                            const std::function<void()>& beforeCommit) {
+  // The header's offsets depend on its own length: lay the data out after a
+  // header padded to a fixed estimate, growing it until it fits.
+  nlohmann::json header;
+  std::string text;
+  uint64_t dataStart = 0;
+  for (uint64_t reserve = 4096;; reserve *= 2) {
+    header = {{"format", "cohort-tensors"}, {"version", kTensorFileVersion}, {"meta", meta}};
+    auto list = nlohmann::json::array();
+    uint64_t offset = alignUp(16 + reserve);
+    for (const auto& r : records) {
+      list.push_back({{"name", r.name}, {"dtype", dtypeName(r.dtype)}, {"shape", r.shape},
+                      {"offset", offset}, {"nbytes", r.nbytes}});
+      offset = alignUp(offset + r.nbytes);
+    }
+    header["tensors"] = std::move(list);
+    text = header.dump();
+    if (text.size() <= reserve) {
+      dataStart = alignUp(16 + reserve);
+      break;
+    }
+  }
+
+  const fs::path target(path);
+  const std::string tmp =
+      (target.parent_path() / (".tmp." + target.filename().string() + "." + std::to_string(getpid())))
+          .string();
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  WrittenFile out;
+  out.name = target.filename().string();
+  try {
+    Output o(path, fd.get());
+    o.write(kMagic, sizeof kMagic);
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+    o.write(len, sizeof len);
+    o.write(text.data(), text.size());
+    o.pad(dataStart);
+    for (const auto& r : records) {
+      o.write(r.data, r.nbytes);
+      o.pad(alignUp(o.written()));
+    }
+    if (beforeCommit) beforeCommit();
+    if (::fsync(fd.get()) != 0) {
+      throw IoError(fmt::format("cannot sync {}: {}", path, std::strerror(errno)));
+    }
+    out.size = o.written();
+    out.checksum = o.checksum();
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd.release());
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(fmt::format("cannot rename into {}: {}", path, std::strerror(err)));
+  }
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() >= 0) ::fsync(dfd.get());
+  return out;
+}
+
+std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::json* meta) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  Parsed p = parseHeader(fd.get(), path);
+  if (meta) *meta = std::move(p.meta);
+  return p.tensors;
+}
+
+TensorFile readTensorFile(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  Parsed p = parseHeader(fd.get(), path);
+  TensorFile f;
+  f.meta = std::move(p.meta);
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    const TensorInfo& info = p.tensors[i];
+    at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
+    readExactly(fd.get(), t.data_ptr(), info.nbytes, p.offsets[i], path);
+    f.tensors.emplace_back(info.name, std::move(t));
+  }
+  return f;
+}
+
+}  // namespace cohort::ckpt
