@@ -154,11 +154,11 @@ std::optional<std::string> logLevel() { return get("COHORT_LOG_LEVEL"); }
 std::optional<Fault> fault() {
   auto v = get("COHORT_FAULT");
   if (!v) return std::nullopt;
-  static const std::regex re(R"((exit(\d+)|kill)@rank(\d+):step(\d+))");
+  static const std::regex re(R"((exit(\d+)|kill)@rank(\d+):step(\d+)(:always)?)");
   std::smatch m;
   if (!std::regex_match(*v, m, re)) {
     throw ConfigError(fmt::format(
-        "environment variable COHORT_FAULT: expected '<exitN|kill>@rank<R>:step<S>', got '{}'",
+        "environment variable COHORT_FAULT: expected '<exitN|kill>@rank<R>:step<S>[:always]', got '{}'",
         *v));
   }
   Fault f;
@@ -169,6 +169,7 @@ std::optional<Fault> fault() {
   }
   f.rank = parseInt("COHORT_FAULT", m[3]);
   f.step = parseInt("COHORT_FAULT", m[4]);
+  f.everyAttempt = m[5].matched;
   return f;
 }
 

@@ -183,8 +183,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const CheckpointConfig& cc = job.checkpoint;
   const int rank = comm.rank;
   const int world = comm.worldSize;
-  std::optional<env::Fault> fault;
-  if (options.restartCount == 0) fault = env::fault();
+  std::optional<env::Fault> fault = env::fault();
+  if (fault && !fault->everyAttempt && options.restartCount > 0) fault.reset();
 
   // Data. Every rank opens the datasets itself (they are read-only files).
   auto trainSet = data::openDataset(job.data.train, job.model.numClasses);
@@ -215,6 +215,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   if (!options.resumeFrom.empty()) {
     resume = ckpt::readManifest(options.resumeFrom);
     checkResumable(*resume, job, comm, options.resumeFrom);
+    // Before metrics.jsonl is opened for appending: it is rewritten.
+    if (rank == 0) monitor::dropRecordsAfter(runDir.metrics(), resume->step);
     const std::string file = options.resumeFrom + "/model.bin";
     ckpt::loadStateDict(*model, ckpt::readTensorFile(file).tensors, file);
   } else if (!mc.initFrom.empty()) {
@@ -343,15 +345,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     log::info("resumed from {}: step {}, epoch {}, batch {} of {} (sample {} of the epoch)",
               options.resumeFrom, step, firstEpoch, firstBatch, batchesPerEpoch,
               resume->samplesInEpoch);
-    if (rank == 0) {
-      monitor::dropRecordsAfter(runDir.metrics(), step);
-      if (metrics) {
-        metrics->writeLine(nlohmann::json{{"event", "resume"},
-                                          {"step", step},
-                                          {"from", options.resumeFrom},
-                                          {"restart_count", options.restartCount}}
-                               .dump());
-      }
+    if (metrics) {
+      metrics->writeLine(nlohmann::json{{"event", "resume"},
+                                        {"step", step},
+                                        {"from", options.resumeFrom},
+                                        {"restart_count", options.restartCount}}
+                             .dump());
     }
   }
 

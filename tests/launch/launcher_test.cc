@@ -22,17 +22,18 @@ using namespace std::chrono_literals;
 // A launcher of a job that trains until stopped, with an environment marker
 // its ranks inherit, so the test can find every process it started.
 struct TaggedRun {
-  explicit TaggedRun(std::map<std::string, std::string> env = {}) {
+  explicit TaggedRun(std::map<std::string, std::string> env = {},
+                     std::vector<std::string> extraArgs = {}) {
     std::random_device rd;
     const std::string tag = std::to_string(getpid()) + "-" + std::to_string(rd());
     marker = "COHORT_TEST_TAG=" + tag;
     env["COHORT_TEST_TAG"] = tag;
     const std::string job = dir.file("job.yaml");
     test::writeText(job, test::tinyJobYaml("long"));
-    launcher = std::make_unique<test::Process>(
-        std::vector<std::string>{test::cohortBin(), "run", job, "--procs", "2", "--run-dir",
-                                 dir.file("run"), "--set", "training.epochs=100000"},
-        env);
+    std::vector<std::string> args{test::cohortBin(), "run", job, "--procs", "2", "--run-dir",
+                                  dir.file("run"), "--set", "training.epochs=100000"};
+    args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+    launcher = std::make_unique<test::Process>(args, env);
   }
   // Processes still alive that this run started.
   std::vector<pid_t> survivors() const { return test::processesWithEnv(marker); }
@@ -66,8 +67,12 @@ pid_t rankPid(const test::Process& launcher, int rank) {
   return -1;
 }
 
+// Without restarts, a failure ends the job.
+const std::vector<std::string> kNoRestarts = {"--set", "distribution.max_restarts=0"};
+
 TEST(Launcher, RankExitingWithCode3StopsTheJobNamingIt) {
-  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank1:step3"}});
+  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank1:step3"}},
+                kNoRestarts);
   auto r = run.launcher->wait(120s);
   ASSERT_FALSE(r.timedOut) << r.describe();
   EXPECT_EQ(r.exitCode, 1) << r.describe();
@@ -78,7 +83,7 @@ TEST(Launcher, RankExitingWithCode3StopsTheJobNamingIt) {
 }
 
 TEST(Launcher, SigkilledRankStopsTheJobNamingIt) {
-  TaggedRun run;
+  TaggedRun run({}, kNoRestarts);
   ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
   const pid_t victim = rankPid(*run.launcher, 1);
   ASSERT_GT(victim, 0) << "rank 1 not found among the launcher's children";
@@ -97,8 +102,39 @@ TEST(Launcher, SigkilledRankStopsTheJobNamingIt) {
   RecordProperty("seconds_from_kill_to_launcher_exit", std::to_string(seconds));
 }
 
+TEST(Launcher, FailedRankRestartsTheJobFromItsCheckpoint) {
+  // The fault fires in the first attempt only.
+  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank1:step2"}},
+                {"--set", "distribution.max_restarts=1", "--set", "checkpoint.every_steps=1",
+                 "--set", "training.max_steps=4"});
+  auto r = run.launcher->wait(120s);
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  // The restart resumed and completed the 4 steps.
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.err.find("restart 1 of at most 1"), std::string::npos) << r.err;
+  const std::string summary = test::readText(run.dir.file("run/summary.json"));
+  EXPECT_NE(summary.find("\"restart_count\": 1"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("exited with code 3"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"resumed_from\""), std::string::npos) << summary;
+  EXPECT_TRUE(run.survivors().empty());
+}
+
+TEST(Launcher, RestartsGiveUpAfterMaxRestarts) {
+  // ":always": the fault fires in every attempt.
+  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank0:step2:always"}},
+                {"--set", "distribution.max_restarts=2", "--set", "checkpoint.every_steps=1"});
+  auto r = run.launcher->wait(180s);
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("restart 2 of at most 2"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restart 3 of"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("giving up after 2 restarts"), std::string::npos) << r.err;
+  EXPECT_TRUE(run.survivors().empty());
+}
+
+// Without checkpoints there is nothing to save: SIGTERM stops at once.
 TEST(Launcher, SigtermToTheLauncherStopsEveryRank) {
-  TaggedRun run;
+  TaggedRun run({}, {"--set", "checkpoint.enabled=false"});
   ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
   run.launcher->signal(SIGTERM);
   auto r = run.launcher->wait(120s);

@@ -1,0 +1,293 @@
+// Checkpoints and recovery with real `cohort run` processes: a rank killed at
+// a random step, a process killed while a checkpoint is being written, a
+// corrupt checkpoint, an unwritable checkpoint directory, SIGTERM mid-epoch.
+// Every recovered run must end with exactly the parameters of an
+// uninterrupted run (bitwise: same seed, world size and thread count).
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "cohort/ckpt/manifest.h"
+#include "util/jobs.h"
+#include "util/runs.h"
+
+namespace cohort {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// The tiny job with BatchNorm and dropout (buffers and random state must be
+// restored too), 12 steps per epoch on 2 ranks, a checkpoint every 3 steps.
+// when_behind=wait makes every checkpoint happen whatever the disk's speed.
+std::vector<std::string> recoveryArgs(const std::string& job, const std::string& runDir,
+                                      std::vector<std::string> more = {}) {
+  std::vector<std::string> args{"run", job, "--procs", "2", "--run-dir", runDir};
+  for (const char* kv :
+       {"model.batch_norm=true", "model.dropout=0.25", "data.train.size=192", "training.epochs=3",
+        "checkpoint.every_steps=3", "checkpoint.when_behind=wait", "checkpoint.keep_last=3",
+        "distribution.max_restarts=2"}) {
+    args.push_back("--set");
+    args.push_back(kv);
+  }
+  for (auto& m : more) args.push_back(std::move(m));
+  return args;
+}
+
+struct Fixture {
+  Fixture() { test::writeText(job(), test::tinyJobYaml("recovery")); }
+  std::string job() const { return dir.file("job.yaml"); }
+  std::string run(const std::string& name) const { return dir.file(name); }
+  ckpt::StateDict finalModel(const std::string& name) const {
+    return ckpt::readStateDict(run(name) + "/model/final.pt");
+  }
+  // The uninterrupted run every recovered one must match.
+  ckpt::StateDict reference() {
+    auto r = test::cohort(recoveryArgs(job(), run("reference")));
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    return finalModel("reference");
+  }
+  test::TempDir dir;
+};
+
+// Waits (bounded) until `path` contains `text`.
+bool waitForText(const std::string& path, const std::string& text, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+nlohmann::json readJson(const std::string& path) {
+  return nlohmann::json::parse(test::readText(path));
+}
+
+TEST(Recovery, RankKilledAtARandomStepRestartsAndEndsWithTheReferenceParameters) {
+  Fixture f;
+  const auto reference = f.reference();
+  std::random_device rd;
+  const int step = 2 + static_cast<int>(rd() % 32);  // of 36
+  RecordProperty("killed_after_step", step);
+  auto r = test::cohort(recoveryArgs(f.job(), f.run("killed")),
+                        {{"COHORT_FAULT", fmt::format("kill@rank1:step{}", step)}});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.err.find("was killed by signal 9"), std::string::npos) << r.err;
+  const auto summary = readJson(f.run("killed") + "/summary.json");
+  EXPECT_EQ(summary["restart_count"], 1) << summary.dump(2);
+  if (summary.contains("resumed_from")) {  // else killed before the first commit
+    const int64_t resumed = summary["resumed_from"]["step"].get<int64_t>();
+    EXPECT_LE(resumed, step);
+    EXPECT_EQ(resumed % 3, 0);
+  }
+  EXPECT_EQ(test::maxDifference(reference, f.finalModel("killed")), 0.0);
+  // Each step is recorded once in metrics.jsonl, although steps after the
+  // checkpoint ran twice.
+  std::vector<int64_t> steps;
+  for (const auto& j : test::readJsonLines(f.run("killed") + "/metrics.jsonl")) {
+    if (j["event"] == "train") steps.push_back(j["step"].get<int64_t>());
+  }
+  ASSERT_EQ(steps.size(), 36u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int64_t>(i + 1));
+}
+
+TEST(Recovery, ProcessKilledWhileWritingACheckpointResumesFromThePreviousOne) {
+  Fixture f;
+  const auto reference = f.reference();
+  const std::string runDir = f.run("paused");
+  {
+    // The writer of rank 0 stops in the middle of step 9's model file.
+    test::Process p(
+        [&] {
+          auto a = recoveryArgs(f.job(), runDir, {"--set", "distribution.max_restarts=0"});
+          a.insert(a.begin(), test::cohortBin());
+          return a;
+        }(),
+        {{"COHORT_TEST_CKPT_PAUSE", "9"}});
+    ASSERT_TRUE(waitForText(runDir + "/logs/rank-0.log", "checkpoint writer paused", 120s))
+        << p.stderrSoFar();
+    p.signal(SIGKILL);  // the launcher; its ranks die with it
+    p.wait(60s);
+  }
+  // Step 9 was never committed; 6 is the newest valid checkpoint.
+  EXPECT_FALSE(fs::exists(runDir + "/checkpoints/step-9/manifest.json"));
+  auto list = test::cohort({"ckpt", "list", runDir});
+  EXPECT_NE(list.out.find("incomplete (no manifest)"), std::string::npos) << list.out;
+
+  auto r = test::cohort(recoveryArgs(f.job(), runDir));
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string log = test::readText(runDir + "/logs/rank-0.log");
+  EXPECT_NE(log.find("resumed from " + runDir + "/checkpoints/step-6: step 6"), std::string::npos)
+      << log;
+  EXPECT_EQ(test::maxDifference(reference, f.finalModel("paused")), 0.0);
+}
+
+TEST(Recovery, CorruptCheckpointFailsVerifyAndResumeSkipsIt) {
+  Fixture f;
+  const auto reference = f.reference();
+  const std::string runDir = f.run("corrupt");
+  auto first = test::cohort(recoveryArgs(f.job(), runDir, {"--set", "training.max_steps=12"}));
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  const std::string victim = runDir + "/checkpoints/step-12/model.bin";
+  ASSERT_TRUE(fs::exists(victim));
+  {
+    std::fstream io(victim, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-100, std::ios::end);
+    char c = 0;
+    io.read(&c, 1);
+    io.seekp(-100, std::ios::end);
+    c = static_cast<char>(c ^ 0x01);
+    io.write(&c, 1);
+  }
+  auto verify = test::cohort({"ckpt", "verify", runDir});
+  EXPECT_EQ(verify.exitCode, 1) << verify.describe();
+  EXPECT_NE(verify.out.find("CORRUPT " + runDir + "/checkpoints/step-12: " + victim + ": checksum"),
+            std::string::npos)
+      << verify.out;
+  EXPECT_NE(verify.out.find("OK      " + runDir + "/checkpoints/step-9"), std::string::npos)
+      << verify.out;
+
+  // The full job in the same run directory continues from step 9.
+  auto second = test::cohort(recoveryArgs(f.job(), runDir));
+  ASSERT_EQ(second.exitCode, 0) << second.describe();
+  const std::string log = test::readText(runDir + "/logs/rank-0.log");
+  EXPECT_NE(log.find("skipping invalid checkpoint " + runDir + "/checkpoints/step-12: " + victim),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("resumed from " + runDir + "/checkpoints/step-9: step 9"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("resuming with a changed job: training.max_steps: 12 -> 0"), std::string::npos)
+      << log;
+  EXPECT_EQ(test::maxDifference(reference, f.finalModel("corrupt")), 0.0);
+}
+
+TEST(Recovery, UnwritableCheckpointDirectoryWarnsOrFailsNamingThePath) {
+  Fixture f;
+  test::writeText(f.dir.file("a-file"), "not a directory\n");
+  const std::string bad = f.dir.file("a-file/checkpoints");
+  const std::vector<std::string> common{"--set", "checkpoint.dir=" + bad, "--set",
+                                        "training.max_steps=6"};
+  auto warn = common;
+  warn.insert(warn.end(), {"--set", "checkpoint.on_error=warn"});
+  auto r = test::cohort(recoveryArgs(f.job(), f.run("warn"), warn));
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.err.find("checkpoint step 3 failed: cannot create checkpoint directory " + bad +
+                       "/step-3"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("(checkpoint.on_error: warn; training goes on)"), std::string::npos);
+  EXPECT_EQ(readJson(f.run("warn") + "/summary.json")["checkpoints"]["failed"], 2);
+
+  auto fail = common;
+  fail.insert(fail.end(), {"--set", "checkpoint.on_error=fail"});
+  r = test::cohort(recoveryArgs(f.job(), f.run("fail"), fail));
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("cannot create checkpoint directory " + bad + "/step-3"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("(checkpoint.on_error: fail)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("giving up after 2 restarts"), std::string::npos) << r.err;
+}
+
+TEST(Recovery, SigtermMidEpochStopsAfterACheckpointAndARerunContinuesFromTheExactSample) {
+  Fixture f;
+  // Long enough to be stopped mid-epoch: 300 steps per epoch.
+  const std::vector<std::string> longer{"--set", "data.train.size=4800", "--set",
+                                        "training.epochs=2", "--set", "output.dir=" + f.run("runs")};
+  auto ref = test::cohort(recoveryArgs(f.job(), f.run("reference"), longer));
+  ASSERT_EQ(ref.exitCode, 0) << ref.describe();
+
+  // Without --run-dir: the rerun finds the interrupted run by itself.
+  auto args = recoveryArgs(f.job(), "", longer);
+  args.erase(args.begin() + 4, args.begin() + 6);  // --run-dir ""
+  args.insert(args.begin(), test::cohortBin());
+  int64_t stoppedAt = 0;
+  std::string runDir;
+  {
+    test::Process p(args);
+    // Stop once training is under way.
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (runDir.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(f.run("runs"), ec)) {
+        if (fs::exists(e.path() / "metrics.jsonl")) runDir = e.path().string();
+      }
+      if (runDir.empty()) std::this_thread::sleep_for(20ms);
+    }
+    ASSERT_FALSE(runDir.empty()) << p.stderrSoFar();
+    ASSERT_TRUE(waitForText(runDir + "/metrics.jsonl", "\"train\"", 120s));
+    p.signal(SIGTERM);
+    auto r = p.wait(120s);
+    ASSERT_EQ(r.exitCode, 75) << r.describe();
+    EXPECT_NE(r.err.find("every rank stopped after writing a checkpoint"), std::string::npos)
+        << r.err;
+    const auto summary = readJson(runDir + "/summary.json");
+    EXPECT_EQ(summary["status"], "stopped");
+    stoppedAt = summary["steps"].get<int64_t>();
+    ASSERT_GT(stoppedAt, 0);
+    ASSERT_LT(stoppedAt, 600) << "the run ended before SIGTERM reached it";
+    // Both ranks stopped after the same step, and that step's checkpoint is
+    // committed.
+    const std::string line = fmt::format("stopped on request after step {} ", stoppedAt);
+    EXPECT_NE(test::readText(runDir + "/logs/rank-0.log").find(line), std::string::npos);
+    EXPECT_NE(test::readText(runDir + "/logs/rank-1.log").find(line), std::string::npos);
+    const auto m = ckpt::readManifest(fmt::format("{}/checkpoints/step-{}", runDir, stoppedAt));
+    EXPECT_EQ(m.batchInEpoch, (stoppedAt - 1) % 300 + 1);
+    EXPECT_EQ(m.samplesInEpoch, m.batchInEpoch * 8 * 2);
+  }
+  auto r = test::run(args, {}, 300s);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.err.find("resuming the interrupted run " + runDir), std::string::npos) << r.err;
+  const std::string log = test::readText(runDir + "/logs/rank-0.log");
+  EXPECT_NE(log.find(fmt::format("resumed from {}/checkpoints/step-{}: step {}", runDir, stoppedAt,
+                                 stoppedAt)),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(test::maxDifference(ckpt::readStateDict(f.run("reference") + "/model/final.pt"),
+                                ckpt::readStateDict(runDir + "/model/final.pt")),
+            0.0);
+}
+
+TEST(Recovery, CheckpointOfAnotherModelOrWorldSizeIsRefused) {
+  Fixture f;
+  auto first = test::cohort(recoveryArgs(f.job(), f.run("a"), {"--set", "training.max_steps=3"}));
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  const std::string ckptDir = f.run("a") + "/checkpoints/step-3";
+
+  auto wider = test::cohort(
+      recoveryArgs(f.job(), f.run("b"), {"--set", "model.width=8", "--resume", f.run("a")}));
+  EXPECT_EQ(wider.exitCode, 2) << wider.describe();
+  EXPECT_NE(wider.err.find(ckptDir + "/model.bin: tensor 'conv1.weight' has shape [4, 1, 3, 3], "
+                           "the model expects [8, 1, 3, 3]"),
+            std::string::npos)
+      << wider.err;
+
+  auto oneRank = recoveryArgs(f.job(), f.run("c"), {"--resume", ckptDir});
+  oneRank[3] = "1";  // --procs 1
+  auto fewer = test::cohort(oneRank);
+  EXPECT_EQ(fewer.exitCode, 2) << fewer.describe();
+  EXPECT_NE(fewer.err.find("cannot resume from " + ckptDir + ": it was written by 2 ranks and "
+                           "this run has 1"),
+            std::string::npos)
+      << fewer.describe();
+
+  auto inspect = test::cohort({"ckpt", "inspect", ckptDir, "--tensors"});
+  EXPECT_EQ(inspect.exitCode, 0) << inspect.describe();
+  for (const char* want : {"step         3", "world size   2", "model.bin", "optimizer.bin",
+                           "rank-0.bin", "rank-1.bin", "conv1.weight float32 [4, 1, 3, 3]",
+                           "conv1.weight.momentum_buffer float32 [4, 1, 3, 3]", "rng.cpu uint8"}) {
+    EXPECT_NE(inspect.out.find(want), std::string::npos) << want << "\n" << inspect.out;
+  }
+}
+
+}  // namespace
+}  // namespace cohort
