@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 
@@ -21,8 +25,8 @@ double secondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-constexpr uint64_t kAlign = 64;
-uint64_t alignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+// Direct I/O wants buffers, offsets and sizes in multiples of the block size.
+constexpr uint64_t kImageAlign = 4096;
 
 std::string statusKey(int64_t step, int rank) {
   return fmt::format("ckpt/step-{}/rank-{}", step, rank);
@@ -35,7 +39,13 @@ std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()
 
 // One set of host buffers: a snapshot is copied into it and written from it.
 struct Checkpointer::Slot {
-  at::Tensor buffer;  // uint8, grown as needed
+  // The files' images, back to back, each 4096-aligned so the writer can
+  // hand them to the disk with direct I/O. Grown as needed, then reused.
+  std::unique_ptr<char, decltype(&std::free)> buffer{nullptr, &std::free};
+  uint64_t capacity = 0;
+  // The tensors the next forward modifies, copied here first, before their
+  // place in the images is known.
+  std::vector<char> early;
   bool busy = false;
 };
 
@@ -44,7 +54,8 @@ struct Checkpointer::Job {
   int slot = -1;  // -1: skipped (nothing to write)
   Manifest manifest;
   std::vector<SnapshotFile> files;
-  std::vector<std::vector<uint64_t>> offsets;  // per file, per item: offset in the slot buffer
+  std::vector<uint64_t> fileOffsets;  // per file: where its image starts in the slot buffer
+  std::vector<TensorFileLayout> layouts;
 };
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(options)) {
@@ -72,8 +83,8 @@ void Checkpointer::addBlocked(double seconds) {
   stats_.maxBlockedSeconds = std::max(stats_.maxBlockedSeconds, currentBlocked_);
 }
 
-bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files) {
-  const auto start = Clock::now();
+bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
+                        Clock::time_point start) {
   std::unique_lock<std::mutex> lock(mutex_);
   currentBlocked_ = 0;
   auto freeSlot = [&]() -> int {
@@ -95,6 +106,7 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files) {
   job->manifest = std::move(manifest);
   if (slot < 0) {
     ++stats_.skipped;
+    addBlocked(secondsSince(start));
     log::warn("checkpoint at step {} skipped: the writer is still busy with {} earlier "
               "checkpoint(s) (checkpoint.when_behind: skip; raise checkpoint.max_in_flight or "
               "checkpoint less often)",
@@ -146,52 +158,112 @@ void Checkpointer::copyLoop() {
       copyQueue_.pop_front();
       slot = slots_[static_cast<size_t>(job->slot)].get();
     }
-    // Lay the tensors out in the slot buffer, early ones first.
-    uint64_t total = 0;
-    job->offsets.assign(job->files.size(), {});
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t f = 0; f < job->files.size(); ++f) {
-        auto& items = job->files[f].items;
-        job->offsets[f].resize(items.size());
-        for (size_t i = 0; i < items.size(); ++i) {
-          if (items[i].early != (pass == 0)) continue;
-          job->offsets[f][i] = total;
-          total = alignUp(total + items[i].tensor.nbytes());
-        }
-      }
-    }
-    if (!slot->buffer.defined() || static_cast<uint64_t>(slot->buffer.numel()) < total) {
-      slot->buffer = torch::empty({static_cast<int64_t>(std::max<uint64_t>(total, 1))}, torch::kUInt8);
-    }
-    auto* base = static_cast<char*>(slot->buffer.data_ptr());
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t f = 0; f < job->files.size(); ++f) {
-        auto& items = job->files[f].items;
-        for (size_t i = 0; i < items.size(); ++i) {
-          if (items[i].early != (pass == 0)) continue;
-          const at::Tensor& t = items[i].tensor;
-          char* dst = base + job->offsets[f][i];
-          if (t.device().is_cpu() && t.is_contiguous()) {
-            std::memcpy(dst, t.data_ptr(), t.nbytes());
-          } else {
-            at::Tensor host = t.contiguous().to(torch::kCPU);
-            std::memcpy(dst, host.data_ptr(), host.nbytes());
-          }
-        }
-      }
+    try {
+      copy(*job, *slot);
       std::lock_guard<std::mutex> g(mutex_);
-      if (pass == 0) {
-        earlyCopiedSeq_ = job->seq;
-      } else {
-        copiedSeq_ = job->seq;
-        writeQueue_.push_back(job);
-      }
+      writeQueue_.push_back(job);
+      cv_.notify_all();
+    } catch (const std::exception& e) {
+      // Nothing to write: report it, free the slot, release the waiters.
+      std::lock_guard<std::mutex> g(mutex_);
+      events_.push_back({false, job->manifest.step, fmt::format("cannot copy the state: {}", e.what())});
+      slot->busy = false;
+      earlyCopiedSeq_ = copiedSeq_ = job->seq;
+      --pendingWrites_;
       cv_.notify_all();
     }
   }
 }
 
+void Checkpointer::copy(Job& job, Slot& slot) {
+  const auto copyStart = Clock::now();
+  auto hostCopy = [](char* dst, const at::Tensor& t) {
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      std::memcpy(dst, t.data_ptr(), t.nbytes());
+    } else {
+      at::Tensor host = t.contiguous().to(torch::kCPU);
+      std::memcpy(dst, host.data_ptr(), host.nbytes());
+    }
+  };
+  // 1. What the next forward modifies (BatchNorm statistics, small): at
+  // once, into the staging area; then the training thread may go on.
+  uint64_t earlyBytes = 0;
+  for (const auto& file : job.files) {
+    for (const auto& item : file.items) {
+      if (item.early) earlyBytes += item.tensor.nbytes();
+    }
+  }
+  slot.early.resize(earlyBytes);
+  std::vector<uint64_t> staged;  // per early item, in order
+  uint64_t at = 0;
+  for (const auto& file : job.files) {
+    for (const auto& item : file.items) {
+      if (!item.early) continue;
+      hostCopy(slot.early.data() + at, item.tensor);
+      staged.push_back(at);
+      at += item.tensor.nbytes();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    earlyCopiedSeq_ = job.seq;
+  }
+  cv_.notify_all();
+
+  // 2. Each file's image: its header, then its tensors at their offsets.
+  uint64_t total = 0;
+  job.layouts.clear();
+  job.fileOffsets.clear();
+  for (const auto& file : job.files) {
+    std::vector<TensorRecord> records;
+    for (const auto& item : file.items) {
+      records.push_back({item.name, item.tensor.scalar_type(), item.tensor.sizes().vec(), nullptr,
+                         static_cast<uint64_t>(item.tensor.nbytes())});
+    }
+    job.layouts.push_back(layoutTensorFile(records, file.meta, kImageAlign));
+    job.fileOffsets.push_back(total);
+    total += job.layouts.back().size;
+  }
+  if (slot.capacity < total) {
+    slot.buffer.reset(static_cast<char*>(
+        std::aligned_alloc(kImageAlign, std::max<uint64_t>(total, kImageAlign))));
+    if (!slot.buffer) throw std::runtime_error(fmt::format("out of memory for {} bytes", total));
+    slot.capacity = total;
+  }
+  char* base = slot.buffer.get();
+  size_t next = 0;
+  for (size_t f = 0; f < job.files.size(); ++f) {
+    const auto& l = job.layouts[f];
+    char* image = base + job.fileOffsets[f];
+    std::memcpy(image, l.header.data(), l.header.size());
+    uint64_t filled = l.header.size();
+    const auto& items = job.files[f].items;
+    for (size_t i = 0; i < items.size(); ++i) {
+      std::memset(image + filled, 0, l.offsets[i] - filled);
+      const uint64_t n = items[i].tensor.nbytes();
+      if (items[i].early) {
+        std::memcpy(image + l.offsets[i], slot.early.data() + staged[next++], n);
+      } else {
+        hostCopy(image + l.offsets[i], items[i].tensor);
+      }
+      filled = l.offsets[i] + n;
+    }
+    std::memset(image + filled, 0, l.size - filled);
+  }
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    copiedSeq_ = job.seq;
+  }
+  cv_.notify_all();
+  log::debug("checkpoint step {}: {:.1f} MB copied in {:.1f} ms", job.manifest.step, total / 1e6,
+             1000 * secondsSince(copyStart));
+}
+
 void Checkpointer::writeLoop() {
+  // Hashing and writing are not on the training's critical path: they take
+  // the CPU when the training threads leave it (the copier, which the next
+  // optimizer step may wait for, keeps the normal priority).
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -248,28 +320,16 @@ void Checkpointer::write(Job& job) {
     if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", dir, ec.message()));
     // A manifest left by an earlier attempt at this step no longer describes it.
     if (options_.rank == 0) fs::remove(dir + "/manifest.json", ec);
-    const auto* base = static_cast<const char*>(slots_[static_cast<size_t>(job.slot)]->buffer.data_ptr());
+    const char* base = slots_[static_cast<size_t>(job.slot)]->buffer.get();
     bool paused = false;
     for (size_t f = 0; f < job.files.size(); ++f) {
-      const SnapshotFile& file = job.files[f];
-      std::vector<TensorRecord> records;
-      records.reserve(file.items.size());
-      for (size_t i = 0; i < file.items.size(); ++i) {
-        const at::Tensor& t = file.items[i].tensor;
-        TensorRecord r;
-        r.name = file.items[i].name;
-        r.dtype = t.scalar_type();
-        r.shape = t.sizes().vec();
-        r.data = base + job.offsets[f][i];
-        r.nbytes = t.nbytes();
-        records.push_back(std::move(r));
-      }
       std::function<void()> hook;
       if (options_.pauseAtStep && *options_.pauseAtStep == step && !paused) {
         paused = true;
         hook = [&] { pauseForTest(step); };
       }
-      WrittenFile w = writeTensorFile(dir + "/" + file.name, records, file.meta, hook);
+      WrittenFile w = writeFileImage(dir + "/" + job.files[f].name, base + job.fileOffsets[f],
+                                     job.layouts[f].size, hook);
       mine.push_back({w.name, w.size, w.checksum, options_.rank});
       std::lock_guard<std::mutex> g(mutex_);
       stats_.bytesWritten += w.size;

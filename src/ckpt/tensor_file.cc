@@ -20,8 +20,9 @@ namespace {
 
 constexpr char kMagic[8] = {'C', 'O', 'H', 'O', 'R', 'T', 'T', 'N'};
 constexpr uint64_t kAlign = 64;
+constexpr uint64_t kDirectAlign = 4096;
 
-uint64_t alignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t alignUp(uint64_t v, uint64_t align = kAlign) { return (v + align - 1) / align * align; }
 
 struct DtypeName {
   c10::ScalarType type;
@@ -57,6 +58,7 @@ class Output {
     static const char zeros[kAlign] = {};
     while (written_ < to) write(zeros, std::min<uint64_t>(kAlign, to - written_));
   }
+  ~Output() = default;
   uint64_t written() const { return written_; }
   std::string checksum() const { return hasher_.hex(); }
 
@@ -184,70 +186,140 @@ c10::ScalarType dtypeFromName(const std::string& name) {
   throw DataError(fmt::format("unknown tensor type '{}'", name));
 }
 
-WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
-                            const nlohmann::json& meta,
-                            const std::function<void()>& beforeCommit) {
-  // The header's offsets depend on its own length: lay the data out after a
-  // header padded to a fixed estimate, growing it until it fits.
-  nlohmann::json header;
-  std::string text;
-  uint64_t dataStart = 0;
+TensorFileLayout layoutTensorFile(const std::vector<TensorRecord>& records,
+                                  const nlohmann::json& meta, uint64_t align) {
+  // The offsets depend on the header's length: reserve room for the header,
+  // growing it until the header with those offsets fits.
   for (uint64_t reserve = 4096;; reserve *= 2) {
-    header = {{"format", "cohort-tensors"}, {"version", kTensorFileVersion}, {"meta", meta}};
+    TensorFileLayout l;
+    nlohmann::json header = {{"format", "cohort-tensors"}, {"version", kTensorFileVersion}, {"meta", meta}};
     auto list = nlohmann::json::array();
-    uint64_t offset = alignUp(16 + reserve);
+    uint64_t offset = alignUp(16 + reserve, align);
     for (const auto& r : records) {
+      l.offsets.push_back(offset);
       list.push_back({{"name", r.name}, {"dtype", dtypeName(r.dtype)}, {"shape", r.shape},
                       {"offset", offset}, {"nbytes", r.nbytes}});
-      offset = alignUp(offset + r.nbytes);
+      offset = alignUp(offset + r.nbytes, align);
     }
     header["tensors"] = std::move(list);
-    text = header.dump();
-    if (text.size() <= reserve) {
-      dataStart = alignUp(16 + reserve);
-      break;
-    }
+    const std::string text = header.dump();
+    if (text.size() > reserve) continue;
+    l.header.assign(kMagic, sizeof kMagic);
+    for (int i = 0; i < 8; ++i) l.header.push_back(static_cast<char>(text.size() >> (8 * i)));
+    l.header += text;
+    l.size = std::max(offset, alignUp(l.header.size(), align));
+    return l;
   }
+}
 
+namespace {
+
+// Opens the temporary file next to `path`; fills `tmp`.
+int openTemporary(const std::string& path, std::string& tmp, bool direct) {
   const fs::path target(path);
-  const std::string tmp =
-      (target.parent_path() / (".tmp." + target.filename().string() + "." + std::to_string(getpid())))
-          .string();
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-  WrittenFile out;
-  out.name = target.filename().string();
-  try {
-    Output o(path, fd.get());
-    o.write(kMagic, sizeof kMagic);
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-    o.write(len, sizeof len);
-    o.write(text.data(), text.size());
-    o.pad(dataStart);
-    for (const auto& r : records) {
-      o.write(r.data, r.nbytes);
-      o.pad(alignUp(o.written()));
-    }
-    if (beforeCommit) beforeCommit();
-    if (::fsync(fd.get()) != 0) {
-      throw IoError(fmt::format("cannot sync {}: {}", path, std::strerror(errno)));
-    }
-    out.size = o.written();
-    out.checksum = o.checksum();
-  } catch (...) {
+  tmp = (target.parent_path() / (".tmp." + target.filename().string() + "." + std::to_string(getpid())))
+            .string();
+  return ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+}
+
+// fsync, rename over `path`, fsync the directory.
+void commitTemporary(int fd, const std::string& tmp, const std::string& path) {
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
     ::unlink(tmp.c_str());
-    throw;
+    throw IoError(fmt::format("cannot sync {}: {}", path, std::strerror(err)));
   }
-  ::close(fd.release());
+  ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     throw IoError(fmt::format("cannot rename into {}: {}", path, std::strerror(err)));
   }
+  const fs::path target(path);
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() >= 0) ::fsync(dfd.get());
+}
+
+}  // namespace
+
+WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
+                            const nlohmann::json& meta,
+                            const std::function<void()>& beforeCommit) {
+  const TensorFileLayout l = layoutTensorFile(records, meta, kAlign);
+  std::string tmp;
+  const int fd = openTemporary(path, tmp, false);
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  WrittenFile out;
+  out.name = fs::path(path).filename().string();
+  try {
+    Output o(path, fd);
+    o.write(l.header.data(), l.header.size());
+    for (size_t i = 0; i < records.size(); ++i) {
+      o.pad(l.offsets[i]);
+      o.write(records[i].data, records[i].nbytes);
+    }
+    o.pad(l.size);
+    if (beforeCommit) beforeCommit();
+    out.size = o.written();
+    out.checksum = o.checksum();
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  commitTemporary(fd, tmp, path);
+  return out;
+}
+
+WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t size,
+                           const std::function<void()>& beforeCommit) {
+  const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlign == 0 && size % kDirectAlign == 0;
+  std::string tmp;
+  int fd = aligned ? openTemporary(path, tmp, true) : -1;
+  bool direct = fd >= 0;
+  if (!direct) fd = openTemporary(path, tmp, false);
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  WrittenFile out;
+  out.name = fs::path(path).filename().string();
+  out.size = size;
+  Hasher h;
+  h.update(data, size);
+  out.checksum = h.hex();
+  const char* p = static_cast<const char*>(data);
+  uint64_t left = size;
+  bool half = false;
+  while (left > 0) {
+    // Chunks keep each direct write a bounded, aligned size.
+    const uint64_t chunk = std::min<uint64_t>(left, uint64_t{64} << 20);
+    ssize_t n = ::write(fd, p, chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && direct) {
+      // The file system refuses direct I/O after all: start over buffered.
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fd = openTemporary(path, tmp, false);
+      if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+      direct = false;
+      p = static_cast<const char*>(data);
+      left = size;
+      continue;
+    }
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(err)));
+    }
+    p += n;
+    left -= static_cast<uint64_t>(n);
+    if (!half && left <= size / 2 && beforeCommit) {
+      half = true;
+      beforeCommit();  // the test hook runs with the file half written
+    }
+  }
+  commitTemporary(fd, tmp, path);
   return out;
 }
 

@@ -384,6 +384,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const std::string resolvedJob = toYaml(job);
   const std::string hash = jobHash(job);
   auto takeCheckpoint = [&](int64_t epoch, int64_t micro, double lr) {
+    const auto since = Clock::now();
     ckpt::Manifest m;
     m.step = step;
     m.epoch = epoch;
@@ -402,7 +403,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     }
     files.push_back({fmt::format("rank-{}.bin", rank), {{"rng.cpu", rngState(), false}},
                      {{"kind", "rank"}, {"rank", rank}}});
-    return checkpointer->mark(std::move(m), std::move(files));
+    return checkpointer->mark(std::move(m), std::move(files), since);
   };
 
   // A stop request (SIGTERM) ends training at a step boundary every rank

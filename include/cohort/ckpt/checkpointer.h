@@ -92,7 +92,10 @@ class Checkpointer {
 
   // Takes a snapshot of `files` for `manifest.step` (manifest.files is filled
   // in by the writer). Returns false if it was skipped (writer behind).
-  bool mark(Manifest manifest, std::vector<SnapshotFile> files);
+  // `since`: when the caller started preparing it (gathering the tensors),
+  // so the time the training thread is blocked counts that too.
+  bool mark(Manifest manifest, std::vector<SnapshotFile> files,
+            std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now());
   // Block until the tensors of the latest snapshot marked `early` / all of
   // them are copied. Cheap when they are.
   void waitEarly();
@@ -114,6 +117,7 @@ class Checkpointer {
     std::string message;
   };
   void copyLoop();
+  void copy(Job& job, Slot& slot);
   void writeLoop();
   void write(Job& job);
   void commit(Job& job, const std::vector<ManifestFile>& mine);

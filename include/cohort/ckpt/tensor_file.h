@@ -34,6 +34,18 @@ struct TensorRecord {
   uint64_t nbytes = 0;
 };
 
+// Where everything goes in a tensor file: `header` is the file's first bytes
+// (magic, length, JSON); tensor i starts at offsets[i]; the file is `size`
+// bytes, a multiple of `align` (zero padding between and after tensors).
+struct TensorFileLayout {
+  std::string header;
+  std::vector<uint64_t> offsets;
+  uint64_t size = 0;
+};
+// Only the records' names, types, shapes and sizes are used.
+TensorFileLayout layoutTensorFile(const std::vector<TensorRecord>& records,
+                                  const nlohmann::json& meta, uint64_t align);
+
 struct WrittenFile {
   std::string name;      // file name (no directory)
   uint64_t size = 0;     // bytes
@@ -47,6 +59,12 @@ struct WrittenFile {
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
                             const nlohmann::json& meta,
                             const std::function<void()>& beforeCommit = nullptr);
+
+// Writes a whole file image (a layout filled in) to `path` atomically, with
+// direct I/O (no copy into the page cache) when `data` and `size` are
+// multiples of 4096 and the file system allows it, else buffered.
+WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t size,
+                           const std::function<void()>& beforeCommit = nullptr);
 
 struct TensorFile {
   nlohmann::json meta;

@@ -1,0 +1,216 @@
+// bench/checkpoint: what a checkpoint costs the training of ResNet-50 (model
+// and SGD momentum state, ~205 MB), measured in one run on this machine.
+//
+//   (a) time the training thread is blocked per checkpoint (cohort's
+//       asynchronous checkpoints, from the trainer's own accounting),
+//   (b) a plain synchronous save of the same state: the PyTorch-format file
+//       torch.save writes, fsync'd (cohort's saveStateDict), median of 3,
+//   (c) (b) / (a),
+//   (d) training throughput with a checkpoint requested every step vs none,
+//       for both when_behind policies.
+//
+// (a) and (d) come from real `cohort run` jobs (2 ranks, 1 thread each,
+// synthetic 64 px images, batch 8 per rank), run back to back.
+//
+//   cohort_bench_checkpoint [--steps N] [--rounds R] [--dir DIR]
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/config/job.h"
+#include "cohort/models/model.h"
+#include "cohort/train/optimizer.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string jobYaml(int steps) {
+  return fmt::format(R"(name: bench-ckpt
+model:
+  arch: resnet50
+  num_classes: 1000
+data:
+  train:
+    kind: synthetic
+    size: {}
+    shape: [3, 64, 64]
+  loader_threads: 1
+distribution:
+  procs_per_node: 2
+  threads_per_rank: 1
+training:
+  epochs: 1
+  batch_size: 8
+  log_every: 1000
+  optimizer:
+    name: sgd
+    lr: 0.01
+    momentum: 0.9
+output:
+  progress: off
+  save_final: false
+)",
+                     steps * 16);
+}
+
+struct RunResult {
+  double imagesPerS = 0;
+  int64_t taken = 0, skipped = 0;
+  double blockedMeanMs = 0, blockedMaxMs = 0;
+};
+
+RunResult runJob(const std::string& cohort, const std::string& job, const std::string& runDir,
+                 const std::vector<std::string>& sets) {
+  std::string cmd = fmt::format("'{}' run '{}' --run-dir '{}'", cohort, job, runDir);
+  for (const auto& s : sets) cmd += " --set " + s;
+  cmd += " > '" + runDir + ".log' 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    throw std::runtime_error("failed: " + cmd + " (see " + runDir + ".log)");
+  }
+  std::ifstream in(runDir + "/summary.json");
+  const auto j = nlohmann::json::parse(in);
+  RunResult r;
+  r.imagesPerS = j["train_images_per_s"].get<double>();
+  if (j.contains("checkpoints")) {
+    r.taken = j["checkpoints"]["taken"].get<int64_t>();
+    r.skipped = j["checkpoints"]["skipped"].get<int64_t>();
+    r.blockedMeanMs = j["checkpoints"]["blocked_ms_mean"].get<double>();
+    r.blockedMaxMs = j["checkpoints"]["blocked_ms_max"].get<double>();
+  }
+  return r;
+}
+
+// A plain save of ResNet-50's parameters, buffers and momentum buffers.
+double plainSaveSeconds(const std::string& dir, uint64_t* bytes) {
+  torch::manual_seed(0);
+  at::set_num_threads(1);
+  cohort::ModelConfig mc;
+  mc.arch = "resnet50";
+  mc.numClasses = 1000;
+  mc.inChannels = 3;
+  auto model = cohort::models::createModel(mc, {3, 64, 64});
+  cohort::OptimizerConfig oc;
+  oc.momentum = 0.9;
+  auto opt = cohort::train::createOptimizer(oc, model->parameters());
+  model->forward(torch::randn({2, 3, 64, 64})).sum().backward();
+  opt->step();  // creates the momentum buffers
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) names.push_back(p.key());
+  cohort::ckpt::StateDict state = cohort::ckpt::stateDict(*model);
+  for (auto& [n, t] : cohort::train::optimizerState(*opt, names)) state.emplace_back(n, t);
+  std::vector<double> times;
+  const std::string path = dir + "/plain.pt";
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    cohort::ckpt::saveStateDict(state, path);  // zip archive, fsync, rename
+    times.push_back(seconds(t0, Clock::now()));
+  }
+  *bytes = fs::file_size(path);
+  // For reference: an in-memory copy of the same tensors.
+  std::vector<double> copies;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    std::vector<at::Tensor> c;
+    for (auto& [n, t] : state) c.push_back(t.clone());
+    copies.push_back(seconds(t0, Clock::now()));
+  }
+  std::cout << fmt::format("in-memory copy of the same tensors: {:.1f} ms (median of 3)\n",
+                           1000 * median(copies));
+  fs::remove(path);
+  return median(times);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 12, rounds = 2;
+  std::string dir = "bench-checkpoint";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--steps") steps = std::atoi(argv[i + 1]);
+    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+    else if (a == "--dir") dir = argv[i + 1];
+    else {
+      std::cerr << "usage: cohort_bench_checkpoint [--steps N] [--rounds R] [--dir DIR]\n";
+      return 2;
+    }
+  }
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  dir = fs::absolute(dir).string();
+  const std::string cohort = fs::path(argv[0]).parent_path().parent_path().string() + "/cli/cohort";
+  const std::string job = dir + "/job.yaml";
+  std::ofstream(job) << jobYaml(steps);
+
+  uint64_t bytes = 0;
+  const double plain = plainSaveSeconds(dir, &bytes);
+  std::cout << fmt::format("(b) plain synchronous save + fsync of {:.0f} MB: {:.1f} ms (median of 3)\n",
+                           bytes / 1e6, 1000 * plain);
+
+  const std::vector<std::string> none = {"checkpoint.enabled=false"};
+  const std::vector<std::string> skip = {"checkpoint.every_steps=1", "checkpoint.every_epochs=0",
+                                         "checkpoint.keep_last=2"};
+  std::vector<std::string> wait = skip;
+  wait.push_back("checkpoint.when_behind=wait");
+  std::vector<double> tNone, tSkip, tWait, blockedSkip, blockedWait, maxBlocked;
+  int64_t takenSkip = 0, skippedSkip = 0, takenWait = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const auto a = runJob(cohort, job, fmt::format("{}/none-{}", dir, r), none);
+    const auto b = runJob(cohort, job, fmt::format("{}/skip-{}", dir, r), skip);
+    const auto c = runJob(cohort, job, fmt::format("{}/wait-{}", dir, r), wait);
+    tNone.push_back(a.imagesPerS);
+    tSkip.push_back(b.imagesPerS);
+    tWait.push_back(c.imagesPerS);
+    blockedSkip.push_back(b.blockedMeanMs);
+    blockedWait.push_back(c.blockedMeanMs);
+    maxBlocked.push_back(std::max(b.blockedMaxMs, c.blockedMaxMs));
+    takenSkip += b.taken;
+    skippedSkip += b.skipped;
+    takenWait += c.taken;
+    std::cout << fmt::format(
+        "round {}: none {:.2f} img/s | every step, skip when behind {:.2f} img/s ({} taken, {} "
+        "skipped, blocked {:.3f} ms mean) | every step, wait {:.2f} img/s ({} taken, blocked "
+        "{:.3f} ms mean)\n",
+        r + 1, a.imagesPerS, b.imagesPerS, b.taken, b.skipped, b.blockedMeanMs, c.imagesPerS,
+        c.taken, c.blockedMeanMs);
+  }
+  const double blocked = median(blockedSkip) / 1000;
+  std::cout << "\n| figure | value |\n|---|---|\n";
+  std::cout << fmt::format("| (a) training thread blocked per checkpoint (skip policy, mean) | {:.3f} ms |\n",
+                           1000 * blocked);
+  std::cout << fmt::format("| (a) same, wait policy (includes waiting for a free buffer) | {:.3f} ms |\n",
+                           median(blockedWait));
+  std::cout << fmt::format("| (a) worst single checkpoint | {:.3f} ms |\n",
+                           *std::max_element(maxBlocked.begin(), maxBlocked.end()));
+  std::cout << fmt::format("| (b) plain save + fsync, {:.0f} MB | {:.1f} ms |\n", bytes / 1e6,
+                           1000 * plain);
+  std::cout << fmt::format("| (c) (b) / (a) | {:.0f}x |\n", plain / blocked);
+  std::cout << fmt::format("| (d) throughput, checkpoint every step (skip) / none | {:.3f} ({} taken, {} skipped) |\n",
+                           median(tSkip) / median(tNone), takenSkip, skippedSkip);
+  std::cout << fmt::format("| (d) throughput, checkpoint every step (wait) / none | {:.3f} ({} taken) |\n",
+                           median(tWait) / median(tNone), takenWait);
+  std::cout << fmt::format("| throughput without checkpoints | {:.2f} img/s |\n", median(tNone));
+  return 0;
+}
