@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -225,9 +226,13 @@ void Checkpointer::copy(Job& job, Slot& slot) {
     total += job.layouts.back().size;
   }
   if (slot.capacity < total) {
-    slot.buffer.reset(static_cast<char*>(
-        std::aligned_alloc(kImageAlign, std::max<uint64_t>(total, kImageAlign))));
+    // 2 MiB-aligned, so the kernel can back it with huge pages: fewer page
+    // faults on the first copy and fewer pages to pin for direct I/O.
+    constexpr uint64_t kHuge = uint64_t{2} << 20;
+    const uint64_t bytes = (std::max<uint64_t>(total, kHuge) + kHuge - 1) / kHuge * kHuge;
+    slot.buffer.reset(static_cast<char*>(std::aligned_alloc(kHuge, bytes)));
     if (!slot.buffer) throw std::runtime_error(fmt::format("out of memory for {} bytes", total));
+    madvise(slot.buffer.get(), bytes, MADV_HUGEPAGE);
     slot.capacity = total;
   }
   char* base = slot.buffer.get();
@@ -285,6 +290,7 @@ void Checkpointer::writeLoop() {
     }
     std::lock_guard<std::mutex> g(mutex_);
     if (job->slot >= 0) {
+      if (ev.ok) lastWrittenStep_ = std::max(lastWrittenStep_, ev.step);
       slots_[static_cast<size_t>(job->slot)]->busy = false;
       events_.push_back(std::move(ev));
       stats_.writeSeconds += secondsSince(start);
@@ -444,6 +450,11 @@ void Checkpointer::flush() {
     cv_.wait(lock, [&] { return stop_ || (copyQueue_.empty() && pendingWrites_ == 0); });
   }
   poll();
+}
+
+int64_t Checkpointer::lastWrittenStep() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return lastWrittenStep_;
 }
 
 CheckpointStats Checkpointer::stats() const {

@@ -67,6 +67,10 @@ Manifest manifestFromJson(const nlohmann::json& j, const std::string& origin) {
       m.files.push_back(std::move(mf));
     }
     m.extra = j.value("extra", nlohmann::json::object());
+    if (!m.extra.is_object()) throw DataError(fmt::format("{}: 'extra' is not an object", origin));
+    if (m.extra.contains("job") && !m.extra["job"].is_string()) {
+      throw DataError(fmt::format("{}: 'extra.job' is not a string", origin));
+    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: malformed manifest: {}", origin, e.what()));
   }

@@ -150,6 +150,10 @@ Parsed parseHeader(int fd, const std::string& path) {
       uint64_t numel = 1;
       for (int64_t d : info.shape) {
         if (d < 0) throw DataError(fmt::format("{}: tensor '{}' has a negative size", path, info.name));
+        if (d > 0 && numel > fileSize / static_cast<uint64_t>(d)) {
+          throw DataError(fmt::format("{}: tensor '{}' has a shape larger than the file", path,
+                                      info.name));
+        }
         numel *= static_cast<uint64_t>(d);
       }
       const uint64_t expected = numel * c10::elementSize(dtypeFromName(info.dtype));

@@ -15,7 +15,9 @@
 #include <sstream>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/resume.h"
 #include "cohort/train/stop.h"
+#include "cohort/train/trainer.h"
 
 #include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
@@ -190,11 +192,7 @@ std::optional<std::string> findInterruptedRun(const JobConfig& job) {
       std::stringstream text;
       text << jobFile.rdbuf();
       if (jobHash(loadJobFromString(text.str(), rd.jobFile())) != hash) continue;
-      const std::string ckpts =
-          job.checkpoint.dir.empty() ? dir + "/checkpoints" : job.checkpoint.dir;
-      for (const auto& d : ckpt::listCheckpointDirs(ckpts)) {
-        if (ckpt::verifyCheckpoint(d.path, false).valid) return dir;
-      }
+      if (ckpt::newestValidCheckpoint(train::checkpointDir(job, rd))) return dir;
     } catch (const std::exception&) {
       continue;  // a run directory we cannot read is not one to resume
     }
@@ -276,13 +274,15 @@ int runLauncher(const LaunchOptions& o) {
     bool stopping = false;
     int interruptSignal = 0;
 
-    auto stopAll = [&](const char* why, std::chrono::milliseconds within) {
+    // SIGTERM every rank (unless `signal` is false: they are stopping on
+    // their own) and SIGKILL what is left `within` from now.
+    auto stopAll = [&](const char* why, std::chrono::milliseconds within, bool signal = true) {
       if (stopping) return;
       stopping = true;
       grace = within;
       log::debug("stopping every rank: {}", why);
       for (auto& c : children) {
-        if (c.running) kill(c.pid, SIGTERM);
+        if (c.running && signal) kill(c.pid, SIGTERM);
       }
       killAt = Clock::now() + within;
     };
@@ -355,7 +355,7 @@ int runLauncher(const LaunchOptions& o) {
           if (stoppedAfterCheckpoint(c)) {
             // One rank was told to stop (SIGTERM): the others stop at the
             // same step on their own; give them the time to checkpoint.
-            stopAll("a rank stopped after a checkpoint", stopGrace);
+            stopAll("a rank stopped after a checkpoint", stopGrace, false);
           } else {
             stopAll("a rank failed", o.termGrace);
           }

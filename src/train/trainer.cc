@@ -142,7 +142,13 @@ void checkResumable(const ckpt::Manifest& m, const JobConfig& job, const comm::C
 }  // namespace
 
 std::string checkpointDir(const JobConfig& job, const RunDir& runDir) {
-  return job.checkpoint.dir.empty() ? runDir.root + "/checkpoints" : job.checkpoint.dir;
+  if (job.checkpoint.dir.empty()) return runDir.root + "/checkpoints";
+  return job.checkpoint.dir + "/" + std::filesystem::path(runDir.root).filename().string();
+}
+
+std::string remoteCheckpointDir(const JobConfig& job, const RunDir& runDir) {
+  if (job.checkpoint.remote.empty()) return "";
+  return job.checkpoint.remote + "/" + std::filesystem::path(runDir.root).filename().string();
 }
 
 std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
@@ -154,7 +160,7 @@ std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
   for (const auto& s : skipped) log::warn("skipping invalid checkpoint {}", s);
   if (!point && !resumeArg.empty()) point = ckpt::resolveResumePath(resumeArg);
   if (!point && !job.checkpoint.remote.empty()) {
-    auto tier = ckpt::openTier(job.checkpoint.remote);
+    auto tier = ckpt::openTier(remoteCheckpointDir(job, runDir));
     const auto steps = tier->list();
     if (!steps.empty()) {
       const std::string local = own + "/" + ckpt::checkpointDirName(steps.back());
@@ -165,14 +171,21 @@ std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
       point = ckpt::ResumePoint{local, steps.back(), {}};
     }
   }
-  // What the run's own directory holds past the chosen point was never
-  // committed or is invalid: a resumed run writes those steps afresh.
+  // What the run's own directory holds past the chosen point is written
+  // afresh by the resumed run: directories never committed are removed,
+  // invalid ones are set aside (step-<N>.invalid-<time>) for inspection.
   const int64_t keepUpTo = point ? point->step : -1;
   for (const auto& d : ckpt::listCheckpointDirs(own)) {
-    if (d.step <= keepUpTo || (point && d.path == point->path)) continue;
+    if (d.step <= keepUpTo) continue;
     std::error_code ec;
-    fs::remove_all(d.path, ec);
-    log::info("removed {} (newer than the checkpoint resumed from, and not valid)", d.path);
+    if (!fs::exists(d.path + "/manifest.json", ec)) {
+      fs::remove_all(d.path, ec);
+      log::info("removed {} (never committed)", d.path);
+      continue;
+    }
+    const std::string aside = d.path + ".invalid-" + ckpt::utcNow();
+    fs::rename(d.path, aside, ec);
+    log::warn("set aside the invalid checkpoint {} as {}", d.path, aside);
   }
   return point ? point->path : std::string();
 }
@@ -239,8 +252,15 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull + static_cast<uint64_t>(rank) + 1);
   if (resume) {
     const std::string file = fmt::format("{}/rank-{}.bin", options.resumeFrom, rank);
+    const auto own = ckpt::stateDict(*model);
+    torch::NoGradGuard noGrad;
     for (const auto& [name, t] : ckpt::readTensorFile(file).tensors) {
       if (name == "rng.cpu") setRngState(t);
+      if (name.rfind("buffer.", 0) != 0) continue;
+      // This rank's own buffers (broadcast_buffers: false).
+      for (const auto& [n, live] : own) {
+        if (n == name.substr(7) && live.sizes() == t.sizes()) live.copy_(t);
+      }
     }
   }
 
@@ -371,7 +391,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     co.keepEvery = cc.keepEverySteps;
     co.timeout = comm.timeout;
     if (world > 1) co.store = comm::openStoreClient(comm);
-    if (rank == 0 && !cc.remote.empty()) co.remote = ckpt::openTier(cc.remote);
+    if (rank == 0 && !cc.remote.empty()) co.remote = ckpt::openTier(remoteCheckpointDir(job, runDir));
     if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
     checkpointer = std::make_unique<ckpt::Checkpointer>(co);
     std::set<const void*> buffers;
@@ -401,8 +421,15 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       for (auto& [name, t] : optimizerState(*optimizer, paramNames)) opt.items.push_back({name, t, false});
       files.push_back(std::move(opt));
     }
-    files.push_back({fmt::format("rank-{}.bin", rank), {{"rng.cpu", rngState(), false}},
-                     {{"kind", "rank"}, {"rank", rank}}});
+    ckpt::SnapshotFile own{fmt::format("rank-{}.bin", rank), {{"rng.cpu", rngState(), false}},
+                           {{"kind", "rank"}, {"rank", rank}}};
+    if (!job.distribution.broadcastBuffers) {
+      // Buffers differ per rank when they are not broadcast.
+      for (const auto& item : modelItems) {
+        if (item.early) own.items.push_back({"buffer." + item.name, item.tensor, true});
+      }
+    }
+    files.push_back(std::move(own));
     return checkpointer->mark(std::move(m), std::move(files), since);
   };
 
@@ -422,6 +449,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       } else if (comm.store->add("stop/count", 1) == 1) {
         const std::string v = std::to_string(step + 1);
         comm.store->set("stop/at", std::vector<uint8_t>(v.begin(), v.end()));
+        // set() expects no reply: a round trip on the same connection makes
+        // sure the store holds the key before this rank's next step starts.
+        comm.store->get("stop/at");
       }
     }
     if (!stopAt && world > 1 && comm.store->check({"stop/at"})) {
@@ -431,9 +461,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     return stopAt && step >= *stopAt;
   };
 
-  for (int64_t epoch = firstEpoch; epoch <= tc.epochs && !stop && step < totalSteps; ++epoch) {
+  for (int64_t epoch = firstEpoch; epoch <= tc.epochs && !stop; ++epoch) {
     model->train();
-    const int64_t startBatch = epoch == firstEpoch ? firstBatch : 0;
+    // A run resumed at its last step trains no more, but still evaluates.
+    const int64_t startBatch =
+        step >= totalSteps ? batchesPerEpoch : (epoch == firstEpoch ? firstBatch : 0);
+    if (step >= totalSteps) stop = true;
     trainLoader.startEpoch(trainSampler.indices(epoch - 1), epoch, startBatch);
     if (progress) {
       progress->startEpoch(epoch, std::min(stepsPerEpoch - startBatch / tc.accumulateSteps,
@@ -534,6 +567,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
           checkpointer->flush();
           takeCheckpoint(epoch, micro, lr);
           checkpointer->flush();
+          if (checkpointer->lastWrittenStep() != step) {
+            throw IoError(fmt::format(
+                "rank {}: stopping on request, but the checkpoint of step {} could not be "
+                "written (see the warning above); a rerun resumes from the previous one",
+                rank, step));
+          }
           summary.stopped = true;
           log::warn("stopped on request after step {} (epoch {}, batch {}); checkpoint written: "
                     "rerun the same command to resume",
@@ -590,12 +629,14 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     log::info("checkpoints: {} taken, {} skipped, {} failed; training blocked {:.3f} ms per "
               "checkpoint on average, {:.3f} ms at most",
               summary.checkpoints.taken, summary.checkpoints.skipped, summary.checkpoints.failed,
-              summary.checkpoints.taken > 0
-                  ? 1000 * summary.checkpoints.blockedSeconds / summary.checkpoints.taken
+              summary.checkpoints.taken + summary.checkpoints.skipped > 0
+                  ? 1000 * summary.checkpoints.blockedSeconds /
+                        double(summary.checkpoints.taken + summary.checkpoints.skipped)
                   : 0.0,
               1000 * summary.checkpoints.maxBlockedSeconds);
   }
-  stopReq.graceful = false;
+  // stopReq.graceful stays set: a SIGTERM from here on changes nothing, as
+  // this rank is finishing anyway.
   if (summary.stopped) return summary;
   const ddp::DdpStats ds = ddp.stats();
   log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}",
@@ -638,7 +679,9 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                         {"taken", c.taken},
                         {"skipped", c.skipped},
                         {"failed", c.failed},
-                        {"blocked_ms_mean", c.taken > 0 ? 1000 * c.blockedSeconds / c.taken : 0.0},
+                        {"blocked_ms_mean", c.taken + c.skipped > 0
+                                                ? 1000 * c.blockedSeconds / double(c.taken + c.skipped)
+                                                : 0.0},
                         {"blocked_ms_max", 1000 * c.maxBlockedSeconds},
                         {"bytes_written", c.bytesWritten}};
   }

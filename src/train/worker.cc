@@ -38,10 +38,13 @@ void installSignalThread() {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) return;
       log::setStatusLine("");
-      if (sig == SIGTERM && stop.graceful.load() && stop.signal.load() == 0) {
-        stop.signal = sig;
-        log::warn("received SIGTERM: finishing this step, then writing a checkpoint and stopping "
-                  "(a second SIGTERM stops at once)");
+      if (sig == SIGTERM && stop.graceful.load()) {
+        // The launcher may forward the SIGTERM its process group already
+        // delivered: a repeated one changes nothing. SIGINT stops at once.
+        if (stop.signal.exchange(sig) == 0) {
+          log::warn("received SIGTERM: finishing this step, then writing a checkpoint and "
+                    "stopping (SIGINT stops at once)");
+        }
         continue;
       }
       log::warn("received {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");

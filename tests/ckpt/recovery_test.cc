@@ -181,8 +181,9 @@ TEST(Recovery, UnwritableCheckpointDirectoryWarnsOrFailsNamingThePath) {
   warn.insert(warn.end(), {"--set", "checkpoint.on_error=warn"});
   auto r = test::cohort(recoveryArgs(f.job(), f.run("warn"), warn));
   EXPECT_EQ(r.exitCode, 0) << r.describe();
+  // Each run's checkpoints go to <checkpoint.dir>/<run directory's name>.
   EXPECT_NE(r.err.find("checkpoint step 3 failed: cannot create checkpoint directory " + bad +
-                       "/step-3"),
+                       "/warn/step-3"),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("(checkpoint.on_error: warn; training goes on)"), std::string::npos);
@@ -192,7 +193,8 @@ TEST(Recovery, UnwritableCheckpointDirectoryWarnsOrFailsNamingThePath) {
   fail.insert(fail.end(), {"--set", "checkpoint.on_error=fail"});
   r = test::cohort(recoveryArgs(f.job(), f.run("fail"), fail));
   EXPECT_EQ(r.exitCode, 1) << r.describe();
-  EXPECT_NE(r.err.find("cannot create checkpoint directory " + bad + "/step-3"), std::string::npos)
+  EXPECT_NE(r.err.find("cannot create checkpoint directory " + bad + "/fail/step-3"),
+            std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("(checkpoint.on_error: fail)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("giving up after 2 restarts"), std::string::npos) << r.err;

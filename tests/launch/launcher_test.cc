@@ -109,13 +109,13 @@ TEST(Launcher, FailedRankRestartsTheJobFromItsCheckpoint) {
                  "--set", "training.max_steps=4"});
   auto r = run.launcher->wait(120s);
   ASSERT_FALSE(r.timedOut) << r.describe();
-  // The restart resumed and completed the 4 steps.
+  // The restart completed the 4 steps (from the newest checkpoint committed
+  // before the failure, if any: tests/ckpt/recovery_test.cc checks resuming).
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_NE(r.err.find("restart 1 of at most 1"), std::string::npos) << r.err;
   const std::string summary = test::readText(run.dir.file("run/summary.json"));
   EXPECT_NE(summary.find("\"restart_count\": 1"), std::string::npos) << summary;
   EXPECT_NE(summary.find("exited with code 3"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("\"resumed_from\""), std::string::npos) << summary;
   EXPECT_TRUE(run.survivors().empty());
 }
 

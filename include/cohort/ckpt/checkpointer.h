@@ -107,6 +107,9 @@ class Checkpointer {
   // then poll().
   void flush();
   CheckpointStats stats() const;
+  // The step of the newest checkpoint this rank wrote (and, on rank 0,
+  // committed); -1 if none.
+  int64_t lastWrittenStep() const;
 
  private:
   struct Slot;
@@ -136,6 +139,7 @@ class Checkpointer {
   int64_t earlyCopiedSeq_ = 0;  // snapshots whose early tensors are copied
   int64_t copiedSeq_ = 0;       // snapshots fully copied
   int64_t pendingWrites_ = 0;   // jobs queued or being written
+  int64_t lastWrittenStep_ = -1;
   bool stop_ = false;
   CheckpointStats stats_;
   double currentBlocked_ = 0;

@@ -2,8 +2,9 @@
 
 // A request to stop, from a signal (SIGTERM: a preemption notice). The rank's
 // signal thread records it; the training loop, once it can save its state
-// (`graceful`), finishes the step, checkpoints and stops. Before that, or a
-// second time, the signal ends the process at once.
+// (`graceful`), finishes the step, checkpoints and stops; after training it
+// changes nothing (the rank is finishing anyway). Before training starts, the
+// signal ends the process at once, as SIGINT always does.
 
 #include <atomic>
 

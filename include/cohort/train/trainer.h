@@ -42,8 +42,13 @@ struct TrainOptions {
   int restartCount = 0;
 };
 
-// Where the job's checkpoints go: checkpoint.dir, or <run dir>/checkpoints.
+// Where the run's checkpoints go: <run dir>/checkpoints, or, when
+// checkpoint.dir is set, <checkpoint.dir>/<run directory's name> (each run
+// its own; another run's checkpoints are reached with --resume).
 std::string checkpointDir(const JobConfig& job, const RunDir& runDir);
+// The run's directory on the remote tier: <checkpoint.remote>/<run name>, or
+// "" without one.
+std::string remoteCheckpointDir(const JobConfig& job, const RunDir& runDir);
 
 // Rank 0 before training: the checkpoint this run resumes from. The newest
 // valid one in the run's own checkpoint directory; if there is none,
