@@ -176,6 +176,31 @@ void Checkpointer::copyLoop() {
   }
 }
 
+namespace {
+
+// Room for `total` bytes in `slot`, 2 MiB-aligned so the kernel can back it
+// with huge pages: fewer page faults and fewer pages to pin for direct I/O.
+template <class SlotT>
+void ensureCapacity(SlotT& slot, uint64_t total, bool touch) {
+  if (slot.capacity >= total) return;
+  constexpr uint64_t kHuge = uint64_t{2} << 20;
+  const uint64_t bytes = (std::max<uint64_t>(total, kHuge) + kHuge - 1) / kHuge * kHuge;
+  slot.buffer.reset(static_cast<char*>(std::aligned_alloc(kHuge, bytes)));
+  if (!slot.buffer) throw std::runtime_error(fmt::format("out of memory for {} bytes", total));
+  madvise(slot.buffer.get(), bytes, MADV_HUGEPAGE);
+  if (touch) std::memset(slot.buffer.get(), 0, bytes);
+  slot.capacity = bytes;
+}
+
+}  // namespace
+
+void Checkpointer::reserve(uint64_t bytes) {
+  std::lock_guard<std::mutex> g(mutex_);
+  for (auto& slot : slots_) {
+    if (!slot->busy) ensureCapacity(*slot, bytes, true);
+  }
+}
+
 void Checkpointer::copy(Job& job, Slot& slot) {
   const auto copyStart = Clock::now();
   auto hostCopy = [](char* dst, const at::Tensor& t) {
@@ -225,16 +250,7 @@ void Checkpointer::copy(Job& job, Slot& slot) {
     job.fileOffsets.push_back(total);
     total += job.layouts.back().size;
   }
-  if (slot.capacity < total) {
-    // 2 MiB-aligned, so the kernel can back it with huge pages: fewer page
-    // faults on the first copy and fewer pages to pin for direct I/O.
-    constexpr uint64_t kHuge = uint64_t{2} << 20;
-    const uint64_t bytes = (std::max<uint64_t>(total, kHuge) + kHuge - 1) / kHuge * kHuge;
-    slot.buffer.reset(static_cast<char*>(std::aligned_alloc(kHuge, bytes)));
-    if (!slot.buffer) throw std::runtime_error(fmt::format("out of memory for {} bytes", total));
-    madvise(slot.buffer.get(), bytes, MADV_HUGEPAGE);
-    slot.capacity = total;
-  }
+  ensureCapacity(slot, total, false);
   char* base = slot.buffer.get();
   size_t next = 0;
   for (size_t f = 0; f < job.files.size(); ++f) {

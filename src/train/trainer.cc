@@ -394,6 +394,15 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     if (rank == 0 && !cc.remote.empty()) co.remote = ckpt::openTier(remoteCheckpointDir(job, runDir));
     if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
     checkpointer = std::make_unique<ckpt::Checkpointer>(co);
+    if (rank == 0) {
+      // Model, and optimizer state of about one (sgd) or two (adamw) copies
+      // of the parameters, plus room for headers and alignment.
+      uint64_t bytes = 0, params = 0;
+      for (const auto& [n, t] : ckpt::stateDict(*model)) bytes += t.nbytes();
+      for (const auto& p : model->parameters()) params += p.nbytes();
+      bytes += params * (tc.optimizer.name == "adamw" ? 2 : 1) + (uint64_t{8} << 20);
+      checkpointer->reserve(bytes);
+    }
     std::set<const void*> buffers;
     for (const auto& b : model->buffers()) buffers.insert(b.unsafeGetTensorImpl());
     for (auto& [name, t] : ckpt::stateDict(*model)) {

@@ -90,6 +90,11 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
+  // Allocates and touches every host buffer for snapshots of about `bytes`
+  // now (during setup), so the first checkpoint does not pay for page faults
+  // while training runs. Optional.
+  void reserve(uint64_t bytes);
+
   // Takes a snapshot of `files` for `manifest.step` (manifest.files is filled
   // in by the writer). Returns false if it was skipped (writer behind).
   // `since`: when the caller started preparing it (gathering the tensors),
