@@ -419,7 +419,18 @@ void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
     ++stats_.committed;
   }
   applyRetention();
-  if (options_.remote) options_.remote->upload(dir, m);
+  if (options_.remote) {
+    options_.remote->upload(dir, m);
+    // The same retention on the remote tier (it lists committed ones only).
+    const auto steps = options_.remote->list();
+    std::vector<CheckpointDir> dirs;
+    for (int64_t s : steps) dirs.push_back({s, std::to_string(s)});
+    for (const auto& victim :
+         retentionVictims(dirs, std::vector<bool>(dirs.size(), true), options_.keepLast,
+                          options_.keepEvery)) {
+      options_.remote->remove(std::stoll(victim));
+    }
+  }
 }
 
 void Checkpointer::applyRetention() {

@@ -259,6 +259,36 @@ TEST(Recovery, SigtermMidEpochStopsAfterACheckpointAndARerunContinuesFromTheExac
             0.0);
 }
 
+TEST(Recovery, RemoteTierKeepsCommittedCheckpointsAndResumeDownloadsTheNewest) {
+  Fixture f;
+  const auto reference = f.reference();
+  const std::string runDir = f.run("remote");
+  const std::string remote = f.dir.file("remote-tier");
+  auto first = test::cohort(recoveryArgs(f.job(), runDir,
+                                         {"--set", "checkpoint.remote=" + remote, "--set",
+                                          "training.max_steps=12"}));
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  // One directory per run on the remote tier, committed checkpoints only,
+  // the newest keep_last (3) of them.
+  EXPECT_TRUE(fs::exists(remote + "/remote/step-12/manifest.json"));
+  EXPECT_TRUE(fs::exists(remote + "/remote/step-6/manifest.json"));
+  EXPECT_FALSE(fs::exists(remote + "/remote/step-3"));
+  auto verify = test::cohort({"ckpt", "verify", remote + "/remote/step-12"});
+  EXPECT_EQ(verify.exitCode, 0) << verify.describe();
+  // The machine's disk is lost: the run continues from the remote copy.
+  fs::remove_all(runDir + "/checkpoints");
+  auto second =
+      test::cohort(recoveryArgs(f.job(), runDir, {"--set", "checkpoint.remote=" + remote}));
+  ASSERT_EQ(second.exitCode, 0) << second.describe();
+  const std::string log = test::readText(runDir + "/logs/rank-0.log");
+  EXPECT_NE(log.find("downloading checkpoint step 12 from " + remote + "/remote"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("resumed from " + runDir + "/checkpoints/step-12: step 12"), std::string::npos)
+      << log;
+  EXPECT_EQ(test::maxDifference(reference, f.finalModel("remote")), 0.0);
+}
+
 TEST(Recovery, CheckpointOfAnotherModelOrWorldSizeIsRefused) {
   Fixture f;
   auto first = test::cohort(recoveryArgs(f.job(), f.run("a"), {"--set", "training.max_steps=3"}));
