@@ -3,9 +3,10 @@
 //
 //   (a) time the training thread is blocked per checkpoint (cohort's
 //       asynchronous checkpoints, from the trainer's own accounting),
-//   (b) a plain synchronous save of the same state: the PyTorch-format file
-//       torch.save writes, fsync'd (cohort's saveStateDict), median of 3,
-//   (c) (b) / (a),
+//   (b) a plain synchronous save of the same state: LibTorch's torch::save
+//       of the tensors, then fsync, median of 3; and, side by side, PyTorch's
+//       torch.save + fsync (bench/peers/checkpoint_save.py, Debian's python3),
+//   (c) (b) / (a), for both baselines,
 //   (d) training throughput with a checkpoint requested every step vs none,
 //       for both when_behind policies, and with one every 5 steps.
 //
@@ -14,8 +15,10 @@
 //
 //   cohort_bench_checkpoint [--steps N] [--rounds R] [--dir DIR]
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -123,9 +126,14 @@ double plainSaveSeconds(const std::string& dir, uint64_t* bytes) {
   for (auto& [n, t] : cohort::train::optimizerState(*opt, names)) state.emplace_back(n, t);
   std::vector<double> times;
   const std::string path = dir + "/plain.pt";
+  std::vector<at::Tensor> tensors;
+  for (auto& [n, t] : state) tensors.push_back(t);
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
-    cohort::ckpt::saveStateDict(state, path);  // zip archive, fsync, rename
+    torch::save(tensors, path);
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ::fsync(fd);
+    ::close(fd);
     times.push_back(seconds(t0, Clock::now()));
   }
   *bytes = fs::file_size(path);
@@ -167,8 +175,22 @@ int main(int argc, char** argv) {
 
   uint64_t bytes = 0;
   const double plain = plainSaveSeconds(dir, &bytes);
-  std::cout << fmt::format("(b) plain synchronous save + fsync of {:.0f} MB: {:.1f} ms (median of 3)\n",
+  std::cout << fmt::format("(b) torch::save + fsync of {:.0f} MB: {:.1f} ms (median of 3)\n",
                            bytes / 1e6, 1000 * plain);
+  // PyTorch's own torch.save, side by side, when Debian's python3-torch is there.
+  double peer = 0;
+  const std::string script = fs::path(argv[0]).parent_path().parent_path().parent_path().string() +
+                             "/bench/peers/checkpoint_save.py";
+  const std::string peerCmd = fmt::format("/usr/bin/python3 '{}' '{}' 2>/dev/null", script, dir);
+  if (FILE* p = popen(peerCmd.c_str(), "r")) {
+    double ms = 0, size = 0;
+    if (std::fscanf(p, "%lf %lf", &ms, &size) == 2) peer = ms / 1000;
+    pclose(p);
+    if (peer > 0) {
+      std::cout << fmt::format("(b) PyTorch torch.save + fsync of {:.0f} MB: {:.1f} ms (median of 3)\n",
+                               size / 1e6, 1000 * peer);
+    }
+  }
 
   const std::vector<std::string> none = {"checkpoint.enabled=false"};
   const std::vector<std::string> skip = {"checkpoint.every_steps=1", "checkpoint.every_epochs=0",
@@ -209,9 +231,13 @@ int main(int argc, char** argv) {
                            median(blockedWait));
   std::cout << fmt::format("| (a) worst single checkpoint | {:.3f} ms |\n",
                            *std::max_element(maxBlocked.begin(), maxBlocked.end()));
-  std::cout << fmt::format("| (b) plain save + fsync, {:.0f} MB | {:.1f} ms |\n", bytes / 1e6,
-                           1000 * plain);
+  std::cout << fmt::format("| (b) LibTorch torch::save + fsync, {:.0f} MB | {:.1f} ms |\n",
+                           bytes / 1e6, 1000 * plain);
   std::cout << fmt::format("| (c) (b) / (a) | {:.0f}x |\n", plain / blocked);
+  if (peer > 0) {
+    std::cout << fmt::format("| (b') PyTorch torch.save + fsync | {:.1f} ms |\n", 1000 * peer);
+    std::cout << fmt::format("| (c') (b') / (a) | {:.0f}x |\n", peer / blocked);
+  }
   std::cout << fmt::format("| (d) throughput, checkpoint every step (skip) / none | {:.3f} ({} taken, {} skipped) |\n",
                            median(tSkip) / median(tNone), takenSkip, skippedSkip);
   std::cout << fmt::format("| (d) throughput, checkpoint every step (wait) / none | {:.3f} ({} taken) |\n",

@@ -125,7 +125,10 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
   ++stats_.taken;
   ++pendingWrites_;
   copyQueue_.push_back(job);
-  addBlocked(secondsSince(start));
+  const double took = secondsSince(start);
+  stats_.markSeconds += took;
+  addBlocked(took);
+
   lock.unlock();
   cv_.notify_all();
   return true;
@@ -136,6 +139,7 @@ void Checkpointer::waitEarly() {
   if (earlyCopiedSeq_ >= markedSeq_) return;
   const auto start = Clock::now();
   cv_.wait(lock, [&] { return stop_ || earlyCopiedSeq_ >= markedSeq_; });
+  stats_.earlyWaitSeconds += secondsSince(start);
   addBlocked(secondsSince(start));
 }
 
@@ -144,6 +148,7 @@ void Checkpointer::waitCopied() {
   if (copiedSeq_ >= markedSeq_) return;
   const auto start = Clock::now();
   cv_.wait(lock, [&] { return stop_ || copiedSeq_ >= markedSeq_; });
+  stats_.copyWaitSeconds += secondsSince(start);
   addBlocked(secondsSince(start));
 }
 
@@ -413,6 +418,7 @@ void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
     }
   }
   m.created = utcNow();
+  for (const auto& [key, value] : options_.manifestExtra.items()) m.extra[key] = value;
   writeManifest(dir, m);
   {
     std::lock_guard<std::mutex> g(mutex_);

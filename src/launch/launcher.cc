@@ -428,7 +428,8 @@ int runLauncher(const LaunchOptions& o) {
       a.cause = fmt::format("rank {} (pid {}) {}", cause->rank, cause->pid,
                             describeStatus(cause->status));
       a.code = code == 2 ? 2 : 1;
-      a.restartable = code != 2 && interruptSignal == 0;
+      // Bad input (2) and divergence (3) would fail the same way again.
+      a.restartable = code != 2 && code != 3 && interruptSignal == 0;
       log::error("{}; stopped the other ranks. Its log: {}", a.cause, runDir.rankLog(cause->rank));
       return a;
     }

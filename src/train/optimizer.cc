@@ -66,6 +66,34 @@ std::vector<std::pair<std::string, at::Tensor>> optimizerState(
   return out;
 }
 
+OptimizerStateCache::OptimizerStateCache(torch::optim::Optimizer& optimizer,
+                                         std::vector<std::string> names)
+    : optimizer_(optimizer), names_(std::move(names)) {}
+
+const std::vector<std::pair<std::string, at::Tensor>>& OptimizerStateCache::get() {
+  auto& state = optimizer_.state();
+  if (state.size() != count_) {
+    items_ = optimizerState(optimizer_, names_);
+    count_ = state.size();
+    steps_.clear();
+    const auto params = allParameters(optimizer_);
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto it = state.find(key(params[i]));
+      if (it == state.end()) continue;
+      if (dynamic_cast<torch::optim::AdamWParamState*>(it->second.get()) == nullptr) continue;
+      for (const auto& [name, t] : items_) {
+        if (name == names_[i] + ".step") steps_.emplace_back(it->second.get(), t);
+      }
+    }
+  }
+  for (auto& [s, t] : steps_) {
+    // The previous checkpoint's copy of these scalars is done: the trainer
+    // waits for it before the optimizer step that precedes this call.
+    t.data_ptr<int64_t>()[0] = static_cast<const torch::optim::AdamWParamState*>(s)->step();
+  }
+  return items_;
+}
+
 void loadOptimizerState(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
                         const std::vector<std::pair<std::string, at::Tensor>>& state,
                         const std::string& origin) {

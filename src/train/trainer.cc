@@ -393,6 +393,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     if (world > 1) co.store = comm::openStoreClient(comm);
     if (rank == 0 && !cc.remote.empty()) co.remote = ckpt::openTier(remoteCheckpointDir(job, runDir));
     if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
+    co.manifestExtra = {{"job", toYaml(job)}};
     checkpointer = std::make_unique<ckpt::Checkpointer>(co);
     if (rank == 0) {
       // Model, and optimizer state of about one (sgd) or two (adamw) copies
@@ -410,7 +411,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     }
   }
   const std::string optimizerName = tc.optimizer.name;
-  const std::string resolvedJob = toYaml(job);
+  OptimizerStateCache optimizerCache(*optimizer, paramNames);
   const std::string hash = jobHash(job);
   auto takeCheckpoint = [&](int64_t epoch, int64_t micro, double lr) {
     const auto since = Clock::now();
@@ -422,12 +423,14 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     m.worldSize = world;
     m.jobHash = hash;
     m.extra = {{"lr", lr}, {"optimizer", optimizerName}, {"peak_lr", peakLr},
-               {"global_batch", globalBatch}, {"job", resolvedJob}};
+               {"global_batch", globalBatch}};
     std::vector<ckpt::SnapshotFile> files;
     if (rank == 0) {
       files.push_back({"model.bin", modelItems, {{"kind", "model"}, {"arch", mc.arch}}});
       ckpt::SnapshotFile opt{"optimizer.bin", {}, {{"kind", "optimizer"}, {"name", optimizerName}}};
-      for (auto& [name, t] : optimizerState(*optimizer, paramNames)) opt.items.push_back({name, t, false});
+      const auto& state = optimizerCache.get();
+      opt.items.reserve(state.size());
+      for (const auto& [name, t] : state) opt.items.push_back({name, t, false});
       files.push_back(std::move(opt));
     }
     ckpt::SnapshotFile own{fmt::format("rank-{}.bin", rank), {{"rng.cpu", rngState(), false}},
@@ -513,7 +516,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       at::Tensor loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
       const double lossValue = loss.item<double>();
       if (!std::isfinite(lossValue)) {
-        throw Error(fmt::format("rank {}: the loss is {} at step {} (epoch {}): training diverged",
+        throw DivergedError(fmt::format("rank {}: the loss is {} at step {} (epoch {}): training diverged",
                                 rank, lossValue, step + 1, epoch));
       }
       (loss * (static_cast<double>(n) / static_cast<double>(cycleSamples))).backward();
@@ -692,6 +695,9 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                                                 ? 1000 * c.blockedSeconds / double(c.taken + c.skipped)
                                                 : 0.0},
                         {"blocked_ms_max", 1000 * c.maxBlockedSeconds},
+                        {"blocked_ms_total", {{"mark", 1000 * c.markSeconds},
+                                              {"wait_before_forward", 1000 * c.earlyWaitSeconds},
+                                              {"wait_before_step", 1000 * c.copyWaitSeconds}}},
                         {"bytes_written", c.bytesWritten}};
   }
   if (s.evaluated) {

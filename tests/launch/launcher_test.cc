@@ -119,6 +119,18 @@ TEST(Launcher, FailedRankRestartsTheJobFromItsCheckpoint) {
   EXPECT_TRUE(run.survivors().empty());
 }
 
+TEST(Launcher, DivergedTrainingIsNotRestarted) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("diverge"));
+  auto r = test::cohort({"run", job, "--procs", "2", "--run-dir", dir.file("run"), "--set",
+                         "training.optimizer.lr=1e30", "--set", "training.epochs=20"});
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("training diverged"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restart 1 of"), std::string::npos) << r.err;
+}
+
 TEST(Launcher, RestartsGiveUpAfterMaxRestarts) {
   // ":always": the fault fires in every attempt.
   TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank0:step2:always"}},

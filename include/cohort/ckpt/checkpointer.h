@@ -55,6 +55,9 @@ struct CheckpointerOptions {
   // thread, whose store operations it would block). Null for one rank.
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<RemoteTier> remote;
+  // Added to every manifest's "extra" by rank 0's writer (constant fields,
+  // such as the resolved job, that the training thread need not pass).
+  nlohmann::json manifestExtra = nlohmann::json::object();
   // Test hook: the writer stops for good in the middle of writing this step.
   std::optional<int64_t> pauseAtStep;
 };
@@ -77,6 +80,9 @@ struct CheckpointStats {
   int64_t committed = 0;  // rank 0: manifests written; other ranks: files written
   int64_t failed = 0;
   double blockedSeconds = 0;     // training thread: mark + waits, in all
+  double markSeconds = 0;        // of which gathering the tensors and mark()
+  double earlyWaitSeconds = 0;   // of which waiting before a forward
+  double copyWaitSeconds = 0;    // of which waiting before an optimizer step
   double maxBlockedSeconds = 0;  // the most for one checkpoint
   double lastBlockedSeconds = 0;
   double writeSeconds = 0;       // writer: time writing and committing, in all

@@ -60,6 +60,15 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// Training diverged (a non-finite loss). A restart from the last checkpoint
+// would replay the same steps to the same result, so the launcher does not
+// restart after it (exit 3).
+class DivergedError : public Error {
+ public:
+  using Error::Error;
+  int exitCode() const override { return 3; }
+};
+
 namespace detail {
 [[noreturn]] void assertFail(const char* file, int line, const char* cond,
                              const std::string& msg);

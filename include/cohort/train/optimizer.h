@@ -27,6 +27,23 @@ namespace cohort::train {
 std::vector<std::pair<std::string, at::Tensor>> optimizerState(
     torch::optim::Optimizer& optimizer, const std::vector<std::string>& names);
 
+// optimizerState() for a checkpoint at every step: the optimizer's state
+// map is searched (by a key formatted from each parameter's address) only
+// when the set of states changed; otherwise the cached tensors are returned,
+// with the adamw step counts brought up to date.
+class OptimizerStateCache {
+ public:
+  OptimizerStateCache(torch::optim::Optimizer& optimizer, std::vector<std::string> names);
+  const std::vector<std::pair<std::string, at::Tensor>>& get();
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::vector<std::string> names_;
+  size_t count_ = static_cast<size_t>(-1);
+  std::vector<std::pair<std::string, at::Tensor>> items_;
+  std::vector<std::pair<const torch::optim::OptimizerParamState*, at::Tensor>> steps_;
+};
+
 // Restores what optimizerState() returned. Throws DataError naming `origin`
 // and the first missing, unexpected or wrong-shaped entry.
 void loadOptimizerState(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
