@@ -82,7 +82,7 @@ output:
 struct RunResult {
   double imagesPerS = 0;
   int64_t taken = 0, skipped = 0;
-  double blockedMeanMs = 0, blockedMaxMs = 0;
+  double blockedMeanMs = 0, blockedMaxMs = 0, blockedMedianMs = 0;
 };
 
 RunResult runJob(const std::string& cohort, const std::string& job, const std::string& runDir,
@@ -102,6 +102,7 @@ RunResult runJob(const std::string& cohort, const std::string& job, const std::s
     r.skipped = j["checkpoints"]["skipped"].get<int64_t>();
     r.blockedMeanMs = j["checkpoints"]["blocked_ms_mean"].get<double>();
     r.blockedMaxMs = j["checkpoints"]["blocked_ms_max"].get<double>();
+    r.blockedMedianMs = j["checkpoints"]["blocked_ms_median"].get<double>();
   }
   return r;
 }
@@ -199,7 +200,7 @@ int main(int argc, char** argv) {
   wait.push_back("checkpoint.when_behind=wait");
   const std::vector<std::string> every5 = {"checkpoint.every_steps=5", "checkpoint.every_epochs=0",
                                            "checkpoint.keep_last=2"};
-  std::vector<double> tNone, tSkip, tWait, t5, blockedSkip, blockedWait, maxBlocked;
+  std::vector<double> tNone, tSkip, tWait, t5, blockedSkip, blockedWait, maxBlocked, medians;
   int64_t takenSkip = 0, skippedSkip = 0, takenWait = 0;
   for (int r = 0; r < rounds; ++r) {
     const auto a = runJob(cohort, job, fmt::format("{}/none-{}", dir, r), none);
@@ -213,6 +214,8 @@ int main(int argc, char** argv) {
     blockedSkip.push_back(b.blockedMeanMs);
     blockedWait.push_back(c.blockedMeanMs);
     maxBlocked.push_back(std::max(b.blockedMaxMs, c.blockedMaxMs));
+    medians.push_back(b.blockedMedianMs);
+    medians.push_back(c.blockedMedianMs);
     takenSkip += b.taken;
     skippedSkip += b.skipped;
     takenWait += c.taken;
@@ -223,10 +226,16 @@ int main(int argc, char** argv) {
         r + 1, a.imagesPerS, b.imagesPerS, b.taken, b.skipped, b.blockedMeanMs, c.imagesPerS,
         c.taken, c.blockedMeanMs, d.imagesPerS);
   }
-  const double blocked = median(blockedSkip) / 1000;
+  // Every checkpoint of every run counts: the mean over runs of each run's
+  // mean (skip policy) is the headline figure.
+  double sum = 0;
+  for (double b : blockedSkip) sum += b;
+  const double blocked = sum / double(blockedSkip.size()) / 1000;
   std::cout << "\n| figure | value |\n|---|---|\n";
   std::cout << fmt::format("| (a) training thread blocked per checkpoint (skip policy, mean) | {:.3f} ms |\n",
                            1000 * blocked);
+  std::cout << fmt::format("| (a) same, median checkpoint (both policies) | {:.3f} ms |\n",
+                           median(medians));
   std::cout << fmt::format("| (a) same, wait policy (includes waiting for a free buffer) | {:.3f} ms |\n",
                            median(blockedWait));
   std::cout << fmt::format("| (a) worst single checkpoint | {:.3f} ms |\n",

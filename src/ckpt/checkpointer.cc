@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -24,6 +25,16 @@ using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Copies a tensor's bytes to host memory at `dst`.
+void hostCopy(char* dst, const at::Tensor& t) {
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    std::memcpy(dst, t.data_ptr(), t.nbytes());
+  } else {
+    at::Tensor host = t.contiguous().to(torch::kCPU);
+    std::memcpy(dst, host.data_ptr(), host.nbytes());
+  }
 }
 
 // Direct I/O wants buffers, offsets and sizes in multiples of the block size.
@@ -56,6 +67,7 @@ struct Checkpointer::Job {
   Manifest manifest;
   std::vector<SnapshotFile> files;
   std::vector<uint64_t> fileOffsets;  // per file: where its image starts in the slot buffer
+  std::vector<uint64_t> staged;       // per early item, in order: its offset in slot.early
   std::vector<TensorFileLayout> layouts;
 };
 
@@ -79,6 +91,7 @@ Checkpointer::~Checkpointer() {
 void Checkpointer::addBlocked(double seconds) {
   // mutex_ held
   currentBlocked_ += seconds;
+  if (!blocked_.empty()) blocked_.back() = currentBlocked_;
   stats_.blockedSeconds += seconds;
   stats_.lastBlockedSeconds = currentBlocked_;
   stats_.maxBlockedSeconds = std::max(stats_.maxBlockedSeconds, currentBlocked_);
@@ -118,12 +131,35 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
     cv_.notify_all();
     return false;
   }
-  slots_[static_cast<size_t>(slot)]->busy = true;
+  Slot& s = *slots_[static_cast<size_t>(slot)];
+  s.busy = true;
+  blocked_.push_back(0);
   job->slot = slot;
   job->files = std::move(files);
   job->seq = ++markedSeq_;
   ++stats_.taken;
   ++pendingWrites_;
+  lock.unlock();
+  // What the next forward modifies is small (BatchNorm statistics): copied
+  // here, so the forward never waits for the copier.
+  uint64_t earlyBytes = 0;
+  for (const auto& file : job->files) {
+    for (const auto& item : *file.items) {
+      if (item.early) earlyBytes += item.tensor.nbytes();
+    }
+  }
+  if (s.early.size() < earlyBytes) s.early.resize(earlyBytes);
+  uint64_t at = 0;
+  for (const auto& file : job->files) {
+    for (const auto& item : *file.items) {
+      if (!item.early) continue;
+      hostCopy(s.early.data() + at, item.tensor);
+      job->staged.push_back(at);
+      at += item.tensor.nbytes();
+    }
+  }
+  lock.lock();
+  earlyCopiedSeq_ = job->seq;
   copyQueue_.push_back(job);
   const double took = secondsSince(start);
   stats_.markSeconds += took;
@@ -208,46 +244,24 @@ void Checkpointer::reserve(uint64_t bytes) {
 
 void Checkpointer::copy(Job& job, Slot& slot) {
   const auto copyStart = Clock::now();
-  auto hostCopy = [](char* dst, const at::Tensor& t) {
-    if (t.device().is_cpu() && t.is_contiguous()) {
-      std::memcpy(dst, t.data_ptr(), t.nbytes());
-    } else {
-      at::Tensor host = t.contiguous().to(torch::kCPU);
-      std::memcpy(dst, host.data_ptr(), host.nbytes());
-    }
-  };
-  // 1. What the next forward modifies (BatchNorm statistics, small): at
-  // once, into the staging area; then the training thread may go on.
-  uint64_t earlyBytes = 0;
-  for (const auto& file : job.files) {
-    for (const auto& item : file.items) {
-      if (item.early) earlyBytes += item.tensor.nbytes();
-    }
-  }
-  slot.early.resize(earlyBytes);
-  std::vector<uint64_t> staged;  // per early item, in order
-  uint64_t at = 0;
-  for (const auto& file : job.files) {
-    for (const auto& item : file.items) {
-      if (!item.early) continue;
-      hostCopy(slot.early.data() + at, item.tensor);
-      staged.push_back(at);
-      at += item.tensor.nbytes();
-    }
-  }
-  {
-    std::lock_guard<std::mutex> g(mutex_);
-    earlyCopiedSeq_ = job.seq;
-  }
-  cv_.notify_all();
-
-  // 2. Each file's image: its header, then its tensors at their offsets.
+  // Each file's image: its header, then its tensors at their offsets (the
+  // early ones from the staging area mark() filled).
   uint64_t total = 0;
   job.layouts.clear();
   job.fileOffsets.clear();
+  for (auto& file : job.files) {
+    bool deferred = false;
+    for (const auto& item : *file.items) deferred = deferred || item.make;
+    if (!deferred) continue;
+    auto made = std::make_shared<std::vector<SnapshotItem>>(*file.items);
+    for (auto& item : *made) {
+      if (item.make) item.tensor = item.make();
+    }
+    file.items = std::move(made);
+  }
   for (const auto& file : job.files) {
     std::vector<TensorRecord> records;
-    for (const auto& item : file.items) {
+    for (const auto& item : *file.items) {
       records.push_back({item.name, item.tensor.scalar_type(), item.tensor.sizes().vec(), nullptr,
                          static_cast<uint64_t>(item.tensor.nbytes())});
     }
@@ -263,12 +277,12 @@ void Checkpointer::copy(Job& job, Slot& slot) {
     char* image = base + job.fileOffsets[f];
     std::memcpy(image, l.header.data(), l.header.size());
     uint64_t filled = l.header.size();
-    const auto& items = job.files[f].items;
+    const auto& items = *job.files[f].items;
     for (size_t i = 0; i < items.size(); ++i) {
       std::memset(image + filled, 0, l.offsets[i] - filled);
       const uint64_t n = items[i].tensor.nbytes();
       if (items[i].early) {
-        std::memcpy(image + l.offsets[i], slot.early.data() + staged[next++], n);
+        std::memcpy(image + l.offsets[i], slot.early.data() + job.staged[next++], n);
       } else {
         hostCopy(image + l.offsets[i], items[i].tensor);
       }
@@ -492,7 +506,14 @@ int64_t Checkpointer::lastWrittenStep() const {
 
 CheckpointStats Checkpointer::stats() const {
   std::lock_guard<std::mutex> g(mutex_);
-  return stats_;
+  CheckpointStats s = stats_;
+  if (!blocked_.empty()) {
+    std::vector<double> sorted = blocked_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    s.medianBlockedSeconds = n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  }
+  return s;
 }
 
 }  // namespace cohort::ckpt

@@ -75,6 +75,7 @@ const std::vector<std::pair<std::string, at::Tensor>>& OptimizerStateCache::get(
   if (state.size() != count_) {
     items_ = optimizerState(optimizer_, names_);
     count_ = state.size();
+    ++generation_;
     steps_.clear();
     const auto params = allParameters(optimizer_);
     for (size_t i = 0; i < params.size(); ++i) {

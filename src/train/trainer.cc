@@ -91,10 +91,12 @@ void injectFault(const std::optional<env::Fault>& fault, int rank, int64_t step)
   std::_Exit(fault->exitCode);
 }
 
-at::Tensor rngState() {
+// The random state, as a function the checkpoint's copier thread calls:
+// cloning the generator is cheap, building its state tensor is not (~0.1 ms).
+std::function<at::Tensor()> rngStateLater() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+  return [clone = gen.clone()]() { return clone.get_state(); };
 }
 
 void setRngState(const at::Tensor& state) {
@@ -379,6 +381,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // its random state.
   std::unique_ptr<ckpt::Checkpointer> checkpointer;
   std::vector<ckpt::SnapshotItem> modelItems;
+  std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList, optimizerList;
+  uint64_t optimizerGeneration = 0;
   if (cc.enabled) {
     ckpt::CheckpointerOptions co;
     co.dir = checkpointDir(job, runDir);
@@ -409,6 +413,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     for (auto& [name, t] : ckpt::stateDict(*model)) {
       modelItems.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
     }
+    modelList = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems);
   }
   const std::string optimizerName = tc.optimizer.name;
   OptimizerStateCache optimizerCache(*optimizer, paramNames);
@@ -426,22 +431,28 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
                {"global_batch", globalBatch}};
     std::vector<ckpt::SnapshotFile> files;
     if (rank == 0) {
-      files.push_back({"model.bin", modelItems, {{"kind", "model"}, {"arch", mc.arch}}});
-      ckpt::SnapshotFile opt{"optimizer.bin", {}, {{"kind", "optimizer"}, {"name", optimizerName}}};
+      // The lists of live tensors are built once (again only when the
+      // optimizer's set of states changes): marking costs no copy of them.
+      files.emplace_back("model.bin", modelList, nlohmann::json{{"kind", "model"}, {"arch", mc.arch}});
       const auto& state = optimizerCache.get();
-      opt.items.reserve(state.size());
-      for (const auto& [name, t] : state) opt.items.push_back({name, t, false});
-      files.push_back(std::move(opt));
+      if (!optimizerList || optimizerCache.generation() != optimizerGeneration) {
+        std::vector<ckpt::SnapshotItem> items;
+        for (const auto& [name, t] : state) items.push_back({name, t, false});
+        optimizerList = std::make_shared<const std::vector<ckpt::SnapshotItem>>(std::move(items));
+        optimizerGeneration = optimizerCache.generation();
+      }
+      files.emplace_back("optimizer.bin", optimizerList,
+                         nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}});
     }
-    ckpt::SnapshotFile own{fmt::format("rank-{}.bin", rank), {{"rng.cpu", rngState(), false}},
-                           {{"kind", "rank"}, {"rank", rank}}};
+    std::vector<ckpt::SnapshotItem> own{{"rng.cpu", {}, false, rngStateLater()}};
     if (!job.distribution.broadcastBuffers) {
       // Buffers differ per rank when they are not broadcast.
       for (const auto& item : modelItems) {
-        if (item.early) own.items.push_back({"buffer." + item.name, item.tensor, true});
+        if (item.early) own.push_back({"buffer." + item.name, item.tensor, true});
       }
     }
-    files.push_back(std::move(own));
+    files.emplace_back(fmt::format("rank-{}.bin", rank), std::move(own),
+                       nlohmann::json{{"kind", "rank"}, {"rank", rank}});
     return checkpointer->mark(std::move(m), std::move(files), since);
   };
 
@@ -694,6 +705,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                         {"blocked_ms_mean", c.taken + c.skipped > 0
                                                 ? 1000 * c.blockedSeconds / double(c.taken + c.skipped)
                                                 : 0.0},
+                        {"blocked_ms_median", 1000 * c.medianBlockedSeconds},
                         {"blocked_ms_max", 1000 * c.maxBlockedSeconds},
                         {"blocked_ms_total", {{"mark", 1000 * c.markSeconds},
                                               {"wait_before_forward", 1000 * c.earlyWaitSeconds},

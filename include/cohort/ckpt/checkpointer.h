@@ -2,12 +2,12 @@
 
 // Checkpoints that do not stall training.
 //
-// The training thread calls mark() at a step boundary: it records which
-// tensors make up the state and returns at once. A copier thread then copies
-// them into reusable host buffers while the next forward and backward run;
-// the tensors a forward modifies (BatchNorm statistics, marked `early`) are
-// copied first. waitEarly() before the next forward and waitCopied() before
-// the next optimizer step block only if that copy is not done yet. A writer
+// The training thread calls mark() at a step boundary: it copies the few
+// tensors the next forward modifies (BatchNorm statistics, marked `early`),
+// records which tensors make up the rest of the state, and returns. A copier
+// thread then copies those into reusable host buffers while the next forward
+// and backward run; waitCopied() before the next optimizer step blocks only
+// if that copy is not done yet (waitEarly() before a forward never has to). A writer
 // thread writes each buffer to disk (tensor files, fsync'd and renamed),
 // reports to rank 0 through the rendezvous store, and rank 0 commits the
 // checkpoint by writing manifest.json last. Errors of the background threads
@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -65,13 +66,27 @@ struct CheckpointerOptions {
 struct SnapshotItem {
   std::string name;
   at::Tensor tensor;   // a live tensor: copied by the copier thread
-  bool early = false;  // modified by the next forward: copied first
+  bool early = false;  // modified by the next forward: copied by mark()
+  // Instead of `tensor`: makes it on the copier thread, from something the
+  // training thread captured cheaply (e.g. a clone of a random generator).
+  std::function<at::Tensor()> make;
 };
 
 struct SnapshotFile {
+  SnapshotFile(std::string name, std::vector<SnapshotItem> items,
+               nlohmann::json meta = nlohmann::json::object())
+      : name(std::move(name)),
+        items(std::make_shared<const std::vector<SnapshotItem>>(std::move(items))),
+        meta(std::move(meta)) {}
+  // Items shared between checkpoints (the same live tensors every time):
+  // marking one costs no copy of the list.
+  SnapshotFile(std::string name, std::shared_ptr<const std::vector<SnapshotItem>> items,
+               nlohmann::json meta = nlohmann::json::object())
+      : name(std::move(name)), items(std::move(items)), meta(std::move(meta)) {}
+
   std::string name;  // e.g. "model.bin"
-  std::vector<SnapshotItem> items;
-  nlohmann::json meta = nlohmann::json::object();
+  std::shared_ptr<const std::vector<SnapshotItem>> items;
+  nlohmann::json meta;
 };
 
 struct CheckpointStats {
@@ -85,6 +100,7 @@ struct CheckpointStats {
   double copyWaitSeconds = 0;    // of which waiting before an optimizer step
   double maxBlockedSeconds = 0;  // the most for one checkpoint
   double lastBlockedSeconds = 0;
+  double medianBlockedSeconds = 0;  // the typical checkpoint
   double writeSeconds = 0;       // writer: time writing and committing, in all
   uint64_t bytesWritten = 0;
 };
@@ -154,6 +170,7 @@ class Checkpointer {
   bool stop_ = false;
   CheckpointStats stats_;
   double currentBlocked_ = 0;
+  std::vector<double> blocked_;  // per checkpoint taken, the last one still growing
   std::thread copier_;
   std::thread writer_;
 };

@@ -35,8 +35,11 @@ class OptimizerStateCache {
  public:
   OptimizerStateCache(torch::optim::Optimizer& optimizer, std::vector<std::string> names);
   const std::vector<std::pair<std::string, at::Tensor>>& get();
+  // Changes whenever get() rebuilt its list (new tensors or names).
+  uint64_t generation() const { return generation_; }
 
  private:
+  uint64_t generation_ = 0;
   torch::optim::Optimizer& optimizer_;
   std::vector<std::string> names_;
   size_t count_ = static_cast<size_t>(-1);
