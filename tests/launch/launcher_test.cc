@@ -104,7 +104,7 @@ TEST(Launcher, SigkilledRankStopsTheJobNamingIt) {
 
 TEST(Launcher, FailedRankRestartsTheJobFromItsCheckpoint) {
   // The fault fires in the first attempt only.
-  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank1:step2"}},
+  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit4@rank1:step2"}},
                 {"--set", "distribution.max_restarts=1", "--set", "checkpoint.every_steps=1",
                  "--set", "training.max_steps=4"});
   auto r = run.launcher->wait(120s);
@@ -115,7 +115,7 @@ TEST(Launcher, FailedRankRestartsTheJobFromItsCheckpoint) {
   EXPECT_NE(r.err.find("restart 1 of at most 1"), std::string::npos) << r.err;
   const std::string summary = test::readText(run.dir.file("run/summary.json"));
   EXPECT_NE(summary.find("\"restart_count\": 1"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("exited with code 3"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("exited with code 4"), std::string::npos) << summary;
   EXPECT_TRUE(run.survivors().empty());
 }
 
@@ -133,7 +133,7 @@ TEST(Launcher, DivergedTrainingIsNotRestarted) {
 
 TEST(Launcher, RestartsGiveUpAfterMaxRestarts) {
   // ":always": the fault fires in every attempt.
-  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit3@rank0:step2:always"}},
+  TaggedRun run(std::map<std::string, std::string>{{"COHORT_FAULT", "exit4@rank0:step2:always"}},
                 {"--set", "distribution.max_restarts=2", "--set", "checkpoint.every_steps=1"});
   auto r = run.launcher->wait(180s);
   ASSERT_FALSE(r.timedOut) << r.describe();
