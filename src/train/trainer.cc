@@ -234,7 +234,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     if (rank == 0) monitor::dropRecordsAfter(runDir.metrics(), resume->step);
     const std::string file = options.resumeFrom + "/model.bin";
     ckpt::loadStateDict(*model, ckpt::readTensorFile(file).tensors, file);
-  } else if (!mc.initFrom.empty()) {
+  } else if (rank == 0) {
+    // A fresh start in a run directory an earlier attempt wrote to (a
+    // restart before the first checkpoint): its records are repeated too.
+    monitor::dropRecordsAfter(runDir.metrics(), 0);
+  }
+  if (!resume && !mc.initFrom.empty()) {
     ckpt::loadStateDict(*model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
