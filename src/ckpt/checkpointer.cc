@@ -159,7 +159,6 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
     }
   }
   lock.lock();
-  earlyCopiedSeq_ = job->seq;
   copyQueue_.push_back(job);
   const double took = secondsSince(start);
   stats_.markSeconds += took;
@@ -168,15 +167,6 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
   lock.unlock();
   cv_.notify_all();
   return true;
-}
-
-void Checkpointer::waitEarly() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (earlyCopiedSeq_ >= markedSeq_) return;
-  const auto start = Clock::now();
-  cv_.wait(lock, [&] { return stop_ || earlyCopiedSeq_ >= markedSeq_; });
-  stats_.earlyWaitSeconds += secondsSince(start);
-  addBlocked(secondsSince(start));
 }
 
 void Checkpointer::waitCopied() {
@@ -210,7 +200,7 @@ void Checkpointer::copyLoop() {
       std::lock_guard<std::mutex> g(mutex_);
       events_.push_back({false, job->manifest.step, fmt::format("cannot copy the state: {}", e.what())});
       slot->busy = false;
-      earlyCopiedSeq_ = copiedSeq_ = job->seq;
+      copiedSeq_ = job->seq;
       --pendingWrites_;
       cv_.notify_all();
     }

@@ -524,7 +524,6 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       // same batch sizes, so the mean over ranks is the global mean.
       const int64_t cycleSamples =
           std::min(perRank, (cycleStart + cycleLen) * tc.batchSize) - cycleStart * tc.batchSize;
-      if (checkpointer) checkpointer->waitEarly();  // forward updates BatchNorm buffers
       if (micro == cycleStart) ddp.syncBuffers();
       ddp.setSyncGradients(sync);
       const int64_t n = batch->labels.size(0);
@@ -713,7 +712,6 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                         {"blocked_ms_median", 1000 * c.medianBlockedSeconds},
                         {"blocked_ms_max", 1000 * c.maxBlockedSeconds},
                         {"blocked_ms_total", {{"mark", 1000 * c.markSeconds},
-                                              {"wait_before_forward", 1000 * c.earlyWaitSeconds},
                                               {"wait_before_step", 1000 * c.copyWaitSeconds}}},
                         {"bytes_written", c.bytesWritten}};
   }

@@ -7,7 +7,7 @@
 // records which tensors make up the rest of the state, and returns. A copier
 // thread then copies those into reusable host buffers while the next forward
 // and backward run; waitCopied() before the next optimizer step blocks only
-// if that copy is not done yet (waitEarly() before a forward never has to). A writer
+// if that copy is not done yet. A writer
 // thread writes each buffer to disk (tensor files, fsync'd and renamed),
 // reports to rank 0 through the rendezvous store, and rank 0 commits the
 // checkpoint by writing manifest.json last. Errors of the background threads
@@ -96,7 +96,6 @@ struct CheckpointStats {
   int64_t failed = 0;
   double blockedSeconds = 0;     // training thread: mark + waits, in all
   double markSeconds = 0;        // of which gathering the tensors and mark()
-  double earlyWaitSeconds = 0;   // of which waiting before a forward
   double copyWaitSeconds = 0;    // of which waiting before an optimizer step
   double maxBlockedSeconds = 0;  // the most for one checkpoint
   double lastBlockedSeconds = 0;
@@ -123,9 +122,8 @@ class Checkpointer {
   // so the time the training thread is blocked counts that too.
   bool mark(Manifest manifest, std::vector<SnapshotFile> files,
             std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now());
-  // Block until the tensors of the latest snapshot marked `early` / all of
-  // them are copied. Cheap when they are.
-  void waitEarly();
+  // Blocks until every tensor of the latest snapshot is copied (call it
+  // before anything modifies them: the optimizer step). Cheap when they are.
   void waitCopied();
   // Reports what the background threads finished: logs commits, and errors
   // as warnings (on_error: warn) or throws IoError (fail).
@@ -163,7 +161,6 @@ class Checkpointer {
   std::deque<std::shared_ptr<Job>> writeQueue_;
   std::vector<Event> events_;
   int64_t markedSeq_ = 0;       // snapshots marked
-  int64_t earlyCopiedSeq_ = 0;  // snapshots whose early tensors are copied
   int64_t copiedSeq_ = 0;       // snapshots fully copied
   int64_t pendingWrites_ = 0;   // jobs queued or being written
   int64_t lastWrittenStep_ = -1;
