@@ -45,6 +45,11 @@ std::string statusKey(int64_t step, int rank) {
 }
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Another rank skipped the checkpoint (its writer was behind): not a failure.
+struct Skipped : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 }  // namespace
@@ -100,7 +105,6 @@ void Checkpointer::addBlocked(double seconds) {
 bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
                         Clock::time_point start) {
   std::unique_lock<std::mutex> lock(mutex_);
-  currentBlocked_ = 0;
   auto freeSlot = [&]() -> int {
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (!slots_[i]->busy) return static_cast<int>(i);
@@ -120,7 +124,7 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
   job->manifest = std::move(manifest);
   if (slot < 0) {
     ++stats_.skipped;
-    addBlocked(secondsSince(start));
+    stats_.blockedSeconds += secondsSince(start);  // not a checkpoint's own time
     log::warn("checkpoint at step {} skipped: the writer is still busy with {} earlier "
               "checkpoint(s) (checkpoint.when_behind: skip; raise checkpoint.max_in_flight or "
               "checkpoint less often)",
@@ -134,6 +138,7 @@ bool Checkpointer::mark(Manifest manifest, std::vector<SnapshotFile> files,
   Slot& s = *slots_[static_cast<size_t>(slot)];
   s.busy = true;
   blocked_.push_back(0);
+  currentBlocked_ = 0;
   job->slot = slot;
   job->files = std::move(files);
   job->seq = ++markedSeq_;
@@ -198,7 +203,7 @@ void Checkpointer::copyLoop() {
     } catch (const std::exception& e) {
       // Nothing to write: report it, free the slot, release the waiters.
       std::lock_guard<std::mutex> g(mutex_);
-      events_.push_back({false, job->manifest.step, fmt::format("cannot copy the state: {}", e.what())});
+      events_.push_back({false, false, job->manifest.step, fmt::format("cannot copy the state: {}", e.what())});
       slot->busy = false;
       copiedSeq_ = job->seq;
       --pendingWrites_;
@@ -309,6 +314,10 @@ void Checkpointer::writeLoop() {
     try {
       write(*job);
       ev.message = fmt::format("{:.1f} s", secondsSince(start));
+    } catch (const Skipped& e) {
+      ev.ok = false;
+      ev.skipped = true;
+      ev.message = e.what();
     } catch (const std::exception& e) {
       ev.ok = false;
       ev.message = e.what();
@@ -341,7 +350,9 @@ void Checkpointer::write(Job& job) {
     }
   };
   if (job.slot < 0) {
-    post({{"ok", false}, {"error", fmt::format("rank {} skipped it (writer behind)", options_.rank)}});
+    post({{"ok", false},
+          {"skipped", true},
+          {"error", fmt::format("rank {} skipped it (its writer was behind)", options_.rank)}});
     return;
   }
   std::vector<ManifestFile> mine;
@@ -412,6 +423,10 @@ void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("checkpoint step {}: unreadable report of rank {}: {}", step, r, e.what()));
     }
+    if (status.value("skipped", false)) {
+      throw Skipped(fmt::format("checkpoint step {} not committed: {}", step,
+                                status.value("error", std::string("a rank skipped it"))));
+    }
     if (!status.value("ok", false)) {
       throw IoError(fmt::format("checkpoint step {} not committed: {}", step,
                                 status.value("error", std::string("rank failed"))));
@@ -461,6 +476,13 @@ void Checkpointer::poll() {
     events.swap(events_);
   }
   for (const auto& e : events) {
+    if (e.skipped) {
+      // Another rank's writer was behind: like a skip here, a warning.
+      log::warn("{} (checkpoint.when_behind: skip)", e.message);
+      std::lock_guard<std::mutex> g(mutex_);
+      ++stats_.skipped;
+      continue;
+    }
     if (e.ok) {
       if (options_.rank == 0) {
         log::info("checkpoint step {} saved in {} ({}/{})", e.step, e.message, options_.dir,

@@ -391,8 +391,11 @@ int runLauncher(const LaunchOptions& o) {
 
       const int sig = signals.wait(std::chrono::milliseconds(100));
       if (sig == SIGINT || sig == SIGTERM) {
-        if (interruptSignal != 0) {
+        const bool graceful = interruptSignal == SIGTERM && job.checkpoint.enabled;
+        if (interruptSignal != 0 && (sig == SIGINT || !graceful)) {
           killAll();  // a second signal: no more grace
+        } else if (interruptSignal != 0) {
+          log::debug("SIGTERM again: the ranks are already stopping after a checkpoint");
         } else {
           interruptSignal = sig;
           if (sig == SIGTERM && job.checkpoint.enabled) {
@@ -414,6 +417,15 @@ int runLauncher(const LaunchOptions& o) {
     }
 
     Attempt a;
+    bool allCompleted = lost.empty();
+    for (const auto& c : children) {
+      allCompleted = allCompleted && !c.killedByUs && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+    }
+    if (allCompleted) {
+      // A signal that came after the last step boundary changed nothing.
+      if (interruptSignal != 0) log::info("every rank had completed when the signal arrived");
+      return a;
+    }
     bool allStopped = true;
     for (const auto& c : children) allStopped = allStopped && stoppedAfterCheckpoint(c);
     if (allStopped) {

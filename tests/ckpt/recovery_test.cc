@@ -76,8 +76,11 @@ nlohmann::json readJson(const std::string& path) {
 TEST(Recovery, RankKilledAtARandomStepRestartsAndEndsWithTheReferenceParameters) {
   Fixture f;
   const auto reference = f.reference();
+  // A random step of 36, late enough that a checkpoint is committed: with
+  // when_behind=wait, rank 0 passes the mark of step 6 only once step 3 is
+  // committed, and rank 1 cannot finish step 7 before rank 0 passed step 6.
   std::random_device rd;
-  const int step = 2 + static_cast<int>(rd() % 32);  // of 36
+  const int step = 7 + static_cast<int>(rd() % 28);
   RecordProperty("killed_after_step", step);
   auto r = test::cohort(recoveryArgs(f.job(), f.run("killed")),
                         {{"COHORT_FAULT", fmt::format("kill@rank1:step{}", step)}});
@@ -85,11 +88,14 @@ TEST(Recovery, RankKilledAtARandomStepRestartsAndEndsWithTheReferenceParameters)
   EXPECT_NE(r.err.find("was killed by signal 9"), std::string::npos) << r.err;
   const auto summary = readJson(f.run("killed") + "/summary.json");
   EXPECT_EQ(summary["restart_count"], 1) << summary.dump(2);
-  if (summary.contains("resumed_from")) {  // else killed before the first commit
-    const int64_t resumed = summary["resumed_from"]["step"].get<int64_t>();
-    EXPECT_LE(resumed, step);
-    EXPECT_EQ(resumed % 3, 0);
-  }
+  ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump(2);
+  const int64_t resumed = summary["resumed_from"]["step"].get<int64_t>();
+  EXPECT_GE(resumed, 3);
+  EXPECT_LE(resumed, step);
+  EXPECT_EQ(resumed % 3, 0);
+  EXPECT_NE(test::readText(f.run("killed") + "/logs/rank-1.log")
+                .find(fmt::format("resumed from {}/checkpoints/step-{}", f.run("killed"), resumed)),
+            std::string::npos);
   EXPECT_EQ(test::maxDifference(reference, f.finalModel("killed")), 0.0);
   // Each step is recorded once in metrics.jsonl, although steps after the
   // checkpoint ran twice.
@@ -202,9 +208,9 @@ TEST(Recovery, UnwritableCheckpointDirectoryWarnsOrFailsNamingThePath) {
 
 TEST(Recovery, SigtermMidEpochStopsAfterACheckpointAndARerunContinuesFromTheExactSample) {
   Fixture f;
-  // Long enough to be stopped mid-epoch: 300 steps per epoch.
+  // Long enough to be stopped mid-epoch: 300 steps per epoch, 1200 in all.
   const std::vector<std::string> longer{"--set", "data.train.size=4800", "--set",
-                                        "training.epochs=2", "--set", "output.dir=" + f.run("runs")};
+                                        "training.epochs=4", "--set", "output.dir=" + f.run("runs")};
   auto ref = test::cohort(recoveryArgs(f.job(), f.run("reference"), longer));
   ASSERT_EQ(ref.exitCode, 0) << ref.describe();
 
@@ -236,7 +242,7 @@ TEST(Recovery, SigtermMidEpochStopsAfterACheckpointAndARerunContinuesFromTheExac
     EXPECT_EQ(summary["status"], "stopped");
     stoppedAt = summary["steps"].get<int64_t>();
     ASSERT_GT(stoppedAt, 0);
-    ASSERT_LT(stoppedAt, 600) << "the run ended before SIGTERM reached it";
+    ASSERT_LT(stoppedAt, 1200) << "the run ended before SIGTERM reached it";
     // Both ranks stopped after the same step, and that step's checkpoint is
     // committed.
     const std::string line = fmt::format("stopped on request after step {} ", stoppedAt);

@@ -159,6 +159,50 @@ TEST(Launcher, SigtermToTheLauncherStopsEveryRank) {
             std::string::npos);
 }
 
+// SIGTERM to one rank only (a node's preemption notice): every rank stops
+// after the same step with a checkpoint, and the launcher exits 75.
+TEST(Launcher, SigtermToOneRankStopsEveryRankAfterACheckpoint) {
+  TaggedRun run;
+  ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
+  const pid_t rank1 = rankPid(*run.launcher, 1);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(kill(rank1, SIGTERM), 0);
+  auto r = run.launcher->wait(120s);
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  EXPECT_EQ(r.exitCode, 75) << r.describe();
+  const std::string log0 = test::readText(run.dir.file("run/logs/rank-0.log"));
+  const std::string log1 = test::readText(run.dir.file("run/logs/rank-1.log"));
+  const std::string what = "stopped on request after step ";
+  const auto at0 = log0.find(what), at1 = log1.find(what);
+  ASSERT_NE(at0, std::string::npos) << log0;
+  ASSERT_NE(at1, std::string::npos) << log1;
+  EXPECT_EQ(log0.substr(at0, log0.find(' ', at0 + what.size()) - at0),
+            log1.substr(at1, log1.find(' ', at1 + what.size()) - at1));
+  EXPECT_TRUE(run.survivors().empty());
+}
+
+// A repeated SIGTERM to the launcher does not cut the checkpoint short.
+TEST(Launcher, RepeatedSigtermStillStopsAfterACheckpoint) {
+  TaggedRun run;
+  ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();
+  run.launcher->signal(SIGTERM);
+  // The second one once the launcher has acted on the first (two pending
+  // SIGTERMs would be delivered as one).
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (test::readText(run.dir.file("run/logs/launcher.log")).find("received SIGTERM") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  run.launcher->signal(SIGTERM);
+  auto r = run.launcher->wait(120s);
+  ASSERT_FALSE(r.timedOut) << r.describe();
+  EXPECT_EQ(r.exitCode, 75) << r.describe();
+  EXPECT_NE(r.err.find("every rank stopped after writing a checkpoint"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(run.survivors().empty());
+}
+
 TEST(Launcher, RanksDieWithASigkilledLauncher) {
   TaggedRun run;
   ASSERT_TRUE(waitForTraining(run.dir, 120s)) << run.launcher->stderrSoFar();

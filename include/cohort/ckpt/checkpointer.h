@@ -107,7 +107,10 @@ struct CheckpointStats {
 class Checkpointer {
  public:
   explicit Checkpointer(CheckpointerOptions options);
-  ~Checkpointer();  // waits for the writer (see flush) without throwing
+  // Stops the threads without throwing: the file being written is finished,
+  // snapshots not yet written are dropped, a commit waiting for other ranks
+  // is abandoned. Call flush() first to keep them.
+  ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
@@ -141,6 +144,7 @@ class Checkpointer {
   struct Job;
   struct Event {
     bool ok = true;
+    bool skipped = false;
     int64_t step = 0;
     std::string message;
   };
