@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -293,6 +294,46 @@ TEST(Recovery, RemoteTierKeepsCommittedCheckpointsAndResumeDownloadsTheNewest) {
   EXPECT_NE(log.find("resumed from " + runDir + "/checkpoints/step-12: step 12"), std::string::npos)
       << log;
   EXPECT_EQ(test::maxDifference(reference, f.finalModel("remote")), 0.0);
+}
+
+TEST(Recovery, RerunResumesOnlyAnInterruptedRunOfTheSameJob) {
+  Fixture f;
+  const std::string runs = f.run("runs");
+  auto args = [&](std::vector<std::string> more) {
+    std::vector<std::string> a{"run",   f.job(), "--procs", "2", "--set", "output.dir=" + runs,
+                               "--set", "training.max_steps=6", "--set", "checkpoint.every_steps=3"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  auto runDirs = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(runs)) out.push_back(e.path().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  ASSERT_EQ(test::cohort(args({})).exitCode, 0);
+  // A completed run is not resumed: the same command makes a new run.
+  auto second = test::cohort(args({}));
+  ASSERT_EQ(second.exitCode, 0) << second.describe();
+  EXPECT_EQ(second.err.find("resuming the interrupted run"), std::string::npos) << second.err;
+  ASSERT_EQ(runDirs().size(), 2u);
+  // An unfinished one (no completed summary, a valid checkpoint) is.
+  const std::string last = runDirs().back();
+  fs::remove(last + "/summary.json");
+  auto third = test::cohort(args({}));
+  ASSERT_EQ(third.exitCode, 0) << third.describe();
+  EXPECT_NE(third.err.find("resuming the interrupted run " + last), std::string::npos)
+      << third.err;
+  EXPECT_EQ(runDirs().size(), 2u);
+  // Not with another job, nor with --new-run.
+  fs::remove(last + "/summary.json");
+  auto other = test::cohort(args({"--set", "training.optimizer.lr=0.01"}));
+  ASSERT_EQ(other.exitCode, 0) << other.describe();
+  EXPECT_EQ(runDirs().size(), 3u);
+  auto fresh = test::cohort(args({"--new-run"}));
+  ASSERT_EQ(fresh.exitCode, 0) << fresh.describe();
+  EXPECT_EQ(fresh.err.find("resuming the interrupted run"), std::string::npos) << fresh.err;
+  EXPECT_EQ(runDirs().size(), 4u);
 }
 
 TEST(Recovery, CheckpointOfAnotherModelOrWorldSizeIsRefused) {
