@@ -98,7 +98,6 @@ void Checkpointer::addBlocked(double seconds) {
   currentBlocked_ += seconds;
   if (!blocked_.empty()) blocked_.back() = currentBlocked_;
   stats_.blockedSeconds += seconds;
-  stats_.lastBlockedSeconds = currentBlocked_;
   stats_.maxBlockedSeconds = std::max(stats_.maxBlockedSeconds, currentBlocked_);
 }
 
@@ -327,7 +326,6 @@ void Checkpointer::writeLoop() {
       if (ev.ok) lastWrittenStep_ = std::max(lastWrittenStep_, ev.step);
       slots_[static_cast<size_t>(job->slot)]->busy = false;
       events_.push_back(std::move(ev));
-      stats_.writeSeconds += secondsSince(start);
     }
     --pendingWrites_;
     cv_.notify_all();

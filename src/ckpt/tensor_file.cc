@@ -36,39 +36,6 @@ constexpr DtypeName kDtypes[] = {
     {c10::ScalarType::Byte, "uint8"},      {c10::ScalarType::Bool, "bool"},
 };
 
-// Writes everything or throws; feeds the hasher with what it wrote.
-class Output {
- public:
-  Output(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
-  void write(const void* data, uint64_t size) {
-    hasher_.update(data, size);
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, p, std::min<uint64_t>(size, uint64_t{1} << 30));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw IoError(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
-      }
-      p += n;
-      size -= static_cast<uint64_t>(n);
-      written_ += static_cast<uint64_t>(n);
-    }
-  }
-  void pad(uint64_t to) {
-    static const char zeros[kAlign] = {};
-    while (written_ < to) write(zeros, std::min<uint64_t>(kAlign, to - written_));
-  }
-  ~Output() = default;
-  uint64_t written() const { return written_; }
-  std::string checksum() const { return hasher_.hex(); }
-
- private:
-  std::string path_;
-  int fd_;
-  Hasher hasher_;
-  uint64_t written_ = 0;
-};
-
 void readExactly(int fd, void* out, uint64_t size, uint64_t offset, const std::string& path) {
   char* p = static_cast<char*>(out);
   while (size > 0) {
@@ -249,32 +216,15 @@ void commitTemporary(int fd, const std::string& tmp, const std::string& path) {
 }  // namespace
 
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
-                            const nlohmann::json& meta,
-                            const std::function<void()>& beforeCommit) {
+                            const nlohmann::json& meta) {
+  // The file's image in memory, then one atomic write of it.
   const TensorFileLayout l = layoutTensorFile(records, meta, kAlign);
-  std::string tmp;
-  const int fd = openTemporary(path, tmp, false);
-  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-  WrittenFile out;
-  out.name = fs::path(path).filename().string();
-  try {
-    Output o(path, fd);
-    o.write(l.header.data(), l.header.size());
-    for (size_t i = 0; i < records.size(); ++i) {
-      o.pad(l.offsets[i]);
-      o.write(records[i].data, records[i].nbytes);
-    }
-    o.pad(l.size);
-    if (beforeCommit) beforeCommit();
-    out.size = o.written();
-    out.checksum = o.checksum();
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  std::string image(l.size, '\0');
+  std::memcpy(image.data(), l.header.data(), l.header.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (records[i].nbytes > 0) std::memcpy(image.data() + l.offsets[i], records[i].data, records[i].nbytes);
   }
-  commitTemporary(fd, tmp, path);
-  return out;
+  return writeFileImage(path, image.data(), image.size());
 }
 
 WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t size,

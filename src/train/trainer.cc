@@ -449,7 +449,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       files.emplace_back("optimizer.bin", optimizerList,
                          nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}});
     }
-    std::vector<ckpt::SnapshotItem> own{{"rng.cpu", {}, false, rngStateLater()}};
+    std::vector<ckpt::SnapshotItem> own{{"rng.cpu", rngStateLater()}};
     if (!job.distribution.broadcastBuffers) {
       // Buffers differ per rank when they are not broadcast.
       for (const auto& item : modelItems) {

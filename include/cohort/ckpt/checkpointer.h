@@ -64,12 +64,17 @@ struct CheckpointerOptions {
 };
 
 struct SnapshotItem {
+  SnapshotItem(std::string name, at::Tensor tensor, bool early = false)
+      : name(std::move(name)), tensor(std::move(tensor)), early(early) {}
+  // A tensor the copier thread makes, from something the training thread
+  // captured cheaply (e.g. a clone of a random generator).
+  SnapshotItem(std::string name, std::function<at::Tensor()> make)
+      : name(std::move(name)), make(std::move(make)) {}
+
   std::string name;
   at::Tensor tensor;   // a live tensor: copied by the copier thread
   bool early = false;  // modified by the next forward: copied by mark()
-  // Instead of `tensor`: makes it on the copier thread, from something the
-  // training thread captured cheaply (e.g. a clone of a random generator).
-  std::function<at::Tensor()> make;
+  std::function<at::Tensor()> make;  // instead of `tensor`
 };
 
 struct SnapshotFile {
@@ -98,9 +103,7 @@ struct CheckpointStats {
   double markSeconds = 0;        // of which gathering the tensors and mark()
   double copyWaitSeconds = 0;    // of which waiting before an optimizer step
   double maxBlockedSeconds = 0;  // the most for one checkpoint
-  double lastBlockedSeconds = 0;
   double medianBlockedSeconds = 0;  // the typical checkpoint
-  double writeSeconds = 0;       // writer: time writing and committing, in all
   uint64_t bytesWritten = 0;
 };
 

@@ -6,7 +6,8 @@
 // describes the layout:
 //
 //   "COHORTTN"  u64 little-endian header length  header (JSON)  zero padding
-//   tensor data, each tensor starting at a multiple of 64 bytes
+//   tensor data, each tensor starting at a multiple of 64 bytes (4096 in
+//   checkpoints, for direct I/O)
 //
 // The header: {"format": "cohort-tensors", "version": 1, "meta": {...},
 // "tensors": [{"name", "dtype", "shape", "offset", "nbytes"}, ...]}.
@@ -53,12 +54,9 @@ struct WrittenFile {
 };
 
 // Writes the records to `path` atomically (temporary file, fsync, rename,
-// fsync of the directory), hashing the bytes as they are written.
-// `beforeCommit`, if set, runs after the data is written and before the
-// rename (a test hook). Throws IoError naming the path.
+// fsync of the directory), with its checksum. Throws IoError naming the path.
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
-                            const nlohmann::json& meta,
-                            const std::function<void()>& beforeCommit = nullptr);
+                            const nlohmann::json& meta);
 
 // Writes a whole file image (a layout filled in) to `path` atomically, with
 // direct I/O (no copy into the page cache) when `data` and `size` are
