@@ -9,8 +9,15 @@ libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 openmpi-bin libopenmpi-dev
 zlib1g-dev libxxhash-dev libopenblas0-openmp
+libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 dataset-fashion-mnist
 python3 python3-torch python3-torchvision"
+
+# Node.js runs Azurite, the blob storage emulator of the storage tests
+# (tests/azurite). A node already on PATH (a newer one) is used as it is.
+if ! command -v node >/dev/null 2>&1; then
+  PKGS="$PKGS nodejs npm"
+fi
 
 missing=""
 for p in $PKGS; do

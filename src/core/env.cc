@@ -185,6 +185,9 @@ std::optional<long> checkpointPauseStep() {
   return *v;
 }
 
+std::optional<std::string> azureStorageKey() { return get("AZURE_STORAGE_KEY"); }
+std::optional<std::string> azureStorageSasToken() { return get("AZURE_STORAGE_SAS_TOKEN"); }
+
 int availableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -23,6 +23,7 @@
 #include "cohort/core/log.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
+#include "cohort/storage/storage.h"
 #include "cohort/ddp/ddp.h"
 #include "cohort/models/model.h"
 #include "cohort/monitor/progress.h"
@@ -162,7 +163,8 @@ std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
   for (const auto& s : skipped) log::warn("skipping invalid checkpoint {}", s);
   if (!point && !resumeArg.empty()) point = ckpt::resolveResumePath(resumeArg);
   if (!point && !job.checkpoint.remote.empty()) {
-    auto tier = ckpt::openTier(remoteCheckpointDir(job, runDir));
+    auto tier =
+        ckpt::openTier(remoteCheckpointDir(job, runDir), storage::storageOptions(job.storage));
     const auto steps = tier->list();
     if (!steps.empty()) {
       const std::string local = own + "/" + ckpt::checkpointDirName(steps.back());
@@ -400,7 +402,10 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     co.keepEvery = cc.keepEverySteps;
     co.timeout = comm.timeout;
     if (world > 1) co.store = comm::openStoreClient(comm);
-    if (rank == 0 && !cc.remote.empty()) co.remote = ckpt::openTier(remoteCheckpointDir(job, runDir));
+    if (rank == 0 && !cc.remote.empty()) {
+      co.remote =
+          ckpt::openTier(remoteCheckpointDir(job, runDir), storage::storageOptions(job.storage));
+    }
     if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
     co.manifestExtra = {{"job", toYaml(job)}};
     checkpointer = std::make_unique<ckpt::Checkpointer>(co);

@@ -15,6 +15,9 @@
 #include <thread>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/tier.h"
+#include "cohort/storage/storage.h"
+#include "util/azurite.h"
 #include "util/jobs.h"
 #include "util/runs.h"
 
@@ -294,6 +297,44 @@ TEST(Recovery, RemoteTierKeepsCommittedCheckpointsAndResumeDownloadsTheNewest) {
   EXPECT_NE(log.find("resumed from " + runDir + "/checkpoints/step-12: step 12"), std::string::npos)
       << log;
   EXPECT_EQ(test::maxDifference(reference, f.finalModel("remote")), 0.0);
+}
+
+// The same with the remote tier in blob storage (Azurite): checkpoints go to
+// <remote>/<run>/step-<N>/ objects, and a run that lost its disk resumes
+// from the newest one there.
+TEST(Recovery, BlobRemoteTierAgainstAzurite) {
+  test::Azurite azurite;
+  Fixture f;
+  const auto reference = f.reference();
+  const std::string runDir = f.run("blob");
+  const std::string creds = f.dir.file("creds");
+  test::writeText(creds, std::string("account_key = ") + test::Azurite::kKey + "\n");
+  storage::StorageOptions options;
+  options.credentialsFile = creds;
+  options.endpoint = azurite.endpoint();
+  options.allowInsecure = true;
+  storage::createContainer(azurite.url("ckpt"), options);
+  const std::string remote = std::string("az://") + test::Azurite::kAccount + "/ckpt/runs";
+  std::vector<std::string> blob{"--set", "checkpoint.remote=" + remote,
+                                "--set", "storage.endpoint=" + azurite.endpoint(),
+                                "--set", "storage.allow_insecure=true",
+                                "--set", "storage.credentials_file=" + creds};
+  auto withBlob = [&](std::vector<std::string> more) {
+    more.insert(more.end(), blob.begin(), blob.end());
+    return recoveryArgs(f.job(), runDir, more);
+  };
+  auto first = test::cohort(withBlob({"--set", "training.max_steps=12"}));
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  auto tier = ckpt::openTier(remote + "/blob", options);
+  EXPECT_EQ(tier->list(), (std::vector<int64_t>{6, 9, 12}));  // keep_last 3
+
+  fs::remove_all(runDir + "/checkpoints");
+  auto second = test::cohort(withBlob({}));
+  ASSERT_EQ(second.exitCode, 0) << second.describe();
+  const std::string log = test::readText(runDir + "/logs/rank-0.log");
+  EXPECT_NE(log.find("downloading checkpoint step 12 from " + remote + "/blob"), std::string::npos)
+      << log;
+  EXPECT_EQ(test::maxDifference(reference, f.finalModel("blob")), 0.0);
 }
 
 TEST(Recovery, RerunResumesOnlyAnInterruptedRunOfTheSameJob) {

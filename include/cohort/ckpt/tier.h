@@ -8,13 +8,15 @@
 #include <vector>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/storage/storage.h"
 
 namespace cohort::ckpt {
 
 // A slower, more durable tier behind the local disk: a mounted file system
-// now, blob storage later. The checkpoint writer uploads each committed
-// checkpoint after the local commit; resume downloads the newest one when
-// the local disk has none.
+// or blob storage. The checkpoint writer uploads each committed checkpoint
+// after the local commit; resume downloads the newest one when the local
+// disk has none. A checkpoint is in the tier once its manifest is: uploads
+// write the manifest last, removals delete it first.
 class RemoteTier {
  public:
   virtual ~RemoteTier() = default;
@@ -32,8 +34,15 @@ class RemoteTier {
 // step-<N> directories laid out as on the local disk.
 std::shared_ptr<RemoteTier> directoryTier(const std::string& root);
 
-// The tier `spec` names: a path (a directory tier). Throws ConfigError for a
-// scheme this build cannot reach.
-std::shared_ptr<RemoteTier> openTier(const std::string& spec);
+// A remote tier in any storage (storage/storage.h): objects
+// step-<N>/<file> and step-<N>/manifest.json under the storage's root.
+std::shared_ptr<RemoteTier> storageTier(std::shared_ptr<storage::Storage> storage);
+
+// The tier `spec` names: a blob URL (az://, https://, http:// for the
+// emulator; a storage tier reached with `options`) or a path (a directory
+// tier). Throws ConfigError for a malformed URL, an unknown scheme or missing
+// credentials.
+std::shared_ptr<RemoteTier> openTier(const std::string& spec,
+                                     const storage::StorageOptions& options);
 
 }  // namespace cohort::ckpt

@@ -27,10 +27,14 @@ struct ModelConfig {
 struct AugmentConfig {
   bool hflip = false;       // random horizontal flip
   int64_t cropPadding = 0;  // random crop of the original size after zero padding
+  bool randomResizedCrop = false;          // shards: RandomResizedCrop (else resize + center crop)
+  std::vector<double> scale = {0.08, 1.0};  // random_resized_crop: area fraction range
+  std::vector<double> ratio = {0.75, 4.0 / 3.0};  // random_resized_crop: aspect ratio range
 };
 
 struct DatasetConfig {
-  std::string kind = "none";  // idx | synthetic | none
+  std::string kind = "none";  // idx | synthetic | shards | none
+  std::string path;           // shards: dataset directory or blob URL (holds dataset.json)
   std::string images;         // idx: images file (raw or .gz)
   std::string labels;         // idx: labels file (raw or .gz)
   int64_t limit = 0;          // use only the first N samples; 0 = all
@@ -39,7 +43,17 @@ struct DatasetConfig {
   int64_t seed = 0;           // synthetic: content seed
   std::vector<double> mean;   // per-channel normalization; empty = none
   std::vector<double> std;
+  int64_t cropSize = 224;     // shards of encoded images: output height and width
+  int64_t resizeSize = 0;     // shards, no random crop: shorter side before the center crop; 0: crop_size / 0.875
+  int64_t shuffleWindow = 4;  // shards: records are shuffled within groups of this many shards
+  std::string onCorrupt = "skip";  // shards: an undecodable image is skipped and counted, or fails
   AugmentConfig augment;
+};
+
+struct CacheConfig {
+  bool enabled = true;        // blob data: keep shards on local disk after the first read
+  std::string dir = "/var/tmp/cohort-cache";  // node-local, shared by the ranks of a node
+  double maxGb = 0;           // evict least recently used shards past this size; 0: no limit
 };
 
 struct DataConfig {
@@ -49,6 +63,18 @@ struct DataConfig {
   int64_t prefetchBatches = 4; // batches built ahead of the trainer
   bool dropLast = false;       // drop the last incomplete training batch
   int64_t evalBatchSize = 0;   // 0: twice training.batch_size
+  CacheConfig cache;
+};
+
+// How blob storage is reached. Secrets are never in the job file: they come
+// from the environment or from the file `credentials_file` names.
+struct StorageConfig {
+  std::string credentialsFile;  // `account_key = ...` or `sas = ...`; empty: environment
+  std::string endpoint;         // overrides https://<account>.blob.core.windows.net (emulator)
+  std::string caFile;           // trusted certificate authorities (PEM); empty: the system's
+  bool allowInsecure = false;   // emulator only: plain http / no certificate verification
+  int64_t maxRetries = 5;       // transient errors (timeouts, 5xx, 429)
+  double timeoutS = 60;         // per request
 };
 
 struct DistributionConfig {
@@ -126,6 +152,7 @@ struct JobConfig {
   TrainingConfig training;
   OutputConfig output;
   CheckpointConfig checkpoint;
+  StorageConfig storage;
 };
 
 // Number of ranks the job asks for: nodes * procs_per_node.

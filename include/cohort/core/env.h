@@ -63,6 +63,12 @@ int restartCount();
 // the middle of writing that step's files, until the process is killed.
 std::optional<long> checkpointPauseStep();
 
+// Blob storage credentials (see docs/storage.md): AZURE_STORAGE_KEY, an
+// account key (base64), and AZURE_STORAGE_SAS_TOKEN, a SAS token (query
+// string). Secrets: never log or print them.
+std::optional<std::string> azureStorageKey();
+std::optional<std::string> azureStorageSasToken();
+
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 

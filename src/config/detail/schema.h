@@ -59,11 +59,19 @@ void describe(V& v, AugmentConfig& c) {
   v.field("crop_padding", c.cropPadding,
           "Random crop of the original size after zero-padding each side by this many pixels.",
           between(0, 4096));
+  v.field("random_resized_crop", c.randomResizedCrop,
+          "shards: crop a random area and aspect ratio, resized to crop_size (Inception-style); "
+          "else resize and center crop.");
+  v.field("scale", c.scale, "random_resized_crop: range of the crop's area fraction [min, max].");
+  v.field("ratio", c.ratio, "random_resized_crop: range of the crop's aspect ratio [min, max].");
 }
 
 template <class V>
 void describe(V& v, DatasetConfig& c) {
-  v.field("kind", c.kind, "Source of samples.", oneOf({"idx", "synthetic", "none"}));
+  v.field("kind", c.kind, "Source of samples.", oneOf({"idx", "synthetic", "shards", "none"}));
+  v.field("path", c.path,
+          "shards: the packed dataset, a directory or blob URL holding dataset.json "
+          "(see docs/shard-format.md).");
   v.field("images", c.images, "idx: images file (IDX format, raw or gzip).");
   v.field("labels", c.labels, "idx: labels file (IDX format, raw or gzip).");
   v.field("limit", c.limit, "Use only the first N samples; 0 uses all.", atLeast(0));
@@ -72,7 +80,48 @@ void describe(V& v, DatasetConfig& c) {
   v.field("seed", c.seed, "synthetic: seed of the sample contents.", atLeast(0));
   v.field("mean", c.mean, "Per-channel mean subtracted after scaling pixels to [0,1]; empty: none.");
   v.field("std", c.std, "Per-channel standard deviation divided by after the mean; empty: none.");
+  v.field("crop_size", c.cropSize, "shards of encoded images: output height and width in pixels.",
+          between(1, 65536));
+  v.field("resize_size", c.resizeSize,
+          "shards without random_resized_crop: the shorter side is resized to this before the "
+          "center crop; 0: crop_size / 0.875.",
+          between(0, 65536));
+  v.field("shuffle_window", c.shuffleWindow,
+          "shards: shard order is shuffled each epoch and records are shuffled within groups of "
+          "this many consecutive shards.",
+          between(1, 1e9));
+  v.field("on_corrupt", c.onCorrupt,
+          "shards: an image that does not decode is skipped (counted, warning with its key) or "
+          "fails the run.",
+          oneOf({"skip", "fail"}));
   v.section("augment", c.augment, "Training-time augmentation.");
+}
+
+template <class V>
+void describe(V& v, CacheConfig& c) {
+  v.field("enabled", c.enabled,
+          "Keep shards read from blob storage on local disk; later epochs read them there.");
+  v.field("dir", c.dir, "Node-local cache directory, shared by the ranks of a node.");
+  v.field("max_gb", c.maxGb, "Evict least recently used shards past this size; 0: no limit.",
+          atLeast(0));
+}
+
+template <class V>
+void describe(V& v, StorageConfig& c) {
+  v.field("credentials_file", c.credentialsFile,
+          "File with `account_key = ...` or `sas = ...`; empty: AZURE_STORAGE_KEY or "
+          "AZURE_STORAGE_SAS_TOKEN from the environment. Never put secrets in the job file.");
+  v.field("endpoint", c.endpoint,
+          "Where az://account/... goes; empty: https://<account>.blob.core.windows.net. "
+          "For the emulator: http://127.0.0.1:10000/devstoreaccount1.");
+  v.field("ca_file", c.caFile, "Trusted certificate authorities (PEM); empty: the system's.");
+  v.field("allow_insecure", c.allowInsecure,
+          "Emulator only: allow plain http and skip certificate verification.");
+  v.field("max_retries", c.maxRetries,
+          "Retries of a request after a transient error (timeout, 5xx, 429), with exponential "
+          "backoff.",
+          between(0, 100));
+  v.field("timeout_s", c.timeoutS, "Timeout of one request, in seconds.", between(1, 86400));
 }
 
 template <class V>
@@ -85,6 +134,7 @@ void describe(V& v, DataConfig& c) {
   v.field("drop_last", c.dropLast, "Drop each rank's last incomplete training batch.");
   v.field("eval_batch_size", c.evalBatchSize,
           "Evaluation batch size per rank; 0 uses twice training.batch_size.", between(0, 1 << 24));
+  v.section("cache", c.cache, "Local cache of shards read from blob storage.");
 }
 
 template <class V>
@@ -198,7 +248,8 @@ void describe(V& v, CheckpointConfig& c) {
           oneOf({"warn", "fail"}));
   v.field("remote", c.remote,
           "A second, remote tier each committed checkpoint is copied to: a directory (e.g. a "
-          "mounted network file system); empty: none.");
+          "mounted network file system) or a blob URL (az://account/container/prefix); empty: "
+          "none.");
 }
 
 template <class V>
@@ -210,6 +261,7 @@ void describe(V& v, JobConfig& c) {
   v.section("training", c.training, "The training loop.");
   v.section("output", c.output, "Run directory and console output.");
   v.section("checkpoint", c.checkpoint, "Checkpoints and resuming.");
+  v.section("storage", c.storage, "How blob storage (az:// and https:// URLs) is reached.");
 }
 
 }  // namespace cohort::detail
