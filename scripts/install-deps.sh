@@ -10,6 +10,7 @@ libgtest-dev libgmock-dev libbenchmark-dev
 openmpi-bin libopenmpi-dev
 zlib1g-dev libxxhash-dev libopenblas0-openmp
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
+libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 dataset-fashion-mnist
 python3 python3-torch python3-torchvision"
 
