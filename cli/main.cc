@@ -4,6 +4,7 @@
 //   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
 //   cohort validate JOB.yaml [--set ...]
 //   cohort ckpt list|verify|inspect PATH
+//   cohort data pack SRC DST | inspect PATH | verify PATH
 //   cohort help [COMMAND] | cohort --version
 //
 // Exit codes: 0 success; 2 bad input (job file, data, arguments); 1 a failure
@@ -21,6 +22,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/version.h"
+#include "cohort/data/pack.h"
 #include "cohort/launch/launcher.h"
 #include "cohort/train/worker.h"
 
@@ -129,6 +131,48 @@ int main(int argc, char** argv) {
       ->required();
   ckptInspect->add_flag("--tensors", ckptTensors, "List every tensor's name, type and shape");
 
+  CLI::App* data = app.add_subcommand("data", "Pack, inspect or verify datasets of shards");
+  data->require_subcommand(1);
+  std::string dataSrc, dataDst, dataPath;
+  cohort::data::PackOptions packOptions;
+  double shardMb = 256;
+  bool noProgress = false, decode = false;
+  int64_t inspectRecords = 0;
+  cohort::storage::StorageOptions& so = packOptions.storage;
+  CLI::App* dataPack = data->add_subcommand(
+      "pack", "Pack an ImageNet-style folder or IDX file into shards (local or blob storage)");
+  dataPack->add_option("src", dataSrc,
+                       "A folder with one subfolder of JPEG/PNG images per class, or an IDX images file")
+      ->required();
+  dataPack->add_option("dst", dataDst, "Output: a directory or blob URL (az://account/container/prefix)")
+      ->required();
+  dataPack->add_option("--shard-mb", shardMb, "Target shard size in MB")->capture_default_str()
+      ->check(CLI::Range(0.001, 1e6));
+  dataPack->add_option("--threads", packOptions.threads, "Packing threads; 0: one per core")
+      ->capture_default_str();
+  dataPack->add_option("--seed", packOptions.seed, "Seed of the record order across shards")
+      ->capture_default_str();
+  dataPack->add_option("--labels", packOptions.labels,
+                       "IDX: the labels file (default: the images file's name with labels-idx1)");
+  dataPack->add_option("--name", packOptions.name, "Dataset name (default: SRC's name)");
+  dataPack->add_flag("--no-progress", noProgress, "No progress line");
+  CLI::App* dataInspect = data->add_subcommand("inspect", "Show what a packed dataset holds");
+  dataInspect->add_option("path", dataPath, "Dataset directory or blob URL")->required();
+  dataInspect->add_option("--records", inspectRecords, "Also list the first N records of the first shard");
+  CLI::App* dataVerify = data->add_subcommand(
+      "verify", "Check every shard, record and (with --decode) image; exit 1 naming each problem");
+  dataVerify->add_option("path", dataPath, "Dataset directory or blob URL")->required();
+  dataVerify->add_flag("--decode", decode, "Also decode every image");
+  for (CLI::App* sub : {dataPack, dataInspect, dataVerify}) {
+    sub->add_option("--credentials-file", so.credentialsFile,
+                    "Blob storage: file with account_key = ... or sas = ... (default: environment)");
+    sub->add_option("--endpoint", so.endpoint,
+                    "Blob storage: where az://account/... goes (the emulator's address)");
+    sub->add_option("--ca-file", so.caFile, "Blob storage: trusted certificate authorities (PEM)");
+    sub->add_flag("--allow-insecure", so.allowInsecure,
+                  "Blob storage, emulator only: plain http, no certificate verification");
+  }
+
   CLI::App* help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   std::string helpTopic;
   help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
@@ -158,13 +202,13 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!helpTopic.empty()) {
-        for (CLI::App* sub : {run, worker, validate, ckpt}) {
+        for (CLI::App* sub : {run, worker, validate, ckpt, data}) {
           if (sub->get_name() == helpTopic) {
             std::cout << sub->help();
             return 0;
           }
         }
-        std::cerr << "cohort: no help on '" << helpTopic << "' (try: run, worker, validate, ckpt, job)\n";
+        std::cerr << "cohort: no help on '" << helpTopic << "' (try: run, worker, validate, ckpt, data, job)\n";
         return 2;
       }
       std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -178,6 +222,19 @@ int main(int argc, char** argv) {
     if (*ckptList) return cohort::ckpt::listCommand(ckptPath, std::cout);
     if (*ckptVerify) return cohort::ckpt::verifyCommand(ckptPath, std::cout);
     if (*ckptInspect) return cohort::ckpt::inspectCommand(ckptPath, ckptTensors, std::cout);
+    if (*dataPack) {
+      packOptions.shardBytes = static_cast<int64_t>(shardMb * 1e6);
+      packOptions.progress = !noProgress;
+      const auto r = cohort::data::pack(dataSrc, dataDst, packOptions);
+      std::cout << "packed " << r.manifest.records() << " records of " << r.manifest.classes.size()
+                << " classes into " << r.manifest.shards.size() << " shards ("
+                << r.manifest.bytes() / 1000000 << " MB) at " << cohort::storage::redactUrl(dataDst);
+      if (r.skipped > 0) std::cout << "; " << r.skipped << " unreadable files left out (see warnings)";
+      std::cout << "\n";
+      return 0;
+    }
+    if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
+    if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
     if (*run) {
       cohort::launch::LaunchOptions o;
       o.jobPath = jobPath;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 
 #include "cohort/config/load.h"
@@ -300,7 +301,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     if (d.kind == "none") {
       if (required) {
         fail(where(prefix + ".kind"), prefix + ".kind",
-             "training data is required (kind: idx or synthetic)");
+             "training data is required (kind: idx, synthetic or shards)");
       }
       return;
     }
@@ -316,6 +317,31 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                                       abs.string()));
         }
         *member = abs.string();
+      }
+    }
+    if (d.kind == "shards") {
+      const std::string path = prefix + ".path";
+      if (d.path.empty()) fail(where(path), path, "is required for kind: shards");
+      if (d.path.find("://") == std::string::npos) {
+        fs::path abs = absolutePath(d.path);
+        std::error_code ec;
+        if (!fs::is_regular_file(abs / "dataset.json", ec)) {
+          throw DataError(fmt::format("{}: {}: no packed dataset at {} (dataset.json is missing; "
+                                      "make one with `cohort data pack`)",
+                                      where(path), path, abs.string()));
+        }
+        d.path = abs.string();
+      }
+    }
+    const AugmentConfig& a = d.augment;
+    for (auto [range, key, lo, hi] :
+         {std::tuple<const std::vector<double>*, const char*, double, double>{&a.scale, "scale", 0.0, 1.0},
+          {&a.ratio, "ratio", 0.0, 1e6}}) {
+      const std::string path = prefix + ".augment." + key;
+      if (range->size() != 2 || !((*range)[0] > lo) || !((*range)[0] <= (*range)[1]) ||
+          !((*range)[1] <= hi)) {
+        fail(where(path), path,
+             fmt::format("expected [min, max] with {} < min <= max <= {}", lo, hi == 1e6 ? "inf" : "1"));
       }
     }
     if (d.kind == "synthetic") {

@@ -4,10 +4,17 @@
 
 #include "cohort/core/error.h"
 #include "cohort/data/dataset.h"
+#include "cohort/data/sampler.h"
 
 namespace cohort::data {
 
-std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses) {
+std::vector<int64_t> Dataset::shuffledOrder(uint64_t seed, int64_t epoch) const {
+  return permutation(size(), seed, epoch);
+}
+
+std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses,
+                                     const OpenOptions& options) {
+  if (config.kind == "shards") return openShards(config, numClasses, options);
   if (config.kind == "idx") return openIdx(config.images, config.labels, config.limit, numClasses);
   if (config.kind == "synthetic") {
     int64_t size = config.limit > 0 ? std::min(config.limit, config.size) : config.size;

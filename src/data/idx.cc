@@ -125,7 +125,7 @@ class IdxDataset final : public Dataset {
   int64_t size() const override { return size_; }
   SampleShape shape() const override { return shape_; }
 
-  int64_t read(int64_t index, float* out) const override {
+  int64_t read(int64_t index, float* out, uint64_t /*seed*/) const override {
     const int64_t n = shape_.numel();
     const uint8_t* p = images_.bytes.data() + images_.dataOffset + index * n;
     for (int64_t i = 0; i < n; ++i) out[i] = p[i] * (1.0f / 255.0f);

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -35,6 +37,12 @@ void BatchLoader::stopThreads() {
 }
 
 void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch) {
+  {
+    const size_t from = static_cast<size_t>(std::clamp<int64_t>(
+        firstBatch * options_.batchSize, 0, static_cast<int64_t>(indices.size())));
+    dataset_->willRead(std::vector<int64_t>(indices.begin() + static_cast<std::ptrdiff_t>(from),
+                                            indices.end()));
+  }
   {
     std::lock_guard<std::mutex> g(mutex_);
     ++generation_;
@@ -118,13 +126,27 @@ Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, in
   float* img = b.images.data_ptr<float>();
   int64_t* lab = b.labels.data_ptr<int64_t>();
   std::vector<float> scratch(static_cast<size_t>(s.numel()));
+  int64_t kept = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t sample = indices[static_cast<size_t>(begin + i)];
-    float* out = img + i * s.numel();
-    lab[i] = dataset_->read(sample, out);
-    applyTransform(options_.transform, s, out, scratch.data(),
-                   detail::mix(options_.seed, static_cast<uint64_t>(epoch),
-                               static_cast<uint64_t>(sample)));
+    float* out = img + kept * s.numel();
+    const uint64_t seed = detail::mix(options_.seed, static_cast<uint64_t>(epoch),
+                                      static_cast<uint64_t>(sample));
+    const int64_t label = dataset_->read(sample, out, seed);
+    if (label == kSkippedSample) {
+      ++b.skipped;
+      continue;
+    }
+    lab[kept++] = label;
+    applyTransform(options_.transform, s, out, scratch.data(), seed);
+  }
+  if (kept == 0) {
+    throw DataError(fmt::format("every one of the {} samples of batch {} in epoch {} is corrupt "
+                                "(see the warnings naming them)", count, number, epoch));
+  }
+  if (kept < count) {
+    b.images = b.images.narrow(0, 0, kept).contiguous();
+    b.labels = b.labels.narrow(0, 0, kept).contiguous();
   }
   return b;
 }

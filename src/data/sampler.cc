@@ -1,5 +1,6 @@
 #include "cohort/data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -19,6 +20,30 @@ std::vector<int64_t> permutation(int64_t size, uint64_t seed, int64_t epoch) {
   return p;
 }
 
+std::vector<int64_t> shuffledShardOrder(const std::vector<int64_t>& counts, int64_t window,
+                                        uint64_t seed, int64_t epoch) {
+  COHORT_ASSERT(window >= 1, "window ", window);
+  std::vector<int64_t> first(counts.size() + 1, 0);
+  for (size_t s = 0; s < counts.size(); ++s) first[s + 1] = first[s] + counts[s];
+  const std::vector<int64_t> shards =
+      permutation(static_cast<int64_t>(counts.size()), detail::mix(seed, 0x5aad), epoch);
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(first.back()));
+  for (size_t g = 0; g < shards.size(); g += static_cast<size_t>(window)) {
+    const size_t begin = order.size();
+    for (size_t k = g; k < std::min(shards.size(), g + static_cast<size_t>(window)); ++k) {
+      const auto s = static_cast<size_t>(shards[k]);
+      for (int64_t i = first[s]; i < first[s + 1]; ++i) order.push_back(i);
+    }
+    detail::Rng rng(detail::mix(seed, static_cast<uint64_t>(epoch), 0x9c0u + g));
+    for (size_t i = order.size() - begin; i > 1; --i) {
+      const size_t j = static_cast<size_t>(rng.below(i));
+      std::swap(order[begin + i - 1], order[begin + j]);
+    }
+  }
+  return order;
+}
+
 DistributedSampler::DistributedSampler(SamplerOptions options) : options_(options) {
   COHORT_ASSERT(options_.worldSize >= 1 && options_.rank >= 0 && options_.rank < options_.worldSize,
                 "rank ", options_.rank, " of ", options_.worldSize);
@@ -34,7 +59,11 @@ int64_t DistributedSampler::samplesPerRank() const {
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   std::vector<int64_t> order;
-  if (options_.shuffle) {
+  if (options_.shuffle && options_.order) {
+    order = options_.order(epoch);
+    COHORT_ASSERT(static_cast<int64_t>(order.size()) == options_.size, "order of ", order.size(),
+                  " samples for a dataset of ", options_.size);
+  } else if (options_.shuffle) {
     order = permutation(options_.size, options_.seed, epoch);
   } else {
     order.resize(static_cast<size_t>(options_.size));

@@ -17,7 +17,7 @@ class SyntheticDataset final : public Dataset {
   int64_t size() const override { return size_; }
   SampleShape shape() const override { return shape_; }
 
-  int64_t read(int64_t index, float* out) const override {
+  int64_t read(int64_t index, float* out, uint64_t /*seed*/) const override {
     const int64_t label = static_cast<int64_t>(
         detail::mix(seed_, 0x5eed, static_cast<uint64_t>(index)) % uint64_t(numClasses_));
     // Pixels: 0.5 +- 0.2 following a pattern of the class (constant over

@@ -46,6 +46,7 @@ void MetricsWriter::write(const TrainRecord& r) {
   nlohmann::json j = {{"event", "train"},     {"time", unixTime()},     {"step", r.step},
                       {"epoch", r.epoch},     {"loss", r.loss},         {"lr", r.lr},
                       {"images_per_s", r.imagesPerS}, {"data_wait_frac", r.dataWaitFrac}};
+  if (r.corruptSkipped > 0) j["corrupt_skipped"] = r.corruptSkipped;
   writeLine(j.dump());
 }
 

@@ -203,10 +203,17 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   std::optional<env::Fault> fault = env::fault();
   if (fault && !fault->everyAttempt && options.restartCount > 0) fault.reset();
 
-  // Data. Every rank opens the datasets itself (they are read-only files).
-  auto trainSet = data::openDataset(job.data.train, job.model.numClasses);
+  // Data. Every rank opens the datasets itself (they are read-only).
+  data::OpenOptions openOptions;
+  openOptions.storage = storage::storageOptions(job.storage);
+  openOptions.cache = job.data.cache;
+  openOptions.training = true;
+  auto trainSet = data::openDataset(job.data.train, job.model.numClasses, openOptions);
   std::shared_ptr<data::Dataset> evalSet;
-  if (job.data.eval.kind != "none") evalSet = data::openDataset(job.data.eval, job.model.numClasses);
+  openOptions.training = false;
+  if (job.data.eval.kind != "none") {
+    evalSet = data::openDataset(job.data.eval, job.model.numClasses, openOptions);
+  }
   const data::SampleShape shape = trainSet->shape();
   if (evalSet) {
     const data::SampleShape es = evalSet->shape();
@@ -281,6 +288,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   so.shuffle = true;
   so.seed = static_cast<uint64_t>(tc.seed);
   so.evenSplit = true;
+  so.order = [trainSet, seed = so.seed](int64_t epoch) { return trainSet->shuffledOrder(seed, epoch); };
   data::DistributedSampler trainSampler(so);
   if (trainSampler.samplesPerRank() == 0) {
     throw DataError(fmt::format("{} training samples cannot be split over {} ranks",
@@ -299,6 +307,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   std::unique_ptr<data::DistributedSampler> evalSampler;
   if (evalSet) {
     data::SamplerOptions eo = so;
+    eo.order = nullptr;
     eo.size = evalSet->size();
     eo.shuffle = false;
     eo.evenSplit = false;
@@ -516,7 +525,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     auto windowStart = Clock::now();
     double windowWaitStart = trainLoader.waitSeconds();
     double windowLoss = 0;
-    int64_t windowMicro = 0, windowImages = 0;
+    int64_t windowMicro = 0, windowImages = 0, windowSkipped = 0;
 
     int64_t micro = startBatch;
     while (auto batch = trainLoader.next()) {
@@ -545,6 +554,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       ++epochLossCount;
       ++windowMicro;
       windowImages += n;
+      windowSkipped += batch->skipped;
+      summary.corruptSkipped += batch->skipped;
       epochImages += n;
       ++micro;
       if (!sync) continue;
@@ -565,7 +576,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
         const double elapsed = secondsSince(windowStart);
         at::Tensor w = torch::tensor({windowLoss, double(windowMicro),
                                       trainLoader.waitSeconds() - windowWaitStart, elapsed,
-                                      double(windowImages)},
+                                      double(windowImages), double(windowSkipped)},
                                      torch::kFloat64);
         comm::allreduceSum(comm, w, "train metrics");
         auto a = w.accessor<double, 1>();
@@ -576,6 +587,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
         r.lr = lr;
         r.imagesPerS = a[3] > 0 ? a[4] / (a[3] / world) : 0;
         r.dataWaitFrac = a[3] > 0 ? a[2] / a[3] : 0;
+        r.corruptSkipped = static_cast<int64_t>(a[5]);
         if (metrics) metrics->write(r);
         if (progress) progress->update(epochSteps, r.loss, r.imagesPerS, true);
         windowStart = Clock::now();
@@ -583,6 +595,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
         windowLoss = 0;
         windowMicro = 0;
         windowImages = 0;
+        windowSkipped = 0;
       } else if (progress) {
         const double elapsed = secondsSince(epochStart);
         progress->update(epochSteps, epochLossSum / std::max<int64_t>(1, epochLossCount),
@@ -628,6 +641,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     log::info("epoch {}/{}: {} steps in {:.1f} s, loss {:.4f}, {:.0f} img/s", epoch, tc.epochs,
               epochSteps, epochSeconds, epochLossSum / std::max<int64_t>(1, epochLossCount),
               epochSeconds > 0 ? double(epochImages) * world / epochSeconds : 0.0);
+    if (const std::string io = trainSet->ioSummary(); !io.empty()) {
+      log::info("training data after epoch {}: {}", epoch, io);
+    }
 
     const bool last = epoch == tc.epochs || stop;
     const bool due = tc.evalEvery > 0 ? (epoch % tc.evalEvery == 0) : false;
@@ -674,9 +690,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}",
             ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish);
   summary.imagesPerS = trainSeconds > 0 ? double(summary.images) / trainSeconds : 0;
-  at::Tensor waits = torch::tensor({trainSeconds > 0 ? waitTotal / trainSeconds : 0.0}, torch::kFloat64);
+  at::Tensor waits = torch::tensor(
+      {trainSeconds > 0 ? waitTotal / trainSeconds : 0.0, double(summary.corruptSkipped)},
+      torch::kFloat64);
   comm::allreduceSum(comm, waits, "data wait summary");
-  summary.dataWaitFrac = waits.item<double>() / world;
+  summary.dataWaitFrac = waits[0].item<double>() / world;
+  summary.corruptSkipped = static_cast<int64_t>(waits[1].item<double>());
 
   ddp.syncBuffers();  // the saved BatchNorm statistics are rank 0's, as during training
   if (rank == 0 && job.output.saveFinal) {
@@ -701,6 +720,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["train_images"] = s.images;
   j["train_images_per_s"] = s.imagesPerS;
   j["data_wait_frac"] = s.dataWaitFrac;
+  j["corrupt_skipped"] = s.corruptSkipped;
   j["restart_count"] = s.restartCount;
   if (s.resumedFromStep >= 0) {
     j["resumed_from"] = {{"step", s.resumedFromStep}, {"checkpoint", s.resumedFrom}};

@@ -17,6 +17,10 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/tier.h"
 #include "cohort/storage/storage.h"
+#include "cohort/core/checksum.h"
+#include "cohort/core/file.h"
+#include "cohort/data/dataset_manifest.h"
+#include "cohort/data/shard.h"
 #include "util/azurite.h"
 #include "util/jobs.h"
 #include "util/runs.h"
@@ -109,6 +113,59 @@ TEST(Recovery, RankKilledAtARandomStepRestartsAndEndsWithTheReferenceParameters)
   }
   ASSERT_EQ(steps.size(), 36u);
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int64_t>(i + 1));
+}
+
+// 192 raw 1x8x8 samples of 4 classes in 5 shards: pixels and labels from a
+// fixed generator, so a model can fit them.
+std::string writeShards(const std::string& root) {
+  fs::create_directories(root);
+  data::DatasetManifest m;
+  m.encoding = "raw";
+  m.rawShape = {1, 8, 8};
+  m.classes = {"a", "b", "c", "d"};
+  uint64_t x = 12345;
+  int n = 0;
+  for (int s = 0; s < 5; ++s) {
+    data::ShardInfo info;
+    info.name = fmt::format("shard-{:05d}.cohort", s);
+    data::ShardWriter w(root + "/" + info.name);
+    for (int r = 0; r < (s < 4 ? 40 : 32); ++r, ++n) {
+      std::string px(64, '\0');
+      for (auto& c : px) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        c = static_cast<char>(x >> 56);
+      }
+      const int label = n % 4;
+      for (int k = 0; k < 8; ++k) px[static_cast<size_t>(label * 16 + k)] = static_cast<char>(255);
+      w.add(std::to_string(n), label, px.data(), px.size());
+    }
+    info.records = w.records();
+    info.bytes = w.finish();
+    info.checksum = checksumFile(root + "/" + info.name);
+    m.shards.push_back(info);
+  }
+  writeFileAtomic(root + "/dataset.json", data::datasetManifestJson(m));
+  return root;
+}
+
+TEST(Recovery, RankKilledWhileTrainingFromShardsResumesAtTheExactSample) {
+  Fixture f;
+  const std::string shards = writeShards(f.run("shards"));
+  const std::vector<std::string> fromShards{"--set", "data.train.kind=shards", "--set",
+                                            "data.train.path=" + shards, "--set",
+                                            "data.train.shuffle_window=2"};
+  auto ref = test::cohort(recoveryArgs(f.job(), f.run("reference"), fromShards));
+  ASSERT_EQ(ref.exitCode, 0) << ref.describe();
+  std::random_device rd;
+  const int step = 7 + static_cast<int>(rd() % 28);
+  RecordProperty("killed_after_step", step);
+  auto r = test::cohort(recoveryArgs(f.job(), f.run("killed"), fromShards),
+                        {{"COHORT_FAULT", fmt::format("kill@rank1:step{}", step)}});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(readJson(f.run("killed") + "/summary.json")["restart_count"], 1);
+  EXPECT_NE(test::readText(f.run("killed") + "/logs/rank-0.log").find("training data: shards " + shards),
+            std::string::npos);
+  EXPECT_EQ(test::maxDifference(f.finalModel("reference"), f.finalModel("killed")), 0.0);
 }
 
 TEST(Recovery, ProcessKilledWhileWritingACheckpointResumesFromThePreviousOne) {

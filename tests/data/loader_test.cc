@@ -1,8 +1,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
+#include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/data/dataset_manifest.h"
 #include "cohort/data/loader.h"
+#include "cohort/data/sampler.h"
+#include "cohort/data/shard.h"
+#include "util/process.h"
 
 namespace cohort::data {
 namespace {
@@ -95,7 +103,7 @@ class FailingDataset : public Dataset {
  public:
   int64_t size() const override { return 100; }
   SampleShape shape() const override { return {1, 2, 2}; }
-  int64_t read(int64_t index, float* out) const override {
+  int64_t read(int64_t index, float* out, uint64_t /*seed*/) const override {
     if (index == 13) throw DataError("sample 13 is broken");
     for (int i = 0; i < 4; ++i) out[i] = 0;
     return 0;
@@ -119,6 +127,77 @@ TEST(BatchLoader, EmptyEpoch) {
   l.startEpoch({}, 0);
   EXPECT_EQ(l.batchesInEpoch(), 0);
   EXPECT_FALSE(l.next().has_value());
+}
+
+// ---- packed shards: the shuffled order through the loader ----------------
+
+// `shards` shards of raw 1x4x4 samples; sample i's pixels are all i % 251.
+std::string writeRawShards(const test::TempDir& dir, int shards, int perShard) {
+  const std::string root = dir.file("raw");
+  std::filesystem::create_directories(root);
+  DatasetManifest m;
+  m.encoding = "raw";
+  m.rawShape = {1, 4, 4};
+  m.classes = {"0", "1", "2", "3", "4"};
+  int n = 0;
+  for (int s = 0; s < shards; ++s) {
+    ShardInfo info;
+    info.name = "shard-" + std::to_string(s) + ".cohort";
+    ShardWriter w(root + "/" + info.name);
+    for (int r = 0; r < perShard; ++r, ++n) {
+      const std::string px(16, static_cast<char>(n % 251));
+      w.add(std::to_string(n), n % 5, px.data(), px.size());
+    }
+    info.records = w.records();
+    info.bytes = w.finish();
+    info.checksum = checksumFile(root + "/" + info.name);
+    m.shards.push_back(info);
+  }
+  writeFileAtomic(root + "/dataset.json", datasetManifestJson(m));
+  return root;
+}
+
+TEST(ShardLoader, ResumedEpochAndThreadCountsGiveTheSameBatches) {
+  test::TempDir dir;
+  DatasetConfig c;
+  c.kind = "shards";
+  c.path = writeRawShards(dir, 5, 9);
+  c.shuffleWindow = 2;
+  std::shared_ptr<Dataset> ds = openDataset(c, 5);
+  ASSERT_EQ(ds->size(), 45);
+  SamplerOptions so;
+  so.size = ds->size();
+  so.worldSize = 2;
+  so.rank = 1;
+  so.seed = 11;
+  so.order = [ds](int64_t epoch) { return ds->shuffledOrder(11, epoch); };
+  DistributedSampler sampler(so);
+  const auto indices = sampler.indices(2);
+
+  BatchLoader one(ds, options(1, 2, true));
+  one.startEpoch(indices, 2);
+  const auto full = drain(one);
+  ASSERT_EQ(full.size(), 6u);  // 22 samples, batch 4
+  BatchLoader three(ds, options(3, 4, true));
+  three.startEpoch(indices, 2, 3);
+  const auto resumed = drain(three);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t b = 0; b < resumed.size(); ++b) {
+    EXPECT_TRUE(torch::equal(resumed[b].images, full[b + 3].images)) << "batch " << b + 3;
+    EXPECT_TRUE(torch::equal(resumed[b].labels, full[b + 3].labels)) << "batch " << b + 3;
+  }
+  // The samples are the sampler's, in its order (pixel value = sample id).
+  BatchLoader plain(ds, LoaderOptions{});
+  plain.startEpoch(indices, 2);
+  int64_t k = 0;
+  while (auto b = plain.next()) {
+    for (int64_t i = 0; i < b->images.size(0); ++i, ++k) {
+      const int64_t id = indices[static_cast<size_t>(k)];
+      EXPECT_FLOAT_EQ(b->images[i][0][0][0].item<float>(), static_cast<float>(id % 251) / 255.0f);
+      EXPECT_EQ(b->labels[i].item<int64_t>(), id % 5);
+    }
+  }
+  EXPECT_EQ(k, 22);
 }
 
 }  // namespace

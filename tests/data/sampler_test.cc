@@ -14,7 +14,7 @@ TEST_P(SamplerTest, RanksGetDisjointEqualSlicesOfOnePermutation) {
   const auto [world, size] = GetParam();
   std::vector<std::vector<int64_t>> slices;
   for (int r = 0; r < world; ++r) {
-    DistributedSampler s({size, world, r, true, 42, true});
+    DistributedSampler s({size, world, r, true, 42, true, {}});
     slices.push_back(s.indices(3));
     EXPECT_EQ(static_cast<int64_t>(slices.back().size()), size / world);
   }
@@ -32,13 +32,13 @@ TEST_P(SamplerTest, RanksGetDisjointEqualSlicesOfOnePermutation) {
 TEST_P(SamplerTest, StepKOfNRanksIsStepKOfOneProcessWithNTimesTheBatch) {
   const auto [world, size] = GetParam();
   const int64_t b = 3;
-  DistributedSampler single({size, 1, 0, true, 9, true});
+  DistributedSampler single({size, 1, 0, true, 9, true, {}});
   const auto all = single.indices(1);
   const int64_t steps = (size / world) / b;
   for (int64_t k = 0; k < steps; ++k) {
     std::multiset<int64_t> fromRanks;
     for (int r = 0; r < world; ++r) {
-      auto mine = DistributedSampler({size, world, r, true, 9, true}).indices(1);
+      auto mine = DistributedSampler({size, world, r, true, 9, true, {}}).indices(1);
       fromRanks.insert(mine.begin() + k * b, mine.begin() + (k + 1) * b);
     }
     std::multiset<int64_t> fromOne(all.begin() + k * b * world, all.begin() + (k + 1) * b * world);
@@ -50,7 +50,7 @@ TEST_P(SamplerTest, EvaluationVisitsEverySampleOnce) {
   const auto [world, size] = GetParam();
   std::multiset<int64_t> seen;
   for (int r = 0; r < world; ++r) {
-    auto idx = DistributedSampler({size, world, r, false, 0, false}).indices(0);
+    auto idx = DistributedSampler({size, world, r, false, 0, false, {}}).indices(0);
     seen.insert(idx.begin(), idx.end());
   }
   ASSERT_EQ(static_cast<int64_t>(seen.size()), size);
@@ -63,10 +63,10 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, SamplerTest,
                                                               int64_t{100}, int64_t{1001})));
 
 TEST(Sampler, EpochsShuffleDifferentlyAndReproducibly) {
-  DistributedSampler s({1000, 2, 1, true, 5, true});
+  DistributedSampler s({1000, 2, 1, true, 5, true, {}});
   EXPECT_EQ(s.indices(0), s.indices(0));
   EXPECT_NE(s.indices(0), s.indices(1));
-  DistributedSampler other({1000, 2, 1, true, 6, true});
+  DistributedSampler other({1000, 2, 1, true, 6, true, {}});
   EXPECT_NE(s.indices(0), other.indices(0));
 }
 

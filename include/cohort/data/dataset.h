@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cohort/config/job.h"
+#include "cohort/storage/storage.h"
 
 namespace cohort::data {
 
@@ -19,21 +21,52 @@ struct SampleShape {
   int64_t numel() const { return channels * height * width; }
 };
 
+// read() returns this instead of a label for a sample that cannot be decoded
+// and is skipped (data.*.on_corrupt: skip); the dataset has logged its key.
+constexpr int64_t kSkippedSample = -1;
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual SampleShape shape() const = 0;
   // Writes sample `index` (0 <= index < size()) as channel-major float pixels
-  // in [0, 1] to `out` (shape().numel() floats) and returns its label.
-  virtual int64_t read(int64_t index, float* out) const = 0;
+  // in [0, 1] to `out` (shape().numel() floats) and returns its label, or
+  // kSkippedSample. `seed` drives any random choice made while decoding (a
+  // random crop), so a sample comes out the same whichever thread reads it.
+  virtual int64_t read(int64_t index, float* out, uint64_t seed) const = 0;
+  int64_t read(int64_t index, float* out) const { return read(index, out, 0); }
   // One line for logs: "idx /path/train-images-idx3-ubyte.gz (60000 x 1x28x28)".
   virtual std::string describe() const = 0;
+  // The order an epoch visits all samples in when shuffling, the same on
+  // every rank: a uniform permutation of (seed, epoch) unless the storage
+  // layout calls for another (shards: see shuffledShardOrder).
+  virtual std::vector<int64_t> shuffledOrder(uint64_t seed, int64_t epoch) const;
+  // A hint: this process is about to read `indices` in this order, so data
+  // held remotely can be fetched ahead.
+  virtual void willRead(const std::vector<int64_t>& indices) const { (void)indices; }
+  // Where the bytes read so far came from, for the log after each epoch
+  // ("blob: 120 MB in 950 ranged reads; cache: 3 shards downloaded, 80 MB
+  // read from local disk"); empty when there is nothing to say.
+  virtual std::string ioSummary() const { return {}; }
+};
+
+// How datasets reach blob storage, and whether they are read for training
+// (random crops) or evaluation.
+struct OpenOptions {
+  bool training = false;
+  storage::StorageOptions storage;
+  CacheConfig cache;
 };
 
 // Opens the dataset a job section names. Labels must be below numClasses.
 // Throws DataError naming the file for missing, truncated or corrupt data.
-std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses);
+std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses,
+                                     const OpenOptions& options = {});
+
+// Packed shards (docs/shard-format.md) at a directory or blob URL.
+std::shared_ptr<Dataset> openShards(const DatasetConfig& config, int64_t numClasses,
+                                    const OpenOptions& options);
 
 // IDX files (raw or gzip): images of ndim 3 (N, H, W) and labels of ndim 1,
 // unsigned bytes. `limit` > 0 keeps the first `limit` samples.

@@ -24,6 +24,7 @@ struct Batch {
   at::Tensor images;  // float32 [B, C, H, W]
   at::Tensor labels;  // int64 [B]
   int64_t index = 0;  // position in the epoch
+  int64_t skipped = 0;  // corrupt samples left out of this batch (on_corrupt: skip)
 };
 
 struct LoaderOptions {
@@ -50,6 +51,7 @@ class BatchLoader {
   // Starts an epoch over `indices` (this rank's samples, in visiting order),
   // at batch `firstBatch` (a resumed run: the batches before it are neither
   // read nor built). Unconsumed batches of a previous epoch are dropped.
+  // Tells the dataset which samples come next (Dataset::willRead).
   void startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch = 0);
   int64_t batchesInEpoch() const;
   // The next batch in order, or nullopt after the epoch's last. Blocks until

@@ -3,6 +3,7 @@
 // Which samples each rank visits, in which order.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace cohort::data {
@@ -17,10 +18,13 @@ struct SamplerOptions {
   // the tail of the permutation that does not fill a round is left out this epoch.
   // false (evaluation): every sample is visited once by exactly one rank.
   bool evenSplit = true;
+  // The shuffled order of an epoch (Dataset::shuffledOrder); empty: permutation().
+  std::function<std::vector<int64_t>(int64_t epoch)> order;
 };
 
 // Each epoch, every rank computes the same permutation of [0, size) from
-// (seed, epoch) and takes positions rank, rank + N, rank + 2N, ... (N ranks).
+// (seed, epoch) (or `order`'s) and takes positions rank, rank + N, rank + 2N,
+// ... (N ranks).
 // The slices are disjoint, and the samples of step k on all ranks together
 // are exactly the samples a single process with an N-times larger batch
 // visits at step k: the property the DDP equivalence rests on.
@@ -37,5 +41,13 @@ class DistributedSampler {
 // The permutation of [0, size) for (seed, epoch): Fisher-Yates on cohort's own
 // generator, identical on every platform.
 std::vector<int64_t> permutation(int64_t size, uint64_t seed, int64_t epoch);
+
+// The shuffled order of a sharded dataset whose shard s holds counts[s]
+// samples, numbered consecutively: the shards are permuted by (seed, epoch),
+// cut into groups of `window` consecutive shards of that order, and the
+// samples of each group are permuted among themselves. A reader thus needs at
+// most `window` shards at a time, while the order stays well mixed.
+std::vector<int64_t> shuffledShardOrder(const std::vector<int64_t>& counts, int64_t window,
+                                        uint64_t seed, int64_t epoch);
 
 }  // namespace cohort::data

@@ -16,6 +16,7 @@ struct TrainRecord {
   double lr = 0;
   double imagesPerS = 0;  // all ranks together
   double dataWaitFrac = 0;  // share of the time ranks waited for batches
+  int64_t corruptSkipped = 0;  // undecodable samples skipped since the last record, all ranks
 };
 
 struct EvalRecord {

@@ -21,6 +21,7 @@ struct TrainSummary {
   double seconds = 0;       // wall time of the training loop (including evaluation)
   double imagesPerS = 0;    // training images per second, all ranks
   double dataWaitFrac = 0;  // mean over ranks
+  int64_t corruptSkipped = 0;  // undecodable training samples skipped, all ranks
   int64_t parameters = 0;
   bool evaluated = false;
   monitor::EvalRecord lastEval;

@@ -1,0 +1,42 @@
+#pragma once
+
+// dataset.json: what a packed dataset holds (docs/shard-format.md).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cohort::data {
+
+constexpr int kDatasetFormatVersion = 1;
+constexpr const char* kDatasetManifestName = "dataset.json";
+
+struct ShardInfo {
+  std::string name;      // file name relative to the dataset root
+  int64_t records = 0;
+  int64_t bytes = 0;
+  std::string checksum;  // XXH3-64 of the whole file, 16 hex digits
+};
+
+struct DatasetManifest {
+  int formatVersion = kDatasetFormatVersion;
+  std::string name;
+  // "image": payloads are encoded images (JPEG or PNG); "raw": payloads are
+  // uint8 pixels of `rawShape` (channels, height, width), channel-major.
+  std::string encoding = "image";
+  std::vector<int64_t> rawShape;
+  std::vector<std::string> classes;  // class names; label = position
+  std::string source;                // what was packed, for people
+  std::string created;               // UTC, ISO 8601
+  std::vector<ShardInfo> shards;
+
+  int64_t records() const;
+  int64_t bytes() const;
+};
+
+// JSON text of a manifest, and back. parseDatasetManifest throws DataError
+// naming `where` (a path or URL) and the field that is missing or wrong.
+std::string datasetManifestJson(const DatasetManifest& m);
+DatasetManifest parseDatasetManifest(const std::string& text, const std::string& where);
+
+}  // namespace cohort::data

@@ -1,0 +1,100 @@
+#include "cohort/data/dataset_manifest.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/core/error.h"
+
+namespace cohort::data {
+
+int64_t DatasetManifest::records() const {
+  int64_t n = 0;
+  for (const auto& s : shards) n += s.records;
+  return n;
+}
+
+int64_t DatasetManifest::bytes() const {
+  int64_t n = 0;
+  for (const auto& s : shards) n += s.bytes;
+  return n;
+}
+
+std::string datasetManifestJson(const DatasetManifest& m) {
+  nlohmann::ordered_json j;
+  j["format"] = "cohort-shards";
+  j["format_version"] = m.formatVersion;
+  j["name"] = m.name;
+  j["encoding"] = m.encoding;
+  if (!m.rawShape.empty()) j["raw_shape"] = m.rawShape;
+  j["classes"] = m.classes;
+  j["records"] = m.records();
+  j["bytes"] = m.bytes();
+  j["source"] = m.source;
+  j["created"] = m.created;
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  for (const auto& s : m.shards) {
+    shards.push_back({{"name", s.name}, {"records", s.records}, {"bytes", s.bytes},
+                      {"checksum", s.checksum}});
+  }
+  j["shards"] = shards;
+  return j.dump(2) + "\n";
+}
+
+DatasetManifest parseDatasetManifest(const std::string& text, const std::string& where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", where, e.what()));
+  }
+  DatasetManifest m;
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(key)) throw DataError(fmt::format("{}: missing '{}'", where, key));
+    return j.at(key);
+  };
+  try {
+    if (field("format").get<std::string>() != "cohort-shards") {
+      throw DataError(fmt::format("{}: not a cohort dataset manifest", where));
+    }
+    m.formatVersion = field("format_version").get<int>();
+    if (m.formatVersion != kDatasetFormatVersion) {
+      throw DataError(fmt::format("{}: dataset format version {} (this build reads {})", where,
+                                  m.formatVersion, kDatasetFormatVersion));
+    }
+    m.name = j.value("name", "");
+    m.encoding = field("encoding").get<std::string>();
+    if (m.encoding != "image" && m.encoding != "raw") {
+      throw DataError(fmt::format("{}: unknown encoding '{}' (image | raw)", where, m.encoding));
+    }
+    if (j.contains("raw_shape")) m.rawShape = j.at("raw_shape").get<std::vector<int64_t>>();
+    if (m.encoding == "raw" && (m.rawShape.size() != 3 || m.rawShape[0] <= 0 ||
+                                m.rawShape[1] <= 0 || m.rawShape[2] <= 0)) {
+      throw DataError(fmt::format("{}: encoding raw needs raw_shape [channels, height, width]", where));
+    }
+    m.classes = field("classes").get<std::vector<std::string>>();
+    m.source = j.value("source", "");
+    m.created = j.value("created", "");
+    for (const auto& s : field("shards")) {
+      ShardInfo info;
+      info.name = s.at("name").get<std::string>();
+      info.records = s.at("records").get<int64_t>();
+      info.bytes = s.at("bytes").get<int64_t>();
+      info.checksum = s.at("checksum").get<std::string>();
+      if (info.name.empty() || info.name.find("..") != std::string::npos || info.name[0] == '/' ||
+          info.records < 0 || info.bytes <= 0) {
+        throw DataError(fmt::format("{}: shard entry '{}' is invalid", where, info.name));
+      }
+      m.shards.push_back(std::move(info));
+    }
+    if (j.contains("records") && j.at("records").get<int64_t>() != m.records()) {
+      throw DataError(fmt::format("{}: 'records' is {} but the shards hold {}", where,
+                                  j.at("records").get<int64_t>(), m.records()));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: {}", where, e.what()));
+  }
+  return m;
+}
+
+}  // namespace cohort::data

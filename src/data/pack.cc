@@ -1,0 +1,450 @@
+#include "cohort/data/pack.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/core/checksum.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/core/log.h"
+#include "cohort/data/dataset.h"
+#include "cohort/data/image.h"
+#include "cohort/data/sampler.h"
+#include "cohort/data/shard.h"
+#include "cohort/data/shard_source.h"
+
+namespace cohort::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// One input sample: a file of a class folder, or an IDX sample.
+struct Item {
+  std::string path;  // folder input
+  int64_t index = 0; // IDX input
+  std::string key;
+  int64_t label = 0;
+  int64_t bytes = 0;
+};
+
+struct Input {
+  std::vector<Item> items;
+  std::vector<std::string> classes;
+  std::shared_ptr<Dataset> idx;  // IDX input
+  std::string encoding = "image";
+  std::vector<int64_t> rawShape;
+};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool isImageFile(const fs::path& p) {
+  const std::string ext = lower(p.extension().string());
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+Input listFolder(const std::string& src) {
+  Input in;
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(src)) {
+    if (e.is_directory()) dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  if (dirs.empty()) {
+    throw DataError(fmt::format("{}: no class folders (an ImageNet-style folder has one "
+                                "subfolder of images per class)", src));
+  }
+  int64_t ignored = 0;
+  for (size_t c = 0; c < dirs.size(); ++c) {
+    const std::string cls = dirs[c].filename().string();
+    in.classes.push_back(cls);
+    std::vector<fs::path> files;
+    for (const auto& e : fs::recursive_directory_iterator(dirs[c])) {
+      if (!e.is_regular_file()) continue;
+      if (isImageFile(e.path())) {
+        files.push_back(e.path());
+      } else {
+        ++ignored;
+      }
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) log::warn("{}: class folder '{}' holds no JPEG or PNG files", src, cls);
+    for (const auto& f : files) {
+      Item it;
+      it.path = f.string();
+      it.key = fs::relative(f, src).generic_string();
+      it.label = static_cast<int64_t>(c);
+      it.bytes = static_cast<int64_t>(fs::file_size(f));
+      in.items.push_back(std::move(it));
+    }
+  }
+  if (ignored > 0) log::info("{}: {} files that are not .jpg, .jpeg or .png were left out", src, ignored);
+  if (in.items.empty()) throw DataError(fmt::format("{}: no JPEG or PNG files in its class folders", src));
+  return in;
+}
+
+// "train-images-idx3-ubyte.gz" -> "train-labels-idx1-ubyte.gz".
+std::string labelsFileFor(const std::string& images) {
+  const fs::path p(images);
+  std::string name = p.filename().string();
+  const auto at = name.find("images-idx3");
+  if (at == std::string::npos) {
+    throw UsageError(fmt::format("{}: cannot tell its labels file; name it with --labels", images));
+  }
+  name.replace(at, 11, "labels-idx1");
+  return (p.parent_path() / name).string();
+}
+
+Input openIdxInput(const std::string& src, const std::string& labelsArg) {
+  Input in;
+  const std::string labels = labelsArg.empty() ? labelsFileFor(src) : labelsArg;
+  in.idx = openIdx(src, labels, 0, 256);
+  const SampleShape s = in.idx->shape();
+  in.encoding = "raw";
+  in.rawShape = {s.channels, s.height, s.width};
+  std::vector<float> px(static_cast<size_t>(s.numel()));
+  int64_t maxLabel = 0;
+  for (int64_t i = 0; i < in.idx->size(); ++i) {
+    Item it;
+    it.index = i;
+    it.key = std::to_string(i);
+    it.label = in.idx->read(i, px.data());
+    it.bytes = s.numel();
+    maxLabel = std::max(maxLabel, it.label);
+    in.items.push_back(std::move(it));
+  }
+  for (int64_t c = 0; c <= maxLabel; ++c) in.classes.push_back(std::to_string(c));
+  return in;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw DataError(fmt::format("{}: cannot read", path));
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+std::string shardName(size_t i) { return fmt::format("shard-{:05d}.cohort", i); }
+
+}  // namespace
+
+PackResult pack(const std::string& src, const std::string& dst, const PackOptions& options) {
+  if (!fs::exists(src)) throw DataError(fmt::format("{}: no such file or folder", src));
+  Input in = fs::is_directory(src) ? listFolder(src) : openIdxInput(src, options.labels);
+
+  // Shuffle, then cut into shards of about shardBytes.
+  const std::vector<int64_t> order =
+      permutation(static_cast<int64_t>(in.items.size()), options.seed, 0);
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t filled = 0;
+  for (int64_t i : order) {
+    const Item& it = in.items[static_cast<size_t>(i)];
+    const int64_t cost = it.bytes + kRecordHeaderBytes + static_cast<int64_t>(it.key.size()) + 8;
+    if (filled > 0 && filled + cost > options.shardBytes) {
+      shards.emplace_back();
+      filled = 0;
+    }
+    shards.back().push_back(static_cast<size_t>(i));
+    filled += cost;
+  }
+
+  const bool remote = storage::isRemoteUrl(dst);
+  std::unique_ptr<storage::Storage> out;
+  std::string work = dst;  // where shard files are written
+  if (remote) {
+    out = storage::openStorage(dst, options.storage);
+    try {
+      storage::createContainer(dst, options.storage);
+    } catch (const storage::StorageError& e) {
+      // A SAS may allow writing blobs but not creating containers; the
+      // writes below tell whether the container is usable.
+      if (e.status() != 403) throw;
+    }
+    work = (fs::temp_directory_path() / fmt::format("cohort-pack-{}", ::getpid())).string();
+  }
+  std::error_code ec;
+  fs::create_directories(work, ec);
+  if (ec) throw IoError(fmt::format("{}: cannot create: {}", work, ec.message()));
+  struct RemoveWorkDir {
+    std::string dir;
+    ~RemoveWorkDir() {
+      std::error_code e;
+      if (!dir.empty()) fs::remove_all(dir, e);
+    }
+  } removeWork{remote ? work : std::string()};
+  // A dataset already at DST stops being one before its shards are
+  // overwritten: an interrupted pack leaves no manifest that lies.
+  if (remote) {
+    out->remove(kDatasetManifestName);
+  } else {
+    fs::remove(work + "/" + kDatasetManifestName, ec);
+  }
+
+  DatasetManifest m;
+  m.name = options.name.empty() ? fs::path(src).lexically_normal().filename().string() : options.name;
+  if (m.name.empty()) m.name = fs::path(src).parent_path().filename().string();
+  m.encoding = in.encoding;
+  m.rawShape = in.rawShape;
+  m.classes = in.classes;
+  m.source = fs::absolute(src).string();
+  m.shards.resize(shards.size());
+
+  std::atomic<size_t> nextShard{0};
+  std::atomic<int64_t> doneItems{0}, doneBytes{0}, skipped{0};
+  std::mutex errorMutex;
+  std::exception_ptr error;
+  auto worker = [&] {
+    std::vector<float> px(in.idx ? static_cast<size_t>(in.idx->shape().numel()) : 0);
+    std::string raw(px.size(), '\0');
+    for (;;) {
+      const size_t s = nextShard++;
+      if (s >= shards.size()) return;
+      {
+        std::lock_guard<std::mutex> g(errorMutex);
+        if (error) return;
+      }
+      const std::string name = shardName(s);
+      const std::string finalPath = work + "/" + name;
+      const std::string tmpPath = finalPath + ".tmp";
+      try {
+        ShardWriter w(tmpPath);
+        for (size_t i : shards[s]) {
+          const Item& it = in.items[i];
+          if (in.idx) {
+            in.idx->read(it.index, px.data());
+            for (size_t k = 0; k < px.size(); ++k) {
+              raw[k] = static_cast<char>(static_cast<uint8_t>(std::lround(px[k] * 255.0f)));
+            }
+            w.add(it.key, it.label, raw.data(), raw.size());
+          } else {
+            const std::string bytes = readFile(it.path);
+            try {
+              probeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+            } catch (const DataError& e) {
+              log::warn("{}: left out, not a readable image: {}", it.path, e.what());
+              ++skipped;
+              ++doneItems;
+              continue;
+            }
+            w.add(it.key, it.label, bytes.data(), bytes.size());
+          }
+          ++doneItems;
+          doneBytes += it.bytes;
+        }
+        ShardInfo info;
+        info.name = name;
+        info.records = w.records();
+        info.bytes = w.finish();
+        uint64_t size = 0;
+        info.checksum = checksumFile(tmpPath, &size);
+        if (remote) {
+          out->writeFromFile(name, tmpPath);  // Storage calls may come from several threads
+          fs::remove(tmpPath);
+        } else {
+          fs::rename(tmpPath, finalPath);
+        }
+        m.shards[s] = std::move(info);
+      } catch (...) {
+        std::error_code e;
+        fs::remove(tmpPath, e);
+        std::lock_guard<std::mutex> g(errorMutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+
+  const int threads = std::max(1, std::min<int>(options.threads > 0 ? options.threads
+                                                                     : static_cast<int>(std::thread::hardware_concurrency()),
+                                                static_cast<int>(shards.size())));
+  std::vector<std::thread> pool;
+  std::atomic<int> running{threads};
+  std::mutex doneMutex;
+  std::condition_variable doneCv;
+  for (int t = 0; t < threads; ++t) {
+    try {
+      pool.emplace_back([&] {
+        worker();
+        std::lock_guard<std::mutex> g(doneMutex);
+        --running;
+        doneCv.notify_all();
+      });
+    } catch (...) {
+      // Fewer threads than asked for: the ones started do all the work.
+      std::lock_guard<std::mutex> g(doneMutex);
+      running -= threads - t;
+      if (t == 0) throw;
+      break;
+    }
+  }
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  const auto total = static_cast<int64_t>(in.items.size());
+  auto report = [&](bool last) {
+    if (!options.progress) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string line = fmt::format("packing {}: {}/{} records ({:.0f}%), {:.0f} MB, {:.1f} s",
+                                         m.name, doneItems.load(), total,
+                                         100.0 * double(doneItems.load()) / double(std::max<int64_t>(1, total)),
+                                         double(doneBytes.load()) / 1e6, s);
+    if (terminal) {
+      std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
+    } else if (last) {
+      std::cerr << line << "\n";
+    }
+  };
+  {
+    std::unique_lock<std::mutex> lock(doneMutex);
+    while (!doneCv.wait_for(lock, std::chrono::milliseconds(500), [&] { return running == 0; })) {
+      lock.unlock();
+      report(false);
+      lock.lock();
+    }
+  }
+  for (auto& t : pool) t.join();
+  report(true);
+  if (error) std::rethrow_exception(error);
+  // Shards left empty by skipped files are dropped.
+  m.shards.erase(std::remove_if(m.shards.begin(), m.shards.end(),
+                                [&](const ShardInfo& s) {
+                                  if (s.records > 0) return false;
+                                  if (remote) {
+                                    out->remove(s.name);
+                                  } else {
+                                    fs::remove(work + "/" + s.name, ec);
+                                  }
+                                  return true;
+                                }),
+                 m.shards.end());
+  if (m.shards.empty()) throw DataError(fmt::format("{}: none of its files is a readable image", src));
+  m.created = ckpt::utcNow();
+  const std::string json = datasetManifestJson(m);
+  if (remote) {
+    out->writeBytes(kDatasetManifestName, json);
+  } else {
+    writeFileAtomic(work + "/" + kDatasetManifestName, json);
+  }
+  PackResult r;
+  r.manifest = std::move(m);
+  r.skipped = skipped;
+  return r;
+}
+
+int inspectCommand(const std::string& path, int64_t records, const storage::StorageOptions& so,
+                   std::ostream& out) {
+  CacheConfig noCache;
+  noCache.enabled = false;
+  ShardSource source(path, so, noCache);
+  const DatasetManifest& m = source.manifest();
+  out << fmt::format("dataset  {}\nname     {}\nencoding {}", source.describe(), m.name, m.encoding);
+  if (m.encoding == "raw") out << fmt::format(" {}x{}x{}", m.rawShape[0], m.rawShape[1], m.rawShape[2]);
+  out << fmt::format("\nrecords  {}\nbytes    {} ({:.1f} MB)\nshards   {}\nclasses  {}", m.records(),
+                     m.bytes(), double(m.bytes()) / 1e6, m.shards.size(), m.classes.size());
+  for (size_t c = 0; c < std::min<size_t>(m.classes.size(), 10); ++c) {
+    out << (c == 0 ? ": " : ", ") << m.classes[c];
+  }
+  if (m.classes.size() > 10) out << ", ...";
+  out << fmt::format("\nsource   {}\ncreated  {}\n\n{:<22} {:>9} {:>14}  {}\n", m.source, m.created,
+                     "shard", "records", "bytes", "checksum");
+  for (const auto& s : m.shards) {
+    out << fmt::format("{:<22} {:>9} {:>14}  {}\n", s.name, s.records, s.bytes, s.checksum);
+  }
+  if (records > 0 && !m.shards.empty()) {
+    out << fmt::format("\nfirst {} records of {}:\n", records, m.shards[0].name);
+    const auto offsets = readShardIndex(
+        [&](int64_t o, int64_t n) { return source.read(0, o, n); }, m.shards[0].bytes, m.shards[0].name);
+    for (size_t i = 0; i < std::min<size_t>(offsets.size(), static_cast<size_t>(records)); ++i) {
+      const int64_t end = i + 1 < offsets.size()
+                              ? offsets[i + 1]
+                              : m.shards[0].bytes - kShardFooterBytes - int64_t(offsets.size()) * 8;
+      const Record r = parseRecord(source.read(0, offsets[i], end - offsets[i]), offsets[i], m.shards[0].name);
+      const std::string cls = r.label >= 0 && r.label < int64_t(m.classes.size())
+                                  ? m.classes[static_cast<size_t>(r.label)] : "?";
+      out << fmt::format("  {:>10}  label {:>5} ({})  {} bytes  {}\n", offsets[i], r.label, cls,
+                         r.payload.size(), r.key);
+    }
+  }
+  return 0;
+}
+
+int verifyCommand(const std::string& path, bool decode, const storage::StorageOptions& so,
+                  std::ostream& out) {
+  CacheConfig noCache;
+  noCache.enabled = false;
+  ShardSource source(path, so, noCache);
+  const DatasetManifest& m = source.manifest();
+  int problems = 0;
+  int64_t undecodable = 0;
+  ImageTransform t;
+  t.outHeight = t.outWidth = 32;
+  t.resizeShorter = 32;
+  std::vector<float> px(static_cast<size_t>(3 * 32 * 32));
+  for (size_t s = 0; s < m.shards.size(); ++s) {
+    const ShardInfo& info = m.shards[s];
+    const std::string where = source.describe() + "/" + info.name;
+    try {
+      const std::string bytes = source.read(static_cast<int>(s), 0, info.bytes);
+      Hasher h;
+      h.update(bytes.data(), bytes.size());
+      if (h.hex() != info.checksum) {
+        out << fmt::format("{}: checksum {}, dataset.json says {}\n", where, h.hex(), info.checksum);
+        ++problems;
+      }
+      int64_t n = 0;
+      scanShard([&](int64_t o, int64_t len) {
+                  if (o + len > int64_t(bytes.size())) {
+                    throw DataError(fmt::format("{}: corrupt or truncated shard at offset {}: "
+                                                "the file ends at {}", where, o, bytes.size()));
+                  }
+                  return bytes.substr(static_cast<size_t>(o), static_cast<size_t>(len));
+                },
+                info.bytes, where, [&](const Record& r, int64_t offset) {
+                  ++n;
+                  if (r.label < 0 || r.label >= int64_t(m.classes.size())) {
+                    throw DataError(fmt::format("{}: record '{}' at offset {} has label {} of {} classes",
+                                                where, r.key, offset, r.label, m.classes.size()));
+                  }
+                  if (decode && m.encoding == "image") {
+                    try {
+                      decodeImage(reinterpret_cast<const uint8_t*>(r.payload.data()), r.payload.size(), t,
+                                  0, px.data());
+                    } catch (const DataError& e) {
+                      out << fmt::format("{}: image '{}' at offset {} does not decode: {}\n", where, r.key,
+                                         offset, e.what());
+                      ++undecodable;
+                    }
+                  }
+                });
+      if (n != info.records) {
+        out << fmt::format("{}: {} records, dataset.json says {}\n", where, n, info.records);
+        ++problems;
+      } else {
+        out << fmt::format("{}: ok, {} records\n", where, n);
+      }
+    } catch (const Error& e) {
+      out << e.what() << "\n";
+      ++problems;
+    }
+  }
+  const bool bad = problems > 0 || undecodable > 0;
+  out << fmt::format("{}: {} shards, {} records: {}\n", source.describe(), m.shards.size(), m.records(),
+                     bad ? fmt::format("{} shard problems, {} undecodable images", problems, undecodable)
+                         : std::string("valid"));
+  return bad ? 1 : 0;
+}
+
+}  // namespace cohort::data
