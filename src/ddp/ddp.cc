@@ -6,9 +6,14 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <set>
 
+#include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 
@@ -55,10 +60,33 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 
   torch::NoGradGuard noGrad;
+  int64_t allFloats = 0;
+  bool shmEligible = options_.sharedMemory && comm_.worldSize > 1 && !buckets_.empty();
+  for (const Bucket& b : buckets_) {
+    for (size_t k : b.params) {
+      const at::Tensor& t = params_[k].tensor;
+      shmEligible = shmEligible && t.scalar_type() == at::kFloat && t.device().is_cpu();
+      allFloats += t.numel();
+    }
+  }
+  if (shmEligible) setUpSharedMemory(allFloats);
+  size_t shmOffset = 0;
   for (Bucket& b : buckets_) {
     int64_t total = 0;
     for (size_t k : b.params) total += params_[k].tensor.numel();
-    b.flat = torch::zeros({total}, params_[b.params.front()].tensor.options());
+    if (shm_) {
+      // A view of this rank's region; the deleter keeps the mapping alive
+      // as long as any gradient tensor points into it.
+      auto keep = shm_;
+      b.flat = torch::from_blob(shm_->region() + shmOffset, {total},
+                                [keep](void*) mutable { keep.reset(); },
+                                params_[b.params.front()].tensor.options());
+      b.flat.zero_();
+      b.shmOffset = shmOffset;
+      shmOffset += static_cast<size_t>(total);
+    } else {
+      b.flat = torch::zeros({total}, params_[b.params.front()].tensor.options());
+    }
     int64_t offset = 0;
     for (size_t k : b.params) {
       Param& p = params_[k];
@@ -92,6 +120,82 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   std::lock_guard<std::mutex> g(mutex_);
   resetReadiness();
+}
+
+namespace {
+
+// This machine, as every rank sees it: host name and boot id.
+std::string machineId() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
+    std::fclose(f);
+  }
+  return std::string(host) + "/" + boot;
+}
+
+}  // namespace
+
+void DistributedDataParallel::setUpSharedMemory(int64_t totalFloats) {
+  // Every DDP of a job is built in the same order on every rank: number them
+  // for the store keys.
+  static std::atomic<int> instances{0};
+  const int instance = instances++;
+  const std::string prefix = fmt::format("ddp/{}/shm", instance);
+  const comm::Comm& c = comm_;
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  c.store->set(fmt::format("{}/machine/{}", prefix, c.rank), bytes(machineId()));
+  bool oneMachine = true;
+  for (int r = 0; r < c.worldSize; ++r) {
+    const std::string key = fmt::format("{}/machine/{}", prefix, r);
+    c.store->wait({key}, c.timeout);
+    oneMachine = oneMachine && text(c.store->get(key)) == machineId();
+  }
+  if (!oneMachine) {
+    log::info("gradient exchange: Gloo (the ranks span several machines)");
+    return;
+  }
+  // Rank 0 creates the segment and says whether that worked; the others open
+  // it; once all have it mapped, its name is removed.
+  std::string name;
+  std::string error;
+  if (c.rank == 0) {
+    name = fmt::format("/cohort-{}-{}-{}", ::getpid(), instance, c.storePort);
+    try {
+      shm_ = std::make_shared<comm::ShmAllreduce>(name, 0, c.worldSize, totalFloats, true);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    c.store->set(prefix + "/name", bytes(error.empty() ? name : "!" + error));
+  } else {
+    c.store->wait({prefix + "/name"}, c.timeout);
+    name = text(c.store->get(prefix + "/name"));
+    if (!name.empty() && name[0] == '!') {
+      error = name.substr(1);
+    } else {
+      try {
+        shm_ = std::make_shared<comm::ShmAllreduce>(name, c.rank, c.worldSize, totalFloats, false);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+  }
+  // Every rank must take the same path: agree on whether all mapped it.
+  at::Tensor ok = torch::tensor({shm_ ? 0.0 : 1.0}, torch::kFloat64);
+  comm::allreduceSum(c, ok, "shared memory set-up");
+  if (c.rank == 0 && shm_) shm_->unlink();
+  if (ok.item<double>() > 0) {
+    shm_.reset();
+    log::warn("gradient exchange: Gloo, as shared memory could not be set up{}",
+              error.empty() ? " on another rank" : ": " + error);
+    return;
+  }
+  stats_.sharedMemory = true;
+  log::info("gradient exchange: shared memory ({} MB per rank)", totalFloats * 4 >> 20);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -181,9 +285,18 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
     Bucket& b = buckets_[nextLaunch_];
     if (comm_.worldSize > 1) {
       torch::NoGradGuard noGrad;
-      b.flat.div_(comm_.worldSize);
-      std::vector<at::Tensor> v{b.flat};
-      b.work = comm_.pg->allreduce(v);
+      if (options_.divideGradients) b.flat.div_(comm_.worldSize);
+      if (shm_) {
+        // Synchronous: on a shared machine the sum is a pass over memory,
+        // cheaper done here than handed to a thread competing for the cores.
+        const auto start = std::chrono::steady_clock::now();
+        shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout);
+        stats_.sharedMemorySeconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } else {
+        std::vector<at::Tensor> v{b.flat};
+        b.work = comm_.pg->allreduce(v);
+      }
     }
     ++(fromHook ? stats_.launchedDuringBackward : stats_.launchedAtFinish);
     ++nextLaunch_;

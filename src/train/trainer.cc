@@ -36,9 +36,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double secondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
+double seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
 }
+
+double secondsSince(Clock::time_point t) { return seconds(t, Clock::now()); }
 
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;
@@ -261,6 +263,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   dopts.bucketCapMb = job.distribution.bucketCapMb;
   dopts.findUnusedParameters = job.distribution.findUnusedParameters;
   dopts.broadcastBuffers = job.distribution.broadcastBuffers;
+  dopts.divideGradients = false;  // the loss carries 1 / world instead (see below)
+  dopts.sharedMemory = job.distribution.sharedMemory;
   ddp::DistributedDataParallel ddp(model, comm, dopts);
   ddp.broadcastState();
   log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, dopts.bucketCapMb);
@@ -538,17 +542,31 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       // same batch sizes, so the mean over ranks is the global mean.
       const int64_t cycleSamples =
           std::min(perRank, (cycleStart + cycleLen) * tc.batchSize) - cycleStart * tc.batchSize;
+      PhaseTimes& ph = summary.phases;
+      auto t0 = Clock::now();
       if (micro == cycleStart) ddp.syncBuffers();
       ddp.setSyncGradients(sync);
+      auto t1 = Clock::now();
+      ph.bufferSync += seconds(t0, t1);
       const int64_t n = batch->labels.size(0);
       at::Tensor logits = model->forward(batch->images.to(device, /*non_blocking=*/true));
       at::Tensor loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
       const double lossValue = loss.item<double>();
+      auto t2 = Clock::now();
+      ph.forward += seconds(t1, t2);
       if (!std::isfinite(lossValue)) {
         throw DivergedError(fmt::format("rank {}: the loss is {} at step {} (epoch {}): training diverged",
                                 rank, lossValue, step + 1, epoch));
       }
-      (loss * (static_cast<double>(n) / static_cast<double>(cycleSamples))).backward();
+      // Scaled by 1 / world too: the exchange sums, so .grad ends as the
+      // mean over ranks without a division pass over every gradient.
+      const double shmBefore = ddp.stats().sharedMemorySeconds;
+      (loss * (static_cast<double>(n) / (static_cast<double>(cycleSamples) * world))).backward();
+      // A shared-memory exchange runs inside backward: count it as exposed
+      // communication, not as backward.
+      const double shmSeconds = ddp.stats().sharedMemorySeconds - shmBefore;
+      ph.backward += secondsSince(t2) - shmSeconds;
+      ph.exposedComm += shmSeconds;
       windowLoss += lossValue;
       epochLossSum += lossValue;
       ++epochLossCount;
@@ -560,12 +578,17 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       ++micro;
       if (!sync) continue;
 
+      auto t3 = Clock::now();
       ddp.finishGradients();
+      auto t4 = Clock::now();
+      ph.exposedComm += seconds(t3, t4);
       if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
       const double lr = schedule.at(step);
       setLearningRate(*optimizer, lr);
       optimizer->step();
       ddp.zeroGrad();
+      ph.optimizer += secondsSince(t4);
+      ++ph.steps;
       ++step;
       ++epochSteps;
       injectFault(fault, rank, step);
@@ -635,6 +658,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     const double epochSeconds = secondsSince(epochStart);
     trainSeconds += epochSeconds;
     waitTotal += trainLoader.waitSeconds() - epochWaitStart;
+    summary.phases.dataWait += trainLoader.waitSeconds() - epochWaitStart;
     summary.images += epochImages * world;
     summary.epochs = epoch;
     if (progress) progress->endEpoch();
@@ -721,6 +745,15 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["train_images_per_s"] = s.imagesPerS;
   j["data_wait_frac"] = s.dataWaitFrac;
   j["corrupt_skipped"] = s.corruptSkipped;
+  if (s.phases.steps > 0) {
+    const double k = 1000.0 / double(s.phases.steps);
+    j["phase_ms_per_step"] = {{"data_wait", k * s.phases.dataWait},
+                              {"buffer_sync", k * s.phases.bufferSync},
+                              {"forward", k * s.phases.forward},
+                              {"backward", k * s.phases.backward},
+                              {"exposed_comm", k * s.phases.exposedComm},
+                              {"optimizer", k * s.phases.optimizer}};
+  }
   j["restart_count"] = s.restartCount;
   if (s.resumedFromStep >= 0) {
     j["resumed_from"] = {{"step", s.resumedFromStep}, {"checkpoint", s.resumedFrom}};

@@ -54,6 +54,20 @@ INSTANTIATE_TEST_SUITE_P(RanksAndBuckets, Equivalence,
                                   (std::get<1>(info.param) < 1 ? "tinyBuckets" : "oneBucket");
                          });
 
+// The exchange path is chosen by the machine: ranks on one machine use
+// shared memory; the Gloo path (several machines) must give the same result.
+TEST(Exchange, SharedMemoryAndGlooAgreeAndTheLogSaysWhichRan) {
+  test::TempDir dir;
+  auto shm = test::trainTiny(dir, "shm", 2, steps(4, {"distribution.bucket_cap_mb=1e-6"}));
+  auto gloo = test::trainTiny(
+      dir, "gloo", 2, steps(4, {"distribution.bucket_cap_mb=1e-6", "distribution.shared_memory=false"}));
+  EXPECT_LT(test::maxDifference(shm, gloo), kTolerance);
+  EXPECT_NE(test::readText(dir.file("shm/logs/rank-1.log")).find("gradient exchange: shared memory"),
+            std::string::npos);
+  EXPECT_EQ(test::readText(dir.file("gloo/logs/rank-1.log")).find("gradient exchange: shared memory"),
+            std::string::npos);
+}
+
 TEST(Reproducibility, SameSeedAndWorldSizeGiveTheSameLossCurve) {
   test::TempDir dir;
   const std::vector<std::string> twoEpochs{"training.epochs=2", "training.batch_size=4"};

@@ -89,6 +89,7 @@ struct DistributionConfig {
   double bucketCapMb = 25;       // gradient bucket size
   bool findUnusedParameters = false;
   bool broadcastBuffers = true;  // buffers (BatchNorm statistics) follow rank 0
+  bool sharedMemory = true;      // ranks on one machine exchange gradients through shared memory
   int64_t maxRestarts = 3;       // `cohort run`: restarts from the newest checkpoint
   double stopTimeoutS = 60;      // after SIGTERM: time to checkpoint before SIGKILL
 };

@@ -14,6 +14,18 @@
 
 namespace cohort::train {
 
+// Where rank 0's training time went, summed over the run (seconds).
+struct PhaseTimes {
+  double dataWait = 0;     // waiting for the next batch
+  double forward = 0;      // forward and loss
+  double backward = 0;     // backward; bucket allreduces overlap it
+  double exposedComm = 0;  // the exchange not hidden under backward: finishGradients, and
+                           // shared-memory exchanges (synchronous, inside backward)
+  double bufferSync = 0;   // broadcast of buffers (BatchNorm statistics) before a step
+  double optimizer = 0;    // optimizer step and zeroing the gradients
+  int64_t steps = 0;
+};
+
 struct TrainSummary {
   int64_t epochs = 0;       // epochs completed
   int64_t steps = 0;        // optimizer steps
@@ -33,6 +45,7 @@ struct TrainSummary {
   std::string resumedFrom;        // the checkpoint directory
   int restartCount = 0;
   ckpt::CheckpointStats checkpoints;
+  PhaseTimes phases;
 };
 
 struct TrainOptions {

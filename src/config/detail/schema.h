@@ -157,6 +157,9 @@ void describe(V& v, DistributionConfig& c) {
   v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", Rule{0.0, 1 << 20, true, {}});
   v.field("find_unused_parameters", c.findUnusedParameters,
           "Allow parameters that get no gradient in a step (their gradient counts as zero).");
+  v.field("shared_memory", c.sharedMemory,
+          "When every rank runs on one machine, sum gradients in shared memory instead of over "
+          "Gloo's loopback TCP.");
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Broadcast buffers (BatchNorm running statistics) from rank 0 before each step.");
   v.field("max_restarts", c.maxRestarts,

@@ -1,0 +1,72 @@
+#pragma once
+
+// Sum-allreduce among the ranks of one machine through a shared memory
+// segment, instead of Gloo's loopback TCP: no sockets, no kernel copies.
+//
+// The segment holds one region per rank of `floatsPerRank` floats; a caller
+// keeps its data there (DDP's gradient buckets are allocated in it, so
+// gradients are produced in place). allreduce(offset, n) sums the n floats
+// at `offset` of every rank's region and leaves the sum in every region:
+//
+//   arrive(1); wait until every rank arrived(1)      // all inputs are final
+//   rank r sums its 1/N-th of the range over the N regions and writes the
+//     sum into all N regions                          // reduce-scatter + all-gather in one pass
+//   arrive(2); wait until every rank arrived(2)       // all sums are written
+//
+// Waiting uses a futex in the segment (no spinning that would take a core
+// from training). Every rank must call allreduce with the same (offset, n)
+// in the same order. This header does not include LibTorch.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace cohort::comm {
+
+class ShmAllreduce {
+ public:
+  static constexpr int kMaxRanks = 256;
+
+  // Creates (create = true; exactly one rank) or opens the POSIX shared
+  // memory object `name`. Throws IoError naming it.
+  ShmAllreduce(const std::string& name, int rank, int worldSize, size_t floatsPerRank, bool create);
+  ~ShmAllreduce();
+  ShmAllreduce(const ShmAllreduce&) = delete;
+  ShmAllreduce& operator=(const ShmAllreduce&) = delete;
+
+  // Removes the name; the memory lives on while mapped. Call once every rank
+  // has opened it, so that nothing is left in /dev/shm after a crash.
+  void unlink();
+
+  // This rank's region (floatsPerRank floats, zero at creation).
+  float* region() const;
+  size_t floatsPerRank() const { return floatsPerRank_; }
+  int rank() const { return rank_; }
+  int worldSize() const { return world_; }
+
+  // Sums floats [offset, offset + n) of every rank's region into all of
+  // them. Blocks until every rank has made this call; throws TimeoutError
+  // naming the ranks that did not arrive within `timeout`.
+  void allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
+
+ private:
+  struct Header;
+  void arrive(int phase, uint64_t seq);
+  void waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+
+  std::string name_;
+  int rank_;
+  int world_;
+  size_t floatsPerRank_;
+  size_t bytes_ = 0;
+  void* base_ = nullptr;
+  Header* header_ = nullptr;
+  float* data_ = nullptr;
+  size_t regionStride_ = 0;  // floats from one rank's region to the next
+  uint64_t seq_ = 0;
+  bool unlinked_ = false;
+};
+
+}  // namespace cohort::comm

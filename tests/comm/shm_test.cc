@@ -1,0 +1,119 @@
+// The shared-memory allreduce between real processes: sums for several world
+// sizes and lengths (0, odd, not a multiple of the ranks' shares), every
+// rank ending with the same bits, and a missing rank named in the timeout.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/shm.h"
+#include "cohort/core/error.h"
+
+namespace cohort::comm {
+namespace {
+
+std::string segmentName(const char* tag) { return "/cohort-test-" + std::to_string(::getpid()) + "-" + tag; }
+
+// Runs `body(rank)` in `world` child processes; returns their exit codes.
+template <typename F>
+std::vector<int> forkRanks(int world, F body) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = body(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 3;
+      }
+      std::_Exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t p : pids) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+class ShmSums : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmSums, EveryRankGetsTheSameSum) {
+  const int world = GetParam();
+  const std::vector<size_t> lengths = {0, 1, 7, 16, 1000, 33333, 1 << 18};
+  const size_t capacity = 1 << 19;
+  const std::string name = segmentName("sums");
+  // Rank 0 creates the segment before the others start.
+  ShmAllreduce creator(name, 0, world, capacity, true);
+  const auto codes = forkRanks(world, [&](int rank) {
+    ShmAllreduce shm(name, rank, world, capacity, false);
+    float* mine = shm.region();
+    size_t offset = 0;
+    for (size_t n : lengths) {
+      for (size_t i = 0; i < n; ++i) mine[offset + i] = float(rank + 1) * 0.5f + float(i % 13);
+      shm.allreduce(offset, n, std::chrono::seconds(60));
+      for (size_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int r = 0; r < world; ++r) expect += float(r + 1) * 0.5f + float(i % 13);
+        if (mine[offset + i] != expect) {
+          std::fprintf(stderr, "rank %d: n %zu element %zu: %g, expected %g\n", rank, n, i,
+                       mine[offset + i], expect);
+          return 1;
+        }
+      }
+      offset = (offset + n + 64) % (capacity - (1 << 18) - 64);
+    }
+    // The same range again and again: no call overtakes the previous one.
+    for (int k = 0; k < 200; ++k) {
+      mine[5] = float(k);
+      shm.allreduce(0, 100, std::chrono::seconds(60));
+      if (mine[5] != float(k * world)) return 2;
+    }
+    return 0;
+  });
+  creator.unlink();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmSums, ::testing::Values(1, 2, 3, 4));
+
+TEST(Shm, AMissingRankIsNamedWhenTheWaitTimesOut) {
+  const std::string name = segmentName("timeout");
+  ShmAllreduce creator(name, 0, 3, 64, true);
+  // Ranks 0 and 2 call; rank 1 never does.
+  const auto codes = forkRanks(2, [&](int child) {
+    const int rank = child == 0 ? 0 : 2;
+    ShmAllreduce shm(name, rank, 3, 64, false);
+    try {
+      shm.allreduce(0, 64, std::chrono::milliseconds(300));
+    } catch (const TimeoutError& e) {
+      return std::string(e.what()).find("waiting for rank(s) 1") != std::string::npos ? 0 : 4;
+    }
+    return 5;
+  });
+  creator.unlink();
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+TEST(Shm, OpeningAMissingSegmentNamesIt) {
+  try {
+    ShmAllreduce shm(segmentName("absent"), 1, 2, 16, false);
+    FAIL() << "opened a segment that does not exist";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("absent"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cohort::comm
