@@ -54,8 +54,7 @@ double readEpoch(data::ShardSource& source, int threads, uint64_t epoch) {
   const auto order = data::shuffledShardOrder(counts, 4, 1, static_cast<int64_t>(epoch));
   std::vector<int64_t> first = {0};
   for (int64_t c : counts) first.push_back(first.back() + c);
-  std::vector<std::vector<int64_t>> offsets(m.shards.size());
-  std::vector<int64_t> indexAt(m.shards.size());
+  std::vector<data::ShardIndex> index(m.shards.size());
   std::vector<int> plan;
   std::vector<bool> seen(m.shards.size(), false);
   for (int64_t i : order) {
@@ -68,9 +67,8 @@ double readEpoch(data::ShardSource& source, int threads, uint64_t epoch) {
   const auto start = Clock::now();
   source.plan(plan);
   for (size_t s = 0; s < m.shards.size(); ++s) {
-    offsets[s] = data::readShardIndex([&](int64_t o, int64_t n) { return source.read(int(s), o, n); },
-                                      m.shards[s].bytes, m.shards[s].name);
-    indexAt[s] = m.shards[s].bytes - data::kShardFooterBytes - int64_t(offsets[s].size()) * 8;
+    index[s] = data::readShardIndex([&](int64_t o, int64_t n) { return source.read(int(s), o, n); },
+                                    m.shards[s].bytes, m.shards[s].name);
   }
   std::atomic<size_t> next{0};
   std::vector<std::thread> pool;
@@ -80,8 +78,8 @@ double readEpoch(data::ShardSource& source, int threads, uint64_t epoch) {
         const int64_t i = order[k];
         const auto s = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1);
         const auto r = static_cast<size_t>(i - first[s]);
-        const int64_t end = r + 1 < offsets[s].size() ? offsets[s][r + 1] : indexAt[s];
-        data::parseRecord(source.read(int(s), offsets[s][r], end - offsets[s][r]), offsets[s][r], m.shards[s].name);
+        const int64_t at = index[s].begin(r);
+        data::parseRecord(source.read(int(s), at, index[s].end(r) - at), at, m.shards[s].name);
       }
     });
   }

@@ -365,16 +365,14 @@ int inspectCommand(const std::string& path, int64_t records, const storage::Stor
   }
   if (records > 0 && !m.shards.empty()) {
     out << fmt::format("\nfirst {} records of {}:\n", records, m.shards[0].name);
-    const auto offsets = readShardIndex(
+    const ShardIndex index = readShardIndex(
         [&](int64_t o, int64_t n) { return source.read(0, o, n); }, m.shards[0].bytes, m.shards[0].name);
-    for (size_t i = 0; i < std::min<size_t>(offsets.size(), static_cast<size_t>(records)); ++i) {
-      const int64_t end = i + 1 < offsets.size()
-                              ? offsets[i + 1]
-                              : m.shards[0].bytes - kShardFooterBytes - int64_t(offsets.size()) * 8;
-      const Record r = parseRecord(source.read(0, offsets[i], end - offsets[i]), offsets[i], m.shards[0].name);
+    for (size_t i = 0; i < std::min<size_t>(index.size(), static_cast<size_t>(records)); ++i) {
+      const int64_t at = index.begin(i);
+      const Record r = parseRecord(source.read(0, at, index.end(i) - at), at, m.shards[0].name);
       const std::string cls = r.label >= 0 && r.label < int64_t(m.classes.size())
                                   ? m.classes[static_cast<size_t>(r.label)] : "?";
-      out << fmt::format("  {:>10}  label {:>5} ({})  {} bytes  {}\n", offsets[i], r.label, cls,
+      out << fmt::format("  {:>10}  label {:>5} ({})  {} bytes  {}\n", at, r.label, cls,
                          r.payload.size(), r.key);
     }
   }

@@ -135,8 +135,7 @@ int64_t ShardWriter::finish() {
   return offset_;
 }
 
-std::vector<int64_t> readShardIndex(const ReadAt& read, int64_t fileBytes,
-                                    const std::string& shardName) {
+ShardIndex readShardIndex(const ReadAt& read, int64_t fileBytes, const std::string& shardName) {
   if (fileBytes < kShardHeaderBytes + kShardFooterBytes) {
     corrupt(shardName, 0, fmt::format("{} bytes is too small for a shard", fileBytes));
   }
@@ -165,7 +164,10 @@ std::vector<int64_t> readShardIndex(const ReadAt& read, int64_t fileBytes,
   if (XXH3_64bits(index.data(), index.size()) != indexSum) {
     corrupt(shardName, static_cast<int64_t>(indexOffset), "index checksum mismatch");
   }
-  std::vector<int64_t> offsets(count);
+  ShardIndex result;
+  result.recordsEnd = static_cast<int64_t>(indexOffset);
+  std::vector<int64_t>& offsets = result.offsets;
+  offsets.resize(count);
   uint64_t previous = 0;
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t o = get<uint64_t>(index, i * 8);
@@ -177,7 +179,7 @@ std::vector<int64_t> readShardIndex(const ReadAt& read, int64_t fileBytes,
     offsets[i] = static_cast<int64_t>(o);
     previous = o;
   }
-  return offsets;
+  return result;
 }
 
 RecordHeader parseRecordHeader(const std::string& bytes, int64_t offset,
@@ -220,8 +222,9 @@ Record parseRecord(const std::string& bytes, int64_t offset, const std::string& 
 
 void scanShard(const ReadAt& read, int64_t fileBytes, const std::string& shardName,
                const std::function<void(const Record&, int64_t offset)>& visit) {
-  const std::vector<int64_t> index = readShardIndex(read, fileBytes, shardName);
-  const int64_t indexOffset = fileBytes - kShardFooterBytes - static_cast<int64_t>(index.size()) * 8;
+  const ShardIndex shardIndex = readShardIndex(read, fileBytes, shardName);
+  const std::vector<int64_t>& index = shardIndex.offsets;
+  const int64_t indexOffset = shardIndex.recordsEnd;
   int64_t at = kShardHeaderBytes;
   size_t n = 0;
   while (at < indexOffset) {

@@ -41,7 +41,6 @@ class ShardDataset : public Dataset {
     }
     numClasses_ = numClasses;
     indexes_.resize(m.shards.size());
-    indexStart_.resize(m.shards.size(), 0);
     indexOnce_ = std::make_unique<std::once_flag[]>(m.shards.size());
     if (m.encoding == "raw") {
       shape_ = {m.rawShape[0], m.rawShape[1], m.rawShape[2]};
@@ -111,17 +110,15 @@ class ShardDataset : public Dataset {
   int64_t read(int64_t index, float* out, uint64_t seed) const override {
     COHORT_ASSERT(index >= 0 && index < size_, "sample ", index, " of ", size_);
     const int shard = shardOf(index);
-    const auto& offsets = indexOf(shard);
+    const ShardIndex& shardIndex = indexOf(shard);
     const auto r = static_cast<size_t>(index - first_[static_cast<size_t>(shard)]);
     const std::string& name = source_.manifest().shards[static_cast<size_t>(shard)].name;
-    const int64_t end = r + 1 < offsets.size()
-                            ? offsets[r + 1]
-                            : indexStart_[static_cast<size_t>(shard)];
     const std::string where = source_.describe() + "/" + name;
-    const Record rec = parseRecord(source_.read(shard, offsets[r], end - offsets[r]), offsets[r], where);
+    const int64_t at = shardIndex.begin(r);
+    const Record rec = parseRecord(source_.read(shard, at, shardIndex.end(r) - at), at, where);
     if (rec.label < 0 || rec.label >= numClasses_) {
       throw DataError(fmt::format("{}: record '{}' at offset {} has label {}, outside [0, {})", where,
-                                  rec.key, offsets[r], rec.label, numClasses_));
+                                  rec.key, at, rec.label, numClasses_));
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(rec.payload.data());
     if (source_.manifest().encoding == "raw") {
@@ -140,9 +137,9 @@ class ShardDataset : public Dataset {
       if (config_.onCorrupt == "fail") {
         throw DataError(fmt::format("{}: image '{}' at offset {} does not decode: {} "
                                     "(on_corrupt: skip would skip it)",
-                                    where, rec.key, offsets[r], e.what()));
+                                    where, rec.key, at, e.what()));
       }
-      log::warn("skipping image '{}' of {} (offset {}): {}", rec.key, where, offsets[r], e.what());
+      log::warn("skipping image '{}' of {} (offset {}): {}", rec.key, where, at, e.what());
       return kSkippedSample;
     }
     return rec.label;
@@ -154,20 +151,19 @@ class ShardDataset : public Dataset {
     return static_cast<int>(it - first_.begin()) - 1;
   }
 
-  const std::vector<int64_t>& indexOf(int shard) const {
+  const ShardIndex& indexOf(int shard) const {
     const auto s = static_cast<size_t>(shard);
     std::call_once(indexOnce_[s], [&] {
       const ShardInfo& info = source_.manifest().shards[s];
       const std::string where = source_.describe() + "/" + info.name;
-      auto offsets = readShardIndex(
+      ShardIndex index = readShardIndex(
           [&](int64_t offset, int64_t length) { return source_.read(shard, offset, length); },
           info.bytes, where);
-      if (static_cast<int64_t>(offsets.size()) != info.records) {
+      if (static_cast<int64_t>(index.size()) != info.records) {
         throw DataError(fmt::format("{}: holds {} records, dataset.json says {}", where,
-                                    offsets.size(), info.records));
+                                    index.size(), info.records));
       }
-      indexStart_[s] = info.bytes - kShardFooterBytes - static_cast<int64_t>(offsets.size()) * 8;
-      indexes_[s] = std::move(offsets);
+      indexes_[s] = std::move(index);
     });
     return indexes_[s];
   }
@@ -182,8 +178,7 @@ class ShardDataset : public Dataset {
   ImageTransform transform_;
   // Written once per shard under its once_flag, read-only afterwards.
   std::unique_ptr<std::once_flag[]> indexOnce_;
-  mutable std::vector<std::vector<int64_t>> indexes_;
-  mutable std::vector<int64_t> indexStart_;
+  mutable std::vector<ShardIndex> indexes_;
 };
 
 }  // namespace

@@ -63,11 +63,19 @@ class ShardWriter {
 // Reads `length` bytes at `offset` of one shard; throws on short reads.
 using ReadAt = std::function<std::string(int64_t offset, int64_t length)>;
 
-// The record offsets of a shard, from its footer and index. `fileBytes` is the
-// shard's size. Throws DataError naming `shardName` and the offset of what is
-// wrong (bad magic, version, index checksum, offsets out of range).
-std::vector<int64_t> readShardIndex(const ReadAt& read, int64_t fileBytes,
-                                    const std::string& shardName);
+// Where each record of a shard is: record r spans [begin(r), end(r)).
+struct ShardIndex {
+  std::vector<int64_t> offsets;  // of each record's header
+  int64_t recordsEnd = 0;        // where the last record ends: the index's offset
+  size_t size() const { return offsets.size(); }
+  int64_t begin(size_t r) const { return offsets[r]; }
+  int64_t end(size_t r) const { return r + 1 < offsets.size() ? offsets[r + 1] : recordsEnd; }
+};
+
+// A shard's index, from its footer. `fileBytes` is the shard's size. Throws
+// DataError naming `shardName` and the offset of what is wrong (bad magic,
+// version, index checksum, offsets out of range).
+ShardIndex readShardIndex(const ReadAt& read, int64_t fileBytes, const std::string& shardName);
 
 // Parses the record header at the start of `bytes` (kRecordHeaderBytes or
 // more); returns the record's total size (header + key + payload). Throws
