@@ -4,8 +4,8 @@
 // For ResNet-18 at 32 px (batch 32 per rank) and ResNet-50 at 64 px (batch 8
 // per rank), at 1 and 2 ranks with 1 intra-op thread each, synthetic data,
 // SGD with momentum:
-//   cohort   `cohort run` of a synthetic job; images/s is the median of the
-//            metrics windows after the first (warm-up) one;
+//   cohort   `cohort run` of a synthetic job; images/s over the metrics
+//            windows after the first (warm-up) one;
 //   PyTorch  bench/peers/ddp.py (torchvision's model, gloo DDP, a fixed
 //            batch), timed after the same warm-up.
 // Prints images/s, cohort / PyTorch, weak-scaling efficiency
@@ -39,9 +39,13 @@ struct Config {
   int size, batch, warmup, steps;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+// The rate over equal windows (the same number of steps and images each):
+// images over seconds, i.e. the harmonic mean of the windows' rates, as the
+// PyTorch peer measures (images over seconds after warm-up).
+double overallRate(const std::vector<double>& rates) {
+  double inverse = 0;
+  for (double r : rates) inverse += 1 / r;
+  return rates.empty() ? 0 : double(rates.size()) / inverse;
 }
 
 struct CohortResult {
@@ -93,7 +97,11 @@ CohortResult readRun(const std::string& run) {
   }
   std::ifstream in(run + "/summary.json");
   const auto s = nlohmann::json::parse(in);
-  return {median(windows), s.value("phase_ms_per_step", nlohmann::json::object())};
+  if (windows.empty()) {
+    std::cerr << run << ": no metrics window after the warm-up one (too few steps)\n";
+    std::exit(1);
+  }
+  return {overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object())};
 }
 
 nlohmann::json runPytorch(const Config& c, int procs) {

@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -31,6 +34,21 @@ int futexWait(std::atomic<uint32_t>* word, uint32_t expected, const timespec* ti
       syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, timeout, nullptr, 0));
 }
 
+// False once `pid` has exited: gone, or a zombie its parent has not reaped.
+bool processAlive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;  // no /proc: trust kill()
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return !(n > 0 && close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+}
+
 void futexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
@@ -43,11 +61,12 @@ struct ShmAllreduce::Header {
   uint64_t floatsPerRank;
   alignas(64) std::atomic<uint32_t> generation[2];  // futex words, bumped on every arrival
   Counter arrived[2][kMaxRanks];                    // last sequence number each rank reached
+  std::atomic<int32_t> pid[kMaxRanks];              // each rank's process, to notice one that died
 };
 
 ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, size_t floatsPerRank,
                            bool create)
-    : name_(name), rank_(rank), world_(worldSize), floatsPerRank_(floatsPerRank) {
+    : name_(name), rank_(rank), world_(worldSize), floatsPerRank_(floatsPerRank), creator_(create) {
   COHORT_ASSERT(worldSize >= 1 && worldSize <= kMaxRanks && rank >= 0 && rank < worldSize, "rank ",
                 rank, " of ", worldSize);
   const size_t headerBytes = (sizeof(Header) + 4095) / 4096 * 4096;
@@ -58,12 +77,19 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, siz
     throw IoError(fmt::format("shared memory {}: cannot {}: {}", name, create ? "create" : "open",
                               std::strerror(errno)));
   }
-  if (create && ::ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-    const int e = errno;
+  // Reserve the pages now: tmpfs grants any size to ftruncate and raises
+  // SIGBUS at the first touch past its limit (Docker's /dev/shm is 64 MB).
+  const int sized = create ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_)) : 0;
+  if (sized != 0) {
     ::close(fd);
     ::shm_unlink(name.c_str());
-    throw IoError(fmt::format("shared memory {}: cannot size it to {} MB: {} (is /dev/shm big enough?)",
-                              name, bytes_ >> 20, std::strerror(e)));
+    throw IoError(fmt::format("shared memory {}: cannot reserve {} MB: {} (is /dev/shm big enough?)",
+                              name, bytes_ >> 20, std::strerror(sized)));
+  }
+  struct stat st {};
+  if (!create && (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes_)) {
+    ::close(fd);
+    throw IoError(fmt::format("shared memory {}: {} bytes, {} expected", name, st.st_size, bytes_));
   }
   base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int e = errno;
@@ -81,11 +107,20 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, siz
     std::atomic_thread_fence(std::memory_order_release);
     header_->magic = kMagic;
   }
+  if (!create && (header_->magic != kMagic || header_->world != static_cast<uint32_t>(worldSize) ||
+                  header_->floatsPerRank != floatsPerRank)) {
+    ::munmap(base_, bytes_);
+    base_ = nullptr;
+    throw IoError(fmt::format("shared memory {}: made for another group ({} ranks, {} floats)", name,
+                              header_->world, header_->floatsPerRank));
+  }
+  header_->pid[rank].store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   data_ = reinterpret_cast<float*>(static_cast<char*>(base_) + headerBytes);
   regionStride_ = regionBytes / sizeof(float);
 }
 
 ShmAllreduce::~ShmAllreduce() {
+  if (creator_) unlink();
   if (base_ != nullptr) ::munmap(base_, bytes_);
 }
 
@@ -110,6 +145,16 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
       all = header_->arrived[phase][r].value.load(std::memory_order_acquire) >= seq;
     }
     if (all) return;
+    // A rank whose process is gone will never arrive: fail now, not at the
+    // deadline (the same machine, so its pid says).
+    for (int r = 0; r < world_; ++r) {
+      const pid_t pid = header_->pid[r].load(std::memory_order_acquire);
+      if (header_->arrived[phase][r].value.load(std::memory_order_acquire) < seq && pid > 0 &&
+          !processAlive(pid)) {
+        throw CommError(fmt::format("rank {}: shared-memory allreduce {}: rank {} (pid {}) has exited",
+                                    rank_, seq, r, pid));
+      }
+    }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::vector<int> missing;

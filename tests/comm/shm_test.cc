@@ -106,6 +106,25 @@ TEST(Shm, AMissingRankIsNamedWhenTheWaitTimesOut) {
   EXPECT_EQ(codes[1], 0);
 }
 
+TEST(Shm, ARankThatExitedIsNamedAtOnce) {
+  const std::string name = segmentName("exited");
+  ShmAllreduce creator(name, 0, 2, 64, true);
+  const auto codes = forkRanks(2, [&](int rank) {
+    ShmAllreduce shm(name, rank, 2, 64, false);
+    if (rank == 1) return 0;  // opened the segment, then left without calling
+    try {
+      // A long timeout: the exit must be noticed long before it.
+      shm.allreduce(0, 64, std::chrono::minutes(10));
+    } catch (const CommError& e) {
+      return std::string(e.what()).find("rank 1 (pid") != std::string::npos ? 0 : 4;
+    }
+    return 5;
+  });
+  creator.unlink();
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
 TEST(Shm, OpeningAMissingSegmentNamesIt) {
   try {
     ShmAllreduce shm(segmentName("absent"), 1, 2, 16, false);

@@ -30,7 +30,8 @@ class ShmAllreduce {
   static constexpr int kMaxRanks = 256;
 
   // Creates (create = true; exactly one rank) or opens the POSIX shared
-  // memory object `name`. Throws IoError naming it.
+  // memory object `name`; the creator reserves every page up front. Throws
+  // IoError naming it (e.g. /dev/shm too small).
   ShmAllreduce(const std::string& name, int rank, int worldSize, size_t floatsPerRank, bool create);
   ~ShmAllreduce();
   ShmAllreduce(const ShmAllreduce&) = delete;
@@ -47,8 +48,9 @@ class ShmAllreduce {
   int worldSize() const { return world_; }
 
   // Sums floats [offset, offset + n) of every rank's region into all of
-  // them. Blocks until every rank has made this call; throws TimeoutError
-  // naming the ranks that did not arrive within `timeout`.
+  // them. Blocks until every rank has made this call; throws CommError when
+  // a rank's process has exited, and TimeoutError naming the ranks that did
+  // not arrive within `timeout`.
   void allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
 
  private:
@@ -66,6 +68,7 @@ class ShmAllreduce {
   float* data_ = nullptr;
   size_t regionStride_ = 0;  // floats from one rank's region to the next
   uint64_t seq_ = 0;
+  bool creator_ = false;
   bool unlinked_ = false;
 };
 
