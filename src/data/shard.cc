@@ -68,7 +68,10 @@ ShardWriter::~ShardWriter() {
 void ShardWriter::write(const void* data, size_t size) {
   buffer_.append(static_cast<const char*>(data), size);
   offset_ += static_cast<int64_t>(size);
-  if (buffer_.size() < (4u << 20)) return;
+  if (buffer_.size() >= (4u << 20)) flush();
+}
+
+void ShardWriter::flush() {
   const char* p = buffer_.data();
   size_t left = buffer_.size();
   while (left > 0) {
@@ -113,17 +116,7 @@ int64_t ShardWriter::finish() {
   put<uint64_t>(footer, XXH3_64bits(index.data(), index.size()));
   footer.append(kShardMagic, 8);
   write(footer.data(), footer.size());
-  // Flush what is buffered: write() only flushes past 4 MiB.
-  const char* p = buffer_.data();
-  size_t left = buffer_.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd_, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw IoError(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  buffer_.clear();
+  flush();  // write() only flushes past 4 MiB
   const bool synced = ::fsync(fd_) == 0;
   const int syncErrno = errno;
   const bool closed = ::close(fd_) == 0;

@@ -52,6 +52,7 @@ class ShardWriter {
 
  private:
   void write(const void* data, size_t size);
+  void flush();  // the buffer to the file
 
   std::string path_;
   int fd_ = -1;
