@@ -141,6 +141,13 @@ std::string readFile(const std::string& path) {
 
 std::string shardName(size_t i) { return fmt::format("shard-{:05d}.cohort", i); }
 
+// The tools read each shard once: no copy in the node-local cache.
+CacheConfig uncached() {
+  CacheConfig c;
+  c.enabled = false;
+  return c;
+}
+
 }  // namespace
 
 PackResult pack(const std::string& src, const std::string& dst, const PackOptions& options) {
@@ -346,9 +353,7 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
 
 int inspectCommand(const std::string& path, int64_t records, const storage::StorageOptions& so,
                    std::ostream& out) {
-  CacheConfig noCache;
-  noCache.enabled = false;
-  ShardSource source(path, so, noCache);
+  ShardSource source(path, so, uncached());
   const DatasetManifest& m = source.manifest();
   out << fmt::format("dataset  {}\nname     {}\nencoding {}", source.describe(), m.name, m.encoding);
   if (m.encoding == "raw") out << fmt::format(" {}x{}x{}", m.rawShape[0], m.rawShape[1], m.rawShape[2]);
@@ -381,9 +386,7 @@ int inspectCommand(const std::string& path, int64_t records, const storage::Stor
 
 int verifyCommand(const std::string& path, bool decode, const storage::StorageOptions& so,
                   std::ostream& out) {
-  CacheConfig noCache;
-  noCache.enabled = false;
-  ShardSource source(path, so, noCache);
+  ShardSource source(path, so, uncached());
   const DatasetManifest& m = source.manifest();
   int problems = 0;
   int64_t undecodable = 0;
