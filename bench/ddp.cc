@@ -175,12 +175,12 @@ int main(int argc, char** argv) {
   for (const auto& l : lines) {
     const auto& p = l["cohort_phase_ms"];
     auto g = [&](const char* k) { return p.contains(k) ? p[k].get<double>() : 0.0; };
-    const double total = g("data_wait") + g("buffer_sync") + g("forward") + g("backward") +
+    const double total = g("data_wait") + g("forward") + g("backward") +
                          g("exposed_comm") + g("optimizer");
     std::cout << fmt::format(
-        "{:<9} {} ranks: data wait {:.1f}, buffers {:.1f}, forward {:.1f}, backward {:.1f}, exposed comm {:.1f} "
+        "{:<9} {} ranks: data wait {:.1f}, forward {:.1f}, backward {:.1f}, exposed comm {:.1f} "
         "({:.1f}% of the step), optimizer {:.1f} | PyTorch: forward {:.1f}, backward {:.1f}, optimizer {:.1f}\n",
-        l["arch"].get<std::string>(), l["ranks"].get<int>(), g("data_wait"), g("buffer_sync"), g("forward"),
+        l["arch"].get<std::string>(), l["ranks"].get<int>(), g("data_wait"), g("forward"),
         g("backward"), g("exposed_comm"), total > 0 ? 100 * g("exposed_comm") / total : 0.0, g("optimizer"),
         l["pytorch_phase_ms"]["forward"].get<double>(), l["pytorch_phase_ms"]["backward"].get<double>(),
         l["pytorch_phase_ms"]["optimizer"].get<double>());

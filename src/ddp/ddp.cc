@@ -91,7 +91,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     for (size_t k : b.params) {
       Param& p = params_[k];
       const int64_t n = p.tensor.numel();
-      p.gradView = b.flat.narrow(0, offset, n).view(p.tensor.sizes());
+      // The view takes the parameter's strides when they are dense (e.g.
+      // channels-last weights), so autograd accumulates without a relayout.
+      at::Tensor slot = b.flat.narrow(0, offset, n);
+      p.gradView = p.tensor.is_non_overlapping_and_dense()
+                       ? slot.as_strided(p.tensor.sizes(), p.tensor.strides())
+                       : slot.view(p.tensor.sizes());
       p.tensor.mutable_grad() = p.gradView;
       offset += n;
     }

@@ -8,10 +8,40 @@
 
 namespace cohort::models {
 
-std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input) {
-  if (input.channels < 1) {
-    throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
+namespace {
+
+// `t` (4-D) with the strides of `format`. Tensor::contiguous(format) keeps a
+// tensor whose size-1 dimensions make it count as already contiguous, e.g. a
+// one-channel image batch; kernels choose their layout from the strides.
+at::Tensor restrided(const at::Tensor& t, at::MemoryFormat format) {
+  at::Tensor out = at::empty(t.sizes(), t.options().memory_format(format));
+  if (out.strides() == t.strides()) return t;
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace
+
+void Model::setChannelsLast(bool on) {
+  torch::NoGradGuard noGrad;
+  const auto format = on ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  for (auto& t : parameters()) {
+    if (t.dim() == 4) t.set_data(restrided(t, format));
   }
+  for (auto& t : buffers()) {
+    if (t.dim() == 4) t.set_data(restrided(t, format));
+  }
+  channelsLast_ = on;
+}
+
+at::Tensor Model::inLayout(const at::Tensor& images) const {
+  if (!channelsLast_ || images.dim() != 4) return images;
+  return restrided(images, at::MemoryFormat::ChannelsLast);
+}
+
+namespace {
+
+std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input) {
   const std::string& a = config.arch;
   if (a == "simple_cnn") return std::make_shared<SimpleCnn>(config, input);
   if (a == "resnet18") return std::make_shared<ResNet>(18, config, input);
@@ -19,6 +49,21 @@ std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& 
   if (a == "resnet50") return std::make_shared<ResNet>(50, config, input);
   if (a == "resnet101") return std::make_shared<ResNet>(101, config, input);
   throw ConfigError(fmt::format("model.arch: unknown architecture '{}'", a));
+}
+
+}  // namespace
+
+std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input) {
+  if (input.channels < 1) {
+    throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
+  }
+  std::shared_ptr<Model> model = build(config, input);
+  // Measured on CPU (docs/benchmarks.md): NHWC makes the small network's
+  // max-pool and BatchNorm several times faster, and the ResNets slower.
+  const bool channelsLast = config.memoryFormat == "channels_last" ||
+                            (config.memoryFormat == "auto" && config.arch == "simple_cnn");
+  if (channelsLast) model->setChannelsLast(true);
+  return model;
 }
 
 int64_t parameterCount(const torch::nn::Module& module) {

@@ -103,7 +103,7 @@ ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInp
 }
 
 at::Tensor ResNet::forward(const at::Tensor& input) {
-  at::Tensor x = torch::relu(bn1_(conv1_(input)));
+  at::Tensor x = torch::relu(bn1_(conv1_(inLayout(input))));
   if (!smallInput_) x = torch::max_pool2d(x, 3, 2, 1);
   x = layer4_->forward(layer3_->forward(layer2_->forward(layer1_->forward(x))));
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);

@@ -26,7 +26,7 @@ SimpleCnn::SimpleCnn(const ModelConfig& c, const InputShape& in) {
 }
 
 at::Tensor SimpleCnn::forward(const at::Tensor& input) {
-  at::Tensor x = conv1_(input);
+  at::Tensor x = conv1_(inLayout(input));
   if (bn1_) x = bn1_(x);
   x = torch::max_pool2d(torch::relu(x), 2);
   x = conv2_(x);

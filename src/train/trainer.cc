@@ -543,11 +543,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       const int64_t cycleSamples =
           std::min(perRank, (cycleStart + cycleLen) * tc.batchSize) - cycleStart * tc.batchSize;
       PhaseTimes& ph = summary.phases;
-      auto t0 = Clock::now();
-      if (micro == cycleStart) ddp.syncBuffers();
+      // Buffers (BatchNorm statistics) are not sent every step: in training
+      // mode no layer reads them, rank 0's are the ones checkpointed, and
+      // every rank takes rank 0's before evaluation and the final save. The
+      // outputs are those of a broadcast before each step, at no cost.
       ddp.setSyncGradients(sync);
       auto t1 = Clock::now();
-      ph.bufferSync += seconds(t0, t1);
       const int64_t n = batch->labels.size(0);
       at::Tensor logits = model->forward(batch->images.to(device, /*non_blocking=*/true));
       at::Tensor loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
@@ -748,7 +749,6 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   if (s.phases.steps > 0) {
     const double k = 1000.0 / double(s.phases.steps);
     j["phase_ms_per_step"] = {{"data_wait", k * s.phases.dataWait},
-                              {"buffer_sync", k * s.phases.bufferSync},
                               {"forward", k * s.phases.forward},
                               {"backward", k * s.phases.backward},
                               {"exposed_comm", k * s.phases.exposedComm},

@@ -133,5 +133,48 @@ TEST(DdpLocal, ReplacedGradientIsPutBackIntoItsBucket) {
   EXPECT_EQ(net->a->weight.grad().abs().sum().item<float>(), 0.0f);
 }
 
+// Channels-last weights (what model.memory_format gives convolutions): each
+// gradient lives in its bucket with the weight's own strides, so autograd
+// writes it in place, and the values are plain autograd's.
+TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
+  struct ConvNet : torch::nn::Module {
+    ConvNet() {
+      conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)));
+      fc = register_module("fc", torch::nn::Linear(4 * 3 * 3, 2));
+    }
+    at::Tensor forward(const at::Tensor& x) { return fc(torch::relu(conv(x)).flatten(1)); }
+    torch::nn::Conv2d conv{nullptr};
+    torch::nn::Linear fc{nullptr};
+  };
+  torch::manual_seed(3);
+  auto net = std::make_shared<ConvNet>();
+  auto plain = std::make_shared<ConvNet>();
+  {
+    torch::NoGradGuard g;
+    auto src = net->parameters(), dst = plain->parameters();
+    for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
+    net->conv->weight.set_data(net->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  ASSERT_FALSE(net->conv->weight.is_contiguous());
+  DistributedDataParallel ddp(net, soloComm(), {1000, false, true});
+  at::Tensor x = torch::randn({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  for (int step = 0; step < 2; ++step) {
+    ddp.setSyncGradients(true);
+    net->forward(x).pow(2).sum().backward();
+    ddp.finishGradients();
+  }
+  plain->forward(x.contiguous()).pow(2).sum().backward();
+  plain->forward(x.contiguous()).pow(2).sum().backward();
+  const at::Tensor& g = net->conv->weight.grad();
+  EXPECT_EQ(g.strides(), net->conv->weight.strides());
+  // The gradient is the bucket's memory, not a copy: one bucket holds all.
+  const auto* base = static_cast<const char*>(net->fc->bias.grad().data_ptr());
+  const auto* at = static_cast<const char*>(g.data_ptr());
+  const size_t floats = 2 + 2 * 36 + 4 + 4 * 27;
+  EXPECT_TRUE(at >= base && at < base + floats * sizeof(float)) << "conv.weight's gradient left its bucket";
+  EXPECT_TRUE(torch::allclose(g, plain->conv->weight.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(net->fc->weight.grad(), plain->fc->weight.grad(), 1e-5, 1e-6));
+}
+
 }  // namespace
 }  // namespace cohort::ddp

@@ -4,6 +4,7 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "cohort/models/model.h"
+#include "util/process.h"
 
 namespace cohort::models {
 namespace {
@@ -76,6 +77,63 @@ TEST(Models, ZeroInitResidual) {
       EXPECT_GT(t.abs().sum().item<float>(), 0.0f);
     }
   }
+}
+
+// model.memory_format changes the layout in memory, never the function: the
+// same seed gives the same weights, outputs and gradients in either layout,
+// and state dicts (checkpoints, final.pt) hold the same tensors.
+TEST(Models, ChannelsLastComputesTheSameFunction) {
+  ModelConfig c = arch("simple_cnn", 10);
+  c.dropout = 0;
+  c.memoryFormat = "contiguous";
+  torch::manual_seed(5);
+  auto nchw = createModel(c, {1, 28, 28});
+  c.memoryFormat = "channels_last";
+  torch::manual_seed(5);
+  auto nhwc = createModel(c, {1, 28, 28});
+  EXPECT_FALSE(nchw->channelsLast());
+  ASSERT_TRUE(nhwc->channelsLast());
+  // One input channel: the weight must still get channels-last strides
+  // (contiguous(ChannelsLast) alone would leave them), or kernels fall back.
+  auto named = nhwc->named_parameters();
+  EXPECT_EQ(named["conv1.weight"].stride(1), 1);
+  EXPECT_TRUE(named["conv2.weight"].is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(named["conv2.weight"].is_contiguous());
+
+  auto a = ckpt::stateDict(*nchw), b = ckpt::stateDict(*nhwc);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[k].second, b[k].second)) << a[k].first;
+  }
+  // Saved from channels-last, loaded into NCHW (what torch.load users get).
+  test::TempDir dir;
+  ckpt::saveStateDict(b, dir.file("m.pt"));
+  auto loaded = ckpt::readStateDict(dir.file("m.pt"));
+  ASSERT_EQ(loaded.size(), a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[k].second, loaded[k].second)) << a[k].first;
+  }
+  at::Tensor x = torch::randn({4, 1, 28, 28});
+  at::Tensor ya = nchw->forward(x), yb = nhwc->forward(x);
+  EXPECT_TRUE(torch::allclose(ya, yb, 1e-4, 1e-5)) << (ya - yb).abs().max();
+  ya.pow(2).sum().backward();
+  yb.pow(2).sum().backward();
+  auto pa = nchw->named_parameters(), pb = nhwc->named_parameters();
+  for (const auto& item : pa) {
+    const at::Tensor& ga = item.value().grad();
+    const at::Tensor& gb = pb[item.key()].grad();
+    EXPECT_TRUE(torch::allclose(ga, gb, 1e-3, 1e-5)) << item.key() << ": " << (ga - gb).abs().max();
+  }
+}
+
+TEST(Models, AutoMemoryFormatIsChannelsLastOnlyWhereItIsFaster) {
+  EXPECT_TRUE(createModel(arch("simple_cnn", 10), {1, 28, 28})->channelsLast());
+  EXPECT_FALSE(createModel(arch("resnet18", 10), {3, 32, 32})->channelsLast());
+  ModelConfig r = arch("resnet18", 10);
+  r.memoryFormat = "channels_last";
+  auto m = createModel(r, {3, 32, 32});
+  EXPECT_TRUE(m->channelsLast());
+  EXPECT_EQ(m->forward(torch::zeros({2, 3, 32, 32})).sizes(), (std::vector<int64_t>{2, 10}));
 }
 
 }  // namespace

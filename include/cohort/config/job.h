@@ -22,6 +22,7 @@ struct ModelConfig {
   double dropout = 0.0;     // simple_cnn: before the classifier
   bool zeroInitResidual = false;  // ResNet: last BN of each block starts at 0
   std::string initFrom;     // state dict (.pt) to start from
+  std::string memoryFormat = "auto";  // auto | channels_last | contiguous
 };
 
 struct AugmentConfig {

@@ -82,7 +82,8 @@ class DistributedDataParallel {
   // Blocks (collective).
   void broadcastState();
   // Every rank takes rank 0's buffers (BatchNorm statistics), if
-  // broadcast_buffers. Call before each forward. Blocks (collective).
+  // broadcast_buffers. Call before anything reads them (evaluation, a
+  // save). Blocks (collective).
   void syncBuffers();
   // Whether the next backward exchanges gradients.
   void setSyncGradients(bool sync);

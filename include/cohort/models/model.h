@@ -17,6 +17,18 @@ namespace cohort::models {
 class Model : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& images) = 0;
+
+  // Whether images and 4-D weights are kept channels-last (NHWC in memory,
+  // NCHW in shape). The function computed is the same either way.
+  bool channelsLast() const { return channelsLast_; }
+  void setChannelsLast(bool on);
+
+ protected:
+  // `images` in the layout the model computes in; forward() starts with it.
+  at::Tensor inLayout(const at::Tensor& images) const;
+
+ private:
+  bool channelsLast_ = false;
 };
 
 struct InputShape {
@@ -26,7 +38,8 @@ struct InputShape {
 };
 
 // Builds the network `config` names for inputs of `input` shape, with
-// weights initialized from the current torch seed. Throws ConfigError when
+// weights initialized from the current torch seed, in the memory format
+// config.memory_format resolves to. Throws ConfigError when
 // the configuration cannot work (e.g. an input too small for the network).
 std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input);
 

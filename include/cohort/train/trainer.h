@@ -21,7 +21,6 @@ struct PhaseTimes {
   double backward = 0;     // backward; bucket allreduces overlap it
   double exposedComm = 0;  // the exchange not hidden under backward: finishGradients, and
                            // shared-memory exchanges (synchronous, inside backward)
-  double bufferSync = 0;   // broadcast of buffers (BatchNorm statistics) before a step
   double optimizer = 0;    // optimizer step and zeroing the gradients
   int64_t steps = 0;
 };

@@ -51,6 +51,10 @@ void describe(V& v, ModelConfig& c) {
           "ResNet: start the last BatchNorm of each residual block at zero.");
   v.field("init_from", c.initFrom,
           "State dict (.pt, as written by torch.save(model.state_dict())) to start from.");
+  v.field("memory_format", c.memoryFormat,
+          "Layout of images and convolution weights: channels_last (NHWC), contiguous (NCHW), or "
+          "auto: channels_last for simple_cnn, where it is faster on CPU, contiguous for ResNets.",
+          oneOf({"auto", "channels_last", "contiguous"}));
 }
 
 template <class V>
@@ -161,7 +165,8 @@ void describe(V& v, DistributionConfig& c) {
           "When every rank runs on one machine, sum gradients in shared memory instead of over "
           "Gloo's loopback TCP.");
   v.field("broadcast_buffers", c.broadcastBuffers,
-          "Broadcast buffers (BatchNorm running statistics) from rank 0 before each step.");
+          "Buffers (BatchNorm running statistics) follow rank 0's: every rank takes them before "
+          "evaluation and the final save; false keeps each rank's own.");
   v.field("max_restarts", c.maxRestarts,
           "`cohort run`: when a rank crashes, is killed or times out, restart every rank from the "
           "newest checkpoint, at most this many times.",
