@@ -57,7 +57,7 @@ md.append("`./build/bench/cohort_bench_ddp`: synthetic data, SGD with momentum, 
           "2-rank images/s / (2 x 1-rank images/s); its ceiling here is two 1-rank cohort runs at once, with no "
           "communication at all.\n")
 md.append("| model | px | batch/rank | ranks | cohort img/s | PyTorch img/s | **cohort / PyTorch** | cohort efficiency | PyTorch efficiency | ceiling (no communication) |")
-md.append("|---|---|---|---|---|---|---|---|---|---|")
+md.append("|---|---|---|---|---|---|---|---|---|")
 ddp = lines(f"{out}/ddp.txt")
 for j in ddp:
     md.append(f"| {j['arch']} | {j['size']} | {j['batch']} | {j['ranks']} | {j['cohort_images_per_s']:.1f} | "
@@ -67,12 +67,12 @@ for j in ddp:
               f"{j['pytorch_images_per_s']:.1f} | **{j['ratio']:.2f}x** | | | |")
 md.append("\nPer-step breakdown, ms (cohort: rank 0's `phase_ms_per_step`; exposed communication is the "
           "exchange not hidden under backward; PyTorch's backward includes its allreduce wait):\n")
-md.append("| model | ranks | data wait | buffer sync | forward | backward | exposed comm | (share of step) | optimizer | PyTorch forward / backward / optimizer |")
-md.append("|---|---|---|---|---|---|---|---|---|---|")
+md.append("| model | ranks | data wait | forward | backward | exposed comm | (share of step) | optimizer | PyTorch forward / backward / optimizer |")
+md.append("|---|---|---|---|---|---|---|---|---|")
 for j in ddp:
     p = j["cohort_phase_ms"]; t = j["pytorch_phase_ms"]
-    total = sum(p.get(k, 0) for k in ("data_wait", "buffer_sync", "forward", "backward", "exposed_comm", "optimizer"))
-    md.append(f"| {j['arch']} | {j['ranks']} | {p.get('data_wait',0):.1f} | {p.get('buffer_sync',0):.1f} | {p.get('forward',0):.1f} | "
+    total = sum(p.get(k, 0) for k in ("data_wait", "forward", "backward", "exposed_comm", "optimizer"))
+    md.append(f"| {j['arch']} | {j['ranks']} | {p.get('data_wait',0):.1f} | {p.get('forward',0):.1f} | "
               f"{p.get('backward',0):.1f} | {p.get('exposed_comm',0):.1f} | {100*p.get('exposed_comm',0)/total if total else 0:.1f}% | "
               f"{p.get('optimizer',0):.1f} | {t['forward']:.1f} / {t['backward']:.1f} / {t['optimizer']:.1f} |")
 start = float(open(f"{out}/fm.start").read())
