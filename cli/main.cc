@@ -5,11 +5,15 @@
 //   cohort validate JOB.yaml [--set ...]
 //   cohort ckpt list|verify|inspect PATH
 //   cohort data pack SRC DST | inspect PATH | verify PATH
+//   cohort health [JOB] [--procs N] [--json] [--set ...]
+//   cohort logs RUN_DIR [--rank r] [--follow]
 //   cohort help [COMMAND] | cohort --version
 //
 // Exit codes: 0 success; 2 bad input (job file, data, arguments); 1 a failure
 // during training; 75 stopped on SIGTERM after a checkpoint (rerun resumes);
-// 128+N when stopped by signal N.
+// 128+N when stopped by signal N. A rank (`cohort worker`) also exits 3 when
+// training diverged, 4 when it gave up on a stalled collective and 5 when a
+// preflight health check failed; `cohort run` reports them and exits 1.
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -24,6 +28,8 @@
 #include "cohort/core/version.h"
 #include "cohort/data/pack.h"
 #include "cohort/launch/launcher.h"
+#include "cohort/monitor/health.h"
+#include "cohort/monitor/logs.h"
 #include "cohort/train/worker.h"
 
 namespace {
@@ -76,13 +82,17 @@ int main(int argc, char** argv) {
                            cohort::torchVersion() + ")");
   app.footer(
       "Exit codes: 0 success, 2 bad input (job file, data, arguments), 1 failure during "
-      "training, 75 stopped on SIGTERM after a checkpoint (rerun to resume).\nDocumentation: docs/job-spec.md, docs/launching.md");
+      "training, 75 stopped on SIGTERM after a checkpoint (rerun to resume); a rank (`cohort "
+      "worker`) also exits 3 when training diverged, 4 on a stalled collective, 5 on a failed "
+      "preflight check.\nDocumentation: docs/job-spec.md, docs/launching.md, docs/monitoring.md");
 
   std::string jobPath, runDir;
   std::vector<std::string> overrides;
   int procs = 0;
   std::string resume;
   bool newRun = false;
+  bool timeline = false;
+  int metricsPort = 0;
 
   CLI::App* run = app.add_subcommand("run", "Train: start the ranks on this machine and watch them");
   run->add_option("job", jobPath, "Job file (YAML)")->required();
@@ -95,6 +105,11 @@ int main(int argc, char** argv) {
   run->add_option("--resume", resume,
                   "Resume from this checkpoint (a step-<N> directory, a checkpoints directory or "
                   "a run directory) when the run directory has none of its own");
+  run->add_flag("--timeline", timeline,
+                "Each rank writes a Chrome trace to <run>/timeline/rank-<r>.json (output.timeline)");
+  run->add_option("--metrics-port", metricsPort,
+                  "Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (output.metrics_port)")
+      ->check(CLI::Range(1, 65535));
   run->add_flag("--new-run", newRun,
                 "Start a new run directory even if an interrupted run of the same job could be "
                 "resumed");
@@ -173,6 +188,30 @@ int main(int argc, char** argv) {
                   "Blob storage, emulator only: plain http, no certificate verification");
   }
 
+  CLI::App* health = app.add_subcommand(
+      "health", "Measure matmul, memory, disk and allreduce speed on N local ranks against the "
+                "health.* thresholds; exit 1 naming each failing rank and check");
+  cohort::monitor::HealthCommandOptions healthOptions;
+  health->add_option("job", healthOptions.jobPath, "Job file (YAML); default: every key at its default");
+  health->add_option("--set", healthOptions.overrides,
+                     "Override a job key: key.path=value, e.g. health.min_matmul_gflops=5 (repeatable)")
+      ->allow_extra_args(false);
+  health->add_option("--procs", healthOptions.procs, "Ranks to start (default: distribution.procs_per_node)")
+      ->check(CLI::Range(1, 4096));
+  health->add_flag("--json", healthOptions.json, "Print a JSON array of per-rank reports");
+  // Hidden: set in the rank processes `cohort health` starts.
+  health->add_option("--rank", healthOptions.rank)->group("");
+  health->add_option("--store-port", healthOptions.storePort)->group("");
+
+  CLI::App* logs = app.add_subcommand(
+      "logs", "Print a run's logs (launcher and ranks) merged in time order");
+  cohort::monitor::LogsOptions logsOptions;
+  logs->add_option("run_dir", logsOptions.runDir, "Run directory")->required();
+  logs->add_option("--rank", logsOptions.rank, "Only this rank's log")->check(CLI::NonNegativeNumber);
+  logs->add_flag("--follow,-f", logsOptions.follow,
+                 "Keep printing lines as they are written until the run ends (summary.json) or "
+                 "Ctrl-C");
+
   CLI::App* help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   std::string helpTopic;
   help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
@@ -202,13 +241,14 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!helpTopic.empty()) {
-        for (CLI::App* sub : {run, worker, validate, ckpt, data}) {
+        for (CLI::App* sub : {run, worker, validate, ckpt, data, logs, health}) {
           if (sub->get_name() == helpTopic) {
             std::cout << sub->help();
             return 0;
           }
         }
-        std::cerr << "cohort: no help on '" << helpTopic << "' (try: run, worker, validate, ckpt, data, job)\n";
+        std::cerr << "cohort: no help on '" << helpTopic
+                  << "' (try: run, worker, validate, ckpt, data, logs, health, job)\n";
         return 2;
       }
       std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -235,10 +275,13 @@ int main(int argc, char** argv) {
     }
     if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
     if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
+    if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
     if (*run) {
       cohort::launch::LaunchOptions o;
       o.jobPath = jobPath;
       o.overrides = overrides;
+      if (timeline) o.overrides.push_back("output.timeline=true");
+      if (metricsPort > 0) o.overrides.push_back(fmt::format("output.metrics_port={}", metricsPort));
       o.runDir = runDir;
       o.procs = procs;
       o.resume = resume;
@@ -247,6 +290,10 @@ int main(int argc, char** argv) {
     }
     if (*worker) {
       runWorkerAndExit({jobPath, overrides, runDir, resume});
+    }
+    if (*health) {
+      if (healthOptions.rank >= 0) cohort::monitor::runHealthRankAndExit(healthOptions, std::cout);
+      return cohort::monitor::healthCommand(healthOptions);
     }
   } catch (...) {
     return reportCurrentException();

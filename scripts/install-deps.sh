@@ -12,7 +12,7 @@ zlib1g-dev libxxhash-dev libopenblas0-openmp
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 dataset-fashion-mnist
-python3 python3-torch python3-torchvision"
+python3 python3-torch python3-torchvision python3-protobuf"
 
 # Node.js runs Azurite, the blob storage emulator of the storage tests
 # (tests/azurite). A node already on PATH (a newer one) is used as it is.
@@ -36,4 +36,27 @@ if [ -n "$missing" ]; then
   $SUDO apt-get install -y -q --no-install-recommends $missing
 else
   echo "cohort: all dependencies present"
+fi
+
+# Prometheus' promtool and server, for the /metrics tests (tests/monitor):
+# Debian's package unpacked into a directory of ours, as installing it would
+# start a system service. Skipped when present. COHORT_PROMETHEUS_DIR (CMake)
+# must name the same directory.
+PROMETHEUS_DIR="${COHORT_PROMETHEUS_DIR:-/opt/cohort/prometheus}"
+if [ -x "$PROMETHEUS_DIR/usr/bin/prometheus" ] && [ -x "$PROMETHEUS_DIR/usr/bin/promtool" ]; then
+  echo "cohort: prometheus present in $PROMETHEUS_DIR"
+else
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  echo "cohort: unpacking Debian's prometheus into $PROMETHEUS_DIR"
+  debs=$(mktemp -d)
+  # apt downloads as the _apt user when it can write there.
+  chmod 0755 "$debs"
+  if [ "$(id -u)" -eq 0 ]; then chown _apt "$debs" 2>/dev/null || true; fi
+  if ! (cd "$debs" && apt-get download -q prometheus); then
+    $SUDO apt-get update -q
+    (cd "$debs" && apt-get download -q prometheus)
+  fi
+  $SUDO mkdir -p "$PROMETHEUS_DIR"
+  $SUDO dpkg-deb -x "$debs"/prometheus_*.deb "$PROMETHEUS_DIR"
+  rm -rf "$debs"
 fi

@@ -15,6 +15,7 @@
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/monitor/timeline.h"
 
 namespace fs = std::filesystem;
 
@@ -195,7 +196,10 @@ void Checkpointer::copyLoop() {
       slot = slots_[static_cast<size_t>(job->slot)].get();
     }
     try {
-      copy(*job, *slot);
+      {
+        monitor::TimelineSpan span("checkpoint copy", "checkpoint", 1);
+        copy(*job, *slot);
+      }
       std::lock_guard<std::mutex> g(mutex_);
       writeQueue_.push_back(job);
       cv_.notify_all();
@@ -354,6 +358,7 @@ void Checkpointer::write(Job& job) {
     return;
   }
   std::vector<ManifestFile> mine;
+  monitor::TimelineSpan span("checkpoint write", "checkpoint", 3);
   try {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -392,6 +397,7 @@ void Checkpointer::write(Job& job) {
 }
 
 void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
+  monitor::TimelineSpan span("checkpoint commit", "checkpoint", 3);
   const int64_t step = job.manifest.step;
   const std::string dir = options_.dir + "/" + checkpointDirName(step);
   Manifest m = job.manifest;

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "cohort/core/error.h"
+#include "cohort/monitor/activity.h"
 #include "cohort/core/log.h"
 
 namespace cohort::comm {
@@ -141,6 +142,7 @@ c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {
 }
 
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const char* what) {
+  monitor::WaitScope waiting(what);  // for the stall inspector (monitor/watchdog.h)
   try {
     work->wait(comm.timeout);
   } catch (const std::exception& e) {
@@ -190,6 +192,7 @@ void checkAgreement(const Comm& comm, const std::string& key, const std::string&
   for (int r = 0; r < comm.worldSize; ++r) {
     const std::string k = fmt::format("agree/{}/{}", key, r);
     try {
+      monitor::WaitScope waiting("agreement check");
       comm.store->wait({k}, comm.timeout);
       byValue[stringOf(comm.store->get(k))].push_back(r);
     } catch (const std::exception& e) {
@@ -214,6 +217,7 @@ std::string shareFromRoot(const Comm& comm, const std::string& key, const std::s
     return value;
   }
   try {
+    monitor::WaitScope waiting("a value from rank 0");
     comm.store->wait({k}, comm.timeout);
     return stringOf(comm.store->get(k));
   } catch (const std::exception& e) {

@@ -126,9 +126,22 @@ std::string toYaml(const JobConfig& job) {
 }
 
 std::string jobHash(const JobConfig& job) {
+  // Keys that only change how the run is watched are left out, so a rerun
+  // with --timeline or another stall threshold still resumes the run.
+  JobConfig hashed = job;
+  const JobConfig defaults;
+  hashed.output.progress = defaults.output.progress;
+  hashed.output.tensorboard = defaults.output.tensorboard;
+  hashed.output.timeline = defaults.output.timeline;
+  hashed.output.metricsPort = defaults.output.metricsPort;
+  hashed.output.metricsHost = defaults.output.metricsHost;
+  hashed.distribution.heartbeatS = defaults.distribution.heartbeatS;
+  hashed.distribution.stallWarnS = defaults.distribution.stallWarnS;
+  hashed.distribution.stallTimeoutS = defaults.distribution.stallTimeoutS;
+  hashed.distribution.stragglerFactor = defaults.distribution.stragglerFactor;
   // FNV-1a, 64 bit: stable across builds and machines.
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : toYaml(job)) {
+  for (unsigned char c : toYaml(hashed)) {
     h ^= c;
     h *= 1099511628211ull;
   }

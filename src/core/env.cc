@@ -154,22 +154,30 @@ std::optional<std::string> logLevel() { return get("COHORT_LOG_LEVEL"); }
 std::optional<Fault> fault() {
   auto v = get("COHORT_FAULT");
   if (!v) return std::nullopt;
-  static const std::regex re(R"((exit(\d+)|kill)@rank(\d+):step(\d+)(:always)?)");
+  static const std::regex re(
+      R"(((exit|sleep|slow)(\d+)|kill|nan)@rank(\d+):step(\d+)(:always)?)");
   std::smatch m;
   if (!std::regex_match(*v, m, re)) {
     throw ConfigError(fmt::format(
-        "environment variable COHORT_FAULT: expected '<exitN|kill>@rank<R>:step<S>[:always]', got '{}'",
+        "environment variable COHORT_FAULT: expected "
+        "'<exitN|kill|sleepS|slowMS|nan>@rank<R>:step<S>[:always]', got '{}'",
         *v));
   }
   Fault f;
-  if (m[1].str() == "kill") {
+  const std::string action = m[2].matched ? m[2].str() : m[1].str();
+  if (action == "kill") {
     f.action = Fault::Action::kill;
+  } else if (action == "nan") {
+    f.action = Fault::Action::nan;
+  } else if (action == "exit") {
+    f.exitCode = parseInt("COHORT_FAULT", m[3]);
   } else {
-    f.exitCode = parseInt("COHORT_FAULT", m[2]);
+    f.action = action == "sleep" ? Fault::Action::sleep : Fault::Action::slow;
+    f.amount = parseInt("COHORT_FAULT", m[3]);
   }
-  f.rank = parseInt("COHORT_FAULT", m[3]);
-  f.step = parseInt("COHORT_FAULT", m[4]);
-  f.everyAttempt = m[5].matched;
+  f.rank = parseInt("COHORT_FAULT", m[4]);
+  f.step = parseInt("COHORT_FAULT", m[5]);
+  f.everyAttempt = m[6].matched;
   return f;
 }
 

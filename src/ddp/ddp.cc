@@ -10,11 +10,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
+#include "cohort/monitor/activity.h"
+#include "cohort/monitor/timeline.h"
 #include "cohort/core/log.h"
 
 namespace cohort::ddp {
@@ -128,6 +131,18 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 }
 
 namespace {
+
+int64_t micros(monitor::Timeline::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+monitor::Timeline::Clock::time_point timePoint(int64_t us) {
+  return monitor::Timeline::Clock::time_point(std::chrono::microseconds(us));
+}
+
+std::string bucketArgs(const at::Tensor& flat, size_t params) {
+  return fmt::format(R"({{"bytes":{},"parameters":{}}})", flat.nbytes(), params);
+}
 
 // This machine, as every rank sees it: host name and boot id.
 std::string machineId() {
@@ -246,6 +261,16 @@ void DistributedDataParallel::broadcastState() {
   comm::broadcast(comm_, state, 0, "broadcast of the initial parameters");
 }
 
+bool DistributedDataParallel::gradientsFinite() const {
+  torch::NoGradGuard noGrad;
+  for (const Bucket& b : buckets_) {
+    // A sum is finite exactly when no element is NaN or Inf, unless finite
+    // values overflow it: then the gradient is useless too.
+    if (!std::isfinite(b.flat.sum().item<double>())) return false;
+  }
+  return true;  // finishGradients put every gradient back into its bucket
+}
+
 void DistributedDataParallel::syncBuffers() {
   if (!options_.broadcastBuffers || buffers_.empty()) return;
   std::vector<at::Tensor> buffers = buffers_;
@@ -295,12 +320,19 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
         // Synchronous: on a shared machine the sum is a pass over memory,
         // cheaper done here than handed to a thread competing for the cores.
         const auto start = std::chrono::steady_clock::now();
+        const auto wallStart = monitor::Timeline::Clock::now();
+        monitor::WaitScope waiting("gradient allreduce (shared memory)");
         shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout);
         stats_.sharedMemorySeconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (monitor::Timeline* t = monitor::timeline()) {
+          t->complete(fmt::format("allreduce bucket {} (shared memory)", nextLaunch_), "comm",
+                      wallStart, monitor::Timeline::Clock::now(), 0, bucketArgs(b.flat, b.params.size()));
+        }
       } else {
         std::vector<at::Tensor> v{b.flat};
         b.work = comm_.pg->allreduce(v);
+        if (monitor::timeline() != nullptr) traceCompletion(b);
       }
     }
     ++(fromHook ? stats_.launchedDuringBackward : stats_.launchedAtFinish);
@@ -336,12 +368,37 @@ void DistributedDataParallel::finishGradients() {
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(std::move(works));
+  if (monitor::Timeline* t = monitor::timeline(); t != nullptr && !shm_) {
+    // Gloo runs the allreduces on its own threads: one timeline row for them.
+    const int64_t now = micros(monitor::Timeline::Clock::now());
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      Bucket& b = buckets_[k];
+      if (b.launchedUs == 0) continue;
+      const int64_t done = b.completedUs && *b.completedUs > 0 ? b.completedUs->load() : now;
+      t->complete(fmt::format("allreduce bucket {}", k), "comm", timePoint(b.launchedUs),
+                  timePoint(std::max(done, b.launchedUs)), 2, bucketArgs(b.flat, b.params.size()));
+      b.launchedUs = 0;
+    }
+  }
   if (failure) std::rethrow_exception(failure);
   if (!firstUnused.empty() && !options_.findUnusedParameters) {
     throw Error(fmt::format(
         "rank {}: parameter '{}' received no gradient in this step; every parameter must "
         "contribute to the loss, or set distribution.find_unused_parameters: true",
         comm_.rank, firstUnused));
+  }
+}
+
+void DistributedDataParallel::traceCompletion(Bucket& b) {
+  b.launchedUs = micros(monitor::Timeline::Clock::now());
+  b.completedUs = std::make_shared<std::atomic<int64_t>>(0);
+  try {
+    auto done = b.completedUs;
+    b.work->getFuture()->addCallback([done](c10::ivalue::Future&) {
+      done->store(micros(monitor::Timeline::Clock::now()));
+    });
+  } catch (const std::exception&) {
+    // No future for this work: the completion is taken when it is waited on.
   }
 }
 

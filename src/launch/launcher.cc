@@ -26,6 +26,9 @@
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/launch/run_metrics.h"
+#include "cohort/monitor/prometheus.h"
+#include "cohort/launch/spawn.h"
 
 extern char** environ;
 
@@ -41,16 +44,6 @@ struct Child {
   bool killedByUs = false;  // SIGKILLed after the grace period
   int status = 0;
 };
-
-std::string describeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    const char* name = sigabbrev_np(sig);
-    return fmt::format("was killed by signal {} (SIG{})", sig, name ? name : "?");
-  }
-  return fmt::format("ended with status {}", status);
-}
 
 bool stoppedAfterCheckpoint(const Child& c) {
   return !c.killedByUs && WIFEXITED(c.status) &&
@@ -95,40 +88,6 @@ std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount
   }
   for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
   return out;
-}
-
-pid_t spawn(const std::string& exe, const std::vector<std::string>& args,
-            const std::vector<std::string>& envBlock, const sigset_t& originalMask) {
-  std::vector<char*> argv, envp;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : envBlock) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) throw Error(fmt::format("cannot start a rank: fork: {}", std::strerror(errno)));
-  if (pid == 0) {
-    // Child: die with the launcher, take signals again, become the worker.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &originalMask, nullptr);
-    execve(exe.c_str(), argv.data(), envp.data());
-    const char msg[] = "cohort: cannot execute the worker binary\n";
-    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)ignored;
-    _exit(127);
-  }
-  return pid;
-}
-
-std::string selfExecutable() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error("cannot find the cohort executable (/proc/self/exe)");
-  buf[n] = '\0';
-  return buf;
 }
 
 // Blocks SIGCHLD, SIGINT and SIGTERM for the launcher's lifetime (they are
@@ -263,6 +222,16 @@ int runLauncher(const LaunchOptions& o) {
   log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store.port);
   const auto stopGrace =
       std::chrono::milliseconds(static_cast<int64_t>(job.distribution.stopTimeoutS * 1000));
+  // output.metrics_port: Prometheus scrapes the run here while it lasts.
+  RunMetrics runMetrics(job, runDir, store);
+  std::unique_ptr<monitor::MetricsServer> metricsServer;
+  if (job.output.metricsPort > 0) {
+    metricsServer = std::make_unique<monitor::MetricsServer>(
+        monitor::MetricsServerConfig{job.output.metricsHost, static_cast<int>(job.output.metricsPort)},
+        [&runMetrics] { return runMetrics.render(); });
+    metricsServer->start();
+    log::info("Prometheus metrics at http://{}/metrics", metricsServer->address());
+  }
 
   // One attempt: start every rank, watch them, stop them all when one fails.
   auto runAttempt = [&](int attempt) -> Attempt {
@@ -312,7 +281,8 @@ int runLauncher(const LaunchOptions& o) {
           args.push_back("--resume");
           args.push_back(o.resume);
         }
-        c.pid = spawn(exe, args, rankEnvironment(re, attempt), signals.original());
+        const auto envBlock = rankEnvironment(re, attempt);
+        c.pid = spawn(exe, args, &envBlock, &signals.original(), "the worker binary");
         c.running = true;
         log::debug("rank {} is pid {}", r, c.pid);
       }
@@ -440,8 +410,9 @@ int runLauncher(const LaunchOptions& o) {
       a.cause = fmt::format("rank {} (pid {}) {}", cause->rank, cause->pid,
                             describeStatus(cause->status));
       a.code = code == 2 ? 2 : 1;
-      // Bad input (2) and divergence (3) would fail the same way again.
-      a.restartable = code != 2 && code != 3 && interruptSignal == 0;
+      // Bad input (2), divergence (3) and a failed preflight check (5)
+      // would fail the same way again.
+      a.restartable = code != 2 && code != 3 && code != 5 && interruptSignal == 0;
       log::error("{}; stopped the other ranks. Its log: {}", a.cause, runDir.rankLog(cause->rank));
       return a;
     }
@@ -464,6 +435,7 @@ int runLauncher(const LaunchOptions& o) {
 
   std::vector<std::string> causes;
   for (int attempt = 0;; ++attempt) {
+    runMetrics.setAttempt(attempt);
     const Attempt a = runAttempt(attempt);
     if (a.code == 0 || !a.restartable || attempt >= job.distribution.maxRestarts) {
       if (a.restartable && job.distribution.maxRestarts > 0) {

@@ -11,12 +11,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "cohort/ckpt/checkpointer.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/config/load.h"
+#include "cohort/core/checksum.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
@@ -26,13 +28,21 @@
 #include "cohort/storage/storage.h"
 #include "cohort/ddp/ddp.h"
 #include "cohort/models/model.h"
+#include "cohort/monitor/activity.h"
+#include "cohort/monitor/health.h"
 #include "cohort/monitor/progress.h"
+#include "cohort/monitor/straggler.h"
+#include "cohort/monitor/tensorboard.h"
+#include "cohort/monitor/timeline.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/optimizer.h"
 #include "cohort/train/stop.h"
 
 namespace cohort::train {
 namespace {
+
+// training.on_nonfinite: skip gives up after this many skipped steps in a row.
+constexpr int64_t kMaxNonfiniteInARow = 10;
 
 using Clock = std::chrono::steady_clock;
 
@@ -84,7 +94,14 @@ EvalResult evaluate(models::Model& model, data::BatchLoader& loader,
 
 void injectFault(const std::optional<env::Fault>& fault, int rank, int64_t step) {
   if (!fault || fault->rank != rank || fault->step != step) return;
-  if (fault->action == env::Fault::Action::kill) {
+  using A = env::Fault::Action;
+  if (fault->action == A::slow || fault->action == A::nan) return;  // in the step itself
+  if (fault->action == A::sleep) {
+    log::warn("COHORT_FAULT: hanging for {} s after step {}", fault->amount, step);
+    std::this_thread::sleep_for(std::chrono::seconds(fault->amount));
+    return;
+  }
+  if (fault->action == A::kill) {
     log::warn("COHORT_FAULT: killing this rank with SIGKILL after step {}", step);
     log::flush();
     ::kill(::getpid(), SIGKILL);
@@ -204,6 +221,16 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const int world = comm.worldSize;
   std::optional<env::Fault> fault = env::fault();
   if (fault && !fault->everyAttempt && options.restartCount > 0) fault.reset();
+  // distribution.preflight: refuse to start on unfit hardware, before the
+  // loader threads and the model compete with the measurements.
+  if (job.distribution.preflight) {
+    monitor::setPhase(monitor::Phase::starting);
+    monitor::preflight(comm, job.health, runDir.root);
+  }
+  const bool skipNonfinite = tc.onNonfinite == "skip";
+  int64_t nonfiniteInARow = 0;
+  bool cycleLossNonfinite = false;  // a loss of this optimizer step was NaN or Inf here
+  std::vector<at::Tensor> savedBuffers;  // on_nonfinite: skip: the step's starting buffers
 
   // Data. Every rank opens the datasets itself (they are read-only).
   data::OpenOptions openOptions;
@@ -237,6 +264,20 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
                                   mc.inChannels, shape.channels));
   }
   auto model = models::createModel(mc, {mc.inChannels, shape.height, shape.width});
+  {
+    // Same job file, different code or data could still build different
+    // models; the ranks would then exchange mismatched gradients.
+    Hasher h;
+    int64_t tensors = 0, values = 0;
+    for (const auto& [name, t] : ckpt::stateDict(*model)) {
+      h.update(name.data(), name.size());
+      h.update(t.sizes().data(), t.sizes().size() * sizeof(int64_t));
+      ++tensors;
+      values += t.numel();
+    }
+    comm::checkAgreement(comm, "model (names and shapes of its tensors)",
+                         fmt::format("{} tensors, {} values, digest {}", tensors, values, h.hex()));
+  }
   std::optional<ckpt::Manifest> resume;
   if (!options.resumeFrom.empty()) {
     resume = ckpt::readManifest(options.resumeFrom);
@@ -352,12 +393,32 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
 
   std::unique_ptr<monitor::MetricsWriter> metrics;
   std::unique_ptr<monitor::Progress> progress;
+  std::unique_ptr<monitor::TensorBoardWriter> board;
   if (rank == 0) {
     metrics = std::make_unique<monitor::MetricsWriter>(runDir.metrics());
+    if (job.output.tensorboard) {
+      try {
+        board = std::make_unique<monitor::TensorBoardWriter>(runDir.root + "/tensorboard");
+      } catch (const std::exception& e) {
+        log::warn("no TensorBoard output: {}", e.what());
+      }
+    }
     progress = std::make_unique<monitor::Progress>(
         monitor::progressMode(job.output.progress, log::consoleIsTerminal()), tc.epochs);
   }
 
+  // TensorBoard is an optional output: a failure to write it (a full disk)
+  // stops it, with a warning, not the training.
+  auto toBoard = [&](int64_t at, std::initializer_list<std::pair<const char*, double>> scalars) {
+    if (!board) return;
+    try {
+      for (const auto& [tag, v] : scalars) board->addScalar(tag, at, v);
+      board->flush();
+    } catch (const std::exception& e) {
+      log::warn("TensorBoard output stopped: {}", e.what());
+      board.reset();
+    }
+  };
   namespace F = torch::nn::functional;
   const auto lossOptions = F::CrossEntropyFuncOptions().label_smoothing(tc.labelSmoothing);
 
@@ -375,6 +436,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   bool stop = false;
   if (resume) {
     step = resume->step;
+    monitor::setStep(step);
     firstEpoch = resume->epoch;
     firstBatch = resume->batchInEpoch;
     summary.resumedFromStep = step;
@@ -443,6 +505,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const std::string hash = jobHash(job);
   auto takeCheckpoint = [&](int64_t epoch, int64_t micro, double lr) {
     const auto since = Clock::now();
+    monitor::setPhase(monitor::Phase::checkpoint);
+    monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
     ckpt::Manifest m;
     m.step = step;
     m.epoch = epoch;
@@ -476,7 +540,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     }
     files.emplace_back(fmt::format("rank-{}.bin", rank), std::move(own),
                        nlohmann::json{{"kind", "rank"}, {"rank", rank}});
-    return checkpointer->mark(std::move(m), std::move(files), since);
+    const bool taken = checkpointer->mark(std::move(m), std::move(files), since);
+    toBoard(step, {{"checkpoint/blocked_ms", 1000 * secondsSince(since)}});
+    return taken;
   };
 
   // A stop request (SIGTERM) ends training at a step boundary every rank
@@ -529,10 +595,17 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     auto windowStart = Clock::now();
     double windowWaitStart = trainLoader.waitSeconds();
     double windowLoss = 0;
-    int64_t windowMicro = 0, windowImages = 0, windowSkipped = 0;
+    int64_t windowMicro = 0, windowImages = 0, windowSkipped = 0, windowSteps = 0;
 
     int64_t micro = startBatch;
-    while (auto batch = trainLoader.next()) {
+    double windowComputeStart = summary.phases.forward + summary.phases.backward;
+    for (;;) {
+      monitor::setPhase(monitor::Phase::data);
+      auto batch = [&] {
+        monitor::TimelineSpan span("data wait", "data");
+        return trainLoader.next();
+      }();
+      if (!batch) break;
       const int64_t cycleStart = (micro / tc.accumulateSteps) * tc.accumulateSteps;
       const int64_t cycleLen = std::min(tc.accumulateSteps, batchesPerEpoch - cycleStart);
       const bool sync = micro - cycleStart == cycleLen - 1;
@@ -543,35 +616,66 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       const int64_t cycleSamples =
           std::min(perRank, (cycleStart + cycleLen) * tc.batchSize) - cycleStart * tc.batchSize;
       PhaseTimes& ph = summary.phases;
+      if (micro == cycleStart) cycleLossNonfinite = false;
+      if (skipNonfinite && micro == cycleStart) {
+        // A skipped step must not keep what its forward passes did to the
+        // BatchNorm statistics either.
+        torch::NoGradGuard noGrad;
+        savedBuffers.clear();
+        for (const auto& b : model->buffers()) savedBuffers.push_back(b.clone());
+      }
       // Buffers (BatchNorm statistics) are not sent every step: in training
       // mode no layer reads them, rank 0's are the ones checkpointed, and
       // every rank takes rank 0's before evaluation and the final save. The
       // outputs are those of a broadcast before each step, at no cost.
       ddp.setSyncGradients(sync);
       auto t1 = Clock::now();
+      monitor::setPhase(monitor::Phase::forward);
       const int64_t n = batch->labels.size(0);
-      at::Tensor logits = model->forward(batch->images.to(device, /*non_blocking=*/true));
-      at::Tensor loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
+      at::Tensor loss;
+      {
+        monitor::TimelineSpan span("forward", "compute");
+        at::Tensor images = batch->images.to(device, /*non_blocking=*/true);
+        if (fault && fault->rank == rank && fault->action == env::Fault::Action::nan &&
+            step == fault->step) {
+          images = images * std::numeric_limits<float>::quiet_NaN();
+        }
+        at::Tensor logits = model->forward(images);
+        loss = F::cross_entropy(logits, batch->labels.to(device), lossOptions);
+        if (fault && fault->rank == rank && fault->action == env::Fault::Action::slow &&
+            step >= fault->step) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(fault->amount));
+        }
+      }
       const double lossValue = loss.item<double>();
       auto t2 = Clock::now();
       ph.forward += seconds(t1, t2);
       if (!std::isfinite(lossValue)) {
-        throw DivergedError(fmt::format("rank {}: the loss is {} at step {} (epoch {}): training diverged",
-                                rank, lossValue, step + 1, epoch));
+        // Every gradient becomes NaN, so after the exchange every rank sees
+        // it and all decide together (a rank stopping alone would leave the
+        // others waiting in the exchange).
+        loss = loss * std::numeric_limits<double>::quiet_NaN();
+        cycleLossNonfinite = true;
       }
+      monitor::setPhase(monitor::Phase::backward);
       // Scaled by 1 / world too: the exchange sums, so .grad ends as the
       // mean over ranks without a division pass over every gradient.
       const double shmBefore = ddp.stats().sharedMemorySeconds;
-      (loss * (static_cast<double>(n) / (static_cast<double>(cycleSamples) * world))).backward();
+      {
+        monitor::TimelineSpan span("backward", "compute");
+        (loss * (static_cast<double>(n) / (static_cast<double>(cycleSamples) * world))).backward();
+      }
       // A shared-memory exchange runs inside backward: count it as exposed
       // communication, not as backward.
       const double shmSeconds = ddp.stats().sharedMemorySeconds - shmBefore;
       ph.backward += secondsSince(t2) - shmSeconds;
       ph.exposedComm += shmSeconds;
-      windowLoss += lossValue;
-      epochLossSum += lossValue;
-      ++epochLossCount;
-      ++windowMicro;
+      if (std::isfinite(lossValue)) {
+        windowLoss += lossValue;
+        epochLossSum += lossValue;
+        ++epochLossCount;
+        ++windowMicro;
+      }
       windowImages += n;
       windowSkipped += batch->skipped;
       summary.corruptSkipped += batch->skipped;
@@ -580,30 +684,103 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       if (!sync) continue;
 
       auto t3 = Clock::now();
-      ddp.finishGradients();
+      monitor::setPhase(monitor::Phase::exchange);
+      {
+        monitor::TimelineSpan span("gradient exchange (wait)", "comm");
+        ddp.finishGradients();
+      }
       auto t4 = Clock::now();
       ph.exposedComm += seconds(t3, t4);
-      if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
+      monitor::setPhase(monitor::Phase::optimizer);
       const double lr = schedule.at(step);
-      setLearningRate(*optimizer, lr);
-      optimizer->step();
-      ddp.zeroGrad();
+      {
+        monitor::TimelineSpan span("optimizer", "compute");
+        // The gradients are the same on every rank after the exchange, so
+        // every rank reaches the same verdict without a message.
+        if (ddp.gradientsFinite()) {
+          nonfiniteInARow = 0;
+          if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
+          setLearningRate(*optimizer, lr);
+          optimizer->step();
+        } else {
+          ++summary.nonfiniteSkipped;
+          ++nonfiniteInARow;
+          const std::string what =
+              cycleLossNonfinite
+                  ? fmt::format("the loss is {} on this rank", lossValue)
+                  : std::string("a gradient is NaN or Inf (from another rank's loss, or an "
+                                "overflow in backward)");
+          if (!skipNonfinite || nonfiniteInARow >= kMaxNonfiniteInARow) {
+            throw DivergedError(fmt::format(
+                "rank {}: {} at step {} (epoch {}){}: training diverged; the weights were not "
+                "updated, the last checkpoint holds the last good state{}",
+                rank, what, step + 1, epoch,
+                skipNonfinite ? fmt::format(", {} steps in a row", nonfiniteInARow) : "",
+                skipNonfinite ? "" : " (training.on_nonfinite: skip drops such steps instead)"));
+          }
+          {
+            torch::NoGradGuard noGrad;
+            auto live = model->buffers();
+            for (size_t k = 0; k < live.size() && k < savedBuffers.size(); ++k) {
+              live[k].copy_(savedBuffers[k]);
+            }
+          }
+          log::warn("step {}: non-finite gradient ({}): update skipped (training.on_nonfinite: "
+                    "skip), {} in a row",
+                    step + 1, what, nonfiniteInARow);
+          if (metrics) {
+            metrics->writeLine(nlohmann::json{{"event", "nonfinite_skipped"},
+                                              {"step", step + 1},
+                                              {"in_a_row", nonfiniteInARow}}
+                                   .dump());
+          }
+        }
+        ddp.zeroGrad();
+      }
       ph.optimizer += secondsSince(t4);
       ++ph.steps;
       ++step;
       ++epochSteps;
+      ++windowSteps;
+      monitor::setStep(step);
       injectFault(fault, rank, step);
 
       const bool record = step % tc.logEvery == 0;
       if (record) {
-        // One small allreduce at each record: loss and throughput of all ranks.
+        // One small allreduce at each record: loss and throughput of all
+        // ranks, and each rank's compute time in its own slot (stragglers).
         const double elapsed = secondsSince(windowStart);
-        at::Tensor w = torch::tensor({windowLoss, double(windowMicro),
-                                      trainLoader.waitSeconds() - windowWaitStart, elapsed,
-                                      double(windowImages), double(windowSkipped)},
-                                     torch::kFloat64);
+        const double compute = ph.forward + ph.backward - windowComputeStart;
+        windowComputeStart = ph.forward + ph.backward;
+        constexpr int kSlots = 7;
+        at::Tensor w = torch::zeros({kSlots + world}, torch::kFloat64);
+        {
+          auto a = w.accessor<double, 1>();
+          const double values[kSlots] = {windowLoss, double(windowMicro),
+                                         trainLoader.waitSeconds() - windowWaitStart, elapsed,
+                                         double(windowImages), double(windowSkipped),
+                                         double(windowSteps)};
+          for (int k = 0; k < kSlots; ++k) a[k] = values[k];
+          a[kSlots + rank] = compute;
+        }
         comm::allreduceSum(comm, w, "train metrics");
         auto a = w.accessor<double, 1>();
+        if (rank == 0 && job.distribution.stragglerFactor > 0 && a[6] > 0) {
+          std::vector<double> msPerStep;
+          for (int r = 0; r < world; ++r) msPerStep.push_back(1000 * a[kSlots + r] / (a[6] / world));
+          for (const auto& s : monitor::findStragglers(msPerStep, job.distribution.stragglerFactor)) {
+            log::warn("straggler at step {}: {} (distribution.straggler_factor {})", step,
+                      monitor::describe(s), job.distribution.stragglerFactor);
+            if (metrics) {
+              metrics->writeLine(nlohmann::json{{"event", "straggler"},
+                                                {"step", step},
+                                                {"rank", s.rank},
+                                                {"compute_ms_per_step", s.ms},
+                                                {"median_ms_per_step", s.medianMs}}
+                                     .dump());
+            }
+          }
+        }
         monitor::TrainRecord r;
         r.step = step;
         r.epoch = epoch;
@@ -613,7 +790,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
         r.dataWaitFrac = a[3] > 0 ? a[2] / a[3] : 0;
         r.corruptSkipped = static_cast<int64_t>(a[5]);
         if (metrics) metrics->write(r);
+        toBoard(step, {{"train/loss", r.loss},
+                       {"train/lr", r.lr},
+                       {"train/images_per_s", r.imagesPerS},
+                       {"train/data_wait_frac", r.dataWaitFrac}});
         if (progress) progress->update(epochSteps, r.loss, r.imagesPerS, true);
+        windowSteps = 0;
         windowStart = Clock::now();
         windowWaitStart = trainLoader.waitSeconds();
         windowLoss = 0;
@@ -673,6 +855,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     const bool last = epoch == tc.epochs || stop;
     const bool due = tc.evalEvery > 0 ? (epoch % tc.evalEvery == 0) : false;
     if (evalLoader && (due || last) && !summary.stopped) {
+      monitor::setPhase(monitor::Phase::evaluation);
+      monitor::TimelineSpan span("evaluation", "eval");
       ddp.syncBuffers();
       const auto evalStart = Clock::now();
       EvalResult e = evaluate(*model, *evalLoader, *evalSampler, comm, job.model.numClasses);
@@ -688,12 +872,14 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       summary.evaluated = true;
       summary.lastEval = r;
       summary.bestTop1 = std::max(summary.bestTop1, r.top1);
+      toBoard(step, {{"eval/top1", r.top1}, {"eval/top5", r.top5}, {"eval/loss", r.loss}});
       log::info("eval after epoch {}: top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images, {:.1f} s)",
                 epoch, r.top1, r.top5, r.loss, r.samples, r.seconds);
       model->train();
     }
   }
 
+  monitor::setPhase(monitor::Phase::finishing);
   summary.steps = step;
   summary.seconds = secondsSince(runStart);
   if (checkpointer) {
@@ -746,6 +932,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["train_images_per_s"] = s.imagesPerS;
   j["data_wait_frac"] = s.dataWaitFrac;
   j["corrupt_skipped"] = s.corruptSkipped;
+  j["nonfinite_skipped"] = s.nonfiniteSkipped;
   if (s.phases.steps > 0) {
     const double k = 1000.0 / double(s.phases.steps);
     j["phase_ms_per_step"] = {{"data_wait", k * s.phases.dataWait},

@@ -16,6 +16,8 @@
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/monitor/progress.h"
+#include "cohort/monitor/timeline.h"
+#include "cohort/monitor/watchdog.h"
 #include "cohort/train/stop.h"
 #include "cohort/train/trainer.h"
 
@@ -108,7 +110,34 @@ int runWorker(const WorkerOptions& o) {
   log::init(lo);
   log::info("cohort worker: {} started by {}, {} threads, store {}:{}", tag,
             re.agentStore ? "cohort run" : re.source, threads, re.masterAddr, re.masterPort);
+  // The timeline outlives the watchdog, whose thread may flush it.
+  std::unique_ptr<monitor::Timeline> timeline;
+  if (job.output.timeline) {
+    timeline = std::make_unique<monitor::Timeline>(
+        fmt::format("{}/timeline/rank-{}.json", runDir.root, re.rank), re.rank);
+    timeline->nameThread(0, "training");
+    timeline->nameThread(1, "checkpoint copy");
+    timeline->nameThread(2, "Gloo allreduce");
+    timeline->nameThread(3, "checkpoint write");
+    monitor::setTimeline(timeline.get());
+  }
+  // The stall inspector: heartbeats from here on (see monitor/watchdog.h).
+  const DistributionConfig& dc = job.distribution;
+  monitor::WatchdogOptions wo;
+  wo.heartbeatS = dc.heartbeatS;
+  wo.warnS = dc.stallWarnS;
+  wo.failS = dc.stallTimeoutS > 0 ? dc.stallTimeoutS : 0.8 * dc.timeoutS;
+  if (wo.failS >= dc.timeoutS) {
+    throw ConfigError(fmt::format(
+        "distribution.stall_timeout_s is {} s but must be below distribution.timeout_s ({} s), "
+        "or Gloo's timeout ends a stalled collective first, with a less telling error",
+        dc.stallTimeoutS, dc.timeoutS));
+  }
+  monitor::Watchdog watchdog(comm, wo);
+  // What every rank must agree on before any collective of training.
   comm::checkAgreement(comm, "job (hash of the resolved job file)", jobHash(job));
+  comm::checkAgreement(comm, "world (size and backend)",
+                       fmt::format("{} ranks, {}", re.worldSize, job.distribution.backend));
   if (re.rank == 0) {
     std::error_code ec;
     if (!std::filesystem::exists(runDir.jobFile(), ec)) writeFileAtomic(runDir.jobFile(), toYaml(job));

@@ -93,6 +93,11 @@ struct DistributionConfig {
   bool sharedMemory = true;      // ranks on one machine exchange gradients through shared memory
   int64_t maxRestarts = 3;       // `cohort run`: restarts from the newest checkpoint
   double stopTimeoutS = 60;      // after SIGTERM: time to checkpoint before SIGKILL
+  double heartbeatS = 2;         // heartbeat period (stall inspector)
+  double stallWarnS = 60;        // a collective waited this long names the missing ranks
+  double stallTimeoutS = 0;      // ... and this long ends the job (it can restart); 0: 0.8 x timeout_s
+  double stragglerFactor = 1.5;  // a rank computing this much slower than the median is reported
+  bool preflight = false;        // run the health checks before training; refuse to start on a failure
 };
 
 struct OptimizerConfig {
@@ -123,6 +128,7 @@ struct TrainingConfig {
   double labelSmoothing = 0;
   int64_t logEvery = 50;      // steps between train metrics
   int64_t evalEvery = 1;      // epochs between evaluations; 0 = only after the last
+  std::string onNonfinite = "stop";  // a NaN/Inf loss or gradient: stop | skip (the step)
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
 };
@@ -131,6 +137,10 @@ struct OutputConfig {
   std::string dir = "runs";        // parent of run directories
   std::string progress = "auto";   // auto | bar | plain | off
   bool saveFinal = true;           // write model/final.pt
+  bool tensorboard = true;         // rank 0 writes <run>/tensorboard/ event files
+  bool timeline = false;           // each rank writes <run>/timeline/rank-<r>.json
+  int64_t metricsPort = 0;         // `cohort run` serves Prometheus /metrics here; 0: off
+  std::string metricsHost = "127.0.0.1";
 };
 
 struct CheckpointConfig {
@@ -146,6 +156,22 @@ struct CheckpointConfig {
   std::string remote;           // a second tier: a directory (mounted file system)
 };
 
+// Health checks (`cohort health`, distribution.preflight): minimums that
+// catch broken hardware, far below what a healthy machine measures, and the
+// sizes of the measurements. A threshold of 0 measures without enforcing.
+struct HealthConfig {
+  double minMatmulGflops = 5;        // float32 matrix multiply per rank
+  double minMemoryGbps = 1.5;        // memcpy, read + written, per rank
+  double minDiskWriteMbps = 50;      // write + fsync in disk_dir, per rank
+  double minAllreduceBusbwGbps = 0.05;  // allreduce bus bandwidth between the ranks
+  int64_t matmulSize = 1024;         // n of the n x n matrices
+  int64_t memoryMb = 128;            // each of the two buffers copied
+  std::string diskDir;               // empty: the run directory (`cohort health`: output.dir)
+  int64_t diskMb = 64;               // written at most, per rank
+  double allreduceMb = 4;            // size of the tensor allreduced
+  double secondsPerCheck = 0.5;      // time each measurement repeats for
+};
+
 struct JobConfig {
   std::string name = "job";
   ModelConfig model;
@@ -155,6 +181,7 @@ struct JobConfig {
   OutputConfig output;
   CheckpointConfig checkpoint;
   StorageConfig storage;
+  HealthConfig health;
 };
 
 // Number of ranks the job asks for: nodes * procs_per_node.

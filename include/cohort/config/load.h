@@ -27,7 +27,10 @@ JobConfig loadJobFromString(const std::string& yaml, const std::string& origin,
 // the result gives back the same job.
 std::string toYaml(const JobConfig& job);
 
-// A stable hash of the resolved job (hex), to check that ranks agree.
+// A stable hash of the resolved job (hex), to check that ranks agree and
+// that a rerun is the same job. Keys that only change how the run is watched
+// (output.progress, tensorboard, timeline, metrics_*; distribution.heartbeat_s,
+// stall_*, straggler_factor) are left out of it.
 std::string jobHash(const JobConfig& job);
 
 // The keys whose values differ between a resolved job saved as YAML (as

@@ -41,13 +41,16 @@ std::vector<std::pair<std::string, std::string>> rankVariables(const RankEnv& r)
 std::optional<std::string> logLevel();
 
 // COHORT_FAULT: a fault to inject, for tests of failure handling.
-// Syntax "<action>@rank<R>:step<S>[:always]" with action "exit<code>" or
-// "kill" (SIGKILL to itself), e.g. "exit3@rank1:step5". It fires in the
-// first attempt of a job only (see restartCount), or in every one with
-// ":always".
+// Syntax "<action>@rank<R>:step<S>[:always]" with action "exit<code>",
+// "kill" (SIGKILL to itself), "sleep<seconds>" (the rank hangs after step S),
+// "slow<ms>" (every step from S on computes that much longer: a straggler)
+// or "nan" (the images of step S+1 are NaN), e.g. "exit3@rank1:step5". It fires
+// in the first attempt of a job only (see restartCount), or in every one
+// with ":always".
 struct Fault {
-  enum class Action { exit, kill } action = Action::exit;
+  enum class Action { exit, kill, sleep, slow, nan } action = Action::exit;
   int exitCode = 1;
+  int amount = 0;  // sleep: seconds; slow: milliseconds
   int rank = 0;
   long step = 0;
   bool everyAttempt = false;

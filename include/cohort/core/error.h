@@ -69,6 +69,15 @@ class DivergedError : public Error {
   int exitCode() const override { return 3; }
 };
 
+// A preflight health check failed (distribution.preflight): the hardware is
+// unfit, and a restart on it would fail the same way, so the launcher does
+// not restart after it (exit 5).
+class PreflightError : public Error {
+ public:
+  using Error::Error;
+  int exitCode() const override { return 5; }
+};
+
 namespace detail {
 [[noreturn]] void assertFail(const char* file, int line, const char* cond,
                              const std::string& msg);

@@ -20,6 +20,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,6 +95,10 @@ class DistributedDataParallel {
   // find_unused_parameters) -- after completing the exchange, so the other
   // ranks are not left waiting -- and CommError if a collective fails.
   void finishGradients();
+  // After finishGradients: whether every gradient is finite (no NaN or
+  // Inf). One pass over the buckets; the same answer on every rank, since
+  // the exchanged gradients are the same.
+  bool gradientsFinite() const;
   // Zeroes every gradient (the buckets).
   void zeroGrad();
 
@@ -117,11 +122,17 @@ class DistributedDataParallel {
     std::vector<size_t> params;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
+    // The timeline (output.timeline): when the allreduce was launched, and
+    // when it completed (microseconds since the epoch, set by Gloo's thread).
+    int64_t launchedUs = 0;
+    std::shared_ptr<std::atomic<int64_t>> completedUs;
   };
 
   void onGradReady(size_t index);
   void launchReadyBuckets(bool fromHook);  // mutex_ held
   void resetReadiness();                   // mutex_ held
+  // Notes the launch of b's Gloo allreduce and, on completion, its time.
+  void traceCompletion(Bucket& b);
   void removeHooks();
   // Places the buckets in shared memory when every rank is on this machine.
   void setUpSharedMemory(int64_t totalFloats);

@@ -33,6 +33,7 @@ struct TrainSummary {
   double imagesPerS = 0;    // training images per second, all ranks
   double dataWaitFrac = 0;  // mean over ranks
   int64_t corruptSkipped = 0;  // undecodable training samples skipped, all ranks
+  int64_t nonfiniteSkipped = 0;  // steps whose update was dropped (training.on_nonfinite: skip)
   int64_t parameters = 0;
   bool evaluated = false;
   monitor::EvalRecord lastEval;

@@ -175,6 +175,26 @@ void describe(V& v, DistributionConfig& c) {
           "After SIGTERM (a preemption notice), seconds the ranks have to finish the step and "
           "write a checkpoint before they are killed.",
           between(1, 86400));
+  v.field("heartbeat_s", c.heartbeatS,
+          "Seconds between a rank's heartbeats (step, phase, the collective it waits in) in the "
+          "rendezvous store.",
+          between(0.05, 3600));
+  v.field("stall_warn_s", c.stallWarnS,
+          "A rank waiting this long in one collective logs which ranks are missing and what their "
+          "heartbeats say, again every as many seconds; 0: never.",
+          atLeast(0));
+  v.field("stall_timeout_s", c.stallTimeoutS,
+          "A rank waiting this long in one collective ends (exit 4) so the job fails and can "
+          "restart from its last checkpoint instead of hanging; 0: 0.8 x timeout_s. Must be "
+          "below timeout_s, where Gloo ends the wait with a vaguer error.",
+          atLeast(0));
+  v.field("straggler_factor", c.stragglerFactor,
+          "At each train record, a rank whose compute time per step is this many times the "
+          "median of the others' is reported as a straggler; 0: off.",
+          atLeast(0));
+  v.field("preflight", c.preflight,
+          "Run the health checks (see health) on every rank before training and refuse to start, "
+          "naming the rank and the check, when one fails. Takes a few seconds.");
 }
 
 template <class V>
@@ -216,6 +236,10 @@ void describe(V& v, TrainingConfig& c) {
   v.field("label_smoothing", c.labelSmoothing, "Cross-entropy label smoothing.", Rule{0.0, 1.0, false, {}});
   v.field("log_every", c.logEvery, "Optimizer steps between train records in metrics.jsonl.",
           between(1, 1e12));
+  v.field("on_nonfinite", c.onNonfinite,
+          "A NaN or Inf loss or gradient: stop (exit 3, the last checkpoint is the last good "
+          "state) or skip the step (10 skipped in a row stop).",
+          oneOf({"stop", "skip"}));
   v.field("eval_every", c.evalEvery, "Epochs between evaluations; 0: only after the last epoch.",
           atLeast(0));
   v.section("optimizer", c.optimizer, "Optimizer.");
@@ -229,6 +253,15 @@ void describe(V& v, OutputConfig& c) {
           "Console progress: bar on a terminal and plain lines otherwise (auto), or forced.",
           oneOf({"auto", "bar", "plain", "off"}));
   v.field("save_final", c.saveFinal, "Write the trained weights to model/final.pt.");
+  v.field("tensorboard", c.tensorboard,
+          "Rank 0 writes the scalars as TensorBoard event files in <run>/tensorboard/.");
+  v.field("timeline", c.timeline,
+          "Each rank writes a Chrome trace of its steps to <run>/timeline/rank-<r>.json "
+          "(cohort run --timeline).");
+  v.field("metrics_port", c.metricsPort,
+          "`cohort run` serves Prometheus metrics at http://<metrics_host>:<port>/metrics; 0: off.",
+          between(0, 65535));
+  v.field("metrics_host", c.metricsHost, "Address the metrics endpoint listens on.");
 }
 
 template <class V>
@@ -239,7 +272,9 @@ void describe(V& v, CheckpointConfig& c) {
           atLeast(0));
   v.field("every_epochs", c.everyEpochs,
           "Checkpoint at the end of every N-th epoch; 0: not by epochs.", atLeast(0));
-  v.field("dir", c.dir, "Where the step-<N> directories go; empty: <run dir>/checkpoints.");
+  v.field("dir", c.dir,
+          "Where the step-<N> directories go: <dir>/<run dir name>/step-<N>; empty: "
+          "<run dir>/checkpoints.");
   v.field("keep_last", c.keepLast, "Keep this many newest valid checkpoints.", between(1, 1e9));
   v.field("keep_every_steps", c.keepEverySteps,
           "Also keep every checkpoint whose step is a multiple of this; 0: none.", atLeast(0));
@@ -261,6 +296,39 @@ void describe(V& v, CheckpointConfig& c) {
 }
 
 template <class V>
+void describe(V& v, HealthConfig& c) {
+  v.field("min_matmul_gflops", c.minMatmulGflops,
+          "Minimum float32 matrix-multiply speed of each rank, in GFLOP/s; 0: not enforced.",
+          atLeast(0));
+  v.field("min_memory_gbps", c.minMemoryGbps,
+          "Minimum memory bandwidth of each rank (memcpy, bytes read + written), in GB/s; 0: not "
+          "enforced.",
+          atLeast(0));
+  v.field("min_disk_write_mbps", c.minDiskWriteMbps,
+          "Minimum speed of writing a file in disk_dir (then fsync), per rank, in MB/s; 0: not "
+          "enforced.",
+          atLeast(0));
+  v.field("min_allreduce_busbw_gbps", c.minAllreduceBusbwGbps,
+          "Minimum allreduce bus bandwidth between the ranks (algbw * 2(n-1)/n), in GB/s; 0: not "
+          "enforced.",
+          atLeast(0));
+  v.field("matmul_size", c.matmulSize, "Matrix-multiply check: n of the n x n matrices.",
+          between(16, 16384));
+  v.field("memory_mb", c.memoryMb,
+          "Memory check: MiB of each of the two buffers copied (keep it far above the caches).",
+          between(1, 1 << 20));
+  v.field("disk_dir", c.diskDir,
+          "Directory the disk check writes its file in; empty: the run directory (`cohort "
+          "health`: output.dir).");
+  v.field("disk_mb", c.diskMb, "Disk check: MiB written at most per rank.", between(1, 1 << 20));
+  v.field("allreduce_mb", c.allreduceMb, "Allreduce check: MiB of the float32 tensor allreduced.",
+          Rule{0.0, 1 << 16, true, {}});
+  v.field("seconds_per_check", c.secondsPerCheck,
+          "Seconds each measurement repeats for (at least two repetitions; disk: at most).",
+          Rule{0.0, 600, true, {}});
+}
+
+template <class V>
 void describe(V& v, JobConfig& c) {
   v.field("name", c.name, "Job name; run directories are named <name>-<UTC time>.");
   v.section("model", c.model, "The network.");
@@ -270,6 +338,7 @@ void describe(V& v, JobConfig& c) {
   v.section("output", c.output, "Run directory and console output.");
   v.section("checkpoint", c.checkpoint, "Checkpoints and resuming.");
   v.section("storage", c.storage, "How blob storage (az:// and https:// URLs) is reached.");
+  v.section("health", c.health, "Health checks (`cohort health`, distribution.preflight).");
 }
 
 }  // namespace cohort::detail

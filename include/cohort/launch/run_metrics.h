@@ -1,0 +1,40 @@
+#pragma once
+
+// What `cohort run` serves at /metrics (output.metrics_port): the run as the
+// launcher sees it, in Prometheus' text format (monitor/prometheus.h).
+// Sources: rank 0's last train and eval records in metrics.jsonl, the newest
+// committed checkpoint, each rank's heartbeat in the rendezvous store
+// (monitor/watchdog.h), and the launcher's own restart count.
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "cohort/config/job.h"
+#include "cohort/core/run_dir.h"
+
+namespace cohort::comm {
+struct HostedStore;
+}
+
+namespace cohort::launch {
+
+class RunMetrics {
+ public:
+  // `store` is the rendezvous store the launcher hosts; it is only read.
+  RunMetrics(const JobConfig& job, const RunDir& runDir, const comm::HostedStore& store);
+  ~RunMetrics();
+
+  // The attempt running now (0 for the first; restarts = attempt).
+  void setAttempt(int attempt) { attempt_.store(attempt); }
+
+  // The exposition text; safe to call from a server thread.
+  std::string render() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<int> attempt_{0};
+};
+
+}  // namespace cohort::launch

@@ -1,0 +1,28 @@
+#pragma once
+
+// Starting rank processes: what `cohort run` and `cohort health` share.
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace cohort::launch {
+
+// The path of the running cohort binary (/proc/self/exe). Throws Error.
+std::string selfExecutable();
+
+// "exited with code 3", "was killed by signal 9 (SIGKILL)": a wait status.
+std::string describeStatus(int status);
+
+// Forks and execs `exe` with `args` (argv[0] included). The child dies with
+// this process (PR_SET_PDEATHSIG), takes SIGINT and SIGTERM by default again,
+// and gets `mask` as its signal mask (nullptr: this process's) and `env` as
+// its environment (nullptr: this process's). Everything is built before
+// fork: the child only calls async-signal-safe functions until exec, and
+// exits 127 naming `what` if exec fails. Throws Error when fork fails.
+pid_t spawn(const std::string& exe, const std::vector<std::string>& args,
+            const std::vector<std::string>* env, const sigset_t* mask, const char* what);
+
+}  // namespace cohort::launch

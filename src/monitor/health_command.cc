@@ -1,0 +1,250 @@
+// `cohort health`: the health checks on N local ranks, stand-alone.
+//
+// The command hosts a rendezvous store on 127.0.0.1 and starts N copies of
+// itself (`cohort health ... --rank R --store-port P`); each joins the
+// process group, runs the checks and gathers every rank's report; rank 0
+// prints them. The command only watches: a rank that ends abnormally is
+// named and the others are killed.
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "cohort/comm/comm.h"
+#include "cohort/config/load.h"
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/monitor/health.h"
+#include "cohort/launch/spawn.h"
+
+extern char** environ;
+
+namespace cohort::monitor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How a rank process ends: 0 every check passed, 1 a check failed (rank 0
+// printed why), 2 bad input, kRankError any other error (the rank logged it).
+// Only 0 and 1 mean the rank completed; on anything else the others are
+// stopped at once rather than left waiting for it.
+constexpr int kRankError = 4;
+
+// Without a job file every key takes its default; the schema only insists on
+// training data, which the checks never read.
+JobConfig loadHealthJob(const HealthCommandOptions& o) {
+  if (!o.jobPath.empty()) return loadJob(o.jobPath, o.overrides);
+  return loadJobFromString("data:\n  train:\n    kind: synthetic\n", "(no job file)", o.overrides);
+}
+
+int ranksOf(const HealthCommandOptions& o, const JobConfig& job) {
+  return o.procs > 0 ? o.procs : static_cast<int>(job.distribution.procsPerNode);
+}
+
+// Stand-alone there is no run directory: the disk check writes where run
+// directories would go.
+std::string diskDirOf(const JobConfig& job) {
+  return job.health.diskDir.empty() ? job.output.dir : job.health.diskDir;
+}
+
+std::chrono::milliseconds timeoutOf(const JobConfig& job) {
+  return std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
+}
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+};
+
+}  // namespace
+
+int healthCommand(const HealthCommandOptions& o) {
+  log::Options lo;
+  lo.tag = "health";
+  log::init(lo);
+
+  const JobConfig job = loadHealthJob(o);
+  const int world = ranksOf(o, job);
+  if (world < 1) throw UsageError(fmt::format("--procs must be >= 1, got {}", world));
+  const std::string exe = o.executable.empty() ? launch::selfExecutable() : o.executable;
+  if (job.health.diskDir.empty()) {
+    // As `cohort run` would; a failure shows in the disk check, naming the path.
+    std::error_code ec;
+    std::filesystem::create_directories(job.output.dir, ec);
+  }
+
+  // An inherited "ignore SIGCHLD" would have the kernel reap the ranks and
+  // waitpid fail.
+  signal(SIGCHLD, SIG_DFL);
+  const auto timeout = timeoutOf(job);
+  const comm::HostedStore store = comm::hostStore("127.0.0.1", 0, timeout);
+  log::debug("health checks: {} ranks, store 127.0.0.1:{}", world, store.port);
+
+  std::vector<Rank> ranks(static_cast<size_t>(world));
+  auto killAll = [&] {
+    for (auto& r : ranks) {
+      if (r.running) kill(r.pid, SIGKILL);
+    }
+  };
+  try {
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> args = {exe, "health"};
+      if (!o.jobPath.empty()) args.push_back(o.jobPath);
+      for (const auto& s : o.overrides) {
+        args.push_back("--set");
+        args.push_back(s);
+      }
+      if (o.json) args.push_back("--json");
+      for (const auto& [flag, value] : {std::pair<const char*, int>{"--procs", world},
+                                        {"--rank", r},
+                                        {"--store-port", store.port}}) {
+        args.push_back(flag);
+        args.push_back(std::to_string(value));
+      }
+      ranks[static_cast<size_t>(r)].rank = r;
+      ranks[static_cast<size_t>(r)].pid =
+          launch::spawn(exe, args, nullptr, nullptr, "the cohort binary for a health rank");
+      ranks[static_cast<size_t>(r)].running = true;
+    }
+  } catch (...) {
+    killAll();
+    for (auto& r : ranks) {
+      if (r.running) waitpid(r.pid, nullptr, 0);
+    }
+    throw;
+  }
+
+  // Each rank bounds its own waits by distribution.timeout_s; this is the
+  // backstop for a rank that hangs regardless.
+  const auto limit = std::chrono::duration_cast<std::chrono::seconds>(2 * timeout) +
+                     std::chrono::seconds(60);
+  const auto deadline = Clock::now() + limit;
+  const Rank* cause = nullptr;
+  bool timedOut = false;
+  for (;;) {
+    bool anyRunning = false;
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      const pid_t pid = waitpid(r.pid, &status, WNOHANG);
+      if (pid == 0) {
+        anyRunning = true;
+        continue;
+      }
+      r.running = false;
+      r.status = pid < 0 ? -1 : status;
+      const bool clean = pid > 0 && WIFEXITED(status) &&
+                         (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1);
+      if (!clean) log::debug("rank {} (pid {}) {}", r.rank, r.pid, launch::describeStatus(status));
+      if (!clean && cause == nullptr) {
+        cause = &r;
+        killAll();  // nothing to save: the checks are simply stopped
+      }
+    }
+    if (!anyRunning) break;
+    if (Clock::now() >= deadline && !timedOut) {
+      timedOut = true;
+      log::error("the health checks did not finish within {} s; stopping every rank",
+                 limit.count());
+      killAll();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (timedOut) return 1;
+  if (cause != nullptr) {
+    const int st = cause->status;
+    const bool exited = st >= 0 && WIFEXITED(st);
+    log::error("rank {} (pid {}) {}; stopped the other ranks", cause->rank, cause->pid,
+               st < 0                                         ? "could not be waited for"
+               : exited && WEXITSTATUS(st) == kRankError     ? "failed (its error is above)"
+               : exited && WEXITSTATUS(st) == 2              ? "failed on bad input (above)"
+                                                              : launch::describeStatus(st));
+    return exited && WEXITSTATUS(st) == 2 ? 2 : 1;
+  }
+  int code = 0;
+  for (const auto& r : ranks) code = std::max(code, WEXITSTATUS(r.status));
+  return code;
+}
+
+void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
+  log::Options lo;
+  lo.tag = fmt::format("rank {}", o.rank);
+  lo.consoleLevel = log::Level::warn;
+  log::init(lo);
+  int code = 0;
+  try {
+    const JobConfig job = loadHealthJob(o);
+    const int world = ranksOf(o, job);
+    lo.tag = fmt::format("rank {}/{}", o.rank, world);
+    log::init(lo);
+    if (o.rank >= world) {
+      throw UsageError(fmt::format("--rank {} is not below --procs {}", o.rank, world));
+    }
+    // As `cohort worker` does: each rank gets its share of the cores.
+    int threads = static_cast<int>(job.distribution.threadsPerRank);
+    if (threads == 0) threads = std::max(1, env::availableCores() / world);
+    at::set_num_threads(threads);
+    at::set_num_interop_threads(1);
+
+    comm::CommOptions co;
+    co.rank = o.rank;
+    co.worldSize = world;
+    co.localRank = o.rank;
+    co.masterAddr = "127.0.0.1";
+    co.masterPort = o.storePort;
+    co.hostStore = false;
+    co.backend = job.distribution.backend;
+    co.timeout = timeoutOf(job);
+    co.storePrefix = "cohort-health";
+    const comm::Comm comm = comm::connect(co);
+
+    const HealthReport mine = runHealthChecks(comm, job.health, diskDirOf(job));
+    const std::vector<HealthReport> all = gatherHealthReports(comm, mine);
+    const std::string failures = healthFailures(all);
+    if (o.rank == 0) {
+      if (o.json) {
+        out << healthReportsJson(all) << "\n";
+      } else {
+        out << formatHealthTable(all);
+        out << (failures.empty() ? fmt::format("every check passed on {} rank{}\n", world,
+                                               world == 1 ? "" : "s")
+                                 : std::string("FAILED (see below)\n"));
+      }
+      out.flush();
+      if (!failures.empty()) log::error("{}", failures);
+    }
+    if (!failures.empty()) code = 1;
+  } catch (const Error& e) {
+    log::error("{}", e.what());
+    code = e.exitCode() == 2 ? 2 : kRankError;
+  } catch (const c10::Error& e) {
+    log::error("{}", e.what_without_backtrace());
+    code = kRankError;
+  } catch (const std::exception& e) {
+    log::error("{}", e.what());
+    code = kRankError;
+  }
+  log::flush();
+  out.flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // As `cohort worker`: LibTorch's and Gloo's static destructors would race
+  // their background threads for nothing.
+  std::_Exit(code);
+}
+
+}  // namespace cohort::monitor

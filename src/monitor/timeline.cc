@@ -1,0 +1,96 @@
+#include "cohort/monitor/timeline.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cohort/core/error.h"
+
+namespace cohort::monitor {
+namespace {
+
+std::atomic<Timeline*> current{nullptr};
+
+// Events are written in batches of this many.
+constexpr size_t kBatch = 512;
+
+int64_t micros(Timeline::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+Timeline* timeline() { return current.load(std::memory_order_acquire); }
+void setTimeline(Timeline* t) { current.store(t, std::memory_order_release); }
+
+Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank) {
+  std::error_code ec;
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) {
+    throw IoError(fmt::format("cannot create the timeline {}: {}", path, std::strerror(errno)));
+  }
+  std::fputs("[\n", file_);
+  std::lock_guard<std::mutex> g(mutex_);
+  writeLocked(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", rank_},
+                             {"args", {{"name", fmt::format("rank {}", rank_)}}}}
+                  .dump());
+  writeLocked(nlohmann::json{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_},
+                             {"args", {{"sort_index", rank_}}}}
+                  .dump());
+}
+
+Timeline::~Timeline() {
+  if (timeline() == this) setTimeline(nullptr);
+  flush();
+  std::fputs("\n]\n", file_);
+  std::fclose(file_);
+}
+
+void Timeline::complete(const std::string& name, const char* category, Clock::time_point start,
+                        Clock::time_point end, int tid, const std::string& args) {
+  const int64_t ts = micros(start);
+  const int64_t dur = std::max<int64_t>(0, micros(end) - ts);
+  std::string e = fmt::format(R"({{"name":{},"cat":"{}","ph":"X","ts":{},"dur":{},"pid":{},"tid":{})",
+                              nlohmann::json(name).dump(), category, ts, dur, rank_, tid);
+  if (!args.empty()) e += ",\"args\":" + args;
+  e += "}";
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> g(mutex_);
+  pending_.push_back(std::move(e));
+  // In batches, and at least every second: a rank that dies keeps its trace
+  // up to then.
+  if (pending_.size() >= kBatch || now - lastWrite_ > std::chrono::seconds(1)) {
+    for (const auto& p : pending_) writeLocked(p);
+    pending_.clear();
+    std::fflush(file_);
+    lastWrite_ = now;
+  }
+}
+
+void Timeline::nameThread(int tid, const std::string& name) {
+  std::lock_guard<std::mutex> g(mutex_);
+  writeLocked(nlohmann::json{{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid},
+                             {"args", {{"name", name}}}}
+                  .dump());
+}
+
+void Timeline::flush() {
+  std::lock_guard<std::mutex> g(mutex_);
+  for (const auto& p : pending_) writeLocked(p);
+  pending_.clear();
+  std::fflush(file_);
+}
+
+void Timeline::writeLocked(const std::string& event) {
+  if (!first_) std::fputs(",\n", file_);
+  first_ = false;
+  std::fputs(event.c_str(), file_);
+}
+
+}  // namespace cohort::monitor

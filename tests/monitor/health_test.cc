@@ -1,0 +1,300 @@
+// Health checks: `cohort health` on real rank processes, the preflight with
+// ranks as threads, and the measurements and reports on their own. Nothing
+// here asserts a speed (the machine is shared): only that every figure is
+// measured and that pass and fail follow the thresholds.
+
+#include "cohort/monitor/health.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cohort/comm/comm.h"
+#include "cohort/core/error.h"
+#include "util/jobs.h"
+
+namespace cohort {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::vector<std::string> kChecks = {"matmul", "memory", "disk", "allreduce"};
+
+nlohmann::json parseReports(const test::ProcessResult& r) {
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_TRUE(j.is_array()) << r.describe();
+  return j.is_array() ? j : nlohmann::json::array();
+}
+
+bool dirIsEmpty(const std::string& dir) {
+  return std::filesystem::is_empty(std::filesystem::path(dir));
+}
+
+TEST(HealthCli, TwoRanksMeasureEveryCheckAndPassTheDefaults) {
+  test::TempDir dir;
+  auto r = test::cohort({"health", "--procs", "2", "--json", "--set",
+                         "health.disk_dir=" + dir.path()},
+                        {}, 3min);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto reports = parseReports(r);
+  ASSERT_EQ(reports.size(), 2u) << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& rep = reports[static_cast<size_t>(rank)];
+    EXPECT_EQ(rep.at("rank").get<int>(), rank);
+    EXPECT_EQ(rep.at("world_size").get<int>(), 2);
+    EXPECT_FALSE(rep.at("host").get<std::string>().empty());
+    EXPECT_GE(rep.at("threads").get<int>(), 1);
+    EXPECT_TRUE(rep.at("passed").get<bool>()) << rep.dump(2);
+    for (const auto& name : kChecks) {
+      ASSERT_TRUE(rep.at("checks").contains(name)) << name << "\n" << rep.dump(2);
+      const auto& c = rep.at("checks").at(name);
+      EXPECT_GT(c.at("value").get<double>(), 0) << name << "\n" << c.dump(2);
+      EXPECT_GT(c.at("threshold").get<double>(), 0) << name << ": defaults are enforced";
+      EXPECT_EQ(c.at("status").get<std::string>(), "pass") << name << "\n" << c.dump(2);
+      EXPECT_TRUE(c.at("passed").get<bool>());
+      EXPECT_EQ(c.at("key").get<std::string>().rfind("health.min_", 0), 0u) << c.dump();
+      EXPECT_FALSE(c.at("unit").get<std::string>().empty());
+      EXPECT_FALSE(c.contains("error")) << c.dump(2);
+    }
+  }
+  EXPECT_TRUE(dirIsEmpty(dir.path())) << "the disk check removes its file";
+}
+
+TEST(HealthCli, ImpossibleThresholdFailsNamingTheRanksAndTheCheck) {
+  test::TempDir dir;
+  auto r = test::cohort({"health", "--procs", "2", "--set", "health.min_matmul_gflops=1e9",
+                         "--set", "health.disk_dir=" + dir.path()},
+                        {}, 3min);
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("health checks failed on 2 of 2 ranks [0, 1]"), std::string::npos) << r.err;
+  for (const char* rank : {"rank 0 (host ", "rank 1 (host "}) {
+    EXPECT_NE(r.err.find(rank), std::string::npos) << r.err;
+  }
+  EXPECT_NE(r.err.find("GFLOP/s is below health.min_matmul_gflops = 1e+09"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("memory"), std::string::npos) << "only the failing check\n" << r.err;
+  // The table on stdout marks the failing cells.
+  EXPECT_NE(r.out.find("matmul GFLOP/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" FAIL"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAILED"), std::string::npos) << r.out;
+}
+
+TEST(HealthCli, UnwritableDiskDirFailsTheDiskCheckNamingThePath) {
+  test::TempDir dir;
+  test::writeText(dir.file("plain-file"), "not a directory\n");
+  const std::string bad = dir.file("plain-file") + "/sub";
+  auto r = test::cohort({"health", "--json", "--set", "health.disk_dir=" + bad}, {}, 2min);
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  const auto reports = parseReports(r);
+  ASSERT_EQ(reports.size(), 1u) << "one rank without a job";
+  const auto& checks = reports[0].at("checks");
+  EXPECT_EQ(checks.at("disk").at("status"), "fail");
+  EXPECT_NE(checks.at("disk").at("error").get<std::string>().find(bad), std::string::npos)
+      << checks.dump(2);
+  for (const char* other : {"matmul", "memory"}) EXPECT_EQ(checks.at(other).at("status"), "pass");
+  EXPECT_EQ(checks.at("allreduce").at("status"), "skipped") << "one rank";
+  EXPECT_TRUE(checks.at("allreduce").at("passed").get<bool>());
+  EXPECT_NE(r.err.find("rank 0 (host "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("disk: cannot create " + bad + "/.cohort-health-"), std::string::npos)
+      << r.err;
+}
+
+TEST(HealthCli, RanksComeFromTheJobAndBadInputExitsTwo) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("health"));
+  auto r = test::cohort({"health", job, "--json", "--set", "distribution.procs_per_node=2",
+                         "--set", "health.disk_dir=" + dir.path(), "--set",
+                         "health.seconds_per_check=0.1"},
+                        {}, 3min);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(parseReports(r).size(), 2u) << r.out;
+
+  auto typo = test::cohort({"health", "--set", "health.min_matmul_gflop=5"});
+  EXPECT_EQ(typo.exitCode, 2) << typo.describe();
+  EXPECT_NE(typo.err.find("did you mean 'min_matmul_gflops'"), std::string::npos) << typo.err;
+  auto negative = test::cohort({"health", "--set", "health.min_disk_write_mbps=-1"});
+  EXPECT_EQ(negative.exitCode, 2) << negative.describe();
+  EXPECT_NE(negative.err.find("health.min_disk_write_mbps: must be >= 0"), std::string::npos)
+      << negative.err;
+  EXPECT_EQ(test::cohort({"health", "--procs", "0"}).exitCode, 2);
+  EXPECT_EQ(test::cohort({"health", dir.file("missing.yaml")}).exitCode, 2);
+}
+
+// Ranks as threads of this process, each with its own process group.
+template <class F>
+void withRanks(int world, F&& body) {
+  const int port = test::freePort();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        comm::CommOptions o;
+        o.rank = rank;
+        o.worldSize = world;
+        o.masterPort = port;
+        o.hostStore = rank == 0;
+        o.timeout = 60s;
+        o.storePrefix = "health-test";
+        const comm::Comm c = comm::connect(o);
+        body(c);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(HealthPreflight, EveryRankThrowsTheSameErrorNamingEachFailingRank) {
+  test::TempDir dir;
+  HealthConfig cfg;
+  cfg.minMatmulGflops = 1e9;
+  cfg.secondsPerCheck = 0.05;
+  cfg.memoryMb = 16;
+  cfg.diskMb = 4;
+  std::vector<std::string> errors(2);
+  withRanks(2, [&](const comm::Comm& c) {
+    try {
+      monitor::preflight(c, cfg, dir.path());
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank)] = e.what();
+    }
+  });
+  ASSERT_FALSE(errors[0].empty()) << "preflight passed an impossible threshold";
+  EXPECT_EQ(errors[0], errors[1]);
+  EXPECT_NE(errors[0].find("rank 0 (host "), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("rank 1 (host "), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("matmul"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("distribution.preflight"), std::string::npos) << errors[0];
+  EXPECT_TRUE(dirIsEmpty(dir.path()));
+}
+
+TEST(HealthPreflight, PassingChecksReturnEveryRanksReport) {
+  test::TempDir dir;
+  HealthConfig cfg;
+  cfg.secondsPerCheck = 0.05;
+  cfg.memoryMb = 16;
+  cfg.diskMb = 4;
+  // Thresholds off: only the plumbing is under test here.
+  cfg.minMatmulGflops = cfg.minMemoryGbps = cfg.minDiskWriteMbps = cfg.minAllreduceBusbwGbps = 0;
+  std::vector<std::vector<monitor::HealthReport>> got(2);
+  withRanks(2, [&](const comm::Comm& c) {
+    // Twice: each call pairs with the same call of the other rank.
+    monitor::preflight(c, cfg, dir.path());
+    got[static_cast<size_t>(c.rank)] = monitor::preflight(c, cfg, dir.path());
+  });
+  for (const auto& reports : got) {
+    ASSERT_EQ(reports.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(reports[static_cast<size_t>(r)].rank, r);
+      EXPECT_TRUE(reports[static_cast<size_t>(r)].passed());
+      ASSERT_NE(reports[static_cast<size_t>(r)].find("allreduce"), nullptr);
+      EXPECT_GT(reports[static_cast<size_t>(r)].find("allreduce")->value, 0);
+    }
+  }
+  EXPECT_EQ(monitor::healthReportsJson(got[0]), monitor::healthReportsJson(got[1]));
+}
+
+TEST(HealthMeasure, EachMeasurementIsPositive) {
+  test::TempDir dir;
+  EXPECT_GT(monitor::measureMatmulGflops(64, 0.01), 0);
+  EXPECT_GT(monitor::measureMemoryGbps(size_t{1} << 20, 0.01), 0);
+  std::string method;
+  // 5 MiB: whole 4 MiB blocks and a tail that is not one.
+  EXPECT_GT(monitor::measureDiskWriteMbps(dir.path(), (size_t{5} << 20) + 100, 5, &method), 0);
+  EXPECT_TRUE(method == "O_DIRECT" || method == "buffered") << method;
+  EXPECT_TRUE(dirIsEmpty(dir.path()));
+}
+
+TEST(HealthMeasure, DiskErrorNamesThePath) {
+  test::TempDir dir;
+  try {
+    monitor::measureDiskWriteMbps(dir.file("nope"), 1 << 20, 1);
+    FAIL() << "wrote into a directory that does not exist";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.file("nope") + "/.cohort-health-"), std::string::npos)
+        << e.what();
+  }
+}
+
+monitor::HealthReport fakeReport(int rank, double matmul, double threshold) {
+  monitor::HealthReport r;
+  r.rank = rank;
+  r.worldSize = 2;
+  r.host = "node" + std::to_string(rank);
+  monitor::HealthCheck c;
+  c.name = "matmul";
+  c.unit = "GFLOP/s";
+  c.key = "health.min_matmul_gflops";
+  c.value = matmul;
+  c.threshold = threshold;
+  c.status = matmul >= threshold ? monitor::CheckStatus::pass : monitor::CheckStatus::fail;
+  r.checks.push_back(c);
+  monitor::HealthCheck d;
+  d.name = "disk";
+  d.unit = "MB/s";
+  d.key = "health.min_disk_write_mbps";
+  d.threshold = 20;
+  d.status = monitor::CheckStatus::fail;
+  d.error = "cannot create /x/.cohort-health: Permission denied";
+  if (rank == 0) r.checks.push_back(d);
+  return r;
+}
+
+TEST(HealthReport, FailuresNameRankHostCheckMeasuredAndThreshold) {
+  const std::vector<monitor::HealthReport> reports = {fakeReport(0, 50, 10),
+                                                      fakeReport(1, 3.25, 10)};
+  EXPECT_EQ(monitor::healthFailures(reports),
+            "health checks failed on 2 of 2 ranks [0, 1]: rank 0 (host node0): disk: cannot "
+            "create /x/.cohort-health: Permission denied; rank 1 (host node1): matmul 3.25 "
+            "GFLOP/s is below health.min_matmul_gflops = 10");
+  EXPECT_EQ(monitor::healthFailures({fakeReport(1, 50, 10)}), "") << "rank 1 passes at 50";
+  const std::string table = monitor::formatHealthTable(reports);
+  EXPECT_NE(table.find("50 ok"), std::string::npos) << table;
+  EXPECT_NE(table.find("3.25 FAIL"), std::string::npos) << table;
+  EXPECT_NE(table.find("ERROR"), std::string::npos) << table;
+  const auto j = nlohmann::json::parse(monitor::healthReportsJson(reports));
+  EXPECT_EQ(j[1]["checks"]["matmul"]["status"], "fail");
+  EXPECT_FALSE(j[1]["passed"].get<bool>());
+  EXPECT_EQ(j[0]["checks"]["disk"]["error"], "cannot create /x/.cohort-health: Permission denied");
+}
+
+// distribution.preflight in `cohort run`: a failing check stops the job
+// before training, naming the rank and the check, and is not restarted; a
+// passing one logs the table and training goes on.
+TEST(HealthPreflight, AFailingCheckStopsTheRunBeforeTraining) {
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("preflight"));
+  auto r = test::cohort({"run", dir.file("job.yaml"), "--procs", "2", "--run-dir",
+                         dir.file("run"), "--set", "distribution.preflight=true", "--set",
+                         "health.min_matmul_gflops=1e9", "--set", "health.seconds_per_check=0.05",
+                         "--set", "distribution.max_restarts=2"},
+                        {}, 3min);
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
+  EXPECT_NE(r.err.find("exited with code 5"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restart 1 of"), std::string::npos) << "a failed preflight was restarted";
+  const std::string log0 = test::readText(dir.file("run/logs/rank-0.log"));
+  EXPECT_NE(log0.find("rank 1 (host "), std::string::npos) << log0;
+  EXPECT_NE(log0.find("matmul"), std::string::npos) << log0;
+  for (const auto& j : test::readJsonLines(dir.file("run/metrics.jsonl"))) {
+    EXPECT_NE(j.value("event", ""), "train") << "training started: " << j.dump();
+  }
+}
+
+TEST(HealthPreflight, PassingChecksLetTheRunTrain) {
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("preflight"));
+  auto r = test::cohort({"run", dir.file("job.yaml"), "--procs", "2", "--run-dir",
+                         dir.file("run"), "--set", "distribution.preflight=true", "--set",
+                         "health.seconds_per_check=0.05"},
+                        {}, 3min);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string log0 = test::readText(dir.file("run/logs/rank-0.log"));
+  EXPECT_NE(log0.find("allreduce"), std::string::npos) << "no health table in the log:\n" << log0;
+}
+
+}  // namespace
+}  // namespace cohort
