@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <memory>
+
 #include "util/jobs.h"
 
 namespace cohort {
@@ -50,6 +53,38 @@ TEST(Comm, MissingPeerTimesOutInsteadOfHanging) {
                         std::chrono::minutes(2));
   EXPECT_EQ(r.exitCode, 1) << r.describe();
   EXPECT_NE(r.err.find("rank 0"), std::string::npos) << r.err;
+}
+
+// Ranks started with different job files (here: another seed on rank 1)
+// stop before any collective of training, every rank with the same message
+// naming which ranks have what.
+TEST(Comm, RanksThatDisagreeOnTheJobAllSayWhichDiffer) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("disagree"));
+  const std::string port = std::to_string(test::freePort());
+  std::vector<std::unique_ptr<test::Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<test::Process>(
+        std::vector<std::string>{test::cohortBin(), "worker", job, "--run-dir", dir.file("run"),
+                                 "--set", r == 0 ? "training.seed=7" : "training.seed=8"},
+        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", "2"},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", port}}));
+  }
+  std::vector<std::string> messages;
+  for (auto& p : ranks) {
+    auto r = p->wait(std::chrono::minutes(2));
+    ASSERT_FALSE(r.timedOut) << r.describe();
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    const size_t at = r.err.find("the ranks disagree on the job");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    messages.push_back(r.err.substr(at, r.err.find('\n', at) - at));
+  }
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_NE(messages[0].find("ranks [0] have"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[0].find("ranks [1] have"), std::string::npos) << messages[0];
 }
 
 }  // namespace
