@@ -711,6 +711,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
                   : std::string("a gradient is NaN or Inf (from another rank's loss, or an "
                                 "overflow in backward)");
           if (!skipNonfinite || nonfiniteInARow >= kMaxNonfiniteInARow) {
+            // Every rank is here at the same step: the checkpoints still
+            // being written (the last good state) are committed first.
+            if (checkpointer) checkpointer->flush();
             throw DivergedError(fmt::format(
                 "rank {}: {} at step {} (epoch {}){}: training diverged; the weights were not "
                 "updated, the last checkpoint holds the last good state{}",
