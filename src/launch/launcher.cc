@@ -29,6 +29,7 @@
 #include "cohort/launch/run_metrics.h"
 #include "cohort/monitor/prometheus.h"
 #include "cohort/launch/spawn.h"
+#include "cohort/core/signals.h"
 
 extern char** environ;
 
@@ -90,41 +91,14 @@ std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount
   return out;
 }
 
-// Blocks SIGCHLD, SIGINT and SIGTERM for the launcher's lifetime (they are
-// taken synchronously with sigtimedwait) and restores the mask on the way out.
-class SignalScope {
- public:
-  SignalScope() {
-    // Inherited "ignore SIGCHLD" would make the kernel reap the ranks behind
-    // our back and waitpid fail: take the default disposition.
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(SIGCHLD, &dfl, nullptr);
-    sigemptyset(&watched_);
-    sigaddset(&watched_, SIGCHLD);
-    sigaddset(&watched_, SIGINT);
-    sigaddset(&watched_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &watched_, &original_);
-  }
-  ~SignalScope() { pthread_sigmask(SIG_SETMASK, &original_, nullptr); }
-  SignalScope(const SignalScope&) = delete;
-  SignalScope& operator=(const SignalScope&) = delete;
-
-  // Waits up to `timeout` for a watched signal; returns it, or 0.
-  int wait(std::chrono::milliseconds timeout) {
-    timespec ts{static_cast<time_t>(timeout.count() / 1000),
-                static_cast<long>((timeout.count() % 1000) * 1000000)};
-    siginfo_t info;
-    const int sig = sigtimedwait(&watched_, &info, &ts);
-    return sig > 0 ? sig : 0;
-  }
-  const sigset_t& original() const { return original_; }
-
- private:
-  sigset_t watched_;
-  sigset_t original_;
-};
+// Inherited "ignore SIGCHLD" would make the kernel reap the ranks behind our
+// back and waitpid fail: take the default disposition.
+void defaultSigchld() {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, nullptr);
+}
 
 // The newest run directory of this job under output.dir that did not
 // complete and holds a committed checkpoint: rerunning a command resumes it.
@@ -200,7 +174,9 @@ int runLauncher(const LaunchOptions& o) {
 
   // Signals first, so the store's thread inherits the blocked mask; the store
   // before the run directory, so a busy port leaves nothing behind.
-  SignalScope signals;
+  // Blocked for the launcher's lifetime, taken synchronously between polls.
+  defaultSigchld();
+  BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM});
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
   comm::HostedStore store =

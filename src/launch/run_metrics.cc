@@ -13,14 +13,11 @@
 #include "cohort/monitor/prometheus.h"
 #include "cohort/monitor/watchdog.h"
 #include "cohort/train/trainer.h"
+#include "cohort/core/time.h"
 
 namespace cohort::launch {
 namespace fs = std::filesystem;
 namespace {
-
-double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // The last train and eval records of metrics.jsonl: only its tail is read.
 struct LastRecords {
@@ -123,7 +120,7 @@ std::string RunMetrics::render() const {
   }
   // Heartbeats of the current attempt (its ranks write under its prefix).
   c10d::PrefixStore attemptStore(fmt::format("cohort/attempt-{}", attempt), impl_->store);
-  const double now = unixNow();
+  const double now = unixSeconds();
   for (int r = 0; r < impl_->world; ++r) {
     // One rank's unreadable heartbeat leaves out that rank, not the scrape.
     monitor::Heartbeat h;

@@ -17,6 +17,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/core/signals.h"
 
 namespace cohort::monitor {
 namespace {
@@ -173,33 +174,6 @@ bool summaryCompleted(const std::string& path) {
   return j.is_object() && j.value("status", "") == "completed";
 }
 
-// Blocks SIGINT and SIGTERM in this thread while following, so that they
-// can be waited for between polls; restores the mask when done.
-class SignalWait {
- public:
-  SignalWait() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set_, &original_);
-  }
-  ~SignalWait() { pthread_sigmask(SIG_SETMASK, &original_, nullptr); }
-  SignalWait(const SignalWait&) = delete;
-  SignalWait& operator=(const SignalWait&) = delete;
-
-  // The signal that arrived within `timeout`, or 0.
-  int wait(std::chrono::milliseconds timeout) {
-    timespec ts{static_cast<time_t>(timeout.count() / 1000),
-                static_cast<long>((timeout.count() % 1000) * 1000000)};
-    const int sig = sigtimedwait(&set_, nullptr, &ts);
-    return sig > 0 ? sig : 0;
-  }
-
- private:
-  sigset_t set_{};
-  sigset_t original_{};
-};
-
 class Merger {
  public:
   Merger(const LogsOptions& o, std::ostream& out)
@@ -255,7 +229,7 @@ class Merger {
 };
 
 int follow(const LogsOptions& o, Merger& merger) {
-  SignalWait signals;
+  BlockedSignals signals({SIGINT, SIGTERM});  // taken between polls
   const RunDir run{o.runDir};
   const SummaryState atStart = summaryState(run.summary());
   const bool completedAtStart = atStart.exists && summaryCompleted(run.summary());

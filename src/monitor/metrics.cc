@@ -12,13 +12,10 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
+#include "cohort/core/time.h"
 
 namespace cohort::monitor {
 namespace {
-
-double unixTime() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -43,7 +40,7 @@ void MetricsWriter::writeLine(const std::string& json) {
 }
 
 void MetricsWriter::write(const TrainRecord& r) {
-  nlohmann::json j = {{"event", "train"},     {"time", unixTime()},     {"step", r.step},
+  nlohmann::json j = {{"event", "train"},     {"time", unixSeconds()},     {"step", r.step},
                       {"epoch", r.epoch},     {"loss", r.loss},         {"lr", r.lr},
                       {"images_per_s", r.imagesPerS}, {"data_wait_frac", r.dataWaitFrac}};
   if (r.corruptSkipped > 0) j["corrupt_skipped"] = r.corruptSkipped;
@@ -51,7 +48,7 @@ void MetricsWriter::write(const TrainRecord& r) {
 }
 
 void MetricsWriter::write(const EvalRecord& r) {
-  nlohmann::json j = {{"event", "eval"}, {"time", unixTime()}, {"step", r.step},
+  nlohmann::json j = {{"event", "eval"}, {"time", unixSeconds()}, {"step", r.step},
                       {"epoch", r.epoch}, {"top1", r.top1},     {"top5", r.top5},
                       {"loss", r.loss},   {"samples", r.samples}, {"seconds", r.seconds}};
   writeLine(j.dump());

@@ -14,6 +14,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/time.h"
 #include "monitor/detail/crc32c.h"
 
 namespace cohort::monitor {
@@ -70,10 +71,6 @@ void putBytes(std::string& out, uint32_t field, const std::string& bytes) {
   out += bytes;
 }
 
-double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 std::string hostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
@@ -110,7 +107,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
     throw IoError(fmt::format("cannot open {}: {}", path_, std::strerror(err)));
   }
   std::string event;
-  putDouble(event, 1, unixNow());
+  putDouble(event, 1, unixSeconds());
   putBytes(event, 3, "brain.Event:2");
   std::lock_guard<std::mutex> g(mutex_);
   try {
@@ -134,7 +131,7 @@ TensorBoardWriter::~TensorBoardWriter() {
 }
 
 void TensorBoardWriter::addScalar(const std::string& tag, int64_t step, double value) {
-  addScalar(tag, step, value, unixNow());
+  addScalar(tag, step, value, unixSeconds());
 }
 
 void TensorBoardWriter::addScalar(const std::string& tag, int64_t step, double value,

@@ -13,13 +13,10 @@
 #include "cohort/core/log.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
+#include "cohort/core/time.h"
 
 namespace cohort::monitor {
 namespace {
-
-double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::string hostName() {
   char host[256] = {};
@@ -111,7 +108,7 @@ void Watchdog::beat() {
   h.phaseSeconds = a.phaseSeconds;
   h.waitingIn = a.waitingIn;
   h.waitingSeconds = a.waitingSeconds;
-  h.unixTime = unixNow();
+  h.unixTime = unixSeconds();
   h.host = host_;
   h.pid = static_cast<int>(::getpid());
   const std::string v = encodeHeartbeat(h);
@@ -148,7 +145,7 @@ void Watchdog::inspect() {
 }
 
 std::string Watchdog::describeWait(const std::string& what, int64_t step, double seconds) {
-  const double now = unixNow();
+  const double now = unixSeconds();
   const double stale = std::max(5.0, 3 * options_.heartbeatS);
   std::vector<std::string> missing;
   int there = 0;
