@@ -61,6 +61,7 @@ struct ShmAllreduce::Header {
   uint64_t floatsPerRank;
   alignas(64) std::atomic<uint32_t> generation[2];  // futex words, bumped on every arrival
   Counter arrived[2][kMaxRanks];                    // last sequence number each rank reached
+  Counter nonfinite[kMaxRanks];  // 1: a NaN or Inf in the rank's share of the last sum
   std::atomic<int32_t> pid[kMaxRanks];              // each rank's process, to notice one that died
 };
 
@@ -172,9 +173,9 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
   }
 }
 
-void ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout) {
+bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout) {
   COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
-  if (world_ == 1 || n == 0) return;
+  if (world_ == 1 || n == 0) return allFinite(region() + offset, n);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const uint64_t seq = ++seq_;
   arrive(0, seq);
@@ -183,6 +184,7 @@ void ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
   const size_t per = ((n + world_ - 1) / world_ + 15) / 16 * 16;
   const size_t begin = std::min(n, per * static_cast<size_t>(rank_));
   const size_t end = std::min(n, begin + per);
+  bool finite = true;
   if (begin < end) {
     float* regions[kMaxRanks];
     for (int r = 0; r < world_; ++r) regions[r] = data_ + regionStride_ * static_cast<size_t>(r) + offset;
@@ -195,11 +197,33 @@ void ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
         const float* src = regions[r] + at;
         for (size_t i = 0; i < len; ++i) sum[i] += src[i];
       }
+      // While the block is in the cache: the finiteness check costs almost
+      // nothing here, where a separate pass would read every gradient again.
+      finite = allFinite(sum, len) && finite;
       for (int r = 0; r < world_; ++r) std::memcpy(regions[r] + at, sum, len * sizeof(float));
     }
   }
+  // Published before arriving: no rank writes its flag of the next call
+  // before every rank has left this one (the next call's first barrier).
+  header_->nonfinite[rank_].value.store(finite ? 0 : 1, std::memory_order_relaxed);
   arrive(1, seq);
   waitAll(1, seq, deadline);
+  for (int r = 0; r < world_; ++r) {
+    if (header_->nonfinite[r].value.load(std::memory_order_relaxed) != 0) return false;
+  }
+  return true;
+}
+
+bool allFinite(const float* data, size_t n) {
+  // An exponent of all ones is Inf or NaN. Integer operations, so the loop
+  // vectorizes (a float reduction would not, without fast-math).
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, data + i, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 }  // namespace cohort::comm

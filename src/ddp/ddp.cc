@@ -262,6 +262,7 @@ void DistributedDataParallel::broadcastState() {
 }
 
 bool DistributedDataParallel::gradientsFinite() const {
+  if (finiteAfterExchange_) return *finiteAfterExchange_;
   torch::NoGradGuard noGrad;
   for (const Bucket& b : buckets_) {
     // A sum is finite exactly when no element is NaN or Inf, unless finite
@@ -322,7 +323,9 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
         const auto start = std::chrono::steady_clock::now();
         const auto wallStart = monitor::Timeline::Clock::now();
         monitor::WaitScope waiting("gradient allreduce (shared memory)");
-        shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout);
+        exchangeFinite_ =
+            shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout) &&
+            exchangeFinite_;
         stats_.sharedMemorySeconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (monitor::Timeline* t = monitor::timeline()) {
@@ -365,6 +368,9 @@ void DistributedDataParallel::finishGradients() {
     b.work.reset();
   }
   ++stats_.syncs;
+  // The shared-memory sums checked every element on the way.
+  if (shm_) finiteAfterExchange_ = exchangeFinite_;
+  exchangeFinite_ = true;
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(std::move(works));
@@ -403,6 +409,7 @@ void DistributedDataParallel::traceCompletion(Bucket& b) {
 }
 
 void DistributedDataParallel::zeroGrad() {
+  finiteAfterExchange_.reset();
   torch::NoGradGuard noGrad;
   for (Bucket& b : buckets_) b.flat.zero_();
   for (Param& p : params_) {

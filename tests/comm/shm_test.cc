@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,54 @@ TEST_P(ShmSums, EveryRankGetsTheSameSum) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmSums, ::testing::Values(1, 2, 3, 4));
+
+// A NaN or Inf anywhere -- in this rank's share of the sum or another's --
+// makes every rank's allreduce report a non-finite sum; a later finite sum
+// is reported finite again.
+TEST_P(ShmSums, EveryRankLearnsOfANonFiniteElementAnywhere) {
+  const int world = GetParam();
+  const size_t n = 10000;
+  const std::string name = segmentName("finite");
+  ShmAllreduce creator(name, 0, world, n, true);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // (rank that poisons, element, value); element 9999 lies in the last rank's share.
+  struct Poison {
+    int rank;
+    size_t at;
+    float value;
+  };
+  const std::vector<Poison> poisons = {{0, 3, nan}, {world - 1, 0, inf}, {0, 9999, -inf},
+                                       {world - 1, 5000, nan}};
+  const auto codes = forkRanks(world, [&](int rank) {
+    ShmAllreduce shm(name, rank, world, n, false);
+    float* mine = shm.region();
+    int code = 0;
+    for (const Poison& p : poisons) {
+      for (size_t i = 0; i < n; ++i) mine[i] = 1.0f;
+      if (rank == p.rank) mine[p.at] = p.value;
+      if (shm.allreduce(0, n, std::chrono::seconds(60))) code = 1;
+      for (size_t i = 0; i < n; ++i) mine[i] = 1.0f;
+      if (!shm.allreduce(0, n, std::chrono::seconds(60))) code = 2;
+    }
+    return code;
+  });
+  creator.unlink();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+TEST(Shm, AllFiniteFindsNaNAndInfButNotLargeOrTinyValues) {
+  std::vector<float> v(1000, 1.0f);
+  v[10] = std::numeric_limits<float>::max();
+  v[11] = std::numeric_limits<float>::denorm_min();
+  v[12] = -0.0f;
+  EXPECT_TRUE(allFinite(v.data(), v.size()));
+  v[999] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(allFinite(v.data(), v.size()));
+  v[999] = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(allFinite(v.data(), v.size()));
+  EXPECT_TRUE(allFinite(v.data(), 999));
+}
 
 TEST(Shm, AMissingRankIsNamedWhenTheWaitTimesOut) {
   const std::string name = segmentName("timeout");

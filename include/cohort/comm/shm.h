@@ -25,6 +25,9 @@
 
 namespace cohort::comm {
 
+// Whether none of the n floats is NaN or Inf.
+bool allFinite(const float* data, size_t n);
+
 class ShmAllreduce {
  public:
   static constexpr int kMaxRanks = 256;
@@ -48,10 +51,11 @@ class ShmAllreduce {
   int worldSize() const { return world_; }
 
   // Sums floats [offset, offset + n) of every rank's region into all of
-  // them. Blocks until every rank has made this call; throws CommError when
-  // a rank's process has exited, and TimeoutError naming the ranks that did
-  // not arrive within `timeout`.
-  void allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
+  // them, and returns whether every element of the sum is finite (the same
+  // answer on every rank). Blocks until every rank has made this call;
+  // throws CommError when a rank's process has exited, and TimeoutError
+  // naming the ranks that did not arrive within `timeout`.
+  bool allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
 
  private:
   struct Header;

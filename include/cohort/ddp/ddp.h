@@ -23,6 +23,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,8 +97,9 @@ class DistributedDataParallel {
   // ranks are not left waiting -- and CommError if a collective fails.
   void finishGradients();
   // After finishGradients: whether every gradient is finite (no NaN or
-  // Inf). One pass over the buckets; the same answer on every rank, since
-  // the exchanged gradients are the same.
+  // Inf); the same answer on every rank, since the exchanged gradients are
+  // the same. Free after a shared-memory exchange (its sums checked every
+  // element); otherwise one pass over the buckets.
   bool gradientsFinite() const;
   // Zeroes every gradient (the buckets).
   void zeroGrad();
@@ -151,6 +153,10 @@ class DistributedDataParallel {
   mutable std::mutex mutex_;
   bool sync_ = true;
   size_t nextLaunch_ = 0;
+  // Whether the shared-memory sums of this step so far were finite, and of
+  // the last exchange (unset: gradientsFinite() looks at the buckets).
+  bool exchangeFinite_ = true;
+  std::optional<bool> finiteAfterExchange_;
   DdpStats stats_;
 };
 
