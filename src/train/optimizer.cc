@@ -39,9 +39,12 @@ class FusedSgd final : public torch::optim::SGD {
       const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
-        auto& slot = state_[key(p)];
-        if (!slot && o.momentum() != 0) slot = std::make_unique<torch::optim::SGDParamState>();
-        auto* s = static_cast<torch::optim::SGDParamState*>(slot.get());
+        torch::optim::SGDParamState* s = nullptr;
+        if (o.momentum() != 0) {  // without momentum there is no state (as in LibTorch's SGD)
+          auto& slot = state_[key(p)];
+          if (!slot) slot = std::make_unique<torch::optim::SGDParamState>();
+          s = static_cast<torch::optim::SGDParamState*>(slot.get());
+        }
         update(p, p.grad(), s, o);
       }
     }
