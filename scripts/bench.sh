@@ -96,6 +96,11 @@ ratio = f"**{cohort_s / peer_s:.2f}**" if hit and peer_s else ""
 epochs = open(f"{out}/fm.epochs").read().strip()
 md.append(f"| cohort | {cohort_s:.0f} | {hit['epoch']} | {ratio} |" if hit else f"| cohort | not reached in {epochs} epochs | | |")
 md.append(f"| PyTorch | {peer_s:.0f} | {peer['epochs']} | |" if peer_s else "| PyTorch | not reached | | |")
+summary = json.load(open(f"{out}/fm/summary.json"))
+md.append(f"\nThe whole cohort run ({epochs} epochs, evaluations included): test top-1 "
+          f"{summary['eval']['top1']:.4f} in {summary['wall_time_s']:.0f} s of training loop, "
+          f"{summary['train_images_per_s']:,.0f} img/s; top-1 after each epoch: "
+          + ", ".join(f"{j['top1']:.4f}" for j in evals) + ".")
 text = "\n".join(md) + "\n"
 path = "docs/benchmarks.md"
 doc = open(path).read()
