@@ -164,6 +164,10 @@ void describe(V& v, DistributionConfig& c) {
   v.field("shared_memory", c.sharedMemory,
           "When every rank runs on one machine, sum gradients in shared memory instead of over "
           "Gloo's loopback TCP.");
+  v.field("gloo_connections", c.glooConnections,
+          "Sets of Gloo connections between each pair of ranks; successive bucket allreduces take "
+          "successive sets.",
+          between(1, 64));
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Buffers (BatchNorm running statistics) follow rank 0's: every rank takes them before "
           "evaluation and the final save; false keeps each rank's own.");
