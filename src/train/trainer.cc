@@ -901,8 +901,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // this rank is finishing anyway.
   if (summary.stopped) return summary;
   const ddp::DdpStats ds = ddp.stats();
-  log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}",
-            ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish);
+  log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}; "
+            "path: {}",
+            ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish, ddp::exchangeName(ds.exchange));
   summary.imagesPerS = trainSeconds > 0 ? double(summary.images) / trainSeconds : 0;
   at::Tensor waits = torch::tensor(
       {trainSeconds > 0 ? waitTotal / trainSeconds : 0.0, double(summary.corruptSkipped)},

@@ -36,6 +36,10 @@ namespace cohort::comm {
 class ShmAllreduce;
 }
 
+namespace cohort::ddp::detail {
+struct ExchangePlan;
+}
+
 namespace cohort::ddp {
 
 struct DdpOptions {
@@ -51,12 +55,24 @@ struct DdpOptions {
   // (autograd carries the scale) where the division is a pass over every
   // gradient: about 8 ms per 64 MB on a CPU.
   bool divideGradients = true;
-  // When every rank runs on this machine (and gradients are float32 on the
-  // CPU): buckets live in a shared memory segment and are summed there
-  // (comm/shm.h) instead of over Gloo's loopback TCP. Falls back to Gloo,
-  // with a log line saying why, when that is not possible.
+  // When gradients are float32 on the CPU, ranks on one machine keep their
+  // buckets in a shared memory segment and sum them there (comm/shm.h)
+  // instead of over Gloo's loopback TCP. When the ranks span several
+  // machines, the exchange is hierarchical: each machine sums in shared
+  // memory, the lowest rank of each machine sums the machines' sums over
+  // Gloo, and shares the result with its machine. Falls back to Gloo among
+  // all ranks, with a log line saying why, when that is not possible.
   bool sharedMemory = true;
 };
+
+// How gradients travel between ranks.
+enum class Exchange {
+  none,          // one rank: nothing to exchange
+  gloo,          // Gloo among all ranks
+  sharedMemory,  // every rank on one machine: shared memory
+  hierarchical,  // shared memory within each machine, Gloo between one rank per machine
+};
+const char* exchangeName(Exchange e);
 
 struct DdpStats {
   int64_t buckets = 0;
@@ -64,8 +80,11 @@ struct DdpStats {
   int64_t launchedDuringBackward = 0; // bucket allreduces started from hooks
   int64_t launchedAtFinish = 0;       // started by finishGradients (unused parameters)
   bool sharedMemory = false;          // buckets are exchanged through shared memory
-  // Seconds the training thread spent in shared-memory exchanges (they run
-  // synchronously inside backward, so all of it is exposed).
+  Exchange exchange = Exchange::none;
+  int machines = 1;                   // machines the ranks span (by their machine identity)
+  // Seconds the training thread spent in shared-memory sums inside
+  // backward (synchronous, so all of it is exposed). The hierarchical
+  // exchange's copy of the machines' sum runs in finishGradients instead.
   double sharedMemorySeconds = 0;
 };
 
@@ -134,8 +153,10 @@ class DistributedDataParallel {
   // Notes the launch of b's Gloo allreduce and, on completion, its time.
   void traceCompletion(Bucket& b);
   void removeHooks();
-  // Places the buckets in shared memory when every rank is on this machine.
-  void setUpSharedMemory(int64_t totalFloats);
+  // Decides the exchange with every rank (detail/exchange.h) and logs it.
+  void setUpExchange(int64_t totalFloats, bool floatOnCpu);
+  // The shared-memory sum of bucket k inside backward.
+  void sumInSharedMemory(size_t k);
   // Waits for every launched bucket with one overall deadline; returns the
   // first failure instead of throwing.
   std::exception_ptr waitAll(std::vector<c10::intrusive_ptr<c10d::Work>> works);
@@ -147,7 +168,9 @@ class DistributedDataParallel {
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> frozen_;   // parameters without gradients: broadcast only
   std::vector<at::Tensor> buffers_;
-  std::shared_ptr<comm::ShmAllreduce> shm_;
+  std::unique_ptr<detail::ExchangePlan> plan_;
+  std::shared_ptr<comm::ShmAllreduce> shm_;  // this machine's ranks, if they share memory
+  int64_t totalFloats_ = 0;
   mutable std::mutex mutex_;
   bool sync_ = true;
   size_t nextLaunch_ = 0;

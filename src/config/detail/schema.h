@@ -162,8 +162,9 @@ void describe(V& v, DistributionConfig& c) {
   v.field("find_unused_parameters", c.findUnusedParameters,
           "Allow parameters that get no gradient in a step (their gradient counts as zero).");
   v.field("shared_memory", c.sharedMemory,
-          "When every rank runs on one machine, sum gradients in shared memory instead of over "
-          "Gloo's loopback TCP.");
+          "Ranks on one machine sum gradients in shared memory instead of over Gloo's loopback "
+          "TCP; across machines, one rank per machine then exchanges its machine's sum over Gloo "
+          "(hierarchical).");
   v.field("gloo_connections", c.glooConnections,
           "Sets of Gloo connections between each pair of ranks; successive bucket allreduces take "
           "successive sets.",
