@@ -14,6 +14,7 @@
 #include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
 #include "ddp/detail/exchange.h"
+#include "ddp/detail/gloo_sum.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/log.h"
@@ -144,6 +145,7 @@ std::string bucketArgs(const at::Tensor& flat, size_t params) {
 }  // namespace
 
 void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu) {
+  using Compression = DdpOptions::Compression;
   const char* why = !options_.sharedMemory ? "distribution.shared_memory is false"
                     : buckets_.empty()      ? "no trainable parameters"
                                             : "gradients are not all float32 on the CPU";
@@ -153,6 +155,24 @@ void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu
   stats_.exchange = plan_->exchange;
   stats_.machines = plan_->machines;
   stats_.sharedMemory = shm_ != nullptr;
+  if (options_.compression == Compression::none) return;
+  const char* type = options_.compression == Compression::fp16 ? "fp16" : "bf16";
+  switch (plan_->exchange) {
+    case Exchange::none:
+      break;
+    case Exchange::sharedMemory:
+      log::info("distribution.compression {} is ignored: gradients are summed in shared memory, "
+                "not sent over Gloo", type);
+      break;
+    case Exchange::hierarchical:
+      log::info("gradient compression: {} on the Gloo exchange between machines (shared memory "
+                "within a machine stays float32)", type);
+      break;
+    case Exchange::gloo:
+      log::info("gradient compression: {} on the Gloo exchange{}", type,
+                options_.compression == Compression::bf16 ? " (an allgather: Gloo has no bf16 sum)" : "");
+      break;
+  }
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -275,8 +295,9 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
                                : plan_->across                   ? plan_->across.get()
                                                                  : nullptr;
       if (pg != nullptr) {
-        std::vector<at::Tensor> v{b.flat};
-        b.work = pg->allreduce(v);
+        detail::GlooSum sum = detail::launchSum(*pg, b.flat, options_.compression);
+        b.work = std::move(sum.work);
+        b.wire = std::move(sum.wire);
         if (monitor::timeline() != nullptr) traceCompletion(b);
       }
     }
@@ -305,14 +326,22 @@ void DistributedDataParallel::finishGradients() {
   }
   launchReadyBuckets(/*fromHook=*/false);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (Bucket& b : buckets_) {
+  std::vector<size_t> compressed;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
     if (b.work) works.push_back(b.work);
+    if (b.wire.defined()) compressed.push_back(k);
     b.work.reset();
   }
   ++stats_.syncs;
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(std::move(works));
+  for (size_t k : compressed) {
+    Bucket& b = buckets_[k];
+    if (!failure) detail::completeSum(b.flat, detail::GlooSum{{}, b.wire, options_.compression});
+    b.wire = at::Tensor();
+  }
   if (!failure && plan_->exchange == Exchange::hierarchical && shm_) {
     // The leader holds the sum over all machines: one copy of every bucket
     // to the other ranks of its machine. (A leader whose Gloo sum failed

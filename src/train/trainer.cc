@@ -306,6 +306,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   dopts.broadcastBuffers = job.distribution.broadcastBuffers;
   dopts.divideGradients = false;  // the loss carries 1 / world instead (see below)
   dopts.sharedMemory = job.distribution.sharedMemory;
+  dopts.compression = job.distribution.compression == "fp16"   ? ddp::DdpOptions::Compression::fp16
+                      : job.distribution.compression == "bf16" ? ddp::DdpOptions::Compression::bf16
+                                                               : ddp::DdpOptions::Compression::none;
   ddp::DistributedDataParallel ddp(model, comm, dopts);
   ddp.broadcastState();
   log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, dopts.bucketCapMb);

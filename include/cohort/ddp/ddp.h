@@ -63,6 +63,13 @@ struct DdpOptions {
   // Gloo, and shares the result with its machine. Falls back to Gloo among
   // all ranks, with a log line saying why, when that is not possible.
   bool sharedMemory = true;
+  // The gradients on Gloo's wire (the exchange among all ranks, or among
+  // one rank per machine): float32, or rounded to a 16-bit type, summed,
+  // and widened back. fp16 is summed by Gloo in fp16; Gloo has no bfloat16
+  // collectives, so bf16 is gathered from every rank and summed in float32
+  // locally. Only float32 buckets are compressed; shared memory never is.
+  enum class Compression { none, fp16, bf16 };
+  Compression compression = Compression::none;
 };
 
 // How gradients travel between ranks.
@@ -141,6 +148,7 @@ class DistributedDataParallel {
     std::vector<size_t> params;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor wire;  // what the Gloo sum sends when compressed (detail/gloo_sum.h)
     // The timeline (output.timeline): when the allreduce was launched, and
     // when it completed (microseconds since the epoch, set by Gloo's thread).
     int64_t launchedUs = 0;
