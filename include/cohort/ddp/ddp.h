@@ -7,10 +7,13 @@
 // registration order, which is roughly the order backward produces their
 // gradients, up to bucket_cap_mb each. A post-hook on each parameter's
 // gradient accumulator counts down its bucket; when a bucket is complete and
-// every bucket before it has been launched, its allreduce starts
-// asynchronously, so communication overlaps the rest of backward. Launching
-// strictly in bucket order keeps the collectives in the same order on every
-// rank whatever order autograd runs in.
+// every bucket before it has been launched, its exchange starts, so
+// communication overlaps the rest of backward. Launching strictly in bucket
+// order keeps the collectives in the same order on every rank whatever
+// order autograd runs in. The exchange is a Gloo allreduce (asynchronous), a
+// sum in shared memory among the ranks of one machine (synchronous, in the
+// hook), or both: hierarchical, across machines (see DdpOptions and
+// docs/architecture.md).
 //
 //   setSyncGradients(sync);   // false on inner accumulation micro-steps
 //   loss.backward();          // hooks launch bucket allreduces as they fill
