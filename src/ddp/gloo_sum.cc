@@ -13,15 +13,18 @@ GlooSum launchSum(c10d::ProcessGroup& pg, at::Tensor& flat, DdpOptions::Compress
     return sum;
   }
   sum.compression = compression;
-  if (compression == DdpOptions::Compression::fp16 || pg.getBackendName() != "gloo") {
-    // Backends other than Gloo (NCCL) sum bfloat16 themselves.
-    sum.wire = flat.to(compression == DdpOptions::Compression::fp16 ? at::kHalf : at::kBFloat16);
+  const bool bf16 = compression == DdpOptions::Compression::bf16;
+  const at::ScalarType type = bf16 ? at::kBFloat16 : at::kHalf;
+  // Backends other than Gloo (NCCL) sum both types themselves.
+  const bool gather = pg.getBackendName() == "gloo" && (bf16 || pg.getSize() == 2);
+  if (!gather) {
+    sum.wire = flat.to(type);
     std::vector<at::Tensor> v{sum.wire};
     sum.work = pg.allreduce(v);
     return sum;
   }
   const int64_t n = flat.numel();
-  at::Tensor mine = flat.to(at::kBFloat16).view(at::kHalf);
+  at::Tensor mine = flat.to(type).view(at::kHalf);
   sum.wire = torch::empty({pg.getSize(), n}, flat.options().dtype(at::kHalf));
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < pg.getSize(); ++r) outputs[0].push_back(sum.wire[r]);
@@ -37,8 +40,9 @@ void completeSum(at::Tensor& flat, const GlooSum& sum) {
     flat.copy_(sum.wire);
     return;
   }
-  // bf16 gathered: add the ranks' values in rank order, in float32.
-  const at::Tensor rows = sum.wire.view(at::kBFloat16);
+  // Gathered: add the ranks' values in rank order, in float32.
+  const at::Tensor rows =
+      sum.compression == DdpOptions::Compression::bf16 ? sum.wire.view(at::kBFloat16) : sum.wire;
   flat.copy_(rows[0]);
   for (int64_t r = 1; r < rows.size(0); ++r) flat.add_(rows[r]);
 }
