@@ -1,8 +1,9 @@
-// bench/allreduce: the gradient exchange between ranks on one machine, raw
-// c10d Gloo allreduce against cohort's gradient path of the same bytes.
+// bench/allreduce: the gradient exchange, raw c10d Gloo allreduce against
+// cohort's gradient path of the same bytes.
 //
-// For world sizes 2 and 3 (real processes over loopback) and sizes 4 KB to
-// 64 MB of float32:
+// For world sizes 2 and 3 (real processes over loopback, one machine) and
+// sizes 4 KB to 64 MB of float32, then for 4 ranks placed as 2 machines x 2
+// on this host (COHORT_MACHINE_ID) and sizes 64 KB to 64 MB:
 //   raw    ProcessGroupGloo::allreduce of one tensor, then wait;
 //   cohort a module whose 4 parameters hold those bytes, under cohort's DDP
 //          with one bucket, configured as the trainer runs it (the loss
@@ -10,6 +11,11 @@
 //          launch the bucket's allreduce) + finishGradients(), minus the same
 //          backward with gradient exchange off. What remains is what the
 //          gradient path adds to a step: hooks, launch, allreduce, wait.
+// On one machine cohort's path is shared memory; on the simulated 2 machines
+// it is the hierarchical exchange (shared memory within a machine, Gloo
+// between the two leaders), against raw Gloo among all 4 ranks. The
+// machines share this host's cores and loopback, so that case shows what
+// the hierarchy saves in Gloo traffic and steps, not a real network.
 // Prints p50/p99 of rank 0 per size, algbw = bytes / p50 and busbw =
 // algbw * 2(n-1)/n (as nccl-tests), and cohort's bandwidth as a ratio of
 // raw's.
@@ -47,6 +53,8 @@ double percentile(std::vector<double> v, double p) {
 
 const std::vector<int64_t> kSizes = {4 << 10, 16 << 10, 64 << 10, 256 << 10,
                                      1 << 20, 4 << 20,  16 << 20, 64 << 20};
+// Fewer for the 4 ranks on 2 simulated machines, which take longer per size.
+const std::vector<int64_t> kMachineSizes = {64 << 10, 1 << 20, 16 << 20, 64 << 20};
 
 struct Params : torch::nn::Module {
   explicit Params(int64_t floats) {
@@ -67,7 +75,7 @@ int64_t agreeIterations(const comm::Comm& c, double perIter, double budget) {
   return v[0].item<int64_t>();
 }
 
-int worker(double budget) {
+int worker(double budget, int machines) {
   comm::CommOptions o;
   o.rank = std::atoi(std::getenv("RANK"));
   o.worldSize = std::atoi(std::getenv("WORLD_SIZE"));
@@ -76,7 +84,7 @@ int worker(double budget) {
   o.timeout = std::chrono::seconds(120);
   torch::set_num_threads(1);
   comm::Comm c = comm::connect(o);
-  for (int64_t bytes : kSizes) {
+  for (int64_t bytes : machines > 1 ? kMachineSizes : kSizes) {
     const int64_t floats = bytes / 4;
     // Raw c10d, and cohort's DDP path with the same backward without
     // exchange, interleaved so that both see the same machine; each timed
@@ -128,8 +136,11 @@ int worker(double budget) {
       const double pathP99 = percentile(path, 0.99);
       const double n = o.worldSize;
       const double busFactor = 2 * (n - 1) / n;
+      const ddp::DdpStats stats = d.stats();
       nlohmann::json j = {{"bench", "allreduce"},
                           {"world", o.worldSize},
+                          {"machines", stats.machines},
+                          {"exchange", ddp::exchangeName(stats.exchange)},
                           {"bytes", bytes},
                           {"raw_p50_ms", 1e3 * rawP50},
                           {"raw_p99_ms", 1e3 * rawP99},
@@ -154,32 +165,40 @@ int worker(double budget) {
 int main(int argc, char** argv) {
   double budget = 0.5;
   bool isWorker = false;
+  int workerMachines = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--worker") isWorker = true;
-    else if (a == "--budget-s" && i + 1 < argc) budget = std::atof(argv[++i]);
-    else {
+    if (a == "--worker" && i + 1 < argc) {
+      isWorker = true;
+      workerMachines = std::atoi(argv[++i]);
+    } else if (a == "--budget-s" && i + 1 < argc) {
+      budget = std::atof(argv[++i]);
+    } else {
       std::cerr << "usage: cohort_bench_allreduce [--budget-s S]\n";
       return 2;
     }
   }
-  if (isWorker) return worker(budget);
+  if (isWorker) return worker(budget, workerMachines);
 
   std::cout << fmt::format("{:>5} {:>9} | {:>9} {:>9} {:>8} {:>8} | {:>9} {:>9} {:>8} {:>8} | {:>6}\n",
-                           "world", "bytes", "raw p50", "raw p99", "algbw", "busbw", "path p50",
+                           "ranks", "bytes", "raw p50", "raw p99", "algbw", "busbw", "path p50",
                            "path p99", "algbw", "busbw", "ratio");
   std::cout << fmt::format("{:>5} {:>9} | {:>9} {:>9} {:>8} {:>8} | {:>9} {:>9} {:>8} {:>8} |\n", "", "",
                            "ms", "ms", "GB/s", "GB/s", "ms", "ms", "GB/s", "GB/s");
   std::vector<nlohmann::json> all;
-  for (int world : {2, 3}) {
+  // (ranks, machines): the ranks of a machine are adjacent.
+  for (const auto& [world, machines] : std::vector<std::pair<int, int>>{{2, 1}, {3, 1}, {4, 2}}) {
     const int port = test::freePort();
     std::vector<std::unique_ptr<test::Process>> ranks;
     for (int r = 0; r < world; ++r) {
-      ranks.push_back(std::make_unique<test::Process>(
-          std::vector<std::string>{argv[0], "--worker", "--budget-s", std::to_string(budget)},
-          std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+      std::map<std::string, std::string> env{{"RANK", std::to_string(r)},
                                              {"WORLD_SIZE", std::to_string(world)},
-                                             {"MASTER_PORT", std::to_string(port)}}));
+                                             {"MASTER_PORT", std::to_string(port)}};
+      if (machines > 1) env["COHORT_MACHINE_ID"] = fmt::format("bench-{}", r * machines / world);
+      ranks.push_back(std::make_unique<test::Process>(
+          std::vector<std::string>{argv[0], "--worker", std::to_string(machines), "--budget-s",
+                                   std::to_string(budget)},
+          env));
     }
     std::string out;
     for (int r = 0; r < world; ++r) {
@@ -200,9 +219,11 @@ int main(int argc, char** argv) {
       all.push_back(j);
       const int64_t b = j["bytes"].get<int64_t>();
       const std::string size = b >= (1 << 20) ? fmt::format("{} MB", b >> 20) : fmt::format("{} KB", b >> 10);
+      const std::string who = machines > 1 ? fmt::format("{}x{}", machines, world / machines)
+                                           : std::to_string(world);
       std::cout << fmt::format(
           "{:>5} {:>9} | {:>9.3f} {:>9.3f} {:>8.3f} {:>8.3f} | {:>9.3f} {:>9.3f} {:>8.3f} {:>8.3f} | {:>6.2f}\n",
-          world, size, j["raw_p50_ms"].get<double>(), j["raw_p99_ms"].get<double>(),
+          who, size, j["raw_p50_ms"].get<double>(), j["raw_p99_ms"].get<double>(),
           j["raw_algbw_gbps"].get<double>(), j["raw_busbw_gbps"].get<double>(),
           j["cohort_p50_ms"].get<double>(), j["cohort_p99_ms"].get<double>(),
           j["cohort_algbw_gbps"].get<double>(), j["cohort_busbw_gbps"].get<double>(),

@@ -28,6 +28,35 @@ std::string message(const std::exception& e) {
   return e.what();
 }
 
+bool timedOut(const std::string& m) {
+  return m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos;
+}
+
+// Gloo's options: `connections` devices on the interface (or address) the
+// collectives use.
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> glooOptions(const std::string& interface,
+                                                                const std::string& masterAddr,
+                                                                int connections,
+                                                                std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  for (int k = 0; k < std::max(1, connections); ++k) {
+    if (!interface.empty() && if_nametoindex(interface.c_str()) != 0) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+    } else if (!interface.empty()) {
+      // Not an interface of this machine: an address or host name to bind to.
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(interface));
+    } else if (isLoopback(masterAddr)) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+  }
+  // Two collectives at a time at least (a bucket's allreduce runs while the
+  // next one starts), and one per set of connections.
+  opts->threads = std::max(2, connections);
+  return opts;
+}
+
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
@@ -60,6 +89,8 @@ Comm connect(const CommOptions& o) {
   c.storeAddr = o.masterAddr;
   c.storePort = o.masterPort;
   c.storePrefix = o.storePrefix;
+  c.interface = o.interface;
+  c.glooConnections = o.glooConnections;
   const std::string where = fmt::format("{}:{}", o.masterAddr, o.masterPort);
   try {
     c10d::TCPStoreOptions so;
@@ -96,23 +127,12 @@ Comm connect(const CommOptions& o) {
     throw CommError(fmt::format("backend '{}' is not available in this build", o.backend));
   }
   try {
-    auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    if (!o.interface.empty() && if_nametoindex(o.interface.c_str()) != 0) {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
-    } else if (!o.interface.empty()) {
-      // Not an interface of this machine: an address or host name to bind to.
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface));
-    } else if (isLoopback(o.masterAddr)) {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    }
-    opts->threads = 2;
+    auto opts = glooOptions(o.interface, o.masterAddr, o.glooConnections, o.timeout);
     auto pgStore = c10::make_intrusive<c10d::PrefixStore>("pg", c.store);
     c.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pgStore, o.rank, o.worldSize, opts);
   } catch (const std::exception& e) {
     std::string m = message(e);
-    if (m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos) {
+    if (timedOut(m)) {
       throw TimeoutError(fmt::format(
           "rank {}: not every one of the {} ranks joined within {} s (store {}): {}", o.rank,
           o.worldSize, o.timeout.count() / 1000.0, where, m));
@@ -123,6 +143,23 @@ Comm connect(const CommOptions& o) {
                                 m));
   }
   return c;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::string& name, int rank,
+                                                int size) {
+  try {
+    auto opts = glooOptions(comm.interface, comm.storeAddr, comm.glooConnections, comm.timeout);
+    auto store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, comm.store);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  } catch (const std::exception& e) {
+    const std::string m = message(e);
+    if (timedOut(m)) {
+      throw TimeoutError(fmt::format("rank {}: not every one of the {} members of group {} joined "
+                                     "within {} s: {}",
+                                     comm.rank, size, name, comm.timeout.count() / 1000.0, m));
+    }
+    throw CommError(fmt::format("rank {}: cannot build the process group {}: {}", comm.rank, name, m));
+  }
 }
 
 c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {

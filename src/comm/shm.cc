@@ -152,18 +152,20 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
       const pid_t pid = header_->pid[r].load(std::memory_order_acquire);
       if (header_->arrived[phase][r].value.load(std::memory_order_acquire) < seq && pid > 0 &&
           !processAlive(pid)) {
-        throw CommError(fmt::format("rank {}: shared-memory allreduce {}: rank {} (pid {}) has exited",
-                                    rank_, seq, r, pid));
+        throw CommError(fmt::format("rank {}: shared-memory exchange {}: rank {} (pid {}) has exited",
+                                    nameOf(rank_), seq, nameOf(r), pid));
       }
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 0; r < world_; ++r) {
-        if (header_->arrived[phase][r].value.load(std::memory_order_acquire) < seq) missing.push_back(r);
+        if (header_->arrived[phase][r].value.load(std::memory_order_acquire) < seq) {
+          missing.push_back(nameOf(r));
+        }
       }
       throw TimeoutError(fmt::format(
-          "rank {}: shared-memory allreduce {} timed out waiting for rank(s) {}", rank_, seq,
+          "rank {}: shared-memory exchange {} timed out waiting for rank(s) {}", nameOf(rank_), seq,
           fmt::join(missing, ", ")));
     }
     // Sleep until a rank arrives (the generation changes), at most 10 ms so
@@ -171,6 +173,16 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
     const timespec ts{0, 10'000'000};
     futexWait(&header_->generation[phase], generation, &ts);
   }
+}
+
+void ShmAllreduce::nameRanks(std::vector<int> names) {
+  COHORT_ASSERT(names.size() == static_cast<size_t>(world_), names.size(), " names for ", world_,
+                " ranks");
+  names_ = std::move(names);
+}
+
+int ShmAllreduce::nameOf(int index) const {
+  return names_.empty() ? index : names_[static_cast<size_t>(index)];
 }
 
 bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout) {
@@ -224,6 +236,24 @@ bool allFinite(const float* data, size_t n) {
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return bad == 0;
+}
+
+void ShmAllreduce::broadcast(size_t offset, size_t n, int root, std::chrono::milliseconds timeout) {
+  COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
+  COHORT_ASSERT(root >= 0 && root < world_, "root ", root, " of ", world_);
+  if (world_ == 1 || n == 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const uint64_t seq = ++seq_;
+  arrive(0, seq);
+  waitAll(0, seq, deadline);
+  if (rank_ != root) {
+    const float* from = data_ + regionStride_ * static_cast<size_t>(root) + offset;
+    std::memcpy(region() + offset, from, n * sizeof(float));
+  }
+  arrive(1, seq);
+  // Only root's region is read: the others may go on writing their own. (A
+  // later call's first barrier orders everything else.)
+  if (rank_ == root) waitAll(1, seq, deadline);
 }
 
 }  // namespace cohort::comm

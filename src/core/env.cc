@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <regex>
 #include <thread>
+#include <vector>
 
 #include "cohort/core/error.h"
 
@@ -191,6 +192,26 @@ std::optional<long> checkpointPauseStep() {
   auto v = getInt("COHORT_TEST_CKPT_PAUSE");
   if (!v) return std::nullopt;
   return *v;
+}
+
+std::optional<std::string> machineId(int rank) {
+  auto v = get("COHORT_MACHINE_ID");
+  if (!v || v->find(',') == std::string::npos) return v;
+  std::vector<std::string> ids;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = v->find(',', start);
+    ids.push_back(v->substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  if (rank < 0 || static_cast<size_t>(rank) >= ids.size() || ids[static_cast<size_t>(rank)].empty()) {
+    throw ConfigError(fmt::format(
+        "environment variable COHORT_MACHINE_ID: '{}' has no machine for rank {} (a list has one "
+        "entry per rank)",
+        *v, rank));
+  }
+  return ids[static_cast<size_t>(rank)];
 }
 
 std::optional<std::string> azureStorageKey() { return get("AZURE_STORAGE_KEY"); }

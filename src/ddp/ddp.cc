@@ -6,16 +6,15 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <set>
 
 #include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
+#include "ddp/detail/exchange.h"
+#include "ddp/detail/gloo_sum.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/log.h"
@@ -63,16 +62,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 
   torch::NoGradGuard noGrad;
-  int64_t allFloats = 0;
-  bool shmEligible = options_.sharedMemory && comm_.worldSize > 1 && !buckets_.empty();
+  bool floatOnCpu = true;
   for (const Bucket& b : buckets_) {
     for (size_t k : b.params) {
       const at::Tensor& t = params_[k].tensor;
-      shmEligible = shmEligible && t.scalar_type() == at::kFloat && t.device().is_cpu();
-      allFloats += t.numel();
+      floatOnCpu = floatOnCpu && t.scalar_type() == at::kFloat && t.device().is_cpu();
+      totalFloats_ += t.numel();
     }
   }
-  if (shmEligible) setUpSharedMemory(allFloats);
+  setUpExchange(totalFloats_, floatOnCpu);
   size_t shmOffset = 0;
   for (Bucket& b : buckets_) {
     int64_t total = 0;
@@ -144,78 +142,37 @@ std::string bucketArgs(const at::Tensor& flat, size_t params) {
   return fmt::format(R"({{"bytes":{},"parameters":{}}})", flat.nbytes(), params);
 }
 
-// This machine, as every rank sees it: host name and boot id.
-std::string machineId() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  std::string boot;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
-    std::fclose(f);
-  }
-  return std::string(host) + "/" + boot;
-}
-
 }  // namespace
 
-void DistributedDataParallel::setUpSharedMemory(int64_t totalFloats) {
-  // Every DDP of a job is built in the same order on every rank: number them
-  // for the store keys.
-  static std::atomic<int> instances{0};
-  const int instance = instances++;
-  const std::string prefix = fmt::format("ddp/{}/shm", instance);
-  const comm::Comm& c = comm_;
-  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
-  c.store->set(fmt::format("{}/machine/{}", prefix, c.rank), bytes(machineId()));
-  bool oneMachine = true;
-  for (int r = 0; r < c.worldSize; ++r) {
-    const std::string key = fmt::format("{}/machine/{}", prefix, r);
-    c.store->wait({key}, c.timeout);
-    oneMachine = oneMachine && text(c.store->get(key)) == machineId();
+void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu) {
+  using Compression = DdpOptions::Compression;
+  const char* why = !options_.sharedMemory ? "distribution.shared_memory is false"
+                    : buckets_.empty()      ? "no trainable parameters"
+                                            : "gradients are not all float32 on the CPU";
+  const bool shm = options_.sharedMemory && floatOnCpu && !buckets_.empty();
+  plan_ = std::make_unique<detail::ExchangePlan>(detail::planExchange(comm_, shm, why, totalFloats));
+  shm_ = plan_->shm;
+  stats_.exchange = plan_->exchange;
+  stats_.machines = plan_->machines;
+  stats_.sharedMemory = shm_ != nullptr;
+  if (options_.compression == Compression::none) return;
+  const char* type = options_.compression == Compression::fp16 ? "fp16" : "bf16";
+  switch (plan_->exchange) {
+    case Exchange::none:
+      break;
+    case Exchange::sharedMemory:
+      log::info("distribution.compression {} is ignored: gradients are summed in shared memory, "
+                "not sent over Gloo", type);
+      break;
+    case Exchange::hierarchical:
+      log::info("gradient compression: {} on the Gloo exchange between machines (shared memory "
+                "within a machine stays float32)", type);
+      break;
+    case Exchange::gloo:
+      log::info("gradient compression: {} on the Gloo exchange{}", type,
+                options_.compression == Compression::bf16 ? " (an allgather: Gloo has no bf16 sum)" : "");
+      break;
   }
-  if (!oneMachine) {
-    log::info("gradient exchange: Gloo (the ranks span several machines)");
-    return;
-  }
-  // Rank 0 creates the segment and says whether that worked; the others open
-  // it; once all have it mapped, its name is removed.
-  std::string name;
-  std::string error;
-  if (c.rank == 0) {
-    name = fmt::format("/cohort-{}-{}-{}", ::getpid(), instance, c.storePort);
-    try {
-      shm_ = std::make_shared<comm::ShmAllreduce>(name, 0, c.worldSize, totalFloats, true);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    c.store->set(prefix + "/name", bytes(error.empty() ? name : "!" + error));
-  } else {
-    c.store->wait({prefix + "/name"}, c.timeout);
-    name = text(c.store->get(prefix + "/name"));
-    if (!name.empty() && name[0] == '!') {
-      error = name.substr(1);
-    } else {
-      try {
-        shm_ = std::make_shared<comm::ShmAllreduce>(name, c.rank, c.worldSize, totalFloats, false);
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    }
-  }
-  // Every rank must take the same path: agree on whether all mapped it.
-  at::Tensor ok = torch::tensor({shm_ ? 0.0 : 1.0}, torch::kFloat64);
-  comm::allreduceSum(c, ok, "shared memory set-up");
-  if (c.rank == 0 && shm_) shm_->unlink();
-  if (ok.item<double>() > 0) {
-    shm_.reset();
-    log::warn("gradient exchange: Gloo, as shared memory could not be set up{}",
-              error.empty() ? " on another rank" : ": " + error);
-    return;
-  }
-  stats_.sharedMemory = true;
-  log::info("gradient exchange: shared memory ({} MB per rank)", totalFloats * 4 >> 20);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -311,30 +268,39 @@ void DistributedDataParallel::onGradReady(size_t index) {
   if (--b.pending == 0) launchReadyBuckets(/*fromHook=*/true);
 }
 
+bool DistributedDataParallel::sumInSharedMemory(size_t k) {
+  Bucket& b = buckets_[k];
+  const auto start = std::chrono::steady_clock::now();
+  const auto wallStart = monitor::Timeline::Clock::now();
+  monitor::WaitScope waiting("gradient allreduce (shared memory)");
+  const bool finite =
+      shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout);
+  stats_.sharedMemorySeconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (monitor::Timeline* t = monitor::timeline()) {
+    t->complete(fmt::format("allreduce bucket {} (shared memory)", k), "comm", wallStart,
+                monitor::Timeline::Clock::now(), 0, bucketArgs(b.flat, b.params.size()));
+  }
+  return finite;
+}
+
 void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
     Bucket& b = buckets_[nextLaunch_];
     if (comm_.worldSize > 1) {
       torch::NoGradGuard noGrad;
       if (options_.divideGradients) b.flat.div_(comm_.worldSize);
-      if (shm_) {
-        // Synchronous: on a shared machine the sum is a pass over memory,
-        // cheaper done here than handed to a thread competing for the cores.
-        const auto start = std::chrono::steady_clock::now();
-        const auto wallStart = monitor::Timeline::Clock::now();
-        monitor::WaitScope waiting("gradient allreduce (shared memory)");
-        exchangeFinite_ =
-            shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout) &&
-            exchangeFinite_;
-        stats_.sharedMemorySeconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (monitor::Timeline* t = monitor::timeline()) {
-          t->complete(fmt::format("allreduce bucket {} (shared memory)", nextLaunch_), "comm",
-                      wallStart, monitor::Timeline::Clock::now(), 0, bucketArgs(b.flat, b.params.size()));
-        }
-      } else {
-        std::vector<at::Tensor> v{b.flat};
-        b.work = comm_.pg->allreduce(v);
+      // Synchronous: on a shared machine the sum is a pass over memory,
+      // cheaper done here than handed to a thread competing for the cores.
+      // Hierarchical: this machine's sum, which its leader then sends on.
+      if (shm_) exchangeFinite_ = sumInSharedMemory(nextLaunch_) && exchangeFinite_;
+      c10d::ProcessGroup* pg = plan_->exchange == Exchange::gloo ? comm_.pg.get()
+                               : plan_->across                   ? plan_->across.get()
+                                                                 : nullptr;
+      if (pg != nullptr) {
+        detail::GlooSum sum = detail::launchSum(*pg, b.flat, options_.compression);
+        b.work = std::move(sum.work);
+        b.wire = std::move(sum.wire);
         if (monitor::timeline() != nullptr) traceCompletion(b);
       }
     }
@@ -363,18 +329,41 @@ void DistributedDataParallel::finishGradients() {
   }
   launchReadyBuckets(/*fromHook=*/false);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (Bucket& b : buckets_) {
+  std::vector<size_t> compressed;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
     if (b.work) works.push_back(b.work);
+    if (b.wire.defined()) compressed.push_back(k);
     b.work.reset();
   }
   ++stats_.syncs;
-  // The shared-memory sums checked every element on the way.
-  if (shm_) finiteAfterExchange_ = exchangeFinite_;
+  // The shared-memory sums checked every element on the way (when they are
+  // the whole exchange: hierarchical ones hold only this machine's sum).
+  if (plan_->exchange == Exchange::sharedMemory) finiteAfterExchange_ = exchangeFinite_;
   exchangeFinite_ = true;
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(std::move(works));
-  if (monitor::Timeline* t = monitor::timeline(); t != nullptr && !shm_) {
+  for (size_t k : compressed) {
+    Bucket& b = buckets_[k];
+    if (!failure) detail::completeSum(b.flat, detail::GlooSum{{}, b.wire, options_.compression});
+    b.wire = at::Tensor();
+  }
+  if (!failure && plan_->exchange == Exchange::hierarchical && shm_) {
+    // The leader holds the sum over all machines: one copy of every bucket
+    // to the other ranks of its machine. (A leader whose Gloo sum failed
+    // throws instead; its machine's ranks then see it exit, or time out.)
+    const auto wallStart = monitor::Timeline::Clock::now();
+    monitor::WaitScope waiting("gradient broadcast from this machine's leader (shared memory)");
+    shm_->broadcast(0, static_cast<size_t>(totalFloats_), 0, comm_.timeout);
+    if (monitor::Timeline* t = monitor::timeline()) {
+      t->complete("broadcast from the machine's leader (shared memory)", "comm", wallStart,
+                  monitor::Timeline::Clock::now(), 0,
+                  fmt::format(R"({{"bytes":{}}})", totalFloats_ * 4));
+    }
+  }
+  if (monitor::Timeline* t = monitor::timeline();
+      t != nullptr && plan_->exchange != Exchange::sharedMemory) {
     // Gloo runs the allreduces on its own threads: one timeline row for them.
     const int64_t now = micros(monitor::Timeline::Clock::now());
     for (size_t k = 0; k < buckets_.size(); ++k) {

@@ -306,6 +306,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   dopts.broadcastBuffers = job.distribution.broadcastBuffers;
   dopts.divideGradients = false;  // the loss carries 1 / world instead (see below)
   dopts.sharedMemory = job.distribution.sharedMemory;
+  dopts.compression = job.distribution.compression == "fp16"   ? ddp::DdpOptions::Compression::fp16
+                      : job.distribution.compression == "bf16" ? ddp::DdpOptions::Compression::bf16
+                                                               : ddp::DdpOptions::Compression::none;
   ddp::DistributedDataParallel ddp(model, comm, dopts);
   ddp.broadcastState();
   log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, dopts.bucketCapMb);
@@ -901,8 +904,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // this rank is finishing anyway.
   if (summary.stopped) return summary;
   const ddp::DdpStats ds = ddp.stats();
-  log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}",
-            ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish);
+  log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}; "
+            "path: {}",
+            ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish, ddp::exchangeName(ds.exchange));
   summary.imagesPerS = trainSeconds > 0 ? double(summary.images) / trainSeconds : 0;
   at::Tensor waits = torch::tensor(
       {trainSeconds > 0 ? waitTotal / trainSeconds : 0.0, double(summary.corruptSkipped)},

@@ -91,6 +91,7 @@ int runWorker(const WorkerOptions& o) {
   co.hostStore = !re.agentStore && re.rank == 0;
   co.backend = job.distribution.backend;
   co.interface = job.distribution.interface;
+  co.glooConnections = static_cast<int>(job.distribution.glooConnections);
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
   const int restarts = env::restartCount();
   co.storePrefix = fmt::format("cohort/attempt-{}", restarts);

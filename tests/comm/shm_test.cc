@@ -1,6 +1,7 @@
 // The shared-memory allreduce between real processes: sums for several world
 // sizes and lengths (0, odd, not a multiple of the ranks' shares), every
-// rank ending with the same bits, and a missing rank named in the timeout.
+// rank ending with the same bits, and a missing rank named in the timeout;
+// the broadcast from any root, alone and between allreduces.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -134,6 +135,75 @@ TEST(Shm, AllFiniteFindsNaNAndInfButNotLargeOrTinyValues) {
   v[999] = -std::numeric_limits<float>::infinity();
   EXPECT_FALSE(allFinite(v.data(), v.size()));
   EXPECT_TRUE(allFinite(v.data(), 999));
+}
+
+class ShmBroadcast : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmBroadcast, EveryRankGetsTheRootsRange) {
+  const int world = GetParam();
+  const std::vector<size_t> lengths = {0, 1, 7, 1000, 33333, 1 << 18};
+  const size_t capacity = 1 << 19;
+  const std::string name = segmentName("broadcast");
+  ShmAllreduce creator(name, 0, world, capacity, true);
+  const auto codes = forkRanks(world, [&](int rank) {
+    ShmAllreduce shm(name, rank, world, capacity, false);
+    float* mine = shm.region();
+    auto value = [](int r, size_t i) { return float(r + 1) * 1000.0f + float(i % 977); };
+    size_t offset = 3;
+    int call = 0;
+    for (size_t n : lengths) {
+      const int root = call++ % world;
+      // Every rank's own values, with guards just outside the range.
+      for (size_t i = 0; i < n + 2; ++i) mine[offset - 1 + i] = value(rank, i);
+      shm.broadcast(offset, n, root, std::chrono::seconds(60));
+      for (size_t i = 0; i < n; ++i) {
+        if (mine[offset + i] != value(root, i + 1)) {
+          std::fprintf(stderr, "rank %d: root %d n %zu element %zu: %g, expected %g\n", rank, root, n,
+                       i, mine[offset + i], value(root, i + 1));
+          return 1;
+        }
+      }
+      if (mine[offset - 1] != value(rank, 0) || mine[offset + n] != value(rank, n + 1)) return 2;
+      // The root may overwrite its range at once: every rank has copied it.
+      if (rank == root) std::fill(mine + offset, mine + offset + n, -1.0f);
+      // Allreduce and broadcast interleaved: a sum, then the root's copy of it.
+      mine[offset] = float(rank);
+      shm.allreduce(offset, 1, std::chrono::seconds(60));
+      if (rank == root) mine[offset] += 0.5f;
+      shm.broadcast(offset, 1, root, std::chrono::seconds(60));
+      if (mine[offset] != float(world * (world - 1) / 2) + 0.5f) return 3;
+      offset = (offset + n + 64) % (capacity - (1 << 18) - 64) + 1;
+    }
+    return 0;
+  });
+  creator.unlink();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmBroadcast, ::testing::Values(1, 2, 3, 4));
+
+TEST(Shm, ErrorsNameTheRanksOfTheJob) {
+  // A segment among ranks 4, 7 and 9 of a job: rank 7 never arrives.
+  const std::string name = segmentName("names");
+  ShmAllreduce creator(name, 0, 3, 64, true);
+  const auto codes = forkRanks(2, [&](int child) {
+    const int index = child == 0 ? 0 : 2;
+    ShmAllreduce shm(name, index, 3, 64, false);
+    shm.nameRanks({4, 7, 9});
+    try {
+      shm.broadcast(0, 64, 0, std::chrono::milliseconds(300));
+    } catch (const TimeoutError& e) {
+      const std::string m = e.what();
+      const bool named = m.find("waiting for rank(s) 7") != std::string::npos &&
+                         m.find(index == 0 ? "rank 4:" : "rank 9:") != std::string::npos;
+      if (!named) std::fprintf(stderr, "%s\n", m.c_str());
+      return named ? 0 : 4;
+    }
+    return 5;
+  });
+  creator.unlink();
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
 }
 
 TEST(Shm, AMissingRankIsNamedWhenTheWaitTimesOut) {

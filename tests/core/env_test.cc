@@ -18,7 +18,7 @@ class EnvTest : public ::testing::Test {
           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
           "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "COHORT_AGENT_STORE",
-          "COHORT_FAULT"}) {
+          "COHORT_FAULT", "COHORT_MACHINE_ID"}) {
       unsetenv(v);
     }
   }
@@ -143,6 +143,26 @@ TEST_F(EnvTest, FaultSpec) {
   EXPECT_EQ(env::fault()->action, env::Fault::Action::kill);
   set("COHORT_FAULT", "explode");
   EXPECT_THROW(env::fault(), ConfigError);
+}
+
+TEST_F(EnvTest, MachineIdForEveryRankOrPerRank) {
+  EXPECT_FALSE(env::machineId(0).has_value());
+  set("COHORT_MACHINE_ID", "rack3-node7");
+  EXPECT_EQ(env::machineId(0), "rack3-node7");
+  EXPECT_EQ(env::machineId(5), "rack3-node7");
+  set("COHORT_MACHINE_ID", "a,a,b,b");
+  EXPECT_EQ(env::machineId(0), "a");
+  EXPECT_EQ(env::machineId(1), "a");
+  EXPECT_EQ(env::machineId(2), "b");
+  EXPECT_EQ(env::machineId(3), "b");
+  try {
+    env::machineId(4);
+    FAIL() << "a list of 4 placed rank 4";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no machine for rank 4"), std::string::npos) << e.what();
+  }
+  set("COHORT_MACHINE_ID", "a,,b");
+  EXPECT_THROW(env::machineId(1), ConfigError);
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 namespace cohort::test {
 
 ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
-                          const std::vector<std::string>& overrides) {
+                          const std::vector<std::string>& overrides,
+                          const std::map<std::string, std::string>& env) {
   const std::string job = dir.file(tag + ".yaml");
   writeText(job, tinyJobYaml(tag));
   std::vector<std::string> args{"run", job, "--procs", std::to_string(procs), "--run-dir",
@@ -17,7 +18,7 @@ ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
     args.push_back("--set");
     args.push_back(o);
   }
-  auto r = cohort(args);
+  auto r = cohort(args, env);
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
 }

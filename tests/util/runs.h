@@ -3,6 +3,7 @@
 // Training runs of the tiny job through the cohort binary, compared by
 // their final weights.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,11 @@ namespace cohort::test {
 
 // Runs tinyJobYaml() with `procs` ranks into dir/<tag> with the given
 // "key=value" overrides (each passed as --set) and returns model/final.pt.
-// Records a test failure if the run does not exit 0.
+// Records a test failure if the run does not exit 0. `env` is added to the
+// environment of `cohort run` (and so of its ranks).
 ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
-                          const std::vector<std::string>& overrides);
+                          const std::vector<std::string>& overrides,
+                          const std::map<std::string, std::string>& env = {});
 
 // Largest absolute difference between same-named tensors (in double);
 // records a failure if names or counts differ.

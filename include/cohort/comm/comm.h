@@ -26,6 +26,11 @@ struct CommOptions {
   // Namespace of this run's keys in the store: a restarted job uses a fresh
   // one, so keys of the failed attempt are never read.
   std::string storePrefix = "cohort";
+  // gloo: sets of connections between every pair of ranks (one Gloo device
+  // each). c10d gives successive collectives to successive sets, round
+  // robin, so up to this many bucket allreduces travel on separate sockets;
+  // the group runs max(2, glooConnections) collectives at a time.
+  int glooConnections = 1;
 };
 
 struct Comm {
@@ -40,6 +45,10 @@ struct Comm {
   std::string storeAddr;
   int storePort = 0;
   std::string storePrefix;
+  // How the process group's Gloo devices were made, for groups made later
+  // (newGroup).
+  std::string interface;
+  int glooConnections = 1;
 };
 
 // A rendezvous store hosted by a launcher for its ranks.
@@ -57,6 +66,14 @@ HostedStore hostStore(const std::string& addr, int port, std::chrono::millisecon
 // until every rank has joined or the timeout passes. Throws CommError or
 // TimeoutError naming the store address.
 Comm connect(const CommOptions& options);
+
+// A further Gloo process group among some of the ranks, on comm's store
+// under `name` (unique in the job), with devices made as comm's: this rank
+// is `rank` of `size` in it. Only its members call it, and each blocks until
+// all of them have (comm.timeout). Throws CommError, or TimeoutError, naming
+// the group and this rank.
+c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::string& name, int rank,
+                                                int size);
 
 // A second connection to the rendezvous store, in the same namespace, for a
 // background thread: store operations on one connection are serialized, so a

@@ -13,15 +13,21 @@
 //     sum into all N regions                          // reduce-scatter + all-gather in one pass
 //   arrive(2); wait until every rank arrived(2)       // all sums are written
 //
+// broadcast(offset, n, root) copies root's range into every other region,
+// between the same two barriers (the first makes root's data final, the
+// second keeps root from overwriting it before every rank has copied).
+//
 // Waiting uses a futex in the segment (no spinning that would take a core
-// from training). Every rank must call allreduce with the same (offset, n)
-// in the same order. This header does not include LibTorch.
+// from training). Every rank must make the same calls (allreduce or
+// broadcast, with the same offset, n and root) in the same order. This
+// header does not include LibTorch.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace cohort::comm {
 
@@ -57,10 +63,22 @@ class ShmAllreduce {
   // naming the ranks that did not arrive within `timeout`.
   bool allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
 
+  // Copies floats [offset, offset + n) of rank `root`'s region into every
+  // other rank's region. Blocks until every rank has made this call; root
+  // also until every rank has copied (the others return as soon as they
+  // have). Throws as allreduce.
+  void broadcast(size_t offset, size_t n, int root, std::chrono::milliseconds timeout);
+
+  // The names of the ranks in error messages: by default their index in the
+  // segment; a group formed from some ranks of a job passes their ranks in
+  // the job (one per index).
+  void nameRanks(std::vector<int> names);
+
  private:
   struct Header;
   void arrive(int phase, uint64_t seq);
   void waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  int nameOf(int index) const;
 
   std::string name_;
   int rank_;
@@ -74,6 +92,7 @@ class ShmAllreduce {
   uint64_t seq_ = 0;
   bool creator_ = false;
   bool unlinked_ = false;
+  std::vector<int> names_;
 };
 
 }  // namespace cohort::comm

@@ -91,6 +91,8 @@ struct DistributionConfig {
   bool findUnusedParameters = false;
   bool broadcastBuffers = true;  // buffers (BatchNorm statistics) follow rank 0
   bool sharedMemory = true;      // ranks on one machine exchange gradients through shared memory
+  std::string compression = "none";  // none | fp16 | bf16: gradients on Gloo's wire
+  int64_t glooConnections = 1;   // sets of Gloo connections between each pair of ranks
   int64_t maxRestarts = 3;       // `cohort run`: restarts from the newest checkpoint
   double stopTimeoutS = 60;      // after SIGTERM: time to checkpoint before SIGKILL
   double heartbeatS = 2;         // heartbeat period (stall inspector)

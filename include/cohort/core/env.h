@@ -66,6 +66,15 @@ int restartCount();
 // the middle of writing that step's files, until the process is killed.
 std::optional<long> checkpointPauseStep();
 
+// COHORT_MACHINE_ID: which machine this rank is on, as far as the gradient
+// exchange is concerned, instead of its host name and boot id. For
+// containers that share a host but not /dev/shm, and for tests that form
+// several "machines" on one host. Either one identity, or a comma-separated
+// list with one per rank of the job (rank r takes the r-th), so that one
+// environment can place every rank. Throws ConfigError when the list has no
+// entry for `rank`.
+std::optional<std::string> machineId(int rank);
+
 // Blob storage credentials (see docs/storage.md): AZURE_STORAGE_KEY, an
 // account key (base64), and AZURE_STORAGE_SAS_TOKEN, a SAS token (query
 // string). Secrets: never log or print them.

@@ -7,10 +7,13 @@
 // registration order, which is roughly the order backward produces their
 // gradients, up to bucket_cap_mb each. A post-hook on each parameter's
 // gradient accumulator counts down its bucket; when a bucket is complete and
-// every bucket before it has been launched, its allreduce starts
-// asynchronously, so communication overlaps the rest of backward. Launching
-// strictly in bucket order keeps the collectives in the same order on every
-// rank whatever order autograd runs in.
+// every bucket before it has been launched, its exchange starts, so
+// communication overlaps the rest of backward. Launching strictly in bucket
+// order keeps the collectives in the same order on every rank whatever
+// order autograd runs in. The exchange is a Gloo allreduce (asynchronous), a
+// sum in shared memory among the ranks of one machine (synchronous, in the
+// hook), or both: hierarchical, across machines (see DdpOptions and
+// docs/architecture.md).
 //
 //   setSyncGradients(sync);   // false on inner accumulation micro-steps
 //   loss.backward();          // hooks launch bucket allreduces as they fill
@@ -37,6 +40,10 @@ namespace cohort::comm {
 class ShmAllreduce;
 }
 
+namespace cohort::ddp::detail {
+struct ExchangePlan;
+}
+
 namespace cohort::ddp {
 
 struct DdpOptions {
@@ -52,12 +59,31 @@ struct DdpOptions {
   // (autograd carries the scale) where the division is a pass over every
   // gradient: about 8 ms per 64 MB on a CPU.
   bool divideGradients = true;
-  // When every rank runs on this machine (and gradients are float32 on the
-  // CPU): buckets live in a shared memory segment and are summed there
-  // (comm/shm.h) instead of over Gloo's loopback TCP. Falls back to Gloo,
-  // with a log line saying why, when that is not possible.
+  // When gradients are float32 on the CPU, ranks on one machine keep their
+  // buckets in a shared memory segment and sum them there (comm/shm.h)
+  // instead of over Gloo's loopback TCP. When the ranks span several
+  // machines, the exchange is hierarchical: each machine sums in shared
+  // memory, the lowest rank of each machine sums the machines' sums over
+  // Gloo, and shares the result with its machine. Falls back to Gloo among
+  // all ranks, with a log line saying why, when that is not possible.
   bool sharedMemory = true;
+  // The gradients on Gloo's wire (the exchange among all ranks, or among
+  // one rank per machine): float32, or rounded to a 16-bit type, summed,
+  // and widened back. fp16 is summed by Gloo in fp16; Gloo has no bfloat16
+  // collectives, so bf16 is gathered from every rank and summed in float32
+  // locally. Only float32 buckets are compressed; shared memory never is.
+  enum class Compression { none, fp16, bf16 };
+  Compression compression = Compression::none;
 };
+
+// How gradients travel between ranks.
+enum class Exchange {
+  none,          // one rank: nothing to exchange
+  gloo,          // Gloo among all ranks
+  sharedMemory,  // every rank on one machine: shared memory
+  hierarchical,  // shared memory within each machine, Gloo between one rank per machine
+};
+const char* exchangeName(Exchange e);
 
 struct DdpStats {
   int64_t buckets = 0;
@@ -65,8 +91,11 @@ struct DdpStats {
   int64_t launchedDuringBackward = 0; // bucket allreduces started from hooks
   int64_t launchedAtFinish = 0;       // started by finishGradients (unused parameters)
   bool sharedMemory = false;          // buckets are exchanged through shared memory
-  // Seconds the training thread spent in shared-memory exchanges (they run
-  // synchronously inside backward, so all of it is exposed).
+  Exchange exchange = Exchange::none;
+  int machines = 1;                   // machines the ranks span (by their machine identity)
+  // Seconds the training thread spent in shared-memory sums inside
+  // backward (synchronous, so all of it is exposed). The hierarchical
+  // exchange's copy of the machines' sum runs in finishGradients instead.
   double sharedMemorySeconds = 0;
 };
 
@@ -124,6 +153,7 @@ class DistributedDataParallel {
     std::vector<size_t> params;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor wire;  // what the Gloo sum sends when compressed (detail/gloo_sum.h)
     // The timeline (output.timeline): when the allreduce was launched, and
     // when it completed (microseconds since the epoch, set by Gloo's thread).
     int64_t launchedUs = 0;
@@ -136,8 +166,10 @@ class DistributedDataParallel {
   // Notes the launch of b's Gloo allreduce and, on completion, its time.
   void traceCompletion(Bucket& b);
   void removeHooks();
-  // Places the buckets in shared memory when every rank is on this machine.
-  void setUpSharedMemory(int64_t totalFloats);
+  // Decides the exchange with every rank (detail/exchange.h) and logs it.
+  void setUpExchange(int64_t totalFloats, bool floatOnCpu);
+  // The shared-memory sum of bucket k inside backward; whether it is finite.
+  bool sumInSharedMemory(size_t k);
   // Waits for every launched bucket with one overall deadline; returns the
   // first failure instead of throwing.
   std::exception_ptr waitAll(std::vector<c10::intrusive_ptr<c10d::Work>> works);
@@ -149,7 +181,9 @@ class DistributedDataParallel {
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> frozen_;   // parameters without gradients: broadcast only
   std::vector<at::Tensor> buffers_;
-  std::shared_ptr<comm::ShmAllreduce> shm_;
+  std::unique_ptr<detail::ExchangePlan> plan_;
+  std::shared_ptr<comm::ShmAllreduce> shm_;  // this machine's ranks, if they share memory
+  int64_t totalFloats_ = 0;
   mutable std::mutex mutex_;
   bool sync_ = true;
   size_t nextLaunch_ = 0;

@@ -162,8 +162,17 @@ void describe(V& v, DistributionConfig& c) {
   v.field("find_unused_parameters", c.findUnusedParameters,
           "Allow parameters that get no gradient in a step (their gradient counts as zero).");
   v.field("shared_memory", c.sharedMemory,
-          "When every rank runs on one machine, sum gradients in shared memory instead of over "
-          "Gloo's loopback TCP.");
+          "Ranks on one machine sum gradients in shared memory instead of over Gloo's loopback "
+          "TCP; across machines, one rank per machine then exchanges its machine's sum over Gloo "
+          "(hierarchical).");
+  v.field("compression", c.compression,
+          "Gradients on Gloo's wire: float32 (none), or rounded to 16 bits (fp16; bf16 via an "
+          "allgather) and summed, then widened back to float32. Not on shared memory.",
+          oneOf({"none", "fp16", "bf16"}));
+  v.field("gloo_connections", c.glooConnections,
+          "Sets of Gloo connections between each pair of ranks; successive bucket allreduces take "
+          "successive sets.",
+          between(1, 64));
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Buffers (BatchNorm running statistics) follow rank 0's: every rank takes them before "
           "evaluation and the final save; false keeps each rank's own.");
