@@ -166,8 +166,8 @@ void describe(V& v, DistributionConfig& c) {
           "TCP; across machines, one rank per machine then exchanges its machine's sum over Gloo "
           "(hierarchical).");
   v.field("compression", c.compression,
-          "Gradients on Gloo's wire: float32 (none), or rounded to 16 bits (fp16; bf16 via an "
-          "allgather) and summed, then widened back to float32. Not on shared memory.",
+          "Gradients on Gloo's wire: float32 (none), or rounded to 16 bits (fp16, bf16), summed "
+          "and widened back to float32. Not in shared memory.",
           oneOf({"none", "fp16", "bf16"}));
   v.field("gloo_connections", c.glooConnections,
           "Sets of Gloo connections between each pair of ranks; successive bucket allreduces take "
