@@ -17,6 +17,7 @@
 #include "cohort/comm/comm.h"
 #include "cohort/ddp/ddp.h"
 #include "util/process.h"
+#include "util/rank_threads.h"
 
 namespace cohort::ddp {
 namespace {
@@ -42,27 +43,10 @@ std::vector<at::Tensor> withRanks(int world, const std::string& machines, F&& bo
   } else {
     ::setenv("COHORT_MACHINE_ID", machines.c_str(), 1);
   }
-  const int port = test::freePort();
   std::vector<at::Tensor> out(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        comm::CommOptions o;
-        o.rank = rank;
-        o.worldSize = world;
-        o.masterPort = port;
-        o.hostStore = rank == 0;
-        o.timeout = std::chrono::seconds(60);
-        o.storePrefix = "compression-test";
-        const comm::Comm c = comm::connect(o);
-        out[static_cast<size_t>(rank)] = body(c);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << rank << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  test::withRankThreads(world, "compression-test", [&](const comm::Comm& c) {
+    out[static_cast<size_t>(c.rank)] = body(c);
+  });
   ::unsetenv("COHORT_MACHINE_ID");
   return out;
 }

@@ -14,6 +14,7 @@
 #include "cohort/comm/comm.h"
 #include "cohort/core/error.h"
 #include "util/jobs.h"
+#include "util/rank_threads.h"
 
 namespace cohort {
 namespace {
@@ -123,31 +124,6 @@ TEST(HealthCli, RanksComeFromTheJobAndBadInputExitsTwo) {
   EXPECT_EQ(test::cohort({"health", dir.file("missing.yaml")}).exitCode, 2);
 }
 
-// Ranks as threads of this process, each with its own process group.
-template <class F>
-void withRanks(int world, F&& body) {
-  const int port = test::freePort();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        comm::CommOptions o;
-        o.rank = rank;
-        o.worldSize = world;
-        o.masterPort = port;
-        o.hostStore = rank == 0;
-        o.timeout = 60s;
-        o.storePrefix = "health-test";
-        const comm::Comm c = comm::connect(o);
-        body(c);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << rank << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
 TEST(HealthPreflight, EveryRankThrowsTheSameErrorNamingEachFailingRank) {
   test::TempDir dir;
   HealthConfig cfg;
@@ -156,7 +132,7 @@ TEST(HealthPreflight, EveryRankThrowsTheSameErrorNamingEachFailingRank) {
   cfg.memoryMb = 16;
   cfg.diskMb = 4;
   std::vector<std::string> errors(2);
-  withRanks(2, [&](const comm::Comm& c) {
+  test::withRankThreads(2, "health-test", [&](const comm::Comm& c) {
     try {
       monitor::preflight(c, cfg, dir.path());
     } catch (const Error& e) {
@@ -181,7 +157,7 @@ TEST(HealthPreflight, PassingChecksReturnEveryRanksReport) {
   // Thresholds off: only the plumbing is under test here.
   cfg.minMatmulGflops = cfg.minMemoryGbps = cfg.minDiskWriteMbps = cfg.minAllreduceBusbwGbps = 0;
   std::vector<std::vector<monitor::HealthReport>> got(2);
-  withRanks(2, [&](const comm::Comm& c) {
+  test::withRankThreads(2, "health-test", [&](const comm::Comm& c) {
     // Twice: each call pairs with the same call of the other rank.
     monitor::preflight(c, cfg, dir.path());
     got[static_cast<size_t>(c.rank)] = monitor::preflight(c, cfg, dir.path());
