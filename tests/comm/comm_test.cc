@@ -62,17 +62,9 @@ TEST(Comm, RanksThatDisagreeOnTheJobAllSayWhichDiffer) {
   test::TempDir dir;
   const std::string job = dir.file("job.yaml");
   test::writeText(job, test::tinyJobYaml("disagree"));
-  const std::string port = std::to_string(test::freePort());
-  std::vector<std::unique_ptr<test::Process>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(std::make_unique<test::Process>(
-        std::vector<std::string>{test::cohortBin(), "worker", job, "--run-dir", dir.file("run"),
-                                 "--set", r == 0 ? "training.seed=7" : "training.seed=8"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", "2"},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", port}}));
-  }
+  auto ranks = test::startWorkers(job, dir.file("run"), 2, [](int r) {
+    return std::vector<std::string>{"--set", r == 0 ? "training.seed=7" : "training.seed=8"};
+  });
   std::vector<std::string> messages;
   for (auto& p : ranks) {
     auto r = p->wait(std::chrono::minutes(2));

@@ -24,23 +24,17 @@ TEST_P(HierarchicalFault, EveryOtherRankFailsNamingARankThatIsGone) {
   test::TempDir dir;
   const std::string job = dir.file("job.yaml");
   test::writeText(job, test::tinyJobYaml("fault"));
-  const std::string port = std::to_string(test::freePort());
-  std::vector<std::unique_ptr<test::Process>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(std::make_unique<test::Process>(
-        std::vector<std::string>{test::cohortBin(), "worker", job, "--run-dir", dir.file("run"),
-                                 "--set", "training.epochs=4", "--set", "training.batch_size=2",
-                                 // No metrics allreduce between steps: the next collective
-                                 // after the kill is the gradient exchange.
-                                 "--set", "training.log_every=1000", "--set",
-                                 "distribution.timeout_s=300"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", "4"},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", port},
-                                           {"COHORT_MACHINE_ID", "a,a,b,b"},
-                                           {"COHORT_FAULT", fmt::format("kill@rank{}:step3", killed)}}));
-  }
+  auto ranks = test::startWorkers(
+      job, dir.file("run"), 4,
+      [](int) {
+        return std::vector<std::string>{
+            "--set", "training.epochs=4", "--set", "training.batch_size=2",
+            // No metrics allreduce between steps: the next collective after
+            // the kill is the gradient exchange.
+            "--set", "training.log_every=1000", "--set", "distribution.timeout_s=300"};
+      },
+      {{"COHORT_MACHINE_ID", "a,a,b,b"},
+       {"COHORT_FAULT", fmt::format("kill@rank{}:step3", killed)}});
   // A rank that is gone: "rank R (pid P) has exited" from shared memory, or
   // Gloo's failure on a closed connection.
   const std::regex named(R"(rank \d+: .*(rank \d+ \(pid \d+\) has exited|failed \(a peer may have died\)))");

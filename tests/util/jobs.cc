@@ -62,4 +62,23 @@ std::vector<nlohmann::json> readJsonLines(const std::string& path) {
   return out;
 }
 
+std::vector<std::unique_ptr<Process>> startWorkers(
+    const std::string& job, const std::string& runDir, int world,
+    const std::function<std::vector<std::string>(int)>& argsOf,
+    const std::map<std::string, std::string>& env) {
+  const std::string port = std::to_string(freePort());
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args{cohortBin(), "worker", job, "--run-dir", runDir};
+    for (auto& a : argsOf(r)) args.push_back(a);
+    std::map<std::string, std::string> vars = env;
+    vars["RANK"] = std::to_string(r);
+    vars["WORLD_SIZE"] = std::to_string(world);
+    vars["MASTER_ADDR"] = "127.0.0.1";
+    vars["MASTER_PORT"] = port;
+    ranks.push_back(std::make_unique<Process>(args, vars));
+  }
+  return ranks;
+}
+
 }  // namespace cohort::test

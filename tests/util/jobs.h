@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,15 @@ ProcessResult cohort(const std::vector<std::string>& args,
 // no dropout, progress off; `extra` is YAML merged over it through --set
 // style keys: pass overrides to the command line instead when possible.
 std::string tinyJobYaml(const std::string& name);
+
+// Starts `world` `cohort worker` processes on `job` without a launcher, as
+// the environment contract has them (RANK, WORLD_SIZE, MASTER_ADDR and a
+// free MASTER_PORT): argsOf(rank) are each rank's further arguments, `env`
+// further variables for every rank.
+std::vector<std::unique_ptr<Process>> startWorkers(
+    const std::string& job, const std::string& runDir, int world,
+    const std::function<std::vector<std::string>(int)>& argsOf,
+    const std::map<std::string, std::string>& env = {});
 
 // Lines of a JSON-lines file.
 std::vector<nlohmann::json> readJsonLines(const std::string& path);
