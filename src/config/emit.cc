@@ -139,6 +139,8 @@ std::string jobHash(const JobConfig& job) {
   hashed.distribution.stallWarnS = defaults.distribution.stallWarnS;
   hashed.distribution.stallTimeoutS = defaults.distribution.stallTimeoutS;
   hashed.distribution.stragglerFactor = defaults.distribution.stragglerFactor;
+  // How a rank computes, not what: the same training either way.
+  hashed.compute = defaults.compute;
   // FNV-1a, 64 bit: stable across builds and machines.
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : toYaml(hashed)) {

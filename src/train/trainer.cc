@@ -297,6 +297,13 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   }
   const c10::Device device = comm.device;
   model->to(device);
+  // Before the buckets: their gradient views take the weights' strides.
+  const auto layout = chooseMemoryFormat(*model, mc, tc.batchSize, shape.channels, shape.height,
+                                         shape.width, comm);
+  ComputeState compute = observeCompute();
+  compute.memoryFormat = layout.format;
+  compute.memoryFormatReason = layout.reason;
+  log::info("{}", describe(compute));
   const int64_t parameters = models::parameterCount(*model);
   log::info("model {}: {} parameters", mc.arch, parameters);
 
@@ -426,6 +433,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const auto lossOptions = F::CrossEntropyFuncOptions().label_smoothing(tc.labelSmoothing);
 
   TrainSummary summary;
+  summary.compute = compute;
   summary.parameters = parameters;
   summary.peakLr = peakLr;
   summary.globalBatch = globalBatch;
@@ -948,6 +956,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                               {"exposed_comm", k * s.phases.exposedComm},
                               {"optimizer", k * s.phases.optimizer}};
   }
+  j["compute"] = toJson(s.compute);
   j["restart_count"] = s.restartCount;
   if (s.resumedFromStep >= 0) {
     j["resumed_from"] = {{"step", s.resumedFromStep}, {"checkpoint", s.resumedFrom}};

@@ -18,6 +18,7 @@
 #include "cohort/monitor/progress.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/monitor/watchdog.h"
+#include "cohort/train/compute.h"
 #include "cohort/train/stop.h"
 #include "cohort/train/trainer.h"
 
@@ -77,10 +78,9 @@ int runWorker(const WorkerOptions& o) {
     }
   }
 
-  int threads = static_cast<int>(job.distribution.threadsPerRank);
-  if (threads == 0) threads = std::max(1, env::availableCores() / std::max(1, re.localWorldSize));
-  at::set_num_threads(threads);
-  at::set_num_interop_threads(1);
+  // Threads, allocator and oneDNN before the first tensor (docs/performance.md).
+  applyCompute(job, re.localWorldSize);
+  const int threads = at::get_num_threads();
 
   comm::CommOptions co;
   co.rank = re.rank;

@@ -27,6 +27,7 @@ model:
   hidden: 16
   batch_norm: false
   dropout: 0.0
+  memory_format: channels_last  # fixed: runs compared by their weights take the same kernels
 data:
   train:
     kind: synthetic

@@ -102,6 +102,12 @@ struct DistributionConfig {
   bool preflight = false;        // run the health checks before training; refuse to start on a failure
 };
 
+// How a rank drives LibTorch on the CPU (docs/performance.md).
+struct ComputeConfig {
+  std::string allocator = "keep";  // keep | system: glibc returns freed memory to the kernel
+  std::string onednn = "auto";     // auto | on | off: convolutions through oneDNN
+};
+
 struct OptimizerConfig {
   std::string name = "sgd";  // sgd | adamw
   double lr = 0.1;
@@ -179,6 +185,7 @@ struct JobConfig {
   ModelConfig model;
   DataConfig data;
   DistributionConfig distribution;
+  ComputeConfig compute;
   TrainingConfig training;
   OutputConfig output;
   CheckpointConfig checkpoint;

@@ -11,6 +11,7 @@
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/monitor/metrics.h"
+#include "cohort/train/compute.h"
 
 namespace cohort::train {
 
@@ -46,6 +47,7 @@ struct TrainSummary {
   int restartCount = 0;
   ckpt::CheckpointStats checkpoints;
   PhaseTimes phases;
+  ComputeState compute;  // rank 0's, as training started
 };
 
 struct TrainOptions {

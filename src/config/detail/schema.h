@@ -53,7 +53,7 @@ void describe(V& v, ModelConfig& c) {
           "State dict (.pt, as written by torch.save(model.state_dict())) to start from.");
   v.field("memory_format", c.memoryFormat,
           "Layout of images and convolution weights: channels_last (NHWC), contiguous (NCHW), or "
-          "auto: channels_last for simple_cnn, where it is faster on CPU, contiguous for ResNets.",
+          "auto: `cohort run` times a few training steps in each and keeps the faster.",
           oneOf({"auto", "channels_last", "contiguous"}));
 }
 
@@ -338,11 +338,25 @@ void describe(V& v, HealthConfig& c) {
 }
 
 template <class V>
+void describe(V& v, ComputeConfig& c) {
+  v.field("allocator", c.allocator,
+          "keep: freed memory stays in the rank for the next step (glibc neither trims the heap "
+          "nor maps large blocks); system: glibc's defaults, which return it to the kernel and "
+          "fault it back in every step.",
+          oneOf({"keep", "system"}));
+  v.field("onednn", c.onednn,
+          "Convolutions and their gradients through oneDNN (on) or LibTorch's own kernels (off); "
+          "auto: on when LibTorch has oneDNN.",
+          oneOf({"auto", "on", "off"}));
+}
+
+template <class V>
 void describe(V& v, JobConfig& c) {
   v.field("name", c.name, "Job name; run directories are named <name>-<UTC time>.");
   v.section("model", c.model, "The network.");
   v.section("data", c.data, "Training and evaluation data.");
   v.section("distribution", c.distribution, "Ranks and communication.");
+  v.section("compute", c.compute, "How each rank computes on the CPU (docs/performance.md).");
   v.section("training", c.training, "The training loop.");
   v.section("output", c.output, "Run directory and console output.");
   v.section("checkpoint", c.checkpoint, "Checkpoints and resuming.");

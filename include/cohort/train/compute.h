@@ -1,0 +1,76 @@
+#pragma once
+
+// How a rank drives LibTorch on the CPU: the settings applied at start-up,
+// and the state read back from LibTorch so that summary.json records what
+// was in effect (docs/performance.md lists both; a test holds them to it).
+//
+//   applyCompute(job, localRanks)     first thing in a rank, before tensors:
+//                                     threads, allocator, oneDNN
+//   chooseMemoryFormat(...)           after the model is built and on its
+//                                     device, before the gradient buckets
+//   observeCompute()                  what LibTorch reports now
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "cohort/comm/comm.h"
+#include "cohort/config/job.h"
+#include "cohort/core/cpu.h"
+
+namespace cohort::models {
+class Model;
+}
+
+namespace cohort::train {
+
+struct ComputeState {
+  CpuInfo cpu;
+  std::string kernels;       // LibTorch's CPU kernels: DEFAULT, AVX2 or AVX512
+  int intraOpThreads = 0;
+  int interOpThreads = 0;
+  std::string allocator;     // keep | system (as applied by applyCompute)
+  bool onednn = false;       // convolutions through oneDNN
+  std::string memoryFormat;  // channels_last | contiguous (after chooseMemoryFormat)
+  std::string memoryFormatReason;
+  bool observers = false;    // RecordFunction callbacks (a profiler) registered
+  bool anomalyMode = false;  // autograd's anomaly detection
+  bool gradMode = true;
+};
+
+// Sets the intra-op threads (distribution.threads_per_rank, 0: cores /
+// `localRanks`), one inter-op thread, the allocator policy
+// (compute.allocator) and oneDNN's use (compute.onednn). Logs nothing;
+// observeCompute() tells. Throws ConfigError for onednn: on when LibTorch was
+// built without it.
+void applyCompute(const JobConfig& job, int localRanks);
+
+// compute.allocator: keep. glibc keeps freed memory instead of returning it
+// to the kernel (no heap trimming, no mmap for large blocks), so that the
+// tensors of every step reuse the pages of the step before instead of
+// faulting fresh zeroed ones in. Idempotent; returns false if glibc refused.
+bool keepFreedMemory();
+
+// model.memory_format: channels_last or contiguous as the job says; auto:
+// every rank times a few forward+backward passes of `model` in each layout
+// on a random batch of `batch` samples, and all take rank 0's faster one
+// (they must agree: the gradient buckets follow the weights' strides). The
+// model's weights, buffers, gradients and the CPU generator's state are as
+// before. Returns the layout and why it was chosen.
+struct MemoryFormatChoice {
+  std::string format;
+  std::string reason;
+};
+MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
+                                      int64_t batch, int64_t channels, int64_t height,
+                                      int64_t width, const comm::Comm& comm);
+
+// The state in effect now (threads, oneDNN, observers, ...), with the
+// allocator policy last applied; memoryFormat is left empty.
+ComputeState observeCompute();
+
+// One line for the log, and the object summary.json's "compute" holds.
+std::string describe(const ComputeState& s);
+nlohmann::json toJson(const ComputeState& s);
+
+}  // namespace cohort::train

@@ -1,0 +1,201 @@
+#include "cohort/train/compute.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <malloc.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+#include "cohort/models/model.h"
+
+namespace cohort::train {
+
+namespace {
+
+std::atomic<bool> keepingFreedMemory{false};
+
+// "CPU capability usage: AVX2" in LibTorch's build description: the only
+// public report of the kernels its dispatcher chose for this CPU.
+std::string kernelCapability() {
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage:";
+  const auto at = config.find(key);
+  if (at == std::string::npos) return "unknown";
+  const auto begin = config.find_first_not_of(' ', at + key.size());
+  const auto end = config.find('\n', begin);
+  return config.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+}  // namespace
+
+bool keepFreedMemory() {
+  // M_MMAP_MAX 0: large blocks come from the heap too, and are reused once
+  // freed; M_TRIM_THRESHOLD at its maximum: the top of the heap is never
+  // handed back. Setting either also stops glibc's dynamic thresholds.
+  const bool ok = mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, INT_MAX) == 1;
+  keepingFreedMemory = ok;
+  return ok;
+}
+
+void applyCompute(const JobConfig& job, int localRanks) {
+  int threads = static_cast<int>(job.distribution.threadsPerRank);
+  if (threads == 0) threads = std::max(1, env::availableCores() / std::max(1, localRanks));
+  at::set_num_threads(threads);
+  // Once set (or once LibTorch has started its pool) it cannot change: a
+  // second call in the same process throws.
+  if (at::get_num_interop_threads() != 1) at::set_num_interop_threads(1);
+  if (job.compute.allocator == "keep" && !keepFreedMemory()) {
+    throw ConfigError("compute.allocator: keep: glibc refused mallopt(); set compute.allocator: "
+                      "system to run with its defaults");
+  }
+  const std::string& dnn = job.compute.onednn;
+  if (dnn == "on" && !at::hasMKLDNN()) {
+    throw ConfigError("compute.onednn: on, but this LibTorch was built without oneDNN (MKL-DNN); "
+                      "use auto or off");
+  }
+  at::globalContext().setUserEnabledMkldnn(dnn != "off" && at::hasMKLDNN());
+}
+
+ComputeState observeCompute() {
+  ComputeState s;
+  s.cpu = cpuInfo();
+  s.kernels = kernelCapability();
+  s.intraOpThreads = at::get_num_threads();
+  s.interOpThreads = at::get_num_interop_threads();
+  s.allocator = keepingFreedMemory ? "keep" : "system";
+  s.onednn = at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
+  s.observers = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
+  s.anomalyMode = torch::autograd::AnomalyMode::is_enabled();
+  s.gradMode = at::GradMode::is_enabled();
+  return s;
+}
+
+std::string describe(const ComputeState& s) {
+  return fmt::format(
+      "compute: {} intra-op thread(s), {} inter-op; allocator {}; oneDNN {}; LibTorch kernels {}; "
+      "memory format {} ({}); profiler observers {}; anomaly detection {}; CPU {}",
+      s.intraOpThreads, s.interOpThreads, s.allocator, s.onednn ? "on" : "off", s.kernels,
+      s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
+      s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", cohort::describe(s.cpu));
+}
+
+nlohmann::json toJson(const ComputeState& s) {
+  return nlohmann::json{{"cpu", s.cpu.model},
+                        {"cpu_features", s.cpu.features},
+                        {"kernels", s.kernels},
+                        {"intra_op_threads", s.intraOpThreads},
+                        {"inter_op_threads", s.interOpThreads},
+                        {"allocator", s.allocator},
+                        {"onednn", s.onednn},
+                        {"memory_format", s.memoryFormat},
+                        {"memory_format_reason", s.memoryFormatReason},
+                        {"observers", s.observers},
+                        {"anomaly_mode", s.anomalyMode},
+                        {"grad_mode", s.gradMode}};
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One training pass without an update: forward, loss, backward; the
+// gradients are dropped again (as zero_grad(set_to_none) would).
+double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& y) {
+  const auto start = Clock::now();
+  at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+  loss.backward();
+  for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Times both layouts, alternating so that a change in the machine's load
+// hits both alike; the fastest pass of each counts. A warm-up pass of each
+// first (oneDNN builds its kernels then), then up to kRounds timed rounds,
+// fewer once kBudgetS is spent (at least 2).
+// The other layout must win by kMargin to replace `preferred` (the one
+// createModel picked): a near tie is noise, and changing it changes results.
+MemoryFormatChoice measure(models::Model& model, const at::Tensor& x, const at::Tensor& y,
+                           bool preferred) {
+  constexpr double kMargin = 0.03;
+  constexpr int kRounds = 4;
+  constexpr double kBudgetS = 3.0;
+  const bool layouts[2] = {false, true};  // contiguous, channels_last
+  double best[2] = {1e300, 1e300};
+  double spent = 0;
+  for (int round = 0; round <= kRounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      model.setChannelsLast(layouts[k]);
+      const double s = passSeconds(model, x, y);
+      if (round > 0) best[k] = std::min(best[k], s);
+      spent += s;
+    }
+    if (round >= 2 && spent > kBudgetS) break;
+  }
+  const int other = preferred ? 0 : 1;
+  const bool channelsLast = best[other] < (1 - kMargin) * best[1 - other] ? !preferred : preferred;
+  return {channelsLast ? "channels_last" : "contiguous",
+          fmt::format("measured: contiguous {:.1f} ms, channels_last {:.1f} ms per pass",
+                      1000 * best[0], 1000 * best[1])};
+}
+
+}  // namespace
+
+MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
+                                      int64_t batch, int64_t channels, int64_t height,
+                                      int64_t width, const comm::Comm& comm) {
+  if (config.memoryFormat != "auto") {
+    model.setChannelsLast(config.memoryFormat == "channels_last");
+    return {config.memoryFormat, "model.memory_format"};
+  }
+  bool convolutional = false;
+  for (const auto& p : model.parameters()) convolutional = convolutional || p.dim() == 4;
+  MemoryFormatChoice mine{"contiguous", "no convolution weights"};
+  if (convolutional) {
+    // Leaves the model as it found it: weights are not updated (no
+    // optimizer), buffers (BatchNorm statistics) and the generator that
+    // drew the batch and drives dropout are put back.
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng = generator.get_state();
+    std::vector<at::Tensor> buffers;
+    {
+      torch::NoGradGuard noGrad;
+      for (const auto& b : model.buffers()) buffers.push_back(b.clone());
+    }
+    const bool preferred = model.channelsLast();
+    const bool wasTraining = model.is_training();
+    model.train();
+    const auto options = model.parameters().front().options().requires_grad(false);
+    const at::Tensor x = torch::randn({batch, channels, height, width}, options);
+    const at::Tensor y =
+        torch::randint(0, config.numClasses, {batch}, options.dtype(at::kLong));
+    mine = measure(model, x, y, preferred);
+    model.train(wasTraining);
+    {
+      torch::NoGradGuard noGrad;
+      auto live = model.buffers();
+      for (size_t k = 0; k < live.size(); ++k) live[k].copy_(buffers[k]);
+    }
+    generator.set_state(rng);
+  }
+  // Every rank measured (at once, as they will train); rank 0 decides.
+  MemoryFormatChoice chosen;
+  chosen.format = comm::shareFromRoot(comm, "compute/memory_format", mine.format);
+  chosen.reason = comm::shareFromRoot(comm, "compute/memory_format_reason",
+                                      mine.reason + (comm.worldSize > 1 ? " on rank 0" : ""));
+  model.setChannelsLast(chosen.format == "channels_last");
+  return chosen;
+}
+
+}  // namespace cohort::train

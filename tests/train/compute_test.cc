@@ -1,0 +1,173 @@
+// What a rank sets up before it computes (src/train/compute.cc) is what
+// docs/performance.md says, and the allocator policy does what it is for.
+
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "cohort/core/error.h"
+#include "cohort/train/compute.h"
+#include "util/jobs.h"
+
+namespace cohort {
+namespace {
+
+long minorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Page faults taken by the second of two rounds of: allocate 64 MiB, write
+// every page, free. Run in a child, so that each policy starts from glibc's
+// defaults.
+long faultsOfSecondRound(bool keep) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    if (keep && !train::keepFreedMemory()) _exit(3);
+    constexpr size_t kBytes = 64u << 20;
+    long faults = 0;
+    for (int round = 0; round < 2; ++round) {
+      const long before = minorFaults();
+      auto* p = static_cast<volatile char*>(std::malloc(kBytes));
+      if (p == nullptr) _exit(4);
+      for (size_t i = 0; i < kBytes; i += 4096) p[i] = 1;
+      std::free(const_cast<char*>(p));
+      faults = minorFaults() - before;
+    }
+    const ssize_t n = write(fds[1], &faults, sizeof(faults));
+    _exit(n == sizeof(faults) ? 0 : 5);
+  }
+  close(fds[1]);
+  long faults = -1;
+  if (read(fds[0], &faults, sizeof(faults)) != sizeof(faults)) faults = -1;
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? faults : -1;
+}
+
+TEST(Compute, KeptMemoryIsReusedWithoutPageFaults) {
+  constexpr long kPages = (64 << 20) / 4096;
+  const long kept = faultsOfSecondRound(true);
+  const long system = faultsOfSecondRound(false);
+  ASSERT_GE(kept, 0);
+  ASSERT_GE(system, 0);
+  // glibc's default maps a block this large afresh each time: every page
+  // faults again. This is what cost a rank half its speed on a machine
+  // where a fault is expensive (docs/performance.md).
+  EXPECT_GT(system, kPages / 2) << "the control does not fault: the test cannot tell";
+  EXPECT_LT(kept, kPages / 20);
+}
+
+// The table of docs/performance.md between its markers: key -> value.
+std::map<std::string, std::string> documentedDefaults() {
+  const std::string doc = test::readText(test::sourceDir() + "/docs/performance.md");
+  const std::string begin = "<!-- compute-defaults:begin -->", end = "<!-- compute-defaults:end -->";
+  const auto b = doc.find(begin), e = doc.find(end);
+  EXPECT_NE(b, std::string::npos);
+  EXPECT_NE(e, std::string::npos);
+  std::map<std::string, std::string> out;
+  if (b == std::string::npos || e == std::string::npos) return out;
+  const std::string table = doc.substr(b, e - b);
+  // | `key` | `value` | explanation |
+  const std::regex row(R"(\|\s*`([a-z_]+)`\s*\|\s*`([^`]*)`\s*\|)");
+  for (std::sregex_iterator it(table.begin(), table.end(), row), stop; it != stop; ++it) {
+    out[(*it)[1]] = (*it)[2];
+  }
+  return out;
+}
+
+nlohmann::json runCompute(const test::TempDir& dir, const std::string& tag, int procs,
+                          const std::vector<std::string>& sets) {
+  const std::string job = dir.file(tag + ".yaml");
+  test::writeText(job, test::tinyJobYaml(tag));
+  std::vector<std::string> args = {"run", job, "--procs", std::to_string(procs), "--run-dir",
+                                   dir.file(tag), "--set", "training.max_steps=2"};
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  const auto r = test::cohort(args);
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  std::ifstream in(dir.file(tag + "/summary.json"));
+  if (!in) return nlohmann::json::object();
+  return nlohmann::json::parse(in).value("compute", nlohmann::json::object());
+}
+
+TEST(Compute, StartUpStateIsTheDocumentedOne) {
+  const auto documented = documentedDefaults();
+  ASSERT_GE(documented.size(), 7u) << "docs/performance.md lost its table";
+  test::TempDir dir;
+  // The job's defaults, with memory_format auto (the tiny job fixes it).
+  const nlohmann::json c = runCompute(dir, "defaults", 1, {"model.memory_format=auto"});
+  ASSERT_FALSE(c.empty());
+  for (const auto& [key, value] : documented) {
+    ASSERT_TRUE(c.contains(key)) << "summary.json's compute has no " << key;
+    if (key == "memory_format") {
+      // Measured: either layout, with the times that decided it.
+      EXPECT_TRUE(c[key] == "channels_last" || c[key] == "contiguous") << c.dump();
+      EXPECT_EQ(c["memory_format_reason"].get<std::string>().rfind(value, 0), 0u) << c.dump();
+    } else {
+      EXPECT_EQ(c[key], nlohmann::json::parse(value)) << key << " in " << c.dump();
+    }
+  }
+  EXPECT_FALSE(c["cpu"].get<std::string>().empty());
+}
+
+TEST(Compute, TheJobFileOverridesEveryChoice) {
+  test::TempDir dir;
+  const nlohmann::json c =
+      runCompute(dir, "overrides", 2,
+                 {"compute.allocator=system", "compute.onednn=off", "model.memory_format=contiguous",
+                  "distribution.threads_per_rank=2"});
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c["allocator"], "system");
+  EXPECT_EQ(c["onednn"], false);
+  EXPECT_EQ(c["memory_format"], "contiguous");
+  EXPECT_EQ(c["memory_format_reason"], "model.memory_format");
+  EXPECT_EQ(c["intra_op_threads"], 2);
+  // Every rank logs the same state (rank 1's log is its own process's).
+  const std::string log = test::readText(dir.file("overrides/logs/rank-1.log"));
+  EXPECT_NE(log.find("allocator system; oneDNN off;"), std::string::npos) << log;
+  EXPECT_NE(log.find("memory format contiguous"), std::string::npos) << log;
+}
+
+TEST(Compute, RanksAgreeOnAMeasuredLayout) {
+  test::TempDir dir;
+  const nlohmann::json c = runCompute(dir, "measured", 2, {"model.memory_format=auto"});
+  ASSERT_FALSE(c.empty());
+  const std::string chosen = c["memory_format"];
+  const std::string log = test::readText(dir.file("measured/logs/rank-1.log"));
+  EXPECT_NE(log.find("memory format " + chosen + " (measured:"), std::string::npos) << log;
+  EXPECT_NE(log.find("on rank 0)"), std::string::npos) << log;
+}
+
+TEST(Compute, OnednnOnIsRefusedOnlyWithoutOnednn) {
+  JobConfig job;
+  job.compute.onednn = "on";
+  job.distribution.threadsPerRank = 1;
+  job.compute.allocator = "system";
+  if (at::hasMKLDNN()) {
+    EXPECT_NO_THROW(train::applyCompute(job, 1));
+    EXPECT_TRUE(train::observeCompute().onednn);
+    job.compute.onednn = "off";
+    train::applyCompute(job, 1);
+    EXPECT_FALSE(train::observeCompute().onednn);
+  } else {
+    EXPECT_THROW(train::applyCompute(job, 1), ConfigError);
+  }
+}
+
+}  // namespace
+}  // namespace cohort
