@@ -2,22 +2,29 @@
 // DDP, side by side on this machine.
 //
 // For ResNet-18 at 32 px (batch 32 per rank) and ResNet-50 at 64 px (batch 8
-// per rank), at 1 and 2 ranks with 1 intra-op thread each, synthetic data,
-// SGD with momentum:
+// per rank), synthetic data, SGD with momentum:
 //   cohort   `cohort run` of a synthetic job; images/s over the metrics
 //            windows after the first (warm-up) one;
 //   PyTorch  bench/peers/ddp.py (torchvision's model, gloo DDP, a fixed
 //            batch), timed after the same warm-up.
-// Prints images/s, cohort / PyTorch, weak-scaling efficiency
-// (2-rank images/s / (2 x 1-rank images/s)), the ceiling of that efficiency
-// on this machine (two 1-rank runs at once, no communication at all), and
+// First the CPU (model and the instruction sets kernels are chosen by), then
+// one rank per model at 1 and at 2 intra-op threads, cohort and PyTorch
+// alternating --repeat times (the ratio of the mean rates, and the lowest
+// and highest ratio of one pair), then 2 ranks x 1 thread with weak-scaling
+// efficiency (2-rank images/s / (2 x 1-rank images/s)) and its ceiling on
+// this machine (two 1-rank runs at once, no communication at all), then
 // cohort's per-step breakdown (summary.json's phase_ms_per_step, rank 0).
 //
-//   cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F]
+//   cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] [--repeat N]
+//                    [--isa avx2]
+// --isa avx2 runs both sides as on a CPU without AVX-512: LibTorch's kernels
+// (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and OpenBLAS's
+// (OPENBLAS_CORETYPE) are held to AVX2.
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -26,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/core/cpu.h"
 #include "test_paths.h"
 #include "util/jobs.h"
 #include "util/process.h"
@@ -37,6 +45,7 @@ namespace {
 struct Config {
   std::string arch;
   int size, batch, warmup, steps;
+  int threads = 1;
 };
 
 // The rate over equal windows (the same number of steps and images each):
@@ -51,19 +60,22 @@ double overallRate(const std::vector<double>& rates) {
 struct CohortResult {
   double imagesPerS = 0;
   nlohmann::json phases;
+  nlohmann::json compute;  // summary.json's "compute": what the rank chose
 };
 
 CohortResult readRun(const std::string& run);
 
+std::atomic<int> runs{0};  // each run its own directory
+
 // Writes the job; with `tag`, a second copy can run at the same time.
 CohortResult runCohort(const test::TempDir& dir, const Config& c, int procs, const std::string& tag = "") {
-  const std::string job = dir.file(fmt::format("{}-{}{}.yaml", c.arch, procs, tag));
+  const std::string job = dir.file(fmt::format("{}-{}x{}{}.yaml", c.arch, procs, c.threads, tag));
   test::writeText(job, fmt::format(R"(name: bench-ddp
 model: {{arch: {}, num_classes: 1000}}
 data:
   train: {{kind: synthetic, size: {}, shape: [3, {}, {}]}}
   loader_threads: 1
-distribution: {{threads_per_rank: 1}}
+distribution: {{threads_per_rank: {}}}
 training:
   epochs: 1
   max_steps: {}
@@ -72,9 +84,10 @@ training:
   optimizer: {{name: sgd, lr: 0.01, momentum: 0.9}}
 checkpoint: {{enabled: false}}
 output: {{progress: off, save_final: false}}
-)", c.arch, (c.warmup + c.steps) * c.batch * procs, c.size, c.size, c.warmup + c.steps, c.batch,
+)", c.arch, (c.warmup + c.steps) * c.batch * procs, c.size, c.size, c.threads,
+                                   c.warmup + c.steps, c.batch,
                                    c.warmup));
-  const std::string run = dir.file(fmt::format("run-{}-{}{}", c.arch, procs, tag));
+  const std::string run = dir.file(fmt::format("run-{}-{}x{}{}-{}", c.arch, procs, c.threads, tag, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
                            {}, std::chrono::minutes(60));
   if (r.exitCode != 0) {
@@ -101,14 +114,16 @@ CohortResult readRun(const std::string& run) {
     std::cerr << run << ": no metrics window after the warm-up one (too few steps)\n";
     std::exit(1);
   }
-  return {overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object())};
+  return {overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object()),
+          s.value("compute", nlohmann::json::object())};
 }
 
 nlohmann::json runPytorch(const Config& c, int procs) {
   const auto r = test::run({COHORT_PYTHON, std::string(COHORT_SOURCE_DIR) + "/bench/peers/ddp.py", "--arch",
                             c.arch, "--size", std::to_string(c.size), "--batch", std::to_string(c.batch),
                             "--world", std::to_string(procs), "--steps", std::to_string(c.steps),
-                            "--warmup", std::to_string(c.warmup), "--port",
+                            "--warmup", std::to_string(c.warmup), "--threads",
+                            std::to_string(c.threads), "--port",
                             std::to_string(test::freePort())},
                            {}, std::chrono::minutes(60));
   if (r.exitCode != 0) {
@@ -118,73 +133,153 @@ nlohmann::json runPytorch(const Config& c, int procs) {
   return nlohmann::json::parse(r.out.substr(r.out.rfind("{\"peer\"")));
 }
 
+struct Row {
+  Config c;
+  int procs;
+  double cohortIps, torchIps, ratioMin, ratioMax;
+  CohortResult cohort;
+  nlohmann::json torch;
+};
+
+nlohmann::json rowJson(const Row& r) {
+  return {{"bench", "ddp"},
+          {"arch", r.c.arch},
+          {"size", r.c.size},
+          {"batch", r.c.batch},
+          {"ranks", r.procs},
+          {"threads", r.c.threads},
+          {"steps", r.c.steps},
+          {"cohort_images_per_s", r.cohortIps},
+          {"pytorch_images_per_s", r.torchIps},
+          {"ratio", r.cohortIps / r.torchIps},
+          {"ratio_min", r.ratioMin},
+          {"ratio_max", r.ratioMax},
+          {"cohort_memory_format", r.cohort.compute.value("memory_format", "")},
+          {"cohort_kernels", r.cohort.compute.value("kernels", "")},
+          {"cohort_phase_ms", r.cohort.phases},
+          {"pytorch_phase_ms", r.torch["phase_ms"]}};
+}
+
+// cohort and PyTorch alternately, `repeat` times: the summed rates' ratio,
+// and the extremes of one pair's.
+Row sideBySide(const test::TempDir& dir, const Config& c, int procs, int repeat) {
+  Row r{c, procs, 0, 0, 1e300, 0, {}, {}};
+  for (int k = 0; k < repeat; ++k) {
+    CohortResult co = runCohort(dir, c, procs);
+    nlohmann::json pt = runPytorch(c, procs);
+    const double ptIps = pt["images_per_s"].get<double>();
+    r.cohortIps += co.imagesPerS / repeat;
+    r.torchIps += ptIps / repeat;
+    r.ratioMin = std::min(r.ratioMin, co.imagesPerS / ptIps);
+    r.ratioMax = std::max(r.ratioMax, co.imagesPerS / ptIps);
+    r.cohort = std::move(co);
+    r.torch = std::move(pt);
+  }
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string only;
   double scale = 1;
+  int repeat = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--only") only = argv[i + 1];
-    else if (a == "--steps-scale") scale = std::atof(argv[i + 1]);
-    else {
-      std::cerr << "usage: cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F]\n";
+    if (a == "--only") {
+      only = argv[i + 1];
+    } else if (a == "--steps-scale") {
+      scale = std::atof(argv[i + 1]);
+    } else if (a == "--repeat") {
+      repeat = std::max(1, std::atoi(argv[i + 1]));
+    } else if (a == "--isa" && std::string(argv[i + 1]) == "avx2") {
+      // Inherited by both sides' processes.
+      setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+      setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+      setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
+      setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    } else {
+      std::cerr << "usage: cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] "
+                   "[--repeat N] [--isa avx2]\n";
       return 2;
     }
   }
+  const CpuInfo cpu = cpuInfo();
+  const char* isa = std::getenv("ATEN_CPU_CAPABILITY");
+  std::cout << "cpu: " << describe(cpu) << "\n"
+            << "instruction sets held to: " << (isa ? isa : "none (each library's own choice)")
+            << "\n\n";
   std::vector<Config> configs = {{"resnet18", 32, 32, 10, 40}, {"resnet50", 64, 8, 3, 15}};
   test::TempDir dir;
+  std::vector<Row> rows;
+  std::cout << fmt::format("{:<9} {:>3} {:>5} {:>7} | {:>12} {:>9} {:>7} {:>13} | {:>10} {:>11} {:>9}\n",
+                           "model", "px", "ranks", "threads", "cohort img/s", "PyTorch", "ratio",
+                           "(one pair)", "eff cohort", "eff PyTorch", "no comm");
+  auto print = [](const Row& r, double effC, double effT, double ceiling) {
+    std::cout << fmt::format(
+        "{:<9} {:>3} {:>5} {:>7} | {:>12.1f} {:>9.1f} {:>6.2f}x {:>5.2f}-{:<5.2f}x |", r.c.arch,
+        r.c.size, r.procs, r.c.threads, r.cohortIps, r.torchIps, r.cohortIps / r.torchIps,
+        r.ratioMin, r.ratioMax);
+    if (r.procs > 1) {
+      std::cout << fmt::format(" {:>9.1f}% {:>10.1f}% {:>8.1f}%", 100 * effC, 100 * effT, 100 * ceiling);
+    }
+    std::cout << std::endl;
+  };
+  // One rank first: no communication, only how a rank drives LibTorch.
   std::vector<nlohmann::json> lines;
-  std::cout << fmt::format("{:<9} {:>5} {:>5} | {:>12} {:>12} {:>7} | {:>10} {:>10} {:>10}\n", "model", "px",
-                           "ranks", "cohort img/s", "PyTorch", "ratio", "eff cohort", "eff PyTorch",
-                           "no comm");
+  for (int threads : {1, 2}) {
+    for (Config c : configs) {
+      if (!only.empty() && c.arch != only) continue;
+      c.steps = std::max(3, static_cast<int>(c.steps * scale));
+      c.threads = threads;
+      rows.push_back(sideBySide(dir, c, 1, repeat));
+      print(rows.back(), 0, 0, 0);
+      lines.push_back(rowJson(rows.back()));
+    }
+  }
   for (Config c : configs) {
     if (!only.empty() && c.arch != only) continue;
     c.steps = std::max(3, static_cast<int>(c.steps * scale));
-    double cohort1 = 0, torch1 = 0;
-    for (int procs : {1, 2}) {
-      const CohortResult co = runCohort(dir, c, procs);
-      const nlohmann::json pt = runPytorch(c, procs);
-      const double ptIps = pt["images_per_s"].get<double>();
-      if (procs == 1) {
-        cohort1 = co.imagesPerS;
-        torch1 = ptIps;
-      }
-      double ceiling = 0;
-      if (procs == 2) {
-        // The ceiling: two 1-rank runs at once, no communication at all.
-        CohortResult a, b;
-        std::thread other([&] { b = runCohort(dir, c, 1, "-b"); });
-        a = runCohort(dir, c, 1, "-a");
-        other.join();
-        ceiling = (a.imagesPerS + b.imagesPerS) / (2 * cohort1);
-      }
-      const double effC = co.imagesPerS / (procs * cohort1), effT = ptIps / (procs * torch1);
-      std::cout << fmt::format("{:<9} {:>5} {:>5} | {:>12.1f} {:>12.1f} {:>6.2f}x | {:>9.1f}% {:>9.1f}% {:>9.1f}%\n",
-                               c.arch, c.size, procs, co.imagesPerS, ptIps, co.imagesPerS / ptIps,
-                               100 * effC, 100 * effT, 100 * ceiling);
-      lines.push_back({{"bench", "ddp"}, {"arch", c.arch}, {"size", c.size}, {"batch", c.batch},
-                       {"ranks", procs}, {"steps", c.steps}, {"cohort_images_per_s", co.imagesPerS},
-                       {"pytorch_images_per_s", ptIps}, {"ratio", co.imagesPerS / ptIps},
-                       {"cohort_efficiency", effC}, {"pytorch_efficiency", effT},
-                       {"independent_efficiency", ceiling},
-                       {"cohort_phase_ms", co.phases}, {"pytorch_phase_ms", pt["phase_ms"]}});
+    const Row* one = nullptr;
+    for (const Row& r : rows) {
+      if (r.c.arch == c.arch && r.c.threads == 1) one = &r;
     }
+    Row two = sideBySide(dir, c, 2, 1);
+    // The ceiling: two 1-rank runs at once, no communication at all.
+    CohortResult a, b;
+    std::thread other([&] { b = runCohort(dir, c, 1, "-b"); });
+    a = runCohort(dir, c, 1, "-a");
+    other.join();
+    const double ceiling = (a.imagesPerS + b.imagesPerS) / (2 * one->cohortIps);
+    const double effC = two.cohortIps / (2 * one->cohortIps);
+    const double effT = two.torchIps / (2 * one->torchIps);
+    print(two, effC, effT, ceiling);
+    nlohmann::json j = rowJson(two);
+    j["cohort_efficiency"] = effC;
+    j["pytorch_efficiency"] = effT;
+    j["independent_efficiency"] = ceiling;
+    lines.push_back(j);
   }
-  std::cout << "\nper-step breakdown, ms (cohort rank 0; PyTorch rank 0: forward, backward incl. allreduce, optimizer)\n";
+  std::cout << "\nper-step breakdown, ms (cohort rank 0; PyTorch rank 0: forward, backward incl. "
+               "allreduce, optimizer)\n";
   for (const auto& l : lines) {
     const auto& p = l["cohort_phase_ms"];
     auto g = [&](const char* k) { return p.contains(k) ? p[k].get<double>() : 0.0; };
-    const double total = g("data_wait") + g("forward") + g("backward") +
-                         g("exposed_comm") + g("optimizer");
+    const double total = g("data_wait") + g("forward") + g("backward") + g("exposed_comm") + g("optimizer");
     std::cout << fmt::format(
-        "{:<9} {} ranks: data wait {:.1f}, forward {:.1f}, backward {:.1f}, exposed comm {:.1f} "
-        "({:.1f}% of the step), optimizer {:.1f} | PyTorch: forward {:.1f}, backward {:.1f}, optimizer {:.1f}\n",
-        l["arch"].get<std::string>(), l["ranks"].get<int>(), g("data_wait"), g("forward"),
-        g("backward"), g("exposed_comm"), total > 0 ? 100 * g("exposed_comm") / total : 0.0, g("optimizer"),
+        "{:<9} {} ranks x {} threads ({}): data wait {:.1f}, forward {:.1f}, backward {:.1f}, exposed comm "
+        "{:.1f} ({:.1f}% of the step), optimizer {:.1f} | PyTorch: forward {:.1f}, backward {:.1f}, "
+        "optimizer {:.1f}\n",
+        l["arch"].get<std::string>(), l["ranks"].get<int>(), l["threads"].get<int>(),
+        l["cohort_memory_format"].get<std::string>(), g("data_wait"), g("forward"), g("backward"),
+        g("exposed_comm"), total > 0 ? 100 * g("exposed_comm") / total : 0.0, g("optimizer"),
         l["pytorch_phase_ms"]["forward"].get<double>(), l["pytorch_phase_ms"]["backward"].get<double>(),
         l["pytorch_phase_ms"]["optimizer"].get<double>());
   }
+  std::cout << nlohmann::json{{"bench", "cpu"}, {"model", cpu.model}, {"features", cpu.features},
+                              {"isa_held_to", isa ? isa : ""}}
+                   .dump()
+            << "\n";
   for (const auto& l : lines) std::cout << l.dump() << "\n";
   return 0;
 }
