@@ -55,7 +55,7 @@ TEST(Cli, ValidateReportsBadInputWithLocation) {
   test::writeText(dir.file("job.yaml"), yaml);
   auto r = test::cohort({"validate", dir.file("job.yaml")});
   EXPECT_EQ(r.exitCode, 2);
-  EXPECT_NE(r.err.find(dir.file("job.yaml") + ":21:11: training.epochs: expected an integer, got "
+  EXPECT_NE(r.err.find(dir.file("job.yaml") + ":22:11: training.epochs: expected an integer, got "
                                               "'many'"),
             std::string::npos)
       << r.err;
