@@ -116,14 +116,21 @@ double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& 
   const auto start = Clock::now();
   at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
   loss.backward();
-  for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
+  auto params = model.parameters();
+  // On a GPU the kernels run asynchronously: reading a value of the first
+  // layer's gradient (the last one backward computes) waits for all of them.
+  if (!params.front().is_cpu() && params.front().grad().defined()) {
+    params.front().grad().flatten()[0].item<float>();
+  }
+  for (auto& p : params) p.mutable_grad() = at::Tensor();
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Times both layouts, alternating so that a change in the machine's load
 // hits both alike; the fastest pass of each counts. A warm-up pass of each
 // first (oneDNN builds its kernels then), then up to kRounds timed rounds,
-// fewer once kBudgetS is spent (at least 2).
+// fewer once kBudgetS is spent (at least 2; 1 for a model whose passes
+// take seconds each).
 // The other layout must win by kMargin to replace `preferred` (the one
 // createModel picked): a near tie is noise, and changing it changes results.
 MemoryFormatChoice measure(models::Model& model, const at::Tensor& x, const at::Tensor& y,
@@ -141,7 +148,7 @@ MemoryFormatChoice measure(models::Model& model, const at::Tensor& x, const at::
       if (round > 0) best[k] = std::min(best[k], s);
       spent += s;
     }
-    if (round >= 2 && spent > kBudgetS) break;
+    if ((round >= 2 && spent > kBudgetS) || (round >= 1 && spent > 4 * kBudgetS)) break;
   }
   const int other = preferred ? 0 : 1;
   const bool channelsLast = best[other] < (1 - kMargin) * best[1 - other] ? !preferred : preferred;
