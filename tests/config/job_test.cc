@@ -201,6 +201,19 @@ TEST(JobConfig, ResolvedYamlRoundTrips) {
   EXPECT_NE(jobHash(loadJobFromString(kValid, "job.yaml", {"training.seed=9"})), jobHash(j));
 }
 
+TEST(JobConfig, ComputeSettingsDoNotStopAResume) {
+  // How a rank computes is not what it trains: a run resumes under others.
+  const JobConfig j = loadJobFromString(kValid, "job.yaml");
+  const JobConfig other = loadJobFromString(kValid, "job.yaml",
+                                            {"compute.allocator=system", "compute.onednn=off"});
+  EXPECT_EQ(other.compute.allocator, "system");
+  EXPECT_EQ(other.compute.onednn, "off");
+  EXPECT_EQ(jobHash(other), jobHash(j));
+  EXPECT_NE(toYaml(other), toYaml(j));
+  const std::string e = errorOf<ConfigError>(kValid, {"compute.allocator=jemalloc"});
+  EXPECT_NE(e.find("compute.allocator"), std::string::npos) << e;
+}
+
 TEST(JobConfig, JobFileNotFound) {
   try {
     loadJob("/nonexistent/job.yaml");

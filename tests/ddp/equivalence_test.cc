@@ -154,12 +154,20 @@ TEST(Reproducibility, SameSeedAndWorldSizeGiveTheSameLossCurve) {
   auto a = test::trainTiny(dir, "a", 2, twoEpochs);
   auto b = test::trainTiny(dir, "b", 2, twoEpochs);
   EXPECT_EQ(test::maxDifference(a, b), 0.0);
-  auto ma = test::readJsonLines(dir.file("a/metrics.jsonl"));
-  auto mb = test::readJsonLines(dir.file("b/metrics.jsonl"));
+  // The train records: a straggler record depends on how busy the machine
+  // was, not on the training.
+  auto trainRecords = [](const std::string& path) {
+    std::vector<nlohmann::json> out;
+    for (auto& j : test::readJsonLines(path)) {
+      if (j["event"] == "train") out.push_back(std::move(j));
+    }
+    return out;
+  };
+  auto ma = trainRecords(dir.file("a/metrics.jsonl"));
+  auto mb = trainRecords(dir.file("b/metrics.jsonl"));
   ASSERT_EQ(ma.size(), mb.size());
   ASSERT_GT(ma.size(), 10u);
   for (size_t k = 0; k < ma.size(); ++k) {
-    ASSERT_EQ(ma[k]["event"], "train");
     EXPECT_EQ(ma[k]["step"], mb[k]["step"]);
     EXPECT_EQ(ma[k]["loss"].get<double>(), mb[k]["loss"].get<double>()) << "step " << ma[k]["step"];
   }
