@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -131,11 +132,8 @@ double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& 
 // first (oneDNN builds its kernels then), then up to kRounds timed rounds,
 // fewer once kBudgetS is spent (at least 2; 1 for a model whose passes
 // take seconds each).
-// The other layout must win by kMargin to replace `preferred` (the one
-// createModel picked): a near tie is noise, and changing it changes results.
-MemoryFormatChoice measure(models::Model& model, const at::Tensor& x, const at::Tensor& y,
-                           bool preferred) {
-  constexpr double kMargin = 0.03;
+// Returns the fastest pass of each: {contiguous, channels_last} seconds.
+std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const at::Tensor& y) {
   constexpr int kRounds = 4;
   constexpr double kBudgetS = 3.0;
   const bool layouts[2] = {false, true};  // contiguous, channels_last
@@ -150,11 +148,7 @@ MemoryFormatChoice measure(models::Model& model, const at::Tensor& x, const at::
     }
     if ((round >= 2 && spent > kBudgetS) || (round >= 1 && spent > 4 * kBudgetS)) break;
   }
-  const int other = preferred ? 0 : 1;
-  const bool channelsLast = best[other] < (1 - kMargin) * best[1 - other] ? !preferred : preferred;
-  return {channelsLast ? "channels_last" : "contiguous",
-          fmt::format("measured: contiguous {:.1f} ms, channels_last {:.1f} ms per pass",
-                      1000 * best[0], 1000 * best[1])};
+  return {best[0], best[1]};
 }
 
 }  // namespace
@@ -168,8 +162,13 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
   }
   bool convolutional = false;
   for (const auto& p : model.parameters()) convolutional = convolutional || p.dim() == 4;
-  MemoryFormatChoice mine{"contiguous", "no convolution weights"};
-  if (convolutional) {
+  if (!convolutional) {
+    model.setChannelsLast(false);
+    return {"contiguous", "no convolution weights"};
+  }
+  const bool preferred = model.channelsLast();
+  std::array<double, 2> best{};
+  {
     // Leaves the model as it found it: weights are not updated (no
     // optimizer), buffers (BatchNorm statistics) and the generator that
     // drew the batch and drives dropout are put back.
@@ -180,14 +179,13 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
       torch::NoGradGuard noGrad;
       for (const auto& b : model.buffers()) buffers.push_back(b.clone());
     }
-    const bool preferred = model.channelsLast();
     const bool wasTraining = model.is_training();
     model.train();
     const auto options = model.parameters().front().options().requires_grad(false);
     const at::Tensor x = torch::randn({batch, channels, height, width}, options);
     const at::Tensor y =
         torch::randint(0, config.numClasses, {batch}, options.dtype(at::kLong));
-    mine = measure(model, x, y, preferred);
+    best = measure(model, x, y);
     model.train(wasTraining);
     {
       torch::NoGradGuard noGrad;
@@ -196,11 +194,27 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
     }
     generator.set_state(rng);
   }
-  // Every rank measured (at once, as they will train); rank 0 decides.
+  // Every rank measured, at once, as they will train: the decision takes
+  // the mean of their times (one rank's can be noise), and rank 0's
+  // verdict is every rank's. The other layout must win by kMargin to
+  // replace the preferred one (createModel's): a near tie is noise, and
+  // changing the layout changes the kernels and so the last bits of results.
+  constexpr double kMargin = 0.03;
+  at::Tensor times = torch::tensor({best[0], best[1]}, torch::kFloat64);
+  if (comm.worldSize > 1) comm::allreduceSum(comm, times, "memory format times");
+  const double contiguous = times[0].item<double>() / comm.worldSize;
+  const double channelsLastS = times[1].item<double>() / comm.worldSize;
+  const double preferredS = preferred ? channelsLastS : contiguous;
+  const double otherS = preferred ? contiguous : channelsLastS;
+  const bool channelsLast = otherS < (1 - kMargin) * preferredS ? !preferred : preferred;
+  const std::string format = channelsLast ? "channels_last" : "contiguous";
+  const std::string reason = fmt::format(
+      "measured: contiguous {:.1f} ms, channels_last {:.1f} ms per pass{}", 1000 * contiguous,
+      1000 * channelsLastS,
+      comm.worldSize > 1 ? fmt::format(", mean of {} ranks", comm.worldSize) : std::string());
   MemoryFormatChoice chosen;
-  chosen.format = comm::shareFromRoot(comm, "compute/memory_format", mine.format);
-  chosen.reason = comm::shareFromRoot(comm, "compute/memory_format_reason",
-                                      mine.reason + (comm.worldSize > 1 ? " on rank 0" : ""));
+  chosen.format = comm::shareFromRoot(comm, "compute/memory_format", format);
+  chosen.reason = comm::shareFromRoot(comm, "compute/memory_format_reason", reason);
   model.setChannelsLast(chosen.format == "channels_last");
   return chosen;
 }

@@ -53,7 +53,7 @@ bool keepFreedMemory();
 
 // model.memory_format: channels_last or contiguous as the job says; auto:
 // every rank times a few forward+backward passes of `model` in each layout
-// on a random batch of `batch` samples, and all take rank 0's faster one
+// on a random batch of `batch` samples; the mean of all ranks' times decides
 // (they must agree: the gradient buckets follow the weights' strides). The
 // model's weights, buffers, gradients and the CPU generator's state are as
 // before. Returns the layout and why it was chosen.
