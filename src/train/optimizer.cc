@@ -96,51 +96,41 @@ class FusedSgd final : public torch::optim::SGD {
     const float keep = static_cast<float>(1 - o.dampening());
     const bool nesterov = o.nesterov();
     // One loop per case, so that each vectorizes without branches. Each
-    // chunk of parallel_for copies the pointers into restrict locals: in the
+    // chunk of parallel_for hands the body restrict pointers: in the
     // function OpenMP outlines, captured pointers could alias and the loop
     // would stay scalar (2x slower on one thread).
     const int64_t n = p.numel();
-    constexpr int64_t kGrain = 1 << 15;
-    if (buf == nullptr) {
-      at::parallel_for(0, n, kGrain, [=](int64_t begin, int64_t end) {
-        float* __restrict__ wr = w;
-        const float* __restrict__ gr = g;
-        for (int64_t i = begin; i < end; ++i) wr[i] -= lr * (gr[i] + wd * wr[i]);
-      });
-    } else if (first) {
-      at::parallel_for(0, n, kGrain, [=](int64_t begin, int64_t end) {
+    auto each = [=](auto body) {
+      at::parallel_for(0, n, 1 << 15, [=](int64_t begin, int64_t end) {
         float* __restrict__ wr = w;
         float* __restrict__ br = buf;
         const float* __restrict__ gr = g;
-        for (int64_t i = begin; i < end; ++i) {
-          const float d = gr[i] + wd * wr[i];
-          br[i] = d;
-          wr[i] -= lr * (nesterov ? d + m * d : d);
-        }
+        for (int64_t i = begin; i < end; ++i) body(wr, br, gr, i);
+      });
+    };
+    using W = float* __restrict__;
+    using G = const float* __restrict__;
+    if (buf == nullptr) {
+      each([=](W wr, W, G gr, int64_t i) { wr[i] -= lr * (gr[i] + wd * wr[i]); });
+    } else if (first) {
+      each([=](W wr, W br, G gr, int64_t i) {
+        const float d = gr[i] + wd * wr[i];
+        br[i] = d;
+        wr[i] -= lr * (nesterov ? d + m * d : d);
       });
     } else if (nesterov) {
-      at::parallel_for(0, n, kGrain, [=](int64_t begin, int64_t end) {
-        float* __restrict__ wr = w;
-        float* __restrict__ br = buf;
-        const float* __restrict__ gr = g;
-        for (int64_t i = begin; i < end; ++i) {
-          const float d = gr[i] + wd * wr[i];
-          const float b = m * br[i] + keep * d;
-          br[i] = b;
-          wr[i] -= lr * (d + m * b);
-        }
+      each([=](W wr, W br, G gr, int64_t i) {
+        const float d = gr[i] + wd * wr[i];
+        const float b = m * br[i] + keep * d;
+        br[i] = b;
+        wr[i] -= lr * (d + m * b);
       });
     } else {
-      at::parallel_for(0, n, kGrain, [=](int64_t begin, int64_t end) {
-        float* __restrict__ wr = w;
-        float* __restrict__ br = buf;
-        const float* __restrict__ gr = g;
-        for (int64_t i = begin; i < end; ++i) {
-          const float d = gr[i] + wd * wr[i];
-          const float b = m * br[i] + keep * d;
-          br[i] = b;
-          wr[i] -= lr * b;
-        }
+      each([=](W wr, W br, G gr, int64_t i) {
+        const float d = gr[i] + wd * wr[i];
+        const float b = m * br[i] + keep * d;
+        br[i] = b;
+        wr[i] -= lr * b;
       });
     }
   }
