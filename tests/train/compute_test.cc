@@ -2,13 +2,11 @@
 // docs/performance.md says, and the allocator policy does what it is for.
 
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <regex>
 
