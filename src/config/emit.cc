@@ -117,6 +117,7 @@ class Lister {
 
 std::string toYaml(const JobConfig& job) {
   JobConfig copy = job;  // the visitor interface takes mutable references
+  takeUrlCredentials(copy);
   YAML::Emitter out;
   out << YAML::BeginMap;
   detail::Emitter e(out);

@@ -73,8 +73,13 @@ int severity(const Child& c) {
 
 // The environment block of one rank, built before fork: the child only calls
 // async-signal-safe functions until exec.
-std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount) {
+std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount,
+                                         const UrlCredentials& credentials) {
   auto vars = env::rankVariables(r);
+  // job.yaml, which the ranks read, holds no secret: they come this way.
+  if (!credentials.empty()) {
+    vars.emplace_back(env::kUrlCredentialsVar, encodeUrlCredentials(credentials));
+  }
   vars.emplace_back("OMP_NUM_THREADS", "1");  // the rank sets its own thread count
   vars.emplace_back("COHORT_RESTART_COUNT", std::to_string(restartCount));
   std::vector<std::string> out;
@@ -170,6 +175,10 @@ int runLauncher(const LaunchOptions& o) {
     throw UsageError(fmt::format("--resume {}: no such directory", o.resume));
   }
   const int world = static_cast<int>(job.distribution.procsPerNode);
+  const UrlCredentials credentials = [&] {
+    JobConfig copy = job;
+    return takeUrlCredentials(copy);
+  }();
   const std::string exe = o.executable.empty() ? selfExecutable() : o.executable;
 
   // Signals first, so the store's thread inherits the blocked mask; the store
@@ -193,6 +202,12 @@ int runLauncher(const LaunchOptions& o) {
   if (interrupted) {
     log::info("resuming the interrupted run {} (cohort run --new-run starts a new one)",
               runDir.root);
+  }
+  if (!credentials.empty()) {
+    log::warn("{} URL(s) of the job carry a SAS token: it is kept out of job.yaml, logs and "
+              "checkpoints, but a job file is easily shared; prefer AZURE_STORAGE_SAS_TOKEN or "
+              "storage.credentials_file (docs/security.md)",
+              credentials.size());
   }
   log::info("starting {} ranks of job '{}'; run directory {}", world, job.name, runDir.root);
   log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store.port);
@@ -257,7 +272,7 @@ int runLauncher(const LaunchOptions& o) {
           args.push_back("--resume");
           args.push_back(o.resume);
         }
-        const auto envBlock = rankEnvironment(re, attempt);
+        const auto envBlock = rankEnvironment(re, attempt, credentials);
         c.pid = spawn(exe, args, &envBlock, &signals.original(), "the worker binary");
         c.running = true;
         log::debug("rank {} is pid {}", r, c.pid);

@@ -70,6 +70,10 @@ int runWorker(const WorkerOptions& o) {
   log::init(lo);
 
   JobConfig job = loadJob(o.jobPath, o.overrides);
+  // `cohort run` wrote job.yaml without the URLs' credentials and handed them over here.
+  if (auto c = env::urlCredentials()) {
+    restoreUrlCredentials(job, decodeUrlCredentials(*c, env::kUrlCredentialsVar));
+  }
   if (re.worldSize != requestedWorldSize(job)) {
     if (re.rank == 0 && re.source != "none") {
       log::warn("the job asks for {} ranks (nodes {} x procs_per_node {}); {} started {}",

@@ -201,6 +201,38 @@ TEST(JobConfig, ResolvedYamlRoundTrips) {
   EXPECT_NE(jobHash(loadJobFromString(kValid, "job.yaml", {"training.seed=9"})), jobHash(j));
 }
 
+TEST(JobConfig, CredentialsInUrlsStayOutOfTheResolvedYaml) {
+  const std::string remote = "https://acct.blob.core.windows.net/ckpt/run";
+  const std::string sas = "sv=2021-08-06&sig=SECRETSIG123";
+  const JobConfig j = loadJobFromString(
+      kValid, "job.yaml", {"checkpoint.remote=" + remote + "?" + sas, "data.cache.dir=/tmp/a?b"});
+  EXPECT_EQ(j.checkpoint.remote, remote + "?" + sas);  // in memory, storage needs it
+  const std::string yaml = toYaml(j);
+  EXPECT_EQ(yaml.find("SECRETSIG123"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find(remote), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("/tmp/a?b"), std::string::npos) << "a local path keeps its '?'";
+  // The same job with its credential elsewhere is the same job.
+  EXPECT_EQ(jobHash(j), jobHash(loadJobFromString(kValid, "job.yaml", {"checkpoint.remote=" + remote,
+                                                                        "data.cache.dir=/tmp/a?b"})));
+
+  JobConfig copy = j;
+  const UrlCredentials taken = takeUrlCredentials(copy);
+  EXPECT_EQ(taken, (UrlCredentials{{remote, sas}}));
+  EXPECT_EQ(copy.checkpoint.remote, remote);
+  // What a rank does: load the redacted job.yaml, put the credentials back.
+  JobConfig rank = loadJobFromString(yaml, "job.yaml");
+  restoreUrlCredentials(rank, decodeUrlCredentials(encodeUrlCredentials(taken), "test"));
+  EXPECT_EQ(rank.checkpoint.remote, j.checkpoint.remote);
+  EXPECT_EQ(toYaml(rank), yaml);
+  try {
+    decodeUrlCredentials("[\"sig=LEAKED\"]", "COHORT_URL_CREDENTIALS");
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("COHORT_URL_CREDENTIALS"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("LEAKED"), std::string::npos) << e.what();
+  }
+}
+
 TEST(JobConfig, ComputeSettingsDoNotStopAResume) {
   // How a rank computes is not what it trains: a run resumes under others.
   const JobConfig j = loadJobFromString(kValid, "job.yaml");

@@ -2,6 +2,7 @@
 
 // Reading, overriding, checking and writing job files.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,28 @@ JobConfig loadJobFromString(const std::string& yaml, const std::string& origin,
                             const std::vector<std::string>& overrides = {});
 
 // The resolved job as YAML: every key with its value. loadJobFromString of
-// the result gives back the same job.
+// the result gives back the same job, except for credentials inside URLs
+// (a SAS token as a blob URL's query string), which are left out: job.yaml,
+// `cohort validate` and checkpoint manifests never hold a secret.
 std::string toYaml(const JobConfig& job);
+
+// Credentials inside the job's URLs: the URL without its query string -> the
+// query string (without '?'). Any query of an az://, http:// or https:// value
+// counts: storage accepts none but a SAS token.
+using UrlCredentials = std::map<std::string, std::string>;
+
+// Removes the query string of every URL in `job` and returns them.
+UrlCredentials takeUrlCredentials(JobConfig& job);
+
+// Puts credentials back on the URLs they were taken from (a URL that has a
+// query string of its own keeps it).
+void restoreUrlCredentials(JobConfig& job, const UrlCredentials& credentials);
+
+// How `cohort run` hands credentials to its ranks (an environment variable,
+// never a file or an argument). decode throws ConfigError naming `origin`
+// without quoting the text.
+std::string encodeUrlCredentials(const UrlCredentials& credentials);
+UrlCredentials decodeUrlCredentials(const std::string& text, const std::string& origin);
 
 // A stable hash of the resolved job (hex), to check that ranks agree and
 // that a rerun is the same job. Keys that only change how the run is watched

@@ -81,6 +81,12 @@ std::optional<std::string> machineId(int rank);
 std::optional<std::string> azureStorageKey();
 std::optional<std::string> azureStorageSasToken();
 
+// COHORT_URL_CREDENTIALS: credentials of the job's URLs (SAS tokens), which
+// `cohort run` takes out of job.yaml and hands to its ranks here (see
+// takeUrlCredentials in cohort/config/load.h). A secret: never log it.
+inline constexpr const char* kUrlCredentialsVar = "COHORT_URL_CREDENTIALS";
+std::optional<std::string> urlCredentials();
+
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 
