@@ -117,6 +117,13 @@ std::string redactUrl(const std::string& url) {
   return p.scheme + "://" + p.authority + p.path;
 }
 
+std::string joinUrl(const std::string& url, const std::string& name) {
+  if (!isRemoteUrl(url)) return url + "/" + name;
+  const size_t q = url.find('?');
+  if (q == std::string::npos) return url + "/" + name;
+  return url.substr(0, q) + "/" + name + url.substr(q);
+}
+
 namespace detail {
 
 BlobLocation parseBlobUrl(const std::string& url, const StorageOptions& options) {

@@ -170,7 +170,7 @@ std::string checkpointDir(const JobConfig& job, const RunDir& runDir) {
 
 std::string remoteCheckpointDir(const JobConfig& job, const RunDir& runDir) {
   if (job.checkpoint.remote.empty()) return "";
-  return job.checkpoint.remote + "/" + std::filesystem::path(runDir.root).filename().string();
+  return storage::joinUrl(job.checkpoint.remote, std::filesystem::path(runDir.root).filename().string());
 }
 
 std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,

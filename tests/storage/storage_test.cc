@@ -171,6 +171,11 @@ TEST(StorageUrls, RemoteAndRedacted) {
   EXPECT_FALSE(isRemoteUrl("file:///data"));
   EXPECT_EQ(redactUrl("https://acct.blob.core.windows.net/c/p?sv=1&sig=SECRET"),
             "https://acct.blob.core.windows.net/c/p");
+  // A path joined onto a URL goes before its SAS token.
+  EXPECT_EQ(joinUrl("https://acct.blob.core.windows.net/c/p?sv=1&sig=S", "run-1"),
+            "https://acct.blob.core.windows.net/c/p/run-1?sv=1&sig=S");
+  EXPECT_EQ(joinUrl("az://acct/c", "run-1"), "az://acct/c/run-1");
+  EXPECT_EQ(joinUrl("/mnt/ckpt", "run-1"), "/mnt/ckpt/run-1");
   EXPECT_EQ(redactUrl("http://user:pw@127.0.0.1:1/a/c"), "http://127.0.0.1:1/a/c");
   EXPECT_EQ(redactUrl("/plain/path"), "/plain/path");
 }

@@ -116,6 +116,11 @@ std::unique_ptr<Storage> openStorage(const std::string& url, const StorageOption
 // The URL with its query string (a SAS token) removed, for messages.
 std::string redactUrl(const std::string& url);
 
+// `url` with "/name" appended to its path and its query string (a SAS token)
+// kept at the end: joinUrl("az://a/c/ckpt?sv=..&sig=..", "run") is
+// "az://a/c/ckpt/run?sv=..&sig=..". A local path becomes path/name.
+std::string joinUrl(const std::string& url, const std::string& name);
+
 // Creates the container a blob URL names (any prefix is ignored). An existing
 // container is not an error. Throws ConfigError for a URL that is not a blob
 // URL or lacks credentials, StorageError when the service refuses.
