@@ -18,6 +18,8 @@
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -228,6 +230,12 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+
+  // Run directories, checkpoints, logs and caches hold the job's data and
+  // model: readable by this user only (0700 directories, 0600 files). A
+  // dataset written by `cohort data pack` keeps the user's umask, as datasets
+  // are made to be shared.
+  if (!*dataPack) ::umask(077);
 
   try {
     if (*help || app.get_subcommands().empty()) {
