@@ -12,7 +12,8 @@ zlib1g-dev libxxhash-dev libopenblas0-openmp
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 dataset-fashion-mnist
-python3 python3-torch python3-torchvision python3-protobuf"
+python3 python3-torch python3-torchvision python3-protobuf
+clang libclang-rt-14-dev"
 
 # Node.js runs Azurite, the blob storage emulator of the storage tests
 # (tests/azurite). A node already on PATH (a newer one) is used as it is.

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Installs what cohort needs (Debian 12), builds it with its tests and runs
-# the whole suite with CTest. Extra arguments go to ctest (e.g. -L unit).
+# Installs what cohort needs (Debian 12), builds it with its tests, runs the
+# whole suite with CTest, then fuzzes the parsers for a bounded time
+# (scripts/fuzz.sh). Extra arguments go to ctest (e.g. -L unit).
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -11,5 +12,13 @@ if [ ! -f tests/azurite/node_modules/.package-lock.json ] ||
   (cd tests/azurite && npm ci --no-audit --no-fund)
 fi
 ./scripts/build.sh
-cd build
-exec ctest --output-on-failure --timeout 900 -j "$(nproc)" "$@"
+status=0
+(cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)" "$@") || status=$?
+# Then fuzz every parser of outside input for a bounded time (docs/security.md):
+# COHORT_FUZZ_SECONDS per target (default 20, about 6 minutes in all with the
+# clang build); 0 skips it.
+fuzz_seconds="${COHORT_FUZZ_SECONDS:-20}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  ./scripts/fuzz.sh --seconds "$fuzz_seconds" || status=1
+fi
+exit "$status"
