@@ -164,7 +164,11 @@ class Parser {
     const std::string where = src_.locate(n, path);
     locs_[path] = where;
     if (n.IsNull()) {
-      if constexpr (std::is_same_v<T, std::string>) value.clear();
+      // An empty string value; it still has to be one of the choices, if any.
+      if constexpr (std::is_same_v<T, std::string>) {
+        value.clear();
+        check(value, rule, where, path);
+      }
       return;
     }
     convert(n, value, where, path);
