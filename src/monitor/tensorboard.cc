@@ -16,6 +16,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "monitor/detail/crc32c.h"
+#include "monitor/detail/utf8.h"
 
 namespace cohort::monitor {
 namespace {
@@ -137,7 +138,7 @@ void TensorBoardWriter::addScalar(const std::string& tag, int64_t step, double v
 void TensorBoardWriter::addScalar(const std::string& tag, int64_t step, double value,
                                   double wallTime) {
   std::string summaryValue;
-  putBytes(summaryValue, 1, tag);
+  putBytes(summaryValue, 1, detail::validUtf8(tag));
   putFloat(summaryValue, 2, static_cast<float>(value));
   std::string summary;
   putBytes(summary, 1, summaryValue);

@@ -18,6 +18,12 @@ std::atomic<Timeline*> current{nullptr};
 // Events are written in batches of this many.
 constexpr size_t kBatch = 512;
 
+// JSON text of a value; bytes that are not valid UTF-8 (in a name) become
+// U+FFFD instead of throwing, so that any name leaves a loadable trace.
+std::string jsonText(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 int64_t micros(Timeline::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
@@ -57,7 +63,7 @@ void Timeline::complete(const std::string& name, const char* category, Clock::ti
   const int64_t ts = micros(start);
   const int64_t dur = std::max<int64_t>(0, micros(end) - ts);
   std::string e = fmt::format(R"({{"name":{},"cat":"{}","ph":"X","ts":{},"dur":{},"pid":{},"tid":{})",
-                              nlohmann::json(name).dump(), category, ts, dur, rank_, tid);
+                              jsonText(name), category, ts, dur, rank_, tid);
   if (!args.empty()) e += ",\"args\":" + args;
   e += "}";
   const auto now = std::chrono::steady_clock::now();
@@ -75,9 +81,8 @@ void Timeline::complete(const std::string& name, const char* category, Clock::ti
 
 void Timeline::nameThread(int tid, const std::string& name) {
   std::lock_guard<std::mutex> g(mutex_);
-  writeLocked(nlohmann::json{{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid},
-                             {"args", {{"name", name}}}}
-                  .dump());
+  writeLocked(jsonText({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid},
+                        {"args", {{"name", name}}}}));
 }
 
 void Timeline::flush() {

@@ -39,7 +39,9 @@ class TensorBoardWriter {
   // `wallTime` (Unix seconds). TensorBoard stores scalars as float32: the
   // value is rounded to it (beyond its range: +-inf). Records are buffered
   // in memory: call flush() after a batch of scalars so that TensorBoard sees
-  // them while the run goes on. Throws IoError naming the file.
+  // them while the run goes on. A tag's bytes that are not valid UTF-8
+  // become U+FFFD (TensorBoard refuses a file with such a tag). Throws
+  // IoError naming the file.
   void addScalar(const std::string& tag, int64_t step, double value);
   void addScalar(const std::string& tag, int64_t step, double value, double wallTime);
 

@@ -32,7 +32,8 @@ class Timeline {
   Timeline& operator=(const Timeline&) = delete;
 
   // A complete event. `name` and `category` are copied; `args` is a JSON
-  // object's text ("" for none). Thread-safe.
+  // object's text ("" for none). Bytes of a name (here and in nameThread)
+  // that are not valid UTF-8 become U+FFFD. Thread-safe.
   void complete(const std::string& name, const char* category, Clock::time_point start,
                 Clock::time_point end, int tid = 0, const std::string& args = "");
   // Names a thread in the viewer.
