@@ -123,7 +123,13 @@ Parsed parseHeader(int fd, const std::string& path) {
         }
         numel *= static_cast<uint64_t>(d);
       }
-      const uint64_t expected = numel * c10::elementSize(dtypeFromName(info.dtype));
+      c10::ScalarType type{};
+      try {
+        type = dtypeFromName(info.dtype);
+      } catch (const DataError& e) {
+        throw DataError(fmt::format("{}: tensor '{}': {}", path, info.name, e.what()));
+      }
+      const uint64_t expected = numel * c10::elementSize(type);
       if (expected != info.nbytes) {
         throw DataError(fmt::format("{}: tensor '{}' claims {} bytes, its shape needs {}", path,
                                     info.name, info.nbytes, expected));
