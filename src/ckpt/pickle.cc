@@ -5,6 +5,8 @@
 
 #include <cstring>
 #include <map>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "cohort/core/error.h"
 
@@ -42,6 +44,20 @@ class Unpickler {
       : data_(data), load_(load), origin_(origin) {}
   ~Unpickler() {
     std::vector<ValuePtr> all = std::move(stack_);
+    // A container appended to itself (through the memo) keeps its nodes alive
+    // past any dismantling: empty every container that was added to and is
+    // not part of the result first. Only such a container can close a cycle.
+    for (const auto& w : mutated_) {
+      const ValuePtr v = w.lock();
+      if (!v || result_.count(v.get()) > 0) continue;
+      for (auto& item : v->items) all.push_back(std::move(item));
+      for (auto& [k, x] : v->entries) {
+        all.push_back(std::move(k));
+        all.push_back(std::move(x));
+      }
+      v->items.clear();
+      v->entries.clear();
+    }
     for (auto& [key, v] : memo_) all.push_back(std::move(v));
     dismantle(std::move(all));
   }
@@ -52,7 +68,11 @@ class Unpickler {
       switch (op) {
         case 0x80: byte(); break;          // PROTO
         case 0x95: bytes(8); break;        // FRAME
-        case '.': return pop();            // STOP
+        case '.': {                        // STOP
+          auto root = pop();
+          checkAcyclic(root);
+          return root;
+        }
         case '(': marks_.push_back(stack_.size()); break;
         case '}': stack_.push_back(make(Kind::dict)); break;
         case ']': stack_.push_back(make(Kind::list)); break;
@@ -79,22 +99,28 @@ class Unpickler {
           auto k = pop();
           auto d = top(Kind::dict, "SETITEM");
           d->entries.emplace_back(k, v);
+          mutated_.push_back(d);
           break;
         }
         case 'u': {                        // SETITEMS
           auto items = popMark();
-          addPairs(*top(Kind::dict, "SETITEMS"), items);
+          auto d = top(Kind::dict, "SETITEMS");
+          addPairs(*d, items);
+          mutated_.push_back(d);
           break;
         }
         case 'a': {                        // APPEND
           auto v = pop();
-          top(Kind::list, "APPEND")->items.push_back(v);
+          auto l = top(Kind::list, "APPEND");
+          l->items.push_back(v);
+          mutated_.push_back(l);
           break;
         }
         case 'e': {                        // APPENDS
           auto items = popMark();
           auto l = top(Kind::list, "APPENDS");
           l->items.insert(l->items.end(), items.begin(), items.end());
+          mutated_.push_back(l);
           break;
         }
         case 'q': memo_[byte()] = peek(); break;          // BINPUT
@@ -373,6 +399,35 @@ class Unpickler {
     fail(fmt::format("cannot call '{}'", name));
   }
 
+  // The result is a tree whose subtrees may be shared; a cycle (which no
+  // state dict holds) is refused. Records the result's nodes in result_.
+  void checkAcyclic(const ValuePtr& root) {
+    std::unordered_map<const Value*, bool> done;  // node -> left the path
+    std::vector<std::pair<const Value*, size_t>> path{{root.get(), 0}};
+    done[root.get()] = false;
+    while (!path.empty()) {
+      const Value* v = path.back().first;
+      const size_t i = path.back().second++;
+      const size_t n = v->items.size() + 2 * v->entries.size();
+      if (i == n) {
+        done[v] = true;
+        path.pop_back();
+        continue;
+      }
+      const size_t e = i - v->items.size();
+      const Value* child = i < v->items.size() ? v->items[i].get()
+                           : e % 2 == 0      ? v->entries[e / 2].first.get()
+                                             : v->entries[e / 2].second.get();
+      auto [it, fresh] = done.emplace(child, false);
+      if (fresh) {
+        path.emplace_back(child, 0);
+      } else if (!it->second) {
+        fail("a container holds itself (a cycle), which no state dict does");
+      }
+    }
+    for (const auto& [node, left] : done) result_.insert(node);
+  }
+
   const std::string& data_;
   const StorageLoader& load_;
   const std::string& origin_;
@@ -381,6 +436,8 @@ class Unpickler {
   std::vector<size_t> marks_;
   std::map<uint64_t, ValuePtr> memo_;
   std::map<std::string, ValuePtr> storages_;
+  std::vector<std::weak_ptr<Value>> mutated_;  // containers added to after they were made
+  std::unordered_set<const Value*> result_;   // nodes of the returned value
 };
 
 }  // namespace
