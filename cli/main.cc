@@ -3,7 +3,7 @@
 //   cohort run JOB.yaml [--set key.path=value ...] [--run-dir DIR] [--procs N]
 //   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
 //   cohort validate JOB.yaml [--set ...]
-//   cohort ckpt list|verify|inspect PATH
+//   cohort ckpt list|verify|inspect PATH | decrypt FILE OUT --key-file K
 //   cohort data pack SRC DST | inspect PATH | verify PATH
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
 //   cohort logs RUN_DIR [--rank r] [--follow]
@@ -26,12 +26,14 @@
 #include "cohort/ckpt/tools.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/core/version.h"
 #include "cohort/data/pack.h"
 #include "cohort/launch/launcher.h"
 #include "cohort/monitor/health.h"
 #include "cohort/monitor/logs.h"
+#include "cohort/security/sealed.h"
 #include "cohort/train/worker.h"
 
 namespace {
@@ -147,6 +149,19 @@ int main(int argc, char** argv) {
                           "step-<N> directory (or a directory: its newest valid checkpoint)")
       ->required();
   ckptInspect->add_flag("--tensors", ckptTensors, "List every tensor's name, type and shape");
+  std::string decryptOut;
+  CLI::App* ckptDecrypt = ckpt->add_subcommand(
+      "decrypt", "Write the plain contents of an encrypted file (a checkpoint's .bin, model/final.pt)");
+  ckptDecrypt->add_option("path", ckptPath, "The encrypted file, where it was written")->required();
+  ckptDecrypt->add_option("out", decryptOut, "Where the plain copy goes (mode 0600)")->required();
+  cohort::security::KeySources keySources;
+  for (CLI::App* sub : {ckptVerify, ckptInspect, ckptDecrypt}) {
+    sub->add_option("--key-file", keySources.keyFile,
+                    "Encrypted checkpoints: the key file (64 hex digits, mode 0600)");
+    sub->add_option("--previous-key-file", keySources.previousKeyFile,
+                    "Encrypted checkpoints: the key before a rotation");
+  }
+  ckptDecrypt->get_option("--key-file")->required();
 
   CLI::App* data = app.add_subcommand("data", "Pack, inspect or verify datasets of shards");
   data->require_subcommand(1);
@@ -265,6 +280,13 @@ int main(int argc, char** argv) {
     if (*validate) {
       cohort::JobConfig job = cohort::loadJob(jobPath, overrides);
       std::cout << cohort::toYaml(job);
+      return 0;
+    }
+    cohort::security::installKeyring(cohort::security::loadKeyring(keySources));
+    if (*ckptDecrypt) {
+      const std::string plain = cohort::security::readSealedFile(ckptPath, cohort::security::installedKeyring());
+      cohort::writeFileAtomic(decryptOut, plain);
+      std::cout << "wrote " << plain.size() << " bytes to " << decryptOut << "\n";
       return 0;
     }
     if (*ckptList) return cohort::ckpt::listCommand(ckptPath, std::cout);

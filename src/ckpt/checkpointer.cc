@@ -374,7 +374,8 @@ void Checkpointer::write(Job& job) {
         hook = [&] { pauseForTest(step); };
       }
       WrittenFile w = writeFileImage(dir + "/" + job.files[f].name, base + job.fileOffsets[f],
-                                     job.layouts[f].size, hook);
+                                     job.layouts[f].size, hook,
+                                     options_.sealWith ? &*options_.sealWith : nullptr);
       mine.push_back({w.name, w.size, w.checksum, options_.rank});
       std::lock_guard<std::mutex> g(mutex_);
       stats_.bytesWritten += w.size;

@@ -11,6 +11,7 @@
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
+#include "cohort/security/sealed.h"
 
 namespace fs = std::filesystem;
 
@@ -149,6 +150,10 @@ Verification verifyCheckpoint(const std::string& path, bool checksums) {
                                 sum, f.checksum);
         return v;
       }
+      // An encrypted file is authenticated too, when this process has keys:
+      // a file altered together with its manifest fails here.
+      const security::Keyring* keys = security::installedKeyring();
+      if (keys != nullptr && security::isSealedFile(file)) security::verifySealedFile(file, keys);
     } catch (const Error& e) {
       v.problem = e.what();
       return v;

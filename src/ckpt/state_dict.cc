@@ -8,10 +8,12 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "ckpt/detail/pickle.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
+#include "cohort/security/sealed.h"
 
 namespace cohort::ckpt {
 namespace {
@@ -46,19 +48,33 @@ StateDict stateDict(const torch::nn::Module& module) {
   return out;
 }
 
-void saveStateDict(const StateDict& dict, const std::string& path) {
+void saveStateDict(const StateDict& dict, const std::string& path, const security::Key* key) {
   c10::Dict<std::string, at::Tensor> d;
   for (const auto& [name, t] : dict) d.insert(name, t.detach().cpu().contiguous());
   std::vector<char> bytes = torch::pickle_save(d);
-  writeFileAtomic(path, bytes.data(), bytes.size());
+  if (key != nullptr) {
+    writeFileAtomic(path, security::sealBytes(*key, security::sealedLabel(path), bytes.data(), bytes.size()));
+  } else {
+    writeFileAtomic(path, bytes.data(), bytes.size());
+  }
 }
 
 StateDict readStateDict(const std::string& path) {
+  // An encrypted file is opened in memory with the installed keyring.
+  std::unique_ptr<std::istringstream> plain;
+  if (security::isSealedFile(path)) {
+    plain = std::make_unique<std::istringstream>(security::readSealedFile(path, security::installedKeyring()));
+  }
   {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw DataError(fmt::format("{}: cannot open", path));
+    std::ifstream file;
+    if (!plain) {
+      file.open(path, std::ios::binary);
+      if (!file) throw DataError(fmt::format("{}: cannot open", path));
+    }
+    std::istream& in = plain ? static_cast<std::istream&>(*plain) : file;
     char magic[2] = {0, 0};
     in.read(magic, 2);
+    if (plain) plain->seekg(0);
     if (in.gcount() != 2 || magic[0] != 'P' || magic[1] != 'K') {
       throw DataError(fmt::format(
           "{}: not a zip-format PyTorch file (save it with torch.save in PyTorch >= 1.6 and "
@@ -69,7 +85,8 @@ StateDict readStateDict(const std::string& path) {
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   std::string pickled;
   try {
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    reader = plain ? std::make_unique<caffe2::serialize::PyTorchStreamReader>(plain.get())
+                   : std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
     if (!reader->hasRecord("data.pkl")) {
       throw DataError(fmt::format("{}: no data.pkl in the archive: not a torch.save file", path));
     }

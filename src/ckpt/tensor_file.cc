@@ -12,6 +12,7 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/security/sealed.h"
 
 namespace fs = std::filesystem;
 
@@ -75,15 +76,45 @@ struct Parsed {
   std::vector<uint64_t> offsets;
 };
 
-Parsed parseHeader(int fd, const std::string& path) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    throw IoError(fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
+// A tensor file's bytes: the file itself, or its plaintext in memory when
+// it is sealed (encrypted at rest).
+class Source {
+ public:
+  explicit Source(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_.get() < 0) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) {
+      throw IoError(fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+    if (security::isSealedFile(path)) {
+      plain_ = security::readSealedFile(path, security::installedKeyring());
+      sealed_ = true;
+      size_ = plain_.size();
+    }
   }
-  const uint64_t fileSize = static_cast<uint64_t>(st.st_size);
+  uint64_t size() const { return size_; }
+  void read(void* out, uint64_t size, uint64_t offset) const {
+    if (!sealed_) return readExactly(fd_.get(), out, size, offset, path_);
+    if (offset > size_ || size > size_ - offset) {
+      throw DataError(fmt::format("{}: truncated at byte {}", path_, size_));
+    }
+    std::memcpy(out, plain_.data() + offset, size);
+  }
+
+ private:
+  std::string path_;
+  Fd fd_;
+  uint64_t size_ = 0;
+  bool sealed_ = false;
+  std::string plain_;
+};
+
+Parsed parseHeader(const Source& src, const std::string& path) {
+  const uint64_t fileSize = src.size();
   char head[16];
   if (fileSize < sizeof head) throw DataError(fmt::format("{}: too short to be a tensor file", path));
-  readExactly(fd, head, sizeof head, 0, path);
+  src.read(head, sizeof head, 0);
   if (std::memcmp(head, kMagic, sizeof kMagic) != 0) {
     throw DataError(fmt::format("{}: not a cohort tensor file (bad magic)", path));
   }
@@ -94,7 +125,7 @@ Parsed parseHeader(int fd, const std::string& path) {
                                 headerLen, fileSize));
   }
   std::string text(headerLen, '\0');
-  readExactly(fd, text.data(), headerLen, sizeof head, path);
+  src.read(text.data(), headerLen, sizeof head);
   Parsed p;
   try {
     const auto h = nlohmann::json::parse(text);
@@ -233,8 +264,62 @@ WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRec
   return writeFileImage(path, image.data(), image.size());
 }
 
+namespace {
+
+void writeAll(int fd, const char* p, uint64_t left, const std::string& tmp, const std::string& path) {
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, std::min<uint64_t>(left, uint64_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(err)));
+    }
+    p += n;
+    left -= static_cast<uint64_t>(n);
+  }
+}
+
+// The image sealed chunk by chunk (one chunk's ciphertext in memory), the
+// checksum over what reaches the disk.
+WrittenFile writeSealedImage(const std::string& path, const void* data, uint64_t size,
+                             const std::function<void()>& beforeCommit, const security::Key& key) {
+  security::Sealer sealer(key, security::sealedLabel(path), size);
+  std::string tmp;
+  const int fd = openTemporary(path, tmp, false);
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  WrittenFile out;
+  out.name = fs::path(path).filename().string();
+  out.size = sealer.sealedBytes();
+  Hasher h;
+  h.update(sealer.header().data(), sealer.header().size());
+  writeAll(fd, sealer.header().data(), sealer.header().size(), tmp, path);
+  const char* p = static_cast<const char*>(data);
+  std::string chunk;
+  for (uint64_t i = 0; i < sealer.chunks(); ++i) {
+    try {
+      sealer.seal(i, p, chunk);
+    } catch (...) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw;
+    }
+    h.update(chunk.data(), chunk.size());
+    writeAll(fd, chunk.data(), chunk.size(), tmp, path);
+    p += sealer.plainLength(i);
+    if (beforeCommit && i == sealer.chunks() / 2) beforeCommit();  // the test hook, half written
+  }
+  out.checksum = h.hex();
+  commitTemporary(fd, tmp, path);
+  return out;
+}
+
+}  // namespace
+
 WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t size,
-                           const std::function<void()>& beforeCommit) {
+                           const std::function<void()>& beforeCommit, const security::Key* key) {
+  if (key != nullptr) return writeSealedImage(path, data, size, beforeCommit, *key);
   const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlign == 0 && size % kDirectAlign == 0;
   std::string tmp;
   int fd = aligned ? openTemporary(path, tmp, true) : -1;
@@ -284,23 +369,21 @@ WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t s
 }
 
 std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::json* meta) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  Parsed p = parseHeader(fd.get(), path);
+  const Source src(path);
+  Parsed p = parseHeader(src, path);
   if (meta) *meta = std::move(p.meta);
   return p.tensors;
 }
 
 TensorFile readTensorFile(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  Parsed p = parseHeader(fd.get(), path);
+  const Source src(path);
+  Parsed p = parseHeader(src, path);
   TensorFile f;
   f.meta = std::move(p.meta);
   for (size_t i = 0; i < p.tensors.size(); ++i) {
     const TensorInfo& info = p.tensors[i];
     at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
-    readExactly(fd.get(), t.data_ptr(), info.nbytes, p.offsets[i], path);
+    src.read(t.data_ptr(), info.nbytes, p.offsets[i]);
     f.tensors.emplace_back(info.name, std::move(t));
   }
   return f;

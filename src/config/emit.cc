@@ -142,6 +142,8 @@ std::string jobHash(const JobConfig& job) {
   hashed.distribution.stragglerFactor = defaults.distribution.stragglerFactor;
   // How a rank computes, not what: the same training either way.
   hashed.compute = defaults.compute;
+  // Which key seals the files is not what is trained: a rotated key resumes.
+  hashed.security = defaults.security;
   // FNV-1a, 64 bit: stable across builds and machines.
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : toYaml(hashed)) {

@@ -30,6 +30,7 @@
 #include "cohort/monitor/prometheus.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/core/signals.h"
+#include "cohort/security/keys.h"
 
 extern char** environ;
 
@@ -175,6 +176,8 @@ int runLauncher(const LaunchOptions& o) {
     throw UsageError(fmt::format("--resume {}: no such directory", o.resume));
   }
   const int world = static_cast<int>(job.distribution.procsPerNode);
+  // A missing or unreadable key fails here, before any rank starts.
+  security::loadKeyring(security::keySources(job.security.encryption));
   const UrlCredentials credentials = [&] {
     JobConfig copy = job;
     return takeUrlCredentials(copy);

@@ -25,6 +25,7 @@
 #include "cohort/core/log.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
+#include "cohort/security/keys.h"
 #include "cohort/storage/storage.h"
 #include "cohort/ddp/ddp.h"
 #include "cohort/models/model.h"
@@ -494,6 +495,10 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     }
     if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
     co.manifestExtra = {{"job", toYaml(job)}};
+    if (const security::Keyring* keys = security::installedKeyring()) {
+      co.sealWith = keys->current;
+      co.manifestExtra["encryption"] = {{"algorithm", "AES-256-GCM"}, {"key_id", keys->current.id}};
+    }
     checkpointer = std::make_unique<ckpt::Checkpointer>(co);
     if (rank == 0) {
       // Model, and optimizer state of about one (sgd) or two (adamw) copies
@@ -925,7 +930,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
 
   ddp.syncBuffers();  // the saved BatchNorm statistics are rank 0's, as during training
   if (rank == 0 && job.output.saveFinal) {
-    ckpt::saveStateDict(ckpt::stateDict(*model), runDir.finalModel());
+    const security::Keyring* keys = security::installedKeyring();
+    const bool seal = keys != nullptr && job.security.encryption.finalModel;
+    ckpt::saveStateDict(ckpt::stateDict(*model), runDir.finalModel(), seal ? &keys->current : nullptr);
     log::info("saved {}", runDir.finalModel());
   }
   return summary;

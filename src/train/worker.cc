@@ -11,6 +11,7 @@
 #include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
 #include "cohort/core/env.h"
+#include "cohort/security/keys.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
@@ -74,6 +75,8 @@ int runWorker(const WorkerOptions& o) {
   if (auto c = env::urlCredentials()) {
     restoreUrlCredentials(job, decodeUrlCredentials(*c, env::kUrlCredentialsVar));
   }
+  // Before anything reads a checkpoint or the model: they may be sealed.
+  security::installKeyring(security::loadKeyring(security::keySources(job.security.encryption)));
   if (re.worldSize != requestedWorldSize(job)) {
     if (re.rank == 0 && re.source != "none") {
       log::warn("the job asks for {} ranks (nodes {} x procs_per_node {}); {} started {}",

@@ -35,6 +35,7 @@
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/tier.h"
+#include "cohort/security/keys.h"
 
 namespace cohort::ckpt {
 
@@ -59,6 +60,9 @@ struct CheckpointerOptions {
   // Added to every manifest's "extra" by rank 0's writer (constant fields,
   // such as the resolved job, that the training thread need not pass).
   nlohmann::json manifestExtra = nlohmann::json::object();
+  // Seal every file with this key (AES-256-GCM, cohort/security/sealed.h);
+  // none: plain files.
+  std::optional<security::Key> sealWith;
   // Test hook: the writer stops for good in the middle of writing this step.
   std::optional<int64_t> pauseAtStep;
 };

@@ -59,7 +59,8 @@ struct Verification {
   uint64_t bytes = 0;   // total size of the files
 };
 // Checks the manifest and that every file it lists exists with its size;
-// with `checksums`, also hashes every file.
+// with `checksums`, also hashes every file and authenticates every encrypted
+// one when a keyring is installed (security::installedKeyring()).
 Verification verifyCheckpoint(const std::string& path, bool checksums);
 
 // Which checkpoint directories the retention policy deletes: every directory

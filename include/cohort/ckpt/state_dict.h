@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/security/keys.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -25,11 +27,15 @@ StateDict stateDict(const torch::nn::Module& module);
 
 // Writes `dict` as a PyTorch zip archive holding a pickled dict of tensors
 // (torch.load returns a dict), atomically. Throws IoError naming the path.
-void saveStateDict(const StateDict& dict, const std::string& path);
+// With a `key` the archive is sealed (cohort/security/sealed.h), which
+// PyTorch cannot load; readStateDict can, with the key installed.
+void saveStateDict(const StateDict& dict, const std::string& path,
+                   const security::Key* key = nullptr);
 
 // Reads a state dict saved by torch.save (zip format; an OrderedDict or dict
 // of tensors, or a checkpoint dict holding one under "state_dict" or
-// "model") or by saveStateDict. Only tensors, containers and plain values
+// "model") or by saveStateDict (sealed ones with the installed keyring,
+// security::installedKeyring()). Only tensors, containers and plain values
 // are accepted: any other Python object is refused. Throws DataError naming
 // the file and what is wrong.
 StateDict readStateDict(const std::string& path);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/security/keys.h"
 
 namespace cohort::ckpt {
 
@@ -60,9 +61,13 @@ WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRec
 
 // Writes a whole file image (a layout filled in) to `path` atomically, with
 // direct I/O (no copy into the page cache) when `data` and `size` are
-// multiples of 4096 and the file system allows it, else buffered.
+// multiples of 4096 and the file system allows it, else buffered. With a
+// `key`, the file is sealed (cohort/security/sealed.h: AES-256-GCM in
+// chunks, authenticated as <parent dir>/<name>); size and checksum are then
+// those of the sealed file on disk.
 WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t size,
-                           const std::function<void()>& beforeCommit = nullptr);
+                           const std::function<void()>& beforeCommit = nullptr,
+                           const security::Key* key = nullptr);
 
 struct TensorFile {
   nlohmann::json meta;
@@ -70,7 +75,9 @@ struct TensorFile {
 };
 
 // Reads a tensor file. Throws DataError naming the path and what is wrong
-// (bad magic, truncated, a tensor outside the file).
+// (bad magic, truncated, a tensor outside the file). A sealed file is opened
+// with the installed keyring (security::installedKeyring()); one that fails
+// authentication is a DataError naming it.
 TensorFile readTensorFile(const std::string& path);
 
 // The header only: meta and each tensor's name, dtype and shape.

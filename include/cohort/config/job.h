@@ -180,6 +180,19 @@ struct HealthConfig {
   double secondsPerCheck = 0.5;      // time each measurement repeats for
 };
 
+// Encryption at rest (docs/security.md): where the key comes from, never the
+// key itself.
+struct EncryptionConfig {
+  std::string keyFile;          // 64 hex digits, mode 0600
+  std::string keyEnv;           // or: the environment variable holding them
+  std::string previousKeyFile;  // the key before a rotation: opens older files only
+  bool finalModel = false;      // model/final.pt too (PyTorch cannot load it then)
+};
+
+struct SecurityConfig {
+  EncryptionConfig encryption;
+};
+
 struct JobConfig {
   std::string name = "job";
   ModelConfig model;
@@ -191,6 +204,7 @@ struct JobConfig {
   CheckpointConfig checkpoint;
   StorageConfig storage;
   HealthConfig health;
+  SecurityConfig security;
 };
 
 // Number of ranks the job asks for: nodes * procs_per_node.

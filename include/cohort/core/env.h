@@ -87,6 +87,10 @@ std::optional<std::string> azureStorageSasToken();
 inline constexpr const char* kUrlCredentialsVar = "COHORT_URL_CREDENTIALS";
 std::optional<std::string> urlCredentials();
 
+// The variable a job file names (security.encryption.key_env). Its value may
+// be a secret: never log it.
+std::optional<std::string> namedVariable(const std::string& name);
+
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 

@@ -351,6 +351,26 @@ void describe(V& v, ComputeConfig& c) {
 }
 
 template <class V>
+void describe(V& v, EncryptionConfig& c) {
+  v.field("key_file", c.keyFile,
+          "Encrypt checkpoints with AES-256-GCM under the key in this file: 64 hex digits "
+          "(`openssl rand -hex 32`), mode 0600. Empty: no encryption unless key_env is set.");
+  v.field("key_env", c.keyEnv,
+          "Or: the name of the environment variable holding the key (64 hex digits).");
+  v.field("previous_key_file", c.previousKeyFile,
+          "The key before a rotation: files sealed with it still open; new files use the current "
+          "key.");
+  v.field("final_model", c.finalModel,
+          "Encrypt model/final.pt too (PyTorch cannot load it then; `cohort ckpt decrypt` writes a "
+          "plain copy).");
+}
+
+template <class V>
+void describe(V& v, SecurityConfig& c) {
+  v.section("encryption", c.encryption, "Encryption at rest (docs/security.md).");
+}
+
+template <class V>
 void describe(V& v, JobConfig& c) {
   v.field("name", c.name, "Job name; run directories are named <name>-<UTC time>.");
   v.section("model", c.model, "The network.");
@@ -362,6 +382,7 @@ void describe(V& v, JobConfig& c) {
   v.section("checkpoint", c.checkpoint, "Checkpoints and resuming.");
   v.section("storage", c.storage, "How blob storage (az:// and https:// URLs) is reached.");
   v.section("health", c.health, "Health checks (`cohort health`, distribution.preflight).");
+  v.section("security", c.security, "Encryption at rest (docs/security.md).");
 }
 
 }  // namespace cohort::detail
