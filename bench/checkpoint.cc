@@ -8,7 +8,11 @@
 //       torch.save + fsync (bench/peers/checkpoint_save.py, Debian's python3),
 //   (c) (b) / (a), for both baselines,
 //   (d) training throughput with a checkpoint requested every step vs none,
-//       for both when_behind policies, and with one every 5 steps.
+//       for both when_behind policies, and with one every 5 steps,
+//   (e) encryption at rest (security.encryption): the background writer's
+//       throughput on one core, sealing in memory and writing the same image
+//       plain and sealed (median of 3 each, side by side), and (a) again for
+//       a job with a key, run in the same rounds as the plain one.
 //
 // (a) and (d) come from real `cohort run` jobs (2 ranks, 1 thread each,
 // synthetic 64 px images, batch 8 per rank), run back to back.
@@ -31,6 +35,10 @@
 #include <vector>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/tensor_file.h"
+#include "cohort/core/cpu.h"
+#include "cohort/security/keys.h"
+#include "cohort/security/sealed.h"
 #include "cohort/config/job.h"
 #include "cohort/models/model.h"
 #include "cohort/train/optimizer.h"
@@ -152,6 +160,36 @@ double plainSaveSeconds(const std::string& dir, uint64_t* bytes) {
   return median(times);
 }
 
+// (e) The background writer's work on an image of `bytes` (one core): sealing
+// in memory, then writeFileImage plain and sealed (fsync'd, to the bench dir).
+void encryptionThroughput(const std::string& dir, uint64_t bytes) {
+  const auto key = cohort::security::parseKey(std::string(64, 'a'), "bench key");
+  std::string image(bytes, '\0');
+  for (uint64_t i = 0; i < bytes; i += 4096) image[i] = static_cast<char>(i >> 12);
+  std::vector<double> seal, plainWrite, sealedWrite;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = Clock::now();
+    cohort::security::Sealer s(key, "step-1/model.bin", bytes);
+    std::string chunk;
+    for (uint64_t c = 0; c < s.chunks(); ++c) s.seal(c, image.data() + c * cohort::security::kDefaultChunkBytes, chunk);
+    seal.push_back(seconds(t0, Clock::now()));
+    fs::create_directories(dir + "/enc/step-1");
+    t0 = Clock::now();
+    cohort::ckpt::writeFileImage(dir + "/enc/step-1/plain.bin", image.data(), bytes);
+    plainWrite.push_back(seconds(t0, Clock::now()));
+    t0 = Clock::now();
+    cohort::ckpt::writeFileImage(dir + "/enc/step-1/sealed.bin", image.data(), bytes, nullptr, &key);
+    sealedWrite.push_back(seconds(t0, Clock::now()));
+    fs::remove_all(dir + "/enc");
+  }
+  const double gb = bytes / 1e9;
+  std::cout << fmt::format(
+      "(e) {:.0f} MB image, one core, median of 3: AES-256-GCM sealing in memory {:.2f} GB/s | "
+      "writeFileImage plain {:.2f} GB/s, sealed {:.2f} GB/s (ratio {:.2f})\n",
+      bytes / 1e6, gb / median(seal), gb / median(plainWrite), gb / median(sealedWrite),
+      median(plainWrite) / median(sealedWrite));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,8 +212,21 @@ int main(int argc, char** argv) {
   const std::string job = dir + "/job.yaml";
   std::ofstream(job) << jobYaml(steps);
 
+  // AES-GCM's speed depends on AES-NI/VAES and PCLMULQDQ (OpenSSL picks them).
+  std::cout << "cpu: " << cohort::describe(cohort::cpuInfo()) << "\n";
+  if (FILE* f = popen("grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'aes|vaes|pclmulqdq|vpclmulqdq' | "
+                      "tr '\\n' ' '", "r")) {
+    char buf[128] = {0};
+    std::fread(buf, 1, sizeof buf - 1, f);
+    pclose(f);
+    std::cout << "AES instructions: " << (buf[0] ? buf : "none") << "\n";
+  }
   uint64_t bytes = 0;
   const double plain = plainSaveSeconds(dir, &bytes);
+  encryptionThroughput(dir, bytes);
+  const std::string keyFile = dir + "/bench.key";
+  std::ofstream(keyFile) << std::string(64, 'b') << "\n";
+  fs::permissions(keyFile, fs::perms::owner_read | fs::perms::owner_write);
   std::cout << fmt::format("(b) torch::save + fsync of {:.0f} MB: {:.1f} ms (median of 3)\n",
                            bytes / 1e6, 1000 * plain);
   // PyTorch's own torch.save, side by side, when Debian's python3-torch is there.
@@ -200,13 +251,26 @@ int main(int argc, char** argv) {
   wait.push_back("checkpoint.when_behind=wait");
   const std::vector<std::string> every5 = {"checkpoint.every_steps=5", "checkpoint.every_epochs=0",
                                            "checkpoint.keep_last=2"};
+  std::vector<std::string> sealed = skip;
+  sealed.push_back("security.encryption.key_file=" + keyFile);
   std::vector<double> tNone, tSkip, tWait, t5, blockedSkip, blockedWait, maxBlocked, medians;
+  std::vector<double> tSealed, blockedSealed;
+  int64_t takenSealed = 0, skippedSealed = 0;
   int64_t takenSkip = 0, skippedSkip = 0, takenWait = 0;
   for (int r = 0; r < rounds; ++r) {
     const auto a = runJob(cohort, job, fmt::format("{}/none-{}", dir, r), none);
     const auto b = runJob(cohort, job, fmt::format("{}/skip-{}", dir, r), skip);
     const auto c = runJob(cohort, job, fmt::format("{}/wait-{}", dir, r), wait);
     const auto d = runJob(cohort, job, fmt::format("{}/every5-{}", dir, r), every5);
+    const auto e = runJob(cohort, job, fmt::format("{}/sealed-{}", dir, r), sealed);
+    tSealed.push_back(e.imagesPerS);
+    blockedSealed.push_back(e.blockedMeanMs);
+    takenSealed += e.taken;
+    skippedSealed += e.skipped;
+    std::cout << fmt::format(
+        "round {}: every step, skip, encrypted {:.2f} img/s ({} taken, {} skipped, blocked {:.3f} "
+        "ms mean)\n",
+        r + 1, e.imagesPerS, e.taken, e.skipped, e.blockedMeanMs);
     t5.push_back(d.imagesPerS);
     tNone.push_back(a.imagesPerS);
     tSkip.push_back(b.imagesPerS);
@@ -254,5 +318,11 @@ int main(int argc, char** argv) {
   std::cout << fmt::format("| throughput, checkpoint every 5 steps / none | {:.3f} |\n",
                            median(t5) / median(tNone));
   std::cout << fmt::format("| throughput without checkpoints | {:.2f} img/s |\n", median(tNone));
+  double sealedSum = 0;
+  for (double b : blockedSealed) sealedSum += b;
+  std::cout << fmt::format("| (e) blocked per checkpoint, encrypted / plain (skip policy, mean) | {:.3f} ms / {:.3f} ms |\n",
+                           sealedSum / double(blockedSealed.size()), 1000 * blocked);
+  std::cout << fmt::format("| (e) throughput, checkpoint every step encrypted / plain (skip) | {:.3f} ({} taken, {} skipped) |\n",
+                           median(tSealed) / median(tSkip), takenSealed, skippedSealed);
   return 0;
 }
