@@ -65,12 +65,14 @@ inline const std::filesystem::path& scratchDir() {
     namespace fs = std::filesystem;
     fs::path d = fs::temp_directory_path() / ("cohort-fuzz." + std::to_string(::getpid()));
     fs::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(scratchDir(), ec);
-    });
     return d;
   }();
+  // Registered once `dir` is constructed, so it runs before `dir` is destroyed.
+  static const bool removedAtExit = std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(scratchDir(), ec);
+  }) == 0;
+  (void)removedAtExit;
   return dir;
 }
 
