@@ -136,6 +136,9 @@ std::string jobHash(const JobConfig& job) {
   hashed.output.timeline = defaults.output.timeline;
   hashed.output.metricsPort = defaults.output.metricsPort;
   hashed.output.metricsHost = defaults.output.metricsHost;
+  hashed.output.metricsTokenFile = defaults.output.metricsTokenFile;
+  hashed.output.metricsTlsCert = defaults.output.metricsTlsCert;
+  hashed.output.metricsTlsKey = defaults.output.metricsTlsKey;
   hashed.distribution.heartbeatS = defaults.distribution.heartbeatS;
   hashed.distribution.stallWarnS = defaults.distribution.stallWarnS;
   hashed.distribution.stallTimeoutS = defaults.distribution.stallTimeoutS;

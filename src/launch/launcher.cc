@@ -97,6 +97,19 @@ std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount
   return out;
 }
 
+// The endpoint output.metrics_* describes; the token is read from its file.
+monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o) {
+  monitor::MetricsServerConfig c;
+  c.host = o.metricsHost;
+  c.port = static_cast<int>(o.metricsPort);
+  if (!o.metricsTokenFile.empty()) {
+    c.token = security::readSecretFile(o.metricsTokenFile, "output.metrics_token_file");
+  }
+  c.tlsCert = o.metricsTlsCert;
+  c.tlsKey = o.metricsTlsKey;
+  return c;
+}
+
 // Inherited "ignore SIGCHLD" would make the kernel reap the ranks behind our
 // back and waitpid fail: take the default disposition.
 void defaultSigchld() {
@@ -221,10 +234,11 @@ int runLauncher(const LaunchOptions& o) {
   std::unique_ptr<monitor::MetricsServer> metricsServer;
   if (job.output.metricsPort > 0) {
     metricsServer = std::make_unique<monitor::MetricsServer>(
-        monitor::MetricsServerConfig{job.output.metricsHost, static_cast<int>(job.output.metricsPort)},
+        metricsServerConfig(job.output),
         [&runMetrics] { return runMetrics.render(); });
     metricsServer->start();
-    log::info("Prometheus metrics at http://{}/metrics", metricsServer->address());
+    log::info("Prometheus metrics at {}://{}/metrics{}", job.output.metricsTlsCert.empty() ? "http" : "https",
+              metricsServer->address(), job.output.metricsTokenFile.empty() ? "" : " (bearer token)");
   }
 
   // One attempt: start every rank, watch them, stop them all when one fails.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <openssl/crypto.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -142,10 +143,23 @@ std::string PrometheusText::str() const {
   return out;
 }
 
+bool isLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
 void MetricsServerConfig::validate() const {
   if (host.empty()) throw ConfigError("metrics endpoint: the host is empty");
   if (port < 0 || port > 65535) {
     throw ConfigError(fmt::format("metrics endpoint: port {} is outside [0, 65535]", port));
+  }
+  if (token.empty() && !isLoopbackHost(host)) {
+    throw ConfigError(fmt::format(
+        "metrics endpoint: listening on {} (beyond this machine's loopback) needs a token: set "
+        "output.metrics_token_file (Prometheus sends it with authorization.credentials_file)",
+        host));
+  }
+  if (tlsCert.empty() != tlsKey.empty()) {
+    throw ConfigError("metrics endpoint: https needs both output.metrics_tls_cert and metrics_tls_key");
   }
 }
 
@@ -153,7 +167,7 @@ struct MetricsServer::Impl {
   MetricsServerConfig config;
   Render render;
   std::mutex renderMutex;  // render never runs concurrently with itself
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> owned;  // Server, or SSLServer for https
   std::thread thread;
   std::atomic<int> port{0};
   std::mutex mutex;
@@ -182,8 +196,35 @@ void MetricsServer::start() {
   if (s.started) throw Error("metrics endpoint " + address() + ": started twice");
   s.config.validate();
   s.started = true;
+  if (s.config.tlsCert.empty()) {
+    s.owned = std::make_unique<httplib::Server>();
+  } else {
+    auto tls = std::make_unique<httplib::SSLServer>(s.config.tlsCert.c_str(), s.config.tlsKey.c_str());
+    if (!tls->is_valid()) {
+      throw ConfigError(fmt::format(
+          "metrics endpoint: cannot use the certificate {} with the key {} (unreadable, not PEM, "
+          "or not a pair)",
+          s.config.tlsCert, s.config.tlsKey));
+    }
+    s.owned = std::move(tls);
+  }
+  if (!s.config.token.empty()) {
+    // Checked before routing, in constant time, for every path.
+    s.owned->set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
+      const std::string expected = "Bearer " + s.config.token;
+      const std::string given = req.get_header_value("Authorization");
+      if (given.size() == expected.size() &&
+          CRYPTO_memcmp(given.data(), expected.data(), given.size()) == 0) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content("missing or wrong bearer token\n", "text/plain; charset=utf-8");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
 
-  s.server.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+  s.owned->Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
     std::string body;
     try {
       std::lock_guard<std::mutex> g(s.renderMutex);
@@ -196,7 +237,7 @@ void MetricsServer::start() {
     }
     res.set_content(body, kContentType);
   });
-  s.server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.owned->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 404) {
       res.set_content("not found: " + req.path + " (metrics are at /metrics)\n",
                       "text/plain; charset=utf-8");
@@ -204,22 +245,22 @@ void MetricsServer::start() {
   });
   // Two workers: a scraper's idle keep-alive connection does not hold up a
   // second client. Short timeouts bound how long stop() waits for them.
-  s.server.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  s.server.set_keep_alive_timeout(1);
-  s.server.set_read_timeout(1, 0);
-  s.server.set_write_timeout(2, 0);
+  s.owned->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  s.owned->set_keep_alive_timeout(1);
+  s.owned->set_read_timeout(1, 0);
+  s.owned->set_write_timeout(2, 0);
   // cpp-httplib sets SO_REUSEPORT by default, which lets a second server bind
   // a port in use and take half its scrapes; SO_REUSEADDR alone only allows
   // rebinding over connections in TIME_WAIT.
-  s.server.set_socket_options([](socket_t sock) {
+  s.owned->set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
 
   int bound = -1;
   if (s.config.port == 0) {
-    bound = s.server.bind_to_any_port(s.config.host);
-  } else if (s.server.bind_to_port(s.config.host, s.config.port)) {
+    bound = s.owned->bind_to_any_port(s.config.host);
+  } else if (s.owned->bind_to_port(s.config.host, s.config.port)) {
     bound = s.config.port;
   }
   if (bound <= 0) {
@@ -230,7 +271,7 @@ void MetricsServer::start() {
   }
   s.port = bound;
   s.thread = std::thread([&s] {
-    s.server.listen_after_bind();
+    s.owned->listen_after_bind();
     std::lock_guard<std::mutex> g(s.mutex);
     s.finished = true;
     s.cv.notify_all();
@@ -239,10 +280,10 @@ void MetricsServer::start() {
   // the accept loop so that stop() can end it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   std::unique_lock<std::mutex> lock(s.mutex);
-  while (!s.finished && !s.server.is_running() && std::chrono::steady_clock::now() < deadline) {
+  while (!s.finished && !s.owned->is_running() && std::chrono::steady_clock::now() < deadline) {
     s.cv.wait_for(lock, std::chrono::milliseconds(1));
   }
-  if (s.finished || !s.server.is_running()) {
+  if (s.finished || !s.owned->is_running()) {
     lock.unlock();
     stop();
     throw CommError(fmt::format("metrics endpoint {}: the server did not start", address()));
@@ -256,7 +297,7 @@ void MetricsServer::stop() {
     std::unique_lock<std::mutex> lock(s.mutex);
     // stop() closes the listening socket; called once, while the accept loop
     // runs (start() waited for it).
-    if (!s.finished) s.server.stop();
+    if (!s.finished) s.owned->stop();
     if (!s.cv.wait_for(lock, std::chrono::seconds(10), [&s] { return s.finished; })) {
       log::warn("metrics endpoint {}: the server thread is still busy after 10 s; waiting for it",
                 address());

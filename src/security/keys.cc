@@ -67,21 +67,28 @@ Key parseKey(const std::string& text, const std::string& origin) {
   return k;
 }
 
-Key readKeyFile(const std::string& path) {
+std::string readSecretFile(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw ConfigError(fmt::format("key file {}: cannot read it (does it exist?)", path));
+    throw ConfigError(fmt::format("{} {}: cannot read it (does it exist?)", what, path));
   }
   if ((st.st_mode & 077) != 0) {
-    throw ConfigError(fmt::format(
-        "key file {}: readable by other users (mode {:04o}); `chmod 600 {}`", path,
-        st.st_mode & 07777, path));
+    throw ConfigError(fmt::format("{} {}: readable by other users (mode {:04o}); `chmod 600 {}`",
+                                  what, path, st.st_mode & 07777, path));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("key file {}: cannot read it", path));
+  if (!in) throw ConfigError(fmt::format("{} {}: cannot read it", what, path));
   std::stringstream text;
   text << in.rdbuf();
-  return parseKey(text.str(), "key file " + path);
+  std::string s = text.str();
+  const size_t begin = s.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) throw ConfigError(fmt::format("{} {}: empty", what, path));
+  s = s.substr(begin, s.find_last_not_of(" \t\r\n") - begin + 1);
+  return s;
+}
+
+Key readKeyFile(const std::string& path) {
+  return parseKey(readSecretFile(path, "key file"), "key file " + path);
 }
 
 const Key* Keyring::find(const std::string& id) const {

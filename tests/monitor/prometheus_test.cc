@@ -206,8 +206,11 @@ TEST(PrometheusEndpoint, APortInUseIsAnErrorNamingIt) {
               std::string::npos)
         << e.what();
   }
-  // An address that is not this machine's (TEST-NET-1).
-  MetricsServer foreign({"192.0.2.1", 0}, [] { return std::string(); });
+  // An address that is not this machine's (TEST-NET-1), with the token
+  // any address beyond loopback needs.
+  monitor::MetricsServerConfig foreignConfig("192.0.2.1", 0);
+  foreignConfig.token = "t";
+  MetricsServer foreign(foreignConfig, [] { return std::string(); });
   EXPECT_THROW(foreign.start(), CommError);
   EXPECT_THROW(MetricsServer({"127.0.0.1", 70000}, [] { return std::string(); }).start(),
                ConfigError);
@@ -299,6 +302,90 @@ TEST(PrometheusEndpoint, PrometheusScrapesIt) {
   prometheus.signal(SIGTERM);
   auto r = prometheus.wait(std::chrono::seconds(120));
   EXPECT_FALSE(r.timedOut) << r.describe();
+}
+
+}  // namespace
+}  // namespace cohort
+
+namespace cohort {
+namespace {
+
+TEST(PrometheusEndpoint, ATokenIsRequiredBeyondLoopbackAndChecked) {
+  // Listening on every address without a token is refused before binding.
+  MetricsServer open({"0.0.0.0", 0}, [] { return exposition(1); });
+  try {
+    open.start();
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics_token_file"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(monitor::isLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(monitor::isLoopbackHost("::1"));
+  EXPECT_FALSE(monitor::isLoopbackHost("10.0.0.1"));
+
+  monitor::MetricsServerConfig c;
+  c.host = "0.0.0.0";
+  c.token = "s3cret-token";
+  MetricsServer s(c, [] { return exposition(1); });
+  s.start();
+  httplib::Client client("127.0.0.1", s.port());
+  auto none = client.Get("/metrics");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(none->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(none->body.find("s3cret"), std::string::npos);
+  auto wrong = client.Get("/metrics", {{"Authorization", "Bearer s3cret-tokem"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto other = client.Get("/other", {{"Authorization", "Bearer nope"}});
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 401) << "every path needs the token";
+  auto right = client.Get("/metrics", {{"Authorization", "Bearer s3cret-token"}});
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200);
+  EXPECT_EQ(right->body, exposition(1));
+}
+
+TEST(PrometheusEndpoint, ServesHttpsWithTheGivenCertificate) {
+  test::TempDir dir;
+  const std::string cert = dir.file("cert.pem"), key = dir.file("key.pem");
+  const auto made = test::run({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                               "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=127.0.0.1",
+                               "-addext", "subjectAltName=IP:127.0.0.1"},
+                              {}, std::chrono::seconds(60));
+  ASSERT_EQ(made.exitCode, 0) << made.describe();
+  monitor::MetricsServerConfig c;
+  c.tlsCert = cert;
+  c.tlsKey = key;
+  MetricsServer s(c, [] { return exposition(2); });
+  s.start();
+
+  httplib::SSLClient trusted("127.0.0.1", s.port());
+  trusted.set_ca_cert_path(cert.c_str());
+  trusted.enable_server_certificate_verification(true);
+  auto r = trusted.Get("/metrics");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, exposition(2));
+
+  // A client that does not trust the certificate, and plain http, get nothing.
+  httplib::SSLClient untrusted("127.0.0.1", s.port());
+  untrusted.enable_server_certificate_verification(true);
+  untrusted.set_ca_cert_path("/dev/null");
+  EXPECT_FALSE(untrusted.Get("/metrics"));
+  httplib::Client plain("127.0.0.1", s.port());
+  plain.set_read_timeout(2, 0);
+  auto p = plain.Get("/metrics");
+  EXPECT_TRUE(!p || p->status != 200);
+
+  // A certificate without its key is a configuration error.
+  monitor::MetricsServerConfig half;
+  half.tlsCert = cert;
+  EXPECT_THROW(MetricsServer(half, [] { return std::string(); }).start(), ConfigError);
+  monitor::MetricsServerConfig wrongKey;
+  wrongKey.tlsCert = cert;
+  wrongKey.tlsKey = cert;
+  EXPECT_THROW(MetricsServer(wrongKey, [] { return std::string(); }).start(), ConfigError);
 }
 
 }  // namespace

@@ -149,6 +149,9 @@ struct OutputConfig {
   bool timeline = false;           // each rank writes <run>/timeline/rank-<r>.json
   int64_t metricsPort = 0;         // `cohort run` serves Prometheus /metrics here; 0: off
   std::string metricsHost = "127.0.0.1";
+  std::string metricsTokenFile;  // bearer token scrapers must send; required beyond loopback
+  std::string metricsTlsCert;    // PEM certificate (chain) and key: serve https
+  std::string metricsTlsKey;
 };
 
 struct CheckpointConfig {

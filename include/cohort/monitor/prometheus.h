@@ -55,11 +55,23 @@ class PrometheusText {
 bool isValidMetricName(const std::string& name);
 
 struct MetricsServerConfig {
+  MetricsServerConfig() = default;
+  MetricsServerConfig(std::string host, int port) : host(std::move(host)), port(port) {}
+
   std::string host = "127.0.0.1";  // loopback unless told otherwise
   int port = 0;                    // 0: a free port chosen by the system
-  // Throws ConfigError for an empty host or a port outside [0, 65535].
+  // Every request must carry `Authorization: Bearer <token>` (else 401);
+  // empty: none, which only a loopback host may have.
+  std::string token;
+  // PEM files: serve https instead of http (both or neither).
+  std::string tlsCert, tlsKey;
+  // Throws ConfigError for an empty host, a port outside [0, 65535], a host
+  // beyond loopback without a token, or only one of tlsCert and tlsKey.
   void validate() const;
 };
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool isLoopbackHost(const std::string& host);
 
 // Serves the text `render` returns at GET /metrics (Content-Type
 // "text/plain; version=0.0.4; charset=utf-8"); every other path is 404.

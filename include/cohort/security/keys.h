@@ -32,6 +32,11 @@ struct Key {
 // naming `origin` (never quoting the text) when it is anything else.
 Key parseKey(const std::string& text, const std::string& origin);
 
+// Reads a file holding a secret (a key, a token): its contents without
+// surrounding white space. Throws ConfigError naming `what` and the path when
+// it is missing, empty, or readable by other users than its owner (mode & 077).
+std::string readSecretFile(const std::string& path, const std::string& what);
+
 // Reads a key file. Throws ConfigError naming the path when it is missing,
 // readable by other users than its owner (mode & 077), or malformed.
 Key readKeyFile(const std::string& path);

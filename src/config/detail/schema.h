@@ -270,7 +270,16 @@ void describe(V& v, OutputConfig& c) {
   v.field("metrics_port", c.metricsPort,
           "`cohort run` serves Prometheus metrics at http://<metrics_host>:<port>/metrics; 0: off.",
           between(0, 65535));
-  v.field("metrics_host", c.metricsHost, "Address the metrics endpoint listens on.");
+  v.field("metrics_host", c.metricsHost,
+          "Address the metrics endpoint listens on. Any address but loopback needs "
+          "metrics_token_file.");
+  v.field("metrics_token_file", c.metricsTokenFile,
+          "A file (mode 0600) holding the token scrapers must send as `Authorization: Bearer "
+          "<token>` (Prometheus: authorization.credentials_file); empty: no token (loopback only).");
+  v.field("metrics_tls_cert", c.metricsTlsCert,
+          "PEM certificate (chain) the metrics endpoint serves https with; needs metrics_tls_key. "
+          "Empty: plain http.");
+  v.field("metrics_tls_key", c.metricsTlsKey, "PEM private key of metrics_tls_cert (mode 0600).");
 }
 
 template <class V>
