@@ -15,7 +15,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <thread>
 #include <memory>
 
 #include "cohort/monitor/prometheus.h"
@@ -23,6 +26,7 @@
 
 namespace {
 
+using cohort::fuzz::finding;
 using cohort::fuzz::require;
 
 std::string exposition() {
@@ -42,18 +46,35 @@ cohort::monitor::MetricsServer& server() {
 
 // Sends `request`, ends the connection's sending half if `halfClose`,
 // returns all the server sends back until it closes.
-std::string exchange(const std::string& request, bool halfClose) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  require(fd >= 0, "socket() failed");
+// A connection to the endpoint. The client side, not the server, may run
+// short: libFuzzer's SIGALRM interrupts connect(), and a thousand
+// connections a second can exhaust the loopback's ephemeral ports for a
+// moment (EADDRNOTAVAIL); both are retried, a bounded number of times.
+int connectToServer() {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(server().port()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  require(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0,
-          "cannot connect to the metrics endpoint");
+  int err = 0;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    require(fd >= 0, "socket() failed");
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    err = errno;
+    ::close(fd);
+    if (err != EINTR && err != EADDRNOTAVAIL && err != EAGAIN) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 10 ? 1 : 20));
+  }
+  finding(std::string("cannot connect to the metrics endpoint: ") + std::strerror(err));
+  return -1;
+}
+
+std::string exchange(const std::string& request, bool halfClose) {
+  const int fd = connectToServer();
   size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;  // libFuzzer's SIGALRM (-timeout) interrupts calls
     if (n <= 0) break;  // the server may close early on a bad request
     sent += static_cast<size_t>(n);
   }
@@ -64,10 +85,12 @@ std::string exchange(const std::string& request, bool halfClose) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     pollfd p{fd, POLLIN, 0};
-    require(left.count() > 0 && ::poll(&p, 1, static_cast<int>(left.count())) > 0,
-            "the metrics endpoint neither answered nor closed within 30 s");
+    const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    require(ready > 0, "the metrics endpoint neither answered nor closed within 30 s");
     char buf[4096];
     const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     response.append(buf, static_cast<size_t>(n));
   }
