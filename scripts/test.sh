@@ -2,14 +2,27 @@
 # Installs what cohort needs (Debian 12), builds it with its tests, runs the
 # whole suite with CTest, then fuzzes the parsers for a bounded time
 # (scripts/fuzz.sh). Extra arguments go to ctest (e.g. -L unit).
+# --sanitize address,undefined|thread (first argument): the tests under
+# sanitizers instead, in their own build (scripts/sanitize.sh).
 set -eu
 cd "$(dirname "$0")/.."
+# Sanitizers: the option is taken here, run after the installation below.
+sanitize=
+if [ "${1:-}" = --sanitize ]; then
+  [ $# -ge 2 ] || { echo "usage: $0 [--sanitize address,undefined|thread] [ctest args]" >&2; exit 2; }
+  sanitize=$2
+  shift 2
+fi
 ./scripts/install-deps.sh
 # Azurite, the blob storage emulator the storage tests start, pinned by
 # tests/azurite/package-lock.json: installed when missing or out of date.
 if [ ! -f tests/azurite/node_modules/.package-lock.json ] ||
    [ tests/azurite/package-lock.json -nt tests/azurite/node_modules/.package-lock.json ]; then
   (cd tests/azurite && npm ci --no-audit --no-fund)
+fi
+# Sanitizers: build-asan or build-tsan instead of build (docs/security.md).
+if [ -n "$sanitize" ]; then
+  exec ./scripts/sanitize.sh "$sanitize" "$@"
 fi
 ./scripts/build.sh
 status=0
