@@ -28,9 +28,9 @@ fi
 status=0
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)" "$@") || status=$?
 # Then fuzz every parser of outside input for a bounded time (docs/security.md):
-# COHORT_FUZZ_SECONDS per target (default 20, about 6 minutes in all with the
+# COHORT_FUZZ_SECONDS per target (default 15, about 5 minutes in all with the
 # clang build); 0 skips it.
-fuzz_seconds="${COHORT_FUZZ_SECONDS:-20}"
+fuzz_seconds="${COHORT_FUZZ_SECONDS:-15}"
 if [ "$fuzz_seconds" -gt 0 ]; then
   ./scripts/fuzz.sh --seconds "$fuzz_seconds" || status=1
 fi
