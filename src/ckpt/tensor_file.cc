@@ -266,16 +266,18 @@ WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRec
 
 namespace {
 
+// A write failed with `err`: the temporary file goes, the error names `path`.
+[[noreturn]] void abandonWrite(int fd, const std::string& tmp, const std::string& path, int err) {
+  ::close(fd);
+  ::unlink(tmp.c_str());
+  throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(err)));
+}
+
 void writeAll(int fd, const char* p, uint64_t left, const std::string& tmp, const std::string& path) {
   while (left > 0) {
     const ssize_t n = ::write(fd, p, std::min<uint64_t>(left, uint64_t{1} << 30));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(err)));
-    }
+    if (n < 0) abandonWrite(fd, tmp, path, errno);
     p += n;
     left -= static_cast<uint64_t>(n);
   }
@@ -351,12 +353,7 @@ WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t s
       left = size;
       continue;
     }
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(err)));
-    }
+    if (n < 0) abandonWrite(fd, tmp, path, errno);
     p += n;
     left -= static_cast<uint64_t>(n);
     if (!half && left <= size / 2 && beforeCommit) {
