@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs what cohort needs (Debian 12), builds it with its tests, runs the
-# whole suite with CTest, then fuzzes the parsers for a bounded time
-# (scripts/fuzz.sh). Extra arguments go to ctest (e.g. -L unit).
+# whole suite with CTest, fuzzes the parsers for a bounded time
+# (scripts/fuzz.sh), then runs the unit tests again under ASan+UBSan
+# (scripts/sanitize.sh). This is what CI runs (.ci/run). Extra arguments go
+# to the first ctest (e.g. -L unit).
 # --sanitize address,undefined|thread (first argument): the tests under
 # sanitizers instead, in their own build (scripts/sanitize.sh).
 set -eu
@@ -33,5 +35,11 @@ status=0
 fuzz_seconds="${COHORT_FUZZ_SECONDS:-15}"
 if [ "$fuzz_seconds" -gt 0 ]; then
   ./scripts/fuzz.sh --seconds "$fuzz_seconds" || status=1
+fi
+# Then the unit tests under AddressSanitizer and UBSan, in build-asan
+# (docs/security.md, "Sanitizers"; about 10 minutes cold); COHORT_SANITIZE_UNIT=0
+# skips it.
+if [ "${COHORT_SANITIZE_UNIT:-1}" != 0 ]; then
+  ./scripts/sanitize.sh address,undefined -L unit || status=1
 fi
 exit "$status"
