@@ -18,6 +18,7 @@
 #include "cohort/train/optimizer.h"
 #include "util/jobs.h"
 #include "util/process.h"
+#include "util/errors.h"
 
 namespace cohort {
 namespace {
@@ -32,17 +33,6 @@ void flipByte(const std::string& path, long fromEnd) {
   io.seekp(-fromEnd, std::ios::end);
   c = static_cast<char>(c ^ 0x40);
   io.write(&c, 1);
-}
-
-template <class E, class F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
 }
 
 TEST(TensorFile, RoundTripsEveryTypeAndShape) {
@@ -78,10 +68,10 @@ TEST(TensorFile, TruncatedOrForeignFilesAreRefusedNamingThem) {
   const std::string path = dir.file("x.bin");
   ckpt::writeTensorFile(path, {{"w", t.scalar_type(), t.sizes().vec(), t.data_ptr(), t.nbytes()}}, {});
   fs::resize_file(path, fs::file_size(path) - 100);
-  auto e = errorOf<DataError>([&] { ckpt::readTensorFile(path); });
+  auto e = test::errorOf<DataError>([&] { ckpt::readTensorFile(path); });
   EXPECT_NE(e.find(path + ": tensor 'w' lies beyond the end of the file"), std::string::npos) << e;
   test::writeText(dir.file("y.bin"), "PK this is something else entirely");
-  e = errorOf<DataError>([&] { ckpt::readTensorFile(dir.file("y.bin")); });
+  e = test::errorOf<DataError>([&] { ckpt::readTensorFile(dir.file("y.bin")); });
   EXPECT_NE(e.find("not a cohort tensor file"), std::string::npos) << e;
 }
 
@@ -206,7 +196,7 @@ TEST(Checkpointer, WriteErrorsSurfaceOnTheTrainingThreadAsThePolicySays) {
   o.onError = ckpt::OnError::fail;
   ckpt::Checkpointer c(o);
   c.mark(manifestFor(1), {{"model.bin", {{"w", w, false}}, {}}});
-  auto e = errorOf<IoError>([&] { c.flush(); });
+  auto e = test::errorOf<IoError>([&] { c.flush(); });
   EXPECT_NE(e.find("cannot create checkpoint directory " + dir.file("file/ckpts/step-1")),
             std::string::npos)
       << e;
@@ -260,15 +250,15 @@ TEST(OptimizerState, StateOfAnotherOptimizerOrModelIsRefused) {
   auto p = torch::randn({2}).requires_grad_();
   OptimizerConfig sgd;
   auto opt = train::createOptimizer(sgd, {p});
-  auto e = errorOf<DataError>([&] {
+  auto e = test::errorOf<DataError>([&] {
     train::loadOptimizerState(*opt, {"w"}, {{"w.exp_avg", torch::zeros({2})}}, "f.bin");
   });
   EXPECT_NE(e.find("f.bin: the optimizer state is of another optimizer"), std::string::npos) << e;
-  e = errorOf<DataError>([&] {
+  e = test::errorOf<DataError>([&] {
     train::loadOptimizerState(*opt, {"w"}, {{"v.momentum_buffer", torch::zeros({2})}}, "f.bin");
   });
   EXPECT_NE(e.find("'v.momentum_buffer' belongs to no parameter"), std::string::npos) << e;
-  e = errorOf<DataError>([&] {
+  e = test::errorOf<DataError>([&] {
     train::loadOptimizerState(*opt, {"w"}, {{"w.momentum_buffer", torch::zeros({3})}}, "f.bin");
   });
   EXPECT_NE(e.find("'w.momentum_buffer' has shape 3, the parameter has 2"), std::string::npos) << e;

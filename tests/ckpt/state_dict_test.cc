@@ -5,6 +5,7 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "util/process.h"
+#include "util/errors.h"
 
 namespace cohort::ckpt {
 namespace {
@@ -17,15 +18,6 @@ struct Tiny : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
 };
-
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "NO ERROR";
-}
 
 TEST(StateDict, OrderFollowsPyTorch) {
   Tiny m;
@@ -67,27 +59,27 @@ TEST(StateDict, LoadIsStrictAndNamesTheTensor) {
 
   StateDict missing = stateDict(a);
   missing.erase(missing.begin() + 1);
-  EXPECT_EQ(errorOf([&] { loadStateDict(b, missing, "w.pt"); }),
+  EXPECT_EQ(test::errorOf<DataError>([&] { loadStateDict(b, missing, "w.pt"); }),
             "w.pt: missing tensor 'fc.bias' (shape [2]) that the model needs");
 
   StateDict extra = stateDict(a);
   extra.emplace_back("head.weight", torch::zeros({2, 2}));
-  EXPECT_EQ(errorOf([&] { loadStateDict(b, extra, "w.pt"); }),
+  EXPECT_EQ(test::errorOf<DataError>([&] { loadStateDict(b, extra, "w.pt"); }),
             "w.pt: unexpected tensor 'head.weight' (shape [2, 2]): the model has no such "
             "parameter or buffer");
 
   StateDict wrong = stateDict(a);
   wrong[0].second = torch::zeros({2, 4});
-  EXPECT_EQ(errorOf([&] { loadStateDict(b, wrong, "w.pt"); }),
+  EXPECT_EQ(test::errorOf<DataError>([&] { loadStateDict(b, wrong, "w.pt"); }),
             "w.pt: tensor 'fc.weight' has shape [2, 4], the model expects [2, 3]");
 }
 
 TEST(StateDict, RejectsFilesThatAreNotStateDicts) {
   test::TempDir dir;
   test::writeText(dir.file("text.pt"), "just some text");
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("text.pt")); }).find("not a zip-format PyTorch file"),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("text.pt")); }).find("not a zip-format PyTorch file"),
             std::string::npos);
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("missing.pt")); }).find("cannot open"),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("missing.pt")); }).find("cannot open"),
             std::string::npos);
 
   // A pickle that would call os.system("ls") in Python.
@@ -99,7 +91,7 @@ TEST(StateDict, RejectsFilesThatAreNotStateDicts) {
     w.writeRecord("data.pkl", evil.data(), evil.size());
     w.writeEndOfFile();
   }
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("evil.pt")); }).find("refusing Python object 'os.system'"),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("evil.pt")); }).find("refusing Python object 'os.system'"),
             std::string::npos);
 
   // Hostile shapes: a list nested 300,000 levels deep, a list holding itself.
@@ -110,14 +102,14 @@ TEST(StateDict, RejectsFilesThatAreNotStateDicts) {
   };
   writePickle("deep.pt", std::string("\x80\x02") + std::string(300000, ']') +
                              std::string(299999, 'a') + ".");
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("deep.pt")); }).find("not a state dict"),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("deep.pt")); }).find("not a state dict"),
             std::string::npos);
   writePickle("deep-bad.pt", std::string("\x80\x02") + std::string(300000, ']') + "\xff");
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("deep-bad.pt")); }).find("unsupported pickle opcode"),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("deep-bad.pt")); }).find("unsupported pickle opcode"),
             std::string::npos);
   static const char kCycle[] = "\x80\x02" "]q\x00" "h\x00" "a.";
   writePickle("cycle.pt", std::string(kCycle, sizeof kCycle - 1));
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("cycle.pt")); }).find("holds itself (a cycle)"),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("cycle.pt")); }).find("holds itself (a cycle)"),
             std::string::npos);
 
   // Truncated archive.
@@ -125,7 +117,7 @@ TEST(StateDict, RejectsFilesThatAreNotStateDicts) {
   saveStateDict(in, dir.file("ok.pt"));
   std::string bytes = test::readText(dir.file("ok.pt"));
   test::writeText(dir.file("cut.pt"), bytes.substr(0, bytes.size() / 2));
-  EXPECT_NE(errorOf([&] { readStateDict(dir.file("cut.pt")); }).find(dir.file("cut.pt")),
+  EXPECT_NE(test::errorOf<DataError>([&] { readStateDict(dir.file("cut.pt")); }).find(dir.file("cut.pt")),
             std::string::npos);
 }
 

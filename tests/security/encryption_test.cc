@@ -21,6 +21,7 @@
 #include "cohort/security/sealed.h"
 #include "util/jobs.h"
 #include "util/runs.h"
+#include "util/errors.h"
 
 namespace cohort::security {
 namespace {
@@ -50,18 +51,6 @@ void sealTo(const std::string& path, const Key& key, const std::string& plain, u
   ASSERT_EQ(out.size(), s.sealedBytes());
   fs::create_directories(fs::path(path).parent_path());
   test::writeText(path, out);
-}
-
-template <class E, class F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("WRONG EXCEPTION TYPE: ") + e.what();
-  }
-  return "NO ERROR";
 }
 
 struct Ring {
@@ -110,10 +99,10 @@ TEST(Sealed, EveryKindOfTamperingIsRefusedNamingTheFile) {
   const size_t header = kSealedHeaderBytes, sealedChunk = 12 + 100 + 16;
   auto expectRefused = [&](const std::string& image, const std::string& what, const std::string& why) {
     test::writeText(path, image);
-    const std::string e = errorOf<DataError>([&] { readSealedFile(path, &r.ring); });
+    const std::string e = test::errorOf<DataError>([&] { readSealedFile(path, &r.ring); });
     EXPECT_NE(e.find(path), std::string::npos) << why << ": " << e;
     EXPECT_NE(e.find(what), std::string::npos) << why << ": " << e;
-    EXPECT_NE(errorOf<DataError>([&] { verifySealedFile(path, &r.ring); }), "NO ERROR") << why;
+    EXPECT_NE(test::errorOf<DataError>([&] { verifySealedFile(path, &r.ring); }), "NO ERROR") << why;
   };
   std::string flipped = good;
   flipped[header + sealedChunk + 40] ^= 1;
@@ -140,16 +129,16 @@ TEST(Sealed, EveryKindOfTamperingIsRefusedNamingTheFile) {
   EXPECT_EQ(readSealedFile(path, &r.ring), plain);
   fs::create_directories(dir.file("step-6"));
   fs::copy_file(path, dir.file("step-6/model.bin"));
-  EXPECT_NE(errorOf<DataError>([&] { readSealedFile(dir.file("step-6/model.bin"), &r.ring); })
+  EXPECT_NE(test::errorOf<DataError>([&] { readSealedFile(dir.file("step-6/model.bin"), &r.ring); })
                 .find("sealed as another file"),
             std::string::npos);
 
   // Another key: named by id, never by value. No key: a ConfigError.
   Keyring other{parseKey(kOtherHex, "other"), std::nullopt};
-  const std::string e = errorOf<DataError>([&] { readSealedFile(path, &other); });
+  const std::string e = test::errorOf<DataError>([&] { readSealedFile(path, &other); });
   EXPECT_NE(e.find(r.ring.current.id), std::string::npos) << e;
   EXPECT_EQ(e.find(kHex), std::string::npos) << e;
-  EXPECT_NE(errorOf<ConfigError>([&] { readSealedFile(path, nullptr); }).find("is encrypted"),
+  EXPECT_NE(test::errorOf<ConfigError>([&] { readSealedFile(path, nullptr); }).find("is encrypted"),
             std::string::npos);
   // A rotated-out key still opens what it sealed.
   Keyring rotated{parseKey(kOtherHex, "new"), r.ring.current};
@@ -159,16 +148,16 @@ TEST(Sealed, EveryKindOfTamperingIsRefusedNamingTheFile) {
 TEST(Keys, MalformedOrExposedKeysAreRefusedWithoutBeingQuoted) {
   TempDir dir;
   const std::string almost = kHex.substr(0, 63) + "g";
-  std::string e = errorOf<ConfigError>([&] { parseKey(almost, "key file k"); });
+  std::string e = test::errorOf<ConfigError>([&] { parseKey(almost, "key file k"); });
   EXPECT_NE(e.find("key file k"), std::string::npos) << e;
   EXPECT_EQ(e.find(almost.substr(0, 20)), std::string::npos) << e;
-  EXPECT_NE(errorOf<ConfigError>([&] { parseKey(kHex + "00", "k"); }), "NO ERROR");
+  EXPECT_NE(test::errorOf<ConfigError>([&] { parseKey(kHex + "00", "k"); }), "NO ERROR");
   EXPECT_EQ(parseKey(" " + kHex + "\n", "k").bytes[31], 0x1f);
 
   const std::string file = dir.file("key");
   test::writeText(file, kHex + "\n");
   ::chmod(file.c_str(), 0644);
-  e = errorOf<ConfigError>([&] { readKeyFile(file); });
+  e = test::errorOf<ConfigError>([&] { readKeyFile(file); });
   EXPECT_NE(e.find("chmod 600 " + file), std::string::npos) << e;
   ::chmod(file.c_str(), 0600);
   const Key k = readKeyFile(file);
@@ -177,11 +166,11 @@ TEST(Keys, MalformedOrExposedKeysAreRefusedWithoutBeingQuoted) {
   EXPECT_EQ(k.id.find(kHex.substr(0, 8)), std::string::npos);
 
   EXPECT_FALSE(loadKeyring({}).has_value());
-  EXPECT_NE(errorOf<ConfigError>([&] { loadKeyring({file, "SOME_VAR", ""}); }), "NO ERROR");
+  EXPECT_NE(test::errorOf<ConfigError>([&] { loadKeyring({file, "SOME_VAR", ""}); }), "NO ERROR");
   ::setenv("COHORT_TEST_KEY", kHex.c_str(), 1);
   EXPECT_EQ(loadKeyring({"", "COHORT_TEST_KEY", ""})->current.id, k.id);
   ::unsetenv("COHORT_TEST_KEY");
-  EXPECT_NE(errorOf<ConfigError>([&] { loadKeyring({"", "COHORT_TEST_KEY", ""}); }).find("COHORT_TEST_KEY"),
+  EXPECT_NE(test::errorOf<ConfigError>([&] { loadKeyring({"", "COHORT_TEST_KEY", ""}); }).find("COHORT_TEST_KEY"),
             std::string::npos);
 }
 
@@ -202,7 +191,7 @@ TEST(SealedCheckpointFiles, TensorFilesAndModelsRoundTripAndFailVerification) {
   EXPECT_EQ(test::readText(path).find("cohort-tensors"), std::string::npos);
 
   installKeyring(std::nullopt);
-  EXPECT_NE(errorOf<ConfigError>([&] { ckpt::readTensorFile(path); }).find(r.ring.current.id),
+  EXPECT_NE(test::errorOf<ConfigError>([&] { ckpt::readTensorFile(path); }).find(r.ring.current.id),
             std::string::npos);
   installKeyring(r.ring);
   EXPECT_TRUE(torch::equal(ckpt::readTensorFile(path).tensors.at(0).second, t));

@@ -22,6 +22,7 @@
 #include "storage/detail/shared_key.h"
 #include "storage/detail/xml.h"
 #include "util/azurite.h"
+#include "util/fake_http.h"
 #include "util/process.h"
 
 namespace cohort::storage {
@@ -588,44 +589,6 @@ TEST_F(AzuriteTlsTest, AllowInsecureSkipsVerification) {
 // ---------------------------------------------------------------------------
 // Fake servers: retries, backoff, timeouts
 
-// An HTTP server on a free loopback port, serving from a thread. stall()
-// blocks a handler until the server is destroyed.
-class FakeServer {
- public:
-  FakeServer() {
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-  }
-  ~FakeServer() {
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      released_ = true;
-    }
-    cv_.notify_all();
-    while (!server_.is_running()) std::this_thread::yield();
-    server_.stop();
-    thread_.join();
-  }
-  httplib::Server& server() { return server_; }
-  // A path-style URL with a SAS whose signature must never be printed.
-  std::string url(const std::string& path) const {
-    return "http://127.0.0.1:" + std::to_string(port_) + "/devstoreaccount1/" + path +
-           "?sv=2021-08-06&sp=r&sig=FAKE%2BSIGNATURE%3D";
-  }
-  void stall() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return released_; });
-  }
-
- private:
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool released_ = false;
-};
-
 StorageOptions fakeOptions() {
   StorageOptions o;
   o.allowInsecure = true;
@@ -650,7 +613,7 @@ void serveRange(const httplib::Request& req, httplib::Response& res, const std::
 }
 
 TEST(StorageRetries, TransientErrorsAreRetriedThenSucceed) {
-  FakeServer fake;
+  test::FakeServer fake;
   LogCapture logs;
   const std::string data = "0123456789";
   std::atomic<int> requests{0};
@@ -674,7 +637,7 @@ TEST(StorageRetries, TransientErrorsAreRetriedThenSucceed) {
 }
 
 TEST(StorageRetries, RetryAfterIsHonoured) {
-  FakeServer fake;
+  test::FakeServer fake;
   LogCapture logs;
   std::atomic<int> requests{0};
   fake.server().Get(".*", [&](const httplib::Request& req, httplib::Response& res) {
@@ -695,7 +658,7 @@ TEST(StorageRetries, RetryAfterIsHonoured) {
 }
 
 TEST(StorageRetries, PersistentServerErrorsFailAfterMaxRetries) {
-  FakeServer fake;
+  test::FakeServer fake;
   std::atomic<int> requests{0};
   fake.server().Put(".*", [&](const httplib::Request&, httplib::Response& res) {
     ++requests;
@@ -717,7 +680,7 @@ TEST(StorageRetries, PersistentServerErrorsFailAfterMaxRetries) {
 }
 
 TEST(StorageRetries, ClientErrorsAreNotRetried) {
-  FakeServer fake;
+  test::FakeServer fake;
   std::atomic<int> requests{0};
   fake.server().Get(".*", [&](const httplib::Request& req, httplib::Response& res) {
     ++requests;
@@ -736,7 +699,7 @@ TEST(StorageRetries, ClientErrorsAreNotRetried) {
 }
 
 TEST(StorageRetries, StalledRequestsTimeOut) {
-  FakeServer fake;
+  test::FakeServer fake;
   std::atomic<int> requests{0};
   fake.server().Get(".*", [&](const httplib::Request&, httplib::Response& res) {
     ++requests;
@@ -755,7 +718,7 @@ TEST(StorageRetries, StalledRequestsTimeOut) {
 }
 
 TEST(StorageRetries, BrokenDownloadsResumeWhereTheyStopped) {
-  FakeServer fake;
+  test::FakeServer fake;
   const std::string data = randomBytes(300000, 6);
   std::vector<std::string> ranges;
   std::mutex mutex;
@@ -785,7 +748,7 @@ TEST(StorageRetries, BrokenDownloadsResumeWhereTheyStopped) {
 }
 
 TEST(StorageUploads, LargeObjectsAreCommittedAsABlockList) {
-  FakeServer fake;
+  test::FakeServer fake;
   std::mutex mutex;
   std::vector<std::string> requests;  // query comp=...&blockid=...
   std::map<std::string, std::string> blocks;
