@@ -4,7 +4,6 @@
 #include <net/if.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -15,13 +14,10 @@
 #include "cohort/core/error.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/core/log.h"
+#include "comm/detail/store_client.h"
 
 namespace cohort::comm {
 namespace {
-
-bool isLoopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
 
 std::string message(const std::exception& e) {
   if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
@@ -45,7 +41,7 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> glooOptions(const std::strin
     } else if (!interface.empty()) {
       // Not an interface of this machine: an address or host name to bind to.
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(interface));
-    } else if (isLoopback(masterAddr)) {
+    } else if (isLoopbackAddress(masterAddr)) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     } else {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
@@ -62,22 +58,14 @@ std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()
 
 }  // namespace
 
-HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout) {
-  try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(port);
-    so.isServer = true;
-    so.waitWorkers = false;
-    // The server's own client connects at once on a local address; a short
-    // limit keeps a wrong address from blocking the launcher for minutes.
-    so.timeout = std::min(timeout, std::chrono::milliseconds(10000));
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, so);
-    tcp->setTimeout(timeout);
-    return HostedStore{tcp, tcp->getPort()};
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("cannot host the rendezvous store on {}:{}: {}", addr, port,
-                                message(e)));
-  }
+HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout,
+                      const std::string& token) {
+  StoreServerOptions so;
+  so.addr = addr;
+  so.port = port;
+  so.token = token;
+  auto hosted = detail::hostStoreServer(so, timeout);
+  return HostedStore{hosted.store, hosted.port};
 }
 
 Comm connect(const CommOptions& o) {
@@ -92,15 +80,14 @@ Comm connect(const CommOptions& o) {
   c.interface = o.interface;
   c.glooConnections = o.glooConnections;
   const std::string where = fmt::format("{}:{}", o.masterAddr, o.masterPort);
+  c.storeToken = o.storeToken;
   try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(o.masterPort);
-    so.isServer = o.hostStore;
-    so.numWorkers = c10::nullopt;
-    so.waitWorkers = false;
-    so.timeout = o.timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
-    c.store = c10::make_intrusive<c10d::PrefixStore>(o.storePrefix, tcp);
+    auto base = o.hostStore ? hostStore(o.masterAddr, o.masterPort, o.timeout, o.storeToken).store
+                            : detail::connectStore(o.masterAddr, o.masterPort, o.storeToken,
+                                                   o.timeout);
+    c.store = c10::make_intrusive<c10d::PrefixStore>(o.storePrefix, base);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("rank {}: {}", o.rank, e.what()));
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {}: cannot {} the rendezvous store at {}: {}", o.rank,
                                 o.hostStore ? "host" : "reach", where, message(e)));
@@ -164,14 +151,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::str
 
 c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {
   try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(comm.storePort);
-    so.isServer = false;
-    so.numWorkers = c10::nullopt;
-    so.waitWorkers = false;
-    so.timeout = comm.timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(comm.storeAddr, so);
-    return c10::make_intrusive<c10d::PrefixStore>(comm.storePrefix, tcp);
+    auto base = detail::connectStore(comm.storeAddr, comm.storePort, comm.storeToken, comm.timeout);
+    return c10::make_intrusive<c10d::PrefixStore>(comm.storePrefix, base);
+  } catch (const ConfigError&) {
+    throw;
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {}: cannot reach the rendezvous store at {}:{}: {}",
                                 comm.rank, comm.storeAddr, comm.storePort, message(e)));

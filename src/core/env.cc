@@ -216,6 +216,10 @@ std::optional<std::string> machineId(int rank) {
 
 std::optional<std::string> azureStorageKey() { return get("AZURE_STORAGE_KEY"); }
 std::optional<std::string> azureStorageSasToken() { return get("AZURE_STORAGE_SAS_TOKEN"); }
+std::optional<std::string> azureStorageBearerToken() {
+  return get("AZURE_STORAGE_BEARER_TOKEN");
+}
+std::optional<std::string> storeToken() { return get(kStoreTokenVar); }
 std::optional<std::string> urlCredentials() { return get(kUrlCredentialsVar); }
 std::optional<std::string> namedVariable(const std::string& name) { return get(name.c_str()); }
 

@@ -75,8 +75,10 @@ int severity(const Child& c) {
 // The environment block of one rank, built before fork: the child only calls
 // async-signal-safe functions until exec.
 std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount,
-                                         const UrlCredentials& credentials) {
+                                         const UrlCredentials& credentials,
+                                         const std::string& storeToken) {
   auto vars = env::rankVariables(r);
+  vars.emplace_back(env::kStoreTokenVar, storeToken);
   // job.yaml, which the ranks read, holds no secret: they come this way.
   if (!credentials.empty()) {
     vars.emplace_back(env::kUrlCredentialsVar, encodeUrlCredentials(credentials));
@@ -204,9 +206,13 @@ int runLauncher(const LaunchOptions& o) {
   BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM});
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
+  // The job's token, or one made for this run: the ranks get it in their
+  // environment, and nothing else on the machine can use the store.
+  std::string storeToken = security::storeToken(job.security.storeTokenFile);
+  if (storeToken.empty()) storeToken = comm::newStoreToken();
   comm::HostedStore store =
       comm::hostStore(job.distribution.masterAddr, static_cast<int>(job.distribution.masterPort),
-                      timeout);
+                      timeout, storeToken);
   std::optional<std::string> interrupted;
   if (o.runDir.empty() && !o.newRun && job.checkpoint.enabled) interrupted = findInterruptedRun(job);
   const RunDir runDir = !o.runDir.empty()  ? openRunDir(o.runDir)
@@ -289,7 +295,7 @@ int runLauncher(const LaunchOptions& o) {
           args.push_back("--resume");
           args.push_back(o.resume);
         }
-        const auto envBlock = rankEnvironment(re, attempt, credentials);
+        const auto envBlock = rankEnvironment(re, attempt, credentials, storeToken);
         c.pid = spawn(exe, args, &envBlock, &signals.original(), "the worker binary");
         c.running = true;
         log::debug("rank {} is pid {}", r, c.pid);

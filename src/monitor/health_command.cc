@@ -28,6 +28,7 @@
 #include "cohort/core/log.h"
 #include "cohort/monitor/health.h"
 #include "cohort/launch/spawn.h"
+#include "cohort/security/keys.h"
 
 extern char** environ;
 
@@ -91,7 +92,9 @@ int healthCommand(const HealthCommandOptions& o) {
   // waitpid fail.
   signal(SIGCHLD, SIG_DFL);
   const auto timeout = timeoutOf(job);
-  const comm::HostedStore store = comm::hostStore("127.0.0.1", 0, timeout);
+  // The ranks inherit COHORT_STORE_TOKEN, or read the same token file.
+  const comm::HostedStore store = comm::hostStore(
+      "127.0.0.1", 0, timeout, security::storeToken(job.security.storeTokenFile));
   log::debug("health checks: {} ranks, store 127.0.0.1:{}", world, store.port);
 
   std::vector<Rank> ranks(static_cast<size_t>(world));
@@ -209,6 +212,7 @@ void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
     co.hostStore = false;
     co.backend = job.distribution.backend;
     co.timeout = timeoutOf(job);
+    co.storeToken = security::storeToken(job.security.storeTokenFile);
     co.storePrefix = "cohort-health";
     const comm::Comm comm = comm::connect(co);
 

@@ -87,6 +87,24 @@ std::string readSecretFile(const std::string& path, const std::string& what) {
   return s;
 }
 
+std::string storeToken(const std::string& tokenFile) {
+  std::string token;
+  std::string from;
+  if (!tokenFile.empty()) {
+    token = readSecretFile(tokenFile, "security.store_token_file");
+    from = "security.store_token_file " + tokenFile;
+  } else if (auto t = env::storeToken()) {
+    token = *t;
+    from = fmt::format("environment variable {}", env::kStoreTokenVar);
+  }
+  if (!token.empty() && token.size() < 16) {
+    throw ConfigError(fmt::format("{}: a store token needs at least 16 characters "
+                                  "(`openssl rand -hex 32` makes one)",
+                                  from));
+  }
+  return token;
+}
+
 Key readKeyFile(const std::string& path) {
   return parseKey(readSecretFile(path, "key file"), "key file " + path);
 }

@@ -96,6 +96,7 @@ int runWorker(const WorkerOptions& o) {
   co.masterAddr = re.masterAddr;
   co.masterPort = re.masterPort;
   co.hostStore = !re.agentStore && re.rank == 0;
+  co.storeToken = security::storeToken(job.security.storeTokenFile);
   co.backend = job.distribution.backend;
   co.interface = job.distribution.interface;
   co.glooConnections = static_cast<int>(job.distribution.glooConnections);

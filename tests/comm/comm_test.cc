@@ -2,6 +2,7 @@
 // errors of a rendezvous that cannot complete.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <map>
 #include <memory>
@@ -77,6 +78,63 @@ TEST(Comm, RanksThatDisagreeOnTheJobAllSayWhichDiffer) {
   EXPECT_EQ(messages[0], messages[1]);
   EXPECT_NE(messages[0].find("ranks [0] have"), std::string::npos) << messages[0];
   EXPECT_NE(messages[0].find("ranks [1] have"), std::string::npos) << messages[0];
+}
+
+// Ranks started without a launcher, rank 0 hosting the store on every
+// interface (0.0.0.0; the others reach it through the same address).
+std::string tokenFile(const test::TempDir& dir, const std::string& name, const std::string& token) {
+  const std::string path = dir.file(name);
+  test::writeText(path, token + "\n");
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+TEST(Comm, AStoreBeyondLoopbackWillNotStartWithoutAToken) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("open"));
+  auto r = test::cohort({"worker", job, "--run-dir", dir.file("run")},
+                        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "0.0.0.0"},
+                         {"MASTER_PORT", std::to_string(test::freePort())}},
+                        std::chrono::minutes(2));
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find("beyond loopback, without a store token"), std::string::npos) << r.err;
+}
+
+TEST(Comm, RanksProveTheStoreTokenBeforeTheyJoin) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("token"));
+  const std::string good = tokenFile(dir, "good", "a6f0c2d9e8b7a6f0c2d9e8b7a6f0c2d9");
+  const std::string bad = tokenFile(dir, "bad", "0000000000000000000000000000000000");
+  auto runWithTokens = [&](const std::string& tag, const std::string& rank1Token) {
+    auto ranks = test::startWorkers(
+        job, dir.file(tag), 2,
+        [&](int r) {
+          return std::vector<std::string>{"--set", "training.max_steps=2", "--set",
+                                          "distribution.timeout_s=8", "--set",
+                                          "distribution.interface=127.0.0.1", "--set",
+                                          "security.store_token_file=" + (r == 0 ? good : rank1Token)};
+        },
+        {{"MASTER_ADDR", "0.0.0.0"}});
+    std::vector<test::ProcessResult> results;
+    for (auto& p : ranks) results.push_back(p->wait(std::chrono::minutes(2)));
+    return results;
+  };
+  auto same = runWithTokens("same", good);
+  EXPECT_EQ(same[0].exitCode, 0) << same[0].describe();
+  EXPECT_EQ(same[1].exitCode, 0) << same[1].describe();
+
+  auto differ = runWithTokens("differ", bad);
+  EXPECT_EQ(differ[1].exitCode, 2) << differ[1].describe();
+  EXPECT_NE(differ[1].err.find("refused this rank's store token"), std::string::npos)
+      << differ[1].err;
+  EXPECT_NE(differ[0].exitCode, 0) << differ[0].describe();  // its peer never joined
+  EXPECT_NE(differ[0].err.find("does not hold the job's store token"), std::string::npos)
+      << differ[0].err;
+  for (const auto& r : differ) {
+    EXPECT_EQ(r.err.find("a6f0c2d9e8b7"), std::string::npos) << "a token was printed: " << r.err;
+  }
 }
 
 }  // namespace

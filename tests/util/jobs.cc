@@ -75,7 +75,7 @@ std::vector<std::unique_ptr<Process>> startWorkers(
     std::map<std::string, std::string> vars = env;
     vars["RANK"] = std::to_string(r);
     vars["WORLD_SIZE"] = std::to_string(world);
-    vars["MASTER_ADDR"] = "127.0.0.1";
+    vars.emplace("MASTER_ADDR", "127.0.0.1");  // unless `env` names one
     vars["MASTER_PORT"] = port;
     ranks.push_back(std::make_unique<Process>(args, vars));
   }

@@ -32,7 +32,7 @@ std::string tinyJobYaml(const std::string& name);
 // Starts `world` `cohort worker` processes on `job` without a launcher, as
 // the environment contract has them (RANK, WORLD_SIZE, MASTER_ADDR and a
 // free MASTER_PORT): argsOf(rank) are each rank's further arguments, `env`
-// further variables for every rank.
+// further variables for every rank (MASTER_ADDR among them replaces 127.0.0.1).
 std::vector<std::unique_ptr<Process>> startWorkers(
     const std::string& job, const std::string& runDir, int world,
     const std::function<std::vector<std::string>(int)>& argsOf,

@@ -1,8 +1,9 @@
 #pragma once
 
-// Rendezvous and the process group: a c10d TCPStore (hosted by the launcher
-// or by rank 0) and a c10d ProcessGroupGloo over TCP. Collectives come from
-// c10d; cohort adds timeouts and error messages that name the rank.
+// Rendezvous and the process group: cohort's rendezvous store
+// (cohort/comm/store.h, hosted by the launcher or by rank 0) and a c10d
+// ProcessGroupGloo over TCP. Collectives come from c10d; cohort adds
+// timeouts and error messages that name the rank.
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -10,6 +11,8 @@
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include "cohort/comm/store.h"
 
 namespace cohort::comm {
 
@@ -19,7 +22,10 @@ struct CommOptions {
   int localRank = 0;
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
-  bool hostStore = false;  // this process hosts the TCPStore server
+  bool hostStore = false;  // this process hosts the store's server
+  // The job's store token (storeToken() in config/job.h): every connection
+  // proves it holds it. Empty: none, allowed when the store is on loopback.
+  std::string storeToken;
   std::string backend = "gloo";  // gloo | nccl (CUDA builds only; untested)
   std::string interface;   // gloo: interface name or local address; empty: from masterAddr
   std::chrono::milliseconds timeout{300000};
@@ -45,6 +51,7 @@ struct Comm {
   std::string storeAddr;
   int storePort = 0;
   std::string storePrefix;
+  std::string storeToken;
   // How the process group's Gloo devices were made, for groups made later
   // (newGroup).
   std::string interface;
@@ -57,10 +64,11 @@ struct HostedStore {
   int port = 0;  // the port it listens on (the free port picked when asked for 0)
 };
 
-// Hosts a TCPStore server on addr:port (0: a free port). Start-up itself is
-// bounded by a few seconds; operations then use `timeout`. Throws CommError
-// naming the address.
-HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout);
+// Hosts the store on exactly addr:port (0: a free port), asking every
+// connection for `token`; operations use `timeout`. Throws CommError naming
+// the address, or ConfigError for a non-loopback address without a token.
+HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout,
+                      const std::string& token);
 
 // Connects to (or hosts) the store and builds the process group. Blocks
 // until every rank has joined or the timeout passes. Throws CommError or

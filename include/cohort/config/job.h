@@ -194,6 +194,8 @@ struct EncryptionConfig {
 
 struct SecurityConfig {
   EncryptionConfig encryption;
+  // The rendezvous store's token (mode 0600); empty: COHORT_STORE_TOKEN.
+  std::string storeTokenFile;
 };
 
 struct JobConfig {

@@ -80,10 +80,17 @@ std::optional<std::string> machineId(int rank);
 // string). Secrets: never log or print them.
 std::optional<std::string> azureStorageKey();
 std::optional<std::string> azureStorageSasToken();
+// AZURE_STORAGE_BEARER_TOKEN: an OAuth bearer token for blob storage.
+std::optional<std::string> azureStorageBearerToken();
 
 // COHORT_URL_CREDENTIALS: credentials of the job's URLs (SAS tokens), which
 // `cohort run` takes out of job.yaml and hands to its ranks here (see
 // takeUrlCredentials in cohort/config/load.h). A secret: never log it.
+// COHORT_STORE_TOKEN: the rendezvous store's token (docs/security.md). A
+// secret: never log or print it.
+inline constexpr const char* kStoreTokenVar = "COHORT_STORE_TOKEN";
+std::optional<std::string> storeToken();
+
 inline constexpr const char* kUrlCredentialsVar = "COHORT_URL_CREDENTIALS";
 std::optional<std::string> urlCredentials();
 

@@ -37,6 +37,11 @@ Key parseKey(const std::string& text, const std::string& origin);
 // it is missing, empty, or readable by other users than its owner (mode & 077).
 std::string readSecretFile(const std::string& path, const std::string& what);
 
+// The rendezvous store's token: the contents of `tokenFile` (mode 0600) if
+// given, else COHORT_STORE_TOKEN, else empty. Throws ConfigError when the
+// token is shorter than 16 characters.
+std::string storeToken(const std::string& tokenFile);
+
 // Reads a key file. Throws ConfigError naming the path when it is missing,
 // readable by other users than its owner (mode & 077), or malformed.
 Key readKeyFile(const std::string& path);

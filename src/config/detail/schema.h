@@ -377,6 +377,10 @@ void describe(V& v, EncryptionConfig& c) {
 template <class V>
 void describe(V& v, SecurityConfig& c) {
   v.section("encryption", c.encryption, "Encryption at rest (docs/security.md).");
+  v.field("store_token_file", c.storeTokenFile,
+          "A file (mode 0600) holding the rendezvous store's token, the same on every machine; "
+          "required when the store listens beyond loopback. Empty: the environment variable "
+          "COHORT_STORE_TOKEN, or a token `cohort run` makes for its own ranks.");
 }
 
 template <class V>
