@@ -31,6 +31,7 @@
 #include "cohort/core/log.h"
 #include "storage/detail/backends.h"
 #include "storage/detail/http.h"
+#include "storage/detail/identity.h"
 #include "storage/detail/shared_key.h"
 #include "storage/detail/xml.h"
 
@@ -79,6 +80,7 @@ class BlobClient {
 
   HttpResponse send(Call& call) {
     const std::string shown = url(call.path) + call.context;
+    bool refreshed = false;
     for (int attempt = 0;; ++attempt) {
       if (call.beforeAttempt) call.beforeAttempt(call);
       HttpRequest request = build(call);
@@ -97,6 +99,12 @@ class BlobClient {
         if (code.empty()) code = errorCodeFromBody(response.body);
         reason = code.empty() ? std::to_string(status) : fmt::format("{} {}", status, code);
         transient = transientStatus(status);
+        // An OAuth token revoked or expired early: one more try with a new one.
+        if (status == 401 && credentials_.bearer && !refreshed) {
+          refreshed = true;
+          transient = true;
+          credentials_.bearer->invalidate();
+        }
         if (auto ra = response.header("retry-after")) {
           try {
             retryAfter = std::stod(*ra);
@@ -145,6 +153,8 @@ class BlobClient {
           sharedKeyAuthorization(location_.account, credentials_.accountKey, toSign));
     } else if (!credentials_.sas.empty()) {
       query += (query.empty() ? "" : "&") + credentials_.sas;
+    } else if (credentials_.bearer) {
+      r.headers.emplace_back("Authorization", "Bearer " + credentials_.bearer->token());
     }
     r.url = url(call.path) + (query.empty() ? "" : "?" + query);
     return r;
@@ -160,7 +170,8 @@ class BlobClient {
   // Defence in depth: curl's messages name hosts, never credentials, but a
   // secret must not slip into a message through some other path either.
   std::string scrub(std::string s) const {
-    for (const std::string* secret : {&credentials_.sas, &credentials_.keyText}) {
+    const std::string token = credentials_.bearer ? credentials_.bearer->last() : std::string();
+    for (const std::string* secret : {&credentials_.sas, &credentials_.keyText, &token}) {
       if (secret->empty()) continue;
       for (size_t p; (p = s.find(*secret)) != std::string::npos;)
         s.replace(p, secret->size(), "***");

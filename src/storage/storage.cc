@@ -12,6 +12,7 @@
 #include "cohort/config/job.h"
 #include "cohort/core/env.h"
 #include "storage/detail/backends.h"
+#include "storage/detail/identity.h"
 #include "storage/detail/shared_key.h"
 
 namespace cohort::storage {
@@ -205,6 +206,11 @@ BlobLocation parseBlobUrl(const std::string& url, const StorageOptions& options)
 Credentials loadCredentials(const BlobLocation& location, const StorageOptions& options) {
   Credentials c;
   std::string keySource;
+  std::string token;
+  if (!options.credentialsFile.empty() && options.managedIdentity) {
+    throw ConfigError(
+        "storage: give credentials_file or managed_identity, not both");
+  }
   if (!location.sasFromUrl.empty()) {
     c.sas = location.sasFromUrl;
   } else if (!options.credentialsFile.empty()) {
@@ -221,8 +227,8 @@ Credentials loadCredentials(const BlobLocation& location, const StorageOptions& 
       const size_t eq = line.find('=');
       // Never echo the line: it may hold a secret.
       if (eq == std::string::npos) {
-        throw ConfigError(
-            fmt::format("{}:{}: expected `account_key = ...` or `sas = ...`", file, number));
+        throw ConfigError(fmt::format(
+            "{}:{}: expected `account_key = ...`, `sas = ...` or `token = ...`", file, number));
       }
       const std::string name = trim(line.substr(0, eq));
       const std::string value = unquote(trim(line.substr(eq + 1)));
@@ -230,28 +236,48 @@ Credentials loadCredentials(const BlobLocation& location, const StorageOptions& 
         key = value;
       } else if (name == "sas") {
         sas = value;
+      } else if (name == "token") {
+        token = value;
       } else {
-        throw ConfigError(
-            fmt::format("{}:{}: unknown key (expected account_key or sas)", file, number));
+        throw ConfigError(fmt::format(
+            "{}:{}: unknown key (expected account_key, sas or token)", file, number));
       }
     }
-    if (key.empty() && sas.empty()) {
-      throw ConfigError(fmt::format("{}: holds neither `account_key = ...` nor `sas = ...`", file));
+    if (key.empty() && sas.empty() && token.empty()) {
+      throw ConfigError(fmt::format(
+          "{}: holds neither `account_key = ...`, `sas = ...` nor `token = ...`", file));
     }
     c.keyText = key;
     c.sas = key.empty() ? sas : "";
+    if (!key.empty() || !sas.empty()) token.clear();
     keySource = file;
-  } else if (auto key = env::azureStorageKey()) {
-    c.keyText = *key;
+  } else if (options.managedIdentity) {
+    IdentityOptions io;
+    if (!options.identityEndpoint.empty()) io.endpoint = options.identityEndpoint;
+    io.clientId = options.identityClientId;
+    io.maxRetries = options.maxRetries;
+    io.timeoutS = options.timeoutS;
+    c.bearer = managedIdentity(io);
+  } else if (auto k = env::azureStorageKey()) {
+    c.keyText = *k;
     keySource = "environment variable AZURE_STORAGE_KEY";
   } else if (auto sas = env::azureStorageSasToken()) {
     c.sas = *sas;
+  } else if (auto t = env::azureStorageBearerToken()) {
+    token = *t;
   } else {
     throw ConfigError(fmt::format(
-        "{}: no credentials: set AZURE_STORAGE_KEY (the account key) or AZURE_STORAGE_SAS_TOKEN "
-        "(a SAS token) in the environment, or storage.credentials_file to a file with "
-        "`account_key = ...` or `sas = ...`",
+        "{}: no credentials: set AZURE_STORAGE_KEY (the account key), AZURE_STORAGE_SAS_TOKEN "
+        "(a SAS token) or AZURE_STORAGE_BEARER_TOKEN (an OAuth token) in the environment, "
+        "storage.credentials_file to a file with `account_key = ...`, `sas = ...` or "
+        "`token = ...`, or storage.managed_identity: true",
         location.display));
+  }
+  if (!token.empty()) c.bearer = fixedToken(trim(token));
+  if (c.bearer && location.scheme != "https") {
+    throw ConfigError(fmt::format(
+        "{}: OAuth tokens are sent over https only; this URL uses {}", location.display,
+        location.scheme));
   }
   if (!c.sas.empty() && c.sas[0] == '?') c.sas.erase(0, 1);
   if (!c.keyText.empty()) {
@@ -296,6 +322,9 @@ void createContainer(const std::string& url, const StorageOptions& options) {
 StorageOptions storageOptions(const StorageConfig& config) {
   StorageOptions o;
   o.credentialsFile = config.credentialsFile;
+  o.managedIdentity = config.managedIdentity;
+  o.identityClientId = config.identityClientId;
+  o.identityEndpoint = config.identityEndpoint;
   o.endpoint = config.endpoint;
   o.caFile = config.caFile;
   o.allowInsecure = config.allowInsecure;

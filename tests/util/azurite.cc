@@ -50,7 +50,7 @@ bool exited(pid_t pid) {
 
 }  // namespace
 
-Azurite::Azurite(bool https) : https_(https) {
+Azurite::Azurite(bool https, bool oauth) : https_(https) {
   const std::string main =
       std::string(COHORT_AZURITE_DIR) + "/node_modules/azurite/dist/src/blob/main.js";
   if (!std::filesystem::exists(main)) {
@@ -72,6 +72,9 @@ Azurite::Azurite(bool https) : https_(https) {
                           {}, std::chrono::seconds(60));
     if (r.exitCode != 0) throw std::runtime_error("openssl req failed: " + r.describe());
     argv.insert(argv.end(), {"--cert", certFile_, "--key", keyFile});
+    if (oauth) argv.insert(argv.end(), {"--oauth", "basic"});
+  } else if (oauth) {
+    throw std::runtime_error("Azurite takes OAuth tokens over https only");
   }
   // The free port can be taken between freePort() and Azurite's bind (by a
   // parallel test): then try another one.
@@ -116,7 +119,7 @@ std::string Azurite::endpoint() const {
 
 void SharedAzurite::start() {
   try {
-    azurite_ = std::make_unique<Azurite>(https_);
+    azurite_ = std::make_unique<Azurite>(https_, oauth_);
   } catch (const std::exception& e) {
     error_ = e.what();
   }

@@ -23,8 +23,10 @@ class Azurite {
   // Starts Azurite and waits until it accepts connections (at most ~30 s).
   // With `https`, it serves a self-signed certificate for 127.0.0.1 made
   // with the openssl command (caFile()). Throws std::runtime_error with
-  // Azurite's output when it does not come up.
-  explicit Azurite(bool https = false);
+  // Azurite's output when it does not come up. With `oauth` (https only),
+  // it also accepts OAuth bearer tokens, checking their audience, issuer and
+  // lifetime (not their signature: `--oauth basic`).
+  explicit Azurite(bool https = false, bool oauth = false);
   ~Azurite();
   Azurite(const Azurite&) = delete;
   Azurite& operator=(const Azurite&) = delete;
@@ -51,7 +53,7 @@ class Azurite {
 // when it did not start; error() says why, for the tests to fail with.
 class SharedAzurite {
  public:
-  explicit SharedAzurite(bool https = false) : https_(https) {}
+  explicit SharedAzurite(bool https = false, bool oauth = false) : https_(https), oauth_(oauth) {}
   void start();
   void stop() { azurite_.reset(); }
   Azurite* get() const { return azurite_.get(); }
@@ -59,6 +61,7 @@ class SharedAzurite {
 
  private:
   bool https_;
+  bool oauth_;
   std::unique_ptr<Azurite> azurite_;
   std::string error_;
 };

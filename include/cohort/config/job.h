@@ -70,7 +70,10 @@ struct DataConfig {
 // How blob storage is reached. Secrets are never in the job file: they come
 // from the environment or from the file `credentials_file` names.
 struct StorageConfig {
-  std::string credentialsFile;  // `account_key = ...` or `sas = ...`; empty: environment
+  std::string credentialsFile;  // `account_key = ...`, `sas = ...` or `token = ...`; empty: environment
+  bool managedIdentity = false;  // tokens from Azure's managed identity (IMDS)
+  std::string identityClientId;  // a user-assigned identity's client id
+  std::string identityEndpoint;  // empty: IMDS
   std::string endpoint;         // overrides https://<account>.blob.core.windows.net (emulator)
   std::string caFile;           // trusted certificate authorities (PEM); empty: the system's
   bool allowInsecure = false;   // emulator only: plain http / no certificate verification

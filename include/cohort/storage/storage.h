@@ -45,9 +45,16 @@ class StorageError : public IoError {
 
 struct StorageOptions {
   // A file holding credentials, one `key = value` per line: `account_key`
-  // (Shared Key) or `sas` (a SAS token). Empty: the environment variables
-  // AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN.
+  // (Shared Key), `sas` (a SAS token) or `token` (an OAuth bearer token).
+  // Empty: the environment variables AZURE_STORAGE_KEY,
+  // AZURE_STORAGE_SAS_TOKEN or AZURE_STORAGE_BEARER_TOKEN.
   std::string credentialsFile;
+  // Tokens from Azure's managed identity (IMDS) instead: the system-assigned
+  // identity, or the user-assigned one with this client id, at this endpoint
+  // (empty: IMDS, http://169.254.169.254/metadata/identity/oauth2/token).
+  bool managedIdentity = false;
+  std::string identityClientId;
+  std::string identityEndpoint;
   // Overrides where an az://account/container URL goes, e.g. the emulator's
   // http://127.0.0.1:10000/devstoreaccount1. Empty: https://<account>.blob.core.windows.net.
   std::string endpoint;

@@ -113,8 +113,18 @@ void describe(V& v, CacheConfig& c) {
 template <class V>
 void describe(V& v, StorageConfig& c) {
   v.field("credentials_file", c.credentialsFile,
-          "File with `account_key = ...` or `sas = ...`; empty: AZURE_STORAGE_KEY or "
-          "AZURE_STORAGE_SAS_TOKEN from the environment. Never put secrets in the job file.");
+          "File with `account_key = ...`, `sas = ...` or `token = ...` (an OAuth bearer token); "
+          "empty: AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN or AZURE_STORAGE_BEARER_TOKEN from "
+          "the environment. Never put secrets in the job file.");
+  v.field("managed_identity", c.managedIdentity,
+          "Authenticate with tokens from Azure's managed identity of the machine (IMDS) instead "
+          "of a key, SAS or token.");
+  v.field("identity_client_id", c.identityClientId,
+          "managed_identity: the client id of a user-assigned identity; empty: the "
+          "system-assigned one.");
+  v.field("identity_endpoint", c.identityEndpoint,
+          "managed_identity: the token endpoint; empty: "
+          "http://169.254.169.254/metadata/identity/oauth2/token.");
   v.field("endpoint", c.endpoint,
           "Where az://account/... goes; empty: https://<account>.blob.core.windows.net. "
           "For the emulator: http://127.0.0.1:10000/devstoreaccount1.");

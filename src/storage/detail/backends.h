@@ -31,14 +31,19 @@ struct BlobLocation {
 // ConfigError naming the URL (redacted) and what is wrong.
 BlobLocation parseBlobUrl(const std::string& url, const StorageOptions& options);
 
+class TokenSource;
+
 struct Credentials {
   std::string accountKey;  // decoded; Shared Key
   std::string sas;         // query string without '?'; used when there is no key
   std::string keyText;     // the key as configured (base64), to scrub from messages
+  // OAuth bearer tokens (a fixed one or a managed identity's); https only.
+  std::shared_ptr<TokenSource> bearer;
 };
 
-// The URL's SAS, else options.credentialsFile, else AZURE_STORAGE_KEY, else
-// AZURE_STORAGE_SAS_TOKEN. Throws ConfigError naming what to set.
+// The URL's SAS, else options.credentialsFile, else the managed identity
+// (options.managedIdentity), else AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN
+// or AZURE_STORAGE_BEARER_TOKEN. Throws ConfigError naming what to set.
 Credentials loadCredentials(const BlobLocation& location, const StorageOptions& options);
 
 std::unique_ptr<Storage> openLocalStorage(const std::string& root);
