@@ -222,7 +222,7 @@ TEST_F(CleanEnv, CredentialsFileErrorsNeverEchoSecrets) {
   EXPECT_NE(msg.find("base64"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("TOP*SECRET"), std::string::npos) << msg;
 
-  test::writeText(o.credentialsFile, "token = TOPSECRETVALUE\n");
+  test::writeText(o.credentialsFile, "password = TOPSECRETVALUE\n");
   msg = configErrorMessage([&] { openStorage("az://acct/container", o); });
   EXPECT_EQ(msg.find("TOPSECRETVALUE"), std::string::npos) << msg;
 
