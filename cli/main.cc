@@ -161,6 +161,11 @@ int main(int argc, char** argv) {
     sub->add_option("--previous-key-file", keySources.previousKeyFile,
                     "Encrypted checkpoints: the key before a rotation");
   }
+  auto addKeyFile = [&](CLI::App* sub, const char* what) {
+    sub->add_option("--key-file", keySources.keyFile, what);
+    sub->add_option("--previous-key-file", keySources.previousKeyFile,
+                    "Encrypted shards: the key before a rotation");
+  };
   ckptDecrypt->get_option("--key-file")->required();
 
   CLI::App* data = app.add_subcommand("data", "Pack, inspect or verify datasets of shards");
@@ -195,6 +200,9 @@ int main(int argc, char** argv) {
       "verify", "Check every shard, record and (with --decode) image; exit 1 naming each problem");
   dataVerify->add_option("path", dataPath, "Dataset directory or blob URL")->required();
   dataVerify->add_flag("--decode", decode, "Also decode every image");
+  addKeyFile(dataPack, "Encrypt every shard with the key in this file (64 hex digits, mode 0600)");
+  addKeyFile(dataInspect, "Encrypted shards: the key file");
+  addKeyFile(dataVerify, "Encrypted shards: the key file (every chunk is authenticated)");
   for (CLI::App* sub : {dataPack, dataInspect, dataVerify}) {
     sub->add_option("--credentials-file", so.credentialsFile,
                     "Blob storage: file with account_key = ... or sas = ... (default: environment)");
@@ -295,6 +303,7 @@ int main(int argc, char** argv) {
     if (*dataPack) {
       packOptions.shardBytes = static_cast<int64_t>(shardMb * 1e6);
       packOptions.progress = !noProgress;
+      if (const auto* keys = cohort::security::installedKeyring()) packOptions.key = &keys->current;
       const auto r = cohort::data::pack(dataSrc, dataDst, packOptions);
       std::cout << "packed " << r.manifest.records() << " records of " << r.manifest.classes.size()
                 << " classes into " << r.manifest.shards.size() << " shards ("

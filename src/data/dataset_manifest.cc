@@ -32,6 +32,7 @@ std::string datasetManifestJson(const DatasetManifest& m) {
   j["bytes"] = m.bytes();
   j["source"] = m.source;
   j["created"] = m.created;
+  if (!m.encryptionKeyId.empty()) j["encryption"] = {{"key_id", m.encryptionKeyId}};
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   for (const auto& s : m.shards) {
     shards.push_back({{"name", s.name}, {"records", s.records}, {"bytes", s.bytes},
@@ -75,6 +76,13 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
     m.classes = field("classes").get<std::vector<std::string>>();
     m.source = j.value("source", "");
     m.created = j.value("created", "");
+    if (j.contains("encryption")) {
+      m.encryptionKeyId = j.at("encryption").at("key_id").get<std::string>();
+      if (m.encryptionKeyId.size() != 32 ||
+          m.encryptionKeyId.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        throw DataError(fmt::format("{}: encryption.key_id is not a key id (32 hex digits)", where));
+      }
+    }
     for (const auto& s : field("shards")) {
       ShardInfo info;
       info.name = s.at("name").get<std::string>();

@@ -18,6 +18,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/security/keys.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/data/dataset.h"
@@ -210,6 +211,7 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
   m.classes = in.classes;
   m.source = fs::absolute(src).string();
   m.shards.resize(shards.size());
+  if (options.key != nullptr) m.encryptionKeyId = options.key->id;
 
   std::atomic<size_t> nextShard{0};
   std::atomic<int64_t> doneItems{0}, doneBytes{0}, skipped{0};
@@ -229,7 +231,7 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
       const std::string finalPath = work + "/" + name;
       const std::string tmpPath = finalPath + ".tmp";
       try {
-        ShardWriter w(tmpPath);
+        ShardWriter w(tmpPath, options.key, name);
         for (size_t i : shards[s]) {
           const Item& it = in.items[i];
           if (in.idx) {
@@ -371,7 +373,8 @@ int inspectCommand(const std::string& path, int64_t records, const storage::Stor
   if (records > 0 && !m.shards.empty()) {
     out << fmt::format("\nfirst {} records of {}:\n", records, m.shards[0].name);
     const ShardIndex index = readShardIndex(
-        [&](int64_t o, int64_t n) { return source.read(0, o, n); }, m.shards[0].bytes, m.shards[0].name);
+        [&](int64_t o, int64_t n) { return source.read(0, o, n); }, source.shardBytes(0),
+        m.shards[0].name);
     for (size_t i = 0; i < std::min<size_t>(index.size(), static_cast<size_t>(records)); ++i) {
       const int64_t at = index.begin(i);
       const Record r = parseRecord(source.read(0, at, index.end(i) - at), at, m.shards[0].name);
@@ -398,13 +401,17 @@ int verifyCommand(const std::string& path, bool decode, const storage::StorageOp
     const ShardInfo& info = m.shards[s];
     const std::string where = source.describe() + "/" + info.name;
     try {
-      const std::string bytes = source.read(static_cast<int>(s), 0, info.bytes);
+      const std::string stored = source.readRaw(static_cast<int>(s), 0, info.bytes);
       Hasher h;
-      h.update(bytes.data(), bytes.size());
+      h.update(stored.data(), stored.size());
       if (h.hex() != info.checksum) {
         out << fmt::format("{}: checksum {}, dataset.json says {}\n", where, h.hex(), info.checksum);
         ++problems;
       }
+      // Encrypted: every chunk decrypted and authenticated.
+      const std::string bytes = m.encryptionKeyId.empty()
+                                    ? stored
+                                    : source.read(static_cast<int>(s), 0, source.shardBytes(static_cast<int>(s)));
       int64_t n = 0;
       scanShard([&](int64_t o, int64_t len) {
                   if (o + len > int64_t(bytes.size())) {
@@ -413,7 +420,7 @@ int verifyCommand(const std::string& path, bool decode, const storage::StorageOp
                   }
                   return bytes.substr(static_cast<size_t>(o), static_cast<size_t>(len));
                 },
-                info.bytes, where, [&](const Record& r, int64_t offset) {
+                static_cast<int64_t>(bytes.size()), where, [&](const Record& r, int64_t offset) {
                   ++n;
                   if (r.label < 0 || r.label >= int64_t(m.classes.size())) {
                     throw DataError(fmt::format("{}: record '{}' at offset {} has label {} of {} classes",

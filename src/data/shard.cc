@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "cohort/core/error.h"
+#include "cohort/security/sealed.h"
 
 namespace cohort::data {
 namespace {
@@ -49,9 +50,16 @@ uint64_t recordChecksum(int64_t label, const char* key, size_t keyBytes, const c
 
 }  // namespace
 
-ShardWriter::ShardWriter(const std::string& path) : path_(path) {
+ShardWriter::ShardWriter(const std::string& path, const security::Key* key,
+                         const std::string& label)
+    : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  if (key != nullptr) {
+    sealer_ = std::make_unique<security::StreamSealer>(*key, label,
+                                                       security::kRandomAccessChunkBytes);
+    writeOut(sealer_->header().data(), sealer_->header().size());
+  }
   std::string header(kShardMagic, 8);
   put<uint32_t>(header, kShardVersion);
   put<uint32_t>(header, static_cast<uint32_t>(kShardHeaderBytes));
@@ -71,9 +79,8 @@ void ShardWriter::write(const void* data, size_t size) {
   if (buffer_.size() >= (4u << 20)) flush();
 }
 
-void ShardWriter::flush() {
-  const char* p = buffer_.data();
-  size_t left = buffer_.size();
+void ShardWriter::writeOut(const char* p, size_t left) {
+  fileBytes_ += static_cast<int64_t>(left);
   while (left > 0) {
     ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
@@ -81,7 +88,26 @@ void ShardWriter::flush() {
     p += n;
     left -= static_cast<size_t>(n);
   }
-  buffer_.clear();
+}
+
+void ShardWriter::flush(bool last) {
+  if (!sealer_) {
+    writeOut(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return;
+  }
+  // Whole chunks, keeping the end back: the last chunk is sealed as the last.
+  const size_t c = sealer_->chunkBytes();
+  size_t done = 0;
+  std::string sealed;
+  while (buffer_.size() - done > c || (last && done < buffer_.size())) {
+    const size_t n = std::min(c, buffer_.size() - done);
+    const bool isLast = last && done + n == buffer_.size();
+    sealer_->seal(chunk_++, buffer_.data() + done, n, isLast, sealed);
+    writeOut(sealed.data(), sealed.size());
+    done += n;
+  }
+  buffer_.erase(0, done);
 }
 
 void ShardWriter::add(const std::string& key, int64_t label, const void* payload, size_t size) {
@@ -116,7 +142,13 @@ int64_t ShardWriter::finish() {
   put<uint64_t>(footer, XXH3_64bits(index.data(), index.size()));
   footer.append(kShardMagic, 8);
   write(footer.data(), footer.size());
-  flush();  // write() only flushes past 4 MiB
+  flush(true);  // write() only flushes past 4 MiB
+  if (sealer_) {
+    const std::string header = sealer_->finalHeader(static_cast<uint64_t>(offset_));
+    if (::pwrite(fd_, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size())) {
+      throw IoError(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
+    }
+  }
   const bool synced = ::fsync(fd_) == 0;
   const int syncErrno = errno;
   const bool closed = ::close(fd_) == 0;
@@ -125,7 +157,7 @@ int64_t ShardWriter::finish() {
     ::unlink(path_.c_str());
     throw IoError(fmt::format("{}: cannot flush: {}", path_, std::strerror(synced ? errno : syncErrno)));
   }
-  return offset_;
+  return fileBytes_;
 }
 
 ShardIndex readShardIndex(const ReadAt& read, int64_t fileBytes, const std::string& shardName) {

@@ -158,7 +158,7 @@ class ShardDataset : public Dataset {
       const std::string where = source_.describe() + "/" + info.name;
       ShardIndex index = readShardIndex(
           [&](int64_t offset, int64_t length) { return source_.read(shard, offset, length); },
-          info.bytes, where);
+          source_.shardBytes(shard), where);
       if (static_cast<int64_t>(index.size()) != info.records) {
         throw DataError(fmt::format("{}: holds {} records, dataset.json says {}", where,
                                     index.size(), info.records));

@@ -13,6 +13,8 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/security/keys.h"
+#include "cohort/security/sealed.h"
 #include "cohort/core/log.h"
 
 namespace cohort::data {
@@ -34,6 +36,7 @@ struct ShardSource::Shard {
   std::shared_ptr<OpenFile> file;  // local file (dataset directory or cache), once known
   bool cached = false;             // the cache holds it (blob datasets)
   size_t planPosition = 0;         // where the current plan reads it
+  std::shared_ptr<const security::SealedReader> sealed;  // encrypted datasets, once opened
 };
 
 namespace {
@@ -163,7 +166,40 @@ std::shared_ptr<ShardSource::OpenFile> ShardSource::openFile(int shard) {
   return s.file;
 }
 
+std::shared_ptr<const security::SealedReader> ShardSource::sealed(int shard) {
+  Shard& s = *shards_[static_cast<size_t>(shard)];
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    if (s.sealed) return s.sealed;
+  }
+  // Opening reads the header through readRaw, which takes the shard's lock.
+  const ShardInfo& info = manifest_.shards[static_cast<size_t>(shard)];
+  auto reader = std::make_shared<const security::SealedReader>(
+      [this, shard](uint64_t o, uint64_t n) {
+        return readRaw(shard, static_cast<int64_t>(o), static_cast<int64_t>(n));
+      },
+      static_cast<uint64_t>(info.bytes), info.name, security::installedKeyring(),
+      describe_ + "/" + info.name);
+  std::lock_guard<std::mutex> g(s.mutex);
+  if (!s.sealed) s.sealed = std::move(reader);
+  return s.sealed;
+}
+
+int64_t ShardSource::shardBytes(int shard) {
+  COHORT_ASSERT(shard >= 0 && static_cast<size_t>(shard) < shards_.size(), "shard ", shard);
+  if (manifest_.encryptionKeyId.empty()) return manifest_.shards[static_cast<size_t>(shard)].bytes;
+  return static_cast<int64_t>(sealed(shard)->plainBytes());
+}
+
 std::string ShardSource::read(int shard, int64_t offset, int64_t length) {
+  if (manifest_.encryptionKeyId.empty()) return readRaw(shard, offset, length);
+  if (offset < 0 || length < 0) {
+    throw DataError(fmt::format("{}: read of {} bytes at offset {}", describe_, length, offset));
+  }
+  return sealed(shard)->read(static_cast<uint64_t>(offset), static_cast<uint64_t>(length));
+}
+
+std::string ShardSource::readRaw(int shard, int64_t offset, int64_t length) {
   COHORT_ASSERT(shard >= 0 && static_cast<size_t>(shard) < shards_.size(), "shard ", shard);
   {
     std::lock_guard<std::mutex> g(mutex_);

@@ -145,6 +145,49 @@ TEST(Sealed, EveryKindOfTamperingIsRefusedNamingTheFile) {
   EXPECT_EQ(readSealedFile(path, &rotated), plain);
 }
 
+// A file streamed chunk by chunk (a shard), read back at random offsets.
+TEST(Sealed, StreamedFilesReadAtAnyOffsetAndRefuseTampering) {
+  Ring r;
+  const uint32_t chunk = 100;
+  const std::string plain = bytes(350, 5);
+  StreamSealer s(r.ring.current, "shard-00001.cohort", chunk);
+  std::string file = s.header(), c;
+  for (uint64_t i = 0; i * chunk < plain.size(); ++i) {
+    const size_t n = std::min<size_t>(chunk, plain.size() - i * chunk);
+    s.seal(i, plain.data() + i * chunk, n, (i + 1) * chunk >= plain.size(), c);
+    file += c;
+  }
+  file.replace(0, kSealedHeaderBytes, s.finalHeader(plain.size()));
+  auto reader = [&](const std::string& f, const std::string& label) {
+    return SealedReader([f](uint64_t o, uint64_t n) { return f.substr(o, n); }, f.size(), label,
+                        &r.ring, "ds/" + label);
+  };
+  const SealedReader ok = reader(file, "shard-00001.cohort");
+  EXPECT_EQ(ok.plainBytes(), plain.size());
+  for (uint64_t off : {0, 1, 99, 100, 101, 250, 349}) {
+    for (uint64_t len : {0, 1, 50, 100, 101}) {
+      if (off + len > plain.size()) continue;
+      EXPECT_EQ(ok.read(off, len), plain.substr(off, len)) << off << "+" << len;
+    }
+  }
+  EXPECT_NE(test::errorOf<DataError>([&] { ok.read(300, 51); }).find("past its end"), std::string::npos);
+  // A flipped byte in chunk 1: reads of it fail naming the file; chunk 0 still reads.
+  std::string flipped = file;
+  flipped[kSealedHeaderBytes + (chunk + 28) + 40] ^= 1;
+  const SealedReader bad = reader(flipped, "shard-00001.cohort");
+  EXPECT_NE(test::errorOf<DataError>([&] { bad.read(150, 10); }).find("ds/shard-00001.cohort: chunk 1 of 4 fails authentication"),
+            std::string::npos);
+  EXPECT_EQ(bad.read(0, 100), plain.substr(0, 100));
+  // Another shard's name; a cut at a chunk boundary with the size forged.
+  EXPECT_NE(test::errorOf<DataError>([&] { reader(file, "shard-00002.cohort").read(0, 10); }),
+            "NO ERROR");
+  std::string cut = file.substr(0, kSealedHeaderBytes + 3 * (chunk + 28));
+  cut.replace(0, kSealedHeaderBytes, s.finalHeader(300));
+  EXPECT_NE(test::errorOf<DataError>([&] { reader(cut, "shard-00001.cohort").read(250, 10); })
+                .find("chunk 2 of 3 fails authentication"),
+            std::string::npos);
+}
+
 TEST(Keys, MalformedOrExposedKeysAreRefusedWithoutBeingQuoted) {
   TempDir dir;
   const std::string almost = kHex.substr(0, 63) + "g";

@@ -14,8 +14,8 @@ constexpr const char* kDatasetManifestName = "dataset.json";
 struct ShardInfo {
   std::string name;      // file name relative to the dataset root
   int64_t records = 0;
-  int64_t bytes = 0;
-  std::string checksum;  // XXH3-64 of the whole file, 16 hex digits
+  int64_t bytes = 0;      // of the file as stored (sealed, when encrypted)
+  std::string checksum;  // XXH3-64 of the whole file as stored, 16 hex digits
 };
 
 struct DatasetManifest {
@@ -29,6 +29,9 @@ struct DatasetManifest {
   std::string source;                // what was packed, for people
   std::string created;               // UTC, ISO 8601
   std::vector<ShardInfo> shards;
+  // The id of the key every shard is sealed with (docs/security.md); empty:
+  // plain shards.
+  std::string encryptionKeyId;
 
   int64_t records() const;
   int64_t bytes() const;

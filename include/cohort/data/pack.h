@@ -10,6 +10,10 @@
 #include "cohort/data/dataset_manifest.h"
 #include "cohort/storage/storage.h"
 
+namespace cohort::security {
+struct Key;
+}
+
 namespace cohort::data {
 
 struct PackOptions {
@@ -20,6 +24,8 @@ struct PackOptions {
   std::string name;                  // dataset name; empty: SRC's last path component
   bool progress = true;              // a progress line on stderr
   storage::StorageOptions storage;   // DST is a blob URL
+  // Seal every shard with this key (docs/security.md); null: plain shards.
+  const security::Key* key = nullptr;
 };
 
 struct PackResult {

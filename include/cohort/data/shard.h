@@ -17,8 +17,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace cohort::security {
+struct Key;
+class StreamSealer;
+}  // namespace cohort::security
 
 namespace cohort::data {
 
@@ -36,25 +42,34 @@ struct Record {
 };
 
 // Writes one shard to a local file. Not thread-safe; one writer per shard.
+// With a key, the file is sealed as it is written (security/sealed.h, in
+// kRandomAccessChunkBytes chunks, authenticated as `label`, the shard's
+// name): no plaintext reaches the disk.
 class ShardWriter {
  public:
   // Throws IoError naming `path`.
-  explicit ShardWriter(const std::string& path);
+  explicit ShardWriter(const std::string& path, const security::Key* key = nullptr,
+                       const std::string& label = "");
   ~ShardWriter();  // an unfinished shard is removed
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   void add(const std::string& key, int64_t label, const void* payload, size_t size);
-  // Writes index and footer, fsyncs and closes. Returns the file's size.
+  // Writes index and footer, fsyncs and closes. Returns the file's size
+  // (sealed, with a key).
   int64_t finish();
   int64_t records() const { return static_cast<int64_t>(offsets_.size()); }
   int64_t bytes() const { return offset_; }
 
  private:
   void write(const void* data, size_t size);
-  void flush();  // the buffer to the file
+  void flush(bool last = false);  // the buffer to the file (sealed: whole chunks but the last)
+  void writeOut(const char* data, size_t size);
 
   std::string path_;
+  std::unique_ptr<security::StreamSealer> sealer_;
+  uint64_t chunk_ = 0;       // next chunk to seal
+  int64_t fileBytes_ = 0;    // written to the file so far
   int fd_ = -1;
   int64_t offset_ = 0;
   std::vector<uint64_t> offsets_;

@@ -30,6 +30,10 @@
 #include "cohort/data/dataset_manifest.h"
 #include "cohort/storage/storage.h"
 
+namespace cohort::security {
+class SealedReader;
+}
+
 namespace cohort::data {
 
 struct ShardSourceStats {
@@ -56,9 +60,15 @@ class ShardSource {
   // The cache directory of this dataset (blob storage with the cache on).
   const std::string& cacheDir() const { return cacheDir_; }
 
-  // Reads `length` bytes at `offset` of shard `shard`. Thread-safe. Throws
-  // DataError/StorageError naming the shard; rethrows a fetcher failure.
+  // Reads `length` bytes at `offset` of shard `shard`'s contents: decrypted
+  // and authenticated when the dataset is encrypted (with the installed
+  // keyring, security/keys.h). Thread-safe. Throws DataError/StorageError
+  // naming the shard (ConfigError: no key for it); rethrows a fetcher failure.
   std::string read(int shard, int64_t offset, int64_t length);
+  // The size of shard `shard`'s contents (its file's size when not encrypted).
+  int64_t shardBytes(int shard);
+  // The bytes of the file as stored (sealed, when encrypted), as read() does.
+  std::string readRaw(int shard, int64_t offset, int64_t length);
 
   // The shards in the order they will be read: the fetcher downloads them in
   // this order, replacing any previous plan. No-op for local datasets.
@@ -74,6 +84,7 @@ class ShardSource {
   struct OpenFile;
   static constexpr size_t kFetchAhead = 8;  // shards the fetcher may run ahead of the reads
   std::shared_ptr<OpenFile> openFile(int shard);
+  std::shared_ptr<const security::SealedReader> sealed(int shard);
   void fetchLoop();
   bool fetchOne(int shard);
   void evict(const std::string& keep);

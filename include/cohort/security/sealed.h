@@ -15,6 +15,8 @@
 // a truncated or extended file all fail to open.
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "cohort/security/keys.h"
@@ -23,6 +25,9 @@ namespace cohort::security {
 
 inline constexpr size_t kSealedHeaderBytes = 64;
 inline constexpr uint32_t kDefaultChunkBytes = 4u << 20;
+// Files read at random offsets (packed shards): a record read decrypts
+// little more than itself.
+inline constexpr uint32_t kRandomAccessChunkBytes = 64u << 10;
 
 // What a file at `path` is authenticated as: "<parent dir name>/<file name>".
 std::string sealedLabel(const std::string& path);
@@ -55,6 +60,51 @@ class Sealer {
   uint64_t plainBytes_, chunks_;
   uint32_t chunkBytes_;
   Cipher* cipher_;
+};
+
+// Seals a file streamed chunk by chunk whose size is not known in advance
+// (format version 2): write header() first, then every chunk in order, the
+// last one flagged (it may be short, or empty when the file is), then
+// finalHeader(total plaintext bytes) over the first 64 bytes. The size field
+// is left out of the authenticated data; the file's size binds it.
+class StreamSealer {
+ public:
+  StreamSealer(const Key& key, const std::string& label, uint32_t chunkBytes);
+  ~StreamSealer();
+  StreamSealer(const StreamSealer&) = delete;
+  StreamSealer& operator=(const StreamSealer&) = delete;
+
+  const std::string& header() const { return header_; }
+  std::string finalHeader(uint64_t plainBytes) const;
+  uint32_t chunkBytes() const { return chunkBytes_; }
+  // Seals chunk `i`: exactly chunkBytes() bytes unless it is the last.
+  void seal(uint64_t i, const void* plain, size_t size, bool last, std::string& out);
+
+ private:
+  struct Cipher;
+  std::string header_, aadPrefix_;
+  uint32_t chunkBytes_;
+  Cipher* cipher_;
+};
+
+// Random access to a sealed file's plaintext through a reader of its raw
+// bytes (a local file, a cache, ranged GETs): read() fetches the chunks that
+// cover the range in one raw read and authenticates each. `label` is what the
+// file was sealed as; `name` names it in messages. Thread-safe. Throws as
+// readSealedFile, and DataError for a range past the end.
+class SealedReader {
+ public:
+  using ReadRaw = std::function<std::string(uint64_t offset, uint64_t length)>;
+  SealedReader(ReadRaw raw, uint64_t sealedBytes, const std::string& label, const Keyring* keys,
+               const std::string& name);
+  uint64_t plainBytes() const;
+  std::string read(uint64_t offset, uint64_t length) const;
+
+ private:
+  struct State;
+  ReadRaw raw_;
+  std::string label_, name_;
+  std::shared_ptr<const State> state_;
 };
 
 // The whole of `data` sealed, as a string (for small files such as the final
