@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     *) targets="$targets $1"; shift ;;
   esac
 done
-all="job_yaml idx shard dataset_manifest ckpt_manifest blob_xml metrics_http tensorboard timeline sealed tensor_file pickle"
+all="job_yaml idx shard dataset_manifest ckpt_manifest blob_xml metrics_http tensorboard timeline sealed store_wire tensor_file pickle"
 [ -n "$targets" ] || targets="$all"
 for t in $targets; do
   case " $all " in *" $t "*) ;; *) echo "fuzz.sh: no target '$t' (targets: $all)" >&2; exit 2 ;; esac

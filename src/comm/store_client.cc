@@ -82,7 +82,9 @@ class RemoteStore final : public c10d::Store {
       throw CommError(fmt::format("rendezvous store at {}: {}: the connection failed earlier",
                                   where_, what));
     }
-    const int64_t waitMs = (op == Op::get || op == Op::wait) ? number : timeout_.count();
+    // Beyond a month counts as no limit, as on the server (no clock overflow).
+    int64_t waitMs = (op == Op::get || op == Op::wait) ? number : timeout_.count();
+    if (waitMs < 0 || waitMs > int64_t{30} * 24 * 3600 * 1000) waitMs = 0;
     const Deadline deadline =
         waitMs == 0 && (op == Op::get || op == Op::wait)
             ? Deadline{}

@@ -36,6 +36,9 @@ namespace cohort::comm {
 template <class Ready>
 bool KeyValueTable::waitFor(std::unique_lock<std::mutex>& lock, Millis timeout, Ready ready) {
   auto done = [&] { return stopped_ || ready(); };
+  // A timeout of years overflows the clock's nanoseconds: longer than a
+  // month is without limit (found by fuzzing a request's timeout field).
+  if (timeout.count() < 0 || timeout > std::chrono::hours(24 * 30)) timeout = Millis(0);
   if (timeout.count() == 0) {
     changed_.wait(lock, done);
   } else if (!changed_.wait_for(lock, timeout, done)) {
