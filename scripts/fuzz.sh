@@ -27,7 +27,8 @@ while [ $# -gt 0 ]; do
     *) targets="$targets $1"; shift ;;
   esac
 done
-all="job_yaml idx shard dataset_manifest ckpt_manifest blob_xml metrics_http tensorboard timeline sealed store_wire tensor_file pickle"
+# Every fuzz/<target>_fuzz.cc is a target (fuzz/CMakeLists.txt builds the same).
+all=$(for f in fuzz/*_fuzz.cc; do basename "$f" _fuzz.cc; done | tr '\n' ' ')
 [ -n "$targets" ] || targets="$all"
 for t in $targets; do
   case " $all " in *" $t "*) ;; *) echo "fuzz.sh: no target '$t' (targets: $all)" >&2; exit 2 ;; esac
