@@ -6,9 +6,15 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
@@ -273,45 +279,166 @@ namespace {
   throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(err)));
 }
 
-void writeAll(int fd, const char* p, uint64_t left, const std::string& tmp, const std::string& path) {
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, std::min<uint64_t>(left, uint64_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) abandonWrite(fd, tmp, path, errno);
-    p += n;
-    left -= static_cast<uint64_t>(n);
-  }
-}
+// Sealed bytes travel from the sealing thread to a writer thread in aligned
+// buffers, so that sealing one buffer overlaps writing the previous one, and
+// the writes can bypass the page cache (O_DIRECT) as a plain file's do.
+class SealedPipe {
+ public:
+  static constexpr size_t kBuffer = size_t{8} << 20;
 
-// The image sealed chunk by chunk (one chunk's ciphertext in memory), the
-// checksum over what reaches the disk.
+  SealedPipe(int fd, bool direct) : fd_(fd), direct_(direct) {
+    for (auto& b : buffers_) {
+      void* p = nullptr;
+      // Room for a whole chunk past the buffer's size: it fills, then is cut.
+      if (::posix_memalign(&p, kDirectAlign, kBuffer + security::kDefaultChunkBytes + 4096) != 0) {
+        throw std::bad_alloc();
+      }
+      b.reset(static_cast<char*>(p));
+    }
+    writer_ = std::thread([this] { writeLoop(); });
+  }
+  ~SealedPipe() { finish(); }
+
+  // Where the next `n` sealed bytes go.
+  char* reserve(size_t n) {
+    if (fill_ + n > kBuffer + security::kDefaultChunkBytes + 4096) hand(false);
+    return buffers_[current_].get() + fill_;
+  }
+  void commit(size_t n) {
+    fill_ += n;
+    if (fill_ >= kBuffer) hand(false);
+  }
+  // Hands over what is left, waits for every write; the first failure's errno (0: none).
+  int finish() {
+    if (writer_.joinable()) {
+      hand(true);
+      {
+        std::lock_guard<std::mutex> g(mutex_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      writer_.join();
+    }
+    return error_;
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+
+  // Gives the current buffer (its aligned part, or all of it when `last`) to
+  // the writer and carries the unaligned rest into the other buffer.
+  void hand(bool last) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return pending_ == nullptr; });
+    const size_t size = last || !direct_ ? fill_ : fill_ / kDirectAlign * kDirectAlign;
+    pending_ = buffers_[current_].get();
+    pendingSize_ = size;
+    const size_t rest = fill_ - size;
+    char* next = buffers_[current_ ^ 1].get();
+    if (rest > 0) std::memcpy(next, pending_ + size, rest);
+    current_ ^= 1;
+    fill_ = rest;
+    lock.unlock();
+    cv_.notify_all();
+  }
+
+  void writeLoop() {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return pending_ != nullptr || stop_; });
+      if (pending_ == nullptr) return;
+      const char* p = pending_;
+      size_t left = pendingSize_;
+      lock.unlock();
+      while (left > 0 && error_ == 0) {
+        size_t n = left;
+        if (direct_ && n % kDirectAlign != 0) {
+          // The end of the file is not a whole block: its tail goes through the cache.
+          n = n / kDirectAlign * kDirectAlign;
+          if (n == 0) {
+            dropDirect();
+            continue;
+          }
+        }
+        const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EINVAL && direct_) {
+          dropDirect();  // the file system refuses direct I/O after all
+          continue;
+        }
+        if (w < 0) {
+          error_ = errno;
+          break;
+        }
+        p += w;
+        left -= static_cast<size_t>(w);
+      }
+      lock.lock();
+      pending_ = nullptr;
+      lock.unlock();
+      cv_.notify_all();
+    }
+  }
+
+  void dropDirect() {
+    const int flags = ::fcntl(fd_, F_GETFL);
+    ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT);
+    direct_ = false;
+  }
+
+  int fd_;
+  std::atomic<bool> direct_;  // cleared by the writer for the tail, or when refused
+  std::unique_ptr<char, Free> buffers_[2];
+  int current_ = 0;
+  size_t fill_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const char* pending_ = nullptr;
+  size_t pendingSize_ = 0;
+  bool stop_ = false;
+  std::atomic<int> error_{0};
+  std::thread writer_;
+};
+
+// The image sealed chunk by chunk, sealing overlapped with writing
+// (SealedPipe); the checksum over what reaches the disk.
 WrittenFile writeSealedImage(const std::string& path, const void* data, uint64_t size,
                              const std::function<void()>& beforeCommit, const security::Key& key) {
   security::Sealer sealer(key, security::sealedLabel(path), size);
   std::string tmp;
-  const int fd = openTemporary(path, tmp, false);
+  int fd = openTemporary(path, tmp, true);
+  const bool direct = fd >= 0;
+  if (!direct) fd = openTemporary(path, tmp, false);
   if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
   WrittenFile out;
   out.name = fs::path(path).filename().string();
   out.size = sealer.sealedBytes();
   Hasher h;
-  h.update(sealer.header().data(), sealer.header().size());
-  writeAll(fd, sealer.header().data(), sealer.header().size(), tmp, path);
-  const char* p = static_cast<const char*>(data);
-  std::string chunk;
-  for (uint64_t i = 0; i < sealer.chunks(); ++i) {
-    try {
-      sealer.seal(i, p, chunk);
-    } catch (...) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw;
+  int err = 0;
+  try {
+    SealedPipe pipe(fd, direct);
+    std::memcpy(pipe.reserve(sealer.header().size()), sealer.header().data(), sealer.header().size());
+    h.update(sealer.header().data(), sealer.header().size());
+    pipe.commit(sealer.header().size());
+    const char* p = static_cast<const char*>(data);
+    for (uint64_t i = 0; i < sealer.chunks(); ++i) {
+      const size_t n = sealer.sealedLength(i);
+      char* dst = pipe.reserve(n);
+      sealer.seal(i, p, dst);
+      h.update(dst, n);
+      pipe.commit(n);
+      p += sealer.plainLength(i);
+      if (beforeCommit && i == sealer.chunks() / 2) beforeCommit();  // the test hook, half written
     }
-    h.update(chunk.data(), chunk.size());
-    writeAll(fd, chunk.data(), chunk.size(), tmp, path);
-    p += sealer.plainLength(i);
-    if (beforeCommit && i == sealer.chunks() / 2) beforeCommit();  // the test hook, half written
+    err = pipe.finish();
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
+  if (err != 0) abandonWrite(fd, tmp, path, err);
   out.checksum = h.hex();
   commitTemporary(fd, tmp, path);
   return out;

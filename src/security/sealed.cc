@@ -197,9 +197,8 @@ void openChunk(EVP_CIPHER_CTX* c, const Layout& l, const Key& key, uint64_t i,
 
 // Seals `n` bytes as chunk i into `out` (nonce, ciphertext, tag).
 void sealChunk(EVP_CIPHER_CTX* c, const Key& key, const std::string& aadPrefixText, uint64_t i,
-               bool last, const void* plain, uint64_t n, std::string& out) {
-  out.resize(kNonce + n + kTag);
-  auto* o = reinterpret_cast<unsigned char*>(out.data());
+               bool last, const void* plain, uint64_t n, char* out) {
+  auto* o = reinterpret_cast<unsigned char*>(out);
   // A fresh random nonce per chunk: 2^-32 collision odds only after ~2^32
   // chunks (16 PB at 4 MiB) under one key.
   if (RAND_bytes(o, kNonce) != 1) throw Error("no random bytes for an encryption nonce");
@@ -312,7 +311,14 @@ uint64_t Sealer::plainLength(uint64_t i) const {
 
 uint64_t Sealer::sealedBytes() const { return kSealedHeaderBytes + plainBytes_ + chunks_ * (kNonce + kTag); }
 
+uint64_t Sealer::sealedLength(uint64_t i) const { return kNonce + plainLength(i) + kTag; }
+
 void Sealer::seal(uint64_t i, const void* plain, std::string& out) {
+  out.resize(sealedLength(i));
+  seal(i, plain, out.data());
+}
+
+void Sealer::seal(uint64_t i, const void* plain, char* out) {
   sealChunk(cipher_->ctx.ctx, *cipher_->key, aadPrefix_, i, i + 1 == chunks_, plain,
             plainLength(i), out);
 }
@@ -341,7 +347,8 @@ void StreamSealer::seal(uint64_t i, const void* plain, size_t size, bool last, s
     throw Error(fmt::format("sealing chunk {}: {} bytes where the chunk size is {}", i, size,
                             chunkBytes_));
   }
-  sealChunk(cipher_->ctx.ctx, cipher_->key, aadPrefix_, i, last, plain, size, out);
+  out.resize(kNonce + size + kTag);
+  sealChunk(cipher_->ctx.ctx, cipher_->key, aadPrefix_, i, last, plain, size, out.data());
 }
 
 struct SealedReader::State {

@@ -217,6 +217,24 @@ TEST(Keys, MalformedOrExposedKeysAreRefusedWithoutBeingQuoted) {
             std::string::npos);
 }
 
+// Large files pass through the writer's two 8 MiB buffers (sealing one while
+// the other is written, direct I/O for whole blocks, the tail through the
+// page cache): every size around those boundaries reads back whole.
+TEST(SealedCheckpointFiles, LargeImagesCrossTheWritersBuffers) {
+  TempDir dir;
+  Ring r;
+  fs::create_directories(dir.file("step-2"));
+  for (uint64_t size : {uint64_t{8} << 20, (uint64_t{8} << 20) + 1, (uint64_t{20} << 20) + 4095,
+                        (uint64_t{4} << 20) * 5}) {
+    const std::string image = bytes(size, static_cast<unsigned>(size % 251));
+    const std::string path = dir.file("step-2/optimizer.bin");
+    const ckpt::WrittenFile w = ckpt::writeFileImage(path, image.data(), size, nullptr, &r.ring.current);
+    EXPECT_EQ(w.size, fs::file_size(path)) << size;
+    EXPECT_EQ(w.checksum, checksumFile(path)) << size;
+    EXPECT_TRUE(readSealedFile(path, &r.ring) == image) << size;
+  }
+}
+
 TEST(SealedCheckpointFiles, TensorFilesAndModelsRoundTripAndFailVerification) {
   TempDir dir;
   Ring r;

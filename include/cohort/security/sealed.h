@@ -50,9 +50,12 @@ class Sealer {
   uint64_t chunks() const { return chunks_; }
   uint64_t plainLength(uint64_t chunk) const;  // plaintext bytes of chunk i
   uint64_t sealedBytes() const;                // the whole file's size
+  uint64_t sealedLength(uint64_t chunk) const;  // bytes of chunk i on disk
   // Seals chunk `i` (plainLength(i) bytes at `plain`) into `out`, replacing
-  // its contents. Throws Error if the cipher fails.
+  // its contents, or into the sealedLength(i) bytes at `out`. Throws Error
+  // if the cipher fails.
   void seal(uint64_t i, const void* plain, std::string& out);
+  void seal(uint64_t i, const void* plain, char* out);
 
  private:
   struct Cipher;
