@@ -14,6 +14,7 @@
 #include "cohort/core/error.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/core/log.h"
+#include "cohort/core/net.h"
 #include "comm/detail/store_client.h"
 
 namespace cohort::comm {

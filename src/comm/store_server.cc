@@ -27,6 +27,7 @@
 #include "cohort/comm/store.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/net.h"
 #include "comm/detail/store_wire.h"
 
 namespace cohort::comm {
@@ -135,10 +136,6 @@ void KeyValueTable::stop() {
 }
 
 // ---- StoreServer ----------------------------------------------------------
-
-bool isLoopbackAddress(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
 
 std::string newStoreToken() {
   unsigned char raw[32];

@@ -16,6 +16,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/net.h"
 
 namespace cohort::monitor {
 namespace {
@@ -143,16 +144,12 @@ std::string PrometheusText::str() const {
   return out;
 }
 
-bool isLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
-}
-
 void MetricsServerConfig::validate() const {
   if (host.empty()) throw ConfigError("metrics endpoint: the host is empty");
   if (port < 0 || port > 65535) {
     throw ConfigError(fmt::format("metrics endpoint: port {} is outside [0, 65535]", port));
   }
-  if (token.empty() && !isLoopbackHost(host)) {
+  if (token.empty() && !isLoopbackAddress(host)) {
     throw ConfigError(fmt::format(
         "metrics endpoint: listening on {} (beyond this machine's loopback) needs a token: set "
         "output.metrics_token_file (Prometheus sends it with authorization.credentials_file)",

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "cohort/core/error.h"
+#include "cohort/core/net.h"
 #include "test_paths.h"
 #include "util/process.h"
 
@@ -319,9 +320,9 @@ TEST(PrometheusEndpoint, ATokenIsRequiredBeyondLoopbackAndChecked) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("metrics_token_file"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(monitor::isLoopbackHost("127.0.0.1"));
-  EXPECT_TRUE(monitor::isLoopbackHost("::1"));
-  EXPECT_FALSE(monitor::isLoopbackHost("10.0.0.1"));
+  EXPECT_TRUE(isLoopbackAddress("127.0.0.1"));
+  EXPECT_TRUE(isLoopbackAddress("::1"));
+  EXPECT_FALSE(isLoopbackAddress("10.0.0.1"));
 
   monitor::MetricsServerConfig c;
   c.host = "0.0.0.0";

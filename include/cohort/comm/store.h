@@ -92,9 +92,6 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// "localhost", 127.0.0.0/8 and ::1.
-bool isLoopbackAddress(const std::string& addr);
-
 // A fresh random token (64 hex digits) for a job whose launcher hosts the store.
 std::string newStoreToken();
 

@@ -70,9 +70,6 @@ struct MetricsServerConfig {
   void validate() const;
 };
 
-// True for 127.0.0.0/8, ::1 and "localhost".
-bool isLoopbackHost(const std::string& host);
-
 // Serves the text `render` returns at GET /metrics (Content-Type
 // "text/plain; version=0.0.4; charset=utf-8"); every other path is 404.
 // cpp-httplib on a background thread with two workers.
