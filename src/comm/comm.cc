@@ -12,7 +12,7 @@
 #include <map>
 
 #include "cohort/core/error.h"
-#include "cohort/monitor/activity.h"
+#include "cohort/comm/wait.h"
 #include "cohort/core/log.h"
 #include "cohort/core/net.h"
 #include "comm/detail/store_client.h"
@@ -163,7 +163,7 @@ c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {
 }
 
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const char* what) {
-  monitor::WaitScope waiting(what);  // for the stall inspector (monitor/watchdog.h)
+  CollectiveWait waiting(what);  // for the stall inspector (monitor/watchdog.h)
   try {
     work->wait(comm.timeout);
   } catch (const std::exception& e) {
@@ -213,7 +213,7 @@ void checkAgreement(const Comm& comm, const std::string& key, const std::string&
   for (int r = 0; r < comm.worldSize; ++r) {
     const std::string k = fmt::format("agree/{}/{}", key, r);
     try {
-      monitor::WaitScope waiting("agreement check");
+      CollectiveWait waiting("agreement check");
       comm.store->wait({k}, comm.timeout);
       byValue[stringOf(comm.store->get(k))].push_back(r);
     } catch (const std::exception& e) {
@@ -238,7 +238,7 @@ std::string shareFromRoot(const Comm& comm, const std::string& key, const std::s
     return value;
   }
   try {
-    monitor::WaitScope waiting("a value from rank 0");
+    CollectiveWait waiting("a value from rank 0");
     comm.store->wait({k}, comm.timeout);
     return stringOf(comm.store->get(k));
   } catch (const std::exception& e) {

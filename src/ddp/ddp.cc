@@ -15,7 +15,7 @@
 #include "cohort/core/error.h"
 #include "ddp/detail/exchange.h"
 #include "ddp/detail/gloo_sum.h"
-#include "cohort/monitor/activity.h"
+#include "cohort/comm/wait.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/log.h"
 
@@ -272,7 +272,7 @@ bool DistributedDataParallel::sumInSharedMemory(size_t k) {
   Bucket& b = buckets_[k];
   const auto start = std::chrono::steady_clock::now();
   const auto wallStart = monitor::Timeline::Clock::now();
-  monitor::WaitScope waiting("gradient allreduce (shared memory)");
+  comm::CollectiveWait waiting("gradient allreduce (shared memory)");
   const bool finite =
       shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout);
   stats_.sharedMemorySeconds +=
@@ -354,7 +354,7 @@ void DistributedDataParallel::finishGradients() {
     // to the other ranks of its machine. (A leader whose Gloo sum failed
     // throws instead; its machine's ranks then see it exit, or time out.)
     const auto wallStart = monitor::Timeline::Clock::now();
-    monitor::WaitScope waiting("gradient broadcast from this machine's leader (shared memory)");
+    comm::CollectiveWait waiting("gradient broadcast from this machine's leader (shared memory)");
     shm_->broadcast(0, static_cast<size_t>(totalFloats_), 0, comm_.timeout);
     if (monitor::Timeline* t = monitor::timeline()) {
       t->complete("broadcast from the machine's leader (shared memory)", "comm", wallStart,

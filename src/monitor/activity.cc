@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 
+#include "cohort/comm/wait.h"
+
 namespace cohort::monitor {
 namespace {
 
@@ -25,7 +27,16 @@ State& state() {
   return s;
 }
 
-thread_local int waitDepth = 0;
+// comm::CollectiveWait tells it of each outermost wait.
+class CollectiveObserver : public comm::WaitObserver {
+ public:
+  void waitBegins(const char* what) override {
+    State& s = state();
+    s.waitingSince.store(nowNs(), std::memory_order_relaxed);
+    s.waitingIn.store(what, std::memory_order_release);
+  }
+  void waitEnds() override { state().waitingIn.store(nullptr, std::memory_order_release); }
+};
 
 }  // namespace
 
@@ -53,16 +64,9 @@ void setPhase(Phase p) {
   s.phase.store(static_cast<int>(p), std::memory_order_relaxed);
 }
 
-WaitScope::WaitScope(const char* what) : outermost_(waitDepth++ == 0) {
-  if (!outermost_) return;
-  State& s = state();
-  s.waitingSince.store(nowNs(), std::memory_order_relaxed);
-  s.waitingIn.store(what, std::memory_order_release);
-}
-
-WaitScope::~WaitScope() {
-  --waitDepth;
-  if (outermost_) state().waitingIn.store(nullptr, std::memory_order_release);
+void observeCollectives() {
+  static CollectiveObserver observer;
+  comm::setWaitObserver(&observer);
 }
 
 Activity activity() {

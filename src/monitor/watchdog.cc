@@ -66,6 +66,7 @@ Watchdog::Watchdog(const comm::Comm& comm, const WatchdogOptions& options)
       rank_(comm.rank),
       world_(comm.worldSize),
       host_(hostName()) {
+  observeCollectives();  // the collective a rank waits in goes into its heartbeat
   // The training thread uses comm.store; a client of our own keeps the two
   // threads' requests apart.
   impl_->store = comm::openStoreClient(comm);

@@ -1,9 +1,11 @@
 #pragma once
 
 // What this rank is doing right now: its step, its phase, and the collective
-// it waits in, if any. The training loop and the collectives set it (a few
-// relaxed atomic stores, no lock); the watchdog's thread reads it for the
-// heartbeat the other ranks see and for the stall inspector.
+// it waits in, if any. The training loop sets the step and phase (relaxed
+// atomic stores, no lock); the collective comes from comm, observed through
+// comm's WaitObserver (comm/wait.h) once observeCollectives() installed it.
+// The watchdog's thread reads it for the heartbeat the other ranks see and
+// for the stall inspector.
 
 #include <cstdint>
 #include <string>
@@ -27,19 +29,9 @@ const char* phaseName(Phase p);
 void setStep(int64_t step);
 void setPhase(Phase p);
 
-// Marks the calling thread as waiting in a collective named `what` (a string
-// literal: only the pointer is kept) for its lifetime. Nested scopes keep the
-// outermost one.
-class WaitScope {
- public:
-  explicit WaitScope(const char* what);
-  ~WaitScope();
-  WaitScope(const WaitScope&) = delete;
-  WaitScope& operator=(const WaitScope&) = delete;
-
- private:
-  bool outermost_;
-};
+// From now on, the collective this process waits in (comm::CollectiveWait)
+// is part of activity(). The Watchdog calls it; calling it again is harmless.
+void observeCollectives();
 
 struct Activity {
   int64_t step = 0;
