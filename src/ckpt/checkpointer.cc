@@ -14,6 +14,7 @@
 
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/error.h"
+#include "cohort/core/time.h"
 #include "cohort/core/log.h"
 #include "cohort/monitor/timeline.h"
 
@@ -22,11 +23,7 @@ namespace fs = std::filesystem;
 namespace cohort::ckpt {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double secondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using Clock = SteadyClock;
 
 // Copies a tensor's bytes to host memory at `dst`.
 void hostCopy(char* dst, const at::Tensor& t) {

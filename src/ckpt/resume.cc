@@ -5,7 +5,11 @@
 #include <filesystem>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/tier.h"
+#include "cohort/config/load.h"
 #include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/storage/storage.h"
 
 namespace fs = std::filesystem;
 
@@ -50,6 +54,92 @@ ResumePoint resolveResumePath(const std::string& path) {
   throw DataError(fmt::format("--resume {}: holds no checkpoint (step-<N> directories with a "
                               "manifest.json)",
                               path));
+}
+
+namespace {
+
+// Keys whose change makes a checkpoint's position in the epoch meaningless.
+bool positionDependsOn(const std::string& key) {
+  return key.rfind("data.train.", 0) == 0 || key == "training.batch_size" ||
+         key == "training.accumulate_steps" || key == "training.seed" ||
+         key == "data.drop_last" || key == "training.optimizer.name";
+}
+
+std::string runName(const RunDir& runDir) { return fs::path(runDir.root).filename().string(); }
+
+}  // namespace
+
+std::string checkpointDir(const JobConfig& job, const RunDir& runDir) {
+  if (job.checkpoint.dir.empty()) return runDir.root + "/checkpoints";
+  return job.checkpoint.dir + "/" + runName(runDir);
+}
+
+std::string remoteCheckpointDir(const JobConfig& job, const RunDir& runDir) {
+  if (job.checkpoint.remote.empty()) return "";
+  return storage::joinUrl(job.checkpoint.remote, runName(runDir));
+}
+
+std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
+                                   const std::string& resumeArg) {
+  const std::string own = checkpointDir(job, runDir);
+  std::vector<std::string> skipped;
+  std::optional<ResumePoint> point = newestValidCheckpoint(own, &skipped);
+  for (const auto& s : skipped) log::warn("skipping invalid checkpoint {}", s);
+  if (!point && !resumeArg.empty()) point = resolveResumePath(resumeArg);
+  if (!point && !job.checkpoint.remote.empty()) {
+    auto tier = openTier(remoteCheckpointDir(job, runDir), storage::storageOptions(job.storage));
+    const auto steps = tier->list();
+    if (!steps.empty()) {
+      const std::string local = own + "/" + checkpointDirName(steps.back());
+      log::info("downloading checkpoint step {} from {}", steps.back(), tier->describe());
+      tier->download(steps.back(), local);
+      Verification v = verifyCheckpoint(local, true);
+      if (!v.valid) throw DataError(fmt::format("downloaded checkpoint is invalid: {}", v.problem));
+      point = ResumePoint{local, steps.back(), {}};
+    }
+  }
+  // What the run's own directory holds past the chosen point is written
+  // afresh by the resumed run: directories never committed are removed,
+  // invalid ones are set aside (step-<N>.invalid-<time>) for inspection.
+  const int64_t keepUpTo = point ? point->step : -1;
+  for (const auto& d : listCheckpointDirs(own)) {
+    if (d.step <= keepUpTo) continue;
+    std::error_code ec;
+    if (!fs::exists(d.path + "/manifest.json", ec)) {
+      fs::remove_all(d.path, ec);
+      log::info("removed {} (never committed)", d.path);
+      continue;
+    }
+    const std::string aside = d.path + ".invalid-" + utcNow();
+    fs::rename(d.path, aside, ec);
+    log::warn("set aside the invalid checkpoint {} as {}", d.path, aside);
+  }
+  return point ? point->path : std::string();
+}
+
+std::vector<std::string> checkResumable(const Manifest& m, const JobConfig& job, int worldSize,
+                                        const std::string& path) {
+  if (m.worldSize != worldSize) {
+    throw ConfigError(fmt::format(
+        "cannot resume from {}: it was written by {} ranks and this run has {}. Each rank's "
+        "place in the epoch and its random state belong to a world size; resume with {} ranks "
+        "(cohort run --procs {}), or start a new run with model.init_from={}/model.bin's weights "
+        "exported by `cohort ckpt export`",
+        path, m.worldSize, worldSize, m.worldSize, m.worldSize, path));
+  }
+  std::vector<std::string> changed;
+  if (m.jobHash == jobHash(job)) return changed;
+  const std::string saved = m.extra.value("job", std::string());
+  for (const auto& c : diffJobs(saved, job)) {
+    if (positionDependsOn(c.key)) {
+      throw ConfigError(fmt::format(
+          "cannot resume from {}: {} changed from {} to {}, and the checkpoint's place in the "
+          "epoch depends on it; start a new run (cohort run --new-run) instead",
+          path, c.key, c.before, c.after));
+    }
+    changed.push_back(fmt::format("{}: {} -> {}", c.key, c.before, c.after));
+  }
+  return changed;
 }
 
 }  // namespace cohort::ckpt

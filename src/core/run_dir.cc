@@ -29,14 +29,14 @@ RunDir openRunDir(const std::string& path) {
   return d;
 }
 
-RunDir createDefaultRunDir(const JobConfig& job) {
+RunDir createDefaultRunDir(const std::string& outputDir, const std::string& jobName) {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-  makeDirs(job.output.dir);
-  const std::string base = fmt::format("{}/{}-{}", job.output.dir, job.name, stamp);
+  makeDirs(outputDir);
+  const std::string base = fmt::format("{}/{}-{}", outputDir, jobName, stamp);
   for (int k = 1; k < 1000; ++k) {
     const std::string candidate = k == 1 ? base : fmt::format("{}-{}", base, k);
     std::error_code ec;
@@ -44,7 +44,7 @@ RunDir createDefaultRunDir(const JobConfig& job) {
     if (fs::create_directory(candidate, ec)) return openRunDir(candidate);
     if (ec) throw IoError(fmt::format("cannot create directory {}: {}", candidate, ec.message()));
   }
-  throw IoError(fmt::format("cannot create a run directory under {}", job.output.dir));
+  throw IoError(fmt::format("cannot create a run directory under {}", outputDir));
 }
 
 }  // namespace cohort

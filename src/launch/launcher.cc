@@ -16,13 +16,12 @@
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/resume.h"
-#include "cohort/train/stop.h"
-#include "cohort/train/trainer.h"
 
 #include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/exit_codes.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
@@ -49,7 +48,7 @@ struct Child {
 
 bool stoppedAfterCheckpoint(const Child& c) {
   return !c.killedByUs && WIFEXITED(c.status) &&
-         WEXITSTATUS(c.status) == train::kExitStoppedAfterCheckpoint;
+         WEXITSTATUS(c.status) == kExitStoppedAfterCheckpoint;
 }
 
 // How telling a rank's end is as the cause of a failed job: a signal or an
@@ -65,8 +64,8 @@ int severity(const Child& c) {
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
     if (code == 0) return 0;
-    if (code == 128 + SIGTERM || code == 128 + SIGINT) return 1;
-    if (code == train::kExitStoppedAfterCheckpoint) return 1;
+    if (code == exitCodeForSignal(SIGTERM) || code == exitCodeForSignal(SIGINT)) return 1;
+    if (code == kExitStoppedAfterCheckpoint) return 1;
     return code == 1 ? 2 : 3;
   }
   return 2;
@@ -146,7 +145,7 @@ std::optional<std::string> findInterruptedRun(const JobConfig& job) {
       std::stringstream text;
       text << jobFile.rdbuf();
       if (jobHash(loadJobFromString(text.str(), rd.jobFile())) != hash) continue;
-      if (ckpt::newestValidCheckpoint(train::checkpointDir(job, rd))) return dir;
+      if (ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, rd))) return dir;
     } catch (const std::exception&) {
       continue;  // a run directory we cannot read is not one to resume
     }
@@ -217,7 +216,7 @@ int runLauncher(const LaunchOptions& o) {
   if (o.runDir.empty() && !o.newRun && job.checkpoint.enabled) interrupted = findInterruptedRun(job);
   const RunDir runDir = !o.runDir.empty()  ? openRunDir(o.runDir)
                         : interrupted      ? openRunDir(*interrupted)
-                                           : createDefaultRunDir(job);
+                                           : createDefaultRunDir(job.output.dir, job.name);
   writeFileAtomic(runDir.jobFile(), toYaml(job));
   lo.file = runDir.launcherLog();
   log::init(lo);
@@ -415,8 +414,8 @@ int runLauncher(const LaunchOptions& o) {
     if (allStopped) {
       log::warn("every rank stopped after writing a checkpoint; rerun the same command to resume "
                 "(exit code {})",
-                train::kExitStoppedAfterCheckpoint);
-      a.code = train::kExitStoppedAfterCheckpoint;
+                kExitStoppedAfterCheckpoint);
+      a.code = kExitStoppedAfterCheckpoint;
       return a;
     }
     if (cause && (severity(*cause) >= 2 || interruptSignal == 0)) {
@@ -432,7 +431,7 @@ int runLauncher(const LaunchOptions& o) {
     }
     if (interruptSignal != 0) {
       log::error("interrupted: every rank stopped; outputs so far are in {}", runDir.root);
-      a.code = 128 + interruptSignal;
+      a.code = exitCodeForSignal(interruptSignal);
       return a;
     }
     if (!lost.empty()) {

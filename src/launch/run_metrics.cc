@@ -9,10 +9,10 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "cohort/ckpt/resume.h"
 #include "cohort/comm/comm.h"
 #include "cohort/monitor/prometheus.h"
 #include "cohort/monitor/watchdog.h"
-#include "cohort/train/trainer.h"
 #include "cohort/core/time.h"
 
 namespace cohort::launch {
@@ -81,7 +81,7 @@ struct RunMetrics::Impl {
 RunMetrics::RunMetrics(const JobConfig& job, const RunDir& runDir, const comm::HostedStore& store)
     : impl_(std::make_unique<Impl>()) {
   impl_->metricsPath = runDir.metrics();
-  impl_->checkpointDir = train::checkpointDir(job, runDir);
+  impl_->checkpointDir = ckpt::checkpointDir(job, runDir);
   impl_->world = static_cast<int>(job.distribution.procsPerNode);
   impl_->job = job.name;
   impl_->store = store.store;

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cohort/core/error.h"
+#include "cohort/core/exit_codes.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/core/signals.h"
 
@@ -254,7 +255,7 @@ int follow(const LogsOptions& o, Merger& merger) {
     if (const int sig = signals.wait(o.pollInterval)) {
       merger.discover();
       merger.pass(true);
-      return 128 + sig;
+      return exitCodeForSignal(sig);
     }
   }
 }

@@ -20,6 +20,8 @@
 #include "cohort/monitor/timeline.h"
 #include "cohort/monitor/watchdog.h"
 #include "cohort/train/compute.h"
+#include "cohort/ckpt/resume.h"
+#include "cohort/core/exit_codes.h"
 #include "cohort/train/stop.h"
 #include "cohort/train/trainer.h"
 
@@ -53,7 +55,7 @@ void installSignalThread() {
       }
       log::warn("received {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
       log::flush();
-      std::_Exit(128 + sig);
+      std::_Exit(exitCodeForSignal(sig));
     }
   }).detach();
 }
@@ -111,7 +113,7 @@ int runWorker(const WorkerOptions& o) {
 
   // Rank 0 picks the run directory and tells the others.
   std::string root = o.runDir;
-  if (root.empty() && re.rank == 0) root = createDefaultRunDir(job).root;
+  if (root.empty() && re.rank == 0) root = createDefaultRunDir(job.output.dir, job.name).root;
   root = comm::shareFromRoot(comm, "run_dir", root);
   const RunDir runDir = openRunDir(root);
 
@@ -157,7 +159,7 @@ int runWorker(const WorkerOptions& o) {
   to.restartCount = restarts;
   if (job.checkpoint.enabled || !o.resume.empty()) {
     std::string chosen;
-    if (re.rank == 0) chosen = chooseResumeCheckpoint(job, runDir, o.resume);
+    if (re.rank == 0) chosen = ckpt::chooseResumeCheckpoint(job, runDir, o.resume);
     to.resumeFrom = comm::shareFromRoot(comm, "resume_from", chosen);
   }
   if (restarts > 0) log::info("restart {} of this job", restarts);

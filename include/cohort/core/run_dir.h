@@ -10,8 +10,6 @@
 
 #include <string>
 
-#include "cohort/config/job.h"
-
 namespace cohort {
 
 struct RunDir {
@@ -27,9 +25,10 @@ struct RunDir {
   std::string summary() const { return root + "/summary.json"; }
 };
 
-// Creates `<output.dir>/<name>-<UTC time>` (with a numeric suffix if it
-// exists already) and its logs/ and model/ folders. Throws IoError.
-RunDir createDefaultRunDir(const JobConfig& job);
+// Creates `<outputDir>/<jobName>-<UTC time>` (with a numeric suffix if it
+// exists already) and its logs/ and model/ folders; the job's output.dir and
+// name. Throws IoError.
+RunDir createDefaultRunDir(const std::string& outputDir, const std::string& jobName);
 
 // Creates `path` (and logs/, model/) if missing. Throws IoError.
 RunDir openRunDir(const std::string& path);

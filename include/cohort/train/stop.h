@@ -21,8 +21,4 @@ inline StopRequest& stopRequest() {
   return r;
 }
 
-// Exit code of a rank (and of `cohort run`) that stopped on request after
-// writing a checkpoint: rerunning the same command resumes (EX_TEMPFAIL).
-inline constexpr int kExitStoppedAfterCheckpoint = 75;
-
 }  // namespace cohort::train

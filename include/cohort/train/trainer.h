@@ -58,24 +58,6 @@ struct TrainOptions {
   int restartCount = 0;
 };
 
-// Where the run's checkpoints go: <run dir>/checkpoints, or, when
-// checkpoint.dir is set, <checkpoint.dir>/<run directory's name> (each run
-// its own; another run's checkpoints are reached with --resume).
-std::string checkpointDir(const JobConfig& job, const RunDir& runDir);
-// The run's directory on the remote tier: <checkpoint.remote>/<run name>, or
-// "" without one.
-std::string remoteCheckpointDir(const JobConfig& job, const RunDir& runDir);
-
-// Rank 0 before training: the checkpoint this run resumes from. The newest
-// valid one in the run's own checkpoint directory; if there is none,
-// `resumeArg` (--resume: a checkpoint, checkpoints or run directory); if that
-// is empty too, the newest on the remote tier (downloaded). Logs every newer
-// checkpoint skipped as invalid, and deletes the run's own checkpoint
-// directories newer than the one chosen (never committed or invalid).
-// Returns "" to start fresh.
-std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
-                                   const std::string& resumeArg);
-
 // Trains the job's model on this rank. Every rank must call it with the same
 // job. Rank 0 writes metrics.jsonl and model/final.pt into `runDir`.
 // Throws cohort::Error subclasses (DataError for bad data, CommError when a

@@ -1,0 +1,34 @@
+#pragma once
+
+// A rank's own part of a checkpoint, rank-<r>.bin: its random state and,
+// when buffers are not broadcast (distribution.broadcast_buffers: false),
+// its own buffers. Parameters and optimizer state are the same on every rank
+// and are rank 0's model.bin and optimizer.bin.
+
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/checkpointer.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace cohort::ckpt {
+
+// The file name of `rank`'s state: "rank-<rank>.bin".
+std::string rankStateFile(int rank);
+
+// The items of rank-<r>.bin at this moment: "rng.cpu" (the default CPU
+// generator, cloned now; its state tensor is built by the copier thread) and,
+// with `ownBuffers`, "buffer.<name>" for every buffer among `modelItems` (the
+// items marked `early`).
+std::vector<SnapshotItem> rankStateItems(const std::vector<SnapshotItem>& modelItems,
+                                         bool ownBuffers);
+
+// Restores <checkpoint>/rank-<rank>.bin: the default CPU generator's state,
+// and every saved buffer into `model`'s buffer of that name and shape.
+// Throws DataError naming the file when it cannot be read.
+void restoreRankState(const std::string& checkpoint, int rank, const torch::nn::Module& model);
+
+}  // namespace cohort::ckpt

@@ -1,0 +1,16 @@
+#pragma once
+
+// Process exit codes shared by a rank (`cohort worker`), the launcher
+// (`cohort run`) and the tools that supervise them. Errors map to theirs
+// through cohort::Error::exitCode() (error.h): 2 for bad input, 1 otherwise.
+
+namespace cohort {
+
+// A rank (and `cohort run`) that stopped on request after writing a
+// checkpoint: rerunning the same command resumes (EX_TEMPFAIL).
+inline constexpr int kExitStoppedAfterCheckpoint = 75;
+
+// A process ended by signal `sig` reports 128 + sig, as a shell does.
+constexpr int exitCodeForSignal(int sig) { return 128 + sig; }
+
+}  // namespace cohort

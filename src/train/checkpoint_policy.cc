@@ -1,0 +1,158 @@
+#include "train/detail/checkpoint_policy.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "cohort/ckpt/rank_state.h"
+#include "cohort/ckpt/resume.h"
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/tier.h"
+#include "cohort/config/load.h"
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/time.h"
+#include "cohort/monitor/activity.h"
+#include "cohort/monitor/timeline.h"
+#include "cohort/security/keys.h"
+#include "cohort/storage/storage.h"
+
+namespace cohort::train::detail {
+
+CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
+                                   const RunDir& runDir, models::Model& model,
+                                   torch::optim::Optimizer& optimizer,
+                                   const std::vector<std::string>& paramNames,
+                                   const StepPlan& plan)
+    : job_(job),
+      rank_(comm.rank),
+      world_(comm.worldSize),
+      plan_(plan),
+      stop_(comm, job.checkpoint.enabled),
+      arch_(job.model.arch),
+      jobHash_(jobHash(job)),
+      optimizerCache_(optimizer, paramNames) {
+  const CheckpointConfig& cc = job.checkpoint;
+  if (!cc.enabled) return;
+  ckpt::CheckpointerOptions co;
+  co.dir = ckpt::checkpointDir(job, runDir);
+  co.rank = rank_;
+  co.worldSize = world_;
+  co.maxInFlight = static_cast<int>(cc.maxInFlight);
+  co.whenBehind = cc.whenBehind == "wait" ? ckpt::WhenBehind::wait : ckpt::WhenBehind::skip;
+  co.onError = cc.onError == "fail" ? ckpt::OnError::fail : ckpt::OnError::warn;
+  co.keepLast = cc.keepLast;
+  co.keepEvery = cc.keepEverySteps;
+  co.timeout = comm.timeout;
+  if (world_ > 1) co.store = comm::openStoreClient(comm);
+  if (rank_ == 0 && !cc.remote.empty()) {
+    co.remote = ckpt::openTier(ckpt::remoteCheckpointDir(job, runDir),
+                               storage::storageOptions(job.storage));
+  }
+  if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
+  co.manifestExtra = {{"job", toYaml(job)}};
+  if (const security::Keyring* keys = security::installedKeyring()) {
+    co.sealWith = keys->current;
+    co.manifestExtra["encryption"] = {{"algorithm", "AES-256-GCM"}, {"key_id", keys->current.id}};
+  }
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);
+  if (rank_ == 0) {
+    // Model, and optimizer state of about one (sgd) or two (adamw) copies
+    // of the parameters, plus room for headers and alignment.
+    uint64_t bytes = 0, params = 0;
+    for (const auto& [n, t] : ckpt::stateDict(model)) bytes += t.nbytes();
+    for (const auto& p : model.parameters()) params += p.nbytes();
+    bytes += params * (job.training.optimizer.name == "adamw" ? 2 : 1) + (uint64_t{8} << 20);
+    checkpointer_->reserve(bytes);
+  }
+  std::set<const void*> buffers;
+  for (const auto& b : model.buffers()) buffers.insert(b.unsafeGetTensorImpl());
+  for (auto& [name, t] : ckpt::stateDict(model)) {
+    modelItems_.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
+  }
+  modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
+}
+
+bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double lr,
+                            Reporter& reporter) {
+  const auto since = SteadyClock::now();
+  monitor::setPhase(monitor::Phase::checkpoint);
+  monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
+  const std::string& optimizerName = job_.training.optimizer.name;
+  ckpt::Manifest m;
+  m.step = step;
+  m.epoch = epoch;
+  m.batchInEpoch = micro;
+  m.samplesInEpoch = std::min(plan_.perRank, micro * plan_.batchSize) * world_;
+  m.worldSize = world_;
+  m.jobHash = jobHash_;
+  m.extra = {{"lr", lr}, {"optimizer", optimizerName}, {"peak_lr", plan_.peakLr},
+             {"global_batch", plan_.globalBatch}};
+  std::vector<ckpt::SnapshotFile> files;
+  if (rank_ == 0) {
+    // The lists of live tensors are built once (again only when the
+    // optimizer's set of states changes): marking costs no copy of them.
+    files.emplace_back("model.bin", modelList_, nlohmann::json{{"kind", "model"}, {"arch", arch_}});
+    const auto& state = optimizerCache_.get();
+    if (!optimizerList_ || optimizerCache_.generation() != optimizerGeneration_) {
+      std::vector<ckpt::SnapshotItem> items;
+      for (const auto& [name, t] : state) items.push_back({name, t, false});
+      optimizerList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(std::move(items));
+      optimizerGeneration_ = optimizerCache_.generation();
+    }
+    files.emplace_back("optimizer.bin", optimizerList_,
+                       nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}});
+  }
+  // Buffers differ per rank when they are not broadcast.
+  files.emplace_back(ckpt::rankStateFile(rank_),
+                     ckpt::rankStateItems(modelItems_, !job_.distribution.broadcastBuffers),
+                     nlohmann::json{{"kind", "rank"}, {"rank", rank_}});
+  const bool taken = checkpointer_->mark(std::move(m), std::move(files), since);
+  reporter.board(step, {{"checkpoint/blocked_ms", 1000 * secondsSince(since)}});
+  return taken;
+}
+
+bool CheckpointPolicy::afterStep(int64_t step, int64_t epoch, int64_t micro, double lr,
+                                 Reporter& reporter) {
+  if (!checkpointer_) return false;
+  const CheckpointConfig& cc = job_.checkpoint;
+  checkpointer_->poll();
+  const bool endOfEpoch = micro == plan_.batchesPerEpoch;
+  const bool due = (cc.everySteps > 0 && step % cc.everySteps == 0) ||
+                   (endOfEpoch && cc.everyEpochs > 0 && epoch % cc.everyEpochs == 0);
+  if (!stop_.due(step)) {
+    if (due) take(step, epoch, micro, lr, reporter);
+    return false;
+  }
+  // The last checkpoint is never skipped: a buffer is free once the earlier
+  // ones are written. It is durable when flush returns.
+  checkpointer_->flush();
+  take(step, epoch, micro, lr, reporter);
+  checkpointer_->flush();
+  if (checkpointer_->lastWrittenStep() != step) {
+    throw IoError(fmt::format(
+        "rank {}: stopping on request, but the checkpoint of step {} could not be written (see "
+        "the warning above); a rerun resumes from the previous one",
+        rank_, step));
+  }
+  log::warn("stopped on request after step {} (epoch {}, batch {}); checkpoint written: rerun "
+            "the same command to resume",
+            step, epoch, micro);
+  return true;
+}
+
+ckpt::CheckpointStats CheckpointPolicy::finish() {
+  if (!checkpointer_) return {};
+  checkpointer_->flush();
+  const ckpt::CheckpointStats s = checkpointer_->stats();
+  const int64_t marks = s.taken + s.skipped;
+  log::info("checkpoints: {} taken, {} skipped, {} failed; training blocked {:.3f} ms per "
+            "checkpoint on average, {:.3f} ms at most",
+            s.taken, s.skipped, s.failed, marks > 0 ? 1000 * s.blockedSeconds / double(marks) : 0.0,
+            1000 * s.maxBlockedSeconds);
+  return s;
+}
+
+}  // namespace cohort::train::detail

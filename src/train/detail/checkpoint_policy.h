@@ -1,0 +1,68 @@
+#pragma once
+
+// When a rank checkpoints and what each checkpoint holds. Parameters,
+// buffers and optimizer state are the same on every rank after a step, so
+// rank 0 writes them (model.bin, optimizer.bin); every rank writes its own
+// random state (rank-<r>.bin, ckpt/rank_state.h). The Checkpointer copies
+// and writes in the background (docs/architecture.md); this class decides
+// when (checkpoint.every_steps, every_epochs, a stop request) and gathers
+// the live tensors.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/checkpointer.h"
+#include "cohort/comm/comm.h"
+#include "cohort/config/job.h"
+#include "cohort/core/run_dir.h"
+#include "cohort/models/model.h"
+#include "cohort/train/optimizer.h"
+#include "train/detail/reporting.h"
+#include "train/detail/setup.h"
+#include "train/detail/stop_protocol.h"
+
+namespace cohort::train::detail {
+
+class CheckpointPolicy {
+ public:
+  // With checkpoint.enabled: a Checkpointer for this rank writing to
+  // ckpt::checkpointDir (and, on rank 0, the remote tier), its host buffers
+  // reserved, and the lists of live tensors built once. Without it, nothing
+  // is taken and stop requests end the rank at once (StopProtocol).
+  CheckpointPolicy(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
+                   models::Model& model, torch::optim::Optimizer& optimizer,
+                   const std::vector<std::string>& paramNames, const StepPlan& plan);
+
+  // Null when checkpoints are off.
+  ckpt::Checkpointer* checkpointer() const { return checkpointer_.get(); }
+
+  // After optimizer step `step` (counted from 1), at micro-batch `micro` of
+  // `epoch`, trained at learning rate `lr`: reports background failures,
+  // takes a checkpoint when one is due, and on an agreed stop request takes
+  // the last one, waits until it is durable and returns true. Throws IoError
+  // when that last checkpoint could not be written.
+  bool afterStep(int64_t step, int64_t epoch, int64_t micro, double lr, Reporter& reporter);
+
+  // Waits for every checkpoint in flight; logs and returns the counts.
+  ckpt::CheckpointStats finish();
+
+ private:
+  bool take(int64_t step, int64_t epoch, int64_t micro, double lr, Reporter& reporter);
+
+  const JobConfig& job_;
+  const int rank_;
+  const int world_;
+  const StepPlan plan_;
+  StopProtocol stop_;
+  std::unique_ptr<ckpt::Checkpointer> checkpointer_;
+  std::string arch_;
+  std::string jobHash_;
+  std::vector<ckpt::SnapshotItem> modelItems_;
+  std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_;
+  OptimizerStateCache optimizerCache_;
+  uint64_t optimizerGeneration_ = 0;
+};
+
+}  // namespace cohort::train::detail

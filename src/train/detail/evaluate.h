@@ -1,0 +1,24 @@
+#pragma once
+
+// Evaluation: every rank scores its split of the evaluation set; the sums
+// are allreduced, so every rank returns the same figures.
+
+#include <cstdint>
+
+#include "cohort/comm/comm.h"
+#include "cohort/data/loader.h"
+#include "cohort/data/sampler.h"
+#include "cohort/models/model.h"
+#include "cohort/monitor/metrics.h"
+
+namespace cohort::train::detail {
+
+// Top-1, top-5 (top-k for fewer classes), mean cross-entropy and the number
+// of samples over the whole evaluation set, with the model in eval mode (the
+// caller puts it back in training mode). `step`, `epoch` and `seconds` of the
+// record are the caller's to fill in.
+monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
+                             const data::DistributedSampler& sampler, const comm::Comm& comm,
+                             int64_t numClasses);
+
+}  // namespace cohort::train::detail

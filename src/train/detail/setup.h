@@ -1,0 +1,88 @@
+#pragma once
+
+// Setting up a rank from the resolved job, in the order train() calls it:
+// the datasets, the model (with the weights it starts from), the exchange's
+// options, the samplers and loaders, and the plan of steps.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cohort/comm/comm.h"
+#include "cohort/config/job.h"
+#include "cohort/data/dataset.h"
+#include "cohort/data/loader.h"
+#include "cohort/data/sampler.h"
+#include "cohort/ddp/ddp.h"
+#include "cohort/models/model.h"
+#include "cohort/train/compute.h"
+
+namespace cohort::train::detail {
+
+struct Datasets {
+  std::shared_ptr<data::Dataset> train;
+  std::shared_ptr<data::Dataset> eval;  // null with data.eval.kind: none
+  data::SampleShape shape;              // of every sample, training and evaluation
+};
+
+// Opens data.train and data.eval (every rank opens them itself; they are
+// read-only). Throws DataError when the evaluation samples' shape differs.
+Datasets openDatasets(const JobConfig& job);
+
+struct ModelSetup {
+  std::shared_ptr<models::Model> model;
+  ModelConfig config;     // job.model with in_channels from the data
+  ComputeState compute;   // as training starts, with the memory format chosen
+  int64_t parameters = 0;
+};
+
+// Builds the model, seeded with training.seed so every rank starts alike;
+// checks that every rank built the same tensors (CommError otherwise); loads
+// <resumeFrom>/model.bin, or else model.init_from; moves it to the device and
+// chooses its memory format (before DDP's buckets take the weights' strides).
+ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, const comm::Comm& comm,
+                      const std::string& resumeFrom);
+
+// The exchange's options from distribution.*. Gradients are not divided by
+// the world size: the loss carries 1 / world instead (StepRunner).
+ddp::DdpOptions ddpOptions(const JobConfig& job);
+
+struct Loaders {
+  std::unique_ptr<data::DistributedSampler> trainSampler;
+  std::unique_ptr<data::BatchLoader> train;
+  std::unique_ptr<data::DistributedSampler> evalSampler;  // null without evaluation
+  std::unique_ptr<data::BatchLoader> eval;
+};
+
+// The training sampler (shuffled by training.seed and the epoch, an even
+// split over ranks) and loader, and the evaluation ones (in order, uneven).
+// Throws DataError when the training set cannot be split over the ranks.
+Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm& comm);
+
+// One optimizer step's micro-batches (training.accumulate_steps) as seen
+// from micro-batch `micro` of an epoch.
+struct Cycle {
+  int64_t first = 0;    // the step's first micro-batch
+  int64_t length = 0;   // its micro-batches (the epoch's last step may have fewer)
+  int64_t samples = 0;  // its samples on this rank (the epoch's last batch may be short)
+  bool last = false;    // `micro` is the step's last micro-batch: the exchange runs
+};
+
+struct StepPlan {
+  int64_t batchSize = 0;        // per rank and micro-batch
+  int64_t accumulate = 1;       // micro-batches per optimizer step
+  int64_t perRank = 0;          // training samples per rank and epoch
+  int64_t batchesPerEpoch = 0;  // micro-batches per rank and epoch
+  int64_t stepsPerEpoch = 0;    // optimizer steps per epoch
+  int64_t totalSteps = 0;       // of the run (training.epochs, capped by max_steps)
+  int64_t globalBatch = 0;      // samples per optimizer step, all ranks
+  double peakLr = 0;
+
+  Cycle cycleOf(int64_t micro) const;
+};
+
+// Throws DataError when a rank's share is less than one batch with
+// data.drop_last.
+StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize);
+
+}  // namespace cohort::train::detail

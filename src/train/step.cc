@@ -1,0 +1,148 @@
+#include "train/detail/step.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/time.h"
+#include "cohort/monitor/activity.h"
+#include "cohort/monitor/timeline.h"
+#include "cohort/train/optimizer.h"
+
+namespace cohort::train::detail {
+namespace {
+
+// training.on_nonfinite: skip gives up after this many skipped steps in a row.
+constexpr int64_t kMaxNonfiniteInARow = 10;
+
+}  // namespace
+
+StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
+                       ddp::DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer,
+                       const FaultPlan& faults, PhaseTimes& phases)
+    : comm_(comm),
+      model_(model),
+      ddp_(ddp),
+      optimizer_(optimizer),
+      faults_(faults),
+      phases_(phases),
+      skipNonfinite_(job.training.onNonfinite == "skip"),
+      labelSmoothing_(job.training.labelSmoothing) {}
+
+double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro,
+                              int64_t step) {
+  namespace F = torch::nn::functional;
+  if (micro == cycle.first) {
+    cycleLossNonfinite_ = false;
+    if (skipNonfinite_) {
+      // A skipped step must not keep what its forward passes did to the
+      // BatchNorm statistics either.
+      torch::NoGradGuard noGrad;
+      savedBuffers_.clear();
+      for (const auto& b : model_.buffers()) savedBuffers_.push_back(b.clone());
+    }
+  }
+  // Buffers (BatchNorm statistics) are not sent every step: in training
+  // mode no layer reads them, rank 0's are the ones checkpointed, and every
+  // rank takes rank 0's before evaluation and the final save. The outputs
+  // are those of a broadcast before each step, at no cost.
+  ddp_.setSyncGradients(cycle.last);
+  const auto t1 = SteadyClock::now();
+  monitor::setPhase(monitor::Phase::forward);
+  const int64_t n = batch.labels.size(0);
+  at::Tensor loss;
+  {
+    monitor::TimelineSpan span("forward", "compute");
+    at::Tensor images = batch.images.to(comm_.device, /*non_blocking=*/true);
+    if (faults_.poisonInputs(step)) images = images * std::numeric_limits<float>::quiet_NaN();
+    at::Tensor logits = model_.forward(images);
+    loss = F::cross_entropy(logits, batch.labels.to(comm_.device),
+                            F::CrossEntropyFuncOptions().label_smoothing(labelSmoothing_));
+    faults_.delayForward(step);
+  }
+  const double lossValue = loss.item<double>();
+  const auto t2 = SteadyClock::now();
+  phases_.forward += secondsBetween(t1, t2);
+  if (!std::isfinite(lossValue)) {
+    // Every gradient becomes NaN, so after the exchange every rank sees it
+    // and all decide together (a rank stopping alone would leave the others
+    // waiting in the exchange).
+    loss = loss * std::numeric_limits<double>::quiet_NaN();
+    cycleLossNonfinite_ = true;
+  }
+  lastLoss_ = lossValue;
+  monitor::setPhase(monitor::Phase::backward);
+  // Scaled by 1 / world too: the exchange sums, so .grad ends as the mean
+  // over ranks without a division pass over every gradient.
+  const double shmBefore = ddp_.stats().sharedMemorySeconds;
+  {
+    monitor::TimelineSpan span("backward", "compute");
+    const double world = comm_.worldSize;
+    (loss * (static_cast<double>(n) / (static_cast<double>(cycle.samples) * world))).backward();
+  }
+  // A shared-memory exchange runs inside backward: count it as exposed
+  // communication, not as backward.
+  const double shmSeconds = ddp_.stats().sharedMemorySeconds - shmBefore;
+  phases_.backward += secondsSince(t2) - shmSeconds;
+  phases_.exposedComm += shmSeconds;
+  return lossValue;
+}
+
+StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
+                                      ckpt::Checkpointer* checkpointer) {
+  const auto t3 = SteadyClock::now();
+  monitor::setPhase(monitor::Phase::exchange);
+  {
+    monitor::TimelineSpan span("gradient exchange (wait)", "comm");
+    ddp_.finishGradients();
+  }
+  const auto t4 = SteadyClock::now();
+  phases_.exposedComm += secondsBetween(t3, t4);
+  monitor::setPhase(monitor::Phase::optimizer);
+  Update u;
+  {
+    monitor::TimelineSpan span("optimizer", "compute");
+    // The gradients are the same on every rank after the exchange, so every
+    // rank reaches the same verdict without a message.
+    if (ddp_.gradientsFinite()) {
+      inARow_ = 0;
+      if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
+      setLearningRate(optimizer_, lr);
+      optimizer_.step();
+    } else {
+      ++skipped_;
+      u.applied = false;
+      u.nonfiniteInARow = ++inARow_;
+      u.why = cycleLossNonfinite_
+                  ? fmt::format("the loss is {} on this rank", lastLoss_)
+                  : std::string("a gradient is NaN or Inf (from another rank's loss, or an "
+                                "overflow in backward)");
+      if (!skipNonfinite_ || inARow_ >= kMaxNonfiniteInARow) {
+        // Every rank is here at the same step: the checkpoints still being
+        // written (the last good state) are committed first.
+        if (checkpointer) checkpointer->flush();
+        throw DivergedError(fmt::format(
+            "rank {}: {} at step {} (epoch {}){}: training diverged; the weights were not "
+            "updated, the last checkpoint holds the last good state{}",
+            comm_.rank, u.why, step + 1, epoch,
+            skipNonfinite_ ? fmt::format(", {} steps in a row", inARow_) : "",
+            skipNonfinite_ ? "" : " (training.on_nonfinite: skip drops such steps instead)"));
+      }
+      torch::NoGradGuard noGrad;
+      auto live = model_.buffers();
+      for (size_t k = 0; k < live.size() && k < savedBuffers_.size(); ++k) {
+        live[k].copy_(savedBuffers_[k]);
+      }
+    }
+    ddp_.zeroGrad();
+  }
+  phases_.optimizer += secondsSince(t4);
+  ++phases_.steps;
+  return u;
+}
+
+}  // namespace cohort::train::detail

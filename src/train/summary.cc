@@ -1,0 +1,68 @@
+#include "cohort/train/trainer.h"
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/ckpt/resume.h"
+#include "cohort/core/file.h"
+
+namespace cohort::train {
+
+void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& runDir,
+                  int worldSize) {
+  nlohmann::json j;
+  j["job"] = job.name;
+  j["status"] = s.stopped ? "stopped" : "completed";
+  j["world_size"] = worldSize;
+  j["epochs"] = s.epochs;
+  j["steps"] = s.steps;
+  j["global_batch"] = s.globalBatch;
+  j["peak_lr"] = s.peakLr;
+  j["parameters"] = s.parameters;
+  j["wall_time_s"] = s.seconds;
+  j["train_images"] = s.images;
+  j["train_images_per_s"] = s.imagesPerS;
+  j["data_wait_frac"] = s.dataWaitFrac;
+  j["corrupt_skipped"] = s.corruptSkipped;
+  j["nonfinite_skipped"] = s.nonfiniteSkipped;
+  if (s.phases.steps > 0) {
+    const double k = 1000.0 / double(s.phases.steps);
+    j["phase_ms_per_step"] = {{"data_wait", k * s.phases.dataWait},
+                              {"forward", k * s.phases.forward},
+                              {"backward", k * s.phases.backward},
+                              {"exposed_comm", k * s.phases.exposedComm},
+                              {"optimizer", k * s.phases.optimizer}};
+  }
+  j["compute"] = toJson(s.compute);
+  j["restart_count"] = s.restartCount;
+  if (s.resumedFromStep >= 0) {
+    j["resumed_from"] = {{"step", s.resumedFromStep}, {"checkpoint", s.resumedFrom}};
+  }
+  if (job.checkpoint.enabled) {
+    const auto& c = s.checkpoints;
+    j["checkpoints"] = {{"dir", ckpt::checkpointDir(job, runDir)},
+                        {"taken", c.taken},
+                        {"skipped", c.skipped},
+                        {"failed", c.failed},
+                        {"blocked_ms_mean", c.taken + c.skipped > 0
+                                                ? 1000 * c.blockedSeconds / double(c.taken + c.skipped)
+                                                : 0.0},
+                        {"blocked_ms_median", 1000 * c.medianBlockedSeconds},
+                        {"blocked_ms_max", 1000 * c.maxBlockedSeconds},
+                        {"blocked_ms_total", {{"mark", 1000 * c.markSeconds},
+                                              {"wait_before_step", 1000 * c.copyWaitSeconds}}},
+                        {"bytes_written", c.bytesWritten}};
+  }
+  if (s.evaluated) {
+    j["eval"] = {{"epoch", s.lastEval.epoch}, {"top1", s.lastEval.top1},
+                 {"top5", s.lastEval.top5},   {"loss", s.lastEval.loss},
+                 {"samples", s.lastEval.samples}};
+    j["best_top1"] = s.bestTop1;
+  }
+  j["run_dir"] = runDir.root;
+  j["outputs"] = {{"job", runDir.jobFile()}, {"metrics", runDir.metrics()},
+                  {"logs", runDir.logsDir()}};
+  if (job.output.saveFinal) j["outputs"]["model"] = runDir.finalModel();
+  writeFileAtomic(runDir.summary(), j.dump(2) + "\n");
+}
+
+}  // namespace cohort::train
