@@ -71,12 +71,8 @@ HostedStore hostStore(const std::string& addr, int port, std::chrono::millisecon
 
 Comm connect(const CommOptions& o) {
   Comm c;
-  c.rank = o.rank;
-  c.worldSize = o.worldSize;
-  c.localRank = o.localRank;
+  static_cast<RankPlace&>(c) = o;
   c.timeout = o.timeout;
-  c.storeAddr = o.masterAddr;
-  c.storePort = o.masterPort;
   c.storePrefix = o.storePrefix;
   c.interface = o.interface;
   c.glooConnections = o.glooConnections;
@@ -136,7 +132,7 @@ Comm connect(const CommOptions& o) {
 c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::string& name, int rank,
                                                 int size) {
   try {
-    auto opts = glooOptions(comm.interface, comm.storeAddr, comm.glooConnections, comm.timeout);
+    auto opts = glooOptions(comm.interface, comm.masterAddr, comm.glooConnections, comm.timeout);
     auto store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, comm.store);
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
   } catch (const std::exception& e) {
@@ -152,13 +148,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::str
 
 c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {
   try {
-    auto base = detail::connectStore(comm.storeAddr, comm.storePort, comm.storeToken, comm.timeout);
+    auto base = detail::connectStore(comm.masterAddr, comm.masterPort, comm.storeToken, comm.timeout);
     return c10::make_intrusive<c10d::PrefixStore>(comm.storePrefix, base);
   } catch (const ConfigError&) {
     throw;
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {}: cannot reach the rendezvous store at {}:{}: {}",
-                                comm.rank, comm.storeAddr, comm.storePort, message(e)));
+                                comm.rank, comm.masterAddr, comm.masterPort, message(e)));
   }
 }
 

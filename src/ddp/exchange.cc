@@ -70,7 +70,7 @@ std::shared_ptr<comm::ShmAllreduce> openSegment(const comm::Comm& c, const std::
   std::shared_ptr<comm::ShmAllreduce> shm;
   if (index == 0) {
     // The creator's pid makes the name unique on this host.
-    const std::string name = fmt::format("/cohort-{}-{}-{}", ::getpid(), tag, c.storePort);
+    const std::string name = fmt::format("/cohort-{}-{}-{}", ::getpid(), tag, c.masterPort);
     try {
       shm = std::make_shared<comm::ShmAllreduce>(name, 0, size, floats, true);
     } catch (const Error& e) {

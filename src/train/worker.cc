@@ -92,11 +92,7 @@ int runWorker(const WorkerOptions& o) {
   const int threads = at::get_num_threads();
 
   comm::CommOptions co;
-  co.rank = re.rank;
-  co.worldSize = re.worldSize;
-  co.localRank = re.localRank;
-  co.masterAddr = re.masterAddr;
-  co.masterPort = re.masterPort;
+  static_cast<RankPlace&>(co) = re;
   co.hostStore = !re.agentStore && re.rank == 0;
   co.storeToken = security::storeToken(job.security.storeTokenFile);
   co.backend = job.distribution.backend;

@@ -110,8 +110,8 @@ TEST(StoreServer, BeyondLoopbackWithoutATokenIsRefused) {
 
 comm::Comm clientOf(int port, const std::string& token) {
   comm::Comm c;
-  c.storeAddr = "127.0.0.1";
-  c.storePort = port;
+  c.masterAddr = "127.0.0.1";
+  c.masterPort = port;
   c.storeToken = token;
   c.storePrefix = "test";
   c.timeout = milliseconds(10000);

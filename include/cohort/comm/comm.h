@@ -13,15 +13,13 @@
 #include <vector>
 
 #include "cohort/comm/store.h"
+#include "cohort/core/rank_place.h"
 
 namespace cohort::comm {
 
-struct CommOptions {
-  int rank = 0;
-  int worldSize = 1;
-  int localRank = 0;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 29500;
+// Where the rank sits (RankPlace: rank, world, local rank, the store's
+// address), and how to connect.
+struct CommOptions : RankPlace {
   bool hostStore = false;  // this process hosts the store's server
   // The job's store token (storeToken() in config/job.h): every connection
   // proves it holds it. Empty: none, allowed when the store is on loopback.
@@ -39,17 +37,14 @@ struct CommOptions {
   int glooConnections = 1;
 };
 
-struct Comm {
-  int rank = 0;
-  int worldSize = 1;
-  int localRank = 0;
+// A connected rank: its place (masterAddr:masterPort is the store it
+// reached), its process group and store.
+struct Comm : RankPlace {
   // Where this rank's tensors live: CPU for gloo, cuda:<local rank> for nccl.
   c10::Device device = c10::kCPU;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::chrono::milliseconds timeout{300000};
-  std::string storeAddr;
-  int storePort = 0;
   std::string storePrefix;
   std::string storeToken;
   // How the process group's Gloo devices were made, for groups made later

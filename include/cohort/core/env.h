@@ -12,15 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/core/rank_place.h"
+
 namespace cohort::env {
 
-struct RankEnv {
-  int rank = 0;
-  int worldSize = 1;
-  int localRank = 0;
-  int localWorldSize = 1;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 29500;  // torchrun's default
+struct RankEnv : RankPlace {
   bool masterFromEnv = false;  // MASTER_ADDR/MASTER_PORT were set
   // Which launcher's variables were found: "torchrun", "openmpi", "slurm",
   // or "none" (a single process: rank 0 of 1).
