@@ -28,6 +28,8 @@ Hasher& Hasher::operator=(Hasher&&) noexcept = default;
 
 void Hasher::update(const void* data, size_t size) { XXH3_64bits_update(state_->s, data, size); }
 uint64_t Hasher::digest() const { return XXH3_64bits_digest(state_->s); }
+
+uint64_t checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
 std::string Hasher::hex() const { return checksumHex(digest()); }
 
 std::string checksumHex(uint64_t digest) { return fmt::format("{:016x}", digest); }

@@ -3,11 +3,11 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
 #include "cohort/security/sealed.h"
 
@@ -34,14 +34,11 @@ T get(const std::string& in, size_t at) {
 
 uint64_t recordChecksum(int64_t label, const char* key, size_t keyBytes, const char* payload,
                         size_t payloadBytes) {
-  XXH3_state_t* s = XXH3_createState();
-  XXH3_64bits_reset(s);
-  XXH3_64bits_update(s, &label, sizeof(label));
-  XXH3_64bits_update(s, key, keyBytes);
-  XXH3_64bits_update(s, payload, payloadBytes);
-  const uint64_t d = XXH3_64bits_digest(s);
-  XXH3_freeState(s);
-  return d;
+  Hasher h;
+  h.update(&label, sizeof(label));
+  h.update(key, keyBytes);
+  h.update(payload, payloadBytes);
+  return h.digest();
 }
 
 [[noreturn]] void corrupt(const std::string& shard, int64_t offset, const std::string& what) {
@@ -139,7 +136,7 @@ int64_t ShardWriter::finish() {
   put<uint32_t>(footer, 0);
   put<uint64_t>(footer, offsets_.size());
   put<uint64_t>(footer, static_cast<uint64_t>(indexOffset));
-  put<uint64_t>(footer, XXH3_64bits(index.data(), index.size()));
+  put<uint64_t>(footer, checksum(index.data(), index.size()));
   footer.append(kShardMagic, 8);
   write(footer.data(), footer.size());
   flush(true);  // write() only flushes past 4 MiB
@@ -186,7 +183,7 @@ ShardIndex readShardIndex(const ReadAt& read, int64_t fileBytes, const std::stri
             fmt::format("index of {} records at {} does not end at the footer", count, indexOffset));
   }
   const std::string index = read(static_cast<int64_t>(indexOffset), static_cast<int64_t>(count * 8));
-  if (XXH3_64bits(index.data(), index.size()) != indexSum) {
+  if (checksum(index.data(), index.size()) != indexSum) {
     corrupt(shardName, static_cast<int64_t>(indexOffset), "index checksum mismatch");
   }
   ShardIndex result;

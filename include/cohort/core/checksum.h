@@ -26,6 +26,9 @@ class Hasher {
   std::unique_ptr<State> state_;
 };
 
+// The digest of one buffer.
+uint64_t checksum(const void* data, size_t size);
+
 std::string checksumHex(uint64_t digest);
 
 // Hashes a whole file. Throws IoError naming the path.
