@@ -8,24 +8,15 @@
 #include "cohort/models/model.h"
 #include "test_paths.h"
 #include "util/jobs.h"
+#include "util/python.h"
 
 namespace cohort {
 namespace {
 
-bool pythonHasTorch() {
-  auto r = test::run({COHORT_PYTHON, "-c", "import torch, torchvision"}, {},
-                     std::chrono::minutes(2));
-  return r.exitCode == 0;
-}
-
 class PythonInterop : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!pythonHasTorch()) {
-      GTEST_SKIP() << "SKIPPED: " << COHORT_PYTHON
-                   << " cannot import torch and torchvision (scripts/install-deps.sh installs "
-                      "python3-torch and python3-torchvision)";
-    }
+    ASSERT_TRUE(test::pythonImports("torch, torchvision"));
   }
   std::string script() const { return test::sourceDir() + "/tests/ckpt/interop.py"; }
   test::TempDir dir;

@@ -9,8 +9,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <thread>
 
@@ -81,15 +83,29 @@ nlohmann::json readJson(const std::string& path) {
   return nlohmann::json::parse(test::readText(path));
 }
 
+// A random step of 36 to kill rank 1 after, from a seed that is logged (and
+// in the test's XML properties): COHORT_TEST_SEED=<seed> repeats a failure.
+int randomKillStep() {
+  const char* given = std::getenv("COHORT_TEST_SEED");
+  const uint32_t seed = given != nullptr ? static_cast<uint32_t>(std::strtoul(given, nullptr, 10))
+                                         : std::random_device{}();
+  std::mt19937 rng(seed);
+  const int step = 7 + static_cast<int>(rng() % 28);
+  std::cout << "kill step " << step << " from seed " << seed
+            << " (COHORT_TEST_SEED=" << seed << " repeats it)" << std::endl;
+  ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  ::testing::Test::RecordProperty("killed_after_step", step);
+  return step;
+}
+
 TEST(Recovery, RankKilledAtARandomStepRestartsAndEndsWithTheReferenceParameters) {
   Fixture f;
   const auto reference = f.reference();
   // A random step of 36, late enough that a checkpoint is committed: with
   // when_behind=wait, rank 0 passes the mark of step 6 only once step 3 is
   // committed, and rank 1 cannot finish step 7 before rank 0 passed step 6.
-  std::random_device rd;
-  const int step = 7 + static_cast<int>(rd() % 28);
-  RecordProperty("killed_after_step", step);
+  const int step = randomKillStep();
+  SCOPED_TRACE(::testing::Message() << "killed after step " << step);
   auto r = test::cohort(recoveryArgs(f.job(), f.run("killed")),
                         {{"COHORT_FAULT", fmt::format("kill@rank1:step{}", step)}});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
@@ -156,9 +172,8 @@ TEST(Recovery, RankKilledWhileTrainingFromShardsResumesAtTheExactSample) {
                                             "data.train.shuffle_window=2"};
   auto ref = test::cohort(recoveryArgs(f.job(), f.run("reference"), fromShards));
   ASSERT_EQ(ref.exitCode, 0) << ref.describe();
-  std::random_device rd;
-  const int step = 7 + static_cast<int>(rd() % 28);
-  RecordProperty("killed_after_step", step);
+  const int step = randomKillStep();
+  SCOPED_TRACE(::testing::Message() << "killed after step " << step);
   auto r = test::cohort(recoveryArgs(f.job(), f.run("killed"), fromShards),
                         {{"COHORT_FAULT", fmt::format("kill@rank1:step{}", step)}});
   ASSERT_EQ(r.exitCode, 0) << r.describe();

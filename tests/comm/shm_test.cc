@@ -15,38 +15,14 @@
 
 #include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
+#include "util/forked.h"
 
 namespace cohort::comm {
 namespace {
 
 std::string segmentName(const char* tag) { return "/cohort-test-" + std::to_string(::getpid()) + "-" + tag; }
 
-// Runs `body(rank)` in `world` child processes; returns their exit codes.
-template <typename F>
-std::vector<int> forkRanks(int world, F body) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 1;
-      try {
-        code = body(r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        code = 3;
-      }
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t p : pids) {
-    int status = 0;
-    ::waitpid(p, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
+using test::forkRanks;
 
 class ShmSums : public ::testing::TestWithParam<int> {};
 

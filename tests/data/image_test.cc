@@ -20,6 +20,7 @@
 #include "test_paths.h"
 #include "util/jobs.h"
 #include "util/process.h"
+#include "util/python.h"
 
 namespace cohort::data {
 namespace {
@@ -442,20 +443,10 @@ TEST(Image, InvalidTransformIsAConfigError) {
 
 // ---- Against torchvision, on the same JPEG file ----
 
-bool pythonHasTorchvision() {
-  auto r = test::run({COHORT_PYTHON, "-c", "import torchvision, PIL"}, {},
-                     std::chrono::minutes(2));
-  return r.exitCode == 0;
-}
-
 class ImageVsTorchvision : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!pythonHasTorchvision()) {
-      GTEST_SKIP() << "SKIPPED: " << COHORT_PYTHON
-                   << " cannot import torchvision (scripts/install-deps.sh installs "
-                      "python3-torchvision)";
-    }
+    ASSERT_TRUE(test::pythonImports("torchvision, PIL"));
     // A photo-like 500x375 image with 4:2:0 chroma, as ImageNet's.
     const Pixels src = makePixels(500, 375, 3, [](int y, int x, int c) {
       const double v = 128 + 60 * std::sin(x * 0.05 + c) * std::cos(y * 0.03) +
