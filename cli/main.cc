@@ -31,7 +31,7 @@
 #include "cohort/core/version.h"
 #include "cohort/data/pack.h"
 #include "cohort/launch/launcher.h"
-#include "cohort/monitor/health.h"
+#include "cohort/health/health.h"
 #include "cohort/monitor/logs.h"
 #include "cohort/security/sealed.h"
 #include "cohort/train/worker.h"
@@ -331,8 +331,8 @@ int main(int argc, char** argv) {
       runWorkerAndExit({jobPath, overrides, runDir, resume});
     }
     if (*health) {
-      if (healthOptions.rank >= 0) cohort::monitor::runHealthRankAndExit(healthOptions, std::cout);
-      return cohort::monitor::healthCommand(healthOptions);
+      if (healthOptions.rank >= 0) cohort::health::runHealthRankAndExit(healthOptions, std::cout);
+      return cohort::health::healthCommand(healthOptions);
     }
   } catch (...) {
     return reportCurrentException();

@@ -28,6 +28,7 @@
 #include "cohort/launch/run_metrics.h"
 #include "cohort/monitor/prometheus.h"
 #include "cohort/launch/spawn.h"
+#include "cohort/launch/supervisor.h"
 #include "cohort/core/signals.h"
 #include "cohort/security/keys.h"
 
@@ -37,14 +38,7 @@ namespace cohort::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Child {
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  bool killedByUs = false;  // SIGKILLed after the grace period
-  int status = 0;
-};
+using Child = Supervisor::Child;
 
 bool stoppedAfterCheckpoint(const Child& c) {
   return !c.killedByUs && WIFEXITED(c.status) &&
@@ -170,6 +164,218 @@ void recordRestarts(const RunDir& runDir, const std::vector<std::string>& causes
   writeFileAtomic(runDir.summary(), j.dump(2) + "\n");
 }
 
+// What every attempt of a run needs.
+struct AttemptSetup {
+  const LaunchOptions& o;
+  const JobConfig& job;
+  const RunDir& runDir;
+  const std::string& exe;
+  BlockedSignals& signals;  // SIGCHLD, SIGINT, SIGTERM, taken between polls
+  int world;
+  int storePort;
+  const UrlCredentials& credentials;
+  const std::string& storeToken;
+  std::chrono::milliseconds stopGrace;  // distribution.stop_timeout_s
+};
+
+// One attempt: start every rank, watch them, stop them all when one fails,
+// and say how it ended.
+class AttemptRun {
+ public:
+  AttemptRun(const AttemptSetup& s, int attempt) : s_(s), attempt_(attempt), grace_(s.o.termGrace) {}
+  Attempt run();
+
+ private:
+  static constexpr Clock::time_point kNever = Clock::time_point::max();
+
+  void startRanks();
+  // SIGTERM every rank (unless `signal` is false: they are stopping on their
+  // own) and SIGKILL what is left `within` from now.
+  void stopAll(const char* why, std::chrono::milliseconds within, bool signal = true);
+  void ended(const Child& c);
+  // SIGKILL after the grace period; give up on ranks SIGKILL did not end.
+  // Returns false once nothing is left to wait for.
+  bool enforceDeadlines();
+  void onSignal(int sig);
+  Attempt outcome() const;
+
+  const AttemptSetup& s_;
+  const int attempt_;
+  Supervisor ranks_;
+  Clock::time_point killAt_ = kNever;     // SIGTERM sent: SIGKILL at this time
+  Clock::time_point abandonAt_ = kNever;  // SIGKILL sent: stop waiting at this time
+  std::chrono::milliseconds grace_;
+  bool stopping_ = false;
+  int interruptSignal_ = 0;
+  std::optional<Child> cause_;
+  std::vector<int> lost_;  // ranks whose end could not be observed
+};
+
+void AttemptRun::startRanks() {
+  const JobConfig& job = s_.job;
+  for (int r = 0; r < s_.world; ++r) {
+    env::RankEnv re;
+    re.rank = r;
+    re.worldSize = s_.world;
+    re.localRank = r;
+    re.localWorldSize = s_.world;
+    re.masterAddr = job.distribution.masterAddr;
+    re.masterPort = s_.storePort;
+    re.agentStore = true;
+    std::vector<std::string> args = {s_.exe, "worker", s_.runDir.jobFile(), "--run-dir",
+                                      s_.runDir.root};
+    if (!s_.o.resume.empty()) {
+      args.push_back("--resume");
+      args.push_back(s_.o.resume);
+    }
+    const auto envBlock = rankEnvironment(re, attempt_, s_.credentials, s_.storeToken);
+    ranks_.start(r, s_.exe, args, &envBlock, &s_.signals.original(), "the worker binary");
+    log::debug("rank {} is pid {}", r, ranks_.children().back().pid);
+  }
+}
+
+void AttemptRun::stopAll(const char* why, std::chrono::milliseconds within, bool signal) {
+  if (stopping_) return;
+  stopping_ = true;
+  grace_ = within;
+  log::debug("stopping every rank: {}", why);
+  if (signal) ranks_.signalAll(SIGTERM);
+  killAt_ = Clock::now() + within;
+}
+
+// Keeps the most telling failure as the cause.
+void AttemptRun::ended(const Child& c) {
+  const int sev = severity(c);
+  if (sev == 0) {
+    log::debug("rank {} finished", c.rank);
+    return;
+  }
+  log::debug("rank {} {}", c.rank, describeStatus(c.status));
+  if (!cause_ || sev > severity(*cause_)) cause_ = c;
+  if (stoppedAfterCheckpoint(c)) {
+    // One rank was told to stop (SIGTERM): the others stop at the same step
+    // on their own; give them the time to checkpoint.
+    stopAll("a rank stopped after a checkpoint", s_.stopGrace, false);
+  } else {
+    stopAll("a rank failed", s_.o.termGrace);
+  }
+}
+
+bool AttemptRun::enforceDeadlines() {
+  const auto now = Clock::now();
+  if (now >= killAt_) {
+    for (const auto& c : ranks_.children()) {
+      if (c.running) {
+        log::warn("rank {} did not stop within {} ms of SIGTERM: sending SIGKILL", c.rank,
+                  grace_.count());
+      }
+    }
+    ranks_.killAll();
+    killAt_ = kNever;
+    abandonAt_ = now + std::chrono::seconds(10);
+  }
+  if (now >= abandonAt_) {
+    // A process stuck in the kernel cannot be reaped; do not wait forever.
+    for (const auto& c : ranks_.abandon()) {
+      log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank, c.pid);
+    }
+    return false;
+  }
+  return true;
+}
+
+void AttemptRun::onSignal(int sig) {
+  if (sig != SIGINT && sig != SIGTERM) return;
+  const JobConfig& job = s_.job;
+  const bool graceful = interruptSignal_ == SIGTERM && job.checkpoint.enabled;
+  if (interruptSignal_ != 0 && (sig == SIGINT || !graceful)) {
+    ranks_.killAll();  // a second signal: no more grace
+  } else if (interruptSignal_ != 0) {
+    log::debug("SIGTERM again: the ranks are already stopping after a checkpoint");
+  } else {
+    interruptSignal_ = sig;
+    if (sig == SIGTERM && job.checkpoint.enabled) {
+      log::warn("received SIGTERM: every rank finishes its step, writes a checkpoint and stops "
+                "(within distribution.stop_timeout_s = {} s)",
+                job.distribution.stopTimeoutS);
+      stopAll("SIGTERM", s_.stopGrace);
+    } else {
+      log::warn("received {}: stopping every rank", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      stopAll("interrupted", s_.o.termGrace);
+    }
+  }
+}
+
+Attempt AttemptRun::run() {
+  try {
+    startRanks();
+  } catch (...) {
+    ranks_.killAll();  // the Supervisor reaps them
+    throw;
+  }
+  for (;;) {
+    const auto lost = ranks_.reap([this](const Child& c) { ended(c); });
+    lost_.insert(lost_.end(), lost.begin(), lost.end());
+    if (!ranks_.anyRunning() || !enforceDeadlines()) break;
+    onSignal(s_.signals.wait(std::chrono::milliseconds(100)));
+  }
+  // A Ctrl-C on the terminal reaches the ranks and the launcher together;
+  // take a signal still pending so it is reported, not acted on later.
+  for (int sig; (sig = s_.signals.wait(std::chrono::milliseconds(0))) != 0;) {
+    if ((sig == SIGINT || sig == SIGTERM) && interruptSignal_ == 0) interruptSignal_ = sig;
+  }
+  return outcome();
+}
+
+Attempt AttemptRun::outcome() const {
+  const auto& children = ranks_.children();
+  Attempt a;
+  bool allCompleted = lost_.empty();
+  for (const auto& c : children) {
+    allCompleted = allCompleted && !c.killedByUs && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+  }
+  if (allCompleted) {
+    // A signal that came after the last step boundary changed nothing.
+    if (interruptSignal_ != 0) log::info("every rank had completed when the signal arrived");
+    return a;
+  }
+  bool allStopped = true;
+  for (const auto& c : children) allStopped = allStopped && stoppedAfterCheckpoint(c);
+  if (allStopped) {
+    log::warn("every rank stopped after writing a checkpoint; rerun the same command to resume "
+              "(exit code {})",
+              kExitStoppedAfterCheckpoint);
+    a.code = kExitStoppedAfterCheckpoint;
+    return a;
+  }
+  if (cause_ && (severity(*cause_) >= 2 || interruptSignal_ == 0)) {
+    const int code = WIFEXITED(cause_->status) ? WEXITSTATUS(cause_->status) : 0;
+    a.cause = fmt::format("rank {} (pid {}) {}", cause_->rank, cause_->pid,
+                          describeStatus(cause_->status));
+    a.code = code == 2 ? 2 : 1;
+    // Bad input (2), divergence (3) and a failed preflight check (5) would
+    // fail the same way again.
+    a.restartable = code != 2 && code != 3 && code != 5 && interruptSignal_ == 0;
+    log::error("{}; stopped the other ranks. Its log: {}", a.cause, s_.runDir.rankLog(cause_->rank));
+    return a;
+  }
+  if (interruptSignal_ != 0) {
+    log::error("interrupted: every rank stopped; outputs so far are in {}", s_.runDir.root);
+    a.code = exitCodeForSignal(interruptSignal_);
+    return a;
+  }
+  if (!lost_.empty()) {
+    a.cause = fmt::format("lost track of ranks [{}]: their exit status could not be collected",
+                          fmt::join(lost_, ", "));
+    log::error("{}", a.cause);
+    a.code = 1;
+    a.restartable = true;
+    return a;
+  }
+  log::debug("all {} ranks finished", s_.world);
+  return a;
+}
+
 }  // namespace
 
 int runLauncher(const LaunchOptions& o) {
@@ -246,210 +452,12 @@ int runLauncher(const LaunchOptions& o) {
               metricsServer->address(), job.output.metricsTokenFile.empty() ? "" : " (bearer token)");
   }
 
-  // One attempt: start every rank, watch them, stop them all when one fails.
-  auto runAttempt = [&](int attempt) -> Attempt {
-    std::vector<Child> children(static_cast<size_t>(world));
-    constexpr Clock::time_point kNever = Clock::time_point::max();
-    Clock::time_point killAt = kNever;     // SIGTERM sent: SIGKILL at this time
-    Clock::time_point abandonAt = kNever;  // SIGKILL sent: stop waiting at this time
-    std::chrono::milliseconds grace = o.termGrace;
-    bool stopping = false;
-    int interruptSignal = 0;
-
-    // SIGTERM every rank (unless `signal` is false: they are stopping on
-    // their own) and SIGKILL what is left `within` from now.
-    auto stopAll = [&](const char* why, std::chrono::milliseconds within, bool signal = true) {
-      if (stopping) return;
-      stopping = true;
-      grace = within;
-      log::debug("stopping every rank: {}", why);
-      for (auto& c : children) {
-        if (c.running && signal) kill(c.pid, SIGTERM);
-      }
-      killAt = Clock::now() + within;
-    };
-    auto killAll = [&] {
-      for (auto& c : children) {
-        if (c.running) {
-          kill(c.pid, SIGKILL);
-          c.killedByUs = true;
-        }
-      }
-    };
-
-    try {
-      for (int r = 0; r < world; ++r) {
-        env::RankEnv re;
-        re.rank = r;
-        re.worldSize = world;
-        re.localRank = r;
-        re.localWorldSize = world;
-        re.masterAddr = job.distribution.masterAddr;
-        re.masterPort = store.port;
-        re.agentStore = true;
-        auto& c = children[static_cast<size_t>(r)];
-        c.rank = r;
-        std::vector<std::string> args = {exe, "worker", runDir.jobFile(), "--run-dir", runDir.root};
-        if (!o.resume.empty()) {
-          args.push_back("--resume");
-          args.push_back(o.resume);
-        }
-        const auto envBlock = rankEnvironment(re, attempt, credentials, storeToken);
-        c.pid = spawn(exe, args, &envBlock, &signals.original(), "the worker binary");
-        c.running = true;
-        log::debug("rank {} is pid {}", r, c.pid);
-      }
-    } catch (...) {
-      killAll();
-      for (auto& c : children) {
-        if (c.running) waitpid(c.pid, nullptr, 0);
-      }
-      throw;
-    }
-
-    std::optional<Child> cause;
-    std::vector<int> lost;  // ranks whose end could not be observed
-    for (;;) {
-      // Reap everything that ended; keep the most telling failure as the cause.
-      for (;;) {
-        int status = 0;
-        const pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid < 0 && errno == ECHILD) {
-          // Nothing left to wait for although ranks count as running.
-          for (auto& c : children) {
-            if (c.running) {
-              c.running = false;
-              lost.push_back(c.rank);
-            }
-          }
-        }
-        if (pid <= 0) break;
-        for (auto& c : children) {
-          if (c.pid != pid || !c.running) continue;
-          c.running = false;
-          c.status = status;
-          const int sev = severity(c);
-          if (sev == 0) {
-            log::debug("rank {} finished", c.rank);
-            continue;
-          }
-          log::debug("rank {} {}", c.rank, describeStatus(status));
-          if (!cause || sev > severity(*cause)) cause = c;
-          if (stoppedAfterCheckpoint(c)) {
-            // One rank was told to stop (SIGTERM): the others stop at the
-            // same step on their own; give them the time to checkpoint.
-            stopAll("a rank stopped after a checkpoint", stopGrace, false);
-          } else {
-            stopAll("a rank failed", o.termGrace);
-          }
-        }
-      }
-      bool anyRunning = false;
-      for (const auto& c : children) anyRunning = anyRunning || c.running;
-      if (!anyRunning) break;
-
-      const auto now = Clock::now();
-      if (now >= killAt) {
-        for (const auto& c : children) {
-          if (c.running) {
-            log::warn("rank {} did not stop within {} ms of SIGTERM: sending SIGKILL", c.rank,
-                      grace.count());
-          }
-        }
-        killAll();
-        killAt = kNever;
-        abandonAt = now + std::chrono::seconds(10);
-      }
-      if (now >= abandonAt) {
-        // A process stuck in the kernel cannot be reaped; do not wait forever.
-        for (auto& c : children) {
-          if (c.running) {
-            log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank,
-                       c.pid);
-            c.running = false;
-          }
-        }
-        break;
-      }
-
-      const int sig = signals.wait(std::chrono::milliseconds(100));
-      if (sig == SIGINT || sig == SIGTERM) {
-        const bool graceful = interruptSignal == SIGTERM && job.checkpoint.enabled;
-        if (interruptSignal != 0 && (sig == SIGINT || !graceful)) {
-          killAll();  // a second signal: no more grace
-        } else if (interruptSignal != 0) {
-          log::debug("SIGTERM again: the ranks are already stopping after a checkpoint");
-        } else {
-          interruptSignal = sig;
-          if (sig == SIGTERM && job.checkpoint.enabled) {
-            log::warn("received SIGTERM: every rank finishes its step, writes a checkpoint and "
-                      "stops (within distribution.stop_timeout_s = {} s)",
-                      job.distribution.stopTimeoutS);
-            stopAll("SIGTERM", stopGrace);
-          } else {
-            log::warn("received {}: stopping every rank", sig == SIGINT ? "SIGINT" : "SIGTERM");
-            stopAll("interrupted", o.termGrace);
-          }
-        }
-      }
-    }
-    // A Ctrl-C on the terminal reaches the ranks and the launcher together;
-    // take a signal still pending so it is reported, not acted on later.
-    for (int sig; (sig = signals.wait(std::chrono::milliseconds(0))) != 0;) {
-      if ((sig == SIGINT || sig == SIGTERM) && interruptSignal == 0) interruptSignal = sig;
-    }
-
-    Attempt a;
-    bool allCompleted = lost.empty();
-    for (const auto& c : children) {
-      allCompleted = allCompleted && !c.killedByUs && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
-    }
-    if (allCompleted) {
-      // A signal that came after the last step boundary changed nothing.
-      if (interruptSignal != 0) log::info("every rank had completed when the signal arrived");
-      return a;
-    }
-    bool allStopped = true;
-    for (const auto& c : children) allStopped = allStopped && stoppedAfterCheckpoint(c);
-    if (allStopped) {
-      log::warn("every rank stopped after writing a checkpoint; rerun the same command to resume "
-                "(exit code {})",
-                kExitStoppedAfterCheckpoint);
-      a.code = kExitStoppedAfterCheckpoint;
-      return a;
-    }
-    if (cause && (severity(*cause) >= 2 || interruptSignal == 0)) {
-      const int code = WIFEXITED(cause->status) ? WEXITSTATUS(cause->status) : 0;
-      a.cause = fmt::format("rank {} (pid {}) {}", cause->rank, cause->pid,
-                            describeStatus(cause->status));
-      a.code = code == 2 ? 2 : 1;
-      // Bad input (2), divergence (3) and a failed preflight check (5)
-      // would fail the same way again.
-      a.restartable = code != 2 && code != 3 && code != 5 && interruptSignal == 0;
-      log::error("{}; stopped the other ranks. Its log: {}", a.cause, runDir.rankLog(cause->rank));
-      return a;
-    }
-    if (interruptSignal != 0) {
-      log::error("interrupted: every rank stopped; outputs so far are in {}", runDir.root);
-      a.code = exitCodeForSignal(interruptSignal);
-      return a;
-    }
-    if (!lost.empty()) {
-      a.cause = fmt::format("lost track of ranks [{}]: their exit status could not be collected",
-                            fmt::join(lost, ", "));
-      log::error("{}", a.cause);
-      a.code = 1;
-      a.restartable = true;
-      return a;
-    }
-    log::debug("all {} ranks finished", world);
-    return a;
-  };
-
+  const AttemptSetup setup{o,     job,   runDir, exe, signals, world, store.port, credentials,
+                           storeToken, stopGrace};
   std::vector<std::string> causes;
   for (int attempt = 0;; ++attempt) {
     runMetrics.setAttempt(attempt);
-    const Attempt a = runAttempt(attempt);
+    const Attempt a = AttemptRun(setup, attempt).run();
     if (a.code == 0 || !a.restartable || attempt >= job.distribution.maxRestarts) {
       if (a.restartable && job.distribution.maxRestarts > 0) {
         log::error("giving up after {} restarts (distribution.max_restarts)", attempt);

@@ -24,7 +24,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
-#include "cohort/monitor/health.h"
+#include "cohort/health/health.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/security/keys.h"
 #include "cohort/train/lr_schedule.h"
@@ -205,7 +205,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // loader threads and the model compete with the measurements.
   if (job.distribution.preflight) {
     monitor::setPhase(monitor::Phase::starting);
-    monitor::preflight(comm, job.health, runDir.root);
+    health::preflight(comm, job.health, runDir.root);
   }
 
   // Set-up: data, the resumed checkpoint's checks, model, exchange.

@@ -1,7 +1,7 @@
 // Health checks: the four measurements, one rank's report, gathering every
 // rank's report through the store, and the preflight before training.
 
-#include "cohort/monitor/health.h"
+#include "cohort/health/health.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -23,9 +23,9 @@
 #include "cohort/comm/comm.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "monitor/detail/health_json.h"
+#include "health/detail/json.h"
 
-namespace cohort::monitor {
+namespace cohort::health {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -372,4 +372,4 @@ std::vector<HealthReport> preflight(const comm::Comm& comm, const HealthConfig& 
   return all;
 }
 
-}  // namespace cohort::monitor
+}  // namespace cohort::health

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/core/error.h"
-#include "cohort/monitor/health.h"
-#include "monitor/detail/health_json.h"
+#include "cohort/health/health.h"
+#include "health/detail/json.h"
 
-namespace cohort::monitor {
+namespace cohort::health {
 
 const char* checkStatusName(CheckStatus status) {
   switch (status) {
@@ -169,4 +169,4 @@ std::string healthFailures(const std::vector<HealthReport>& reports) {
                      world == 1 ? "" : "s", fmt::join(ranks, ", "), fmt::join(perRank, "; "));
 }
 
-}  // namespace cohort::monitor
+}  // namespace cohort::health

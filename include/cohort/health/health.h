@@ -34,7 +34,7 @@ namespace cohort::comm {
 struct Comm;
 }
 
-namespace cohort::monitor {
+namespace cohort::health {
 
 enum class CheckStatus { pass, fail, skipped };
 
@@ -172,4 +172,4 @@ int healthCommand(const HealthCommandOptions& options);
 // 4 any other error (logged by the rank).
 [[noreturn]] void runHealthRankAndExit(const HealthCommandOptions& options, std::ostream& out);
 
-}  // namespace cohort::monitor
+}  // namespace cohort::health

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "cohort/comm/comm.h"
@@ -26,13 +27,14 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "cohort/monitor/health.h"
+#include "cohort/health/health.h"
 #include "cohort/launch/spawn.h"
+#include "cohort/launch/supervisor.h"
 #include "cohort/security/keys.h"
 
 extern char** environ;
 
-namespace cohort::monitor {
+namespace cohort::health {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -64,13 +66,6 @@ std::chrono::milliseconds timeoutOf(const JobConfig& job) {
   return std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
 }
 
-struct Rank {
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  int status = 0;
-};
-
 }  // namespace
 
 int healthCommand(const HealthCommandOptions& o) {
@@ -97,38 +92,22 @@ int healthCommand(const HealthCommandOptions& o) {
       "127.0.0.1", 0, timeout, security::storeToken(job.security.storeTokenFile));
   log::debug("health checks: {} ranks, store 127.0.0.1:{}", world, store.port);
 
-  std::vector<Rank> ranks(static_cast<size_t>(world));
-  auto killAll = [&] {
-    for (auto& r : ranks) {
-      if (r.running) kill(r.pid, SIGKILL);
+  launch::Supervisor ranks;  // kills and reaps what is left, whatever happens
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args = {exe, "health"};
+    if (!o.jobPath.empty()) args.push_back(o.jobPath);
+    for (const auto& s : o.overrides) {
+      args.push_back("--set");
+      args.push_back(s);
     }
-  };
-  try {
-    for (int r = 0; r < world; ++r) {
-      std::vector<std::string> args = {exe, "health"};
-      if (!o.jobPath.empty()) args.push_back(o.jobPath);
-      for (const auto& s : o.overrides) {
-        args.push_back("--set");
-        args.push_back(s);
-      }
-      if (o.json) args.push_back("--json");
-      for (const auto& [flag, value] : {std::pair<const char*, int>{"--procs", world},
-                                        {"--rank", r},
-                                        {"--store-port", store.port}}) {
-        args.push_back(flag);
-        args.push_back(std::to_string(value));
-      }
-      ranks[static_cast<size_t>(r)].rank = r;
-      ranks[static_cast<size_t>(r)].pid =
-          launch::spawn(exe, args, nullptr, nullptr, "the cohort binary for a health rank");
-      ranks[static_cast<size_t>(r)].running = true;
+    if (o.json) args.push_back("--json");
+    for (const auto& [flag, value] : {std::pair<const char*, int>{"--procs", world},
+                                      {"--rank", r},
+                                      {"--store-port", store.port}}) {
+      args.push_back(flag);
+      args.push_back(std::to_string(value));
     }
-  } catch (...) {
-    killAll();
-    for (auto& r : ranks) {
-      if (r.running) waitpid(r.pid, nullptr, 0);
-    }
-    throw;
+    ranks.start(r, exe, args, nullptr, nullptr, "the cohort binary for a health rank");
   }
 
   // Each rank bounds its own waits by distribution.timeout_s; this is the
@@ -136,39 +115,36 @@ int healthCommand(const HealthCommandOptions& o) {
   const auto limit = std::chrono::duration_cast<std::chrono::seconds>(2 * timeout) +
                      std::chrono::seconds(60);
   const auto deadline = Clock::now() + limit;
-  const Rank* cause = nullptr;
+  std::optional<launch::Supervisor::Child> cause;
   bool timedOut = false;
   for (;;) {
-    bool anyRunning = false;
-    for (auto& r : ranks) {
-      if (!r.running) continue;
-      int status = 0;
-      const pid_t pid = waitpid(r.pid, &status, WNOHANG);
-      if (pid == 0) {
-        anyRunning = true;
-        continue;
+    const auto lost = ranks.reap([&](const launch::Supervisor::Child& c) {
+      const bool clean = WIFEXITED(c.status) && (WEXITSTATUS(c.status) == 0 || WEXITSTATUS(c.status) == 1);
+      if (clean) return;
+      log::debug("rank {} (pid {}) {}", c.rank, c.pid, launch::describeStatus(c.status));
+      if (!cause) {
+        cause = c;
+        ranks.killAll();  // nothing to save: the checks are simply stopped
       }
-      r.running = false;
-      r.status = pid < 0 ? -1 : status;
-      const bool clean = pid > 0 && WIFEXITED(status) &&
-                         (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1);
-      if (!clean) log::debug("rank {} (pid {}) {}", r.rank, r.pid, launch::describeStatus(status));
-      if (!clean && cause == nullptr) {
-        cause = &r;
-        killAll();  // nothing to save: the checks are simply stopped
+    });
+    if (!lost.empty() && !cause) {
+      for (const auto& c : ranks.children()) {
+        if (c.rank == lost.front()) cause = c;
       }
+      cause->status = -1;  // could not be waited for
+      ranks.killAll();
     }
-    if (!anyRunning) break;
+    if (!ranks.anyRunning()) break;
     if (Clock::now() >= deadline && !timedOut) {
       timedOut = true;
       log::error("the health checks did not finish within {} s; stopping every rank",
                  limit.count());
-      killAll();
+      ranks.killAll();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (timedOut) return 1;
-  if (cause != nullptr) {
+  if (cause) {
     const int st = cause->status;
     const bool exited = st >= 0 && WIFEXITED(st);
     log::error("rank {} (pid {}) {}; stopped the other ranks", cause->rank, cause->pid,
@@ -179,7 +155,7 @@ int healthCommand(const HealthCommandOptions& o) {
     return exited && WEXITSTATUS(st) == 2 ? 2 : 1;
   }
   int code = 0;
-  for (const auto& r : ranks) code = std::max(code, WEXITSTATUS(r.status));
+  for (const auto& r : ranks.children()) code = std::max(code, WEXITSTATUS(r.status));
   return code;
 }
 
@@ -251,4 +227,4 @@ void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
   std::_Exit(code);
 }
 
-}  // namespace cohort::monitor
+}  // namespace cohort::health

@@ -7,13 +7,13 @@
 
 #include <string>
 
-#include "cohort/monitor/health.h"
+#include "cohort/health/health.h"
 
-namespace cohort::monitor::detail {
+namespace cohort::health::detail {
 
 nlohmann::json toJson(const HealthReport& report);
 
 // Throws cohort::Error quoting the text when it is not a report.
 HealthReport reportFromJson(const std::string& text);
 
-}  // namespace cohort::monitor::detail
+}  // namespace cohort::health::detail

@@ -3,7 +3,7 @@
 // here asserts a speed (the machine is shared): only that every figure is
 // measured and that pass and fail follow the thresholds.
 
-#include "cohort/monitor/health.h"
+#include "cohort/health/health.h"
 
 #include <gtest/gtest.h>
 
@@ -134,7 +134,7 @@ TEST(HealthPreflight, EveryRankThrowsTheSameErrorNamingEachFailingRank) {
   std::vector<std::string> errors(2);
   test::withRankThreads(2, "health-test", [&](const comm::Comm& c) {
     try {
-      monitor::preflight(c, cfg, dir.path());
+      health::preflight(c, cfg, dir.path());
     } catch (const Error& e) {
       errors[static_cast<size_t>(c.rank)] = e.what();
     }
@@ -156,11 +156,11 @@ TEST(HealthPreflight, PassingChecksReturnEveryRanksReport) {
   cfg.diskMb = 4;
   // Thresholds off: only the plumbing is under test here.
   cfg.minMatmulGflops = cfg.minMemoryGbps = cfg.minDiskWriteMbps = cfg.minAllreduceBusbwGbps = 0;
-  std::vector<std::vector<monitor::HealthReport>> got(2);
+  std::vector<std::vector<health::HealthReport>> got(2);
   test::withRankThreads(2, "health-test", [&](const comm::Comm& c) {
     // Twice: each call pairs with the same call of the other rank.
-    monitor::preflight(c, cfg, dir.path());
-    got[static_cast<size_t>(c.rank)] = monitor::preflight(c, cfg, dir.path());
+    health::preflight(c, cfg, dir.path());
+    got[static_cast<size_t>(c.rank)] = health::preflight(c, cfg, dir.path());
   });
   for (const auto& reports : got) {
     ASSERT_EQ(reports.size(), 2u);
@@ -171,16 +171,16 @@ TEST(HealthPreflight, PassingChecksReturnEveryRanksReport) {
       EXPECT_GT(reports[static_cast<size_t>(r)].find("allreduce")->value, 0);
     }
   }
-  EXPECT_EQ(monitor::healthReportsJson(got[0]), monitor::healthReportsJson(got[1]));
+  EXPECT_EQ(health::healthReportsJson(got[0]), health::healthReportsJson(got[1]));
 }
 
 TEST(HealthMeasure, EachMeasurementIsPositive) {
   test::TempDir dir;
-  EXPECT_GT(monitor::measureMatmulGflops(64, 0.01), 0);
-  EXPECT_GT(monitor::measureMemoryGbps(size_t{1} << 20, 0.01), 0);
+  EXPECT_GT(health::measureMatmulGflops(64, 0.01), 0);
+  EXPECT_GT(health::measureMemoryGbps(size_t{1} << 20, 0.01), 0);
   std::string method;
   // 5 MiB: whole 4 MiB blocks and a tail that is not one.
-  EXPECT_GT(monitor::measureDiskWriteMbps(dir.path(), (size_t{5} << 20) + 100, 5, &method), 0);
+  EXPECT_GT(health::measureDiskWriteMbps(dir.path(), (size_t{5} << 20) + 100, 5, &method), 0);
   EXPECT_TRUE(method == "O_DIRECT" || method == "buffered") << method;
   EXPECT_TRUE(dirIsEmpty(dir.path()));
 }
@@ -188,7 +188,7 @@ TEST(HealthMeasure, EachMeasurementIsPositive) {
 TEST(HealthMeasure, DiskErrorNamesThePath) {
   test::TempDir dir;
   try {
-    monitor::measureDiskWriteMbps(dir.file("nope"), 1 << 20, 1);
+    health::measureDiskWriteMbps(dir.file("nope"), 1 << 20, 1);
     FAIL() << "wrote into a directory that does not exist";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find(dir.file("nope") + "/.cohort-health-"), std::string::npos)
@@ -196,43 +196,43 @@ TEST(HealthMeasure, DiskErrorNamesThePath) {
   }
 }
 
-monitor::HealthReport fakeReport(int rank, double matmul, double threshold) {
-  monitor::HealthReport r;
+health::HealthReport fakeReport(int rank, double matmul, double threshold) {
+  health::HealthReport r;
   r.rank = rank;
   r.worldSize = 2;
   r.host = "node" + std::to_string(rank);
-  monitor::HealthCheck c;
+  health::HealthCheck c;
   c.name = "matmul";
   c.unit = "GFLOP/s";
   c.key = "health.min_matmul_gflops";
   c.value = matmul;
   c.threshold = threshold;
-  c.status = matmul >= threshold ? monitor::CheckStatus::pass : monitor::CheckStatus::fail;
+  c.status = matmul >= threshold ? health::CheckStatus::pass : health::CheckStatus::fail;
   r.checks.push_back(c);
-  monitor::HealthCheck d;
+  health::HealthCheck d;
   d.name = "disk";
   d.unit = "MB/s";
   d.key = "health.min_disk_write_mbps";
   d.threshold = 20;
-  d.status = monitor::CheckStatus::fail;
+  d.status = health::CheckStatus::fail;
   d.error = "cannot create /x/.cohort-health: Permission denied";
   if (rank == 0) r.checks.push_back(d);
   return r;
 }
 
 TEST(HealthReport, FailuresNameRankHostCheckMeasuredAndThreshold) {
-  const std::vector<monitor::HealthReport> reports = {fakeReport(0, 50, 10),
+  const std::vector<health::HealthReport> reports = {fakeReport(0, 50, 10),
                                                       fakeReport(1, 3.25, 10)};
-  EXPECT_EQ(monitor::healthFailures(reports),
+  EXPECT_EQ(health::healthFailures(reports),
             "health checks failed on 2 of 2 ranks [0, 1]: rank 0 (host node0): disk: cannot "
             "create /x/.cohort-health: Permission denied; rank 1 (host node1): matmul 3.25 "
             "GFLOP/s is below health.min_matmul_gflops = 10");
-  EXPECT_EQ(monitor::healthFailures({fakeReport(1, 50, 10)}), "") << "rank 1 passes at 50";
-  const std::string table = monitor::formatHealthTable(reports);
+  EXPECT_EQ(health::healthFailures({fakeReport(1, 50, 10)}), "") << "rank 1 passes at 50";
+  const std::string table = health::formatHealthTable(reports);
   EXPECT_NE(table.find("50 ok"), std::string::npos) << table;
   EXPECT_NE(table.find("3.25 FAIL"), std::string::npos) << table;
   EXPECT_NE(table.find("ERROR"), std::string::npos) << table;
-  const auto j = nlohmann::json::parse(monitor::healthReportsJson(reports));
+  const auto j = nlohmann::json::parse(health::healthReportsJson(reports));
   EXPECT_EQ(j[1]["checks"]["matmul"]["status"], "fail");
   EXPECT_FALSE(j[1]["passed"].get<bool>());
   EXPECT_EQ(j[0]["checks"]["disk"]["error"], "cannot create /x/.cohort-health: Permission denied");
