@@ -147,11 +147,14 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
     }
     if (all) return;
     // A rank whose process is gone will never arrive: fail now, not at the
-    // deadline (the same machine, so its pid says).
+    // deadline (the same machine, so its pid says). Its arrival is read
+    // again after it is seen gone: a rank may arrive, finish and exit
+    // between the first read and the check of its process (its last
+    // exchange), and it did arrive.
     for (int r = 0; r < world_; ++r) {
       const pid_t pid = header_->pid[r].load(std::memory_order_acquire);
-      if (header_->arrived[phase][r].value.load(std::memory_order_acquire) < seq && pid > 0 &&
-          !processAlive(pid)) {
+      auto arrived = [&] { return header_->arrived[phase][r].value.load(std::memory_order_acquire) >= seq; };
+      if (!arrived() && pid > 0 && !processAlive(pid) && !arrived()) {
         throw CommError(fmt::format("rank {}: shared-memory exchange {}: rank {} (pid {}) has exited",
                                     nameOf(rank_), seq, nameOf(r), pid));
       }
