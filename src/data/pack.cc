@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -151,11 +152,11 @@ CacheConfig uncached() {
 
 }  // namespace
 
-PackResult pack(const std::string& src, const std::string& dst, const PackOptions& options) {
-  if (!fs::exists(src)) throw DataError(fmt::format("{}: no such file or folder", src));
-  Input in = fs::is_directory(src) ? listFolder(src) : openIdxInput(src, options.labels);
+namespace {
 
-  // Shuffle, then cut into shards of about shardBytes.
+// The input's items shuffled by options.seed and cut into shards of about
+// options.shardBytes: each shard lists its items' positions in `in.items`.
+std::vector<std::vector<size_t>> cutIntoShards(const Input& in, const PackOptions& options) {
   const std::vector<int64_t> order =
       permutation(static_cast<int64_t>(in.items.size()), options.seed, 0);
   std::vector<std::vector<size_t>> shards(1);
@@ -170,116 +171,128 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
     shards.back().push_back(static_cast<size_t>(i));
     filled += cost;
   }
+  return shards;
+}
 
-  const bool remote = storage::isRemoteUrl(dst);
-  std::unique_ptr<storage::Storage> out;
-  std::string work = dst;  // where shard files are written
-  if (remote) {
-    out = storage::openStorage(dst, options.storage);
-    try {
-      storage::createContainer(dst, options.storage);
-    } catch (const storage::StorageError& e) {
-      // A SAS may allow writing blobs but not creating containers; the
-      // writes below tell whether the container is usable.
-      if (e.status() != 403) throw;
-    }
-    work = (fs::temp_directory_path() / fmt::format("cohort-pack-{}", ::getpid())).string();
-  }
-  std::error_code ec;
-  fs::create_directories(work, ec);
-  if (ec) throw IoError(fmt::format("{}: cannot create: {}", work, ec.message()));
-  struct RemoveWorkDir {
-    std::string dir;
-    ~RemoveWorkDir() {
-      std::error_code e;
-      if (!dir.empty()) fs::remove_all(dir, e);
-    }
-  } removeWork{remote ? work : std::string()};
-  // A dataset already at DST stops being one before its shards are
-  // overwritten: an interrupted pack leaves no manifest that lies.
-  if (remote) {
-    out->remove(kDatasetManifestName);
-  } else {
-    fs::remove(work + "/" + kDatasetManifestName, ec);
-  }
-
-  DatasetManifest m;
-  m.name = options.name.empty() ? fs::path(src).lexically_normal().filename().string() : options.name;
-  if (m.name.empty()) m.name = fs::path(src).parent_path().filename().string();
-  m.encoding = in.encoding;
-  m.rawShape = in.rawShape;
-  m.classes = in.classes;
-  m.source = fs::absolute(src).string();
-  m.shards.resize(shards.size());
-  if (options.key != nullptr) m.encryptionKeyId = options.key->id;
-
-  std::atomic<size_t> nextShard{0};
-  std::atomic<int64_t> doneItems{0}, doneBytes{0}, skipped{0};
-  std::mutex errorMutex;
-  std::exception_ptr error;
-  auto worker = [&] {
-    std::vector<float> px(in.idx ? static_cast<size_t>(in.idx->shape().numel()) : 0);
-    std::string raw(px.size(), '\0');
-    for (;;) {
-      const size_t s = nextShard++;
-      if (s >= shards.size()) return;
-      {
-        std::lock_guard<std::mutex> g(errorMutex);
-        if (error) return;
-      }
-      const std::string name = shardName(s);
-      const std::string finalPath = work + "/" + name;
-      const std::string tmpPath = finalPath + ".tmp";
+// Where the packed dataset goes: a directory, or a blob URL (shards are
+// written to a temporary directory, uploaded, and that directory removed
+// when the Destination is destroyed).
+class Destination {
+ public:
+  Destination(const std::string& dst, const storage::StorageOptions& so)
+      : remote_(storage::isRemoteUrl(dst)), work_(dst) {
+    if (remote_) {
+      out_ = storage::openStorage(dst, so);
       try {
-        ShardWriter w(tmpPath, options.key, name);
-        for (size_t i : shards[s]) {
-          const Item& it = in.items[i];
-          if (in.idx) {
-            in.idx->read(it.index, px.data());
-            for (size_t k = 0; k < px.size(); ++k) {
-              raw[k] = static_cast<char>(static_cast<uint8_t>(std::lround(px[k] * 255.0f)));
-            }
-            w.add(it.key, it.label, raw.data(), raw.size());
-          } else {
-            const std::string bytes = readFile(it.path);
-            try {
-              probeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-            } catch (const DataError& e) {
-              log::warn("{}: left out, not a readable image: {}", it.path, e.what());
-              ++skipped;
-              ++doneItems;
-              continue;
-            }
-            w.add(it.key, it.label, bytes.data(), bytes.size());
-          }
-          ++doneItems;
-          doneBytes += it.bytes;
-        }
-        ShardInfo info;
-        info.name = name;
-        info.records = w.records();
-        info.bytes = w.finish();
-        uint64_t size = 0;
-        info.checksum = checksumFile(tmpPath, &size);
-        if (remote) {
-          out->writeFromFile(name, tmpPath);  // Storage calls may come from several threads
-          fs::remove(tmpPath);
-        } else {
-          fs::rename(tmpPath, finalPath);
-        }
-        m.shards[s] = std::move(info);
-      } catch (...) {
-        std::error_code e;
-        fs::remove(tmpPath, e);
-        std::lock_guard<std::mutex> g(errorMutex);
-        if (!error) error = std::current_exception();
+        storage::createContainer(dst, so);
+      } catch (const storage::StorageError& e) {
+        // A SAS may allow writing blobs but not creating containers; the
+        // writes tell whether the container is usable.
+        if (e.status() != 403) throw;
       }
+      work_ = (fs::temp_directory_path() / fmt::format("cohort-pack-{}", ::getpid())).string();
     }
-  };
+    std::error_code ec;
+    fs::create_directories(work_, ec);
+    if (ec) throw IoError(fmt::format("{}: cannot create: {}", work_, ec.message()));
+    // A dataset already there stops being one before its shards are
+    // overwritten: an interrupted pack leaves no manifest that lies.
+    remove(kDatasetManifestName);
+  }
+  ~Destination() {
+    std::error_code e;
+    if (remote_) fs::remove_all(work_, e);
+  }
+  Destination(const Destination&) = delete;
+  Destination& operator=(const Destination&) = delete;
 
-  const int threads = std::max(1, std::min<int>(options.threads > 0 ? options.threads
-                                                                     : static_cast<int>(std::thread::hardware_concurrency()),
-                                                static_cast<int>(shards.size())));
+  // Where a shard is written before put().
+  std::string scratch(const std::string& name) const { return work_ + "/" + name + ".tmp"; }
+  // Publishes a shard written at scratch(name). Several threads may call it.
+  void put(const std::string& name) const {
+    if (remote_) {
+      out_->writeFromFile(name, scratch(name));
+      fs::remove(scratch(name));
+    } else {
+      fs::rename(scratch(name), work_ + "/" + name);
+    }
+  }
+  void remove(const std::string& name) const {
+    std::error_code ec;
+    if (remote_) {
+      out_->remove(name);
+    } else {
+      fs::remove(work_ + "/" + name, ec);
+    }
+  }
+  void writeManifest(const std::string& json) const {
+    if (remote_) {
+      out_->writeBytes(kDatasetManifestName, json);
+    } else {
+      writeFileAtomic(work_ + "/" + kDatasetManifestName, json);
+    }
+  }
+
+ private:
+  bool remote_;
+  std::string work_;
+  std::unique_ptr<storage::Storage> out_;
+};
+
+struct PackCounters {
+  std::atomic<int64_t> items{0}, bytes{0}, skipped{0};
+};
+
+// Writes shard `name` of the items `shard` and publishes it. Files that are
+// not readable images are left out with a warning.
+ShardInfo writeShard(const Input& in, const std::vector<size_t>& shard, const std::string& name,
+                     const Destination& dst, const PackOptions& options, PackCounters& done) {
+  std::vector<float> px(in.idx ? static_cast<size_t>(in.idx->shape().numel()) : 0);
+  std::string raw(px.size(), '\0');
+  const std::string tmpPath = dst.scratch(name);
+  try {
+    ShardWriter w(tmpPath, options.key, name);
+    for (size_t i : shard) {
+      const Item& it = in.items[i];
+      if (in.idx) {
+        in.idx->read(it.index, px.data());
+        for (size_t k = 0; k < px.size(); ++k) {
+          raw[k] = static_cast<char>(static_cast<uint8_t>(std::lround(px[k] * 255.0f)));
+        }
+        w.add(it.key, it.label, raw.data(), raw.size());
+      } else {
+        const std::string bytes = readFile(it.path);
+        try {
+          probeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+        } catch (const DataError& e) {
+          log::warn("{}: left out, not a readable image: {}", it.path, e.what());
+          ++done.skipped;
+          ++done.items;
+          continue;
+        }
+        w.add(it.key, it.label, bytes.data(), bytes.size());
+      }
+      ++done.items;
+      done.bytes += it.bytes;
+    }
+    ShardInfo info;
+    info.name = name;
+    info.records = w.records();
+    info.bytes = w.finish();
+    uint64_t size = 0;
+    info.checksum = checksumFile(tmpPath, &size);
+    dst.put(name);
+    return info;
+  } catch (...) {
+    std::error_code e;
+    fs::remove(tmpPath, e);
+    throw;
+  }
+}
+
+// Runs `work` on up to `threads` threads (at least one must start) and
+// calls `report(false)` every half second until all are done.
+void runPool(int threads, const std::function<void()>& work, const std::function<void(bool)>& report) {
   std::vector<std::thread> pool;
   std::atomic<int> running{threads};
   std::mutex doneMutex;
@@ -287,7 +300,7 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
   for (int t = 0; t < threads; ++t) {
     try {
       pool.emplace_back([&] {
-        worker();
+        work();
         std::lock_guard<std::mutex> g(doneMutex);
         --running;
         doneCv.notify_all();
@@ -300,22 +313,6 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
       break;
     }
   }
-  const bool terminal = ::isatty(STDERR_FILENO) != 0;
-  const auto start = std::chrono::steady_clock::now();
-  const auto total = static_cast<int64_t>(in.items.size());
-  auto report = [&](bool last) {
-    if (!options.progress) return;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const std::string line = fmt::format("packing {}: {}/{} records ({:.0f}%), {:.0f} MB, {:.1f} s",
-                                         m.name, doneItems.load(), total,
-                                         100.0 * double(doneItems.load()) / double(std::max<int64_t>(1, total)),
-                                         double(doneBytes.load()) / 1e6, s);
-    if (terminal) {
-      std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
-    } else if (last) {
-      std::cerr << line << "\n";
-    }
-  };
   {
     std::unique_lock<std::mutex> lock(doneMutex);
     while (!doneCv.wait_for(lock, std::chrono::milliseconds(500), [&] { return running == 0; })) {
@@ -325,31 +322,81 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
     }
   }
   for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+PackResult pack(const std::string& src, const std::string& dst, const PackOptions& options) {
+  if (!fs::exists(src)) throw DataError(fmt::format("{}: no such file or folder", src));
+  Input in = fs::is_directory(src) ? listFolder(src) : openIdxInput(src, options.labels);
+  const std::vector<std::vector<size_t>> shards = cutIntoShards(in, options);
+  const Destination out(dst, options.storage);
+
+  DatasetManifest m;
+  m.name = options.name.empty() ? fs::path(src).lexically_normal().filename().string() : options.name;
+  if (m.name.empty()) m.name = fs::path(src).parent_path().filename().string();
+  m.encoding = in.encoding;
+  m.rawShape = in.rawShape;
+  m.classes = in.classes;
+  m.source = fs::absolute(src).string();
+  m.shards.resize(shards.size());
+  if (options.key != nullptr) m.encryptionKeyId = options.key->id;
+
+  std::atomic<size_t> nextShard{0};
+  PackCounters done;
+  std::mutex errorMutex;
+  std::exception_ptr error;
+  auto worker = [&] {
+    for (;;) {
+      const size_t s = nextShard++;
+      if (s >= shards.size()) return;
+      {
+        std::lock_guard<std::mutex> g(errorMutex);
+        if (error) return;
+      }
+      try {
+        m.shards[s] = writeShard(in, shards[s], shardName(s), out, options, done);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(errorMutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  const auto total = static_cast<int64_t>(in.items.size());
+  auto report = [&](bool last) {
+    if (!options.progress) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string line = fmt::format("packing {}: {}/{} records ({:.0f}%), {:.0f} MB, {:.1f} s",
+                                         m.name, done.items.load(), total,
+                                         100.0 * double(done.items.load()) / double(std::max<int64_t>(1, total)),
+                                         double(done.bytes.load()) / 1e6, s);
+    if (terminal) {
+      std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
+    } else if (last) {
+      std::cerr << line << "\n";
+    }
+  };
+  const int cores = options.threads > 0 ? options.threads
+                                        : static_cast<int>(std::thread::hardware_concurrency());
+  runPool(std::max(1, std::min<int>(cores, static_cast<int>(shards.size()))), worker, report);
   report(true);
   if (error) std::rethrow_exception(error);
   // Shards left empty by skipped files are dropped.
   m.shards.erase(std::remove_if(m.shards.begin(), m.shards.end(),
                                 [&](const ShardInfo& s) {
                                   if (s.records > 0) return false;
-                                  if (remote) {
-                                    out->remove(s.name);
-                                  } else {
-                                    fs::remove(work + "/" + s.name, ec);
-                                  }
+                                  out.remove(s.name);
                                   return true;
                                 }),
                  m.shards.end());
   if (m.shards.empty()) throw DataError(fmt::format("{}: none of its files is a readable image", src));
   m.created = ckpt::utcNow();
-  const std::string json = datasetManifestJson(m);
-  if (remote) {
-    out->writeBytes(kDatasetManifestName, json);
-  } else {
-    writeFileAtomic(work + "/" + kDatasetManifestName, json);
-  }
+  out.writeManifest(datasetManifestJson(m));
   PackResult r;
   r.manifest = std::move(m);
-  r.skipped = skipped;
+  r.skipped = done.skipped;
   return r;
 }
 
