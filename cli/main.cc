@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
   CLI::App* health = app.add_subcommand(
       "health", "Measure matmul, memory, disk and allreduce speed on N local ranks against the "
                 "health.* thresholds; exit 1 naming each failing rank and check");
-  cohort::monitor::HealthCommandOptions healthOptions;
+  cohort::health::HealthCommandOptions healthOptions;
   health->add_option("job", healthOptions.jobPath, "Job file (YAML); default: every key at its default");
   health->add_option("--set", healthOptions.overrides,
                      "Override a job key: key.path=value, e.g. health.min_matmul_gflops=5 (repeatable)")
