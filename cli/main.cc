@@ -76,20 +76,14 @@ int reportCurrentException() {
   std::_Exit(code);
 }
 
-}  // namespace
+// Every option of every command, and the commands, as CLI11 fills them in.
+struct Cli {
+  Cli() = default;
+  Cli(const Cli&) = delete;  // `so` refers to this object's packOptions
+  Cli& operator=(const Cli&) = delete;
 
-int main(int argc, char** argv) {
-  CLI::App app{"cohort: data-parallel deep-learning training", "cohort"};
-  app.require_subcommand(0, 1);
-  app.set_version_flag("--version",
-                       std::string("cohort ") + cohort::version() + " (LibTorch " +
-                           cohort::torchVersion() + ")");
-  app.footer(
-      "Exit codes: 0 success, 2 bad input (job file, data, arguments), 1 failure during "
-      "training, 75 stopped on SIGTERM after a checkpoint (rerun to resume); a rank (`cohort "
-      "worker`) also exits 3 when training diverged, 4 on a stalled collective, 5 on a failed "
-      "preflight check.\nDocumentation: docs/job-spec.md, docs/launching.md, docs/monitoring.md");
-
+  // run, worker, validate
+  CLI::App *run = nullptr, *worker = nullptr, *validate = nullptr;
   std::string jobPath, runDir;
   std::vector<std::string> overrides;
   int procs = 0;
@@ -97,8 +91,47 @@ int main(int argc, char** argv) {
   bool newRun = false;
   bool timeline = false;
   int metricsPort = 0;
+  // ckpt
+  CLI::App *ckpt = nullptr, *ckptList = nullptr, *ckptVerify = nullptr, *ckptInspect = nullptr,
+           *ckptDecrypt = nullptr;
+  std::string ckptPath;
+  bool ckptTensors = false;
+  std::string decryptOut;
+  cohort::security::KeySources keySources;
+  // data
+  CLI::App *data = nullptr, *dataPack = nullptr, *dataInspect = nullptr, *dataVerify = nullptr;
+  std::string dataSrc, dataDst, dataPath;
+  cohort::data::PackOptions packOptions;
+  cohort::storage::StorageOptions& so = packOptions.storage;
+  double shardMb = 256;
+  bool noProgress = false, decode = false;
+  int64_t inspectRecords = 0;
+  // health, logs, help
+  CLI::App *health = nullptr, *logs = nullptr, *help = nullptr;
+  cohort::health::HealthCommandOptions healthOptions;
+  cohort::monitor::LogsOptions logsOptions;
+  std::string helpTopic;
 
-  CLI::App* run = app.add_subcommand("run", "Train: start the ranks on this machine and watch them");
+  void addTraining(CLI::App& app);
+  void addCkpt(CLI::App& app);
+  void addData(CLI::App& app);
+  void addHealthLogsHelp(CLI::App& app);
+  // After parsing: runs the chosen command and returns the exit code.
+  int dispatch(CLI::App& app, int argc);
+  int showHelp(CLI::App& app, int argc) const;
+  // --key-file and --previous-key-file for a data command.
+  void addKeyFile(CLI::App* sub, const char* what);
+};
+
+void Cli::addKeyFile(CLI::App* sub, const char* what) {
+  sub->add_option("--key-file", keySources.keyFile, what);
+  sub->add_option("--previous-key-file", keySources.previousKeyFile,
+                  "Encrypted shards: the key before a rotation");
+}
+
+void Cli::addTraining(CLI::App& app) {
+
+  run = app.add_subcommand("run", "Train: start the ranks on this machine and watch them");
   run->add_option("job", jobPath, "Job file (YAML)")->required();
   run->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
       ->take_all()
@@ -118,7 +151,7 @@ int main(int argc, char** argv) {
                 "Start a new run directory even if an interrupted run of the same job could be "
                 "resumed");
 
-  CLI::App* worker = app.add_subcommand(
+  worker = app.add_subcommand(
       "worker", "Run one rank (started by `cohort run`, mpirun, srun or a torchrun-style launcher)");
   worker->add_option("job", jobPath, "Job file (YAML)")->required();
   worker->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
@@ -127,56 +160,47 @@ int main(int argc, char** argv) {
   worker->add_option("--resume", resume,
                      "Resume from this checkpoint when the run directory has none of its own");
 
-  CLI::App* validate = app.add_subcommand("validate", "Check a job file and print the resolved job");
+  validate = app.add_subcommand("validate", "Check a job file and print the resolved job");
   validate->add_option("job", jobPath, "Job file (YAML)")->required();
   validate->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
       ->allow_extra_args(false);
 
-  CLI::App* ckpt = app.add_subcommand("ckpt", "List, verify or inspect checkpoints");
+}
+
+void Cli::addCkpt(CLI::App& app) {
+  ckpt = app.add_subcommand("ckpt", "List, verify or inspect checkpoints");
   ckpt->require_subcommand(1);
-  std::string ckptPath;
-  bool ckptTensors = false;
-  CLI::App* ckptList = ckpt->add_subcommand(
+  ckptList = ckpt->add_subcommand(
       "list", "List checkpoints with step, position, size and status");
   ckptList->add_option("path", ckptPath, "Run directory, checkpoints directory or step-<N>")
       ->required();
-  CLI::App* ckptVerify = ckpt->add_subcommand(
+  ckptVerify = ckpt->add_subcommand(
       "verify", "Verify every file's checksum; exit 1 naming each corrupt file");
   ckptVerify->add_option("path", ckptPath, "Run directory, checkpoints directory or step-<N>")
       ->required();
-  CLI::App* ckptInspect = ckpt->add_subcommand("inspect", "Show what a checkpoint holds");
+  ckptInspect = ckpt->add_subcommand("inspect", "Show what a checkpoint holds");
   ckptInspect->add_option("path", ckptPath,
                           "step-<N> directory (or a directory: its newest valid checkpoint)")
       ->required();
   ckptInspect->add_flag("--tensors", ckptTensors, "List every tensor's name, type and shape");
-  std::string decryptOut;
-  CLI::App* ckptDecrypt = ckpt->add_subcommand(
+  ckptDecrypt = ckpt->add_subcommand(
       "decrypt", "Write the plain contents of an encrypted file (a checkpoint's .bin, model/final.pt)");
   ckptDecrypt->add_option("path", ckptPath, "The encrypted file, where it was written")->required();
   ckptDecrypt->add_option("out", decryptOut, "Where the plain copy goes (mode 0600)")->required();
-  cohort::security::KeySources keySources;
   for (CLI::App* sub : {ckptVerify, ckptInspect, ckptDecrypt}) {
     sub->add_option("--key-file", keySources.keyFile,
                     "Encrypted checkpoints: the key file (64 hex digits, mode 0600)");
     sub->add_option("--previous-key-file", keySources.previousKeyFile,
                     "Encrypted checkpoints: the key before a rotation");
   }
-  auto addKeyFile = [&](CLI::App* sub, const char* what) {
-    sub->add_option("--key-file", keySources.keyFile, what);
-    sub->add_option("--previous-key-file", keySources.previousKeyFile,
-                    "Encrypted shards: the key before a rotation");
-  };
   ckptDecrypt->get_option("--key-file")->required();
 
-  CLI::App* data = app.add_subcommand("data", "Pack, inspect or verify datasets of shards");
+}
+
+void Cli::addData(CLI::App& app) {
+  data = app.add_subcommand("data", "Pack, inspect or verify datasets of shards");
   data->require_subcommand(1);
-  std::string dataSrc, dataDst, dataPath;
-  cohort::data::PackOptions packOptions;
-  double shardMb = 256;
-  bool noProgress = false, decode = false;
-  int64_t inspectRecords = 0;
-  cohort::storage::StorageOptions& so = packOptions.storage;
-  CLI::App* dataPack = data->add_subcommand(
+  dataPack = data->add_subcommand(
       "pack", "Pack an ImageNet-style folder or IDX file into shards (local or blob storage)");
   dataPack->add_option("src", dataSrc,
                        "A folder with one subfolder of JPEG/PNG images per class, or an IDX images file")
@@ -193,10 +217,10 @@ int main(int argc, char** argv) {
                        "IDX: the labels file (default: the images file's name with labels-idx1)");
   dataPack->add_option("--name", packOptions.name, "Dataset name (default: SRC's name)");
   dataPack->add_flag("--no-progress", noProgress, "No progress line");
-  CLI::App* dataInspect = data->add_subcommand("inspect", "Show what a packed dataset holds");
+  dataInspect = data->add_subcommand("inspect", "Show what a packed dataset holds");
   dataInspect->add_option("path", dataPath, "Dataset directory or blob URL")->required();
   dataInspect->add_option("--records", inspectRecords, "Also list the first N records of the first shard");
-  CLI::App* dataVerify = data->add_subcommand(
+  dataVerify = data->add_subcommand(
       "verify", "Check every shard, record and (with --decode) image; exit 1 naming each problem");
   dataVerify->add_option("path", dataPath, "Dataset directory or blob URL")->required();
   dataVerify->add_flag("--decode", decode, "Also decode every image");
@@ -213,10 +237,12 @@ int main(int argc, char** argv) {
                   "Blob storage, emulator only: plain http, no certificate verification");
   }
 
-  CLI::App* health = app.add_subcommand(
+}
+
+void Cli::addHealthLogsHelp(CLI::App& app) {
+  health = app.add_subcommand(
       "health", "Measure matmul, memory, disk and allreduce speed on N local ranks against the "
                 "health.* thresholds; exit 1 naming each failing rank and check");
-  cohort::health::HealthCommandOptions healthOptions;
   health->add_option("job", healthOptions.jobPath, "Job file (YAML); default: every key at its default");
   health->add_option("--set", healthOptions.overrides,
                      "Override a job key: key.path=value, e.g. health.min_matmul_gflops=5 (repeatable)")
@@ -228,18 +254,117 @@ int main(int argc, char** argv) {
   health->add_option("--rank", healthOptions.rank)->group("");
   health->add_option("--store-port", healthOptions.storePort)->group("");
 
-  CLI::App* logs = app.add_subcommand(
+  logs = app.add_subcommand(
       "logs", "Print a run's logs (launcher and ranks) merged in time order");
-  cohort::monitor::LogsOptions logsOptions;
   logs->add_option("run_dir", logsOptions.runDir, "Run directory")->required();
   logs->add_option("--rank", logsOptions.rank, "Only this rank's log")->check(CLI::NonNegativeNumber);
   logs->add_flag("--follow,-f", logsOptions.follow,
                  "Keep printing lines as they are written until the run ends (summary.json) or "
                  "Ctrl-C");
 
-  CLI::App* help = app.add_subcommand("help", "Show help for cohort or one of its commands");
-  std::string helpTopic;
+  help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
+
+}
+
+int Cli::showHelp(CLI::App& app, int argc) const {
+    if (helpTopic == "job") {
+      // Every key of the job file, as the table in docs/job-spec.md.
+      std::cout << "| key | type | default | description |\n|---|---|---|---|\n";
+      for (const auto& k : cohort::describeJobKeys()) {
+        std::cout << "| `" << k.path << "` | " << k.type << " | `" << k.defaultValue << "` | "
+                  << k.description << " |\n";
+      }
+      return 0;
+    }
+    if (!helpTopic.empty()) {
+      for (CLI::App* sub : {run, worker, validate, ckpt, data, logs, health}) {
+        if (sub->get_name() == helpTopic) {
+          std::cout << sub->help();
+          return 0;
+        }
+      }
+      std::cerr << "cohort: no help on '" << helpTopic
+                << "' (try: run, worker, validate, ckpt, data, logs, health, job)\n";
+      return 2;
+    }
+    std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
+    return app.get_subcommands().empty() && argc > 1 ? 2 : 0;
+}
+
+int Cli::dispatch(CLI::App& app, int argc) {
+  if (*help || app.get_subcommands().empty()) return showHelp(app, argc);
+  if (*validate) {
+    cohort::JobConfig job = cohort::loadJob(jobPath, overrides);
+    std::cout << cohort::toYaml(job);
+    return 0;
+  }
+  cohort::security::installKeyring(cohort::security::loadKeyring(keySources));
+  if (*ckptDecrypt) {
+    const std::string plain = cohort::security::readSealedFile(ckptPath, cohort::security::installedKeyring());
+    cohort::writeFileAtomic(decryptOut, plain);
+    std::cout << "wrote " << plain.size() << " bytes to " << decryptOut << "\n";
+    return 0;
+  }
+  if (*ckptList) return cohort::ckpt::listCommand(ckptPath, std::cout);
+  if (*ckptVerify) return cohort::ckpt::verifyCommand(ckptPath, std::cout);
+  if (*ckptInspect) return cohort::ckpt::inspectCommand(ckptPath, ckptTensors, std::cout);
+  if (*dataPack) {
+    packOptions.shardBytes = static_cast<int64_t>(shardMb * 1e6);
+    packOptions.progress = !noProgress;
+    if (const auto* keys = cohort::security::installedKeyring()) packOptions.key = &keys->current;
+    const auto r = cohort::data::pack(dataSrc, dataDst, packOptions);
+    std::cout << "packed " << r.manifest.records() << " records of " << r.manifest.classes.size()
+              << " classes into " << r.manifest.shards.size() << " shards ("
+              << r.manifest.bytes() / 1000000 << " MB) at " << cohort::storage::redactUrl(dataDst);
+    if (r.skipped > 0) std::cout << "; " << r.skipped << " unreadable files left out (see warnings)";
+    std::cout << "\n";
+    return 0;
+  }
+  if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
+  if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
+  if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
+  if (*run) {
+    cohort::launch::LaunchOptions o;
+    o.jobPath = jobPath;
+    o.overrides = overrides;
+    if (timeline) o.overrides.push_back("output.timeline=true");
+    if (metricsPort > 0) o.overrides.push_back(fmt::format("output.metrics_port={}", metricsPort));
+    o.runDir = runDir;
+    o.procs = procs;
+    o.resume = resume;
+    o.newRun = newRun;
+    return cohort::launch::runLauncher(o);
+  }
+  if (*worker) {
+    runWorkerAndExit({jobPath, overrides, runDir, resume});
+  }
+  if (*health) {
+    if (healthOptions.rank >= 0) cohort::health::runHealthRankAndExit(healthOptions, std::cout);
+    return cohort::health::healthCommand(healthOptions);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cohort: data-parallel deep-learning training", "cohort"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version",
+                       std::string("cohort ") + cohort::version() + " (LibTorch " +
+                           cohort::torchVersion() + ")");
+  app.footer(
+      "Exit codes: 0 success, 2 bad input (job file, data, arguments), 1 failure during "
+      "training, 75 stopped on SIGTERM after a checkpoint (rerun to resume); a rank (`cohort "
+      "worker`) also exits 3 when training diverged, 4 on a stalled collective, 5 on a failed "
+      "preflight check.\nDocumentation: docs/job-spec.md, docs/launching.md, docs/monitoring.md");
+
+  Cli cli;
+  cli.addTraining(app);
+  cli.addCkpt(app);
+  cli.addData(app);
+  cli.addHealthLogsHelp(app);
 
   try {
     app.parse(argc, argv);
@@ -258,84 +383,11 @@ int main(int argc, char** argv) {
   // model: readable by this user only (0700 directories, 0600 files). A
   // dataset written by `cohort data pack` keeps the user's umask, as datasets
   // are made to be shared.
-  if (!*dataPack) ::umask(077);
+  if (!*cli.dataPack) ::umask(077);
 
   try {
-    if (*help || app.get_subcommands().empty()) {
-      if (helpTopic == "job") {
-        // Every key of the job file, as the table in docs/job-spec.md.
-        std::cout << "| key | type | default | description |\n|---|---|---|---|\n";
-        for (const auto& k : cohort::describeJobKeys()) {
-          std::cout << "| `" << k.path << "` | " << k.type << " | `" << k.defaultValue << "` | "
-                    << k.description << " |\n";
-        }
-        return 0;
-      }
-      if (!helpTopic.empty()) {
-        for (CLI::App* sub : {run, worker, validate, ckpt, data, logs, health}) {
-          if (sub->get_name() == helpTopic) {
-            std::cout << sub->help();
-            return 0;
-          }
-        }
-        std::cerr << "cohort: no help on '" << helpTopic
-                  << "' (try: run, worker, validate, ckpt, data, logs, health, job)\n";
-        return 2;
-      }
-      std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
-      return app.get_subcommands().empty() && argc > 1 ? 2 : 0;
-    }
-    if (*validate) {
-      cohort::JobConfig job = cohort::loadJob(jobPath, overrides);
-      std::cout << cohort::toYaml(job);
-      return 0;
-    }
-    cohort::security::installKeyring(cohort::security::loadKeyring(keySources));
-    if (*ckptDecrypt) {
-      const std::string plain = cohort::security::readSealedFile(ckptPath, cohort::security::installedKeyring());
-      cohort::writeFileAtomic(decryptOut, plain);
-      std::cout << "wrote " << plain.size() << " bytes to " << decryptOut << "\n";
-      return 0;
-    }
-    if (*ckptList) return cohort::ckpt::listCommand(ckptPath, std::cout);
-    if (*ckptVerify) return cohort::ckpt::verifyCommand(ckptPath, std::cout);
-    if (*ckptInspect) return cohort::ckpt::inspectCommand(ckptPath, ckptTensors, std::cout);
-    if (*dataPack) {
-      packOptions.shardBytes = static_cast<int64_t>(shardMb * 1e6);
-      packOptions.progress = !noProgress;
-      if (const auto* keys = cohort::security::installedKeyring()) packOptions.key = &keys->current;
-      const auto r = cohort::data::pack(dataSrc, dataDst, packOptions);
-      std::cout << "packed " << r.manifest.records() << " records of " << r.manifest.classes.size()
-                << " classes into " << r.manifest.shards.size() << " shards ("
-                << r.manifest.bytes() / 1000000 << " MB) at " << cohort::storage::redactUrl(dataDst);
-      if (r.skipped > 0) std::cout << "; " << r.skipped << " unreadable files left out (see warnings)";
-      std::cout << "\n";
-      return 0;
-    }
-    if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
-    if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
-    if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
-    if (*run) {
-      cohort::launch::LaunchOptions o;
-      o.jobPath = jobPath;
-      o.overrides = overrides;
-      if (timeline) o.overrides.push_back("output.timeline=true");
-      if (metricsPort > 0) o.overrides.push_back(fmt::format("output.metrics_port={}", metricsPort));
-      o.runDir = runDir;
-      o.procs = procs;
-      o.resume = resume;
-      o.newRun = newRun;
-      return cohort::launch::runLauncher(o);
-    }
-    if (*worker) {
-      runWorkerAndExit({jobPath, overrides, runDir, resume});
-    }
-    if (*health) {
-      if (healthOptions.rank >= 0) cohort::health::runHealthRankAndExit(healthOptions, std::cout);
-      return cohort::health::healthCommand(healthOptions);
-    }
+    return cli.dispatch(app, argc);
   } catch (...) {
     return reportCurrentException();
   }
-  return 0;
 }
