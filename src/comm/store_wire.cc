@@ -258,8 +258,16 @@ std::optional<Message> readMessage(int fd, Deadline deadline) {
   if (length > kMaxMessageBytes) {
     throw WireError(fmt::format("store message of {} bytes (at most {})", length, kMaxMessageBytes));
   }
-  std::string body(length, '\0');
-  recvOrThrow(fd, body.data(), length, deadline, "a store message");
+  // The body grows as its bytes arrive: a peer that claims 64 MiB and sends
+  // little costs little.
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::string body;
+  while (body.size() < length) {
+    const size_t at = body.size();
+    const size_t n = std::min<size_t>(kChunk, length - at);
+    body.resize(at + n);
+    recvOrThrow(fd, body.data() + at, n, deadline, "a store message");
+  }
   return decodeBody(body);
 }
 
