@@ -129,9 +129,10 @@ int healthCommand(const HealthCommandOptions& o) {
     });
     if (!lost.empty() && !cause) {
       for (const auto& c : ranks.children()) {
-        if (c.rank == lost.front()) cause = c;
+        if (c.rank != lost.front()) continue;
+        cause = c;
+        cause->status = -1;  // could not be waited for
       }
-      cause->status = -1;  // could not be waited for
       ranks.killAll();
     }
     if (!ranks.anyRunning()) break;

@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -39,7 +41,13 @@ class ForkedRanks {
         }
         std::_Exit(code);
       }
-      if (pid > 0) pids_.push_back(pid);
+      if (pid < 0) {
+        // Not every rank could start: stop the others, whose peer will never come.
+        for (pid_t p : pids_) ::kill(p, SIGKILL);
+        for (pid_t p : pids_) ::waitpid(p, nullptr, 0);
+        throw std::runtime_error("fork failed for rank " + std::to_string(r));
+      }
+      pids_.push_back(pid);
     }
   }
   ~ForkedRanks() {
