@@ -121,7 +121,7 @@ double plainSaveSeconds(const std::string& dir, uint64_t* bytes) {
   torch::manual_seed(0);
   at::set_num_threads(1);
   cohort::ModelConfig mc;
-  mc.arch = "resnet50";
+  mc.arch = cohort::ModelArch::resnet50;
   mc.numClasses = 1000;
   mc.inChannels = 3;
   auto model = cohort::models::createModel(mc, {3, 64, 64});

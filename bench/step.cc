@@ -57,9 +57,9 @@ int runChild(const Options& o) {
   at::set_num_threads(o.threads);
   torch::manual_seed(0);
   ModelConfig mc;
-  mc.arch = o.arch;
+  mc.arch = choiceFromName<ModelArch>(o.arch).value();
   mc.numClasses = 1000;
-  mc.memoryFormat = "contiguous";  // PyTorch's default
+  mc.memoryFormat = MemoryLayout::contiguous;  // PyTorch's default
   auto model = models::createModel(mc, {3, o.size, o.size});
   auto params = model->parameters();
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.01).momentum(0.9));

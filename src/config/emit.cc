@@ -45,6 +45,8 @@ class Emitter {
       } else {
         out_ << v;
       }
+    } else if constexpr (std::is_enum_v<T>) {
+      out_ << std::string(choiceName(v));
     } else {
       out_ << scalarText(v);
     }
@@ -64,7 +66,7 @@ std::string typeName(const T&) {
   if constexpr (std::is_same_v<T, int64_t>) return "int";
   if constexpr (std::is_same_v<T, double>) return "float";
   if constexpr (std::is_same_v<T, bool>) return "bool";
-  if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) return "string";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of int";
   if constexpr (std::is_same_v<T, std::vector<double>>) return "list of float";
   return "?";
@@ -74,6 +76,8 @@ template <class T>
 std::string defaultText(const T& v) {
   if constexpr (std::is_same_v<T, std::string>) {
     return v.empty() ? "\"\"" : v;
+  } else if constexpr (std::is_enum_v<T>) {
+    return std::string(choiceName(v));
   } else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
                        std::is_same_v<T, std::vector<double>>) {
     std::vector<std::string> parts;
@@ -89,10 +93,10 @@ class Lister {
   std::vector<KeyDoc> keys;
 
   template <class T>
-  void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
+  void field(const char* key, T& value, const char* doc, const Rule& = {}) {
     std::string description = doc;
-    if (!rule.choices.empty()) {
-      description += fmt::format(" One of: {}.", fmt::join(rule.choices, ", "));
+    if constexpr (std::is_enum_v<T>) {
+      description += fmt::format(" One of: {}.", fmt::join(choiceNames<T>(), ", "));
     }
     keys.push_back(KeyDoc{path(key), typeName(value), defaultText(value), description});
   }

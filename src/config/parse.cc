@@ -98,6 +98,25 @@ void convert(const YAML::Node& n, std::string& v, const std::string& where, cons
   if (!n.IsScalar()) fail(where, path, fmt::format("expected a string, got {}", describeNode(n)));
   v = n.Scalar();
 }
+// A choice (config/choices.h): its name, looked up once here. An empty value
+// (`key:`) is the name "", which no choice has.
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+void convert(const YAML::Node& n, E& v, const std::string& where, const std::string& path) {
+  const std::vector<std::string> names = choiceNames<E>();
+  const std::string list = fmt::format("{}", fmt::join(names, ", "));
+  if (!n.IsScalar() && !n.IsNull()) {
+    fail(where, path, fmt::format("expected one of: {}, got {}", list, describeNode(n)));
+  }
+  const std::string name = n.IsNull() ? std::string() : n.Scalar();
+  if (const std::optional<E> e = choiceFromName<E>(name)) {
+    v = *e;
+    return;
+  }
+  const std::string hint = closestMatch(name, names);
+  fail(where, path,
+       fmt::format("'{}' is not one of: {}{}", name, list,
+                   hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint)));
+}
 template <class T>
 void convert(const YAML::Node& n, std::vector<T>& v, const std::string& where, const std::string& path) {
   if (!n.IsSequence()) fail(where, path, fmt::format("expected a list, got {}", describeNode(n)));
@@ -129,17 +148,9 @@ void check(int64_t v, const Rule& r, const std::string& w, const std::string& p)
 }
 void check(double v, const Rule& r, const std::string& w, const std::string& p) { checkRange(v, r, w, p); }
 void check(bool, const Rule&, const std::string&, const std::string&) {}
-void check(const std::string& v, const Rule& r, const std::string& where, const std::string& path) {
-  if (r.choices.empty()) return;
-  for (const auto& c : r.choices) {
-    if (c == v) return;
-  }
-  std::string list = fmt::format("{}", fmt::join(r.choices, ", "));
-  std::string hint = closestMatch(v, r.choices);
-  fail(where, path,
-       fmt::format("'{}' is not one of: {}{}", v, list,
-                   hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint)));
-}
+void check(const std::string&, const Rule&, const std::string&, const std::string&) {}
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+void check(E, const Rule&, const std::string&, const std::string&) {}
 template <class T>
 void check(const std::vector<T>& v, const Rule& r, const std::string& w, const std::string& p) {
   for (size_t i = 0; i < v.size(); ++i) check(v[i], r, w, fmt::format("{}[{}]", p, i));
@@ -164,11 +175,9 @@ class Parser {
     const std::string where = src_.locate(n, path);
     locs_[path] = where;
     if (n.IsNull()) {
-      // An empty string value; it still has to be one of the choices, if any.
-      if constexpr (std::is_same_v<T, std::string>) {
-        value.clear();
-        check(value, rule, where, path);
-      }
+      // An empty value: an empty string, and for a choice, a name none has.
+      if constexpr (std::is_same_v<T, std::string>) value.clear();
+      if constexpr (std::is_enum_v<T>) convert(n, value, where, path);
       return;
     }
     convert(n, value, where, path);
@@ -302,14 +311,14 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
   if (job.name.empty()) fail(where("name"), "name", "must not be empty");
 
   auto checkDataset = [&](DatasetConfig& d, const std::string& prefix, bool required) {
-    if (d.kind == "none") {
+    if (d.kind == DataKind::none) {
       if (required) {
         fail(where(prefix + ".kind"), prefix + ".kind",
              "training data is required (kind: idx, synthetic or shards)");
       }
       return;
     }
-    if (d.kind == "idx") {
+    if (d.kind == DataKind::idx) {
       for (auto [member, key] : {std::pair<std::string*, const char*>{&d.images, "images"},
                                  {&d.labels, "labels"}}) {
         const std::string path = prefix + "." + key;
@@ -323,7 +332,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
         *member = abs.string();
       }
     }
-    if (d.kind == "shards") {
+    if (d.kind == DataKind::shards) {
       const std::string path = prefix + ".path";
       if (d.path.empty()) fail(where(path), path, "is required for kind: shards");
       if (d.path.find("://") == std::string::npos) {
@@ -348,7 +357,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
              fmt::format("expected [min, max] with {} < min <= max <= {}", lo, hi == 1e6 ? "inf" : "1"));
       }
     }
-    if (d.kind == "synthetic") {
+    if (d.kind == DataKind::synthetic) {
       if (d.shape.size() != 3) {
         fail(where(prefix + ".shape"), prefix + ".shape",
              fmt::format("expected [channels, height, width], got {} values", d.shape.size()));
@@ -403,7 +412,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
            "must be non-negative and increasing");
     }
   }
-  if (job.distribution.backend == "nccl") {
+  if (job.distribution.backend == Backend::nccl) {
 #ifndef COHORT_WITH_CUDA
     fail(where("distribution.backend"), "distribution.backend",
          "nccl needs a CUDA build of cohort (cmake -DCOHORT_WITH_CUDA=ON)");

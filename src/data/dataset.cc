@@ -14,14 +14,17 @@ std::vector<int64_t> Dataset::shuffledOrder(uint64_t seed, int64_t epoch) const 
 
 std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses,
                                      const OpenOptions& options) {
-  if (config.kind == "shards") return openShards(config, numClasses, options);
-  if (config.kind == "idx") return openIdx(config.images, config.labels, config.limit, numClasses);
-  if (config.kind == "synthetic") {
-    int64_t size = config.limit > 0 ? std::min(config.limit, config.size) : config.size;
-    SampleShape shape{config.shape.at(0), config.shape.at(1), config.shape.at(2)};
-    return makeSynthetic(size, shape, numClasses, static_cast<uint64_t>(config.seed));
+  switch (config.kind) {
+    case DataKind::shards: return openShards(config, numClasses, options);
+    case DataKind::idx: return openIdx(config.images, config.labels, config.limit, numClasses);
+    case DataKind::synthetic: {
+      int64_t size = config.limit > 0 ? std::min(config.limit, config.size) : config.size;
+      SampleShape shape{config.shape.at(0), config.shape.at(1), config.shape.at(2)};
+      return makeSynthetic(size, shape, numClasses, static_cast<uint64_t>(config.seed));
+    }
+    case DataKind::none: break;
   }
-  throw DataError(fmt::format("no dataset: kind '{}'", config.kind));
+  throw DataError(fmt::format("no dataset: kind '{}'", choiceName(config.kind)));
 }
 
 }  // namespace cohort::data

@@ -134,7 +134,7 @@ class ShardDataset : public Dataset {
     try {
       decodeImage(bytes, rec.payload.size(), transform_, detail::mix(seed, 0xdec0de), out);
     } catch (const DataError& e) {
-      if (config_.onCorrupt == "fail") {
+      if (config_.onCorrupt == OnCorrupt::fail) {
         throw DataError(fmt::format("{}: image '{}' at offset {} does not decode: {} "
                                     "(on_corrupt: skip would skip it)",
                                     where, rec.key, at, e.what()));

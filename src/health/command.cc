@@ -187,7 +187,7 @@ void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
     co.masterAddr = "127.0.0.1";
     co.masterPort = o.storePort;
     co.hostStore = false;
-    co.backend = job.distribution.backend;
+    co.backend = std::string(choiceName(job.distribution.backend));
     co.timeout = timeoutOf(job);
     co.storeToken = security::storeToken(job.security.storeTokenFile);
     co.storePrefix = "cohort-health";

@@ -42,13 +42,14 @@ at::Tensor Model::inLayout(const at::Tensor& images) const {
 namespace {
 
 std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input) {
-  const std::string& a = config.arch;
-  if (a == "simple_cnn") return std::make_shared<SimpleCnn>(config, input);
-  if (a == "resnet18") return std::make_shared<ResNet>(18, config, input);
-  if (a == "resnet34") return std::make_shared<ResNet>(34, config, input);
-  if (a == "resnet50") return std::make_shared<ResNet>(50, config, input);
-  if (a == "resnet101") return std::make_shared<ResNet>(101, config, input);
-  throw ConfigError(fmt::format("model.arch: unknown architecture '{}'", a));
+  switch (config.arch) {
+    case ModelArch::simpleCnn: return std::make_shared<SimpleCnn>(config, input);
+    case ModelArch::resnet18: return std::make_shared<ResNet>(18, config, input);
+    case ModelArch::resnet34: return std::make_shared<ResNet>(34, config, input);
+    case ModelArch::resnet50: return std::make_shared<ResNet>(50, config, input);
+    case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input);
+  }
+  throw ConfigError(fmt::format("model.arch: unknown architecture ({})", static_cast<int>(config.arch)));
 }
 
 }  // namespace
@@ -60,8 +61,9 @@ std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& 
   std::shared_ptr<Model> model = build(config, input);
   // Measured on CPU (docs/benchmarks.md): NHWC makes the small network's
   // max-pool and BatchNorm several times faster, and the ResNets slower.
-  const bool channelsLast = config.memoryFormat == "channels_last" ||
-                            (config.memoryFormat == "auto" && config.arch == "simple_cnn");
+  const bool channelsLast =
+      config.memoryFormat == MemoryLayout::channelsLast ||
+      (config.memoryFormat == MemoryLayout::automatic && config.arch == ModelArch::simpleCnn);
   if (channelsLast) model->setChannelsLast(true);
   return model;
 }

@@ -9,12 +9,6 @@
 
 namespace cohort::monitor {
 
-ProgressMode progressMode(const std::string& setting, bool terminal) {
-  if (setting == "off") return ProgressMode::off;
-  if (setting == "plain") return ProgressMode::plain;
-  return terminal ? ProgressMode::bar : ProgressMode::plain;
-}
-
 std::string formatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const int64_t s = static_cast<int64_t>(std::llround(seconds));

@@ -31,7 +31,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
       world_(comm.worldSize),
       plan_(plan),
       stop_(comm, job.checkpoint.enabled),
-      arch_(job.model.arch),
+      arch_(choiceName(job.model.arch)),
       jobHash_(jobHash(job)),
       optimizerCache_(optimizer, paramNames) {
   const CheckpointConfig& cc = job.checkpoint;
@@ -41,8 +41,8 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
   co.rank = rank_;
   co.worldSize = world_;
   co.maxInFlight = static_cast<int>(cc.maxInFlight);
-  co.whenBehind = cc.whenBehind == "wait" ? ckpt::WhenBehind::wait : ckpt::WhenBehind::skip;
-  co.onError = cc.onError == "fail" ? ckpt::OnError::fail : ckpt::OnError::warn;
+  co.whenBehind = cc.whenBehind;
+  co.onError = cc.onError;
   co.keepLast = cc.keepLast;
   co.keepEvery = cc.keepEverySteps;
   co.timeout = comm.timeout;
@@ -64,7 +64,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     uint64_t bytes = 0, params = 0;
     for (const auto& [n, t] : ckpt::stateDict(model)) bytes += t.nbytes();
     for (const auto& p : model.parameters()) params += p.nbytes();
-    bytes += params * (job.training.optimizer.name == "adamw" ? 2 : 1) + (uint64_t{8} << 20);
+    bytes += params * (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) + (uint64_t{8} << 20);
     checkpointer_->reserve(bytes);
   }
   std::set<const void*> buffers;
@@ -80,7 +80,7 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   const auto since = SteadyClock::now();
   monitor::setPhase(monitor::Phase::checkpoint);
   monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
-  const std::string& optimizerName = job_.training.optimizer.name;
+  const std::string optimizerName(choiceName(job_.training.optimizer.name));
   ckpt::Manifest m;
   m.step = step;
   m.epoch = epoch;

@@ -57,16 +57,16 @@ void applyCompute(const JobConfig& job, int localRanks) {
   // Once set (or once LibTorch has started its pool) it cannot change: a
   // second call in the same process throws.
   if (at::get_num_interop_threads() != 1) at::set_num_interop_threads(1);
-  if (job.compute.allocator == "keep" && !keepFreedMemory()) {
+  if (job.compute.allocator == Allocator::keep && !keepFreedMemory()) {
     throw ConfigError("compute.allocator: keep: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
-  const std::string& dnn = job.compute.onednn;
-  if (dnn == "on" && !at::hasMKLDNN()) {
+  const OneDnn dnn = job.compute.onednn;
+  if (dnn == OneDnn::on && !at::hasMKLDNN()) {
     throw ConfigError("compute.onednn: on, but this LibTorch was built without oneDNN (MKL-DNN); "
                       "use auto or off");
   }
-  at::globalContext().setUserEnabledMkldnn(dnn != "off" && at::hasMKLDNN());
+  at::globalContext().setUserEnabledMkldnn(dnn != OneDnn::off && at::hasMKLDNN());
 }
 
 ComputeState observeCompute() {
@@ -156,9 +156,9 @@ std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const a
 MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
                                       int64_t batch, int64_t channels, int64_t height,
                                       int64_t width, const comm::Comm& comm) {
-  if (config.memoryFormat != "auto") {
-    model.setChannelsLast(config.memoryFormat == "channels_last");
-    return {config.memoryFormat, "model.memory_format"};
+  if (config.memoryFormat != MemoryLayout::automatic) {
+    model.setChannelsLast(config.memoryFormat == MemoryLayout::channelsLast);
+    return {std::string(choiceName(config.memoryFormat)), "model.memory_format"};
   }
   bool convolutional = false;
   for (const auto& p : model.parameters()) convolutional = convolutional || p.dim() == 4;

@@ -24,13 +24,13 @@ double LrSchedule::at(int64_t step) const {
   if (step < warmupSteps_) {
     return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmupSteps_);
   }
-  if (config_.name == "cosine") {
+  if (config_.name == ScheduleKind::cosine) {
     // The last step (totalSteps_ - 1) trains at exactly min_lr.
     const double span = static_cast<double>(std::max<int64_t>(1, totalSteps_ - warmupSteps_ - 1));
     const double progress = std::clamp(static_cast<double>(step - warmupSteps_) / span, 0.0, 1.0);
     return config_.minLr + (peak_ - config_.minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }
-  if (config_.name == "step") {
+  if (config_.name == ScheduleKind::step) {
     const double epoch = static_cast<double>(step) / static_cast<double>(stepsPerEpoch_);
     double lr = peak_;
     for (double m : config_.milestones) {

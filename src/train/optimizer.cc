@@ -140,17 +140,19 @@ class FusedSgd final : public torch::optim::SGD {
 
 std::unique_ptr<torch::optim::Optimizer> createOptimizer(const OptimizerConfig& c,
                                                          std::vector<at::Tensor> parameters) {
-  if (c.name == "sgd") {
-    torch::optim::SGDOptions o(c.lr);
-    o.momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weightDecay);
-    return std::make_unique<FusedSgd>(std::move(parameters), o);
+  switch (c.name) {
+    case OptimizerKind::sgd: {
+      torch::optim::SGDOptions o(c.lr);
+      o.momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weightDecay);
+      return std::make_unique<FusedSgd>(std::move(parameters), o);
+    }
+    case OptimizerKind::adamw: {
+      torch::optim::AdamWOptions o(c.lr);
+      o.betas({c.betas.at(0), c.betas.at(1)}).eps(c.eps).weight_decay(c.weightDecay);
+      return std::make_unique<torch::optim::AdamW>(std::move(parameters), o);
+    }
   }
-  if (c.name == "adamw") {
-    torch::optim::AdamWOptions o(c.lr);
-    o.betas({c.betas.at(0), c.betas.at(1)}).eps(c.eps).weight_decay(c.weightDecay);
-    return std::make_unique<torch::optim::AdamW>(std::move(parameters), o);
-  }
-  throw ConfigError("training.optimizer.name: unknown optimizer '" + c.name + "'");
+  throw ConfigError(fmt::format("training.optimizer.name: unknown optimizer ({})", static_cast<int>(c.name)));
 }
 
 void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {

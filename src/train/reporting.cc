@@ -11,6 +11,22 @@
 
 namespace cohort::train::detail {
 
+namespace {
+
+// output.progress: auto is a bar on a terminal and plain lines otherwise; a
+// bar without a terminal falls back to plain lines too.
+monitor::ProgressMode progressMode(ProgressStyle style, bool terminal) {
+  switch (style) {
+    case ProgressStyle::off: return monitor::ProgressMode::off;
+    case ProgressStyle::plain: return monitor::ProgressMode::plain;
+    case ProgressStyle::automatic:
+    case ProgressStyle::bar: break;
+  }
+  return terminal ? monitor::ProgressMode::bar : monitor::ProgressMode::plain;
+}
+
+}  // namespace
+
 Reporter::Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
                    const data::BatchLoader& loader, const PhaseTimes& phases)
     : job_(job), comm_(comm), loader_(loader), phases_(phases) {
@@ -24,7 +40,7 @@ Reporter::Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     }
   }
   progress_ = std::make_unique<monitor::Progress>(
-      monitor::progressMode(job.output.progress, log::consoleIsTerminal()), job.training.epochs);
+      progressMode(job.output.progress, log::consoleIsTerminal()), job.training.epochs);
 }
 
 void Reporter::event(const nlohmann::json& line) {

@@ -24,7 +24,7 @@ Datasets openDatasets(const JobConfig& job) {
   Datasets d;
   d.train = data::openDataset(job.data.train, job.model.numClasses, openOptions);
   openOptions.training = false;
-  if (job.data.eval.kind != "none") {
+  if (job.data.eval.kind != DataKind::none) {
     d.eval = data::openDataset(job.data.eval, job.model.numClasses, openOptions);
   }
   d.shape = d.train->shape();
@@ -86,7 +86,7 @@ ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, cons
   s.compute.memoryFormatReason = layout.reason;
   log::info("{}", describe(s.compute));
   s.parameters = models::parameterCount(model);
-  log::info("model {}: {} parameters", mc.arch, s.parameters);
+  log::info("model {}: {} parameters", choiceName(mc.arch), s.parameters);
   return s;
 }
 
@@ -99,7 +99,11 @@ ddp::DdpOptions ddpOptions(const JobConfig& job) {
   o.divideGradients = false;
   o.sharedMemory = dc.sharedMemory;
   using C = ddp::DdpOptions::Compression;
-  o.compression = dc.compression == "fp16" ? C::fp16 : dc.compression == "bf16" ? C::bf16 : C::none;
+  switch (dc.compression) {
+    case GradCompression::none: o.compression = C::none; break;
+    case GradCompression::fp16: o.compression = C::fp16; break;
+    case GradCompression::bf16: o.compression = C::bf16; break;
+  }
   return o;
 }
 

@@ -30,7 +30,7 @@ StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Mod
       optimizer_(optimizer),
       faults_(faults),
       phases_(phases),
-      skipNonfinite_(job.training.onNonfinite == "skip"),
+      skipNonfinite_(job.training.onNonfinite == OnNonfinite::skip),
       labelSmoothing_(job.training.labelSmoothing) {}
 
 double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro,

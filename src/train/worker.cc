@@ -95,7 +95,7 @@ int runWorker(const WorkerOptions& o) {
   static_cast<RankPlace&>(co) = re;
   co.hostStore = !re.agentStore && re.rank == 0;
   co.storeToken = security::storeToken(job.security.storeTokenFile);
-  co.backend = job.distribution.backend;
+  co.backend = std::string(choiceName(job.distribution.backend));
   co.interface = job.distribution.interface;
   co.glooConnections = static_cast<int>(job.distribution.glooConnections);
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
@@ -144,7 +144,7 @@ int runWorker(const WorkerOptions& o) {
   // What every rank must agree on before any collective of training.
   comm::checkAgreement(comm, "job (hash of the resolved job file)", jobHash(job));
   comm::checkAgreement(comm, "world (size and backend)",
-                       fmt::format("{} ranks, {}", re.worldSize, job.distribution.backend));
+                       fmt::format("{} ranks, {}", re.worldSize, choiceName(job.distribution.backend)));
   if (re.rank == 0) {
     std::error_code ec;
     if (!std::filesystem::exists(runDir.jobFile(), ec)) writeFileAtomic(runDir.jobFile(), toYaml(job));

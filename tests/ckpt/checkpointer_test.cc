@@ -240,7 +240,7 @@ TEST(OptimizerState, SgdAndAdamwContinueExactly) {
   sgd.weightDecay = 1e-4;
   expectResumedOptimizerMatches([&](std::vector<at::Tensor> p) { return train::createOptimizer(sgd, p); });
   OptimizerConfig adamw;
-  adamw.name = "adamw";
+  adamw.name = OptimizerKind::adamw;
   adamw.lr = 0.01;
   adamw.weightDecay = 0.01;
   expectResumedOptimizerMatches([&](std::vector<at::Tensor> p) { return train::createOptimizer(adamw, p); });

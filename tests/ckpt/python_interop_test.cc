@@ -24,7 +24,7 @@ class PythonInterop : public ::testing::Test {
 
 std::shared_ptr<models::Model> resnet(const std::string& arch) {
   ModelConfig c;
-  c.arch = arch;
+  c.arch = choiceFromName<ModelArch>(arch).value();
   c.numClasses = 10;
   return models::createModel(c, {3, 64, 64});
 }

@@ -37,10 +37,10 @@ TEST(JobConfig, ValidJobGetsDefaultsFilledIn) {
   EXPECT_EQ(j.name, "t");
   EXPECT_EQ(j.training.epochs, 2);
   EXPECT_EQ(j.training.batchSize, 4);
-  EXPECT_EQ(j.training.optimizer.name, "sgd");
+  EXPECT_EQ(j.training.optimizer.name, OptimizerKind::sgd);
   EXPECT_DOUBLE_EQ(j.distribution.bucketCapMb, 25.0);
   EXPECT_EQ(j.data.train.shape, (std::vector<int64_t>{1, 8, 8}));
-  EXPECT_EQ(j.data.eval.kind, "none");
+  EXPECT_EQ(j.data.eval.kind, DataKind::none);
 }
 
 TEST(JobConfig, UnknownKeyNamesLineColumnAndSuggests) {
@@ -89,6 +89,65 @@ TEST(JobConfig, BadChoiceSuggests) {
   std::string e = errorOf<ConfigError>(yaml);
   EXPECT_NE(e.find("job.yaml:3:9: model.arch: 'resnet5O' is not one of"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean 'resnet50'"), std::string::npos) << e;
+}
+
+TEST(JobConfig, AnEmptyOrNonScalarChoiceIsRejectedWithTheNames) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find(" simple_cnn"), 11, "");
+  std::string e = errorOf<ConfigError>(yaml);
+  EXPECT_NE(e.find("model.arch: '' is not one of: simple_cnn, resnet18, resnet34, resnet50, resnet101"),
+            std::string::npos)
+      << e;
+  e = errorOf<ConfigError>(kValid, {"training.optimizer.name=[sgd]"});
+  EXPECT_NE(e.find("training.optimizer.name: expected one of: sgd, adamw, got a list"), std::string::npos)
+      << e;
+}
+
+TEST(JobConfig, ChoicesArePickedByNameAndWrittenBackByName) {
+  const JobConfig j = loadJobFromString(
+      kValid, "job.yaml",
+      {"model.memory_format=channels_last", "output.progress=off", "checkpoint.when_behind=wait",
+       "distribution.compression=bf16", "training.schedule.name=cosine"});
+  EXPECT_EQ(j.model.memoryFormat, MemoryLayout::channelsLast);
+  EXPECT_EQ(j.output.progress, ProgressStyle::off);
+  EXPECT_EQ(j.checkpoint.whenBehind, WhenBehind::wait);
+  EXPECT_EQ(j.distribution.compression, GradCompression::bf16);
+  EXPECT_EQ(j.training.schedule.name, ScheduleKind::cosine);
+  // The resolved YAML names them as the file does, and reads back the same.
+  const std::string yaml = toYaml(j);
+  EXPECT_NE(yaml.find("memory_format: channels_last"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("when_behind: wait"), std::string::npos) << yaml;
+  EXPECT_EQ(toYaml(loadJobFromString(yaml, "resolved.yaml")), yaml);
+}
+
+template <class E>
+void expectNamesRoundTrip() {
+  std::vector<std::string> seen;
+  for (const auto& [value, name] : ChoiceNames<E>::table) {
+    EXPECT_EQ(choiceName(value), name);
+    EXPECT_EQ(choiceFromName<E>(name), value) << name;
+    for (const auto& s : seen) EXPECT_NE(s, name) << "two values named " << name;
+    seen.emplace_back(name);
+  }
+  EXPECT_EQ(choiceNames<E>(), seen);
+  EXPECT_FALSE(choiceFromName<E>("").has_value());
+}
+
+TEST(Choices, EveryValueHasOneNameThatLeadsBackToIt) {
+  expectNamesRoundTrip<ModelArch>();
+  expectNamesRoundTrip<MemoryLayout>();
+  expectNamesRoundTrip<DataKind>();
+  expectNamesRoundTrip<OnCorrupt>();
+  expectNamesRoundTrip<Backend>();
+  expectNamesRoundTrip<GradCompression>();
+  expectNamesRoundTrip<Allocator>();
+  expectNamesRoundTrip<OneDnn>();
+  expectNamesRoundTrip<OptimizerKind>();
+  expectNamesRoundTrip<ScheduleKind>();
+  expectNamesRoundTrip<OnNonfinite>();
+  expectNamesRoundTrip<ProgressStyle>();
+  expectNamesRoundTrip<WhenBehind>();
+  expectNamesRoundTrip<OnError>();
 }
 
 TEST(JobConfig, MissingDataFileIsDataErrorWithLocationAndPath) {
@@ -170,7 +229,7 @@ TEST(JobConfig, SetOverridesWithSameValidation) {
 
 TEST(JobConfig, SetCreatesMissingSections) {
   JobConfig j = loadJobFromString(kValid, "job.yaml", {"data.eval.kind=synthetic"});
-  EXPECT_EQ(j.data.eval.kind, "synthetic");
+  EXPECT_EQ(j.data.eval.kind, DataKind::synthetic);
 }
 
 TEST(JobConfig, CrossFieldChecks) {
@@ -238,8 +297,8 @@ TEST(JobConfig, ComputeSettingsDoNotStopAResume) {
   const JobConfig j = loadJobFromString(kValid, "job.yaml");
   const JobConfig other = loadJobFromString(kValid, "job.yaml",
                                             {"compute.allocator=system", "compute.onednn=off"});
-  EXPECT_EQ(other.compute.allocator, "system");
-  EXPECT_EQ(other.compute.onednn, "off");
+  EXPECT_EQ(other.compute.allocator, Allocator::system);
+  EXPECT_EQ(other.compute.onednn, OneDnn::off);
   EXPECT_EQ(jobHash(other), jobHash(j));
   EXPECT_NE(toYaml(other), toYaml(j));
   const std::string e = errorOf<ConfigError>(kValid, {"compute.allocator=jemalloc"});

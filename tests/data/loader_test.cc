@@ -160,7 +160,7 @@ std::string writeRawShards(const test::TempDir& dir, int shards, int perShard) {
 TEST(ShardLoader, ResumedEpochAndThreadCountsGiveTheSameBatches) {
   test::TempDir dir;
   DatasetConfig c;
-  c.kind = "shards";
+  c.kind = DataKind::shards;
   c.path = writeRawShards(dir, 5, 9);
   c.shuffleWindow = 2;
   std::shared_ptr<Dataset> ds = openDataset(c, 5);

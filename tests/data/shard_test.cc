@@ -240,7 +240,7 @@ TEST_F(PackedFolder, PackInspectVerifyAndRead) {
 
   // Read as a dataset: every file once, with its folder's label.
   DatasetConfig c;
-  c.kind = "shards";
+  c.kind = DataKind::shards;
   c.path = shards_;
   c.cropSize = 32;
   auto ds = openDataset(c, 3);
@@ -268,7 +268,7 @@ TEST_F(PackedFolder, PackInspectVerifyAndRead) {
   EXPECT_EQ(perLabel[2], 8);
 
   // on_corrupt: fail names the record.
-  c.onCorrupt = "fail";
+  c.onCorrupt = OnCorrupt::fail;
   auto strict = openDataset(c, 3);
   bool threw = false;
   for (int64_t i = 0; i < strict->size(); ++i) {
@@ -297,7 +297,7 @@ TEST_F(PackedFolder, VerifyAndReadCatchAFlippedByte) {
       << verify.out;
 
   DatasetConfig c;
-  c.kind = "shards";
+  c.kind = DataKind::shards;
   c.path = shards_;
   c.cropSize = 16;
   auto ds = openDataset(c, 3);
@@ -318,7 +318,7 @@ TEST(PackIdx, RawRecordsEqualTheIdxSamples) {
   ASSERT_EQ(packed.exitCode, 0) << packed.describe();
   auto idx = openIdx(images, "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", 0, 10);
   DatasetConfig c;
-  c.kind = "shards";
+  c.kind = DataKind::shards;
   c.path = dir.file("fm");
   auto ds = openDataset(c, 10);
   ASSERT_EQ(ds->size(), idx->size());

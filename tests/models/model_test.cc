@@ -11,7 +11,7 @@ namespace {
 
 ModelConfig arch(const std::string& a, int64_t classes) {
   ModelConfig c;
-  c.arch = a;
+  c.arch = choiceFromName<ModelArch>(a).value();
   c.numClasses = classes;
   return c;
 }
@@ -85,10 +85,10 @@ TEST(Models, ZeroInitResidual) {
 TEST(Models, ChannelsLastComputesTheSameFunction) {
   ModelConfig c = arch("simple_cnn", 10);
   c.dropout = 0;
-  c.memoryFormat = "contiguous";
+  c.memoryFormat = MemoryLayout::contiguous;
   torch::manual_seed(5);
   auto nchw = createModel(c, {1, 28, 28});
-  c.memoryFormat = "channels_last";
+  c.memoryFormat = MemoryLayout::channelsLast;
   torch::manual_seed(5);
   auto nhwc = createModel(c, {1, 28, 28});
   EXPECT_FALSE(nchw->channelsLast());
@@ -130,7 +130,7 @@ TEST(Models, AutoMemoryFormatIsChannelsLastOnlyWhereItIsFaster) {
   EXPECT_TRUE(createModel(arch("simple_cnn", 10), {1, 28, 28})->channelsLast());
   EXPECT_FALSE(createModel(arch("resnet18", 10), {3, 32, 32})->channelsLast());
   ModelConfig r = arch("resnet18", 10);
-  r.memoryFormat = "channels_last";
+  r.memoryFormat = MemoryLayout::channelsLast;
   auto m = createModel(r, {3, 32, 32});
   EXPECT_TRUE(m->channelsLast());
   EXPECT_EQ(m->forward(torch::zeros({2, 3, 32, 32})).sizes(), (std::vector<int64_t>{2, 10}));

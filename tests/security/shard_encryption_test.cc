@@ -73,7 +73,7 @@ TEST_F(EncryptedShards, NoPlaintextReachesTheDiskAndReadersSeeTheSameRecords) {
 
   security::installKeyring(security::Keyring{security::parseKey(kHex, "k"), std::nullopt});
   DatasetConfig c;
-  c.kind = "shards";
+  c.kind = DataKind::shards;
   c.path = plain();
   auto a = data::openDataset(c, 10);
   c.path = sealed();

@@ -153,13 +153,13 @@ TEST(Compute, RanksAgreeOnAMeasuredLayout) {
 
 TEST(Compute, OnednnOnIsRefusedOnlyWithoutOnednn) {
   JobConfig job;
-  job.compute.onednn = "on";
+  job.compute.onednn = OneDnn::on;
   job.distribution.threadsPerRank = 1;
-  job.compute.allocator = "system";
+  job.compute.allocator = Allocator::system;
   if (at::hasMKLDNN()) {
     EXPECT_NO_THROW(train::applyCompute(job, 1));
     EXPECT_TRUE(train::observeCompute().onednn);
-    job.compute.onednn = "off";
+    job.compute.onednn = OneDnn::off;
     train::applyCompute(job, 1);
     EXPECT_FALSE(train::observeCompute().onednn);
   } else {

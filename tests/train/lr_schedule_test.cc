@@ -28,7 +28,7 @@ TEST(LrSchedule, WarmupRisesLinearlyToPeak) {
 
 TEST(LrSchedule, CosineDecaysToMinLrAtTheLastStep) {
   ScheduleConfig c;
-  c.name = "cosine";
+  c.name = ScheduleKind::cosine;
   c.warmupEpochs = 1;
   c.minLr = 0.01;
   LrSchedule s(c, 1.0, 10, 111);                // steps 0..110; warmup 0..9
@@ -40,7 +40,7 @@ TEST(LrSchedule, CosineDecaysToMinLrAtTheLastStep) {
 
 TEST(LrSchedule, StepDecayAtMilestones) {
   ScheduleConfig c;
-  c.name = "step";
+  c.name = ScheduleKind::step;
   c.milestones = {3, 6};
   c.gamma = 0.1;
   LrSchedule s(c, 1.0, 100, 1000);

@@ -62,7 +62,7 @@ class FusedSgd : public ::testing::TestWithParam<Case> {};
 TEST_P(FusedSgd, MatchesLibTorchsSgd) {
   const Case c = GetParam();
   OptimizerConfig oc;
-  oc.name = "sgd";
+  oc.name = OptimizerKind::sgd;
   oc.lr = 0.05;
   oc.momentum = c.momentum;
   oc.nesterov = c.nesterov;
@@ -102,7 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Options, FusedSgd,
 
 TEST(FusedSgdState, ARestoredContiguousBufferOfAChannelsLastWeightContinuesTheSameWay) {
   OptimizerConfig oc;
-  oc.name = "sgd";
+  oc.name = OptimizerKind::sgd;
   oc.lr = 0.05;
   oc.momentum = 0.9;
   oc.nesterov = true;

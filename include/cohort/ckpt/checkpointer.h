@@ -35,12 +35,16 @@
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/tier.h"
+#include "cohort/config/choices.h"
 #include "cohort/security/keys.h"
 
 namespace cohort::ckpt {
 
-enum class WhenBehind { skip, wait };
-enum class OnError { warn, fail };
+// What to do when a checkpoint is due while the last is still being written
+// (skip or wait), and when writing one fails (warn or fail): the job's
+// checkpoint.when_behind and checkpoint.on_error.
+using cohort::OnError;
+using cohort::WhenBehind;
 
 struct CheckpointerOptions {
   std::string dir;  // parent of the step-<N> directories

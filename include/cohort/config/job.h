@@ -1,6 +1,7 @@
 #pragma once
 
 // The job: everything a run needs, as plain structs with their defaults.
+// Keys with a fixed set of values are enums (config/choices.h).
 // Every key, its type, range and default is declared once, in
 // src/config/schema.cc; docs/job-spec.md documents each of them (a test
 // checks that the two agree).
@@ -9,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "cohort/config/choices.h"
+
 namespace cohort {
 
 struct ModelConfig {
-  std::string arch = "simple_cnn";  // simple_cnn | resnet18 | resnet34 | resnet50 | resnet101
+  ModelArch arch = ModelArch::simpleCnn;
   int64_t numClasses = 10;
   int64_t inChannels = 0;   // 0: taken from the training data
   bool smallInput = false;  // ResNet stem for 28-64 px images
@@ -22,7 +25,7 @@ struct ModelConfig {
   double dropout = 0.0;     // simple_cnn: before the classifier
   bool zeroInitResidual = false;  // ResNet: last BN of each block starts at 0
   std::string initFrom;     // state dict (.pt) to start from
-  std::string memoryFormat = "auto";  // auto | channels_last | contiguous
+  MemoryLayout memoryFormat = MemoryLayout::automatic;
 };
 
 struct AugmentConfig {
@@ -34,7 +37,7 @@ struct AugmentConfig {
 };
 
 struct DatasetConfig {
-  std::string kind = "none";  // idx | synthetic | shards | none
+  DataKind kind = DataKind::none;
   std::string path;           // shards: dataset directory or blob URL (holds dataset.json)
   std::string images;         // idx: images file (raw or .gz)
   std::string labels;         // idx: labels file (raw or .gz)
@@ -47,7 +50,7 @@ struct DatasetConfig {
   int64_t cropSize = 224;     // shards of encoded images: output height and width
   int64_t resizeSize = 0;     // shards, no random crop: shorter side before the center crop; 0: crop_size / 0.875
   int64_t shuffleWindow = 4;  // shards: records are shuffled within groups of this many shards
-  std::string onCorrupt = "skip";  // shards: an undecodable image is skipped and counted, or fails
+  OnCorrupt onCorrupt = OnCorrupt::skip;  // shards: an undecodable image is skipped and counted, or fails
   AugmentConfig augment;
 };
 
@@ -84,7 +87,7 @@ struct StorageConfig {
 struct DistributionConfig {
   int64_t nodes = 1;
   int64_t procsPerNode = 1;
-  std::string backend = "gloo";  // gloo | nccl
+  Backend backend = Backend::gloo;
   int64_t threadsPerRank = 0;    // intra-op threads; 0: cores / procs_per_node
   std::string masterAddr = "127.0.0.1";  // where `cohort run` hosts the store
   int64_t masterPort = 0;        // 0: a free port
@@ -94,7 +97,7 @@ struct DistributionConfig {
   bool findUnusedParameters = false;
   bool broadcastBuffers = true;  // buffers (BatchNorm statistics) follow rank 0
   bool sharedMemory = true;      // ranks on one machine exchange gradients through shared memory
-  std::string compression = "none";  // none | fp16 | bf16: gradients on Gloo's wire
+  GradCompression compression = GradCompression::none;  // gradients on Gloo's wire
   int64_t glooConnections = 1;   // sets of Gloo connections between each pair of ranks
   int64_t maxRestarts = 3;       // `cohort run`: restarts from the newest checkpoint
   double stopTimeoutS = 60;      // after SIGTERM: time to checkpoint before SIGKILL
@@ -107,12 +110,12 @@ struct DistributionConfig {
 
 // How a rank drives LibTorch on the CPU (docs/performance.md).
 struct ComputeConfig {
-  std::string allocator = "keep";  // keep | system: glibc returns freed memory to the kernel
-  std::string onednn = "auto";     // auto | on | off: convolutions through oneDNN
+  Allocator allocator = Allocator::keep;  // system: glibc returns freed memory to the kernel
+  OneDnn onednn = OneDnn::automatic;    // convolutions through oneDNN
 };
 
 struct OptimizerConfig {
-  std::string name = "sgd";  // sgd | adamw
+  OptimizerKind name = OptimizerKind::sgd;
   double lr = 0.1;
   int64_t baseBatch = 0;     // linear scaling: lr * global_batch / base_batch; 0 = off
   double momentum = 0.9;
@@ -123,7 +126,7 @@ struct OptimizerConfig {
 };
 
 struct ScheduleConfig {
-  std::string name = "constant";  // constant | cosine | step
+  ScheduleKind name = ScheduleKind::constant;
   double warmupEpochs = 0;
   double minLr = 0;
   std::vector<double> milestones;  // step: epochs at which lr *= gamma
@@ -139,14 +142,14 @@ struct TrainingConfig {
   double labelSmoothing = 0;
   int64_t logEvery = 50;      // steps between train metrics
   int64_t evalEvery = 1;      // epochs between evaluations; 0 = only after the last
-  std::string onNonfinite = "stop";  // a NaN/Inf loss or gradient: stop | skip (the step)
+  OnNonfinite onNonfinite = OnNonfinite::stop;  // a NaN/Inf loss or gradient: stop, or skip the step
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
 };
 
 struct OutputConfig {
   std::string dir = "runs";        // parent of run directories
-  std::string progress = "auto";   // auto | bar | plain | off
+  ProgressStyle progress = ProgressStyle::automatic;
   bool saveFinal = true;           // write model/final.pt
   bool tensorboard = true;         // rank 0 writes <run>/tensorboard/ event files
   bool timeline = false;           // each rank writes <run>/timeline/rank-<r>.json
@@ -165,8 +168,8 @@ struct CheckpointConfig {
   int64_t keepLast = 3;
   int64_t keepEverySteps = 0;   // also keep checkpoints at multiples of this step; 0: none
   int64_t maxInFlight = 1;      // snapshots held in host memory at once
-  std::string whenBehind = "skip";  // skip | wait
-  std::string onError = "warn";     // warn | fail
+  WhenBehind whenBehind = WhenBehind::skip;
+  OnError onError = OnError::warn;
   std::string remote;           // a second tier: a directory (mounted file system)
 };
 

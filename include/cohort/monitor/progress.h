@@ -11,11 +11,8 @@
 
 namespace cohort::monitor {
 
+// A bar needs a terminal; the trainer falls back to plain without one.
 enum class ProgressMode { bar, plain, off };
-
-// "auto" picks bar on a terminal and plain otherwise; "bar", "plain" and
-// "off" force a mode (a bar needs a terminal: without one it falls back to plain).
-ProgressMode progressMode(const std::string& setting, bool terminal);
 
 // "1:02:03" or "2:03".
 std::string formatDuration(double seconds);

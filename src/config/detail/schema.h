@@ -9,7 +9,9 @@
 //   template <class T> void field(const char* key, T& member, const char* doc,
 //                                 const Rule& rule = {});
 //   template <class S> void section(const char* key, S& member, const char* doc);
-// and section() calls describe(*this, member) for the nested keys.
+// and section() calls describe(*this, member) for the nested keys. T is
+// int64_t, double, bool, std::string, a vector of those, or a choice enum of
+// config/choices.h, whose table gives the names the file may hold.
 
 #include <limits>
 #include <optional>
@@ -24,18 +26,15 @@ struct Rule {
   std::optional<double> min;  // inclusive
   std::optional<double> max;  // inclusive
   bool minExclusive = false;
-  std::vector<std::string> choices;
 };
 
-inline Rule atLeast(double v) { return Rule{v, std::nullopt, false, {}}; }
-inline Rule above(double v) { return Rule{v, std::nullopt, true, {}}; }
-inline Rule between(double lo, double hi) { return Rule{lo, hi, false, {}}; }
-inline Rule oneOf(std::vector<std::string> c) { return Rule{std::nullopt, std::nullopt, false, std::move(c)}; }
+inline Rule atLeast(double v) { return Rule{v, std::nullopt, false}; }
+inline Rule above(double v) { return Rule{v, std::nullopt, true}; }
+inline Rule between(double lo, double hi) { return Rule{lo, hi, false}; }
 
 template <class V>
 void describe(V& v, ModelConfig& c) {
-  v.field("arch", c.arch, "Model architecture.",
-          oneOf({"simple_cnn", "resnet18", "resnet34", "resnet50", "resnet101"}));
+  v.field("arch", c.arch, "Model architecture.");
   v.field("num_classes", c.numClasses, "Number of output classes.", between(1, 1e7));
   v.field("in_channels", c.inChannels, "Input channels; 0 takes them from the training data.",
           between(0, 4096));
@@ -46,15 +45,14 @@ void describe(V& v, ModelConfig& c) {
           between(1, 65536));
   v.field("hidden", c.hidden, "simple_cnn: units of the hidden fully connected layer.", between(1, 1 << 24));
   v.field("dropout", c.dropout, "simple_cnn: dropout probability before the classifier.",
-          Rule{0.0, 0.99, false, {}});
+          Rule{0.0, 0.99, false});
   v.field("zero_init_residual", c.zeroInitResidual,
           "ResNet: start the last BatchNorm of each residual block at zero.");
   v.field("init_from", c.initFrom,
           "State dict (.pt, as written by torch.save(model.state_dict())) to start from.");
   v.field("memory_format", c.memoryFormat,
           "Layout of images and convolution weights: channels_last (NHWC), contiguous (NCHW), or "
-          "auto: `cohort run` times a few training steps in each and keeps the faster.",
-          oneOf({"auto", "channels_last", "contiguous"}));
+          "auto: `cohort run` times a few training steps in each and keeps the faster.");
 }
 
 template <class V>
@@ -72,7 +70,7 @@ void describe(V& v, AugmentConfig& c) {
 
 template <class V>
 void describe(V& v, DatasetConfig& c) {
-  v.field("kind", c.kind, "Source of samples.", oneOf({"idx", "synthetic", "shards", "none"}));
+  v.field("kind", c.kind, "Source of samples.");
   v.field("path", c.path,
           "shards: the packed dataset, a directory or blob URL holding dataset.json "
           "(see docs/shard-format.md).");
@@ -96,8 +94,7 @@ void describe(V& v, DatasetConfig& c) {
           between(1, 1e9));
   v.field("on_corrupt", c.onCorrupt,
           "shards: an image that does not decode is skipped (counted, warning with its key) or "
-          "fails the run.",
-          oneOf({"skip", "fail"}));
+          "fails the run.");
   v.section("augment", c.augment, "Training-time augmentation.");
 }
 
@@ -156,7 +153,7 @@ void describe(V& v, DistributionConfig& c) {
   v.field("nodes", c.nodes, "Machines in the job.", between(1, 1e6));
   v.field("procs_per_node", c.procsPerNode, "Ranks per machine (`cohort run --procs` sets it).",
           between(1, 4096));
-  v.field("backend", c.backend, "Collective backend.", oneOf({"gloo", "nccl"}));
+  v.field("backend", c.backend, "Collective backend.");
   v.field("threads_per_rank", c.threadsPerRank,
           "Intra-op threads per rank; 0: available cores / procs_per_node (at least 1).",
           between(0, 1024));
@@ -168,7 +165,7 @@ void describe(V& v, DistributionConfig& c) {
           "when master_addr is a loopback address, else this host's name.");
   v.field("timeout_s", c.timeoutS, "Timeout of rendezvous and of each collective, in seconds.",
           between(1, 7 * 86400));
-  v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", Rule{0.0, 1 << 20, true, {}});
+  v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", Rule{0.0, 1 << 20, true});
   v.field("find_unused_parameters", c.findUnusedParameters,
           "Allow parameters that get no gradient in a step (their gradient counts as zero).");
   v.field("shared_memory", c.sharedMemory,
@@ -177,8 +174,7 @@ void describe(V& v, DistributionConfig& c) {
           "(hierarchical).");
   v.field("compression", c.compression,
           "Gradients on Gloo's wire: float32 (none), or rounded to 16 bits (fp16, bf16), summed "
-          "and widened back to float32. Not in shared memory.",
-          oneOf({"none", "fp16", "bf16"}));
+          "and widened back to float32. Not in shared memory.");
   v.field("gloo_connections", c.glooConnections,
           "Sets of Gloo connections between each pair of ranks; successive bucket allreduces take "
           "successive sets.",
@@ -218,7 +214,7 @@ void describe(V& v, DistributionConfig& c) {
 
 template <class V>
 void describe(V& v, OptimizerConfig& c) {
-  v.field("name", c.name, "Optimizer.", oneOf({"sgd", "adamw"}));
+  v.field("name", c.name, "Optimizer.");
   v.field("lr", c.lr, "Base learning rate.", above(0));
   v.field("base_batch", c.baseBatch,
           "Linear scaling rule: the peak lr is lr * global_batch / base_batch; 0 uses lr as is.",
@@ -233,14 +229,14 @@ void describe(V& v, OptimizerConfig& c) {
 
 template <class V>
 void describe(V& v, ScheduleConfig& c) {
-  v.field("name", c.name, "Learning-rate decay after warmup.", oneOf({"constant", "cosine", "step"}));
+  v.field("name", c.name, "Learning-rate decay after warmup.");
   v.field("warmup_epochs", c.warmupEpochs,
           "Linear warmup to the peak lr over this many epochs (fractions allowed): step s of W "
           "trains at peak * (s+1) / W.",
           atLeast(0));
   v.field("min_lr", c.minLr, "cosine: final learning rate.", atLeast(0));
   v.field("milestones", c.milestones, "step: epochs at which the lr is multiplied by gamma.");
-  v.field("gamma", c.gamma, "step: decay factor.", Rule{0.0, 1.0, true, {}});
+  v.field("gamma", c.gamma, "step: decay factor.", Rule{0.0, 1.0, true});
 }
 
 template <class V>
@@ -252,13 +248,12 @@ void describe(V& v, TrainingConfig& c) {
           "Micro-steps per optimizer step; gradients are only exchanged on the last.", between(1, 1 << 20));
   v.field("seed", c.seed, "Seed of initialization, shuffling, augmentation and dropout.",
           atLeast(0));
-  v.field("label_smoothing", c.labelSmoothing, "Cross-entropy label smoothing.", Rule{0.0, 1.0, false, {}});
+  v.field("label_smoothing", c.labelSmoothing, "Cross-entropy label smoothing.", Rule{0.0, 1.0, false});
   v.field("log_every", c.logEvery, "Optimizer steps between train records in metrics.jsonl.",
           between(1, 1e12));
   v.field("on_nonfinite", c.onNonfinite,
           "A NaN or Inf loss or gradient: stop (exit 3, the last checkpoint is the last good "
-          "state) or skip the step (10 skipped in a row stop).",
-          oneOf({"stop", "skip"}));
+          "state) or skip the step (10 skipped in a row stop).");
   v.field("eval_every", c.evalEvery, "Epochs between evaluations; 0: only after the last epoch.",
           atLeast(0));
   v.section("optimizer", c.optimizer, "Optimizer.");
@@ -269,8 +264,7 @@ template <class V>
 void describe(V& v, OutputConfig& c) {
   v.field("dir", c.dir, "Directory in which run directories are created.");
   v.field("progress", c.progress,
-          "Console progress: bar on a terminal and plain lines otherwise (auto), or forced.",
-          oneOf({"auto", "bar", "plain", "off"}));
+          "Console progress: bar on a terminal and plain lines otherwise (auto), or forced.");
   v.field("save_final", c.saveFinal, "Write the trained weights to model/final.pt.");
   v.field("tensorboard", c.tensorboard,
           "Rank 0 writes the scalars as TensorBoard event files in <run>/tensorboard/.");
@@ -312,11 +306,9 @@ void describe(V& v, CheckpointConfig& c) {
           between(1, 64));
   v.field("when_behind", c.whenBehind,
           "When every snapshot buffer is still being written: skip this checkpoint (warning) or "
-          "wait for a buffer.",
-          oneOf({"skip", "wait"}));
+          "wait for a buffer.");
   v.field("on_error", c.onError,
-          "When writing a checkpoint fails: warn and train on, or fail the run.",
-          oneOf({"warn", "fail"}));
+          "When writing a checkpoint fails: warn and train on, or fail the run.");
   v.field("remote", c.remote,
           "A second, remote tier each committed checkpoint is copied to: a directory (e.g. a "
           "mounted network file system) or a blob URL (az://account/container/prefix); empty: "
@@ -350,10 +342,10 @@ void describe(V& v, HealthConfig& c) {
           "health`: output.dir).");
   v.field("disk_mb", c.diskMb, "Disk check: MiB written at most per rank.", between(1, 1 << 20));
   v.field("allreduce_mb", c.allreduceMb, "Allreduce check: MiB of the float32 tensor allreduced.",
-          Rule{0.0, 1 << 16, true, {}});
+          Rule{0.0, 1 << 16, true});
   v.field("seconds_per_check", c.secondsPerCheck,
           "Seconds each measurement repeats for (at least two repetitions; disk: at most).",
-          Rule{0.0, 600, true, {}});
+          Rule{0.0, 600, true});
 }
 
 template <class V>
@@ -361,12 +353,10 @@ void describe(V& v, ComputeConfig& c) {
   v.field("allocator", c.allocator,
           "keep: freed memory stays in the rank for the next step (glibc neither trims the heap "
           "nor maps large blocks); system: glibc's defaults, which return it to the kernel and "
-          "fault it back in every step.",
-          oneOf({"keep", "system"}));
+          "fault it back in every step.");
   v.field("onednn", c.onednn,
           "Convolutions and their gradients through oneDNN (on) or LibTorch's own kernels (off); "
-          "auto: on when LibTorch has oneDNN.",
-          oneOf({"auto", "on", "off"}));
+          "auto: on when LibTorch has oneDNN.");
 }
 
 template <class V>
