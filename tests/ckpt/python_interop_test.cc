@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
 #include "test_paths.h"
 #include "util/jobs.h"
@@ -75,6 +76,40 @@ TEST_F(PythonInterop, CohortWeightsLoadIntoTorchvision) {
     auto r = test::run({COHORT_PYTHON, script(), "check", dir.path(), arch});
     EXPECT_EQ(r.exitCode, 0) << arch << "\n" << r.describe();
   }
+}
+
+TEST_F(PythonInterop, GptWeightsGiveTheReferenceModulesLogits) {
+  // bench/peers/gpt.py is the same architecture in PyTorch: cohort's state
+  // dict loads into it strictly (plus the tied head's second name) and the
+  // logits agree.
+  models::GptOptions o;
+  o.vocabSize = 64;
+  o.blockSize = 16;
+  o.nLayer = 2;
+  o.nHead = 2;
+  o.nEmbd = 32;
+  torch::manual_seed(7);
+  auto model = models::createGpt(o);
+  model->eval();
+  const at::Tensor tokens = torch::randint(0, 64, {3, 16}, torch::kLong);
+  at::Tensor logits;
+  {
+    torch::NoGradGuard g;
+    logits = model->forward(tokens);
+  }
+  ckpt::saveStateDict(ckpt::stateDict(*model), dir.file("cohort_gpt.pt"));
+  const std::vector<std::string> check{COHORT_PYTHON, test::sourceDir() + "/bench/peers/gpt.py", "check",
+                                       dir.path(), "--vocab-size", "64", "--block-size", "16",
+                                       "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
+                                       "--tolerance", "1e-5"};
+  ckpt::saveStateDict({{"tokens", tokens}, {"logits", logits}}, dir.file("cohort_gpt_io.pt"));
+  auto r = test::run(check);
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  RecordProperty("reference", r.out);
+  // Negative control: logits off by 1e-3 fail the same check.
+  ckpt::saveStateDict({{"tokens", tokens}, {"logits", logits + 1e-3}}, dir.file("cohort_gpt_io.pt"));
+  r = test::run(check);
+  EXPECT_EQ(r.exitCode, 1) << r.describe();
 }
 
 TEST_F(PythonInterop, InitFromInAJob) {

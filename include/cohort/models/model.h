@@ -1,9 +1,10 @@
 #pragma once
 
 // The model zoo. Every network is a cohort::models::Model: a torch Module
-// with a forward from images [B, C, H, W] to logits [B, num_classes].
-// Parameter and buffer names follow torchvision, so state dicts move
-// between cohort and PyTorch unchanged.
+// with a forward from the batch's input to logits: images [B, C, H, W] to
+// [B, num_classes] for the CNNs here, tokens [B, T] to [B, T, vocab_size]
+// for the GPT (models/gpt.h). Parameter and buffer names follow torchvision
+// (and GPT-2), so state dicts move between cohort and PyTorch unchanged.
 
 #include <torch/nn/module.h>
 

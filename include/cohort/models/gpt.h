@@ -1,0 +1,47 @@
+#pragma once
+
+// A decoder-only transformer language model in GPT-2's layout: token and
+// learned position embeddings, pre-LayerNorm blocks of causal multi-head
+// self-attention and a GELU MLP, a final LayerNorm, and an output head tied
+// to the token embedding. Its forward maps tokens [B, T] (int64, T <=
+// block_size) to logits [B, T, vocab_size].
+//
+// Parameter names are nanoGPT's (transformer.wte, transformer.h.<n>.attn.
+// c_attn, ...), and the initialization is GPT-2's: normal(0, 0.02), the
+// residual projections scaled by 1 / sqrt(2 n_layer), biases zero.
+// bench/peers/gpt.py is the same module in PyTorch.
+//
+// The output head is the embedding matrix itself and is registered once
+// (transformer.wte.weight): the optimizer and the gradient exchange see the
+// tensor once. PyTorch's state dict of the tied module also lists it as
+// lm_head.weight (kTiedHeadName).
+//
+// Not yet reachable from the job file (model.arch: gpt lands with the token
+// data kind).
+
+#include <cstdint>
+#include <memory>
+
+#include "cohort/models/model.h"
+
+namespace cohort::models {
+
+struct GptOptions {
+  int64_t vocabSize = 256;  // byte-level tokens
+  int64_t blockSize = 256;  // longest sequence (positions)
+  int64_t nLayer = 4;
+  int64_t nHead = 4;
+  int64_t nEmbd = 128;      // divisible by nHead
+  double dropout = 0.0;     // embeddings, attention weights, residual branches
+  bool bias = true;         // in the Linear layers and LayerNorms
+};
+
+// The name PyTorch's state dict gives the tied output head besides
+// transformer.wte.weight.
+inline constexpr const char* kTiedHeadName = "lm_head.weight";
+
+// Throws ConfigError naming the model.* key when the options cannot work
+// (n_embd not divisible by n_head, a size < 1).
+std::shared_ptr<Model> createGpt(const GptOptions& options);
+
+}  // namespace cohort::models

@@ -1,0 +1,191 @@
+#include "cohort/models/gpt.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cohort/core/error.h"
+
+namespace cohort::models {
+namespace {
+
+namespace nn = torch::nn;
+
+nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return nn::Linear(nn::LinearOptions(in, out).bias(bias));
+}
+
+// LayerNorm whose bias can be left out (GPT-2 has one; bias: false drops
+// it, as nanoGPT allows), unlike torch::nn::LayerNorm.
+class LayerNormImpl : public nn::Module {
+ public:
+  LayerNormImpl(int64_t n, bool bias) {
+    weight_ = register_parameter("weight", torch::ones({n}));
+    if (bias) bias_ = register_parameter("bias", torch::zeros({n}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return torch::layer_norm(x, {weight_.size(0)}, weight_, bias_, 1e-5);
+  }
+
+ private:
+  at::Tensor weight_, bias_;
+};
+TORCH_MODULE(LayerNorm);
+
+class CausalSelfAttentionImpl : public nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptOptions& o) : heads_(o.nHead) {
+    c_attn_ = register_module("c_attn", linear(o.nEmbd, 3 * o.nEmbd, o.bias));
+    c_proj_ = register_module("c_proj", linear(o.nEmbd, o.nEmbd, o.bias));
+    attnDropout_ = register_module("attn_dropout", nn::Dropout(o.dropout));
+    residDropout_ = register_module("resid_dropout", nn::Dropout(o.dropout));
+  }
+
+  // x [B, T, C] -> [B, T, C]; position t attends to positions <= t.
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
+    const std::vector<at::Tensor> qkv = c_attn_(x).split(c, 2);
+    auto split = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
+    const at::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
+    at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+    const at::Tensor future = torch::ones({t, t}, x.options().dtype(torch::kBool)).triu(1);
+    att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+    att = attnDropout_(torch::softmax(att, -1));
+    const at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
+    return residDropout_(c_proj_(y));
+  }
+
+ private:
+  int64_t heads_;
+  nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+  nn::Dropout attnDropout_{nullptr}, residDropout_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MlpImpl : public nn::Module {
+ public:
+  explicit MlpImpl(const GptOptions& o) {
+    c_fc_ = register_module("c_fc", linear(o.nEmbd, 4 * o.nEmbd, o.bias));
+    c_proj_ = register_module("c_proj", linear(4 * o.nEmbd, o.nEmbd, o.bias));
+    dropout_ = register_module("dropout", nn::Dropout(o.dropout));
+  }
+  at::Tensor forward(const at::Tensor& x) { return dropout_(c_proj_(torch::gelu(c_fc_(x)))); }
+
+ private:
+  nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
+  nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class BlockImpl : public nn::Module {
+ public:
+  explicit BlockImpl(const GptOptions& o) {
+    ln_1_ = register_module("ln_1", LayerNorm(o.nEmbd, o.bias));
+    attn_ = register_module("attn", CausalSelfAttention(o));
+    ln_2_ = register_module("ln_2", LayerNorm(o.nEmbd, o.bias));
+    mlp_ = register_module("mlp", Mlp(o));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = x + attn_(ln_1_(x));
+    return x + mlp_(ln_2_(x));
+  }
+
+ private:
+  LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
+  CausalSelfAttention attn_{nullptr};
+  Mlp mlp_{nullptr};
+};
+TORCH_MODULE(Block);
+
+// Everything but the head, under the name "transformer" as in GPT-2.
+class TransformerImpl : public nn::Module {
+ public:
+  explicit TransformerImpl(const GptOptions& o) {
+    wte = register_module("wte", nn::Embedding(o.vocabSize, o.nEmbd));
+    wpe = register_module("wpe", nn::Embedding(o.blockSize, o.nEmbd));
+    drop = register_module("drop", nn::Dropout(o.dropout));
+    nn::ModuleList list;
+    for (int64_t i = 0; i < o.nLayer; ++i) {
+      blocks.push_back(Block(o));
+      list->push_back(blocks.back());
+    }
+    register_module("h", list);
+    ln_f = register_module("ln_f", LayerNorm(o.nEmbd, o.bias));
+  }
+
+  nn::Embedding wte{nullptr}, wpe{nullptr};
+  nn::Dropout drop{nullptr};
+  std::vector<Block> blocks;
+  LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(Transformer);
+
+bool endsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+class Gpt : public Model {
+ public:
+  explicit Gpt(const GptOptions& o) : blockSize_(o.blockSize) {
+    transformer_ = register_module("transformer", Transformer(o));
+    // GPT-2's initialization; the projections into the residual stream are
+    // scaled down with depth.
+    torch::NoGradGuard noGrad;
+    const double residualStd = 0.02 / std::sqrt(2.0 * static_cast<double>(o.nLayer));
+    for (auto& item : named_parameters()) {
+      const std::string& name = item.key();
+      at::Tensor& p = item.value();
+      if (name.find(".ln_") != std::string::npos) continue;  // ones and zeros already
+      if (endsWith(name, ".bias")) {
+        p.zero_();
+      } else {
+        p.normal_(0.0, endsWith(name, "c_proj.weight") ? residualStd : 0.02);
+      }
+    }
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) override {
+    if (tokens.dim() != 2) {
+      throw DataError(fmt::format("gpt: expected tokens [batch, time], got {} dimension(s)", tokens.dim()));
+    }
+    const int64_t t = tokens.size(1);
+    if (t > blockSize_) {
+      throw DataError(fmt::format("gpt: a sequence of {} tokens is longer than model.block_size ({})", t,
+                                  blockSize_));
+    }
+    Transformer& tr = transformer_;
+    const at::Tensor positions = torch::arange(t, tokens.options().dtype(torch::kLong));
+    at::Tensor x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
+    for (Block& block : tr->blocks) x = block(x);
+    x = tr->ln_f(x);
+    // The head is the token embedding (weight tying).
+    return torch::linear(x, tr->wte->weight);
+  }
+
+ private:
+  Transformer transformer_{nullptr};
+  int64_t blockSize_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> createGpt(const GptOptions& o) {
+  for (const auto& [value, key] : {std::pair{o.vocabSize, "model.vocab_size"}, std::pair{o.blockSize, "model.block_size"},
+                                   std::pair{o.nLayer, "model.n_layer"}, std::pair{o.nHead, "model.n_head"},
+                                   std::pair{o.nEmbd, "model.n_embd"}}) {
+    if (value < 1) throw ConfigError(fmt::format("{}: must be >= 1, got {}", key, value));
+  }
+  if (o.nEmbd % o.nHead != 0) {
+    throw ConfigError(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", o.nEmbd, o.nHead));
+  }
+  if (!(o.dropout >= 0 && o.dropout < 1)) {
+    throw ConfigError(fmt::format("model.dropout: must be in [0, 1), got {}", o.dropout));
+  }
+  return std::make_shared<Gpt>(o);
+}
+
+}  // namespace cohort::models
