@@ -20,6 +20,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/models/model.h"
+#include "cohort/train/precision.h"
 
 namespace cohort::train {
 
@@ -113,9 +114,14 @@ using Clock = std::chrono::steady_clock;
 
 // One training pass without an update: forward, loss, backward; the
 // gradients are dropped again (as zero_grad(set_to_none) would).
-double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& y) {
+double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& y, Precision precision) {
   const auto start = Clock::now();
-  at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+  at::Tensor logits;
+  {
+    AutocastScope autocast(precision, x.device());
+    logits = model.forward(x);
+  }
+  at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(at::kFloat), y);
   loss.backward();
   auto params = model.parameters();
   // On a GPU the kernels run asynchronously: reading a value of the first
@@ -133,7 +139,8 @@ double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& 
 // fewer once kBudgetS is spent (at least 2; 1 for a model whose passes
 // take seconds each).
 // Returns the fastest pass of each: {contiguous, channels_last} seconds.
-std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const at::Tensor& y) {
+std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const at::Tensor& y,
+                              Precision precision) {
   constexpr int kRounds = 4;
   constexpr double kBudgetS = 3.0;
   const bool layouts[2] = {false, true};  // contiguous, channels_last
@@ -142,7 +149,7 @@ std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const a
   for (int round = 0; round <= kRounds; ++round) {
     for (int k = 0; k < 2; ++k) {
       model.setChannelsLast(layouts[k]);
-      const double s = passSeconds(model, x, y);
+      const double s = passSeconds(model, x, y, precision);
       if (round > 0) best[k] = std::min(best[k], s);
       spent += s;
     }
@@ -155,7 +162,7 @@ std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const a
 
 MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
                                       int64_t batch, int64_t channels, int64_t height,
-                                      int64_t width, const comm::Comm& comm) {
+                                      int64_t width, const comm::Comm& comm, Precision precision) {
   if (config.memoryFormat != MemoryLayout::automatic) {
     model.setChannelsLast(config.memoryFormat == MemoryLayout::channelsLast);
     return {std::string(choiceName(config.memoryFormat)), "model.memory_format"};
@@ -185,7 +192,7 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
     const at::Tensor x = torch::randn({batch, channels, height, width}, options);
     const at::Tensor y =
         torch::randint(0, config.numClasses, {batch}, options.dtype(at::kLong));
-    best = measure(model, x, y);
+    best = measure(model, x, y, precision);
     model.train(wasTraining);
     {
       torch::NoGradGuard noGrad;

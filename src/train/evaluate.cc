@@ -4,11 +4,13 @@
 
 #include <algorithm>
 
+#include "cohort/train/precision.h"
+
 namespace cohort::train::detail {
 
 monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
                              const data::DistributedSampler& sampler, const comm::Comm& comm,
-                             int64_t numClasses) {
+                             int64_t numClasses, Precision precision) {
   torch::NoGradGuard noGrad;
   model.eval();
   loader.startEpoch(sampler.indices(0), 0);
@@ -17,7 +19,12 @@ monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
   const c10::Device device = comm.device;
   while (auto batch = loader.next()) {
     const at::Tensor labels = batch->labels.to(device);
-    at::Tensor logits = model.forward(batch->images.to(device));
+    at::Tensor logits;
+    {
+      AutocastScope autocast(precision, device);
+      logits = model.forward(batch->images.to(device));
+    }
+    logits = logits.to(at::kFloat);
     lossSum += torch::nn::functional::cross_entropy(
                    logits, labels,
                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))

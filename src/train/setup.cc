@@ -8,11 +8,13 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/checksum.h"
+#include "cohort/core/cpu.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/transform.h"
 #include "cohort/storage/storage.h"
 #include "cohort/train/lr_schedule.h"
+#include "cohort/train/precision.h"
 
 namespace cohort::train::detail {
 
@@ -80,7 +82,8 @@ ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, cons
   model.to(comm.device);
   const TrainingConfig& tc = job.training;
   const auto layout =
-      chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height, shape.width, comm);
+      chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height, shape.width, comm,
+                         resolvePrecision(tc.precision, cpuInfo()).precision);
   s.compute = observeCompute();
   s.compute.memoryFormat = layout.format;
   s.compute.memoryFormatReason = layout.reason;

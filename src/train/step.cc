@@ -6,12 +6,14 @@
 #include <cmath>
 #include <limits>
 
+#include "cohort/core/cpu.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/train/optimizer.h"
+#include "cohort/train/precision.h"
 
 namespace cohort::train::detail {
 namespace {
@@ -31,7 +33,11 @@ StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Mod
       faults_(faults),
       phases_(phases),
       skipNonfinite_(job.training.onNonfinite == OnNonfinite::skip),
-      labelSmoothing_(job.training.labelSmoothing) {}
+      labelSmoothing_(job.training.labelSmoothing) {
+  const PrecisionChoice p = resolvePrecision(job.training.precision, cpuInfo());
+  precision_ = p.precision;
+  log::info("precision {} ({})", choiceName(precision_), p.reason);
+}
 
 double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro,
                               int64_t step) {
@@ -59,8 +65,13 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
     monitor::TimelineSpan span("forward", "compute");
     at::Tensor images = batch.images.to(comm_.device, /*non_blocking=*/true);
     if (faults_.poisonInputs(step)) images = images * std::numeric_limits<float>::quiet_NaN();
-    at::Tensor logits = model_.forward(images);
-    loss = F::cross_entropy(logits, batch.labels.to(comm_.device),
+    at::Tensor logits;
+    {
+      AutocastScope autocast(precision_, comm_.device);
+      logits = model_.forward(images);
+    }
+    // The loss and its softmax in float32, whatever the forward ran in.
+    loss = F::cross_entropy(logits.to(at::kFloat), batch.labels.to(comm_.device),
                             F::CrossEntropyFuncOptions().label_smoothing(labelSmoothing_));
     faults_.delayForward(step);
   }

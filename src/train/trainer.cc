@@ -154,7 +154,7 @@ void Loop::evaluateAfter(int64_t epoch, bool last) {
   ddp.syncBuffers();
   const auto start = SteadyClock::now();
   monitor::EvalRecord r =
-      evaluate(model, *loaders.eval, *loaders.evalSampler, comm, job.model.numClasses);
+      evaluate(model, *loaders.eval, *loaders.evalSampler, comm, job.model.numClasses, runner.precision());
   r.step = step;
   r.epoch = epoch;
   r.seconds = secondsSince(start);

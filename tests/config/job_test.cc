@@ -148,6 +148,7 @@ TEST(Choices, EveryValueHasOneNameThatLeadsBackToIt) {
   expectNamesRoundTrip<ProgressStyle>();
   expectNamesRoundTrip<WhenBehind>();
   expectNamesRoundTrip<OnError>();
+  expectNamesRoundTrip<Precision>();
 }
 
 TEST(JobConfig, MissingDataFileIsDataErrorWithLocationAndPath) {

@@ -34,6 +34,7 @@ enum class OnNonfinite { stop, skip };
 enum class ProgressStyle { automatic, bar, plain, off };
 enum class WhenBehind { skip, wait };
 enum class OnError { warn, fail };
+enum class Precision { fp32, bf16, automatic };
 
 // ChoiceNames<E>::table: each value of E with its name in the job file, in
 // the order the documentation lists them.
@@ -117,6 +118,12 @@ struct ChoiceNames<WhenBehind> {
 template <>
 struct ChoiceNames<OnError> {
   static constexpr ChoiceTable<OnError, 2> table{{{OnError::warn, "warn"}, {OnError::fail, "fail"}}};
+};
+
+template <>
+struct ChoiceNames<Precision> {
+  static constexpr ChoiceTable<Precision, 3> table{
+      {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::automatic, "auto"}}};
 };
 
 // The job file's name of a value ("channels_last" for

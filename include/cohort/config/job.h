@@ -143,6 +143,7 @@ struct TrainingConfig {
   int64_t logEvery = 50;      // steps between train metrics
   int64_t evalEvery = 1;      // epochs between evaluations; 0 = only after the last
   OnNonfinite onNonfinite = OnNonfinite::stop;  // a NaN/Inf loss or gradient: stop, or skip the step
+  Precision precision = Precision::fp32;  // bf16: autocast (train/precision.h)
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
 };

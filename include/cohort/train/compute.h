@@ -56,14 +56,17 @@ bool keepFreedMemory();
 // on a random batch of `batch` samples; the mean of all ranks' times decides
 // (they must agree: the gradient buckets follow the weights' strides). The
 // model's weights, buffers, gradients and the CPU generator's state are as
-// before. Returns the layout and why it was chosen.
+// before. The passes run in `precision` (fp32 or bf16), as training will:
+// the faster layout is not the same in both. Returns the layout and why it
+// was chosen.
 struct MemoryFormatChoice {
   std::string format;
   std::string reason;
 };
 MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
                                       int64_t batch, int64_t channels, int64_t height,
-                                      int64_t width, const comm::Comm& comm);
+                                      int64_t width, const comm::Comm& comm,
+                                      Precision precision = Precision::fp32);
 
 // The state in effect now (threads, oneDNN, observers, ...), with the
 // allocator policy last applied; memoryFormat is left empty.

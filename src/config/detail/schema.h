@@ -254,6 +254,10 @@ void describe(V& v, TrainingConfig& c) {
   v.field("on_nonfinite", c.onNonfinite,
           "A NaN or Inf loss or gradient: stop (exit 3, the last checkpoint is the last good "
           "state) or skip the step (10 skipped in a row stop).");
+  v.field("precision", c.precision,
+          "Forward passes in fp32, or in bf16 autocast (matrix products and convolutions in "
+          "bfloat16; weights, gradients, optimizer state and the loss stay float32); auto: bf16 "
+          "when the CPU has avx512_bf16 or amx_bf16, else fp32. See docs/performance.md.");
   v.field("eval_every", c.evalEvery, "Epochs between evaluations; 0: only after the last epoch.",
           atLeast(0));
   v.section("optimizer", c.optimizer, "Optimizer.");

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cohort/comm/comm.h"
+#include "cohort/config/choices.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
 #include "cohort/models/model.h"
@@ -16,9 +17,10 @@ namespace cohort::train::detail {
 // Top-1, top-5 (top-k for fewer classes), mean cross-entropy and the number
 // of samples over the whole evaluation set, with the model in eval mode (the
 // caller puts it back in training mode). `step`, `epoch` and `seconds` of the
-// record are the caller's to fill in.
+// record are the caller's to fill in. Forward passes run in `precision`
+// (fp32 or bf16, as training does), the loss in float32.
 monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
                              const data::DistributedSampler& sampler, const comm::Comm& comm,
-                             int64_t numClasses);
+                             int64_t numClasses, Precision precision);
 
 }  // namespace cohort::train::detail

@@ -66,6 +66,8 @@ class StepRunner {
   Update update(double lr, int64_t step, int64_t epoch, ckpt::Checkpointer* checkpointer);
 
   int64_t skippedSteps() const { return skipped_; }
+  // training.precision as resolved for this CPU: fp32 or bf16.
+  Precision precision() const { return precision_; }
 
  private:
   const comm::Comm& comm_;
@@ -76,6 +78,7 @@ class StepRunner {
   PhaseTimes& phases_;
   bool skipNonfinite_;
   double labelSmoothing_;
+  Precision precision_;
   bool cycleLossNonfinite_ = false;       // a loss of this step was NaN or Inf here
   double lastLoss_ = 0;
   std::vector<at::Tensor> savedBuffers_;  // on_nonfinite: skip: the step's starting buffers
