@@ -66,7 +66,7 @@ struct MemoryFormatChoice {
 MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
                                       int64_t batch, int64_t channels, int64_t height,
                                       int64_t width, const comm::Comm& comm,
-                                      Precision precision = Precision::fp32);
+                                      Precision precision);
 
 // The state in effect now (threads, oneDNN, observers, ...), with the
 // allocator policy last applied; memoryFormat is left empty.
