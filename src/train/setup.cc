@@ -81,9 +81,11 @@ ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, cons
   }
   model.to(comm.device);
   const TrainingConfig& tc = job.training;
-  const auto layout =
-      chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height, shape.width, comm,
-                         resolvePrecision(tc.precision, cpuInfo()).precision);
+  const PrecisionChoice precision = resolvePrecision(tc.precision, cpuInfo());
+  s.precision = precision.precision;
+  log::info("precision {} ({})", choiceName(s.precision), precision.reason);
+  const auto layout = chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height,
+                                         shape.width, comm, s.precision);
   s.compute = observeCompute();
   s.compute.memoryFormat = layout.format;
   s.compute.memoryFormatReason = layout.reason;

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 
-#include "cohort/core/cpu.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
@@ -25,7 +24,7 @@ constexpr int64_t kMaxNonfiniteInARow = 10;
 
 StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
                        ddp::DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer,
-                       const FaultPlan& faults, PhaseTimes& phases)
+                       const FaultPlan& faults, PhaseTimes& phases, Precision precision)
     : comm_(comm),
       model_(model),
       ddp_(ddp),
@@ -33,11 +32,8 @@ StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Mod
       faults_(faults),
       phases_(phases),
       skipNonfinite_(job.training.onNonfinite == OnNonfinite::skip),
-      labelSmoothing_(job.training.labelSmoothing) {
-  const PrecisionChoice p = resolvePrecision(job.training.precision, cpuInfo());
-  precision_ = p.precision;
-  log::info("precision {} ({})", choiceName(precision_), p.reason);
-}
+      labelSmoothing_(job.training.labelSmoothing),
+      precision_(precision) {}
 
 double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro,
                               int64_t step) {

@@ -242,7 +242,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   summary.globalBatch = plan.globalBatch;
   summary.restartCount = options.restartCount;
   Reporter reporter(job, comm, runDir, *loaders.train, summary.phases);
-  StepRunner runner(job, comm, model, ddp, *optimizer, faults, summary.phases);
+  StepRunner runner(job, comm, model, ddp, *optimizer, faults, summary.phases, ms.precision);
   CheckpointPolicy checkpoints(job, comm, runDir, model, *optimizer, paramNames, plan);
   Loop loop{job,    comm,        plan,     model,  ddp,    *datasets.train, loaders,
             runner, reporter,    checkpoints, schedule, faults, summary};

@@ -33,13 +33,15 @@ struct ModelSetup {
   std::shared_ptr<models::Model> model;
   ModelConfig config;     // job.model with in_channels from the data
   ComputeState compute;   // as training starts, with the memory format chosen
+  Precision precision = Precision::fp32;  // training.precision resolved: fp32 or bf16
   int64_t parameters = 0;
 };
 
 // Builds the model, seeded with training.seed so every rank starts alike;
 // checks that every rank built the same tensors (CommError otherwise); loads
-// <resumeFrom>/model.bin, or else model.init_from; moves it to the device and
-// chooses its memory format (before DDP's buckets take the weights' strides).
+// <resumeFrom>/model.bin, or else model.init_from; moves it to the device,
+// resolves training.precision for this CPU and chooses its memory format in
+// that precision (before DDP's buckets take the weights' strides).
 ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, const comm::Comm& comm,
                       const std::string& resumeFrom);
 

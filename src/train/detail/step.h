@@ -41,7 +41,7 @@ class StepRunner {
   // optimizer).
   StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
              ddp::DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer,
-             const FaultPlan& faults, PhaseTimes& phases);
+             const FaultPlan& faults, PhaseTimes& phases, Precision precision);
 
   // Forward and backward of micro-batch `micro` of the epoch, part of
   // `cycle`; `step` optimizer steps are done. The loss is scaled so that, once
@@ -66,7 +66,7 @@ class StepRunner {
   Update update(double lr, int64_t step, int64_t epoch, ckpt::Checkpointer* checkpointer);
 
   int64_t skippedSteps() const { return skipped_; }
-  // training.precision as resolved for this CPU: fp32 or bf16.
+  // training.precision as buildModel resolved it: fp32 or bf16.
   Precision precision() const { return precision_; }
 
  private:
