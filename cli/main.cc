@@ -4,7 +4,8 @@
 //   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
 //   cohort validate JOB.yaml [--set ...]
 //   cohort ckpt list|verify|inspect PATH | decrypt FILE OUT --key-file K
-//   cohort data pack SRC DST | inspect PATH | verify PATH
+//   cohort data pack SRC DST | tokenize SRC DST | inspect PATH | verify PATH
+//   cohort generate RUN_DIR --prompt TEXT --tokens N
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
 //   cohort logs RUN_DIR [--rank r] [--follow]
 //   cohort help [COMMAND] | cohort --version
@@ -30,10 +31,12 @@
 #include "cohort/core/log.h"
 #include "cohort/core/version.h"
 #include "cohort/data/pack.h"
+#include "cohort/data/tokens.h"
 #include "cohort/launch/launcher.h"
 #include "cohort/health/health.h"
 #include "cohort/monitor/logs.h"
 #include "cohort/security/sealed.h"
+#include "cohort/train/generate.h"
 #include "cohort/train/worker.h"
 
 namespace {
@@ -99,7 +102,12 @@ struct Cli {
   std::string decryptOut;
   cohort::security::KeySources keySources;
   // data
-  CLI::App *data = nullptr, *dataPack = nullptr, *dataInspect = nullptr, *dataVerify = nullptr;
+  CLI::App *data = nullptr, *dataPack = nullptr, *dataInspect = nullptr, *dataVerify = nullptr,
+           *dataTokenize = nullptr;
+  cohort::data::TokenizeOptions tokenizeOptions;
+  // generate
+  CLI::App* generate = nullptr;
+  cohort::train::GenerateOptions generateOptions;
   std::string dataSrc, dataDst, dataPath;
   cohort::data::PackOptions packOptions;
   cohort::storage::StorageOptions& so = packOptions.storage;
@@ -198,7 +206,7 @@ void Cli::addCkpt(CLI::App& app) {
 }
 
 void Cli::addData(CLI::App& app) {
-  data = app.add_subcommand("data", "Pack, inspect or verify datasets of shards");
+  data = app.add_subcommand("data", "Pack, tokenize, inspect or verify datasets of shards");
   data->require_subcommand(1);
   dataPack = data->add_subcommand(
       "pack", "Pack an ImageNet-style folder or IDX file into shards (local or blob storage)");
@@ -217,6 +225,19 @@ void Cli::addData(CLI::App& app) {
                        "IDX: the labels file (default: the images file's name with labels-idx1)");
   dataPack->add_option("--name", packOptions.name, "Dataset name (default: SRC's name)");
   dataPack->add_flag("--no-progress", noProgress, "No progress line");
+  dataTokenize = data->add_subcommand(
+      "tokenize", "Turn text into token datasets DST/train and DST/val (byte-level tokens)");
+  dataTokenize->add_option("src", dataSrc,
+                           "A text file, a folder of them (read in sorted order), or - for stdin")
+      ->required();
+  dataTokenize->add_option("dst", dataDst, "Output: a directory or blob URL; train/ and val/ go under it")
+      ->required();
+  dataTokenize->add_option("--val-fraction", tokenizeOptions.valFraction,
+                           "Hold out this last fraction of the text as val/; 0: none")
+      ->capture_default_str();
+  dataTokenize->add_option("--shard-tokens", tokenizeOptions.shardTokens, "Tokens per shard file")
+      ->capture_default_str();
+  dataTokenize->add_flag("--no-progress", noProgress, "No progress line");
   dataInspect = data->add_subcommand("inspect", "Show what a packed dataset holds");
   dataInspect->add_option("path", dataPath, "Dataset directory or blob URL")->required();
   dataInspect->add_option("--records", inspectRecords, "Also list the first N records of the first shard");
@@ -227,7 +248,7 @@ void Cli::addData(CLI::App& app) {
   addKeyFile(dataPack, "Encrypt every shard with the key in this file (64 hex digits, mode 0600)");
   addKeyFile(dataInspect, "Encrypted shards: the key file");
   addKeyFile(dataVerify, "Encrypted shards: the key file (every chunk is authenticated)");
-  for (CLI::App* sub : {dataPack, dataInspect, dataVerify}) {
+  for (CLI::App* sub : {dataPack, dataTokenize, dataInspect, dataVerify}) {
     sub->add_option("--credentials-file", so.credentialsFile,
                     "Blob storage: file with account_key = ... or sas = ... (default: environment)");
     sub->add_option("--endpoint", so.endpoint,
@@ -262,6 +283,18 @@ void Cli::addHealthLogsHelp(CLI::App& app) {
                  "Keep printing lines as they are written until the run ends (summary.json) or "
                  "Ctrl-C");
 
+  generate = app.add_subcommand("generate", "Sample text from a trained language model (model.arch: gpt)");
+  generate->add_option("run_dir", generateOptions.runDir, "Run directory")->required();
+  generate->add_option("--prompt", generateOptions.prompt, "Text to continue (default: a newline)");
+  generate->add_option("--tokens", generateOptions.tokens, "Tokens to generate")->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  generate->add_option("--temperature", generateOptions.temperature,
+                       "Divide the logits by this; 0 always takes the most likely token")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  generate->add_option("--top-k", generateOptions.topK, "Sample among the k most likely tokens; 0: all")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", generateOptions.seed, "Sampling seed")->capture_default_str();
+
   help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
 
@@ -278,14 +311,14 @@ int Cli::showHelp(CLI::App& app, int argc) const {
       return 0;
     }
     if (!helpTopic.empty()) {
-      for (CLI::App* sub : {run, worker, validate, ckpt, data, logs, health}) {
+      for (CLI::App* sub : {run, worker, validate, ckpt, data, generate, logs, health}) {
         if (sub->get_name() == helpTopic) {
           std::cout << sub->help();
           return 0;
         }
       }
       std::cerr << "cohort: no help on '" << helpTopic
-                << "' (try: run, worker, validate, ckpt, data, logs, health, job)\n";
+                << "' (try: run, worker, validate, ckpt, data, generate, logs, health, job)\n";
       return 2;
     }
     std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -321,6 +354,17 @@ int Cli::dispatch(CLI::App& app, int argc) {
     std::cout << "\n";
     return 0;
   }
+  if (*dataTokenize) {
+    tokenizeOptions.progress = !noProgress;
+    tokenizeOptions.storage = so;
+    const auto r = cohort::data::tokenize(dataSrc, dataDst, tokenizeOptions, std::cin);
+    std::cout << "tokenized " << r.files << " file(s): " << r.train.records() << " training and "
+              << r.val.records() << " validation tokens (tokenizer " << r.train.tokenizer
+              << ", vocabulary " << r.train.vocabSize << ") at "
+              << cohort::storage::redactUrl(dataDst) << "/{train,val}\n";
+    return 0;
+  }
+  if (*generate) return cohort::train::generateCommand(generateOptions, std::cout);
   if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
   if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
   if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
@@ -381,9 +425,9 @@ int main(int argc, char** argv) {
 
   // Run directories, checkpoints, logs and caches hold the job's data and
   // model: readable by this user only (0700 directories, 0600 files). A
-  // dataset written by `cohort data pack` keeps the user's umask, as datasets
-  // are made to be shared.
-  if (!*cli.dataPack) ::umask(077);
+  // dataset written by `cohort data pack` or `tokenize` keeps the user's
+  // umask, as datasets are made to be shared.
+  if (!*cli.dataPack && !*cli.dataTokenize) ::umask(077);
 
   try {
     return cli.dispatch(app, argc);

@@ -11,7 +11,7 @@ openmpi-bin libopenmpi-dev
 zlib1g-dev libxxhash-dev libopenblas0-openmp
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
-dataset-fashion-mnist
+dataset-fashion-mnist bible-kjv bible-kjv-text
 python3 python3-torch python3-torchvision python3-protobuf
 clang libclang-rt-14-dev"
 

@@ -314,7 +314,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     if (d.kind == DataKind::none) {
       if (required) {
         fail(where(prefix + ".kind"), prefix + ".kind",
-             "training data is required (kind: idx, synthetic or shards)");
+             "training data is required (kind: idx, synthetic, shards or tokens)");
       }
       return;
     }
@@ -332,16 +332,19 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
         *member = abs.string();
       }
     }
-    if (d.kind == DataKind::shards) {
+    if (d.kind == DataKind::shards || d.kind == DataKind::tokens) {
       const std::string path = prefix + ".path";
-      if (d.path.empty()) fail(where(path), path, "is required for kind: shards");
+      if (d.path.empty()) {
+        fail(where(path), path, fmt::format("is required for kind: {}", choiceName(d.kind)));
+      }
       if (d.path.find("://") == std::string::npos) {
         fs::path abs = absolutePath(d.path);
         std::error_code ec;
         if (!fs::is_regular_file(abs / "dataset.json", ec)) {
-          throw DataError(fmt::format("{}: {}: no packed dataset at {} (dataset.json is missing; "
-                                      "make one with `cohort data pack`)",
-                                      where(path), path, abs.string()));
+          throw DataError(fmt::format(
+              "{}: {}: no packed dataset at {} (dataset.json is missing; make one with `cohort "
+              "data {}`)",
+              where(path), path, abs.string(), d.kind == DataKind::tokens ? "tokenize" : "pack"));
         }
         d.path = abs.string();
       }
@@ -379,6 +382,23 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
   };
   checkDataset(job.data.train, "data.train", true);
   checkDataset(job.data.eval, "data.eval", false);
+
+  // A language model reads token windows, and only a language model does.
+  const bool languageModel = job.model.arch == ModelArch::gpt;
+  for (auto [d, prefix] : {std::pair<const DatasetConfig*, const char*>{&job.data.train, "data.train"},
+                           {&job.data.eval, "data.eval"}}) {
+    if (d->kind == DataKind::none || (d->kind == DataKind::tokens) == languageModel) continue;
+    const std::string path = std::string(prefix) + ".kind";
+    fail(where(path), path,
+         languageModel ? fmt::format("model.arch gpt trains on token data (kind: tokens), not {}",
+                                     choiceName(d->kind))
+                       : fmt::format("kind tokens is for model.arch gpt, not {}",
+                                     choiceName(job.model.arch)));
+  }
+  if (languageModel && job.model.nEmbd % job.model.nHead != 0) {
+    fail(where("model.n_embd"), "model.n_embd",
+         fmt::format("{} is not divisible by model.n_head ({})", job.model.nEmbd, job.model.nHead));
+  }
 
   if (!job.model.initFrom.empty()) {
     fs::path abs = absolutePath(job.model.initFrom);

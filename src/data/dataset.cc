@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "cohort/core/error.h"
 #include "cohort/data/dataset.h"
@@ -12,10 +13,15 @@ std::vector<int64_t> Dataset::shuffledOrder(uint64_t seed, int64_t epoch) const 
   return permutation(size(), seed, epoch);
 }
 
+void Dataset::readTokens(int64_t /*index*/, int64_t* /*out*/, uint64_t /*seed*/) const {
+  throw std::logic_error(fmt::format("readTokens on an image dataset: {}", describe()));
+}
+
 std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses,
                                      const OpenOptions& options) {
   switch (config.kind) {
     case DataKind::shards: return openShards(config, numClasses, options);
+    case DataKind::tokens: return openTokens(config, options);
     case DataKind::idx: return openIdx(config.images, config.labels, config.limit, numClasses);
     case DataKind::synthetic: {
       int64_t size = config.limit > 0 ? std::min(config.limit, config.size) : config.size;

@@ -27,6 +27,10 @@ std::string datasetManifestJson(const DatasetManifest& m) {
   j["name"] = m.name;
   j["encoding"] = m.encoding;
   if (!m.rawShape.empty()) j["raw_shape"] = m.rawShape;
+  if (m.encoding == "tokens") {
+    j["tokenizer"] = m.tokenizer;
+    j["vocab_size"] = m.vocabSize;
+  }
   j["classes"] = m.classes;
   j["records"] = m.records();
   j["bytes"] = m.bytes();
@@ -65,8 +69,16 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
     }
     m.name = j.value("name", "");
     m.encoding = field("encoding").get<std::string>();
-    if (m.encoding != "image" && m.encoding != "raw") {
-      throw DataError(fmt::format("{}: unknown encoding '{}' (image | raw)", where, m.encoding));
+    if (m.encoding != "image" && m.encoding != "raw" && m.encoding != "tokens") {
+      throw DataError(fmt::format("{}: unknown encoding '{}' (image | raw | tokens)", where, m.encoding));
+    }
+    if (m.encoding == "tokens") {
+      m.tokenizer = field("tokenizer").get<std::string>();
+      m.vocabSize = field("vocab_size").get<int64_t>();
+      if (m.vocabSize < 1 || m.vocabSize > 65536) {
+        throw DataError(fmt::format("{}: vocab_size {} is not in [1, 65536] (tokens are uint16)",
+                                    where, m.vocabSize));
+      }
     }
     if (j.contains("raw_shape")) m.rawShape = j.at("raw_shape").get<std::vector<int64_t>>();
     if (m.encoding == "raw" && (m.rawShape.size() != 3 || m.rawShape[0] <= 0 ||

@@ -121,17 +121,31 @@ Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, in
   const SampleShape s = dataset_->shape();
   Batch b;
   b.index = number;
-  b.images = torch::empty({count, s.channels, s.height, s.width}, torch::kFloat32);
+  auto seedOf = [&](int64_t sample) {
+    return detail::mix(options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(sample));
+  };
+  if (dataset_->kind() == SampleKind::tokens) {
+    const int64_t window = s.width;
+    at::Tensor windows = torch::empty({count, window}, torch::kInt64);
+    int64_t* w = windows.data_ptr<int64_t>();
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t sample = indices[static_cast<size_t>(begin + i)];
+      dataset_->readTokens(sample, w + i * window, seedOf(sample));
+    }
+    b.inputs = windows.narrow(1, 0, window - 1).contiguous();
+    b.labels = windows.narrow(1, 1, window - 1).contiguous();
+    return b;
+  }
+  b.inputs = torch::empty({count, s.channels, s.height, s.width}, torch::kFloat32);
   b.labels = torch::empty({count}, torch::kInt64);
-  float* img = b.images.data_ptr<float>();
+  float* img = b.inputs.data_ptr<float>();
   int64_t* lab = b.labels.data_ptr<int64_t>();
   std::vector<float> scratch(static_cast<size_t>(s.numel()));
   int64_t kept = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t sample = indices[static_cast<size_t>(begin + i)];
     float* out = img + kept * s.numel();
-    const uint64_t seed = detail::mix(options_.seed, static_cast<uint64_t>(epoch),
-                                      static_cast<uint64_t>(sample));
+    const uint64_t seed = seedOf(sample);
     const int64_t label = dataset_->read(sample, out, seed);
     if (label == kSkippedSample) {
       ++b.skipped;
@@ -145,7 +159,7 @@ Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, in
                                 "(see the warnings naming them)", count, number, epoch));
   }
   if (kept < count) {
-    b.images = b.images.narrow(0, 0, kept).contiguous();
+    b.inputs = b.inputs.narrow(0, 0, kept).contiguous();
     b.labels = b.labels.narrow(0, 0, kept).contiguous();
   }
   return b;

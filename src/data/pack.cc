@@ -27,12 +27,16 @@
 #include "cohort/data/sampler.h"
 #include "cohort/data/shard.h"
 #include "cohort/data/shard_source.h"
+#include "cohort/data/tokens.h"
+#include "data/detail/destination.h"
 
 namespace cohort::data {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+using detail::Destination;
 
 // One input sample: a file of a class folder, or an IDX sample.
 struct Item {
@@ -173,71 +177,6 @@ std::vector<std::vector<size_t>> cutIntoShards(const Input& in, const PackOption
   }
   return shards;
 }
-
-// Where the packed dataset goes: a directory, or a blob URL (shards are
-// written to a temporary directory, uploaded, and that directory removed
-// when the Destination is destroyed).
-class Destination {
- public:
-  Destination(const std::string& dst, const storage::StorageOptions& so)
-      : remote_(storage::isRemoteUrl(dst)), work_(dst) {
-    if (remote_) {
-      out_ = storage::openStorage(dst, so);
-      try {
-        storage::createContainer(dst, so);
-      } catch (const storage::StorageError& e) {
-        // A SAS may allow writing blobs but not creating containers; the
-        // writes tell whether the container is usable.
-        if (e.status() != 403) throw;
-      }
-      work_ = (fs::temp_directory_path() / fmt::format("cohort-pack-{}", ::getpid())).string();
-    }
-    std::error_code ec;
-    fs::create_directories(work_, ec);
-    if (ec) throw IoError(fmt::format("{}: cannot create: {}", work_, ec.message()));
-    // A dataset already there stops being one before its shards are
-    // overwritten: an interrupted pack leaves no manifest that lies.
-    remove(kDatasetManifestName);
-  }
-  ~Destination() {
-    std::error_code e;
-    if (remote_) fs::remove_all(work_, e);
-  }
-  Destination(const Destination&) = delete;
-  Destination& operator=(const Destination&) = delete;
-
-  // Where a shard is written before put().
-  std::string scratch(const std::string& name) const { return work_ + "/" + name + ".tmp"; }
-  // Publishes a shard written at scratch(name). Several threads may call it.
-  void put(const std::string& name) const {
-    if (remote_) {
-      out_->writeFromFile(name, scratch(name));
-      fs::remove(scratch(name));
-    } else {
-      fs::rename(scratch(name), work_ + "/" + name);
-    }
-  }
-  void remove(const std::string& name) const {
-    std::error_code ec;
-    if (remote_) {
-      out_->remove(name);
-    } else {
-      fs::remove(work_ + "/" + name, ec);
-    }
-  }
-  void writeManifest(const std::string& json) const {
-    if (remote_) {
-      out_->writeBytes(kDatasetManifestName, json);
-    } else {
-      writeFileAtomic(work_ + "/" + kDatasetManifestName, json);
-    }
-  }
-
- private:
-  bool remote_;
-  std::string work_;
-  std::unique_ptr<storage::Storage> out_;
-};
 
 struct PackCounters {
   std::atomic<int64_t> items{0}, bytes{0}, skipped{0};
@@ -417,7 +356,17 @@ int inspectCommand(const std::string& path, int64_t records, const storage::Stor
   for (const auto& s : m.shards) {
     out << fmt::format("{:<22} {:>9} {:>14}  {}\n", s.name, s.records, s.bytes, s.checksum);
   }
-  if (records > 0 && !m.shards.empty()) {
+  if (records > 0 && !m.shards.empty() && m.encoding == "tokens") {
+    const int64_t n = std::min(records, m.shards[0].records);
+    const std::string bytes = source.read(0, kTokenShardHeaderBytes, 2 * n);
+    std::vector<int64_t> tokens(static_cast<size_t>(n));
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      tokens[k] = int64_t(static_cast<unsigned char>(bytes[2 * k])) |
+                  int64_t(static_cast<unsigned char>(bytes[2 * k + 1])) << 8;
+    }
+    out << fmt::format("\nfirst {} tokens of {}, decoded:\n{}\n", n, m.shards[0].name,
+                       decodeTokens(m.tokenizer, tokens));
+  } else if (records > 0 && !m.shards.empty()) {
     out << fmt::format("\nfirst {} records of {}:\n", records, m.shards[0].name);
     const ShardIndex index = readShardIndex(
         [&](int64_t o, int64_t n) { return source.read(0, o, n); }, source.shardBytes(0),
@@ -459,6 +408,12 @@ int verifyCommand(const std::string& path, bool decode, const storage::StorageOp
       const std::string bytes = m.encryptionKeyId.empty()
                                     ? stored
                                     : source.read(static_cast<int>(s), 0, source.shardBytes(static_cast<int>(s)));
+      if (m.encoding == "tokens") {
+        checkTokenShard(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), info,
+                        m.vocabSize, where);
+        out << fmt::format("{}: ok, {} tokens\n", where, info.records);
+        continue;
+      }
       int64_t n = 0;
       scanShard([&](int64_t o, int64_t len) {
                   if (o + len > int64_t(bytes.size())) {

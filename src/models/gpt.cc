@@ -54,7 +54,8 @@ class CausalSelfAttentionImpl : public nn::Module {
     at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
     const at::Tensor future = torch::ones({t, t}, x.options().dtype(torch::kBool)).triu(1);
     att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
-    att = attnDropout_(torch::softmax(att, -1));
+    // The softmax in float32 whatever the scores came in (bf16 autocast).
+    att = attnDropout_(torch::softmax(att, -1, torch::kFloat));
     const at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
     return residDropout_(c_proj_(y));
   }
@@ -148,6 +149,10 @@ class Gpt : public Model {
     }
   }
 
+  std::vector<std::pair<std::string, std::string>> tiedNames() const override {
+    return {{kTiedHeadName, "transformer.wte.weight"}};
+  }
+
   at::Tensor forward(const at::Tensor& tokens) override {
     if (tokens.dim() != 2) {
       throw DataError(fmt::format("gpt: expected tokens [batch, time], got {} dimension(s)", tokens.dim()));
@@ -172,6 +177,18 @@ class Gpt : public Model {
 };
 
 }  // namespace
+
+GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize) {
+  GptOptions o;
+  o.vocabSize = config.vocabSize > 0 ? config.vocabSize : vocabSize;
+  o.blockSize = config.blockSize;
+  o.nLayer = config.nLayer;
+  o.nHead = config.nHead;
+  o.nEmbd = config.nEmbd;
+  o.dropout = config.dropout;
+  o.bias = config.bias;
+  return o;
+}
 
 std::shared_ptr<Model> createGpt(const GptOptions& o) {
   for (const auto& [value, key] : {std::pair{o.vocabSize, "model.vocab_size"}, std::pair{o.blockSize, "model.block_size"},

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "cohort/core/error.h"
+#include "cohort/models/gpt.h"
 #include "models/resnet.h"
 #include "models/simple_cnn.h"
 
@@ -48,6 +51,7 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input)
     case ModelArch::resnet34: return std::make_shared<ResNet>(34, config, input);
     case ModelArch::resnet50: return std::make_shared<ResNet>(50, config, input);
     case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input);
+    case ModelArch::gpt: return createGpt(gptOptions(config, config.vocabSize));
   }
   throw ConfigError(fmt::format("model.arch: unknown architecture ({})", static_cast<int>(config.arch)));
 }
@@ -55,7 +59,7 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input)
 }  // namespace
 
 std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input) {
-  if (input.channels < 1) {
+  if (input.channels < 1 && config.arch != ModelArch::gpt) {
     throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
   }
   std::shared_ptr<Model> model = build(config, input);
@@ -66,6 +70,27 @@ std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& 
       (config.memoryFormat == MemoryLayout::automatic && config.arch == ModelArch::simpleCnn);
   if (channelsLast) model->setChannelsLast(true);
   return model;
+}
+
+ckpt::StateDict publishedStateDict(const Model& model) {
+  ckpt::StateDict dict = ckpt::stateDict(model);
+  for (const auto& [alias, name] : model.tiedNames()) {
+    for (size_t k = 0; k < dict.size(); ++k) {
+      if (dict[k].first == name) {
+        dict.emplace_back(alias, dict[k].second);
+        break;
+      }
+    }
+  }
+  return dict;
+}
+
+void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin) {
+  for (const auto& [alias, name] : model.tiedNames()) {
+    dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == alias; }),
+               dict.end());
+  }
+  ckpt::loadStateDict(model, dict, origin);
 }
 
 int64_t parameterCount(const torch::nn::Module& module) {

@@ -43,6 +43,7 @@ void MetricsWriter::write(const TrainRecord& r) {
   nlohmann::json j = {{"event", "train"},     {"time", unixSeconds()},     {"step", r.step},
                       {"epoch", r.epoch},     {"loss", r.loss},         {"lr", r.lr},
                       {"images_per_s", r.imagesPerS}, {"data_wait_frac", r.dataWaitFrac}};
+  if (r.tokensPerS > 0) j["tokens_per_s"] = r.tokensPerS;
   if (r.corruptSkipped > 0) j["corrupt_skipped"] = r.corruptSkipped;
   writeLine(j.dump());
 }
@@ -51,6 +52,10 @@ void MetricsWriter::write(const EvalRecord& r) {
   nlohmann::json j = {{"event", "eval"}, {"time", unixSeconds()}, {"step", r.step},
                       {"epoch", r.epoch}, {"top1", r.top1},     {"top5", r.top5},
                       {"loss", r.loss},   {"samples", r.samples}, {"seconds", r.seconds}};
+  if (r.tokens > 0) {
+    j["tokens"] = r.tokens;
+    j["perplexity"] = r.perplexity;
+  }
   writeLine(j.dump());
 }
 

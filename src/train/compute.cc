@@ -103,6 +103,8 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"onednn", s.onednn},
                         {"memory_format", s.memoryFormat},
                         {"memory_format_reason", s.memoryFormatReason},
+                        {"precision", s.precision},
+                        {"precision_reason", s.precisionReason},
                         {"observers", s.observers},
                         {"anomaly_mode", s.anomalyMode},
                         {"grad_mode", s.gradMode}};

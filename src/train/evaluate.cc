@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "cohort/train/precision.h"
 
@@ -10,21 +11,25 @@ namespace cohort::train::detail {
 
 monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
                              const data::DistributedSampler& sampler, const comm::Comm& comm,
-                             int64_t numClasses, Precision precision) {
+                             Precision precision) {
   torch::NoGradGuard noGrad;
   model.eval();
   loader.startEpoch(sampler.indices(0), 0);
-  const int64_t k = std::min<int64_t>(5, numClasses);
-  double lossSum = 0, correct1 = 0, correct5 = 0, count = 0;
+  double lossSum = 0, correct1 = 0, correct5 = 0, count = 0, samples = 0;
+  bool perToken = false;
   const c10::Device device = comm.device;
   while (auto batch = loader.next()) {
-    const at::Tensor labels = batch->labels.to(device);
+    // Predictions [N, classes] against labels [N]: a language model's
+    // [B, T, vocab] logits are B x T predictions.
+    const at::Tensor labels = batch->labels.to(device).flatten();
     at::Tensor logits;
     {
       AutocastScope autocast(precision, device);
-      logits = model.forward(batch->images.to(device));
+      logits = model.forward(batch->inputs.to(device));
     }
-    logits = logits.to(at::kFloat);
+    perToken = logits.dim() == 3;
+    logits = logits.to(at::kFloat).flatten(0, logits.dim() - 2);
+    const int64_t k = std::min<int64_t>(5, logits.size(1));
     lossSum += torch::nn::functional::cross_entropy(
                    logits, labels,
                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
@@ -33,17 +38,26 @@ monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
     at::Tensor hits = top.eq(labels.unsqueeze(1));
     correct1 += hits.select(1, 0).sum().item<double>();
     correct5 += hits.any(1).sum().item<double>();
-    count += static_cast<double>(batch->labels.size(0));
+    count += static_cast<double>(labels.size(0));
+    samples += static_cast<double>(batch->labels.size(0));
   }
-  at::Tensor sums = torch::tensor({lossSum, correct1, correct5, count}, torch::kFloat64);
+  at::Tensor sums = torch::tensor({lossSum, correct1, correct5, count, samples}, torch::kFloat64);
   comm::allreduceSum(comm, sums, "evaluation results");
   auto s = sums.accessor<double, 1>();
   monitor::EvalRecord r;
-  r.samples = static_cast<int64_t>(s[3]);
-  if (r.samples > 0) {
+  r.samples = static_cast<int64_t>(s[4]);
+  if (s[3] > 0) {
     r.loss = s[0] / s[3];
     r.top1 = s[1] / s[3];
     r.top5 = s[2] / s[3];
+  }
+  // A rank without evaluation samples never saw the model's output; any
+  // rank that did tells them all.
+  at::Tensor lm = torch::tensor({perToken ? 1.0 : 0.0}, torch::kFloat64);
+  comm::allreduceSum(comm, lm, "evaluation kind");
+  if (lm.item<double>() > 0) {
+    r.tokens = static_cast<int64_t>(s[3]);
+    r.perplexity = std::exp(r.loss);
   }
   return r;
 }

@@ -61,6 +61,7 @@ void Reporter::board(int64_t step, std::initializer_list<std::pair<const char*, 
 void Reporter::evaluation(const monitor::EvalRecord& r) {
   if (metrics_) metrics_->write(r);
   board(r.step, {{"eval/top1", r.top1}, {"eval/top5", r.top5}, {"eval/loss", r.loss}});
+  if (r.tokens > 0) board(r.step, {{"eval/perplexity", r.perplexity}});
 }
 
 void Reporter::startEpoch(int64_t epoch, int64_t steps) {
@@ -142,6 +143,7 @@ void Reporter::record(int64_t step, int64_t epoch, double lr) {
   r.loss = a[0] / std::max(1.0, a[1]);
   r.lr = lr;
   r.imagesPerS = a[3] > 0 ? a[4] / (a[3] / world) : 0;
+  if (job_.model.arch == ModelArch::gpt) r.tokensPerS = r.imagesPerS * double(job_.model.blockSize);
   r.dataWaitFrac = a[3] > 0 ? a[2] / a[3] : 0;
   r.corruptSkipped = static_cast<int64_t>(a[5]);
   if (metrics_) metrics_->write(r);
@@ -149,6 +151,7 @@ void Reporter::record(int64_t step, int64_t epoch, double lr) {
                {"train/lr", r.lr},
                {"train/images_per_s", r.imagesPerS},
                {"train/data_wait_frac", r.dataWaitFrac}});
+  if (r.tokensPerS > 0) board(step, {{"train/tokens_per_s", r.tokensPerS}});
   if (progress_) progress_->update(epochSteps_, r.loss, r.imagesPerS, true);
   resetWindow();
 }

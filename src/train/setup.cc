@@ -23,6 +23,7 @@ Datasets openDatasets(const JobConfig& job) {
   openOptions.storage = storage::storageOptions(job.storage);
   openOptions.cache = job.data.cache;
   openOptions.training = true;
+  if (job.model.arch == ModelArch::gpt) openOptions.tokenWindow = job.model.blockSize + 1;
   Datasets d;
   d.train = data::openDataset(job.data.train, job.model.numClasses, openOptions);
   openOptions.training = false;
@@ -30,6 +31,7 @@ Datasets openDatasets(const JobConfig& job) {
     d.eval = data::openDataset(job.data.eval, job.model.numClasses, openOptions);
   }
   d.shape = d.train->shape();
+  d.vocabSize = d.train->vocabSize();
   if (d.eval) {
     const data::SampleShape es = d.eval->shape();
     const data::SampleShape& ts = d.shape;
@@ -38,23 +40,36 @@ Datasets openDatasets(const JobConfig& job) {
                                   es.channels, es.height, es.width, ts.channels, ts.height,
                                   ts.width));
     }
+    if (d.eval->vocabSize() != d.vocabSize) {
+      throw DataError(fmt::format("evaluation tokens have a vocabulary of {} but training tokens of {} "
+                                  "(tokenized differently)", d.eval->vocabSize(), d.vocabSize));
+    }
   }
   log::info("training data: {}", d.train->describe());
   if (d.eval) log::info("evaluation data: {}", d.eval->describe());
   return d;
 }
 
-ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, const comm::Comm& comm,
+ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
                       const std::string& resumeFrom) {
+  const data::SampleShape& shape = data.shape;
   ModelSetup s;
   // Identical initialization everywhere (rank 0's is broadcast anyway).
   torch::manual_seed(static_cast<uint64_t>(job.training.seed));
   ModelConfig& mc = s.config;
   mc = job.model;
-  if (mc.inChannels == 0) mc.inChannels = shape.channels;
-  if (mc.inChannels != shape.channels) {
-    throw ConfigError(fmt::format("model.in_channels is {} but the training data has {} channels",
-                                  mc.inChannels, shape.channels));
+  if (mc.arch == ModelArch::gpt) {
+    if (mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
+    if (mc.vocabSize < data.vocabSize) {
+      throw ConfigError(fmt::format("model.vocab_size is {} but the training data's tokenizer has {} "
+                                    "tokens", mc.vocabSize, data.vocabSize));
+    }
+  } else {
+    if (mc.inChannels == 0) mc.inChannels = shape.channels;
+    if (mc.inChannels != shape.channels) {
+      throw ConfigError(fmt::format("model.in_channels is {} but the training data has {} channels",
+                                    mc.inChannels, shape.channels));
+    }
   }
   s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width});
   models::Model& model = *s.model;
@@ -76,7 +91,7 @@ ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, cons
     const std::string file = resumeFrom + "/model.bin";
     ckpt::loadStateDict(model, ckpt::readTensorFile(file).tensors, file);
   } else if (!mc.initFrom.empty()) {
-    ckpt::loadStateDict(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
+    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
   model.to(comm.device);
@@ -89,6 +104,8 @@ ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, cons
   s.compute = observeCompute();
   s.compute.memoryFormat = layout.format;
   s.compute.memoryFormatReason = layout.reason;
+  s.compute.precision = choiceName(s.precision);
+  s.compute.precisionReason = precision.reason;
   log::info("{}", describe(s.compute));
   s.parameters = models::parameterCount(model);
   log::info("model {}: {} parameters", choiceName(mc.arch), s.parameters);

@@ -22,6 +22,14 @@ constexpr int64_t kMaxNonfiniteInARow = 10;
 
 }  // namespace
 
+at::Tensor StepRunner::poisoned(const at::Tensor& inputs) {
+  if (inputs.is_floating_point()) {
+    return model_.forward(inputs * std::numeric_limits<float>::quiet_NaN());
+  }
+  // Token ids cannot be NaN: the logits are.
+  return model_.forward(inputs) * std::numeric_limits<float>::quiet_NaN();
+}
+
 StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
                        ddp::DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer,
                        const FaultPlan& faults, PhaseTimes& phases, Precision precision)
@@ -59,15 +67,18 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
   at::Tensor loss;
   {
     monitor::TimelineSpan span("forward", "compute");
-    at::Tensor images = batch.images.to(comm_.device, /*non_blocking=*/true);
-    if (faults_.poisonInputs(step)) images = images * std::numeric_limits<float>::quiet_NaN();
+    at::Tensor inputs = batch.inputs.to(comm_.device, /*non_blocking=*/true);
     at::Tensor logits;
     {
       AutocastScope autocast(precision_, comm_.device);
-      logits = model_.forward(images);
+      logits = faults_.poisonInputs(step) ? poisoned(inputs) : model_.forward(inputs);
     }
-    // The loss and its softmax in float32, whatever the forward ran in.
-    loss = F::cross_entropy(logits.to(at::kFloat), batch.labels.to(comm_.device),
+    // The loss and its softmax in float32, whatever the forward ran in. A
+    // language model's [B, T, vocab] logits are B x T predictions; each
+    // window holds T of them, so the mean over tokens is the mean over
+    // windows of their means.
+    loss = F::cross_entropy(logits.to(at::kFloat).flatten(0, logits.dim() - 2),
+                            batch.labels.to(comm_.device).flatten(),
                             F::CrossEntropyFuncOptions().label_smoothing(labelSmoothing_));
     faults_.delayForward(step);
   }

@@ -20,7 +20,10 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["parameters"] = s.parameters;
   j["wall_time_s"] = s.seconds;
   j["train_images"] = s.images;
-  j["train_images_per_s"] = s.imagesPerS;
+  j["train_images_per_s"] = s.imagesPerS;  // samples: token windows for a language model
+  if (job.model.arch == ModelArch::gpt) {
+    j["train_tokens_per_s"] = s.imagesPerS * double(job.model.blockSize);
+  }
   j["data_wait_frac"] = s.dataWaitFrac;
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
@@ -56,6 +59,10 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
     j["eval"] = {{"epoch", s.lastEval.epoch}, {"top1", s.lastEval.top1},
                  {"top5", s.lastEval.top5},   {"loss", s.lastEval.loss},
                  {"samples", s.lastEval.samples}};
+    if (s.lastEval.tokens > 0) {
+      j["eval"]["tokens"] = s.lastEval.tokens;
+      j["eval"]["perplexity"] = s.lastEval.perplexity;
+    }
     j["best_top1"] = s.bestTop1;
   }
   j["run_dir"] = runDir.root;

@@ -136,9 +136,15 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch) {
   summary.phases.dataWait += t.waitSeconds;
   summary.images += t.images * world;
   summary.epochs = epoch;
-  log::info("epoch {}/{}: {} steps in {:.1f} s, loss {:.4f}, {:.0f} img/s", epoch,
-            job.training.epochs, t.steps, t.seconds, t.meanLoss,
-            t.seconds > 0 ? double(t.images) * world / t.seconds : 0.0);
+  const double perSecond = t.seconds > 0 ? double(t.images) * world / t.seconds : 0.0;
+  if (job.model.arch == ModelArch::gpt) {
+    log::info("epoch {}/{}: {} steps in {:.1f} s, loss {:.4f}, {:.0f} tokens/s", epoch,
+              job.training.epochs, t.steps, t.seconds, t.meanLoss,
+              perSecond * double(job.model.blockSize));
+  } else {
+    log::info("epoch {}/{}: {} steps in {:.1f} s, loss {:.4f}, {:.0f} img/s", epoch,
+              job.training.epochs, t.steps, t.seconds, t.meanLoss, perSecond);
+  }
   if (const std::string io = trainSet.ioSummary(); !io.empty()) {
     log::info("training data after epoch {}: {}", epoch, io);
   }
@@ -154,7 +160,7 @@ void Loop::evaluateAfter(int64_t epoch, bool last) {
   ddp.syncBuffers();
   const auto start = SteadyClock::now();
   monitor::EvalRecord r =
-      evaluate(model, *loaders.eval, *loaders.evalSampler, comm, job.model.numClasses, runner.precision());
+      evaluate(model, *loaders.eval, *loaders.evalSampler, comm, runner.precision());
   r.step = step;
   r.epoch = epoch;
   r.seconds = secondsSince(start);
@@ -162,8 +168,14 @@ void Loop::evaluateAfter(int64_t epoch, bool last) {
   summary.evaluated = true;
   summary.lastEval = r;
   summary.bestTop1 = std::max(summary.bestTop1, r.top1);
-  log::info("eval after epoch {}: top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images, {:.1f} s)",
-            epoch, r.top1, r.top5, r.loss, r.samples, r.seconds);
+  if (r.tokens > 0) {
+    log::info("eval after epoch {}: loss {:.4f}, perplexity {:.3f}, next-token top-1 {:.4f} ({} "
+              "tokens, {:.1f} s)",
+              epoch, r.loss, r.perplexity, r.top1, r.tokens, r.seconds);
+  } else {
+    log::info("eval after epoch {}: top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images, {:.1f} s)",
+              epoch, r.top1, r.top5, r.loss, r.samples, r.seconds);
+  }
   model.train();
 }
 
@@ -189,7 +201,8 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
   if (comm.rank == 0 && job.output.saveFinal) {
     const security::Keyring* keys = security::installedKeyring();
     const bool seal = keys != nullptr && job.security.encryption.finalModel;
-    ckpt::saveStateDict(ckpt::stateDict(model), runDir.finalModel(), seal ? &keys->current : nullptr);
+    ckpt::saveStateDict(models::publishedStateDict(model), runDir.finalModel(),
+                        seal ? &keys->current : nullptr);
     log::info("saved {}", runDir.finalModel());
   }
 }
@@ -211,7 +224,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // Set-up: data, the resumed checkpoint's checks, model, exchange.
   const Datasets datasets = openDatasets(job);
   const std::optional<ckpt::Manifest> resume = readResume(job, comm, runDir, options.resumeFrom);
-  ModelSetup ms = buildModel(job, datasets.shape, comm, options.resumeFrom);
+  ModelSetup ms = buildModel(job, datasets, comm, options.resumeFrom);
   models::Model& model = *ms.model;
   ddp::DistributedDataParallel ddp(ms.model, comm, ddpOptions(job));
   ddp.broadcastState();

@@ -170,7 +170,11 @@ int runWorker(const WorkerOptions& o) {
   if (re.rank == 0) {
     writeSummary(job, s, runDir, re.worldSize);
     std::string result;
-    if (s.evaluated) {
+    const bool lm = job.model.arch == ModelArch::gpt;
+    if (s.evaluated && lm) {
+      result = fmt::format("validation loss {:.4f}, perplexity {:.3f} ({} tokens)", s.lastEval.loss,
+                           s.lastEval.perplexity, s.lastEval.tokens);
+    } else if (s.evaluated) {
       result = fmt::format("test top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images)",
                            s.lastEval.top1, s.lastEval.top5, s.lastEval.loss, s.lastEval.samples);
     } else {
@@ -178,8 +182,13 @@ int runWorker(const WorkerOptions& o) {
     }
     log::info("done: {} epochs, {} steps in {}; {}", s.epochs, s.steps,
               monitor::formatDuration(s.seconds), result);
-    log::info("throughput {:.0f} images/s on {} ranks (data wait {:.1f}%)", s.imagesPerS,
-              re.worldSize, 100 * s.dataWaitFrac);
+    if (lm) {
+      log::info("throughput {:.0f} tokens/s on {} ranks (data wait {:.1f}%)",
+                s.imagesPerS * double(job.model.blockSize), re.worldSize, 100 * s.dataWaitFrac);
+    } else {
+      log::info("throughput {:.0f} images/s on {} ranks (data wait {:.1f}%)", s.imagesPerS,
+                re.worldSize, 100 * s.dataWaitFrac);
+    }
     log::info("outputs in {}: {}job.yaml, metrics.jsonl, summary.json, logs/", runDir.root,
               job.output.saveFinal ? "model/final.pt, " : "");
   }

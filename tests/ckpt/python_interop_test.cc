@@ -79,9 +79,9 @@ TEST_F(PythonInterop, CohortWeightsLoadIntoTorchvision) {
 }
 
 TEST_F(PythonInterop, GptWeightsGiveTheReferenceModulesLogits) {
-  // bench/peers/gpt.py is the same architecture in PyTorch: cohort's state
-  // dict loads into it strictly (plus the tied head's second name) and the
-  // logits agree.
+  // bench/peers/gpt.py is the same architecture in PyTorch: cohort's
+  // published state dict (model/final.pt's, with the tied head's second
+  // name) loads into it strictly and the logits agree.
   models::GptOptions o;
   o.vocabSize = 64;
   o.blockSize = 16;
@@ -97,7 +97,7 @@ TEST_F(PythonInterop, GptWeightsGiveTheReferenceModulesLogits) {
     torch::NoGradGuard g;
     logits = model->forward(tokens);
   }
-  ckpt::saveStateDict(ckpt::stateDict(*model), dir.file("cohort_gpt.pt"));
+  ckpt::saveStateDict(models::publishedStateDict(*model), dir.file("cohort_gpt.pt"));
   const std::vector<std::string> check{COHORT_PYTHON, test::sourceDir() + "/bench/peers/gpt.py", "check",
                                        dir.path(), "--vocab-size", "64", "--block-size", "16",
                                        "--n-layer", "2", "--n-head", "2", "--n-embd", "32",

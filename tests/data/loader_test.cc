@@ -61,7 +61,7 @@ TEST(BatchLoader, BatchesComeInOrderWithTheRightSamples) {
       const int64_t sample = order[b * 4 + static_cast<size_t>(i)];
       EXPECT_EQ(batches[b].labels[i].item<int64_t>(), ds->read(sample, px.data()));
       // normalized: (x - 0.5) / 0.25
-      EXPECT_NEAR(batches[b].images[i][0][0][0].item<float>(), (px[0] - 0.5f) / 0.25f, 1e-6);
+      EXPECT_NEAR(batches[b].inputs[i][0][0][0].item<float>(), (px[0] - 0.5f) / 0.25f, 1e-6);
     }
   }
   EXPECT_FALSE(l.next().has_value());
@@ -76,13 +76,13 @@ TEST(BatchLoader, SameBatchesWhateverTheThreadCount) {
   auto a = drain(one), b = drain(four);
   ASSERT_EQ(a.size(), b.size());
   for (size_t k = 0; k < a.size(); ++k) {
-    EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << "batch " << k;
+    EXPECT_TRUE(torch::equal(a[k].inputs, b[k].inputs)) << "batch " << k;
     EXPECT_TRUE(torch::equal(a[k].labels, b[k].labels));
   }
   // Augmentation depends on the epoch.
   one.startEpoch(iota(64), 8);
   auto c = drain(one);
-  EXPECT_FALSE(torch::equal(a[0].images, c[0].images));
+  EXPECT_FALSE(torch::equal(a[0].inputs, c[0].inputs));
 }
 
 TEST(BatchLoader, DropLastAndRestartMidEpoch) {
@@ -183,7 +183,7 @@ TEST(ShardLoader, ResumedEpochAndThreadCountsGiveTheSameBatches) {
   const auto resumed = drain(three);
   ASSERT_EQ(resumed.size(), 3u);
   for (size_t b = 0; b < resumed.size(); ++b) {
-    EXPECT_TRUE(torch::equal(resumed[b].images, full[b + 3].images)) << "batch " << b + 3;
+    EXPECT_TRUE(torch::equal(resumed[b].inputs, full[b + 3].inputs)) << "batch " << b + 3;
     EXPECT_TRUE(torch::equal(resumed[b].labels, full[b + 3].labels)) << "batch " << b + 3;
   }
   // The samples are the sampler's, in its order (pixel value = sample id).
@@ -191,9 +191,9 @@ TEST(ShardLoader, ResumedEpochAndThreadCountsGiveTheSameBatches) {
   plain.startEpoch(indices, 2);
   int64_t k = 0;
   while (auto b = plain.next()) {
-    for (int64_t i = 0; i < b->images.size(0); ++i, ++k) {
+    for (int64_t i = 0; i < b->inputs.size(0); ++i, ++k) {
       const int64_t id = indices[static_cast<size_t>(k)];
-      EXPECT_FLOAT_EQ(b->images[i][0][0][0].item<float>(), static_cast<float>(id % 251) / 255.0f);
+      EXPECT_FLOAT_EQ(b->inputs[i][0][0][0].item<float>(), static_cast<float>(id % 251) / 255.0f);
       EXPECT_EQ(b->labels[i].item<int64_t>(), id % 5);
     }
   }

@@ -19,10 +19,10 @@
 
 namespace cohort {
 
-enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101 };
+enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt };
 // `auto` is spelled `automatic` where C++ reserves the word.
 enum class MemoryLayout { automatic, channelsLast, contiguous };
-enum class DataKind { idx, synthetic, shards, none };
+enum class DataKind { idx, synthetic, shards, tokens, none };
 enum class OnCorrupt { skip, fail };
 enum class Backend { gloo, nccl };
 enum class GradCompression { none, fp16, bf16 };
@@ -46,11 +46,12 @@ using ChoiceTable = std::array<std::pair<E, std::string_view>, N>;
 
 template <>
 struct ChoiceNames<ModelArch> {
-  static constexpr ChoiceTable<ModelArch, 5> table{{{ModelArch::simpleCnn, "simple_cnn"},
+  static constexpr ChoiceTable<ModelArch, 6> table{{{ModelArch::simpleCnn, "simple_cnn"},
                                                     {ModelArch::resnet18, "resnet18"},
                                                     {ModelArch::resnet34, "resnet34"},
                                                     {ModelArch::resnet50, "resnet50"},
-                                                    {ModelArch::resnet101, "resnet101"}}};
+                                                    {ModelArch::resnet101, "resnet101"},
+                                                    {ModelArch::gpt, "gpt"}}};
 };
 template <>
 struct ChoiceNames<MemoryLayout> {
@@ -60,9 +61,10 @@ struct ChoiceNames<MemoryLayout> {
 };
 template <>
 struct ChoiceNames<DataKind> {
-  static constexpr ChoiceTable<DataKind, 4> table{{{DataKind::idx, "idx"},
+  static constexpr ChoiceTable<DataKind, 5> table{{{DataKind::idx, "idx"},
                                                    {DataKind::synthetic, "synthetic"},
                                                    {DataKind::shards, "shards"},
+                                                   {DataKind::tokens, "tokens"},
                                                    {DataKind::none, "none"}}};
 };
 template <>

@@ -22,9 +22,16 @@ struct ModelConfig {
   bool batchNorm = true;    // simple_cnn
   int64_t width = 32;       // simple_cnn: channels of the first convolution
   int64_t hidden = 128;     // simple_cnn: units of the hidden linear layer
-  double dropout = 0.0;     // simple_cnn: before the classifier
+  double dropout = 0.0;     // simple_cnn: before the classifier; gpt: embeddings, attention, residuals
   bool zeroInitResidual = false;  // ResNet: last BN of each block starts at 0
   std::string initFrom;     // state dict (.pt) to start from
+  // gpt (models/gpt.h)
+  int64_t nLayer = 4;
+  int64_t nHead = 4;
+  int64_t nEmbd = 128;      // divisible by n_head
+  int64_t blockSize = 256;  // context length in tokens
+  int64_t vocabSize = 0;    // 0: taken from the training data
+  bool bias = true;         // in the Linear layers and LayerNorms
   MemoryLayout memoryFormat = MemoryLayout::automatic;
 };
 
@@ -38,7 +45,7 @@ struct AugmentConfig {
 
 struct DatasetConfig {
   DataKind kind = DataKind::none;
-  std::string path;           // shards: dataset directory or blob URL (holds dataset.json)
+  std::string path;           // shards, tokens: dataset directory or blob URL (holds dataset.json)
   std::string images;         // idx: images file (raw or .gz)
   std::string labels;         // idx: labels file (raw or .gz)
   int64_t limit = 0;          // use only the first N samples; 0 = all

@@ -1,8 +1,9 @@
 #pragma once
 
-// Random-access labelled images. Implementations: IDX files (MNIST,
-// Fashion-MNIST) and synthetic samples. Reads are thread-safe, so the loader's
-// threads share one dataset.
+// Random-access samples: labelled images (IDX files of the MNIST family,
+// packed shards, synthetic samples) or windows of tokens (token shards,
+// data/tokens.h). Reads are thread-safe, so the loader's threads share one
+// dataset.
 
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,11 @@ struct SampleShape {
   int64_t numel() const { return channels * height * width; }
 };
 
+// What a sample is. An image sample is shape() float pixels and a label; a
+// tokens sample is a window of shape().width token ids (shape 1 x 1 x window),
+// whose first window - 1 tokens are the input and last window - 1 the targets.
+enum class SampleKind { image, tokens };
+
 // read() returns this instead of a label for a sample that cannot be decoded
 // and is skipped (data.*.on_corrupt: skip); the dataset has logged its key.
 constexpr int64_t kSkippedSample = -1;
@@ -34,8 +40,16 @@ class Dataset {
   // in [0, 1] to `out` (shape().numel() floats) and returns its label, or
   // kSkippedSample. `seed` drives any random choice made while decoding (a
   // random crop), so a sample comes out the same whichever thread reads it.
+  // Token datasets throw std::logic_error.
   virtual int64_t read(int64_t index, float* out, uint64_t seed) const = 0;
   int64_t read(int64_t index, float* out) const { return read(index, out, 0); }
+  virtual SampleKind kind() const { return SampleKind::image; }
+  // tokens: every id is below it; 0 for images.
+  virtual int64_t vocabSize() const { return 0; }
+  // tokens: writes window `index`'s shape().width token ids to `out`. `seed`
+  // drives where a training window starts (as it drives image crops).
+  // Image datasets throw std::logic_error.
+  virtual void readTokens(int64_t index, int64_t* out, uint64_t seed) const;
   // One line for logs: "idx /path/train-images-idx3-ubyte.gz (60000 x 1x28x28)".
   virtual std::string describe() const = 0;
   // The order an epoch visits all samples in when shuffling, the same on
@@ -55,6 +69,8 @@ class Dataset {
 // (random crops) or evaluation.
 struct OpenOptions {
   bool training = false;
+  // tokens: tokens per sample (model.block_size + 1).
+  int64_t tokenWindow = 0;
   storage::StorageOptions storage;
   CacheConfig cache;
 };
@@ -67,6 +83,10 @@ std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numCla
 // Packed shards (docs/shard-format.md) at a directory or blob URL.
 std::shared_ptr<Dataset> openShards(const DatasetConfig& config, int64_t numClasses,
                                     const OpenOptions& options);
+
+// Token shards (docs/token-format.md) at a directory or blob URL, read in
+// windows of options.tokenWindow tokens.
+std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options);
 
 // IDX files (raw or gzip): images of ndim 3 (N, H, W) and labels of ndim 1,
 // unsigned bytes. `limit` > 0 keeps the first `limit` samples.

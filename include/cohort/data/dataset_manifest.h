@@ -22,9 +22,15 @@ struct DatasetManifest {
   int formatVersion = kDatasetFormatVersion;
   std::string name;
   // "image": payloads are encoded images (JPEG or PNG); "raw": payloads are
-  // uint8 pixels of `rawShape` (channels, height, width), channel-major.
+  // uint8 pixels of `rawShape` (channels, height, width), channel-major;
+  // "tokens": shards are token files (docs/token-format.md) and a shard's
+  // `records` count its tokens.
   std::string encoding = "image";
   std::vector<int64_t> rawShape;
+  // tokens: how text became tokens ("bytes": token = byte value), and the
+  // number of distinct ids (every token is below it).
+  std::string tokenizer;
+  int64_t vocabSize = 0;
   std::vector<std::string> classes;  // class names; label = position
   std::string source;                // what was packed, for people
   std::string created;               // UTC, ISO 8601

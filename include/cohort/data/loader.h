@@ -21,8 +21,11 @@
 namespace cohort::data {
 
 struct Batch {
-  at::Tensor images;  // float32 [B, C, H, W]
-  at::Tensor labels;  // int64 [B]
+  // Images: float32 [B, C, H, W] and labels int64 [B]. Tokens (windows of
+  // T + 1): the first T of each window, int64 [B, T], and the last T as
+  // labels, int64 [B, T].
+  at::Tensor inputs;
+  at::Tensor labels;
   int64_t index = 0;  // position in the epoch
   int64_t skipped = 0;  // corrupt samples left out of this batch (on_corrupt: skip)
 };

@@ -16,8 +16,7 @@
 // tensor once. PyTorch's state dict of the tied module also lists it as
 // lm_head.weight (kTiedHeadName).
 //
-// Not yet reachable from the job file (model.arch: gpt lands with the token
-// data kind).
+// model.arch: gpt builds it from the job's model.* keys (gptOptions).
 
 #include <cstdint>
 #include <memory>
@@ -39,6 +38,9 @@ struct GptOptions {
 // The name PyTorch's state dict gives the tied output head besides
 // transformer.wte.weight.
 inline constexpr const char* kTiedHeadName = "lm_head.weight";
+
+// The options model.* give; `vocabSize` replaces model.vocab_size when that is 0.
+GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize);
 
 // Throws ConfigError naming the model.* key when the options cannot work
 // (n_embd not divisible by n_head, a size < 1).

@@ -10,6 +10,10 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/ckpt/state_dict.h"
 
 #include "cohort/config/job.h"
 
@@ -17,12 +21,16 @@ namespace cohort::models {
 
 class Model : public torch::nn::Module {
  public:
-  virtual at::Tensor forward(const at::Tensor& images) = 0;
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
 
   // Whether images and 4-D weights are kept channels-last (NHWC in memory,
   // NCHW in shape). The function computed is the same either way.
   bool channelsLast() const { return channelsLast_; }
   void setChannelsLast(bool on);
+
+  // Tensors registered once here that PyTorch's module of the same
+  // architecture lists under a second name too: (that name, the name here).
+  virtual std::vector<std::pair<std::string, std::string>> tiedNames() const { return {}; }
 
  protected:
   // `images` in the layout the model computes in; forward() starts with it.
@@ -38,11 +46,21 @@ struct InputShape {
   int64_t width = 0;
 };
 
-// Builds the network `config` names for inputs of `input` shape, with
+// Builds the network `config` names for inputs of `input` shape (images;
+// the GPT takes its sizes from `config` alone, model.vocab_size resolved), with
 // weights initialized from the current torch seed, in the memory format
 // config.memory_format resolves to. Throws ConfigError when
 // the configuration cannot work (e.g. an input too small for the network).
 std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input);
+
+// The state dict PyTorch's module of the same architecture has:
+// ckpt::stateDict plus the second names of tied tensors. model/final.pt.
+ckpt::StateDict publishedStateDict(const Model& model);
+
+// Loads a state dict into the model strictly (ckpt::loadStateDict), after
+// dropping the second names of tied tensors, which a published state dict
+// or PyTorch's holds. Throws DataError naming `origin`.
+void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin);
 
 // Parameter count (trainable and not), for logs and tests.
 int64_t parameterCount(const torch::nn::Module& module);

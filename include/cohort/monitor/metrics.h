@@ -14,7 +14,8 @@ struct TrainRecord {
   int64_t epoch = 0;      // 1-based
   double loss = 0;        // mean over the steps since the last record, all ranks
   double lr = 0;
-  double imagesPerS = 0;  // all ranks together
+  double imagesPerS = 0;  // samples (images, token windows) per second, all ranks together
+  double tokensPerS = 0;  // language models: predicted tokens per second; 0 otherwise
   double dataWaitFrac = 0;  // share of the time ranks waited for batches
   int64_t corruptSkipped = 0;  // undecodable samples skipped since the last record, all ranks
 };
@@ -27,6 +28,10 @@ struct EvalRecord {
   double loss = 0;
   int64_t samples = 0;
   double seconds = 0;
+  // Language models: predicted tokens (top1, top5 and loss are per token)
+  // and exp(loss); 0 for image models.
+  int64_t tokens = 0;
+  double perplexity = 0;
 };
 
 class MetricsWriter {

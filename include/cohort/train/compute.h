@@ -33,6 +33,8 @@ struct ComputeState {
   bool onednn = false;       // convolutions through oneDNN
   std::string memoryFormat;  // channels_last | contiguous (after chooseMemoryFormat)
   std::string memoryFormatReason;
+  std::string precision;     // fp32 | bf16 (training.precision resolved)
+  std::string precisionReason;
   bool observers = false;    // RecordFunction callbacks (a profiler) registered
   bool anomalyMode = false;  // autograd's anomaly detection
   bool gradMode = true;

@@ -44,12 +44,26 @@ void describe(V& v, ModelConfig& c) {
   v.field("width", c.width, "simple_cnn: channels of the first convolution (the second has twice).",
           between(1, 65536));
   v.field("hidden", c.hidden, "simple_cnn: units of the hidden fully connected layer.", between(1, 1 << 24));
-  v.field("dropout", c.dropout, "simple_cnn: dropout probability before the classifier.",
+  v.field("dropout", c.dropout,
+          "simple_cnn: dropout probability before the classifier; gpt: on the embeddings, the "
+          "attention weights and each residual branch.",
           Rule{0.0, 0.99, false});
   v.field("zero_init_residual", c.zeroInitResidual,
           "ResNet: start the last BatchNorm of each residual block at zero.");
   v.field("init_from", c.initFrom,
           "State dict (.pt, as written by torch.save(model.state_dict())) to start from.");
+  v.field("n_layer", c.nLayer, "gpt: transformer blocks.", between(1, 1024));
+  v.field("n_head", c.nHead, "gpt: attention heads per block; n_embd must be divisible by it.",
+          between(1, 1024));
+  v.field("n_embd", c.nEmbd, "gpt: width of the residual stream (embedding size).",
+          between(1, 1 << 20));
+  v.field("block_size", c.blockSize,
+          "gpt: context length in tokens; training samples are windows of block_size + 1 tokens.",
+          between(1, 1 << 20));
+  v.field("vocab_size", c.vocabSize,
+          "gpt: token ids are below it; 0 takes it from the training data's tokenizer.",
+          between(0, 1 << 24));
+  v.field("bias", c.bias, "gpt: biases in the Linear layers and LayerNorms.");
   v.field("memory_format", c.memoryFormat,
           "Layout of images and convolution weights: channels_last (NHWC), contiguous (NCHW), or "
           "auto: `cohort run` times a few training steps in each and keeps the faster.");
@@ -72,8 +86,8 @@ template <class V>
 void describe(V& v, DatasetConfig& c) {
   v.field("kind", c.kind, "Source of samples.");
   v.field("path", c.path,
-          "shards: the packed dataset, a directory or blob URL holding dataset.json "
-          "(see docs/shard-format.md).");
+          "shards, tokens: the packed dataset, a directory or blob URL holding dataset.json "
+          "(docs/shard-format.md, docs/token-format.md).");
   v.field("images", c.images, "idx: images file (IDX format, raw or gzip).");
   v.field("labels", c.labels, "idx: labels file (IDX format, raw or gzip).");
   v.field("limit", c.limit, "Use only the first N samples; 0 uses all.", atLeast(0));

@@ -16,11 +16,13 @@ namespace cohort::train::detail {
 
 // Top-1, top-5 (top-k for fewer classes), mean cross-entropy and the number
 // of samples over the whole evaluation set, with the model in eval mode (the
-// caller puts it back in training mode). `step`, `epoch` and `seconds` of the
+// caller puts it back in training mode). For a language model every token
+// of a window is a prediction: the loss and accuracies are per token, and
+// the record holds the token count and the perplexity, exp(loss). `step`, `epoch` and `seconds` of the
 // record are the caller's to fill in. Forward passes run in `precision`
 // (fp32 or bf16, as training does), the loss in float32.
 monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
                              const data::DistributedSampler& sampler, const comm::Comm& comm,
-                             int64_t numClasses, Precision precision);
+                             Precision precision);
 
 }  // namespace cohort::train::detail

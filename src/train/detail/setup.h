@@ -23,6 +23,7 @@ struct Datasets {
   std::shared_ptr<data::Dataset> train;
   std::shared_ptr<data::Dataset> eval;  // null with data.eval.kind: none
   data::SampleShape shape;              // of every sample, training and evaluation
+  int64_t vocabSize = 0;                // token data: the tokenizer's
 };
 
 // Opens data.train and data.eval (every rank opens them itself; they are
@@ -31,7 +32,7 @@ Datasets openDatasets(const JobConfig& job);
 
 struct ModelSetup {
   std::shared_ptr<models::Model> model;
-  ModelConfig config;     // job.model with in_channels from the data
+  ModelConfig config;     // job.model with in_channels (images) or vocab_size (tokens) from the data
   ComputeState compute;   // as training starts, with the memory format chosen
   Precision precision = Precision::fp32;  // training.precision resolved: fp32 or bf16
   int64_t parameters = 0;
@@ -42,7 +43,7 @@ struct ModelSetup {
 // <resumeFrom>/model.bin, or else model.init_from; moves it to the device,
 // resolves training.precision for this CPU and chooses its memory format in
 // that precision (before DDP's buckets take the weights' strides).
-ModelSetup buildModel(const JobConfig& job, const data::SampleShape& shape, const comm::Comm& comm,
+ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
                       const std::string& resumeFrom);
 
 // The exchange's options from distribution.*. Gradients are not divided by

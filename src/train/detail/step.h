@@ -70,6 +70,8 @@ class StepRunner {
   Precision precision() const { return precision_; }
 
  private:
+  // The fault plan's poisoned forward: NaN inputs (images) or NaN logits (tokens).
+  at::Tensor poisoned(const at::Tensor& inputs);
   const comm::Comm& comm_;
   models::Model& model_;
   ddp::DistributedDataParallel& ddp_;

@@ -1,0 +1,101 @@
+#include "cohort/train/generate.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+
+#include "cohort/ckpt/resume.h"
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/tensor_file.h"
+#include "cohort/config/load.h"
+#include "cohort/core/error.h"
+#include "cohort/core/run_dir.h"
+#include "cohort/data/shard_source.h"
+#include "cohort/data/tokens.h"
+#include "cohort/models/gpt.h"
+#include "cohort/storage/storage.h"
+
+namespace cohort::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The weights to sample with, and where they came from.
+std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir) {
+  std::error_code ec;
+  if (fs::is_regular_file(runDir.finalModel(), ec)) {
+    models::loadWeights(model, ckpt::readStateDict(runDir.finalModel()), runDir.finalModel());
+    return runDir.finalModel();
+  }
+  if (auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, runDir))) {
+    const std::string file = point->path + "/model.bin";
+    ckpt::loadStateDict(model, ckpt::readTensorFile(file).tensors, file);
+    return file;
+  }
+  throw DataError(fmt::format("{}: no trained weights (neither model/final.pt nor a valid checkpoint)",
+                              runDir.root));
+}
+
+}  // namespace
+
+int generateCommand(const GenerateOptions& o, std::ostream& out) {
+  if (o.tokens < 0) throw UsageError(fmt::format("--tokens: must be >= 0, got {}", o.tokens));
+  if (!(o.temperature >= 0)) {
+    throw UsageError(fmt::format("--temperature: must be >= 0, got {}", o.temperature));
+  }
+  if (o.topK < 0) throw UsageError(fmt::format("--top-k: must be >= 0, got {}", o.topK));
+  const RunDir runDir{o.runDir};
+  std::error_code ec;
+  if (!fs::is_regular_file(runDir.jobFile(), ec)) {
+    throw UsageError(fmt::format("{}: not a run directory (no job.yaml)", o.runDir));
+  }
+  const JobConfig job = loadJob(runDir.jobFile());
+  if (job.model.arch != ModelArch::gpt) {
+    throw UsageError(fmt::format("{}: model.arch is {}; generate needs a language model (gpt)",
+                                 runDir.jobFile(), choiceName(job.model.arch)));
+  }
+  // The tokenizer is the training data's.
+  CacheConfig noCache;
+  noCache.enabled = false;
+  const data::ShardSource source(job.data.train.path, storage::storageOptions(job.storage), noCache);
+  const data::DatasetManifest& m = source.manifest();
+
+  torch::NoGradGuard noGrad;
+  auto model = models::createGpt(models::gptOptions(job.model, m.vocabSize));
+  const std::string weights = loadTrainedWeights(*model, job, runDir);
+  model->eval();
+  std::cerr << "cohort generate: weights from " << weights << "\n";
+
+  const std::string prompt = o.prompt.empty() ? std::string("\n") : o.prompt;
+  std::vector<int64_t> tokens = data::encodeText(m.tokenizer, prompt);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    const size_t start = tokens.size() > static_cast<size_t>(job.model.blockSize)
+                             ? tokens.size() - static_cast<size_t>(job.model.blockSize)
+                             : 0;
+    const std::vector<int64_t> context(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
+    const at::Tensor input = torch::tensor(context, torch::kInt64).unsqueeze(0);
+    at::Tensor logits = model->forward(input).select(1, input.size(1) - 1).squeeze(0).to(torch::kFloat);
+    int64_t next = 0;
+    if (o.temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / o.temperature;
+      if (o.topK > 0 && o.topK < logits.size(0)) {
+        const at::Tensor kth = std::get<0>(logits.topk(o.topK)).index({o.topK - 1});
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<int64_t>();
+    }
+    tokens.push_back(next);
+  }
+  out << data::decodeTokens(m.tokenizer, tokens) << "\n";
+  return 0;
+}
+
+}  // namespace cohort::train
