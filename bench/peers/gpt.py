@@ -2,19 +2,37 @@
 architecture, parameter names and initialization, for side-by-side runs and
 for checking that cohort's weights load here and give the same logits.
 
-  gpt.py check DIR [sizes]
-      loads cohort's state dict DIR/cohort_gpt.pt into GPT(sizes) strictly,
-      runs DIR/cohort_gpt_io.pt's "tokens" and compares the logits with its
-      "logits"; exit 1 when they differ by more than --tolerance
+  gpt.py check DIR [sizes] [--weights FILE]
+      loads cohort's state dict (DIR/cohort_gpt.pt, or FILE: a run's
+      model/final.pt) into GPT(sizes) strictly, runs DIR/cohort_gpt_io.pt's
+      "tokens" and compares the logits with its "logits"; exit 1 when they
+      differ by more than --tolerance
+
+  gpt.py ddp [sizes] --batch B --world N --steps S --warmup W --threads T
+             --precision fp32|bf16 --port P
+      PyTorch's own DDP training GPT(sizes), the baseline bench/gpt.cc runs
+      side by side with cohort: N ranks (spawned), gloo on 127.0.0.1, T
+      intra-op threads each, AdamW as examples/gpt-kjv.yaml, a fixed random
+      batch of B windows (no data loading), the forward under CPU autocast
+      to bfloat16 with bf16 and the loss in float32 (as cohort computes
+      it); timed over S steps after W. Prints one JSON line: tokens/s over
+      all ranks and per-phase means (forward incl. the loss, backward incl.
+      the allreduce, optimizer) of rank 0.
 
 The state dict of this module, like nanoGPT's, lists the tied output head
 twice: transformer.wte.weight and lm_head.weight, one tensor.
 """
 import argparse
+import json
 import math
+import os
+import queue
 import sys
+import time
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
 
@@ -121,18 +139,10 @@ def sizes(parser):
     parser.add_argument("--bias", type=int, default=1)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["check"])
-    parser.add_argument("dir")
-    parser.add_argument("--tolerance", type=float, default=1e-4)
-    sizes(parser)
-    a = parser.parse_args()
-    a.bias = bool(a.bias)
+def check(a):
     model = GPT(a)
-    state = torch.load(f"{a.dir}/cohort_gpt.pt")
-    # cohort registers the tied head once; this module's state dict names it twice.
-    state["lm_head.weight"] = state["transformer.wte.weight"]
+    # cohort's model/final.pt names the tied head twice, as this module does.
+    state = torch.load(a.weights or f"{a.dir}/cohort_gpt.pt")
     model.load_state_dict(state)  # strict: every name and shape must match
     model.eval()
     io = torch.load(f"{a.dir}/cohort_gpt_io.pt")
@@ -141,6 +151,108 @@ def main():
     diff = (logits - io["logits"]).abs().max().item()
     print(f"max logit difference {diff:.3g} (tolerance {a.tolerance:g})")
     return 0 if diff <= a.tolerance else 1
+
+
+def ddp_rank(rank, a, out):
+    torch.set_num_threads(a.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(a.port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.world)
+    torch.manual_seed(0)
+    model = GPT(a)
+    # The causal masks are constant buffers, the same on every rank, and bool:
+    # gloo cannot broadcast them (DDP's sync at wrap time fails "Invalid
+    # scalar type"). With them ignored DDP has no buffer to broadcast before
+    # each forward, as cohort sends none.
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [name for name, _ in model.named_buffers()])
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.003, betas=(0.9, 0.99), weight_decay=0.1)
+    x = torch.randint(0, a.vocab_size, (a.batch, a.block_size))
+    y = torch.randint(0, a.vocab_size, (a.batch, a.block_size))
+    bf16 = a.precision == "bf16"
+    phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    for step in range(a.warmup + a.steps):
+        if step == a.warmup:
+            dist.barrier()
+            start = time.perf_counter()
+            phases = {k: 0.0 for k in phases}
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = net(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        t1 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        phases["forward"] += t1 - t0
+        phases["backward"] += t2 - t1
+        phases["optimizer"] += t3 - t2
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        out.put({
+            "peer": "pytorch_ddp_gpt", "n_layer": a.n_layer, "n_head": a.n_head,
+            "n_embd": a.n_embd, "block_size": a.block_size, "vocab_size": a.vocab_size,
+            "batch": a.batch, "world": a.world, "threads": a.threads, "steps": a.steps,
+            "tokens_per_s": a.batch * a.block_size * a.world * a.steps / elapsed,
+            "step_ms": 1000 * elapsed / a.steps,
+            "phase_ms": {k: 1000 * v / a.steps for k, v in phases.items()},
+            "precision": a.precision, "torch": torch.__version__,
+        })
+    dist.destroy_process_group()
+
+
+def run_ddp(a):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=ddp_rank, args=(r, a, out)) for r in range(a.world)]
+    for pr in procs:
+        pr.start()
+    # Rank 0's result, or the exit of a rank that failed (its traceback is on
+    # stderr): never a wait for a rank that is gone.
+    while True:
+        try:
+            result = out.get(timeout=1)
+            break
+        except queue.Empty:
+            failed = [r for r, pr in enumerate(procs) if pr.exitcode not in (None, 0)]
+            if failed or all(pr.exitcode == 0 for pr in procs):
+                for pr in procs:
+                    pr.kill()
+                    pr.join()
+                why = f"rank(s) {failed} failed" if failed else "no rank sent a result"
+                print(f"gpt.py ddp: {why}", file=sys.stderr)
+                return 1
+    for pr in procs:
+        pr.join(timeout=600)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    modes = parser.add_subparsers(dest="mode", required=True)
+    c = modes.add_parser("check")
+    c.add_argument("dir")
+    c.add_argument("--tolerance", type=float, default=1e-4)
+    c.add_argument("--weights", default=None)
+    sizes(c)
+    d = modes.add_parser("ddp")
+    d.add_argument("--batch", type=int, default=16)
+    d.add_argument("--world", type=int, default=1)
+    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--steps", type=int, default=30)
+    d.add_argument("--warmup", type=int, default=5)
+    d.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    d.add_argument("--bucket-mb", type=float, default=25)
+    d.add_argument("--port", type=int, default=29555)
+    sizes(d)
+    a = parser.parse_args()
+    a.bias = bool(a.bias)
+    return check(a) if a.mode == "check" else run_ddp(a)
 
 
 if __name__ == "__main__":
