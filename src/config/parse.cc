@@ -395,6 +395,10 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                        : fmt::format("kind tokens is for model.arch gpt, not {}",
                                      choiceName(job.model.arch)));
   }
+  if (job.model.recompute == Recompute::blocks && job.model.arch == ModelArch::simpleCnn) {
+    fail(where("model.recompute"), "model.recompute",
+         "blocks is for the gpt and ResNet models; simple_cnn has no blocks");
+  }
   if (languageModel && job.model.nEmbd % job.model.nHead != 0) {
     fail(where("model.n_embd"), "model.n_embd",
          fmt::format("{} is not divisible by model.n_head ({})", job.model.nEmbd, job.model.nHead));
@@ -431,6 +435,17 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
       fail(where("training.schedule.milestones"), "training.schedule.milestones",
            "must be non-negative and increasing");
     }
+  }
+  if (job.training.precision == Precision::fp16) {
+#ifndef COHORT_WITH_CUDA
+    fail(where("training.precision"), "training.precision",
+         "fp16 needs a CUDA build of cohort (cmake -DCOHORT_WITH_CUDA=ON): LibTorch's CPU autocast "
+         "has no float16; on a CPU use bf16");
+#endif
+  }
+  if (job.training.lossScale.minScale > job.training.lossScale.maxScale) {
+    fail(where("training.loss_scale.min_scale"), "training.loss_scale.min_scale",
+         "must not be above max_scale");
   }
   if (job.distribution.backend == Backend::nccl) {
 #ifndef COHORT_WITH_CUDA

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "models/recompute.h"
 
 namespace cohort::models {
 namespace {
@@ -131,7 +132,7 @@ bool endsWith(const std::string& s, const std::string& tail) {
 
 class Gpt : public Model {
  public:
-  explicit Gpt(const GptOptions& o) : blockSize_(o.blockSize) {
+  explicit Gpt(const GptOptions& o) : blockSize_(o.blockSize), recompute_(o.recompute) {
     transformer_ = register_module("transformer", Transformer(o));
     // GPT-2's initialization; the projections into the residual stream are
     // scaled down with depth.
@@ -165,7 +166,11 @@ class Gpt : public Model {
     Transformer& tr = transformer_;
     const at::Tensor positions = torch::arange(t, tokens.options().dtype(torch::kLong));
     at::Tensor x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
-    for (Block& block : tr->blocks) x = block(x);
+    for (Block& block : tr->blocks) {
+      x = recompute_ && is_training()
+              ? recomputed([block](const at::Tensor& in) mutable { return block->forward(in); }, x)
+              : block(x);
+    }
     x = tr->ln_f(x);
     // The head is the token embedding (weight tying).
     return torch::linear(x, tr->wte->weight);
@@ -174,6 +179,7 @@ class Gpt : public Model {
  private:
   Transformer transformer_{nullptr};
   int64_t blockSize_;
+  bool recompute_;
 };
 
 }  // namespace
@@ -187,6 +193,7 @@ GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize) {
   o.nEmbd = config.nEmbd;
   o.dropout = config.dropout;
   o.bias = config.bias;
+  o.recompute = config.recompute == Recompute::blocks;
   return o;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cohort/core/error.h"
+#include "models/recompute.h"
 
 namespace cohort::models {
 namespace nn = torch::nn;
@@ -51,7 +52,7 @@ at::Tensor ResidualBlock::forward(const at::Tensor& x) {
   return torch::relu(out + identity);
 }
 
-ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInput_(c.smallInput) {
+ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInput_(c.smallInput), recompute_(c.recompute == Recompute::blocks) {
   std::vector<int64_t> blocks;
   bool bottleneck = depth >= 50;
   switch (depth) {
@@ -105,7 +106,12 @@ ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInp
 at::Tensor ResNet::forward(const at::Tensor& input) {
   at::Tensor x = torch::relu(bn1_(conv1_(inLayout(input))));
   if (!smallInput_) x = torch::max_pool2d(x, 3, 2, 1);
-  x = layer4_->forward(layer3_->forward(layer2_->forward(layer1_->forward(x))));
+  for (nn::Sequential* stage : {&layer1_, &layer2_, &layer3_, &layer4_}) {
+    x = recompute_ && is_training()
+            ? recomputed([s = *stage](const at::Tensor& in) mutable { return s->forward(in); }, x,
+                         (*stage)->buffers())
+            : (*stage)->forward(x);
+  }
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc_(x);
 }

@@ -31,6 +31,7 @@ class ResNet : public Model {
 
  private:
   bool smallInput_;
+  bool recompute_;  // model.recompute: blocks, per stage (layer1..layer4)
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
   torch::nn::Sequential layer1_{nullptr}, layer2_{nullptr}, layer3_{nullptr}, layer4_{nullptr};

@@ -19,19 +19,20 @@ PrecisionChoice resolvePrecision(Precision setting, const CpuInfo& cpu) {
 }
 
 AutocastScope::AutocastScope(Precision precision, const c10::Device& device) {
-  if (precision != Precision::bf16) return;
+  if (precision != Precision::bf16 && precision != Precision::fp16) return;
+  const at::ScalarType type = precision == Precision::fp16 ? at::kHalf : at::kBFloat16;
   active_ = true;
   cuda_ = device.is_cuda();
   if (cuda_) {
     wasEnabled_ = at::autocast::is_enabled();
     wasType_ = at::autocast::get_autocast_gpu_dtype();
     at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_autocast_gpu_dtype(type);
   } else {
     wasEnabled_ = at::autocast::is_cpu_enabled();
     wasType_ = at::autocast::get_autocast_cpu_dtype();
     at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_autocast_cpu_dtype(type);
   }
   at::autocast::increment_nesting();
 }

@@ -19,6 +19,9 @@ namespace {
 
 // training.on_nonfinite: skip gives up after this many skipped steps in a row.
 constexpr int64_t kMaxNonfiniteInARow = 10;
+// Loss scaling gives up after this many overflows in a row: the scale has
+// backed off by backoff_factor^50 and the gradients are still not finite.
+constexpr int64_t kMaxOverflowsInARow = 50;
 
 }  // namespace
 
@@ -41,14 +44,16 @@ StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Mod
       phases_(phases),
       skipNonfinite_(job.training.onNonfinite == OnNonfinite::skip),
       labelSmoothing_(job.training.labelSmoothing),
-      precision_(precision) {}
+      precision_(precision) {
+  if (lossScalingOn(job.training.lossScale, precision)) scaler_.emplace(job.training.lossScale);
+}
 
 double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro,
                               int64_t step) {
   namespace F = torch::nn::functional;
   if (micro == cycle.first) {
     cycleLossNonfinite_ = false;
-    if (skipNonfinite_) {
+    if (skipNonfinite_ || scaler_) {
       // A skipped step must not keep what its forward passes did to the
       // BatchNorm statistics either.
       torch::NoGradGuard noGrad;
@@ -100,7 +105,8 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
   {
     monitor::TimelineSpan span("backward", "compute");
     const double world = comm_.worldSize;
-    (loss * (static_cast<double>(n) / (static_cast<double>(cycle.samples) * world))).backward();
+    const double scale = scaler_ ? scaler_->scale() : 1.0;
+    (loss * (scale * static_cast<double>(n) / (static_cast<double>(cycle.samples) * world))).backward();
   }
   // A shared-memory exchange runs inside backward: count it as exposed
   // communication, not as backward.
@@ -126,9 +132,21 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
     monitor::TimelineSpan span("optimizer", "compute");
     // The gradients are the same on every rank after the exchange, so every
     // rank reaches the same verdict without a message.
-    if (ddp_.gradientsFinite()) {
+    const bool finite = ddp_.gradientsFinite();
+    const double scale = scaler_ ? scaler_->scale() : 1.0;
+    if (scaler_) {
+      scaler_->update(finite);
+      u.lossScale = scaler_->scale();
+    }
+    if (finite) {
       inARow_ = 0;
       if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
+      if (scale != 1.0) {
+        torch::NoGradGuard noGrad;
+        for (auto& p : model_.parameters()) {
+          if (p.grad().defined()) p.grad().mul_(1.0 / scale);
+        }
+      }
       setLearningRate(optimizer_, lr);
       optimizer_.step();
     } else {
@@ -139,7 +157,9 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
                   ? fmt::format("the loss is {} on this rank", lastLoss_)
                   : std::string("a gradient is NaN or Inf (from another rank's loss, or an "
                                 "overflow in backward)");
-      if (!skipNonfinite_ || inARow_ >= kMaxNonfiniteInARow) {
+      const bool giveUp = scaler_ ? inARow_ >= kMaxOverflowsInARow
+                                  : !skipNonfinite_ || inARow_ >= kMaxNonfiniteInARow;
+      if (giveUp) {
         // Every rank is here at the same step: the checkpoints still being
         // written (the last good state) are committed first.
         if (checkpointer) checkpointer->flush();
@@ -147,8 +167,10 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
             "rank {}: {} at step {} (epoch {}){}: training diverged; the weights were not "
             "updated, the last checkpoint holds the last good state{}",
             comm_.rank, u.why, step + 1, epoch,
-            skipNonfinite_ ? fmt::format(", {} steps in a row", inARow_) : "",
-            skipNonfinite_ ? "" : " (training.on_nonfinite: skip drops such steps instead)"));
+            scaler_ ? fmt::format(", {} steps in a row, loss scale down to {}", inARow_, scaler_->scale())
+            : skipNonfinite_ ? fmt::format(", {} steps in a row", inARow_)
+                             : "",
+            scaler_ || skipNonfinite_ ? "" : " (training.on_nonfinite: skip drops such steps instead)"));
       }
       torch::NoGradGuard noGrad;
       auto live = model_.buffers();

@@ -1,5 +1,7 @@
 #include "cohort/train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cohort/ckpt/resume.h"
@@ -25,8 +27,12 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
     j["train_tokens_per_s"] = s.imagesPerS * double(job.model.blockSize);
   }
   j["data_wait_frac"] = s.dataWaitFrac;
+  // The most memory this process (rank 0) held at once, resident.
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) j["peak_rss_mb"] = double(usage.ru_maxrss) / 1024.0;
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
+  if (s.lossScale > 0) j["loss_scale"] = s.lossScale;
   if (s.phases.steps > 0) {
     const double k = 1000.0 / double(s.phases.steps);
     j["phase_ms_per_step"] = {{"data_wait", k * s.phases.dataWait},

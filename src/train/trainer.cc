@@ -110,7 +110,15 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch) {
 
     const double lr = schedule.at(step);
     const StepRunner::Update u = runner.update(lr, step, epoch, checkpoints.checkpointer());
-    if (!u.applied) {
+    if (!u.applied && u.lossScale > 0) {
+      log::warn("step {}: gradients overflowed ({}): update skipped, loss scale backs off to {}, "
+                "{} in a row",
+                step + 1, u.why, u.lossScale, u.nonfiniteInARow);
+      reporter.event({{"event", "loss_scale_backoff"},
+                      {"step", step + 1},
+                      {"scale", u.lossScale},
+                      {"in_a_row", u.nonfiniteInARow}});
+    } else if (!u.applied) {
       log::warn("step {}: non-finite gradient ({}): update skipped (training.on_nonfinite: "
                 "skip), {} in a row",
                 step + 1, u.why, u.nonfiniteInARow);
@@ -298,6 +306,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   summary.steps = loop.step;
   summary.seconds = secondsSince(runStart);
   summary.nonfiniteSkipped = runner.skippedSteps();
+  summary.lossScale = runner.lossScale();
   summary.checkpoints = checkpoints.finish();
   // A SIGTERM from here on changes nothing: this rank is finishing anyway.
   if (summary.stopped) return summary;

@@ -181,6 +181,28 @@ TEST_F(GptJob, Bf16FollowsTheFp32ValidationLoss) {
   EXPECT_NE(loss["bf16"], loss["fp32"]) << "autocast did not act";
 }
 
+TEST_F(GptJob, RecomputedBlocksTrainToBitwiseTheSameWeightsOnTwoRanks) {
+  // Gradients reach the exchange from inside the recomputation's backward:
+  // the buckets still fill, and the steps are the same.
+  test::writeText(dir.file("corpus.txt"), corpus(20'000));
+  ASSERT_EQ(test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"})
+                .exitCode,
+            0);
+  std::map<std::string, ckpt::StateDict> weights;
+  for (const char* recompute : {"none", "blocks"}) {
+    const std::string run = dir.file(std::string("run-") + recompute);
+    auto r = test::cohort({"run", job(), "--run-dir", run, "--set", std::string("model.recompute=") + recompute,
+                           "--set", "training.max_steps=20", "--set", "model.dropout=0.1"});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    weights[recompute] = ckpt::readStateDict(run + "/model/final.pt");
+  }
+  ASSERT_EQ(weights["none"].size(), weights["blocks"].size());
+  for (size_t k = 0; k < weights["none"].size(); ++k) {
+    EXPECT_TRUE(torch::equal(weights["none"][k].second, weights["blocks"][k].second))
+        << weights["none"][k].first;
+  }
+}
+
 TEST_F(GptJob, MistakesInTheJobOrDataExit2NamingTheKey) {
   test::writeText(dir.file("small.txt"), corpus(2'000));
   ASSERT_EQ(test::cohort({"data", "tokenize", dir.file("small.txt"), dir.file("tok"), "--no-progress"})
@@ -203,6 +225,9 @@ TEST_F(GptJob, MistakesInTheJobOrDataExit2NamingTheKey) {
   expectBad({"run", job(), "--run-dir", dir.file("r2"), "--set", "data.train.path=" + dir.file("none")},
             "dataset.json is missing; make one with `cohort data tokenize`");
   expectBad({"generate", dir.file("no-run")}, "not a run directory (no job.yaml)");
+  expectBad({"validate", job(), "--set", "model.arch=simple_cnn", "--set", "data.train.kind=synthetic",
+             "--set", "data.eval.kind=none", "--set", "model.recompute=blocks"},
+            "model.recompute: blocks is for the gpt and ResNet models");
 }
 
 }  // namespace

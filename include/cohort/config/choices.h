@@ -34,7 +34,9 @@ enum class OnNonfinite { stop, skip };
 enum class ProgressStyle { automatic, bar, plain, off };
 enum class WhenBehind { skip, wait };
 enum class OnError { warn, fail };
-enum class Precision { fp32, bf16, automatic };
+enum class Precision { fp32, bf16, fp16, automatic };
+enum class LossScaling { automatic, on, off };
+enum class Recompute { none, blocks };
 
 // ChoiceNames<E>::table: each value of E with its name in the job file, in
 // the order the documentation lists them.
@@ -124,8 +126,19 @@ struct ChoiceNames<OnError> {
 
 template <>
 struct ChoiceNames<Precision> {
-  static constexpr ChoiceTable<Precision, 3> table{
-      {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::automatic, "auto"}}};
+  static constexpr ChoiceTable<Precision, 4> table{{{Precision::fp32, "fp32"},
+                                                    {Precision::bf16, "bf16"},
+                                                    {Precision::fp16, "fp16"},
+                                                    {Precision::automatic, "auto"}}};
+};
+template <>
+struct ChoiceNames<LossScaling> {
+  static constexpr ChoiceTable<LossScaling, 3> table{
+      {{LossScaling::automatic, "auto"}, {LossScaling::on, "on"}, {LossScaling::off, "off"}}};
+};
+template <>
+struct ChoiceNames<Recompute> {
+  static constexpr ChoiceTable<Recompute, 2> table{{{Recompute::none, "none"}, {Recompute::blocks, "blocks"}}};
 };
 
 // The job file's name of a value ("channels_last" for

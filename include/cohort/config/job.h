@@ -33,6 +33,7 @@ struct ModelConfig {
   int64_t vocabSize = 0;    // 0: taken from the training data
   bool bias = true;         // in the Linear layers and LayerNorms
   MemoryLayout memoryFormat = MemoryLayout::automatic;
+  Recompute recompute = Recompute::none;  // blocks: activations recomputed in backward
 };
 
 struct AugmentConfig {
@@ -140,6 +141,17 @@ struct ScheduleConfig {
   double gamma = 0.1;
 };
 
+// Dynamic loss scaling (train/loss_scale.h).
+struct LossScaleConfig {
+  LossScaling enabled = LossScaling::automatic;  // auto: on for fp16 only
+  double init = 65536;          // the first scale
+  double growthFactor = 2;      // after growth_interval good steps in a row
+  int64_t growthInterval = 2000;
+  double backoffFactor = 0.5;   // after a step whose gradients overflowed
+  double minScale = 1;
+  double maxScale = 16777216;
+};
+
 struct TrainingConfig {
   int64_t epochs = 1;
   int64_t maxSteps = 0;       // stop after this many optimizer steps; 0 = no limit
@@ -150,7 +162,8 @@ struct TrainingConfig {
   int64_t logEvery = 50;      // steps between train metrics
   int64_t evalEvery = 1;      // epochs between evaluations; 0 = only after the last
   OnNonfinite onNonfinite = OnNonfinite::stop;  // a NaN/Inf loss or gradient: stop, or skip the step
-  Precision precision = Precision::fp32;  // bf16: autocast (train/precision.h)
+  Precision precision = Precision::fp32;  // bf16, fp16: autocast (train/precision.h)
+  LossScaleConfig lossScale;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
 };

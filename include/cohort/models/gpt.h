@@ -33,6 +33,7 @@ struct GptOptions {
   int64_t nEmbd = 128;      // divisible by nHead
   double dropout = 0.0;     // embeddings, attention weights, residual branches
   bool bias = true;         // in the Linear layers and LayerNorms
+  bool recompute = false;   // each block's activations recomputed in backward (model.recompute)
 };
 
 // The name PyTorch's state dict gives the tied output head besides

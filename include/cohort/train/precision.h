@@ -7,7 +7,9 @@
 // with AVX512-BF16 or AMX) and keeps the rest in float32; the loss is
 // computed in float32 from float32 logits. Backward follows the forward's
 // types. Only the CPU path is tested; on a CUDA device the same scope
-// autocasts there (untested).
+// autocasts there (untested). fp16 is the same with float16, on CUDA only
+// (the job file refuses it without a CUDA build), and needs loss scaling
+// (train/loss_scale.h).
 
 #include <string>
 
@@ -20,7 +22,7 @@
 namespace cohort::train {
 
 struct PrecisionChoice {
-  Precision precision = Precision::fp32;  // fp32 or bf16, never auto
+  Precision precision = Precision::fp32;  // fp32, bf16 or fp16, never auto
   std::string reason;                     // for the log: the setting, and the CPU for auto
 };
 
@@ -28,7 +30,7 @@ struct PrecisionChoice {
 // else fp32 (LibTorch's bf16 kernels without them are slower than fp32).
 PrecisionChoice resolvePrecision(Precision setting, const CpuInfo& cpu);
 
-// Autocast for the scope when `precision` is bf16; nothing for fp32. Nests
+// Autocast for the scope when `precision` is bf16 or fp16; nothing for fp32. Nests
 // (an inner scope leaves the outer one's setting in place); the last one
 // to close drops autocast's cache of cast weights, which would otherwise
 // hold the previous step's copies.

@@ -34,7 +34,8 @@ struct TrainSummary {
   double imagesPerS = 0;    // training images per second, all ranks
   double dataWaitFrac = 0;  // mean over ranks
   int64_t corruptSkipped = 0;  // undecodable training samples skipped, all ranks
-  int64_t nonfiniteSkipped = 0;  // steps whose update was dropped (training.on_nonfinite: skip)
+  int64_t nonfiniteSkipped = 0;  // steps whose update was dropped (on_nonfinite: skip, or an overflow)
+  double lossScale = 0;          // training.loss_scale on: the last scale; 0: off
   int64_t parameters = 0;
   bool evaluated = false;
   monitor::EvalRecord lastEval;

@@ -67,6 +67,10 @@ void describe(V& v, ModelConfig& c) {
   v.field("memory_format", c.memoryFormat,
           "Layout of images and convolution weights: channels_last (NHWC), contiguous (NCHW), or "
           "auto: `cohort run` times a few training steps in each and keeps the faster.");
+  v.field("recompute", c.recompute,
+          "Activation recomputation: blocks keeps only the input of each transformer block (gpt) "
+          "or ResNet stage in forward and computes the rest again in backward: less memory for "
+          "about one more forward pass of compute. none keeps every activation.");
 }
 
 template <class V>
@@ -254,6 +258,24 @@ void describe(V& v, ScheduleConfig& c) {
 }
 
 template <class V>
+void describe(V& v, LossScaleConfig& c) {
+  v.field("enabled", c.enabled,
+          "Scale the loss before backward and unscale the gradients before the step; auto: on "
+          "for precision fp16 only.");
+  v.field("init", c.init, "The first scale.", Rule{1.0, 1e30, false});
+  v.field("growth_factor", c.growthFactor, "The scale is multiplied by this after growth_interval "
+          "good steps in a row.", Rule{1.0, 1e6, false});
+  v.field("growth_interval", c.growthInterval, "Good steps in a row before the scale grows.",
+          between(1, 1e12));
+  v.field("backoff_factor", c.backoffFactor,
+          "The scale is multiplied by this after a step whose gradients overflowed (the step is "
+          "skipped).",
+          Rule{0.0, 1.0, true});
+  v.field("min_scale", c.minScale, "The scale never backs off below this.", Rule{0.0, 1e30, true});
+  v.field("max_scale", c.maxScale, "The scale never grows above this.", Rule{1.0, 1e38, false});
+}
+
+template <class V>
 void describe(V& v, TrainingConfig& c) {
   v.field("epochs", c.epochs, "Passes over the training data.", between(1, 1e7));
   v.field("max_steps", c.maxSteps, "Stop after this many optimizer steps; 0: no limit.", atLeast(0));
@@ -271,9 +293,13 @@ void describe(V& v, TrainingConfig& c) {
   v.field("precision", c.precision,
           "Forward passes in fp32, or in bf16 autocast (matrix products and convolutions in "
           "bfloat16; weights, gradients, optimizer state and the loss stay float32); auto: bf16 "
-          "when the CPU has avx512_bf16 or amx_bf16, else fp32. See docs/performance.md.");
+          "when the CPU has avx512_bf16 or amx_bf16, else fp32; fp16: float16 autocast with "
+          "loss scaling, CUDA builds only. See docs/performance.md.");
   v.field("eval_every", c.evalEvery, "Epochs between evaluations; 0: only after the last epoch.",
           atLeast(0));
+  v.section("loss_scale", c.lossScale,
+            "Dynamic loss scaling: a step whose gradients overflow is skipped and the scale "
+            "backs off.");
   v.section("optimizer", c.optimizer, "Optimizer.");
   v.section("schedule", c.schedule, "Learning-rate schedule (per optimizer step).");
 }

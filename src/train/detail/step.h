@@ -14,6 +14,7 @@
 // the Cycle that the caller passes (setup.h).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "cohort/data/loader.h"
 #include "cohort/ddp/ddp.h"
 #include "cohort/models/model.h"
+#include "cohort/train/loss_scale.h"
 #include "cohort/train/trainer.h"
 #include "train/detail/faults.h"
 #include "train/detail/setup.h"
@@ -55,17 +57,23 @@ class StepRunner {
     bool applied = true;
     int64_t nonfiniteInARow = 0;
     std::string why;  // when not applied: what was not finite
+    double lossScale = 0;  // loss scaling on: the scale after this step
   };
   // After the step's last micro-batch: waits for the exchange and applies
   // the optimizer at learning rate `lr` (waiting first for `checkpointer`'s
   // copy of the state it modifies, if any). A non-finite gradient drops the
   // update (and what the step's forwards did to the buffers) under
   // training.on_nonfinite: skip, up to 10 in a row; otherwise it throws
-  // DivergedError after `checkpointer` committed what it holds. `step` and
-  // `epoch` name the step in messages (step counted from 0).
+  // DivergedError after `checkpointer` committed what it holds. With loss
+  // scaling (training.loss_scale) a non-finite gradient is an overflow
+  // instead: the step is dropped and the scale backs off, and only 50 in a
+  // row stop the run. `step` and `epoch` name the step in messages (step
+  // counted from 0).
   Update update(double lr, int64_t step, int64_t epoch, ckpt::Checkpointer* checkpointer);
 
   int64_t skippedSteps() const { return skipped_; }
+  // The loss scale now; 0 without loss scaling.
+  double lossScale() const { return scaler_ ? scaler_->scale() : 0.0; }
   // training.precision as buildModel resolved it: fp32 or bf16.
   Precision precision() const { return precision_; }
 
@@ -83,7 +91,8 @@ class StepRunner {
   Precision precision_;
   bool cycleLossNonfinite_ = false;       // a loss of this step was NaN or Inf here
   double lastLoss_ = 0;
-  std::vector<at::Tensor> savedBuffers_;  // on_nonfinite: skip: the step's starting buffers
+  std::optional<LossScaler> scaler_;      // training.loss_scale on
+  std::vector<at::Tensor> savedBuffers_;  // a step may be dropped: its starting buffers
   int64_t inARow_ = 0;
   int64_t skipped_ = 0;
 };
