@@ -128,9 +128,11 @@ Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, in
     const int64_t window = s.width;
     at::Tensor windows = torch::empty({count, window}, torch::kInt64);
     int64_t* w = windows.data_ptr<int64_t>();
+    // One seed per epoch, not per window: every window of the epoch moves
+    // by the same offset, so they still tile the text.
+    const uint64_t epochSeed = detail::mix(options_.seed, static_cast<uint64_t>(epoch));
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t sample = indices[static_cast<size_t>(begin + i)];
-      dataset_->readTokens(sample, w + i * window, seedOf(sample));
+      dataset_->readTokens(indices[static_cast<size_t>(begin + i)], w + i * window, epochSeed);
     }
     b.inputs = windows.narrow(1, 0, window - 1).contiguous();
     b.labels = windows.narrow(1, 1, window - 1).contiguous();

@@ -1,14 +1,15 @@
 // Token shards as a Dataset of windows (docs/token-format.md).
 //
 // The shards, in dataset.json's order, are one stream of N tokens. Sample i
-// is the window of `window` = block_size + 1 tokens starting at i * block_size:
-// consecutive windows share one token, so every token but the first is a
-// target exactly once per epoch. There are (N - window) / block_size + 1
-// windows; the tokens past the last one (fewer than block_size) are the
-// slack. A training window starts up to that slack later, by an amount drawn
-// from the sample's seed (training seed, epoch, sample), so epochs see
-// different cuts of the text and a resumed epoch sees the same ones. An
-// evaluation window never moves.
+// is the window of `window` = block_size + 1 tokens starting at
+// i * block_size + offset: consecutive windows share one token, so the
+// windows tile the text and each token is a target at most once per epoch.
+// Evaluation: offset 0 and (N - window) / block_size + 1 windows.
+// Training: one window fewer when the text leaves less than block_size - 1
+// tokens after the last, so that every offset in [0, block_size) fits; the
+// offset is drawn from the seed the loader passes, the same for every window
+// of an epoch (training seed, epoch): epochs see different cuts of the text,
+// and a resumed epoch sees the same ones.
 //
 // A shard is mapped into memory on first use: a local file directly (its
 // checksum checked once), a blob shard once the node cache holds it
@@ -138,7 +139,13 @@ class TokenDataset : public Dataset {
                                   source_.describe(), tokens, window_));
     }
     size_ = (tokens - window_) / stride_ + 1;
-    slack_ = tokens - window_ - (size_ - 1) * stride_;
+    slack_ = 0;
+    if (training_) {
+      // Room for every offset below the stride, unless the text is too short
+      // for even one such window.
+      if (tokens - window_ >= stride_ - 1) size_ = (tokens - window_ - (stride_ - 1)) / stride_ + 1;
+      slack_ = std::min(stride_ - 1, tokens - window_ - (size_ - 1) * stride_);
+    }
     if (config.limit > 0) size_ = std::min(size_, config.limit);
     shards_.resize(m.shards.size());
     once_ = std::make_unique<std::once_flag[]>(m.shards.size());

@@ -167,9 +167,17 @@ TokenizeResult tokenize(const std::string& src, const std::string& dst,
   if (trainTokens == 0) throw UsageError("--val-fraction leaves no training tokens");
   const std::string source = src == "-" ? "standard input" : fs::absolute(src).string();
   const std::string base = storage::isRemoteUrl(dst) ? dst : fs::absolute(dst).string();
-  TokenDatasetWriter train(base + "/train", "train", source, options);
+  // joinUrl keeps a SAS query at the end of a blob URL.
+  const std::string trainDst = storage::isRemoteUrl(dst) ? storage::joinUrl(base, "train") : base + "/train";
+  const std::string valDst = storage::isRemoteUrl(dst) ? storage::joinUrl(base, "val") : base + "/val";
+  TokenDatasetWriter train(trainDst, "train", source, options);
   std::unique_ptr<TokenDatasetWriter> val;
-  if (valTokens > 0) val = std::make_unique<TokenDatasetWriter>(base + "/val", "val", source, options);
+  if (valTokens > 0) {
+    val = std::make_unique<TokenDatasetWriter>(valDst, "val", source, options);
+  } else {
+    // No validation set: one left from an earlier tokenize stops being one.
+    detail::Destination stale(valDst, options.storage);
+  }
 
   int64_t written = 0;
   auto feed = [&](const unsigned char* p, size_t n) {

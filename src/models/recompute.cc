@@ -66,7 +66,11 @@ class Recompute : public torch::autograd::Function<Recompute> {
     r->cpuAutocastType = at::autocast::get_autocast_cpu_dtype();
     r->gpuAutocast = at::autocast::is_enabled();
     r->gpuAutocastType = at::autocast::get_autocast_gpu_dtype();
-    at::Tensor y = r->f(x);  // gradients are off here: nothing is kept
+    // Gradients are off here: nothing is kept. Autocast may cache the
+    // weights it casts; those copies carry no graph, so the caller must
+    // leave the autocast scope before backward (the step does: the cache is
+    // cleared when the scope closes) or the recomputation would reuse them.
+    at::Tensor y = r->f(x);
     for (const auto& b : r->buffers) r->buffersAfterForward.push_back(b.clone());
     ctx->save_for_backward({x});
     ctx->saved_data["recipe"] = c10::IValue::make_capsule(std::move(r));

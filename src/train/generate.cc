@@ -80,7 +80,12 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
                              : 0;
     const std::vector<int64_t> context(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
     const at::Tensor input = torch::tensor(context, torch::kInt64).unsqueeze(0);
-    at::Tensor logits = model->forward(input).select(1, input.size(1) - 1).squeeze(0).to(torch::kFloat);
+    // Only ids the tokenizer can decode (model.vocab_size may be larger).
+    at::Tensor logits = model->forward(input)
+                            .select(1, input.size(1) - 1)
+                            .squeeze(0)
+                            .narrow(0, 0, std::min<int64_t>(m.vocabSize, job.model.vocabSize > 0 ? job.model.vocabSize : m.vocabSize))
+                            .to(torch::kFloat);
     int64_t next = 0;
     if (o.temperature == 0) {
       next = logits.argmax().item<int64_t>();

@@ -4,7 +4,8 @@
 
 namespace cohort::train {
 
-LossScaler::LossScaler(const LossScaleConfig& config) : config_(config), scale_(config.init) {}
+LossScaler::LossScaler(const LossScaleConfig& config)
+    : config_(config), scale_(std::clamp(config.init, config.minScale, config.maxScale)) {}
 
 bool LossScaler::update(bool gradientsFinite) {
   if (!gradientsFinite) {

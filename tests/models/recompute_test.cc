@@ -8,11 +8,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
 #include <string>
+#include <vector>
 
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
+#include "models/recompute.h"
 
 namespace cohort::models {
 namespace {
@@ -65,6 +68,62 @@ void expectSame(const Outcome& kept, const Outcome& recomputed, const std::strin
     EXPECT_TRUE(torch::equal(kept.state[k].second, recomputed.state[k].second))
         << what << ": " << kept.state[k].first << " differs after the step";
   }
+}
+
+// Nodes of `t`'s graph whose name holds `part`.
+int nodesNamed(const at::Tensor& t, const std::string& part) {
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  int n = 0;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    if (node->name().find(part) != std::string::npos) ++n;
+    for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
+  }
+  return n;
+}
+
+TEST(Recompute, TheFunctionRunsAgainInBackwardAndOnlyWithGradients) {
+  int calls = 0;
+  auto f = [&](const at::Tensor& in) {
+    ++calls;
+    return (in * in).sum();
+  };
+  const at::Tensor x = torch::randn({5}, torch::requires_grad());
+  at::Tensor y = recomputed(f, x);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(nodesNamed(y, "Recompute"), 1);
+  y.backward();
+  EXPECT_EQ(calls, 2) << "f ran again in backward";
+  EXPECT_TRUE(torch::allclose(x.grad(), 2 * x));
+  {
+    torch::NoGradGuard noGrad;
+    recomputed(f, x);
+  }
+  EXPECT_EQ(calls, 3) << "without gradients f runs once, as itself";
+}
+
+TEST(Recompute, EveryGptBlockAndResNetStageIsRecomputed) {
+  GptOptions o;
+  o.vocabSize = 64;
+  o.blockSize = 8;
+  o.nLayer = 3;
+  o.nHead = 2;
+  o.nEmbd = 16;
+  const at::Tensor tokens = torch::randint(0, 64, {2, 8}, torch::kLong);
+  EXPECT_EQ(nodesNamed(createGpt(o)->forward(tokens), "Recompute"), 0);
+  o.recompute = true;
+  auto gpt = createGpt(o);
+  EXPECT_EQ(nodesNamed(gpt->forward(tokens), "Recompute"), 3);
+  gpt->eval();
+  EXPECT_EQ(nodesNamed(gpt->forward(tokens), "Recompute"), 0) << "evaluation keeps nothing anyway";
+  ModelConfig c;
+  c.arch = ModelArch::resnet18;
+  c.smallInput = true;
+  c.recompute = Recompute::blocks;
+  EXPECT_EQ(nodesNamed(createModel(c, {3, 32, 32})->forward(torch::randn({2, 3, 32, 32})), "Recompute"), 4);
 }
 
 TEST(Recompute, GptBlocksGiveBitwiseTheSameGradientsWithDropoutAndInBf16) {

@@ -122,6 +122,19 @@ TEST(LossScaling, AnOverflowDropsTheStepAndBacksOff) {
   for (const auto& [name, t] : run.weights()) EXPECT_TRUE(t.isfinite().all().item<bool>()) << name;
 }
 
+TEST(LossScaling, AScaleTooLargeOverflowsBacksOffAndTrainingGoesOn) {
+  // Half the loss times 1e39 is past float32's largest value (3.4e38): the
+  // scale is really applied, the first steps overflow and are dropped until
+  // it is small enough, and the gradients are divided by it again.
+  const ScaledRun run({"training.loss_scale.enabled=on", "training.loss_scale.init=1e39",
+                       "training.loss_scale.max_scale=1e39"});
+  ASSERT_EQ(run.result.exitCode, 0) << run.result.describe();
+  EXPECT_GE(run.summary["nonfinite_skipped"].get<int64_t>(), 1);
+  EXPECT_LT(run.summary["nonfinite_skipped"].get<int64_t>(), 12) << "some steps were applied";
+  EXPECT_LT(run.summary["loss_scale"].get<double>(), 1e39);
+  for (const auto& [name, t] : run.weights()) EXPECT_TRUE(t.isfinite().all().item<bool>()) << name;
+}
+
 TEST(LossScaling, Float16IsRefusedWithoutCuda) {
   test::TempDir dir;
   test::writeText(dir.file("job.yaml"), test::tinyJobYaml("fp16"));

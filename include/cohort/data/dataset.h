@@ -47,7 +47,8 @@ class Dataset {
   // tokens: every id is below it; 0 for images.
   virtual int64_t vocabSize() const { return 0; }
   // tokens: writes window `index`'s shape().width token ids to `out`. `seed`
-  // drives where a training window starts (as it drives image crops).
+  // drives where a training window starts; the loader gives every window of
+  // an epoch the same one (training seed, epoch), so they move together.
   // Image datasets throw std::logic_error.
   virtual void readTokens(int64_t index, int64_t* out, uint64_t seed) const;
   // One line for logs: "idx /path/train-images-idx3-ubyte.gz (60000 x 1x28x28)".

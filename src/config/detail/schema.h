@@ -262,7 +262,7 @@ void describe(V& v, LossScaleConfig& c) {
   v.field("enabled", c.enabled,
           "Scale the loss before backward and unscale the gradients before the step; auto: on "
           "for precision fp16 only.");
-  v.field("init", c.init, "The first scale.", Rule{1.0, 1e30, false});
+  v.field("init", c.init, "The first scale.", Rule{1.0, 1e300, false});
   v.field("growth_factor", c.growthFactor, "The scale is multiplied by this after growth_interval "
           "good steps in a row.", Rule{1.0, 1e6, false});
   v.field("growth_interval", c.growthInterval, "Good steps in a row before the scale grows.",
@@ -272,7 +272,7 @@ void describe(V& v, LossScaleConfig& c) {
           "skipped).",
           Rule{0.0, 1.0, true});
   v.field("min_scale", c.minScale, "The scale never backs off below this.", Rule{0.0, 1e30, true});
-  v.field("max_scale", c.maxScale, "The scale never grows above this.", Rule{1.0, 1e38, false});
+  v.field("max_scale", c.maxScale, "The scale never grows above this.", Rule{1.0, 1e300, false});
 }
 
 template <class V>

@@ -20,7 +20,7 @@ namespace cohort::train::detail {
 // of a window is a prediction: the loss and accuracies are per token, and
 // the record holds the token count and the perplexity, exp(loss). `step`, `epoch` and `seconds` of the
 // record are the caller's to fill in. Forward passes run in `precision`
-// (fp32 or bf16, as training does), the loss in float32.
+// (fp32, bf16 or fp16, as training does), the loss in float32.
 monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
                              const data::DistributedSampler& sampler, const comm::Comm& comm,
                              Precision precision);

@@ -34,7 +34,7 @@ struct ModelSetup {
   std::shared_ptr<models::Model> model;
   ModelConfig config;     // job.model with in_channels (images) or vocab_size (tokens) from the data
   ComputeState compute;   // as training starts, with the memory format chosen
-  Precision precision = Precision::fp32;  // training.precision resolved: fp32 or bf16
+  Precision precision = Precision::fp32;  // training.precision resolved: fp32, bf16 or fp16
   int64_t parameters = 0;
 };
 
