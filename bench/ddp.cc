@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "run_rate.h"
 #include "test_paths.h"
 #include "util/jobs.h"
 #include "util/process.h"
@@ -47,15 +48,6 @@ struct Config {
   int size, batch, warmup, steps;
   int threads = 1;
 };
-
-// The rate over equal windows (the same number of steps and images each):
-// images over seconds, i.e. the harmonic mean of the windows' rates, as the
-// PyTorch peer measures (images over seconds after warm-up).
-double overallRate(const std::vector<double>& rates) {
-  double inverse = 0;
-  for (double r : rates) inverse += 1 / r;
-  return rates.empty() ? 0 : double(rates.size()) / inverse;
-}
 
 struct CohortResult {
   double imagesPerS = 0;
@@ -98,23 +90,14 @@ output: {{progress: off, save_final: false}}
 }
 
 CohortResult readRun(const std::string& run) {
-  std::vector<double> windows;
-  bool first = true;
-  for (const auto& j : test::readJsonLines(run + "/metrics.jsonl")) {
-    if (j["event"] != "train") continue;
-    if (first) {
-      first = false;
-      continue;
-    }
-    windows.push_back(j["images_per_s"].get<double>());
-  }
+  const std::vector<double> windows = bench::windowRates(run, "images_per_s");
   std::ifstream in(run + "/summary.json");
   const auto s = nlohmann::json::parse(in);
   if (windows.empty()) {
     std::cerr << run << ": no metrics window after the warm-up one (too few steps)\n";
     std::exit(1);
   }
-  return {overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object()),
+  return {bench::overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object()),
           s.value("compute", nlohmann::json::object())};
 }
 

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "run_rate.h"
 #include "test_paths.h"
 #include "util/jobs.h"
 #include "util/process.h"
@@ -101,15 +102,6 @@ Data makeData(const test::TempDir& dir) {
   return {tok + "/train", manifest.at("vocab_size").get<int>()};
 }
 
-// The rate over equal windows (the same number of steps and tokens each):
-// tokens over seconds, i.e. the harmonic mean of the windows' rates, as the
-// PyTorch peer measures (tokens over seconds after warm-up).
-double overallRate(const std::vector<double>& rates) {
-  double inverse = 0;
-  for (double r : rates) inverse += 1 / r;
-  return rates.empty() ? 0 : double(rates.size()) / inverse;
-}
-
 struct CohortResult {
   double tokensPerS = 0;
   nlohmann::json phases;
@@ -117,22 +109,13 @@ struct CohortResult {
 };
 
 CohortResult readRun(const std::string& run) {
-  std::vector<double> windows;
-  bool first = true;
-  for (const auto& j : test::readJsonLines(run + "/metrics.jsonl")) {
-    if (j["event"] != "train") continue;
-    if (first) {
-      first = false;
-      continue;
-    }
-    windows.push_back(j["tokens_per_s"].get<double>());
-  }
+  const std::vector<double> windows = bench::windowRates(run, "tokens_per_s");
   if (windows.empty()) {
     throw BenchFailure(run + ": no metrics window after the warm-up one (too few steps)");
   }
   std::ifstream in(run + "/summary.json");
   const auto s = nlohmann::json::parse(in);
-  return {overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object()),
+  return {bench::overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object()),
           s.value("compute", nlohmann::json::object())};
 }
 
@@ -233,7 +216,7 @@ Row sideBySide(const test::TempDir& dir, const Data& data, const Config& c, int 
   return r;
 }
 
-int bench(const std::string& only, double scale, int repeat) {
+int runBench(const std::string& only, double scale, int repeat) {
   const CpuInfo cpu = cpuInfo();
   const bool nativeBf16 =
       std::any_of(cpu.features.begin(), cpu.features.end(),
@@ -331,7 +314,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    return bench(only, scale, repeat);  // its temporary directory is gone when it returns or throws
+    return runBench(only, scale, repeat);  // its temporary directory is gone when it returns or throws
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";
     return 1;
