@@ -157,7 +157,11 @@ StateDict readStateDict(const std::string& path) {
 }
 
 void loadStateDict(torch::nn::Module& module, const StateDict& dict, const std::string& origin) {
-  StateDict own = stateDict(module);
+  loadStateDict(stateDict(module), dict, origin);
+}
+
+void loadStateDict(const StateDict& targets, const StateDict& dict, const std::string& origin) {
+  StateDict own = targets;
   std::map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : dict) given[name] = &t;
   std::set<std::string> known;

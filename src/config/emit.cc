@@ -69,6 +69,7 @@ std::string typeName(const T&) {
   if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) return "string";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of int";
   if constexpr (std::is_same_v<T, std::vector<double>>) return "list of float";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list of string";
   return "?";
 }
 
@@ -83,6 +84,8 @@ std::string defaultText(const T& v) {
     std::vector<std::string> parts;
     for (auto x : v) parts.push_back(scalarText(x));
     return fmt::format("[{}]", fmt::join(parts, ", "));
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return fmt::format("[{}]", fmt::join(v, ", "));
   } else {
     return scalarText(v);
   }

@@ -383,35 +383,61 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
   checkDataset(job.data.train, "data.train", true);
   checkDataset(job.data.eval, "data.eval", false);
 
-  // A language model reads token windows, and only a language model does.
-  const bool languageModel = job.model.arch == ModelArch::gpt;
+  // A language model reads token windows, and only a language model does;
+  // a TorchScript module reads what the training data holds.
+  const ModelArch arch = job.model.arch;
+  const bool languageModel = tokenModel(job);
   for (auto [d, prefix] : {std::pair<const DatasetConfig*, const char*>{&job.data.train, "data.train"},
                            {&job.data.eval, "data.eval"}}) {
     if (d->kind == DataKind::none || (d->kind == DataKind::tokens) == languageModel) continue;
     const std::string path = std::string(prefix) + ".kind";
     fail(where(path), path,
-         languageModel ? fmt::format("model.arch gpt trains on token data (kind: tokens), not {}",
-                                     choiceName(d->kind))
-                       : fmt::format("kind tokens is for model.arch gpt, not {}",
-                                     choiceName(job.model.arch)));
+         arch == ModelArch::torchscript
+             ? fmt::format("{} data cannot evaluate a model trained on {} data", choiceName(d->kind),
+                           choiceName(job.data.train.kind))
+         : languageModel ? fmt::format("model.arch gpt trains on token data (kind: tokens), not {}",
+                                       choiceName(d->kind))
+                         : fmt::format("kind tokens is for model.arch gpt or torchscript, not {}",
+                                       choiceName(arch)));
   }
-  if (job.model.recompute == Recompute::blocks && job.model.arch == ModelArch::simpleCnn) {
+  if (job.model.recompute == Recompute::blocks &&
+      (arch == ModelArch::simpleCnn || arch == ModelArch::torchscript)) {
     fail(where("model.recompute"), "model.recompute",
-         "blocks is for the gpt and ResNet models; simple_cnn has no blocks");
+         fmt::format("blocks is for the gpt and ResNet models; {} has no blocks cohort knows of",
+                     choiceName(arch)));
   }
-  if (languageModel && job.model.nEmbd % job.model.nHead != 0) {
+  if (arch == ModelArch::torchscript && job.model.path.empty()) {
+    fail(where("model.arch"), "model.path", "model.arch torchscript needs the module's file in model.path");
+  }
+  if (arch != ModelArch::torchscript && !job.model.path.empty()) {
+    fail(where("model.path"), "model.path", "is for model.arch torchscript");
+  }
+  if (job.model.lora.rank > 0) {
+    if (arch != ModelArch::gpt) {
+      fail(where("model.lora.rank"), "model.lora.rank",
+           fmt::format("LoRA adapts the gpt model's layers, not {}", choiceName(arch)));
+    }
+    if (job.model.lora.targets.empty()) {
+      fail(where("model.lora.targets"), "model.lora.targets", "names no layer to adapt");
+    }
+  }
+  if (job.output.mergeLora && job.model.lora.rank == 0) {
+    fail(where("output.merge_lora"), "output.merge_lora", "needs LoRA adapters (model.lora.rank > 0)");
+  }
+  if (arch == ModelArch::gpt && job.model.nEmbd % job.model.nHead != 0) {
     fail(where("model.n_embd"), "model.n_embd",
          fmt::format("{} is not divisible by model.n_head ({})", job.model.nEmbd, job.model.nHead));
   }
 
-  if (!job.model.initFrom.empty()) {
-    fs::path abs = absolutePath(job.model.initFrom);
+  for (auto [file, key] : {std::pair<std::string*, const char*>{&job.model.initFrom, "model.init_from"},
+                           {&job.model.path, "model.path"}}) {
+    if (file->empty()) continue;
+    fs::path abs = absolutePath(*file);
     std::error_code ec;
     if (!fs::is_regular_file(abs, ec)) {
-      throw DataError(fmt::format("{}: model.init_from: file not found: {}",
-                                  where("model.init_from"), abs.string()));
+      throw DataError(fmt::format("{}: {}: file not found: {}", where(key), key, abs.string()));
     }
-    job.model.initFrom = abs.string();
+    *file = abs.string();
   }
 
   const auto& opt = job.training.optimizer;

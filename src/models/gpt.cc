@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "cohort/models/lora.h"
 #include "models/recompute.h"
 
 namespace cohort::models {
@@ -16,8 +17,9 @@ namespace {
 
 namespace nn = torch::nn;
 
-nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return nn::Linear(nn::LinearOptions(in, out).bias(bias));
+// The layers model.lora may adapt.
+AdaptableLinear linear(int64_t in, int64_t out, bool bias) {
+  return AdaptableLinear(nn::LinearOptions(in, out).bias(bias));
 }
 
 // LayerNorm whose bias can be left out (GPT-2 has one; bias: false drops
@@ -63,7 +65,7 @@ class CausalSelfAttentionImpl : public nn::Module {
 
  private:
   int64_t heads_;
-  nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+  AdaptableLinear c_attn_{nullptr}, c_proj_{nullptr};
   nn::Dropout attnDropout_{nullptr}, residDropout_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -78,7 +80,7 @@ class MlpImpl : public nn::Module {
   at::Tensor forward(const at::Tensor& x) { return dropout_(c_proj_(torch::gelu(c_fc_(x)))); }
 
  private:
-  nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
+  AdaptableLinear c_fc_{nullptr}, c_proj_{nullptr};
   nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Mlp);

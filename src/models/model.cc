@@ -8,6 +8,7 @@
 #include "cohort/models/gpt.h"
 #include "models/resnet.h"
 #include "models/simple_cnn.h"
+#include "models/torchscript.h"
 
 namespace cohort::models {
 
@@ -52,6 +53,7 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input)
     case ModelArch::resnet50: return std::make_shared<ResNet>(50, config, input);
     case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input);
     case ModelArch::gpt: return createGpt(gptOptions(config, config.vocabSize));
+    case ModelArch::torchscript: return loadScriptedModel(config.path);
   }
   throw ConfigError(fmt::format("model.arch: unknown architecture ({})", static_cast<int>(config.arch)));
 }
@@ -59,7 +61,7 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input)
 }  // namespace
 
 std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input) {
-  if (input.channels < 1 && config.arch != ModelArch::gpt) {
+  if (input.channels < 1 && config.arch != ModelArch::gpt && config.arch != ModelArch::torchscript) {
     throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
   }
   std::shared_ptr<Model> model = build(config, input);

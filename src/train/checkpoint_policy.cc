@@ -17,6 +17,7 @@
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/security/keys.h"
+#include "cohort/models/lora.h"
 #include "cohort/storage/storage.h"
 
 namespace cohort::train::detail {
@@ -62,14 +63,17 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     // Model, and optimizer state of about one (sgd) or two (adamw) copies
     // of the parameters, plus room for headers and alignment.
     uint64_t bytes = 0, params = 0;
-    for (const auto& [n, t] : ckpt::stateDict(model)) bytes += t.nbytes();
-    for (const auto& p : model.parameters()) params += p.nbytes();
+    for (const auto& [n, t] : models::trainedState(model)) bytes += t.nbytes();
+    for (const auto& [n, p] : models::trainableParameters(model)) params += p.nbytes();
     bytes += params * (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) + (uint64_t{8} << 20);
     checkpointer_->reserve(bytes);
   }
   std::set<const void*> buffers;
   for (const auto& b : model.buffers()) buffers.insert(b.unsafeGetTensorImpl());
-  for (auto& [name, t] : ckpt::stateDict(model)) {
+  // With model.lora only the adapters (and buffers): the frozen weights
+  // are model.init_from's, whose digest the manifest records.
+  if (models::hasAdapters(model)) loraBaseDigest_ = models::frozenDigest(model);
+  for (auto& [name, t] : models::trainedState(model)) {
     modelItems_.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
   }
   modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
@@ -90,6 +94,7 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   m.jobHash = jobHash_;
   m.extra = {{"lr", lr}, {"optimizer", optimizerName}, {"peak_lr", plan_.peakLr},
              {"global_batch", plan_.globalBatch}};
+  if (!loraBaseDigest_.empty()) m.extra["lora_base_digest"] = loraBaseDigest_;
   std::vector<ckpt::SnapshotFile> files;
   if (rank_ == 0) {
     // The lists of live tensors are built once (again only when the

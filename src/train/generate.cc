@@ -16,7 +16,8 @@
 #include "cohort/core/run_dir.h"
 #include "cohort/data/shard_source.h"
 #include "cohort/data/tokens.h"
-#include "cohort/models/gpt.h"
+#include "cohort/models/lora.h"
+#include "cohort/models/model.h"
 #include "cohort/storage/storage.h"
 
 namespace cohort::train {
@@ -25,19 +26,35 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The weights to sample with, and where they came from.
+// The weights to sample with, and where they came from: model/final.pt, or
+// a LoRA run's model.init_from with model/adapters.pt, or the newest
+// checkpoint.
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir) {
   std::error_code ec;
   if (fs::is_regular_file(runDir.finalModel(), ec)) {
     models::loadWeights(model, ckpt::readStateDict(runDir.finalModel()), runDir.finalModel());
     return runDir.finalModel();
   }
+  std::string base;
+  if (job.model.lora.rank > 0) {
+    if (!job.model.initFrom.empty()) {
+      models::loadWeights(model, ckpt::readStateDict(job.model.initFrom), job.model.initFrom);
+      base = job.model.initFrom + " + ";
+    }
+    models::attachLora(model, job.model.lora);
+    if (fs::is_regular_file(runDir.adapters(), ec)) {
+      ckpt::loadStateDict(models::adapterStateDict(model), ckpt::readStateDict(runDir.adapters()),
+                          runDir.adapters());
+      return base + runDir.adapters();
+    }
+  }
   if (auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, runDir))) {
     const std::string file = point->path + "/model.bin";
-    ckpt::loadStateDict(model, ckpt::readTensorFile(file).tensors, file);
-    return file;
+    ckpt::loadStateDict(models::trainedState(model), ckpt::readTensorFile(file).tensors, file);
+    return base + file;
   }
-  throw DataError(fmt::format("{}: no trained weights (neither model/final.pt nor a valid checkpoint)",
+  throw DataError(fmt::format("{}: no trained weights (neither model/final.pt, model/adapters.pt nor a "
+                              "valid checkpoint)",
                               runDir.root));
 }
 
@@ -55,9 +72,11 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
     throw UsageError(fmt::format("{}: not a run directory (no job.yaml)", o.runDir));
   }
   const JobConfig job = loadJob(runDir.jobFile());
-  if (job.model.arch != ModelArch::gpt) {
-    throw UsageError(fmt::format("{}: model.arch is {}; generate needs a language model (gpt)",
-                                 runDir.jobFile(), choiceName(job.model.arch)));
+  if (!tokenModel(job)) {
+    throw UsageError(fmt::format("{}: model.arch is {} on {} data; generate needs a language model "
+                                 "(gpt, or torchscript on tokens)",
+                                 runDir.jobFile(), choiceName(job.model.arch),
+                                 choiceName(job.data.train.kind)));
   }
   // The tokenizer is the training data's.
   CacheConfig noCache;
@@ -66,7 +85,9 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
   const data::DatasetManifest& m = source.manifest();
 
   torch::NoGradGuard noGrad;
-  auto model = models::createGpt(models::gptOptions(job.model, m.vocabSize));
+  ModelConfig mc = job.model;
+  if (mc.vocabSize == 0) mc.vocabSize = m.vocabSize;
+  auto model = models::createModel(mc, {});
   const std::string weights = loadTrainedWeights(*model, job, runDir);
   model->eval();
   std::cerr << "cohort generate: weights from " << weights << "\n";
@@ -84,7 +105,7 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
     at::Tensor logits = model->forward(input)
                             .select(1, input.size(1) - 1)
                             .squeeze(0)
-                            .narrow(0, 0, std::min<int64_t>(m.vocabSize, job.model.vocabSize > 0 ? job.model.vocabSize : m.vocabSize))
+                            .narrow(0, 0, std::min<int64_t>(m.vocabSize, mc.vocabSize))
                             .to(torch::kFloat);
     int64_t next = 0;
     if (o.temperature == 0) {

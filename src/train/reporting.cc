@@ -143,7 +143,7 @@ void Reporter::record(int64_t step, int64_t epoch, double lr) {
   r.loss = a[0] / std::max(1.0, a[1]);
   r.lr = lr;
   r.imagesPerS = a[3] > 0 ? a[4] / (a[3] / world) : 0;
-  if (job_.model.arch == ModelArch::gpt) r.tokensPerS = r.imagesPerS * double(job_.model.blockSize);
+  if (tokenModel(job_)) r.tokensPerS = r.imagesPerS * double(job_.model.blockSize);
   r.dataWaitFrac = a[3] > 0 ? a[2] / a[3] : 0;
   r.corruptSkipped = static_cast<int64_t>(a[5]);
   if (metrics_) metrics_->write(r);

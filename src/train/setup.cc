@@ -12,18 +12,59 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/transform.h"
+#include "cohort/models/lora.h"
 #include "cohort/storage/storage.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/precision.h"
 
 namespace cohort::train::detail {
 
+namespace {
+
+// A TorchScript module's forward, tried on one sample of the job's shape:
+// logits [1, num_classes] for images, [1, block_size, >= vocab] for tokens.
+void probeScriptedModel(models::Model& model, const ModelConfig& mc, const Datasets& data) {
+  const bool tokens = data.vocabSize > 0;
+  const data::SampleShape& shape = data.shape;
+  const at::Tensor x = tokens ? torch::zeros({1, mc.blockSize}, torch::kLong)
+                              : torch::zeros({1, shape.channels, shape.height, shape.width});
+  const std::string input = tokens ? fmt::format("tokens [1, {}]", mc.blockSize)
+                                   : fmt::format("images [1, {}, {}, {}]", shape.channels,
+                                                 shape.height, shape.width);
+  at::Tensor y;
+  {
+    torch::NoGradGuard noGrad;
+    model.eval();
+    try {
+      y = model.forward(x);
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      throw ConfigError(fmt::format("model.path: {}: forward fails on {}: {}", mc.path, input,
+                                    what.substr(0, what.find('\n'))));
+    }
+    model.train();
+  }
+  const std::vector<int64_t> got = y.sizes().vec();
+  const bool ok = tokens ? y.dim() == 3 && got[0] == 1 && got[1] == mc.blockSize && got[2] >= data.vocabSize
+                         : y.dim() == 2 && got[0] == 1 && got[1] == mc.numClasses;
+  if (!ok || !y.is_floating_point()) {
+    throw ConfigError(fmt::format(
+        "model.path: {}: forward maps {} to {} of shape [{}], but the job needs logits {}", mc.path,
+        input, std::string(c10::toString(y.scalar_type())), fmt::join(got, ", "),
+        tokens ? fmt::format("[1, {}, vocab >= {}] (next-token scores for every position)",
+                             mc.blockSize, data.vocabSize)
+               : fmt::format("[1, {}] (model.num_classes)", mc.numClasses)));
+  }
+}
+
+}  // namespace
+
 Datasets openDatasets(const JobConfig& job) {
   data::OpenOptions openOptions;
   openOptions.storage = storage::storageOptions(job.storage);
   openOptions.cache = job.data.cache;
   openOptions.training = true;
-  if (job.model.arch == ModelArch::gpt) openOptions.tokenWindow = job.model.blockSize + 1;
+  if (tokenModel(job)) openOptions.tokenWindow = job.model.blockSize + 1;
   Datasets d;
   d.train = data::openDataset(job.data.train, job.model.numClasses, openOptions);
   openOptions.training = false;
@@ -71,8 +112,27 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
                                     mc.inChannels, shape.channels));
     }
   }
+  if (mc.arch == ModelArch::torchscript && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
   s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width});
   models::Model& model = *s.model;
+  if (mc.arch == ModelArch::torchscript) probeScriptedModel(model, mc, data);
+  const bool lora = mc.lora.rank > 0;
+  // A LoRA run's frozen weights are model.init_from's, resumed or not; its
+  // checkpoints hold only what trains.
+  if (!mc.initFrom.empty() && (resumeFrom.empty() || lora)) {
+    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
+    log::info("initialized from {}", mc.initFrom);
+  }
+  s.trainable = models::parameterCount(model);
+  if (lora) {
+    if (mc.initFrom.empty()) {
+      log::warn("model.lora without model.init_from: the adapters train beside frozen random weights");
+    }
+    const models::LoraSummary ls = models::attachLora(model, mc.lora);
+    s.trainable = ls.trainable;
+    log::info("LoRA rank {} (alpha {}) on {} layers: {} parameters train, {} are frozen", mc.lora.rank,
+              mc.lora.alpha, ls.layers.size(), ls.trainable, ls.frozen);
+  }
   {
     // Same job file, different code or data could still build different
     // models; the ranks would then exchange mismatched gradients.
@@ -89,10 +149,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   }
   if (!resumeFrom.empty()) {
     const std::string file = resumeFrom + "/model.bin";
-    ckpt::loadStateDict(model, ckpt::readTensorFile(file).tensors, file);
-  } else if (!mc.initFrom.empty()) {
-    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
-    log::info("initialized from {}", mc.initFrom);
+    ckpt::loadStateDict(models::trainedState(model), ckpt::readTensorFile(file).tensors, file);
   }
   model.to(comm.device);
   const TrainingConfig& tc = job.training;
@@ -109,6 +166,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   log::info("{}", describe(s.compute));
   s.parameters = models::parameterCount(model);
   log::info("model {}: {} parameters", choiceName(mc.arch), s.parameters);
+  if (lora) s.frozenDigest = models::frozenDigest(model);
   return s;
 }
 

@@ -20,10 +20,12 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["global_batch"] = s.globalBatch;
   j["peak_lr"] = s.peakLr;
   j["parameters"] = s.parameters;
+  j["trainable_parameters"] = s.trainableParameters;
+  if (!s.loraBaseDigest.empty()) j["lora_base_digest"] = s.loraBaseDigest;
   j["wall_time_s"] = s.seconds;
   j["train_images"] = s.images;
   j["train_images_per_s"] = s.imagesPerS;  // samples: token windows for a language model
-  if (job.model.arch == ModelArch::gpt) {
+  if (tokenModel(job)) {
     j["train_tokens_per_s"] = s.imagesPerS * double(job.model.blockSize);
   }
   j["data_wait_frac"] = s.dataWaitFrac;

@@ -20,6 +20,7 @@
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
+#include "cohort/models/lora.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
@@ -145,7 +146,7 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch) {
   summary.images += t.images * world;
   summary.epochs = epoch;
   const double perSecond = t.seconds > 0 ? double(t.images) * world / t.seconds : 0.0;
-  if (job.model.arch == ModelArch::gpt) {
+  if (tokenModel(job)) {
     log::info("epoch {}/{}: {} steps in {:.1f} s, loss {:.4f}, {:.0f} tokens/s", epoch,
               job.training.epochs, t.steps, t.seconds, t.meanLoss,
               perSecond * double(job.model.blockSize));
@@ -209,9 +210,19 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
   if (comm.rank == 0 && job.output.saveFinal) {
     const security::Keyring* keys = security::installedKeyring();
     const bool seal = keys != nullptr && job.security.encryption.finalModel;
-    ckpt::saveStateDict(models::publishedStateDict(model), runDir.finalModel(),
-                        seal ? &keys->current : nullptr);
-    log::info("saved {}", runDir.finalModel());
+    const security::Key* key = seal ? &keys->current : nullptr;
+    if (models::hasAdapters(model)) {
+      summary.loraBaseDigest = models::frozenDigest(model);  // the same as before training
+      ckpt::saveStateDict(models::adapterStateDict(model), runDir.adapters(), key);
+      log::info("saved {}", runDir.adapters());
+      if (job.output.mergeLora) {
+        ckpt::saveStateDict(models::mergedStateDict(model), runDir.finalModel(), key);
+        log::info("saved {} (adapters merged)", runDir.finalModel());
+      }
+    } else {
+      ckpt::saveStateDict(models::publishedStateDict(model), runDir.finalModel(), key);
+      log::info("saved {}", runDir.finalModel());
+    }
   }
 }
 
@@ -239,14 +250,29 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, job.distribution.bucketCapMb);
   // Dropout differs per rank, as each rank sees different samples.
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull + static_cast<uint64_t>(rank) + 1);
-  if (resume) ckpt::restoreRankState(options.resumeFrom, rank, model);
+  if (resume) {
+    const std::string digest = resume->extra.value("lora_base_digest", "");
+    if (digest != ms.frozenDigest) {
+      throw DataError(fmt::format(
+          "cannot resume from {}: its LoRA adapters were trained on other frozen weights than "
+          "model.init_from ({}) holds now (digest {} there, {} here)",
+          options.resumeFrom, job.model.initFrom.empty() ? "none" : job.model.initFrom,
+          digest.empty() ? "none" : digest, ms.frozenDigest.empty() ? "none" : ms.frozenDigest));
+    }
+    ckpt::restoreRankState(options.resumeFrom, rank, model);
+  }
 
   Loaders loaders = makeLoaders(job, datasets, comm);
   const StepPlan plan = planSteps(job, loaders.trainSampler->samplesPerRank(), comm.worldSize);
   const LrSchedule schedule(tc.schedule, plan.peakLr, plan.stepsPerEpoch, plan.totalSteps);
-  auto optimizer = createOptimizer(tc.optimizer, model.parameters());
+  // Frozen weights (model.lora) have no optimizer state.
+  std::vector<at::Tensor> trainable;
   std::vector<std::string> paramNames;
-  for (const auto& p : model.named_parameters()) paramNames.push_back(p.key());
+  for (auto& [name, p] : models::trainableParameters(model)) {
+    paramNames.push_back(name);
+    trainable.push_back(p);
+  }
+  auto optimizer = createOptimizer(tc.optimizer, trainable);
   if (resume) {
     const std::string file = options.resumeFrom + "/optimizer.bin";
     loadOptimizerState(*optimizer, paramNames, ckpt::readTensorFile(file).tensors, file);
@@ -259,6 +285,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   TrainSummary summary;
   summary.compute = ms.compute;
   summary.parameters = ms.parameters;
+  summary.trainableParameters = ms.trainable;
   summary.peakLr = plan.peakLr;
   summary.globalBatch = plan.globalBatch;
   summary.restartCount = options.restartCount;

@@ -170,7 +170,7 @@ int runWorker(const WorkerOptions& o) {
   if (re.rank == 0) {
     writeSummary(job, s, runDir, re.worldSize);
     std::string result;
-    const bool lm = job.model.arch == ModelArch::gpt;
+    const bool lm = tokenModel(job);
     if (s.evaluated && lm) {
       result = fmt::format("validation loss {:.4f}, perplexity {:.3f} ({} tokens)", s.lastEval.loss,
                            s.lastEval.perplexity, s.lastEval.tokens);

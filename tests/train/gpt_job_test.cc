@@ -14,36 +14,15 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/models/gpt.h"
 #include "test_paths.h"
+#include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/python.h"
 
 namespace cohort {
 namespace {
 
-// Sentences from a small vocabulary in a pseudo-random order: a model that
-// learns words and their spelling beats the byte frequencies by far.
-std::string corpus(size_t bytes) {
-  const char* words[] = {"the ", "lord ", "said ", "unto ", "moses ", "and ", "people ",
-                         "went ", "out ", "of ", "land ", "egypt ", "in ", "day "};
-  std::string s;
-  uint64_t x = 12345;
-  while (s.size() < bytes) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    s += words[(x >> 33) % 14];
-    if ((x >> 20) % 9 == 0) s += ".\n";
-  }
-  s.resize(bytes);
-  return s;
-}
-
-// Cross-entropy in nats of `text` under the byte frequencies of `fit`.
-double unigramLoss(const std::string& fit, const std::string& text) {
-  std::map<unsigned char, double> count;
-  for (unsigned char c : fit) count[c] += 1;
-  double sum = 0;
-  for (unsigned char c : text) sum -= std::log(std::max(count[c], 0.5) / double(fit.size()));
-  return sum / double(text.size());
-}
+using test::corpus;
+using test::unigramLoss;
 
 class GptJob : public ::testing::Test {
  protected:
@@ -216,7 +195,7 @@ TEST_F(GptJob, MistakesInTheJobOrDataExit2NamingTheKey) {
   expectBad({"validate", job(), "--set", "model.n_embd=30", "--set", "model.n_head=4"},
             "model.n_embd: 30 is not divisible by model.n_head (4)");
   expectBad({"validate", job(), "--set", "model.arch=simple_cnn"},
-            "data.train.kind: kind tokens is for model.arch gpt, not simple_cnn");
+            "data.train.kind: kind tokens is for model.arch gpt or torchscript, not simple_cnn");
   expectBad({"validate", job(), "--set", "data.train.kind=synthetic"},
             "data.train.kind: model.arch gpt trains on token data (kind: tokens), not synthetic");
   // 200 validation tokens cannot fill a window of 257.

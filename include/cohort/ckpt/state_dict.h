@@ -45,4 +45,7 @@ StateDict readStateDict(const std::string& path);
 // tensor, with `origin` (the file) in the message.
 void loadStateDict(torch::nn::Module& module, const StateDict& dict, const std::string& origin);
 
+// The same into `targets`, tensors of a module (a part of its state dict).
+void loadStateDict(const StateDict& targets, const StateDict& dict, const std::string& origin);
+
 }  // namespace cohort::ckpt

@@ -19,7 +19,7 @@
 
 namespace cohort {
 
-enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt };
+enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt, torchscript };
 // `auto` is spelled `automatic` where C++ reserves the word.
 enum class MemoryLayout { automatic, channelsLast, contiguous };
 enum class DataKind { idx, synthetic, shards, tokens, none };
@@ -48,12 +48,13 @@ using ChoiceTable = std::array<std::pair<E, std::string_view>, N>;
 
 template <>
 struct ChoiceNames<ModelArch> {
-  static constexpr ChoiceTable<ModelArch, 6> table{{{ModelArch::simpleCnn, "simple_cnn"},
+  static constexpr ChoiceTable<ModelArch, 7> table{{{ModelArch::simpleCnn, "simple_cnn"},
                                                     {ModelArch::resnet18, "resnet18"},
                                                     {ModelArch::resnet34, "resnet34"},
                                                     {ModelArch::resnet50, "resnet50"},
                                                     {ModelArch::resnet101, "resnet101"},
-                                                    {ModelArch::gpt, "gpt"}}};
+                                                    {ModelArch::gpt, "gpt"},
+                                                    {ModelArch::torchscript, "torchscript"}}};
 };
 template <>
 struct ChoiceNames<MemoryLayout> {

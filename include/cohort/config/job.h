@@ -14,8 +14,17 @@
 
 namespace cohort {
 
+// LoRA adapters (models/lora.h): frozen base weights, trainable low-rank updates.
+struct LoraConfig {
+  int64_t rank = 0;          // 0: off
+  double alpha = 16;         // the update is scaled by alpha / rank
+  double dropout = 0.0;      // on the adapter's input
+  std::vector<std::string> targets = {"attn"};  // layers adapted: attn, mlp, or layer names
+};
+
 struct ModelConfig {
   ModelArch arch = ModelArch::simpleCnn;
+  std::string path;         // torchscript: the scripted module (torch.jit.save)
   int64_t numClasses = 10;
   int64_t inChannels = 0;   // 0: taken from the training data
   bool smallInput = false;  // ResNet stem for 28-64 px images
@@ -34,6 +43,7 @@ struct ModelConfig {
   bool bias = true;         // in the Linear layers and LayerNorms
   MemoryLayout memoryFormat = MemoryLayout::automatic;
   Recompute recompute = Recompute::none;  // blocks: activations recomputed in backward
+  LoraConfig lora;
 };
 
 struct AugmentConfig {
@@ -172,6 +182,7 @@ struct OutputConfig {
   std::string dir = "runs";        // parent of run directories
   ProgressStyle progress = ProgressStyle::automatic;
   bool saveFinal = true;           // write model/final.pt
+  bool mergeLora = false;          // model.lora: final.pt holds base + adapters merged
   bool tensorboard = true;         // rank 0 writes <run>/tensorboard/ event files
   bool timeline = false;           // each rank writes <run>/timeline/rank-<r>.json
   int64_t metricsPort = 0;         // `cohort run` serves Prometheus /metrics here; 0: off
@@ -238,6 +249,13 @@ struct JobConfig {
   HealthConfig health;
   SecurityConfig security;
 };
+
+// Whether the model maps token windows to next-token logits: gpt, or a
+// TorchScript module trained on token data.
+inline bool tokenModel(const JobConfig& job) {
+  return job.model.arch == ModelArch::gpt ||
+         (job.model.arch == ModelArch::torchscript && job.data.train.kind == DataKind::tokens);
+}
 
 // Number of ranks the job asks for: nodes * procs_per_node.
 inline int64_t requestedWorldSize(const JobConfig& job) {

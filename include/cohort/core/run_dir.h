@@ -22,6 +22,7 @@ struct RunDir {
   std::string metrics() const { return root + "/metrics.jsonl"; }
   std::string modelDir() const { return root + "/model"; }
   std::string finalModel() const { return modelDir() + "/final.pt"; }
+  std::string adapters() const { return modelDir() + "/adapters.pt"; }  // model.lora
   std::string summary() const { return root + "/summary.json"; }
 };
 

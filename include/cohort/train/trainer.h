@@ -37,6 +37,8 @@ struct TrainSummary {
   int64_t nonfiniteSkipped = 0;  // steps whose update was dropped (on_nonfinite: skip, or an overflow)
   double lossScale = 0;          // training.loss_scale on: the last scale; 0: off
   int64_t parameters = 0;
+  int64_t trainableParameters = 0;  // model.lora: the adapters'; otherwise all
+  std::string loraBaseDigest;       // model.lora: models::frozenDigest after training
   bool evaluated = false;
   monitor::EvalRecord lastEval;
   double bestTop1 = 0;

@@ -33,8 +33,23 @@ inline Rule above(double v) { return Rule{v, std::nullopt, true}; }
 inline Rule between(double lo, double hi) { return Rule{lo, hi, false}; }
 
 template <class V>
+void describe(V& v, LoraConfig& c) {
+  v.field("rank", c.rank,
+          "Rank r of each adapter (A: r x in, B: out x r); 0: no LoRA, every weight trains.",
+          between(0, 65536));
+  v.field("alpha", c.alpha, "The adapters' update B A is scaled by alpha / rank.", above(0));
+  v.field("dropout", c.dropout, "Dropout on the adapters' input while training.", Rule{0.0, 0.99, false});
+  v.field("targets", c.targets,
+          "Layers that get adapters: attn (c_attn and attn.c_proj of every block), mlp (c_fc and "
+          "mlp.c_proj), or a layer's name or the end of it (c_attn, h.0.mlp.c_fc).");
+}
+
+template <class V>
 void describe(V& v, ModelConfig& c) {
   v.field("arch", c.arch, "Model architecture.");
+  v.field("path", c.path,
+          "torchscript: the module file saved by torch.jit.save(torch.jit.script(model)); its "
+          "forward maps the batch's inputs to logits (docs/models.md).");
   v.field("num_classes", c.numClasses, "Number of output classes.", between(1, 1e7));
   v.field("in_channels", c.inChannels, "Input channels; 0 takes them from the training data.",
           between(0, 4096));
@@ -71,6 +86,9 @@ void describe(V& v, ModelConfig& c) {
           "Activation recomputation: blocks keeps only the input of each transformer block (gpt) "
           "or ResNet stage in forward and computes the rest again in backward: less memory for "
           "about one more forward pass of compute. none keeps every activation.");
+  v.section("lora", c.lora,
+            "gpt: LoRA fine-tuning. The weights (from init_from) are frozen; only the adapters "
+            "train, are exchanged, checkpointed and saved (model/adapters.pt).");
 }
 
 template <class V>
@@ -310,6 +328,9 @@ void describe(V& v, OutputConfig& c) {
   v.field("progress", c.progress,
           "Console progress: bar on a terminal and plain lines otherwise (auto), or forced.");
   v.field("save_final", c.saveFinal, "Write the trained weights to model/final.pt.");
+  v.field("merge_lora", c.mergeLora,
+          "model.lora: also write model/final.pt with the adapters merged into the weights "
+          "(W + alpha / rank * B A), loadable without them.");
   v.field("tensorboard", c.tensorboard,
           "Rank 0 writes the scalars as TensorBoard event files in <run>/tensorboard/.");
   v.field("timeline", c.timeline,

@@ -58,6 +58,7 @@ class CheckpointPolicy {
   StopProtocol stop_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   std::string arch_;
+  std::string loraBaseDigest_;  // model.lora: models::frozenDigest, in every manifest
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
   std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_;

@@ -36,11 +36,14 @@ struct ModelSetup {
   ComputeState compute;   // as training starts, with the memory format chosen
   Precision precision = Precision::fp32;  // training.precision resolved: fp32, bf16 or fp16
   int64_t parameters = 0;
+  int64_t trainable = 0;    // parameters that train (with model.lora: the adapters')
+  std::string frozenDigest;  // model.lora: models::frozenDigest
 };
 
 // Builds the model, seeded with training.seed so every rank starts alike;
 // checks that every rank built the same tensors (CommError otherwise); loads
-// <resumeFrom>/model.bin, or else model.init_from; moves it to the device,
+// <resumeFrom>/model.bin, or else model.init_from (both with model.lora,
+// which this attaches); moves it to the device,
 // resolves training.precision for this CPU and chooses its memory format in
 // that precision (before DDP's buckets take the weights' strides).
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
