@@ -95,6 +95,10 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   m.extra = {{"lr", lr}, {"optimizer", optimizerName}, {"peak_lr", plan_.peakLr},
              {"global_batch", plan_.globalBatch}};
   if (!loraBaseDigest_.empty()) m.extra["lora_base_digest"] = loraBaseDigest_;
+  if (scaler_) {
+    const LossScaler::State s = scaler_->state();
+    m.extra["loss_scale"] = {{"scale", s.scale}, {"good_steps", s.goodSteps}};
+  }
   std::vector<ckpt::SnapshotFile> files;
   if (rank_ == 0) {
     // The lists of live tensors are built once (again only when the

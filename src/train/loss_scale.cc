@@ -23,6 +23,11 @@ bool LossScaler::update(bool gradientsFinite) {
   return true;
 }
 
+void LossScaler::restore(const State& state) {
+  scale_ = std::clamp(state.scale, config_.minScale, config_.maxScale);
+  goodSteps_ = std::max<int64_t>(0, state.goodSteps);
+}
+
 bool lossScalingOn(const LossScaleConfig& config, Precision precision) {
   switch (config.enabled) {
     case LossScaling::on: return true;

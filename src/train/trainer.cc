@@ -292,6 +292,13 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   Reporter reporter(job, comm, runDir, *loaders.train, summary.phases);
   StepRunner runner(job, comm, model, ddp, *optimizer, faults, summary.phases, ms.precision);
   CheckpointPolicy checkpoints(job, comm, runDir, model, *optimizer, paramNames, plan);
+  checkpoints.recordLossScale(runner.lossScaler());
+  if (LossScaler* scaler = runner.lossScaler(); resume && scaler && resume->extra.contains("loss_scale")) {
+    const nlohmann::json& ls = resume->extra["loss_scale"];
+    scaler->restore({ls.value("scale", scaler->scale()), ls.value("good_steps", int64_t{0})});
+    log::info("loss scale {} restored ({} good steps towards growth)", scaler->scale(),
+              scaler->state().goodSteps);
+  }
   Loop loop{job,    comm,        plan,     model,  ddp,    *datasets.train, loaders,
             runner, reporter,    checkpoints, schedule, faults, summary};
 

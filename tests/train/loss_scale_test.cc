@@ -101,6 +101,23 @@ TEST(LossScaling, ScaledTrainingEndsWithTheUnscaledWeights) {
   }
 }
 
+TEST(LossScaling, AKilledRankResumesWithTheCheckpointedScale) {
+  // Growth every 4 of 12 steps; killed after step 7 and resumed from a
+  // checkpoint of step 3 or 6, between growths: the scale ends where an
+  // uninterrupted run's does (65536 * 2^3) only if the scale and the good
+  // steps towards the next growth were both restored.
+  const ScaledRun run({"training.loss_scale.enabled=on", "training.loss_scale.growth_interval=4",
+                       "checkpoint.every_steps=3", "checkpoint.when_behind=wait",
+                       "distribution.max_restarts=2"},
+                      {{"COHORT_FAULT", "kill@rank1:step7"}});
+  ASSERT_EQ(run.result.exitCode, 0) << run.result.describe();
+  EXPECT_EQ(run.summary["restart_count"], 1) << run.summary.dump(2);
+  ASSERT_TRUE(run.summary.contains("resumed_from")) << run.summary.dump(2);
+  EXPECT_EQ(run.summary["loss_scale"].get<double>(), 65536.0 * 8);
+  const std::string log = test::readText(run.dir.file("run/logs/rank-0.log"));
+  EXPECT_NE(log.find(" good steps towards growth)"), std::string::npos) << log;
+}
+
 TEST(LossScaling, AnOverflowDropsTheStepAndBacksOff) {
   // NaN inputs on rank 1 in step 4 stand for an overflow in float16.
   const ScaledRun run({"training.loss_scale.enabled=on"}, {{"COHORT_FAULT", "nan@rank1:step3"}});

@@ -5,9 +5,9 @@
 // not underflow float16, and the gradients are divided by it before the
 // optimizer step. A step whose gradients overflowed (Inf or NaN) is skipped
 // and the scale backs off; after `growth_interval` good steps in a row it
-// grows again. The same rules as PyTorch's GradScaler. The scale is not
-// checkpointed: a resumed run starts again from `init` and backs off within
-// a few steps if that is too high.
+// grows again. The same rules as PyTorch's GradScaler. Checkpoints keep
+// the scale and the good steps towards the next growth (the manifest's
+// extra.loss_scale); a resumed run continues from them.
 
 #include <cstdint>
 
@@ -26,6 +26,15 @@ class LossScaler {
   // backoff factor and the good steps start again from 0. Returns whether
   // the step may be applied.
   bool update(bool gradientsFinite);
+
+  // What a checkpoint keeps and a resumed run restores.
+  struct State {
+    double scale = 0;
+    int64_t goodSteps = 0;  // finite steps since the last change of the scale
+  };
+  State state() const { return {scale_, goodSteps_}; }
+  // The scale is clamped to [min_scale, max_scale] of this job.
+  void restore(const State& state);
 
   int64_t skipped() const { return skipped_; }            // steps skipped so far
   int64_t skippedInARow() const { return skippedInARow_; }

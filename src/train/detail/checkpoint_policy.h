@@ -18,6 +18,7 @@
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/models/model.h"
+#include "cohort/train/loss_scale.h"
 #include "cohort/train/optimizer.h"
 #include "train/detail/reporting.h"
 #include "train/detail/setup.h"
@@ -37,6 +38,9 @@ class CheckpointPolicy {
 
   // Null when checkpoints are off.
   ckpt::Checkpointer* checkpointer() const { return checkpointer_.get(); }
+
+  // Each manifest records this scaler's state (extra.loss_scale) from now on.
+  void recordLossScale(const LossScaler* scaler) { scaler_ = scaler; }
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -59,6 +63,7 @@ class CheckpointPolicy {
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   std::string arch_;
   std::string loraBaseDigest_;  // model.lora: models::frozenDigest, in every manifest
+  const LossScaler* scaler_ = nullptr;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
   std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_;

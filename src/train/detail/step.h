@@ -74,6 +74,8 @@ class StepRunner {
   int64_t skippedSteps() const { return skipped_; }
   // The loss scale now; 0 without loss scaling.
   double lossScale() const { return scaler_ ? scaler_->scale() : 0.0; }
+  // The loss scaler; null without loss scaling.
+  LossScaler* lossScaler() { return scaler_ ? &*scaler_ : nullptr; }
   // training.precision as buildModel resolved it: fp32, bf16 or fp16.
   Precision precision() const { return precision_; }
 
