@@ -23,18 +23,15 @@ The state dict of this module, like nanoGPT's, lists the tied output head
 twice: transformer.wte.weight and lm_head.weight, one tensor.
 """
 import argparse
-import json
 import math
-import os
-import queue
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
+
+from ddp_harness import init_rank, spawn, timed_steps
 
 
 class LayerNorm(nn.Module):
@@ -154,11 +151,7 @@ def check(a):
 
 
 def ddp_rank(rank, a, out):
-    torch.set_num_threads(a.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(a.port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.world)
-    torch.manual_seed(0)
+    init_rank(rank, a)
     model = GPT(a)
     # The causal masks are constant buffers, the same on every rank, and bool:
     # gloo cannot broadcast them (DDP's sync at wrap time fails "Invalid
@@ -171,27 +164,13 @@ def ddp_rank(rank, a, out):
     x = torch.randint(0, a.vocab_size, (a.batch, a.block_size))
     y = torch.randint(0, a.vocab_size, (a.batch, a.block_size))
     bf16 = a.precision == "bf16"
-    phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    for step in range(a.warmup + a.steps):
-        if step == a.warmup:
-            dist.barrier()
-            start = time.perf_counter()
-            phases = {k: 0.0 for k in phases}
-        t0 = time.perf_counter()
+
+    def loss_fn():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = net(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        t1 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        t3 = time.perf_counter()
-        phases["forward"] += t1 - t0
-        phases["backward"] += t2 - t1
-        phases["optimizer"] += t3 - t2
-    dist.barrier()
-    elapsed = time.perf_counter() - start
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    elapsed, phase_ms = timed_steps(loss_fn, opt, a.warmup, a.steps)
     if rank == 0:
         out.put({
             "peer": "pytorch_ddp_gpt", "n_layer": a.n_layer, "n_head": a.n_head,
@@ -199,37 +178,10 @@ def ddp_rank(rank, a, out):
             "batch": a.batch, "world": a.world, "threads": a.threads, "steps": a.steps,
             "tokens_per_s": a.batch * a.block_size * a.world * a.steps / elapsed,
             "step_ms": 1000 * elapsed / a.steps,
-            "phase_ms": {k: 1000 * v / a.steps for k, v in phases.items()},
+            "phase_ms": phase_ms,
             "precision": a.precision, "torch": torch.__version__,
         })
     dist.destroy_process_group()
-
-
-def run_ddp(a):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=ddp_rank, args=(r, a, out)) for r in range(a.world)]
-    for pr in procs:
-        pr.start()
-    # Rank 0's result, or the exit of a rank that failed (its traceback is on
-    # stderr): never a wait for a rank that is gone.
-    while True:
-        try:
-            result = out.get(timeout=1)
-            break
-        except queue.Empty:
-            failed = [r for r, pr in enumerate(procs) if pr.exitcode not in (None, 0)]
-            if failed or all(pr.exitcode == 0 for pr in procs):
-                for pr in procs:
-                    pr.kill()
-                    pr.join()
-                why = f"rank(s) {failed} failed" if failed else "no rank sent a result"
-                print(f"gpt.py ddp: {why}", file=sys.stderr)
-                return 1
-    for pr in procs:
-        pr.join(timeout=600)
-    print(json.dumps(result), flush=True)
-    return 0
 
 
 def main():
@@ -252,7 +204,7 @@ def main():
     sizes(d)
     a = parser.parse_args()
     a.bias = bool(a.bias)
-    return check(a) if a.mode == "check" else run_ddp(a)
+    return check(a) if a.mode == "check" else spawn(ddp_rank, a)
 
 
 if __name__ == "__main__":
