@@ -10,6 +10,7 @@
 #include "test_paths.h"
 #include "util/jobs.h"
 #include "util/python.h"
+#include "util/gpt.h"
 
 namespace cohort {
 namespace {
@@ -82,12 +83,7 @@ TEST_F(PythonInterop, GptWeightsGiveTheReferenceModulesLogits) {
   // bench/peers/gpt.py is the same architecture in PyTorch: cohort's
   // published state dict (model/final.pt's, with the tied head's second
   // name) loads into it strictly and the logits agree.
-  models::GptOptions o;
-  o.vocabSize = 64;
-  o.blockSize = 16;
-  o.nLayer = 2;
-  o.nHead = 2;
-  o.nEmbd = 32;
+  models::GptOptions o = test::gptSizes(64, 16, 2, 2, 32);
   torch::manual_seed(7);
   auto model = models::createGpt(o);
   model->eval();

@@ -13,19 +13,12 @@
 #include <string>
 
 #include "cohort/core/error.h"
+#include "util/gpt.h"
 
 namespace cohort::models {
 namespace {
 
-GptOptions tiny() {
-  GptOptions o;
-  o.vocabSize = 64;
-  o.blockSize = 16;
-  o.nLayer = 2;
-  o.nHead = 2;
-  o.nEmbd = 32;
-  return o;
-}
+GptOptions tiny() { return test::gptSizes(64, 16, 2, 2, 32); }
 
 std::set<std::string> names(const torch::nn::Module& m) {
   std::set<std::string> out;

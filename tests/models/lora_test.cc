@@ -14,19 +14,12 @@
 
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
+#include "util/gpt.h"
 
 namespace cohort::models {
 namespace {
 
-GptOptions tiny() {
-  GptOptions o;
-  o.vocabSize = 64;
-  o.blockSize = 16;
-  o.nLayer = 2;
-  o.nHead = 2;
-  o.nEmbd = 32;
-  return o;
-}
+GptOptions tiny() { return test::gptSizes(64, 16, 2, 2, 32); }
 
 LoraConfig lora(std::vector<std::string> targets, int64_t rank = 4) {
   LoraConfig c;

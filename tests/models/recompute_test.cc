@@ -16,6 +16,7 @@
 #include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
 #include "models/recompute.h"
+#include "util/gpt.h"
 
 namespace cohort::models {
 namespace {
@@ -106,12 +107,7 @@ TEST(Recompute, TheFunctionRunsAgainInBackwardAndOnlyWithGradients) {
 }
 
 TEST(Recompute, EveryGptBlockAndResNetStageIsRecomputed) {
-  GptOptions o;
-  o.vocabSize = 64;
-  o.blockSize = 8;
-  o.nLayer = 3;
-  o.nHead = 2;
-  o.nEmbd = 16;
+  GptOptions o = test::gptSizes(64, 8, 3, 2, 16);
   const at::Tensor tokens = torch::randint(0, 64, {2, 8}, torch::kLong);
   EXPECT_EQ(nodesNamed(createGpt(o)->forward(tokens), "Recompute"), 0);
   o.recompute = true;
@@ -127,12 +123,7 @@ TEST(Recompute, EveryGptBlockAndResNetStageIsRecomputed) {
 }
 
 TEST(Recompute, GptBlocksGiveBitwiseTheSameGradientsWithDropoutAndInBf16) {
-  GptOptions o;
-  o.vocabSize = 64;
-  o.blockSize = 16;
-  o.nLayer = 3;
-  o.nHead = 2;
-  o.nEmbd = 32;
+  GptOptions o = test::gptSizes(64, 16, 3, 2, 32);
   o.dropout = 0.2;
   torch::manual_seed(1);
   const at::Tensor tokens = torch::randint(0, 64, {4, 16}, torch::kLong);

@@ -17,6 +17,7 @@
 #include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/python.h"
+#include "util/gpt.h"
 
 namespace cohort {
 namespace {
@@ -91,13 +92,7 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   // ... and loads strictly into bench/peers/gpt.py's module, whose logits
   // agree with cohort's on the same tokens.
   ASSERT_TRUE(test::pythonImports("torch"));
-  models::GptOptions o;
-  o.vocabSize = 256;
-  o.blockSize = 32;
-  o.nLayer = 1;
-  o.nHead = 2;
-  o.nEmbd = 48;
-  auto model = models::createGpt(o);
+  auto model = models::createGpt(test::gptSizes(256, 32, 1, 2, 48));
   models::loadWeights(*model, final, run + "/model/final.pt");
   model->eval();
   const at::Tensor tokens = torch::randint(0, 256, {2, 32}, torch::kLong);

@@ -20,21 +20,14 @@
 #include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/runs.h"
+#include "util/gpt.h"
 
 namespace cohort {
 namespace {
 
 namespace fs = std::filesystem;
 
-models::GptOptions gptOptions() {
-  models::GptOptions o;
-  o.vocabSize = 256;
-  o.blockSize = 32;
-  o.nLayer = 1;
-  o.nHead = 2;
-  o.nEmbd = 48;
-  return o;
-}
+models::GptOptions gptOptions() { return test::gptSizes(256, 32, 1, 2, 48); }
 
 LoraConfig loraConfig() {
   LoraConfig c;
