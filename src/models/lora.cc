@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 #include <sstream>
 

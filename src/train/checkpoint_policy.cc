@@ -72,7 +72,6 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
   for (const auto& b : model.buffers()) buffers.insert(b.unsafeGetTensorImpl());
   // With model.lora only the adapters (and buffers): the frozen weights
   // are model.init_from's, whose digest the manifest records.
-  if (models::hasAdapters(model)) loraBaseDigest_ = models::frozenDigest(model);
   for (auto& [name, t] : models::trainedState(model)) {
     modelItems_.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
   }

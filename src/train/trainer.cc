@@ -293,6 +293,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   StepRunner runner(job, comm, model, ddp, *optimizer, faults, summary.phases, ms.precision);
   CheckpointPolicy checkpoints(job, comm, runDir, model, *optimizer, paramNames, plan);
   checkpoints.recordLossScale(runner.lossScaler());
+  checkpoints.recordLoraBase(ms.frozenDigest);
   if (LossScaler* scaler = runner.lossScaler(); resume && scaler && resume->extra.contains("loss_scale")) {
     const nlohmann::json& ls = resume->extra["loss_scale"];
     scaler->restore({ls.value("scale", scaler->scale()), ls.value("good_steps", int64_t{0})});

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/ckpt/checkpointer.h"
@@ -41,6 +42,9 @@ class CheckpointPolicy {
 
   // Each manifest records this scaler's state (extra.loss_scale) from now on.
   void recordLossScale(const LossScaler* scaler) { scaler_ = scaler; }
+  // model.lora: each manifest records the frozen weights' digest
+  // (extra.lora_base_digest; models::frozenDigest).
+  void recordLoraBase(std::string digest) { loraBaseDigest_ = std::move(digest); }
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -62,7 +66,7 @@ class CheckpointPolicy {
   StopProtocol stop_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   std::string arch_;
-  std::string loraBaseDigest_;  // model.lora: models::frozenDigest, in every manifest
+  std::string loraBaseDigest_;
   const LossScaler* scaler_ = nullptr;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
