@@ -57,8 +57,11 @@ class CausalSelfAttentionImpl : public nn::Module {
     at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
     const at::Tensor future = torch::ones({t, t}, x.options().dtype(torch::kBool)).triu(1);
     att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
-    // The softmax in float32 whatever the scores came in (bf16 autocast).
-    att = attnDropout_(torch::softmax(att, -1, torch::kFloat));
+    // The softmax in the scores' dtype: LibTorch's CPU kernel computes it in
+    // float32 either way, and under bf16 autocast the product with v takes
+    // bfloat16, so these are a float32 softmax's values rounded once (the
+    // same bits), without writing and reading them as float32 first.
+    att = attnDropout_(torch::softmax(att, -1));
     const at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
     return residDropout_(c_proj_(y));
   }
