@@ -106,6 +106,11 @@ LoraSummary attachLora(Model& model, const LoraConfig& config) {
   return s;
 }
 
+LoraSummary loadFrozenBase(Model& model, const ModelConfig& config) {
+  if (!config.initFrom.empty()) loadWeights(model, ckpt::readStateDict(config.initFrom), config.initFrom);
+  return attachLora(model, config.lora);
+}
+
 bool hasAdapters(const torch::nn::Module& model) {
   for (const auto& p : model.named_parameters()) {
     if (isAdapterTensor(p.key())) return true;

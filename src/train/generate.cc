@@ -37,11 +37,8 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
   }
   std::string base;
   if (job.model.lora.rank > 0) {
-    if (!job.model.initFrom.empty()) {
-      models::loadWeights(model, ckpt::readStateDict(job.model.initFrom), job.model.initFrom);
-      base = job.model.initFrom + " + ";
-    }
-    models::attachLora(model, job.model.lora);
+    models::loadFrozenBase(model, job.model);
+    if (!job.model.initFrom.empty()) base = job.model.initFrom + " + ";
     if (fs::is_regular_file(runDir.adapters(), ec)) {
       ckpt::loadStateDict(models::adapterStateDict(model), ckpt::readStateDict(runDir.adapters()),
                           runDir.adapters());

@@ -117,18 +117,15 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   models::Model& model = *s.model;
   if (mc.arch == ModelArch::torchscript) probeScriptedModel(model, mc, data);
   const bool lora = mc.lora.rank > 0;
-  // A LoRA run's frozen weights are model.init_from's, resumed or not; its
-  // checkpoints hold only what trains.
-  if (!mc.initFrom.empty() && (resumeFrom.empty() || lora)) {
-    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
-    log::info("initialized from {}", mc.initFrom);
-  }
   s.trainable = models::parameterCount(model);
   if (lora) {
+    // A LoRA run's frozen weights are model.init_from's, resumed or not;
+    // its checkpoints hold only what trains.
     if (mc.initFrom.empty()) {
       log::warn("model.lora without model.init_from: the adapters train beside frozen random weights");
     }
-    const models::LoraSummary ls = models::attachLora(model, mc.lora);
+    const models::LoraSummary ls = models::loadFrozenBase(model, mc);
+    if (!mc.initFrom.empty()) log::info("initialized from {} (frozen)", mc.initFrom);
     s.trainable = ls.trainable;
     log::info("LoRA rank {} (alpha {}) on {} layers: {} parameters train, {} are frozen", mc.lora.rank,
               mc.lora.alpha, ls.layers.size(), ls.trainable, ls.frozen);
@@ -146,6 +143,10 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     }
     comm::checkAgreement(comm, "model (names and shapes of its tensors)",
                          fmt::format("{} tensors, {} values, digest {}", tensors, values, h.hex()));
+  }
+  if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
+    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
+    log::info("initialized from {}", mc.initFrom);
   }
   if (!resumeFrom.empty()) {
     const std::string file = resumeFrom + "/model.bin";

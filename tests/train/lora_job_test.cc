@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <cmath>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -67,7 +66,7 @@ class LoraJob : public ::testing::Test {
     ckpt::saveStateDict(models::publishedStateDict(*base), dir.file("base.pt"));
   }
 
-  // Mean next-byte loss of `weights` (a state dict) on the held-out tail of
+  // Mean next-byte loss of `model` on the held-out tail of
   // the text, in windows of 32 targets as evaluation reads them.
   double heldOutLoss(models::Model& model) {
     const std::string tail = text.substr(27'000);

@@ -59,6 +59,12 @@ struct LoraSummary {
 // layers there are) when a target matches none.
 LoraSummary attachLora(Model& model, const LoraConfig& config);
 
+// A LoRA run's model before its trained tensors are loaded: `config`'s
+// init_from (when set) loaded as the frozen weights, then attachLora with
+// config.lora. Training (fresh or resumed) and `cohort generate` both start
+// here.
+LoraSummary loadFrozenBase(Model& model, const ModelConfig& config);
+
 // Whether the model carries adapters.
 bool hasAdapters(const torch::nn::Module& model);
 
