@@ -54,7 +54,7 @@ class AutocastAs {
   at::ScalarType gpuType_;
 };
 
-class Recompute : public torch::autograd::Function<Recompute> {
+class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Recipe> r) {
     auto generator = at::detail::getDefaultCPUGenerator();
@@ -114,7 +114,7 @@ at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> f, const at::
   auto r = c10::make_intrusive<Recipe>();
   r->f = std::move(f);
   r->buffers = std::move(buffers);
-  return Recompute::apply(x, r);
+  return RecomputeFunction::apply(x, r);
 }
 
 }  // namespace cohort::models
