@@ -218,6 +218,11 @@ bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
       for (int r = 0; r < world_; ++r) std::memcpy(regions[r] + at, sum, len * sizeof(float));
     }
   }
+  return agreeFinite(finite, seq, deadline);
+}
+
+bool ShmAllreduce::agreeFinite(bool finite, uint64_t seq,
+                               std::chrono::steady_clock::time_point deadline) {
   // Published before arriving: no rank writes its flag of the next call
   // before every rank has left this one (the next call's first barrier).
   header_->nonfinite[rank_].value.store(finite ? 0 : 1, std::memory_order_relaxed);
@@ -227,6 +232,48 @@ bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
     if (header_->nonfinite[r].value.load(std::memory_order_relaxed) != 0) return false;
   }
   return true;
+}
+
+bool ShmAllreduce::reduceScatter(size_t offset, size_t n, std::chrono::milliseconds timeout) {
+  COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
+  COHORT_ASSERT(n % static_cast<size_t>(world_) == 0, n, " floats do not split over ", world_, " ranks");
+  const size_t chunk = n / static_cast<size_t>(world_);
+  float* mine = region() + offset + chunk * static_cast<size_t>(rank_);
+  if (world_ == 1 || n == 0) return allFinite(mine, chunk);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const uint64_t seq = ++seq_;
+  arrive(0, seq);
+  waitAll(0, seq, deadline);
+  // Rank r's chunk is read by no other rank: the sum goes straight into it.
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    const float* __restrict__ src =
+        data_ + regionStride_ * static_cast<size_t>(r) + offset + chunk * static_cast<size_t>(rank_);
+    float* __restrict__ dst = mine;
+    for (size_t i = 0; i < chunk; ++i) dst[i] += src[i];
+  }
+  // The second barrier also keeps every rank from writing its region again
+  // (the next step's gradients) while another still reads its chunk there.
+  return agreeFinite(allFinite(mine, chunk), seq, deadline);
+}
+
+void ShmAllreduce::allgather(size_t offset, size_t n, std::chrono::milliseconds timeout) {
+  COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
+  COHORT_ASSERT(n % static_cast<size_t>(world_) == 0, n, " floats do not split over ", world_, " ranks");
+  if (world_ == 1 || n == 0) return;
+  const size_t chunk = n / static_cast<size_t>(world_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const uint64_t seq = ++seq_;
+  arrive(0, seq);
+  waitAll(0, seq, deadline);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    const size_t at = offset + chunk * static_cast<size_t>(r);
+    std::memcpy(region() + at, data_ + regionStride_ * static_cast<size_t>(r) + at, chunk * sizeof(float));
+  }
+  // Every rank's own chunk must stay as it is until all have copied it.
+  arrive(1, seq);
+  waitAll(1, seq, deadline);
 }
 
 bool allFinite(const float* data, size_t n) {

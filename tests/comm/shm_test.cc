@@ -158,6 +158,64 @@ TEST_P(ShmBroadcast, EveryRankGetsTheRootsRange) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmBroadcast, ::testing::Values(1, 2, 3, 4));
 
+// ZeRO's halves: after reduceScatter rank r's chunk r holds the sum and
+// the rest of every region is as it was; after allgather every region holds
+// each rank's own chunk; a NaN in one rank's input reaches every rank's
+// verdict.
+class ShmParts : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmParts, ReduceScatterSumsOnlyTheOwnChunkAndAllgatherSharesThem) {
+  const int world = GetParam();
+  const size_t capacity = 1 << 19;
+  const std::string name = segmentName("parts");
+  ShmAllreduce creator(name, 0, world, capacity, true);
+  const auto codes = forkRanks(world, [&](int rank) {
+    ShmAllreduce shm(name, rank, world, capacity, false);
+    float* mine = shm.region();
+    auto input = [](int r, size_t i) { return float(r + 1) * 0.25f + float(i % 11); };
+    size_t offset = 5;
+    for (size_t chunk : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+      const size_t n = chunk * static_cast<size_t>(world);
+      for (size_t i = 0; i < n + 1; ++i) mine[offset + i] = input(rank, i);
+      if (!shm.reduceScatter(offset, n, std::chrono::seconds(60))) return 1;
+      for (size_t i = 0; i < n + 1; ++i) {
+        const bool own = i / std::max<size_t>(chunk, 1) == static_cast<size_t>(rank) && i < n;
+        float expect = input(rank, i);
+        if (own) {
+          expect = input(0, i);
+          for (int r = 1; r < world; ++r) expect += input(r, i);
+        }
+        if (mine[offset + i] != expect) {
+          std::fprintf(stderr, "rank %d: chunk %zu element %zu: %g, expected %g\n", rank, chunk, i,
+                       mine[offset + i], expect);
+          return 2;
+        }
+      }
+      // Each rank marks its chunk; the gather brings every mark everywhere.
+      for (size_t i = 0; i < chunk; ++i) mine[offset + chunk * static_cast<size_t>(rank) + i] = float(rank * 10000 + int(i));
+      shm.allgather(offset, n, std::chrono::seconds(60));
+      for (size_t i = 0; i < n; ++i) {
+        const size_t owner = i / chunk;
+        if (mine[offset + i] != float(int(owner) * 10000 + int(i % chunk))) return 3;
+      }
+      if (mine[offset + n] != input(rank, n)) return 4;  // past the range: untouched
+      offset += n + 3;
+    }
+    // A NaN in the last rank's part of rank 0's input: everyone hears of it.
+    const size_t n = 6 * static_cast<size_t>(world);
+    for (size_t i = 0; i < n; ++i) mine[i] = 1.0f;
+    if (rank == 0) mine[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    if (shm.reduceScatter(0, n, std::chrono::seconds(60))) return 5;
+    for (size_t i = 0; i < n; ++i) mine[i] = 1.0f;
+    if (!shm.reduceScatter(0, n, std::chrono::seconds(60))) return 6;
+    return 0;
+  });
+  creator.unlink();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmParts, ::testing::Values(1, 2, 3, 4));
+
 TEST(Shm, ErrorsNameTheRanksOfTheJob) {
   // A segment among ranks 4, 7 and 9 of a job: rank 7 never arrives.
   const std::string name = segmentName("names");

@@ -69,6 +69,16 @@ class ShmAllreduce {
   // have). Throws as allreduce.
   void broadcast(size_t offset, size_t n, int root, std::chrono::milliseconds timeout);
 
+  // ZeRO's halves of allreduce, over a range [offset, offset + n) whose n
+  // divides into one chunk per rank (chunk r: [r n/N, (r+1) n/N)).
+  // reduceScatter: rank r sums chunk r over every region into its own
+  // region only (the other ranks' regions keep their inputs); returns
+  // whether every chunk's sum is finite (the same answer on every rank).
+  // allgather: every rank copies chunk j of rank j's region into its own,
+  // for every j. Both block as allreduce does and throw as it does.
+  bool reduceScatter(size_t offset, size_t n, std::chrono::milliseconds timeout);
+  void allgather(size_t offset, size_t n, std::chrono::milliseconds timeout);
+
   // The names of the ranks in error messages: by default their index in the
   // segment; a group formed from some ranks of a job passes their ranks in
   // the job (one per index).
@@ -78,6 +88,9 @@ class ShmAllreduce {
   struct Header;
   void arrive(int phase, uint64_t seq);
   void waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  // The second barrier of a sum, through which every rank learns whether
+  // all ranks' parts were finite.
+  bool agreeFinite(bool finite, uint64_t seq, std::chrono::steady_clock::time_point deadline);
   int nameOf(int index) const;
 
   std::string name_;
