@@ -4,6 +4,7 @@
 //   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
 //   cohort validate JOB.yaml [--set ...]
 //   cohort ckpt list|verify|inspect PATH | decrypt FILE OUT --key-file K
+//   cohort ckpt consolidate PATH OUT.pt [--optimizer OPT.pt]
 //   cohort data pack SRC DST | tokenize SRC DST | inspect PATH | verify PATH
 //   cohort generate RUN_DIR --prompt TEXT --tokens N
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
@@ -96,10 +97,11 @@ struct Cli {
   int metricsPort = 0;
   // ckpt
   CLI::App *ckpt = nullptr, *ckptList = nullptr, *ckptVerify = nullptr, *ckptInspect = nullptr,
-           *ckptDecrypt = nullptr;
+           *ckptDecrypt = nullptr, *ckptConsolidate = nullptr;
   std::string ckptPath;
   bool ckptTensors = false;
   std::string decryptOut;
+  std::string consolidateOut, consolidateOptimizer;
   cohort::security::KeySources keySources;
   // data
   CLI::App *data = nullptr, *dataPack = nullptr, *dataInspect = nullptr, *dataVerify = nullptr,
@@ -195,7 +197,18 @@ void Cli::addCkpt(CLI::App& app) {
       "decrypt", "Write the plain contents of an encrypted file (a checkpoint's .bin, model/final.pt)");
   ckptDecrypt->add_option("path", ckptPath, "The encrypted file, where it was written")->required();
   ckptDecrypt->add_option("out", decryptOut, "Where the plain copy goes (mode 0600)")->required();
-  for (CLI::App* sub : {ckptVerify, ckptInspect, ckptDecrypt}) {
+  ckptConsolidate = ckpt->add_subcommand(
+      "consolidate",
+      "Write a checkpoint's model as one PyTorch state dict, whatever its ZeRO stage and world "
+      "size (and its optimizer state in torch.optim's state_dict() layout)");
+  ckptConsolidate->add_option("path", ckptPath,
+                              "step-<N> directory (or a directory: its newest valid checkpoint)")
+      ->required();
+  ckptConsolidate->add_option("out", consolidateOut, "The model's state dict (.pt)")->required();
+  ckptConsolidate->add_option("--optimizer", consolidateOptimizer,
+                              "Also write the optimizer state here (.pt), as torch.optim's "
+                              "state_dict(): parameters numbered in the model's order");
+  for (CLI::App* sub : {ckptVerify, ckptInspect, ckptDecrypt, ckptConsolidate}) {
     sub->add_option("--key-file", keySources.keyFile,
                     "Encrypted checkpoints: the key file (64 hex digits, mode 0600)");
     sub->add_option("--previous-key-file", keySources.previousKeyFile,
@@ -342,6 +355,9 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*ckptList) return cohort::ckpt::listCommand(ckptPath, std::cout);
   if (*ckptVerify) return cohort::ckpt::verifyCommand(ckptPath, std::cout);
   if (*ckptInspect) return cohort::ckpt::inspectCommand(ckptPath, ckptTensors, std::cout);
+  if (*ckptConsolidate) {
+    return cohort::ckpt::consolidateCommand(ckptPath, consolidateOut, consolidateOptimizer, std::cout);
+  }
   if (*dataPack) {
     packOptions.shardBytes = static_cast<int64_t>(shardMb * 1e6);
     packOptions.progress = !noProgress;

@@ -34,6 +34,10 @@ void setRngState(const at::Tensor& state) {
 
 std::string rankStateFile(int rank) { return fmt::format("rank-{}.bin", rank); }
 
+std::string optimizerFile(bool sharded, int rank) {
+  return sharded ? fmt::format("optimizer-{}.bin", rank) : std::string("optimizer.bin");
+}
+
 std::vector<SnapshotItem> rankStateItems(const std::vector<SnapshotItem>& modelItems,
                                          bool ownBuffers) {
   std::vector<SnapshotItem> items{{kRng, rngStateLater()}};

@@ -108,16 +108,17 @@ int verifyCommand(const std::string& path, std::ostream& out) {
   return 0;
 }
 
-int inspectCommand(const std::string& path, bool tensors, std::ostream& out) {
-  std::string dir;
+std::string findCheckpoint(const std::string& path) {
   std::error_code ec;
-  if (fs::exists(path + "/manifest.json", ec)) {
-    dir = path;
-  } else if (auto p = newestValidCheckpoint(path)) {
-    dir = p->path;
-  } else if (auto q = newestValidCheckpoint(path + "/checkpoints")) {
-    dir = q->path;
-  } else {
+  if (fs::exists(path + "/manifest.json", ec)) return path;
+  if (auto p = newestValidCheckpoint(path)) return p->path;
+  if (auto q = newestValidCheckpoint(path + "/checkpoints")) return q->path;
+  return "";
+}
+
+int inspectCommand(const std::string& path, bool tensors, std::ostream& out) {
+  const std::string dir = findCheckpoint(path);
+  if (dir.empty()) {
     out << "no valid checkpoint in " << path << "\n";
     return 2;
   }

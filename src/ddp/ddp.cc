@@ -61,20 +61,29 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     bucketBytes += bytes;
   }
 
+  COHORT_ASSERT(options_.zeroStage >= 0 && options_.zeroStage <= 2, "ZeRO stage ",
+                options_.zeroStage);
+  stats_.zeroStage = options_.zeroStage;
+  // ZeRO cuts every bucket into one part per rank: pad it to a multiple.
+  const int64_t parts = options_.zeroStage > 0 ? comm_.worldSize : 1;
   torch::NoGradGuard noGrad;
   bool floatOnCpu = true;
-  for (const Bucket& b : buckets_) {
+  for (Bucket& b : buckets_) {
+    int64_t total = 0;
     for (size_t k : b.params) {
       const at::Tensor& t = params_[k].tensor;
       floatOnCpu = floatOnCpu && t.scalar_type() == at::kFloat && t.device().is_cpu();
-      totalFloats_ += t.numel();
+      total += t.numel();
     }
+    b.padded = (total + parts - 1) / parts * parts;
+    totalFloats_ += b.padded;
   }
-  setUpExchange(totalFloats_, floatOnCpu);
+  // With ZeRO on one machine the flat parameters follow the gradients in
+  // the segment, so that the parts are gathered there too.
+  setUpExchange(options_.zeroStage > 0 ? 2 * totalFloats_ : totalFloats_, floatOnCpu);
   size_t shmOffset = 0;
   for (Bucket& b : buckets_) {
-    int64_t total = 0;
-    for (size_t k : b.params) total += params_[k].tensor.numel();
+    const int64_t total = b.padded;
     if (shm_) {
       // A view of this rank's region; the deleter keeps the mapping alive
       // as long as any gradient tensor points into it.
@@ -102,6 +111,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       offset += n;
     }
   }
+  stats_.gradientElements = totalFloats_;
+  stats_.parameterElements = totalFloats_;
+  weightsShmOffset_ = static_cast<size_t>(totalFloats_);
+  if (options_.zeroStage > 0) setUpParts();
+  for (const at::Tensor& t : optimizerParameters()) stats_.optimizerElements += t.numel();
 
   // The accumulator of a leaf is held only weakly by the tensor: keep it
   // alive, or autograd would make a fresh one without our hook. Hooks point
@@ -221,12 +235,21 @@ void DistributedDataParallel::broadcastState() {
 bool DistributedDataParallel::gradientsFinite() const {
   if (finiteAfterExchange_) return *finiteAfterExchange_;
   torch::NoGradGuard noGrad;
+  bool finite = true;
   for (const Bucket& b : buckets_) {
     // A sum is finite exactly when no element is NaN or Inf, unless finite
     // values overflow it: then the gradient is useless too.
-    if (!std::isfinite(b.flat.sum().item<double>())) return false;
+    if (!std::isfinite(ownGradients(b).sum().item<double>())) {
+      finite = false;
+      break;
+    }
   }
-  return true;  // finishGradients put every gradient back into its bucket
+  // finishGradients put every gradient back into its bucket. At stage 2 a
+  // rank holds the sum of its part only: every rank must hear of a NaN.
+  if (options_.zeroStage < 2 || comm_.worldSize == 1) return finite;
+  at::Tensor bad = torch::full({1}, finite ? 0.0f : 1.0f);
+  comm::allreduceSum(comm_, bad, "agreement on finite gradients");
+  return bad.item<float>() == 0;
 }
 
 void DistributedDataParallel::syncBuffers() {
@@ -290,6 +313,12 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
     if (comm_.worldSize > 1) {
       torch::NoGradGuard noGrad;
       if (options_.divideGradients) b.flat.div_(comm_.worldSize);
+      if (options_.zeroStage == 2) {
+        launchReduceScatter(nextLaunch_);
+        ++(fromHook ? stats_.launchedDuringBackward : stats_.launchedAtFinish);
+        ++nextLaunch_;
+        continue;
+      }
       // Synchronous: on a shared machine the sum is a pass over memory,
       // cheaper done here than handed to a thread competing for the cores.
       // Hierarchical: this machine's sum, which its leader then sends on.
@@ -344,12 +373,15 @@ void DistributedDataParallel::finishGradients() {
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(std::move(works));
+  for (size_t k = 0; k < buckets_.size() && !failure; ++k) {
+    if (buckets_[k].received.defined()) completeReduceScatter(k);
+  }
   for (size_t k : compressed) {
     Bucket& b = buckets_[k];
     if (!failure) detail::completeSum(b.flat, detail::GlooSum{{}, b.wire, options_.compression});
     b.wire = at::Tensor();
   }
-  if (!failure && plan_->exchange == Exchange::hierarchical && shm_) {
+  if (!failure && plan_->exchange == Exchange::hierarchical && shm_ && options_.zeroStage < 2) {
     // The leader holds the sum over all machines: one copy of every bucket
     // to the other ranks of its machine. (A leader whose Gloo sum failed
     // throws instead; its machine's ranks then see it exit, or time out.)

@@ -33,6 +33,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
       plan_(plan),
       stop_(comm, job.checkpoint.enabled),
       arch_(choiceName(job.model.arch)),
+      sharded_(job.distribution.zero > 0),
       jobHash_(jobHash(job)),
       optimizerCache_(optimizer, paramNames) {
   const CheckpointConfig& cc = job.checkpoint;
@@ -59,12 +60,17 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     co.manifestExtra["encryption"] = {{"algorithm", "AES-256-GCM"}, {"key_id", keys->current.id}};
   }
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);
-  if (rank_ == 0) {
-    // Model, and optimizer state of about one (sgd) or two (adamw) copies
-    // of the parameters, plus room for headers and alignment.
+  if (rank_ == 0 || sharded_) {
+    // Model (rank 0), and optimizer state of about one (sgd) or two (adamw)
+    // copies of what the optimizer steps (with ZeRO, this rank's part),
+    // plus room for headers and alignment.
     uint64_t bytes = 0, params = 0;
-    for (const auto& [n, t] : models::trainedState(model)) bytes += t.nbytes();
-    for (const auto& [n, p] : models::trainableParameters(model)) params += p.nbytes();
+    if (rank_ == 0) {
+      for (const auto& [n, t] : models::trainedState(model)) bytes += t.nbytes();
+    }
+    for (auto& group : optimizer.param_groups()) {
+      for (const auto& p : group.params()) params += p.nbytes();
+    }
     bytes += params * (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) + (uint64_t{8} << 20);
     checkpointer_->reserve(bytes);
   }
@@ -98,11 +104,14 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
     const LossScaler::State s = scaler_->state();
     m.extra["loss_scale"] = {{"scale", s.scale}, {"good_steps", s.goodSteps}};
   }
+  if (!zero_.is_null()) m.extra["zero"] = zero_;
   std::vector<ckpt::SnapshotFile> files;
+  // The lists of live tensors are built once (again only when the
+  // optimizer's set of states changes): marking costs no copy of them.
   if (rank_ == 0) {
-    // The lists of live tensors are built once (again only when the
-    // optimizer's set of states changes): marking costs no copy of them.
     files.emplace_back("model.bin", modelList_, nlohmann::json{{"kind", "model"}, {"arch", arch_}});
+  }
+  if (rank_ == 0 || sharded_) {
     const auto& state = optimizerCache_.get();
     if (!optimizerList_ || optimizerCache_.generation() != optimizerGeneration_) {
       std::vector<ckpt::SnapshotItem> items;
@@ -110,8 +119,9 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
       optimizerList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(std::move(items));
       optimizerGeneration_ = optimizerCache_.generation();
     }
-    files.emplace_back("optimizer.bin", optimizerList_,
-                       nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}});
+    // ZeRO: every rank writes the state of its parts (ckpt::optimizerFile).
+    files.emplace_back(ckpt::optimizerFile(sharded_, rank_), optimizerList_,
+                       nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}, {"rank", rank_}});
   }
   // Buffers differ per rank when they are not broadcast.
   files.emplace_back(ckpt::rankStateFile(rank_),

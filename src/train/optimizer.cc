@@ -155,6 +155,21 @@ std::unique_ptr<torch::optim::Optimizer> createOptimizer(const OptimizerConfig& 
   throw ConfigError(fmt::format("training.optimizer.name: unknown optimizer ({})", static_cast<int>(c.name)));
 }
 
+int64_t optimizerStateBytes(torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  auto add = [&](const at::Tensor& t) { bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      add(s->momentum_buffer());
+    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
+    }
+  }
+  return bytes;
+}
+
 void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }

@@ -179,6 +179,7 @@ ddp::DdpOptions ddpOptions(const JobConfig& job) {
   o.broadcastBuffers = dc.broadcastBuffers;
   o.divideGradients = false;
   o.sharedMemory = dc.sharedMemory;
+  o.zeroStage = static_cast<int>(dc.zero);
   using C = ddp::DdpOptions::Compression;
   switch (dc.compression) {
     case GradCompression::none: o.compression = C::none; break;

@@ -44,6 +44,7 @@ StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Mod
       phases_(phases),
       skipNonfinite_(job.training.onNonfinite == OnNonfinite::skip),
       labelSmoothing_(job.training.labelSmoothing),
+      clipGradNorm_(job.training.clipGradNorm),
       precision_(precision) {
   if (lossScalingOn(job.training.lossScale, precision)) scaler_.emplace(job.training.lossScale);
 }
@@ -141,14 +142,18 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
     if (finite) {
       inARow_ = 0;
       if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
-      if (scale != 1.0) {
-        torch::NoGradGuard noGrad;
-        for (auto& p : model_.parameters()) {
-          if (p.grad().defined()) p.grad().mul_(1.0 / scale);
-        }
+      if (scale != 1.0) ddp_.scaleGradients(1.0 / scale);
+      if (clipGradNorm_ > 0) {
+        // As torch.nn.utils.clip_grad_norm_: the norm over every gradient
+        // (every rank's part at ZeRO stage 2), then one factor for all.
+        u.gradNorm = std::sqrt(ddp_.gradientSquaredNorm());
+        const double factor = clipGradNorm_ / (u.gradNorm + 1e-6);
+        if (factor < 1) ddp_.scaleGradients(factor);
       }
       setLearningRate(optimizer_, lr);
       optimizer_.step();
+      // ZeRO: this rank stepped its part of the parameters; it takes the others'.
+      ddp_.gatherParameters();
     } else {
       ++skipped_;
       u.applied = false;

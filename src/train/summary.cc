@@ -32,6 +32,10 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   // The most memory this process (rank 0) held at once, resident.
   struct rusage usage {};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) j["peak_rss_mb"] = double(usage.ru_maxrss) / 1024.0;
+  j["memory"] = {{"zero_stage", s.memory.zeroStage},
+                 {"parameter_mb", double(s.memory.parameterBytes) / (1 << 20)},
+                 {"gradient_mb", double(s.memory.gradientBytes) / (1 << 20)},
+                 {"optimizer_state_mb", double(s.memory.optimizerStateBytes) / (1 << 20)}};
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
   if (s.lossScale > 0) j["loss_scale"] = s.lossScale;

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
 #include <optional>
 
 #include "cohort/ckpt/manifest.h"
@@ -20,6 +22,7 @@
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
+#include "cohort/ckpt/zero_state.h"
 #include "cohort/models/lora.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -59,6 +62,65 @@ std::optional<ckpt::Manifest> readResume(const JobConfig& job, const comm::Comm&
   }
   if (comm.rank == 0) monitor::dropRecordsAfter(runDir.metrics(), resume ? resume->step : 0);
   return resume;
+}
+
+// distribution.zero > 0: how the optimizer state is cut into parts, as each
+// manifest records it (extra.zero, ckpt/zero_state.h): the buckets'
+// parameters, each parameter's shape and memory layout, and the world size.
+nlohmann::json zeroLayout(const JobConfig& job, const ddp::DistributedDataParallel& ddp,
+                          const models::Model& model, int worldSize) {
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [name, p] : models::trainableParameters(model)) {
+    params[name] = {{"shape", p.sizes().vec()}, {"strides", p.strides().vec()}};
+  }
+  return {{"stage", job.distribution.zero},
+          {"world_size", worldSize},
+          {"buckets", ddp.bucketParameterNames()},
+          {"params", std::move(params)}};
+}
+
+std::string describeLayout(const nlohmann::json& z) {
+  return z.is_null() ? std::string("unsharded (distribution.zero 0)")
+                     : fmt::format("ZeRO stage {} on {} ranks in {} buckets", z.value("stage", 0),
+                                   z.value("world_size", 0), z["buckets"].size());
+}
+
+// Restores the optimizer from the checkpoint at `dir` (manifest `m`). The
+// same cut (or none on both sides) reads this rank's file; any other (a
+// stage, world size or bucket layout of its own) puts the checkpoint's state
+// back together and cuts this run's parts from it (ckpt/zero_state.h).
+void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
+                      const ddp::DistributedDataParallel& ddp, const models::Model& model,
+                      const nlohmann::json& layout, const std::string& dir,
+                      const ckpt::Manifest& m, int rank) {
+  const nlohmann::json was = m.extra.contains("zero") ? m.extra["zero"] : nlohmann::json();
+  const bool sharded = !layout.is_null();
+  auto cut = [](const nlohmann::json& z) {
+    return z.is_null() ? nlohmann::json() : nlohmann::json{z["world_size"], z["buckets"]};
+  };
+  if (cut(was) == cut(layout)) {
+    const std::string file = dir + "/" + ckpt::optimizerFile(sharded, rank);
+    loadOptimizerState(optimizer, names, ckpt::readTensorFile(file).tensors, file);
+    return;
+  }
+  const ckpt::StateDict whole = ckpt::wholeOptimizerState(dir, m);
+  if (!sharded) {
+    loadOptimizerState(optimizer, names, whole, dir);
+  } else {
+    std::vector<std::vector<ckpt::PartSlice>> parts;
+    for (const auto& slices : ddp.optimizerSlices()) {
+      parts.emplace_back();
+      for (const auto& s : slices) parts.back().push_back({s.param, s.offset, s.length, s.at});
+    }
+    std::vector<int64_t> sizes;
+    for (const at::Tensor& t : ddp.optimizerParameters()) sizes.push_back(t.numel());
+    loadOptimizerState(optimizer, names,
+                       ckpt::partsFromWhole(whole, names, parts, sizes,
+                                            models::trainableParameters(model), dir),
+                       dir);
+  }
+  log::info("optimizer state re-cut: {} in the checkpoint, {} in this run", describeLayout(was),
+            describeLayout(layout));
 }
 
 // The training loop's parts, set up, and where it is.
@@ -129,6 +191,7 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch) {
     }
     ++step;
     monitor::setStep(step);
+    if (u.gradNorm >= 0) reporter.board(step, {{"train/grad_norm", u.gradNorm}});
     faults.afterStep(step);
     reporter.stepDone(step, epoch, lr);
     if (checkpoints.afterStep(step, epoch, micro, lr, reporter)) summary.stopped = true;
@@ -265,17 +328,29 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   Loaders loaders = makeLoaders(job, datasets, comm);
   const StepPlan plan = planSteps(job, loaders.trainSampler->samplesPerRank(), comm.worldSize);
   const LrSchedule schedule(tc.schedule, plan.peakLr, plan.stepsPerEpoch, plan.totalSteps);
-  // Frozen weights (model.lora) have no optimizer state.
+  // Frozen weights (model.lora) have no optimizer state. With ZeRO the
+  // optimizer steps this rank's part of each bucket ("part<k>").
   std::vector<at::Tensor> trainable;
   std::vector<std::string> paramNames;
-  for (auto& [name, p] : models::trainableParameters(model)) {
-    paramNames.push_back(name);
-    trainable.push_back(p);
+  const bool sharded = job.distribution.zero > 0;
+  if (sharded) {
+    trainable = ddp.optimizerParameters();
+    for (size_t k = 0; k < trainable.size(); ++k) paramNames.push_back(fmt::format("part{}", k));
+  } else {
+    for (auto& [name, p] : models::trainableParameters(model)) {
+      paramNames.push_back(name);
+      trainable.push_back(p);
+    }
   }
+  const nlohmann::json zero = sharded ? zeroLayout(job, ddp, model, comm.worldSize) : nlohmann::json();
   auto optimizer = createOptimizer(tc.optimizer, trainable);
   if (resume) {
-    const std::string file = options.resumeFrom + "/optimizer.bin";
-    loadOptimizerState(*optimizer, paramNames, ckpt::readTensorFile(file).tensors, file);
+    restoreOptimizer(*optimizer, paramNames, ddp, model, zero, options.resumeFrom, *resume, rank);
+  }
+  if (sharded) {
+    const ddp::DdpStats ds = ddp.stats();
+    log::info("ZeRO stage {}: this rank steps {} of {} parameter elements (with padding)",
+              job.distribution.zero, ds.optimizerElements, ds.parameterElements);
   }
   log::info("{} ranks x batch {} x {} micro-steps = global batch {}; peak lr {:.6g}; {} steps "
             "per epoch, {} in all",
@@ -294,6 +369,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   CheckpointPolicy checkpoints(job, comm, runDir, model, *optimizer, paramNames, plan);
   checkpoints.recordLossScale(runner.lossScaler());
   checkpoints.recordLoraBase(ms.frozenDigest);
+  if (sharded) checkpoints.recordZero(zero);
   if (LossScaler* scaler = runner.lossScaler(); resume && scaler && resume->extra.contains("loss_scale")) {
     const nlohmann::json& ls = resume->extra["loss_scale"];
     scaler->restore({ls.value("scale", scaler->scale()), ls.value("good_steps", int64_t{0})});
@@ -343,6 +419,21 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   summary.nonfiniteSkipped = runner.skippedSteps();
   summary.lossScale = runner.lossScale();
   summary.checkpoints = checkpoints.finish();
+  {
+    // What this rank held; bench/zero-memory.sh reads every rank's line.
+    const ddp::DdpStats ds = ddp.stats();
+    auto& mem = summary.memory;
+    mem.zeroStage = ds.zeroStage;
+    mem.parameterBytes = ds.parameterElements * 4;
+    mem.gradientBytes = ds.gradientElements * 4;
+    mem.optimizerStateBytes = optimizerStateBytes(*optimizer);
+    struct rusage usage {};
+    const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
+    log::info("memory held: parameters {:.1f} MB, gradients {:.1f} MB, optimizer state {:.1f} MB "
+              "(ZeRO stage {}); peak resident {:.0f} MB",
+              double(mem.parameterBytes) / (1 << 20), double(mem.gradientBytes) / (1 << 20),
+              double(mem.optimizerStateBytes) / (1 << 20), mem.zeroStage, peak);
+  }
   // A SIGTERM from here on changes nothing: this rank is finishing anyway.
   if (summary.stopped) return summary;
   finishTraining(job, comm, runDir, ddp, model, loop, summary);

@@ -248,6 +248,20 @@ TEST(JobConfig, CrossFieldChecks) {
   EXPECT_NE(e.find("checkpoint.when_behind"), std::string::npos) << e;
   e = errorOf<ConfigError>(kValid, {"checkpoint.keep_last=0"});
   EXPECT_NE(e.find("checkpoint.keep_last"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"distribution.zero=3"});
+  EXPECT_NE(e.find("distribution.zero: stage 3 (parameters sharded too) is not available yet"),
+            std::string::npos)
+      << e;
+  e = errorOf<ConfigError>(kValid, {"distribution.zero=4"});
+  EXPECT_NE(e.find("distribution.zero"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"distribution.zero=2", "distribution.compression=fp16"});
+  EXPECT_NE(e.find("distribution.compression: is not applied by distribution.zero 2"), std::string::npos) << e;
+  e = errorOf<ConfigError>(kValid, {"training.clip_grad_norm=-1"});
+  EXPECT_NE(e.find("training.clip_grad_norm"), std::string::npos) << e;
+  // Stage 1 compresses its allreduce as stage 0 does.
+  EXPECT_EQ(loadJobFromString(kValid, "job.yaml", {"distribution.zero=1", "distribution.compression=fp16"})
+                .distribution.zero,
+            1);
 }
 
 TEST(JobConfig, ResolvedYamlRoundTrips) {

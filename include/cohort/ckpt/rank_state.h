@@ -18,6 +18,10 @@ namespace cohort::ckpt {
 
 // The file name of `rank`'s state: "rank-<rank>.bin".
 std::string rankStateFile(int rank);
+// The optimizer state's file in a checkpoint: optimizer.bin (written by rank
+// 0), or with ZeRO (distribution.zero > 0) optimizer-<rank>.bin, each rank's
+// parts.
+std::string optimizerFile(bool sharded, int rank);
 
 // The items of rank-<r>.bin at this moment: "rng.cpu" (the default CPU
 // generator, cloned now; its state tensor is built by the copier thread) and,

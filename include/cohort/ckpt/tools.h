@@ -23,4 +23,18 @@ int verifyCommand(const std::string& path, std::ostream& out);
 // shape. 0, or 2 when PATH holds no readable checkpoint.
 int inspectCommand(const std::string& path, bool tensors, std::ostream& out);
 
+// The checkpoint PATH names: PATH itself when it holds a manifest, else the
+// newest valid one in it or in its checkpoints/; "" when there is none.
+std::string findCheckpoint(const std::string& path);
+
+// `cohort ckpt consolidate`: the checkpoint's model.bin as one PyTorch state
+// dict at `modelOut`, and with `optimizerOut` its optimizer state (every
+// rank's ZeRO parts put back together, ckpt/zero_state.h) in torch.optim's
+// state_dict() layout: {"state": {i: {...}}, "param_groups": [{..., "params":
+// [0, 1, ...]}]}, parameter i being the i-th of model.bin's with state.
+// 0; 2 when PATH holds no valid checkpoint. Throws DataError naming a file
+// that cannot be read.
+int consolidateCommand(const std::string& path, const std::string& modelOut,
+                       const std::string& optimizerOut, std::ostream& out);
+
 }  // namespace cohort::ckpt

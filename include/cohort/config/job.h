@@ -117,6 +117,7 @@ struct DistributionConfig {
   bool sharedMemory = true;      // ranks on one machine exchange gradients through shared memory
   GradCompression compression = GradCompression::none;  // gradients on Gloo's wire
   int64_t glooConnections = 1;   // sets of Gloo connections between each pair of ranks
+  int64_t zero = 0;              // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients (docs/zero.md)
   int64_t maxRestarts = 3;       // `cohort run`: restarts from the newest checkpoint
   double stopTimeoutS = 60;      // after SIGTERM: time to checkpoint before SIGKILL
   double heartbeatS = 2;         // heartbeat period (stall inspector)
@@ -169,6 +170,7 @@ struct TrainingConfig {
   int64_t accumulateSteps = 1;
   int64_t seed = 0;
   double labelSmoothing = 0;
+  double clipGradNorm = 0;    // clip the gradients' global L2 norm to this; 0 = off
   int64_t logEvery = 50;      // steps between train metrics
   int64_t evalEvery = 1;      // epochs between evaluations; 0 = only after the last
   OnNonfinite onNonfinite = OnNonfinite::stop;  // a NaN/Inf loss or gradient: stop, or skip the step

@@ -19,6 +19,18 @@
 //   loss.backward();          // hooks launch bucket allreduces as they fill
 //   finishGradients();        // waits for them; .grad is the mean over ranks
 //   optimizer.step(); zeroGrad();
+//
+// ZeRO (DdpOptions::zeroStage, docs/zero.md): each bucket is padded to a
+// multiple of the world size N and cut into N parts; rank r's optimizer
+// steps only part r of every bucket (optimizerParameters()), so it holds
+// 1/N of the optimizer state, and gatherParameters() then brings every
+// rank the other parts. The parameters live in one flat buffer per bucket
+// for that (each parameter's data is a view into it). Stage 2 replaces the
+// allreduce with a reduce-scatter: rank r receives the sum of part r only.
+//
+//   loss.backward(); finishGradients();   // stage 2: only this rank's part is summed
+//   optimizer.step();                     // over optimizerParameters()
+//   gatherParameters(); zeroGrad();
 
 #include <torch/nn/module.h>
 
@@ -74,6 +86,10 @@ struct DdpOptions {
   // locally. Only float32 buckets are compressed; shared memory never is.
   enum class Compression { none, fp16, bf16 };
   Compression compression = Compression::none;
+  // 0: every rank steps every parameter. 1: every rank steps its part of
+  // each bucket, then the parts are gathered. 2: as 1, with the gradients
+  // reduce-scattered instead of allreduced (not compressed).
+  int zeroStage = 0;
 };
 
 // How gradients travel between ranks.
@@ -97,6 +113,12 @@ struct DdpStats {
   // backward (synchronous, so all of it is exposed). The hierarchical
   // exchange's copy of the machines' sum runs in finishGradients instead.
   double sharedMemorySeconds = 0;
+  int zeroStage = 0;
+  // Elements the optimizer steps on this rank (its state is a multiple of
+  // it), and gradient and parameter elements this rank holds.
+  int64_t optimizerElements = 0;
+  int64_t gradientElements = 0;
+  int64_t parameterElements = 0;
 };
 
 class DistributedDataParallel {
@@ -133,6 +155,30 @@ class DistributedDataParallel {
   // Zeroes every gradient (the buckets).
   void zeroGrad();
 
+  // What the optimizer steps: the trainable parameters, in registration
+  // order (stage 0), or this rank's part of each bucket's flat parameters,
+  // one 1-D tensor per bucket whose .grad is its part of the gradient
+  // bucket (stages 1, 2). The same tensors for this object's life.
+  std::vector<at::Tensor> optimizerParameters() const;
+  // For each of optimizerParameters(): which parameter elements it holds,
+  // as runs of consecutive elements in the parameter's memory order.
+  struct Slice {
+    std::string param;   // its name
+    int64_t offset = 0;  // first element of the parameter
+    int64_t length = 0;
+    int64_t at = 0;      // where the run starts in the optimizer parameter
+  };
+  std::vector<std::vector<Slice>> optimizerSlices() const;
+  // Stages 1, 2, after the optimizer step: every rank takes the parts the
+  // other ranks stepped. Collective; nothing to do at stage 0.
+  void gatherParameters();
+  // After finishGradients: the sum of squares of the gradients the
+  // optimizer steps, over every rank (a collective at stage 2, where a rank
+  // holds the sum of its part only; the same on every rank).
+  double gradientSquaredNorm();
+  // Multiplies the gradients the optimizer steps by `factor`.
+  void scaleGradients(double factor);
+
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucketParameterNames() const;
   DdpStats stats() const;
@@ -154,6 +200,14 @@ class DistributedDataParallel {
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor wire;  // what the Gloo sum sends when compressed (detail/gloo_sum.h)
+    // ZeRO: floats including the padding to a multiple of the world size;
+    // the flat parameters (the parameters are views of it); this rank's
+    // part of them, which the optimizer steps; and, stage 2 over Gloo, the
+    // N copies of this rank's part the reduce-scatter receives.
+    int64_t padded = 0;
+    at::Tensor weights;
+    at::Tensor part;
+    at::Tensor received;
     // The timeline (output.timeline): when the allreduce was launched, and
     // when it completed (microseconds since the epoch, set by Gloo's thread).
     int64_t launchedUs = 0;
@@ -166,6 +220,13 @@ class DistributedDataParallel {
   // Notes the launch of b's Gloo allreduce and, on completion, its time.
   void traceCompletion(Bucket& b);
   void removeHooks();
+  // ZeRO (zero.cc): the flat parameters and this rank's parts; stage 2's
+  // reduce-scatter of bucket k, and its completion after the wait.
+  void setUpParts();
+  void launchReduceScatter(size_t k);
+  void completeReduceScatter(size_t k);
+  // This rank's part of bucket b's gradients (all of them at stage 0).
+  at::Tensor ownGradients(const Bucket& b) const;
   // Decides the exchange with every rank (detail/exchange.h) and logs it.
   void setUpExchange(int64_t totalFloats, bool floatOnCpu);
   // The shared-memory sum of bucket k inside backward; whether it is finite.
@@ -183,7 +244,9 @@ class DistributedDataParallel {
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<detail::ExchangePlan> plan_;
   std::shared_ptr<comm::ShmAllreduce> shm_;  // this machine's ranks, if they share memory
-  int64_t totalFloats_ = 0;
+  int64_t totalFloats_ = 0;  // gradient floats of every bucket, with ZeRO's padding
+  // ZeRO on one machine: where the flat parameters start in each region.
+  size_t weightsShmOffset_ = 0;
   mutable std::mutex mutex_;
   bool sync_ = true;
   size_t nextLaunch_ = 0;

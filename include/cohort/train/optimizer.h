@@ -13,6 +13,10 @@ namespace cohort::train {
 std::unique_ptr<torch::optim::Optimizer> createOptimizer(const OptimizerConfig& config,
                                                          std::vector<at::Tensor> parameters);
 
+// Bytes of the optimizer's state tensors (momentum buffers, AdamW's
+// averages) this process holds.
+int64_t optimizerStateBytes(torch::optim::Optimizer& optimizer);
+
 // Sets the learning rate of every parameter group.
 void setLearningRate(torch::optim::Optimizer& optimizer, double lr);
 

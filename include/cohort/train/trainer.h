@@ -51,6 +51,14 @@ struct TrainSummary {
   ckpt::CheckpointStats checkpoints;
   PhaseTimes phases;
   ComputeState compute;  // rank 0's, as training started
+  // What rank 0 held at the end (distribution.zero divides the optimizer
+  // state; docs/zero.md).
+  struct Memory {
+    int zeroStage = 0;
+    int64_t parameterBytes = 0;       // trainable parameters, with ZeRO's padding
+    int64_t gradientBytes = 0;        // gradient buckets
+    int64_t optimizerStateBytes = 0;  // the optimizer's state tensors
+  } memory;
 };
 
 struct TrainOptions {

@@ -215,6 +215,12 @@ void describe(V& v, DistributionConfig& c) {
           "Sets of Gloo connections between each pair of ranks; successive bucket allreduces take "
           "successive sets.",
           between(1, 64));
+  v.field("zero", c.zero,
+          "ZeRO sharding (docs/zero.md): 0 every rank keeps all optimizer state; 1 each rank keeps "
+          "and steps the optimizer state of 1/N of the parameters, which are then gathered; 2 as "
+          "1, with the gradients reduce-scattered instead of allreduced. 3 (parameters sharded "
+          "too) is not available yet.",
+          between(0, 3));
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Buffers (BatchNorm running statistics) follow rank 0's: every rank takes them before "
           "evaluation and the final save; false keeps each rank's own.");
@@ -303,6 +309,10 @@ void describe(V& v, TrainingConfig& c) {
   v.field("seed", c.seed, "Seed of initialization, shuffling, augmentation and dropout.",
           atLeast(0));
   v.field("label_smoothing", c.labelSmoothing, "Cross-entropy label smoothing.", Rule{0.0, 1.0, false});
+  v.field("clip_grad_norm", c.clipGradNorm,
+          "Scale the gradients down when their global L2 norm (over every parameter, every rank, "
+          "after loss-scale removal) exceeds this, as torch.nn.utils.clip_grad_norm_; 0: off.",
+          atLeast(0));
   v.field("log_every", c.logEvery, "Optimizer steps between train records in metrics.jsonl.",
           between(1, 1e12));
   v.field("on_nonfinite", c.onNonfinite,

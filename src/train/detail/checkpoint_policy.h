@@ -8,6 +8,8 @@
 // when (checkpoint.every_steps, every_epochs, a stop request) and gathers
 // the live tensors.
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +47,9 @@ class CheckpointPolicy {
   // model.lora: each manifest records the frozen weights' digest
   // (extra.lora_base_digest; models::frozenDigest).
   void recordLoraBase(std::string digest) { loraBaseDigest_ = std::move(digest); }
+  // distribution.zero > 0: each manifest records how the optimizer state is
+  // cut into parts (extra.zero: zeroLayout()).
+  void recordZero(nlohmann::json layout) { zero_ = std::move(layout); }
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -68,6 +73,8 @@ class CheckpointPolicy {
   std::string arch_;
   std::string loraBaseDigest_;
   const LossScaler* scaler_ = nullptr;
+  const bool sharded_;  // distribution.zero > 0: every rank writes its optimizer state
+  nlohmann::json zero_;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
   std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_;

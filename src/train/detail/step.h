@@ -58,6 +58,7 @@ class StepRunner {
     int64_t nonfiniteInARow = 0;
     std::string why;  // when not applied: what was not finite
     double lossScale = 0;  // loss scaling on: the scale after this step
+    double gradNorm = -1;  // training.clip_grad_norm on: the norm before clipping
   };
   // After the step's last micro-batch: waits for the exchange and applies
   // the optimizer at learning rate `lr` (waiting first for `checkpointer`'s
@@ -90,6 +91,7 @@ class StepRunner {
   PhaseTimes& phases_;
   bool skipNonfinite_;
   double labelSmoothing_;
+  double clipGradNorm_;  // training.clip_grad_norm; 0: off
   Precision precision_;
   bool cycleLossNonfinite_ = false;       // a loss of this step was NaN or Inf here
   double lastLoss_ = 0;

@@ -1,0 +1,57 @@
+#pragma once
+
+// A checkpoint's optimizer state in whatever way its run cut it (docs/zero.md):
+// one file from rank 0 (optimizer.bin), or with ZeRO one file of parts per
+// rank (optimizer-<r>.bin) laid out as the manifest's extra.zero says. These
+// functions turn either into one tensor per parameter and kind, and such
+// whole state into the parts of another layout, so that a run resumes
+// whatever the stage it was written at, and `cohort ckpt consolidate`
+// writes one file.
+//
+// extra.zero: {"stage", "world_size",
+//              "buckets": [[parameter name, ...], ...]      (each bucket's, in order)
+//              "params": {name: {"shape": [...], "strides": [...]}}}
+// Bucket k of world size N holds its parameters' elements one after the
+// other, each in its memory order (its strides), padded to a multiple of N;
+// rank r's part<k> is elements [r c, (r+1) c) with c = padded / N.
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/ckpt/state_dict.h"
+
+namespace cohort::ckpt {
+
+struct Manifest;
+
+// The optimizer state of the checkpoint at `dir` (manifest `m`) as
+// train::optimizerState() names it for an unsharded run: "<param>.step",
+// "<param>.exp_avg", "<param>.exp_avg_sq" (adamw) or
+// "<param>.momentum_buffer" (sgd), each of its parameter's shape. Reads
+// every part file of a sharded checkpoint. Throws DataError naming the file
+// that is missing or does not fit the layout.
+StateDict wholeOptimizerState(const std::string& dir, const Manifest& m);
+
+// One part of a layout: which runs of which parameters' elements (in their
+// memory order) it holds, and where in the part.
+struct PartSlice {
+  std::string param;
+  int64_t offset = 0;  // first element of the parameter
+  int64_t length = 0;
+  int64_t at = 0;      // where the run starts in the part
+};
+
+// The state of parts "<name>.<kind>" (names[k] for part k, of parts[k]'s
+// slices and sizes[k] elements) cut from `whole` (wholeOptimizerState), with
+// each parameter's elements in the memory order of `live` (this run's
+// parameters by name, for their strides). A part's step count is that of
+// its first parameter. Throws DataError naming `origin` when a parameter's
+// state is missing or of another shape.
+StateDict partsFromWhole(const StateDict& whole, const std::vector<std::string>& names,
+                         const std::vector<std::vector<PartSlice>>& parts,
+                         const std::vector<int64_t>& sizes, const StateDict& live,
+                         const std::string& origin);
+
+}  // namespace cohort::ckpt

@@ -1,0 +1,112 @@
+// `cohort ckpt consolidate` (ckpt/tools.h): one PyTorch file for the model,
+// and one in torch.optim's state_dict() layout for the optimizer state,
+// whatever the ZeRO stage and world size that wrote the checkpoint.
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <set>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/tensor_file.h"
+#include "cohort/ckpt/tools.h"
+#include "cohort/ckpt/zero_state.h"
+#include "cohort/config/load.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+
+namespace cohort::ckpt {
+
+namespace {
+
+using GenericDict = c10::impl::GenericDict;
+
+// A dict of str (or int) keys to values of any type, as Python's.
+GenericDict dictOf(const c10::TypePtr& key) { return GenericDict(key, c10::AnyType::get()); }
+
+// The optimizer's hyperparameters as torch.optim 1.13 keeps them in a
+// param group (its step() reads every key).
+GenericDict paramGroup(const OptimizerConfig& c, double lr, int64_t count) {
+  GenericDict g = dictOf(c10::StringType::get());
+  g.insert("lr", lr);
+  g.insert("weight_decay", c.weightDecay);
+  g.insert("maximize", false);
+  g.insert("foreach", c10::IValue());
+  g.insert("differentiable", false);
+  if (c.name == OptimizerKind::adamw) {
+    g.insert("betas", c10::ivalue::Tuple::create({c.betas.at(0), c.betas.at(1)}));
+    g.insert("eps", c.eps);
+    g.insert("amsgrad", false);
+    g.insert("capturable", false);
+  } else {
+    g.insert("momentum", c.momentum);
+    g.insert("dampening", 0.0);
+    g.insert("nesterov", c.nesterov);
+  }
+  c10::List<int64_t> params;
+  for (int64_t i = 0; i < count; ++i) params.push_back(i);
+  g.insert("params", params);
+  return g;
+}
+
+}  // namespace
+
+int consolidateCommand(const std::string& path, const std::string& modelOut,
+                       const std::string& optimizerOut, std::ostream& out) {
+  const std::string dir = findCheckpoint(path);
+  if (dir.empty()) {
+    out << "no valid checkpoint in " << path << "\n";
+    return 2;
+  }
+  const Manifest m = readManifest(dir);
+  const StateDict model = readTensorFile(dir + "/model.bin").tensors;
+  saveStateDict(model, modelOut);
+  out << fmt::format("{}: step {}, written by {} ranks{}\n", dir, m.step, m.worldSize,
+                     m.extra.contains("zero")
+                         ? fmt::format(" at ZeRO stage {}", m.extra["zero"].value("stage", 0))
+                         : std::string());
+  out << fmt::format("wrote the model ({} tensors) to {}\n", model.size(), modelOut);
+  if (optimizerOut.empty()) return 0;
+
+  const JobConfig job = loadJobFromString(m.extra.value("job", std::string()),
+                                          dir + "/manifest.json (extra.job)", {});
+  const StateDict whole = wholeOptimizerState(dir, m);
+  std::set<std::string> withState;
+  for (const auto& [name, t] : whole) withState.insert(name.substr(0, name.rfind('.')));
+  // Parameters in the model's order, as torch.optim numbers
+  // model.parameters(); buffers and frozen weights have no state.
+  std::map<std::string, at::Tensor> byName(whole.begin(), whole.end());
+  GenericDict state = dictOf(c10::IntType::get());
+  int64_t index = 0;
+  for (const auto& [name, t] : model) {
+    if (withState.count(name) == 0) continue;
+    GenericDict s = dictOf(c10::StringType::get());
+    for (const char* kind : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
+      auto it = byName.find(name + "." + kind);
+      if (it != byName.end()) s.insert(kind, it->second.contiguous());
+    }
+    // torch.optim 1.13's AdamW counts steps in a float32 scalar tensor.
+    if (auto it = byName.find(name + ".step"); it != byName.end()) {
+      s.insert("step", torch::tensor(static_cast<float>(it->second.item<int64_t>())));
+    }
+    state.insert(index++, std::move(s));
+  }
+  if (static_cast<size_t>(index) != withState.size()) {
+    throw DataError(fmt::format("{}: the optimizer state names {} parameters, model.bin holds {} "
+                                "of them", dir, withState.size(), index));
+  }
+  GenericDict top = dictOf(c10::StringType::get());
+  top.insert("state", state);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(paramGroup(job.training.optimizer, m.extra.value("lr", job.training.optimizer.lr), index));
+  top.insert("param_groups", groups);
+  const std::vector<char> bytes = torch::pickle_save(top);
+  writeFileAtomic(optimizerOut, bytes.data(), bytes.size());
+  out << fmt::format("wrote the {} state of {} parameters to {}\n",
+                     choiceName(job.training.optimizer.name), index, optimizerOut);
+  return 0;
+}
+
+}  // namespace cohort::ckpt

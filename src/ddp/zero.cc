@@ -1,0 +1,181 @@
+// ZeRO's parts of the data-parallel engine (ddp.h, docs/zero.md): the flat
+// parameters and this rank's part of each bucket, the stage-2
+// reduce-scatter, the gather of the stepped parts, and the gradient
+// operations that must see only the part a rank steps.
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "cohort/comm/shm.h"
+#include "cohort/comm/wait.h"
+#include "cohort/core/error.h"
+#include "cohort/ddp/ddp.h"
+#include "cohort/monitor/timeline.h"
+#include "ddp/detail/exchange.h"
+
+namespace cohort::ddp {
+
+namespace {
+
+// Part `rank` of a bucket of `padded` floats cut into `parts` parts.
+at::Tensor partOf(const at::Tensor& flat, int64_t padded, int parts, int rank) {
+  const int64_t chunk = padded / parts;
+  return flat.narrow(0, chunk * rank, chunk);
+}
+
+}  // namespace
+
+void DistributedDataParallel::setUpParts() {
+  torch::NoGradGuard noGrad;
+  const bool inShm = shm_ != nullptr && plan_->exchange == Exchange::sharedMemory;
+  for (Bucket& b : buckets_) {
+    const at::TensorOptions options = params_[b.params.front()].tensor.options();
+    if (inShm) {
+      auto keep = shm_;
+      b.weights = torch::from_blob(shm_->region() + weightsShmOffset_ + b.shmOffset, {b.padded},
+                                   [keep](void*) mutable { keep.reset(); }, options);
+      b.weights.zero_();
+    } else {
+      b.weights = torch::zeros({b.padded}, options);
+    }
+    // Each parameter's data moves into the flat buffer, in the layout of
+    // its gradient's slot (so element i of a part is element i of both).
+    int64_t offset = 0;
+    for (size_t k : b.params) {
+      Param& p = params_[k];
+      const int64_t n = p.tensor.numel();
+      at::Tensor slot = b.weights.narrow(0, offset, n);
+      at::Tensor view = p.tensor.is_non_overlapping_and_dense()
+                            ? slot.as_strided(p.tensor.sizes(), p.tensor.strides())
+                            : slot.view(p.tensor.sizes());
+      view.copy_(p.tensor);
+      p.tensor.set_data(view);
+      offset += n;
+    }
+    b.part = partOf(b.weights, b.padded, comm_.worldSize, comm_.rank).detach();
+    b.part.set_requires_grad(true);
+    b.part.mutable_grad() = partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
+  }
+}
+
+at::Tensor DistributedDataParallel::ownGradients(const Bucket& b) const {
+  return options_.zeroStage == 2 ? partOf(b.flat, b.padded, comm_.worldSize, comm_.rank) : b.flat;
+}
+
+std::vector<at::Tensor> DistributedDataParallel::optimizerParameters() const {
+  std::vector<at::Tensor> out;
+  if (options_.zeroStage == 0) {
+    for (const Param& p : params_) out.push_back(p.tensor);
+  } else {
+    for (const Bucket& b : buckets_) out.push_back(b.part);
+  }
+  return out;
+}
+
+std::vector<std::vector<DistributedDataParallel::Slice>> DistributedDataParallel::optimizerSlices()
+    const {
+  std::vector<std::vector<Slice>> out;
+  if (options_.zeroStage == 0) {
+    for (const Param& p : params_) out.push_back({Slice{p.name, 0, p.tensor.numel(), 0}});
+    return out;
+  }
+  for (const Bucket& b : buckets_) {
+    const int64_t chunk = b.padded / comm_.worldSize;
+    const int64_t begin = chunk * comm_.rank, end = begin + chunk;
+    out.emplace_back();
+    int64_t offset = 0;
+    for (size_t k : b.params) {
+      const Param& p = params_[k];
+      const int64_t n = p.tensor.numel();
+      const int64_t from = std::max(begin, offset), to = std::min(end, offset + n);
+      if (from < to) out.back().push_back(Slice{p.name, from - offset, to - from, from - begin});
+      offset += n;
+    }
+  }
+  return out;
+}
+
+void DistributedDataParallel::launchReduceScatter(size_t k) {
+  Bucket& b = buckets_[k];
+  if (plan_->exchange == Exchange::sharedMemory) {
+    // Synchronous, as the shared-memory allreduce (sumInSharedMemory).
+    const auto start = std::chrono::steady_clock::now();
+    const auto wallStart = monitor::Timeline::Clock::now();
+    comm::CollectiveWait waiting("gradient reduce-scatter (shared memory)");
+    exchangeFinite_ =
+        shm_->reduceScatter(b.shmOffset, static_cast<size_t>(b.padded), comm_.timeout) && exchangeFinite_;
+    stats_.sharedMemorySeconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (monitor::Timeline* t = monitor::timeline()) {
+      t->complete(fmt::format("reduce-scatter bucket {} (shared memory)", k), "comm", wallStart,
+                  monitor::Timeline::Clock::now(), 0,
+                  fmt::format(R"({{"bytes":{},"parameters":{}}})", b.flat.nbytes(), b.params.size()));
+    }
+    return;
+  }
+  // Gloo in LibTorch 1.13 has no reduce-scatter: an all-to-all sends part j
+  // of the bucket to rank j (the bytes of a ring reduce-scatter), and each
+  // rank sums the N copies of its part it received, in rank order.
+  b.received = at::empty({b.padded}, b.flat.options());
+  std::vector<int64_t> equalParts;
+  b.work = comm_.pg->alltoall_base(b.received, b.flat, equalParts, equalParts);
+  if (monitor::timeline() != nullptr) traceCompletion(b);
+}
+
+void DistributedDataParallel::completeReduceScatter(size_t k) {
+  torch::NoGradGuard noGrad;
+  Bucket& b = buckets_[k];
+  at::Tensor own = partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
+  own.copy_(partOf(b.received, b.padded, comm_.worldSize, 0));
+  for (int r = 1; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
+  b.received = at::Tensor();
+}
+
+void DistributedDataParallel::gatherParameters() {
+  if (options_.zeroStage == 0 || comm_.worldSize == 1) return;
+  torch::NoGradGuard noGrad;
+  const auto wallStart = monitor::Timeline::Clock::now();
+  if (shm_ != nullptr && plan_->exchange == Exchange::sharedMemory) {
+    comm::CollectiveWait waiting("parameter allgather (shared memory)");
+    for (Bucket& b : buckets_) {
+      shm_->allgather(weightsShmOffset_ + b.shmOffset, static_cast<size_t>(b.padded), comm_.timeout);
+    }
+  } else {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (Bucket& b : buckets_) {
+      std::vector<at::Tensor> in{b.part.detach().clone()};
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (int r = 0; r < comm_.worldSize; ++r) {
+        out[0].push_back(partOf(b.weights, b.padded, comm_.worldSize, r));
+      }
+      works.push_back(comm_.pg->allgather(out, in));
+    }
+    if (std::exception_ptr failure = waitAll(std::move(works))) std::rethrow_exception(failure);
+  }
+  if (monitor::Timeline* t = monitor::timeline()) {
+    t->complete("parameter allgather", "comm", wallStart, monitor::Timeline::Clock::now(), 0,
+                fmt::format(R"({{"bytes":{}}})", totalFloats_ * 4));
+  }
+}
+
+double DistributedDataParallel::gradientSquaredNorm() {
+  torch::NoGradGuard noGrad;
+  double sum = 0;
+  for (const Bucket& b : buckets_) {
+    const at::Tensor g = ownGradients(b);
+    sum += g.dot(g).item<double>();
+  }
+  if (options_.zeroStage < 2 || comm_.worldSize == 1) return sum;
+  at::Tensor total = torch::full({1}, sum, torch::kDouble);
+  comm::allreduceSum(comm_, total, "gradient norm");
+  return total.item<double>();
+}
+
+void DistributedDataParallel::scaleGradients(double factor) {
+  torch::NoGradGuard noGrad;
+  for (Bucket& b : buckets_) ownGradients(b).mul_(factor);
+}
+
+}  // namespace cohort::ddp

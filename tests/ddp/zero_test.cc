@@ -1,0 +1,193 @@
+// ZeRO stages 1 and 2 with real processes (docs/zero.md): N ranks, each
+// stepping only its part of the parameters, end with the parameters of one
+// process with the global batch; on shared memory, on Gloo and on the
+// hierarchical exchange; with AdamW, gradient clipping and a parameter
+// count that does not divide by N. Their checkpoints resume exactly, at
+// their own stage or another.
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include "util/jobs.h"
+#include "util/process.h"
+#include "util/runs.h"
+#include "test_paths.h"
+
+namespace cohort {
+namespace {
+
+// As tests/ddp/equivalence_test.cc: float32 sums in another order differ
+// by ~1e-8 after 5 steps; AdamW's division by sqrt(v) magnifies that a
+// little, 1e-5 leaves room.
+constexpr double kTolerance = 1e-5;
+
+// hidden 17: a bias of 17 and weights of 17 x k, divisible by neither 2
+// nor 3, so the buckets are padded. AdamW keeps two state tensors.
+std::vector<std::string> job(int batch, std::vector<std::string> more = {}) {
+  for (const char* s : {"training.max_steps=5", "model.hidden=17", "training.optimizer.name=adamw",
+                        "training.optimizer.lr=0.01", "training.optimizer.weight_decay=0.01"}) {
+    more.push_back(s);
+  }
+  more.push_back("training.batch_size=" + std::to_string(batch));
+  return more;
+}
+
+// "ZeRO stage S: this rank steps X of Y parameter elements" from a rank's log.
+std::pair<int64_t, int64_t> stepped(const test::TempDir& dir, const std::string& tag, int rank) {
+  const std::string log = test::readText(dir.file(fmt::format("{}/logs/rank-{}.log", tag, rank)));
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex(R"(this rank steps (\d+) of (\d+) parameter elements)"))) {
+    ADD_FAILURE() << tag << " rank " << rank << " logged no ZeRO line:\n" << log;
+    return {0, 0};
+  }
+  return {std::stoll(m[1]), std::stoll(m[2])};
+}
+
+struct Variant {
+  const char* tag;
+  int ranks;
+  std::vector<std::string> settings;
+  std::map<std::string, std::string> env;
+};
+
+class Zero : public ::testing::TestWithParam<int> {};
+
+TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
+  const int ranks = GetParam();
+  const int b = 4;
+  test::TempDir dir;
+  const std::string tiny = "distribution.bucket_cap_mb=1e-6", one = "distribution.bucket_cap_mb=1000";
+  const std::string gloo = "distribution.shared_memory=false";
+  auto reference = test::trainTiny(dir, "single", 1, job(ranks * b));
+  std::vector<Variant> variants = {
+      {"shm1", ranks, {"distribution.zero=1", tiny}, {}},
+      {"shm2", ranks, {"distribution.zero=2", tiny}, {}},
+      {"gloo1", ranks, {"distribution.zero=1", one, gloo}, {}},
+      {"gloo2", ranks, {"distribution.zero=2", tiny, gloo}, {}},
+  };
+  if (ranks == 3) variants.push_back({"hier2", 3, {"distribution.zero=2", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
+  for (const Variant& v : variants) {
+    auto sharded = test::trainTiny(dir, v.tag, v.ranks, job(b, v.settings), v.env);
+    const double diff = test::maxDifference(reference, sharded);
+    EXPECT_LT(diff, kTolerance) << v.tag;
+    RecordProperty(std::string("max_parameter_difference_") + v.tag, fmt::format("{:.3g}", diff));
+    // Each rank steps its part: 1/N of the (padded) elements, together all.
+    int64_t sum = 0;
+    for (int r = 0; r < v.ranks; ++r) {
+      const auto [mine, all] = stepped(dir, v.tag, r);
+      EXPECT_EQ(mine * v.ranks, all) << v.tag << " rank " << r;
+      sum += mine;
+      if (r == v.ranks - 1) EXPECT_EQ(sum, all) << v.tag;
+    }
+  }
+  const std::string hierLog = ranks == 3 ? test::readText(dir.file("hier2/logs/rank-0.log")) : "";
+  if (ranks == 3) EXPECT_NE(hierLog.find("path: hierarchical"), std::string::npos) << hierLog;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Zero, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// training.clip_grad_norm clips by the norm over every rank's part, the
+// same as one process clipping the whole gradient; and it does clip.
+TEST(ZeroClip, TheGlobalNormIsClippedAsInOneProcess) {
+  test::TempDir dir;
+  const std::string clip = "training.clip_grad_norm=0.05";
+  auto reference = test::trainTiny(dir, "single", 1, job(8, {clip}));
+  auto unclipped = test::trainTiny(dir, "unclipped", 1, job(8));
+  auto sharded = test::trainTiny(dir, "zero2", 2, job(4, {clip, "distribution.zero=2"}));
+  auto gloo = test::trainTiny(dir, "gloo2", 2,
+                              job(4, {clip, "distribution.zero=2", "distribution.shared_memory=false"}));
+  EXPECT_LT(test::maxDifference(reference, sharded), kTolerance);
+  EXPECT_LT(test::maxDifference(reference, gloo), kTolerance);
+  EXPECT_GT(test::maxDifference(reference, unclipped), 100 * kTolerance) << "nothing was clipped";
+}
+
+// A rank killed at step 7 restarts from a checkpoint (step 3 or 6: with
+// when_behind=wait step 3 is committed before rank 1 can finish step 7),
+// whose optimizer state is in one file per rank, and ends with the weights
+// of an uninterrupted run, bit for bit; other stages resume from it too.
+TEST(ZeroCheckpoint, AKilledRankResumesFromPerRankFilesAndOtherStagesResumeFromThem) {
+  test::TempDir dir;
+  std::vector<std::string> settings =
+      job(4, {"distribution.zero=2", "checkpoint.every_steps=3", "checkpoint.when_behind=wait",
+              "distribution.max_restarts=2"});
+  for (auto& kv : settings) {
+    if (kv == "training.max_steps=5") kv = "training.max_steps=9";
+  }
+  auto whole = test::trainTiny(dir, "whole", 2, settings);
+  auto restarted = test::trainTiny(dir, "restarted", 2, settings, {{"COHORT_FAULT", "kill@rank1:step7"}});
+  EXPECT_EQ(test::maxDifference(whole, restarted), 0.0);
+  for (const char* f : {"optimizer-0.bin", "optimizer-1.bin", "model.bin"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("restarted/checkpoints/step-3/") + f))) << f;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("restarted/checkpoints/step-3/optimizer.bin")));
+  const std::string log = test::readText(dir.file("restarted/logs/rank-1.log"));
+  EXPECT_NE(log.find("resumed from " + dir.file("restarted/checkpoints/step-")), std::string::npos) << log;
+
+  // `cohort ckpt consolidate` puts the parts back together: the same state
+  // as a stage-0 run's at that step (within the sums' rounding), in a file
+  // torch.optim.AdamW loads and steps with.
+  std::vector<std::string> plainSettings;
+  for (const std::string& kv : settings) plainSettings.push_back(kv == "distribution.zero=2" ? "distribution.zero=0" : kv);
+  test::trainTiny(dir, "plain", 2, plainSettings);
+  for (const char* tag : {"whole", "plain"}) {
+    const auto c = test::cohort({"ckpt", "consolidate", dir.file(std::string(tag) + "/checkpoints/step-3"),
+                                 dir.file(std::string(tag) + "-model.pt"), "--optimizer",
+                                 dir.file(std::string(tag) + "-adamw.pt")});
+    ASSERT_EQ(c.exitCode, 0) << c.describe();
+  }
+  const auto py = test::run({COHORT_PYTHON, "-c", R"(
+import sys, torch
+a, b, m = torch.load(sys.argv[1]), torch.load(sys.argv[2]), torch.load(sys.argv[3])
+assert sorted(a) == ["param_groups", "state"], sorted(a)
+assert len(a["state"]) == len(b["state"]) == len(m) > 0, (len(a["state"]), len(b["state"]), len(m))
+worst = 0.0
+for i, s in a["state"].items():
+    assert float(s["step"]) == 3, s["step"]
+    for k in ("exp_avg", "exp_avg_sq"):
+        x, y = s[k], b["state"][i][k]
+        assert x.shape == y.shape, (i, k, x.shape, y.shape)
+        worst = max(worst, ((x - y).abs().max() / (1e-12 + y.abs().max())).item())
+assert worst < 1e-4, worst
+params = [torch.zeros_like(t, requires_grad=True) for t in m.values()]
+opt = torch.optim.AdamW(params, lr=0.01)
+opt.load_state_dict(a)
+for p in params: p.grad = torch.ones_like(p)
+opt.step()
+print("ok", len(params), "parameters, worst relative difference", worst)
+)", dir.file("whole-adamw.pt"), dir.file("plain-adamw.pt"), dir.file("whole-model.pt")});
+  EXPECT_EQ(py.exitCode, 0) << py.describe();
+  RecordProperty("consolidated", py.out);
+
+  // The same checkpoint resumed at stage 0 (one optimizer state, put back
+  // together from the parts) and at stage 1 (the same parts) ends with the
+  // uninterrupted run's weights.
+  for (const char* stage : {"0", "1"}) {
+    const std::string tag = std::string("as") + stage;
+    std::vector<std::string> args{"run", dir.file("whole.yaml"), "--procs", "2", "--run-dir",
+                                  dir.file(tag), "--resume", dir.file("whole/checkpoints/step-3")};
+    for (std::string kv : settings) {
+      if (kv == "distribution.zero=2") kv = std::string("distribution.zero=") + stage;
+      args.push_back("--set");
+      args.push_back(kv);
+    }
+    const auto r = test::cohort(args);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    const double diff = test::maxDifference(whole, ckpt::readStateDict(dir.file(tag + "/model/final.pt")));
+    EXPECT_LT(diff, kTolerance) << "resumed at stage " << stage;
+    RecordProperty(std::string("stage2_resumed_at_stage") + stage, fmt::format("{:.3g}", diff));
+    const std::string log = test::readText(dir.file(tag + "/logs/rank-0.log"));
+    if (std::string(stage) == "0") {
+      EXPECT_NE(log.find("optimizer state re-cut: ZeRO stage 2 on 2 ranks"), std::string::npos) << log;
+    } else {
+      EXPECT_EQ(log.find("re-cut"), std::string::npos) << "stage 1 takes stage 2's parts as they are";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cohort
