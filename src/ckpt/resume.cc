@@ -119,19 +119,19 @@ std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
 
 std::vector<std::string> checkResumable(const Manifest& m, const JobConfig& job, int worldSize,
                                         const std::string& path) {
-  if (m.worldSize != worldSize) {
-    throw ConfigError(fmt::format(
-        "cannot resume from {}: it was written by {} ranks and this run has {}. Each rank's "
-        "place in the epoch and its random state belong to a world size; resume with {} ranks "
-        "(cohort run --procs {}), or start a new run with model.init_from={}/model.bin's weights "
-        "exported by `cohort ckpt export`",
-        path, m.worldSize, worldSize, m.worldSize, m.worldSize, path));
-  }
+  // Another world size takes the epoch up where the checkpoint's ranks
+  // were (train/detail/setup.h, resumePosition), as does another batch
+  // size or accumulation when the checkpoint records its own.
   std::vector<std::string> changed;
+  if (m.worldSize != worldSize) {
+    changed.push_back(fmt::format("world size: {} -> {}", m.worldSize, worldSize));
+  }
   if (m.jobHash == jobHash(job)) return changed;
+  const bool layoutRecorded = m.extra.contains("batch_size") && m.extra.contains("accumulate");
   const std::string saved = m.extra.value("job", std::string());
   for (const auto& c : diffJobs(saved, job)) {
-    if (positionDependsOn(c.key)) {
+    const bool layout = c.key == "training.batch_size" || c.key == "training.accumulate_steps";
+    if (positionDependsOn(c.key) && !(layout && layoutRecorded)) {
       throw ConfigError(fmt::format(
           "cannot resume from {}: {} changed from {} to {}, and the checkpoint's place in the "
           "epoch depends on it; start a new run (cohort run --new-run) instead",

@@ -50,14 +50,15 @@ DistributedSampler::DistributedSampler(SamplerOptions options) : options_(option
   COHORT_ASSERT(options_.size >= 0, "size ", options_.size);
 }
 
-int64_t DistributedSampler::samplesPerRank() const {
+int64_t DistributedSampler::samplesPerRank(int64_t from) const {
   const int64_t n = options_.size;
   const int64_t w = options_.worldSize;
-  if (options_.evenSplit) return n / w;
+  COHORT_ASSERT(from == 0 || options_.evenSplit, "an uneven split starts at 0, not ", from);
+  if (options_.evenSplit) return std::max<int64_t>(0, n / w * w - from) / w;
   return n / w + (options_.rank < n % w ? 1 : 0);
 }
 
-std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t from) const {
   std::vector<int64_t> order;
   if (options_.shuffle && options_.order) {
     order = options_.order(epoch);
@@ -69,11 +70,11 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
     order.resize(static_cast<size_t>(options_.size));
     std::iota(order.begin(), order.end(), int64_t{0});
   }
-  const int64_t count = samplesPerRank();
+  const int64_t count = samplesPerRank(from);
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(count));
   for (int64_t k = 0; k < count; ++k) {
-    mine.push_back(order[static_cast<size_t>(options_.rank + k * options_.worldSize)]);
+    mine.push_back(order[static_cast<size_t>(from + options_.rank + k * options_.worldSize)]);
   }
   return mine;
 }

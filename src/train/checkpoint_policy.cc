@@ -30,7 +30,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     : job_(job),
       rank_(comm.rank),
       world_(comm.worldSize),
-      plan_(plan),
+      epochPlan_(plan),
       stop_(comm, job.checkpoint.enabled),
       arch_(choiceName(job.model.arch)),
       sharded_(job.distribution.zero > 0),
@@ -94,11 +94,20 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   m.step = step;
   m.epoch = epoch;
   m.batchInEpoch = micro;
-  m.samplesInEpoch = std::min(plan_.perRank, micro * plan_.batchSize) * world_;
+  // Positions of the epoch's order consumed by all ranks (StepPlan,
+  // DistributedSampler): a resume on any world size or batch size goes on
+  // from there (train/detail/setup.h, resumePosition).
+  m.samplesInEpoch = epochFrom_ + std::min(epochPlan_.perRank, micro * epochPlan_.batchSize) * world_;
   m.worldSize = world_;
   m.jobHash = jobHash_;
-  m.extra = {{"lr", lr}, {"optimizer", optimizerName}, {"peak_lr", plan_.peakLr},
-             {"global_batch", plan_.globalBatch}};
+  m.extra = {{"lr", lr},
+             {"optimizer", optimizerName},
+             {"peak_lr", epochPlan_.peakLr},
+             {"global_batch", epochPlan_.globalBatch},
+             {"batch_size", epochPlan_.batchSize},
+             {"accumulate", epochPlan_.accumulate},
+             {"epoch_start", epochFrom_},
+             {"epoch_done", micro == epochPlan_.batchesPerEpoch}};
   if (!loraBaseDigest_.empty()) m.extra["lora_base_digest"] = loraBaseDigest_;
   if (scaler_) {
     const LossScaler::State s = scaler_->state();
@@ -137,7 +146,7 @@ bool CheckpointPolicy::afterStep(int64_t step, int64_t epoch, int64_t micro, dou
   if (!checkpointer_) return false;
   const CheckpointConfig& cc = job_.checkpoint;
   checkpointer_->poll();
-  const bool endOfEpoch = micro == plan_.batchesPerEpoch;
+  const bool endOfEpoch = micro == epochPlan_.batchesPerEpoch;
   const bool due = (cc.everySteps > 0 && step % cc.everySteps == 0) ||
                    (endOfEpoch && cc.everyEpochs > 0 && epoch % cc.everyEpochs == 0);
   if (!stop_.due(step)) {

@@ -229,6 +229,34 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm
   return l;
 }
 
+StepPlan StepPlan::takenUpWith(int64_t perRankLeft) const {
+  StepPlan p = *this;
+  p.perRank = perRankLeft;
+  p.batchesPerEpoch = dropLast ? perRankLeft / batchSize : (perRankLeft + batchSize - 1) / batchSize;
+  p.stepsPerEpoch = (p.batchesPerEpoch + accumulate - 1) / accumulate;
+  return p;
+}
+
+ResumeAt resumePosition(const ckpt::Manifest& m, const JobConfig& job, int worldSize,
+                        int64_t datasetSize) {
+  ResumeAt at;
+  at.epoch = m.epoch;
+  // Checkpoints before epoch_start and batch_size were recorded were
+  // refused on another world size or batch size: their layout is this one.
+  const bool sameLayout = m.worldSize == worldSize &&
+                          m.extra.value("epoch_start", int64_t{0}) == 0 &&
+                          m.extra.value("batch_size", job.training.batchSize) == job.training.batchSize &&
+                          m.extra.value("accumulate", job.training.accumulateSteps) ==
+                              job.training.accumulateSteps;
+  if (sameLayout) {
+    at.batch = m.batchInEpoch;
+    return at;
+  }
+  at.relaid = true;
+  at.from = m.extra.value("epoch_done", false) ? datasetSize : m.samplesInEpoch;
+  return at;
+}
+
 Cycle StepPlan::cycleOf(int64_t micro) const {
   Cycle c;
   c.first = (micro / accumulate) * accumulate;
@@ -254,6 +282,7 @@ StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize) {
   p.stepsPerEpoch = (p.batchesPerEpoch + tc.accumulateSteps - 1) / tc.accumulateSteps;
   p.totalSteps = p.stepsPerEpoch * tc.epochs;
   if (tc.maxSteps > 0) p.totalSteps = std::min(p.totalSteps, tc.maxSteps);
+  p.dropLast = job.data.dropLast;
   p.globalBatch = tc.batchSize * worldSize * tc.accumulateSteps;
   p.peakLr = peakLearningRate(tc.optimizer, p.globalBatch);
   return p;

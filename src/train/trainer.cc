@@ -142,19 +142,22 @@ struct Loop {
   double trainSeconds = 0;  // in the epochs' steps
   double waitSeconds = 0;   // of which waiting for batches
 
-  // Trains `epoch` from its micro-batch `startBatch`. Returns true when
-  // training ends with it: the last step is done, or a stop request was
-  // served (summary.stopped).
-  bool runEpoch(int64_t epoch, int64_t startBatch);
+  // Trains `epoch` from its micro-batch `startBatch`, the epoch taken up at
+  // position `from` of its order (a resume in another layout; 0: from its
+  // start). Returns true when training ends with it: the last step is
+  // done, or a stop request was served (summary.stopped).
+  bool runEpoch(int64_t epoch, int64_t startBatch, int64_t from);
   // Evaluates after `epoch` when data.eval is set and training.eval_every
   // asks for it, or `last`.
   void evaluateAfter(int64_t epoch, bool last);
 };
 
-bool Loop::runEpoch(int64_t epoch, int64_t startBatch) {
+bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
   data::BatchLoader& loader = *loaders.train;
-  loader.startEpoch(loaders.trainSampler->indices(epoch - 1), epoch, startBatch);
-  reporter.startEpoch(epoch, std::min(plan.stepsPerEpoch - startBatch / plan.accumulate,
+  const StepPlan ep = from > 0 ? plan.takenUpWith(loaders.trainSampler->samplesPerRank(from)) : plan;
+  checkpoints.startEpoch(from, ep);
+  loader.startEpoch(loaders.trainSampler->indices(epoch - 1, from), epoch, startBatch);
+  reporter.startEpoch(epoch, std::min(ep.stepsPerEpoch - startBatch / ep.accumulate,
                                       plan.totalSteps - step));
   bool end = false;
   for (int64_t micro = startBatch;;) {
@@ -164,7 +167,7 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch) {
       return loader.next();
     }();
     if (!batch) break;
-    const Cycle cycle = plan.cycleOf(micro);
+    const Cycle cycle = ep.cycleOf(micro);
     const double loss = runner.microBatch(*batch, cycle, micro, step);
     reporter.microBatch(loss, batch->labels.size(0), batch->skipped);
     summary.corruptSkipped += batch->skipped;
@@ -322,11 +325,29 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
           options.resumeFrom, job.model.initFrom.empty() ? "none" : job.model.initFrom,
           digest.empty() ? "none" : digest, ms.frozenDigest.empty() ? "none" : ms.frozenDigest));
     }
-    ckpt::restoreRankState(options.resumeFrom, rank, model);
+    if (rank < resume->worldSize) {
+      ckpt::restoreRankState(options.resumeFrom, rank, model);
+    } else {
+      // A rank the checkpoint's run did not have: its dropout draws from
+      // the seed above; its buffers are rank 0's from model.bin.
+      log::info("rank {} is new to {} (written by {} ranks): its random state starts from "
+                "training.seed", rank, options.resumeFrom, resume->worldSize);
+    }
   }
 
   Loaders loaders = makeLoaders(job, datasets, comm);
-  const StepPlan plan = planSteps(job, loaders.trainSampler->samplesPerRank(), comm.worldSize);
+  StepPlan plan = planSteps(job, loaders.trainSampler->samplesPerRank(), comm.worldSize);
+  ResumeAt at;
+  if (resume) {
+    at = resumePosition(*resume, job, comm.worldSize, datasets.train->size());
+    if (at.relaid) {
+      // The run's steps: those done, the rest of the epoch in this layout,
+      // and the epochs after it.
+      const StepPlan first = plan.takenUpWith(loaders.trainSampler->samplesPerRank(at.from));
+      plan.totalSteps = resume->step + first.stepsPerEpoch + plan.stepsPerEpoch * (tc.epochs - at.epoch);
+      if (tc.maxSteps > 0) plan.totalSteps = std::min(plan.totalSteps, tc.maxSteps);
+    }
+  }
   const LrSchedule schedule(tc.schedule, plan.peakLr, plan.stepsPerEpoch, plan.totalSteps);
   // Frozen weights (model.lora) have no optimizer state. With ZeRO the
   // optimizer steps this rank's part of each bucket ("part<k>").
@@ -380,13 +401,11 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
             runner, reporter,    checkpoints, schedule, faults, summary};
 
   // Where the resumed checkpoint left off.
-  int64_t firstEpoch = 1, firstBatch = 0;
+  int64_t firstEpoch = at.epoch, firstBatch = at.batch;
   const auto runStart = SteadyClock::now();
   if (resume) {
     loop.step = resume->step;
     monitor::setStep(loop.step);
-    firstEpoch = resume->epoch;
-    firstBatch = resume->batchInEpoch;
     summary.resumedFromStep = loop.step;
     summary.resumedFrom = options.resumeFrom;
     if (firstBatch > plan.batchesPerEpoch) {
@@ -394,9 +413,16 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
                                     "has {} batches in this job",
                                     options.resumeFrom, firstBatch, firstEpoch, plan.batchesPerEpoch));
     }
-    log::info("resumed from {}: step {}, epoch {}, batch {} of {} (sample {} of the epoch)",
-              options.resumeFrom, loop.step, firstEpoch, firstBatch, plan.batchesPerEpoch,
-              resume->samplesInEpoch);
+    if (at.relaid) {
+      log::info("resumed from {}: step {}, epoch {} from sample {} of its order (written by {} "
+                "ranks with batch {}, cut now for {} x batch {})",
+                options.resumeFrom, loop.step, firstEpoch, resume->samplesInEpoch, resume->worldSize,
+                resume->extra.value("batch_size", int64_t{0}), comm.worldSize, tc.batchSize);
+    } else {
+      log::info("resumed from {}: step {}, epoch {}, batch {} of {} (sample {} of the epoch)",
+                options.resumeFrom, loop.step, firstEpoch, firstBatch, plan.batchesPerEpoch,
+                resume->samplesInEpoch);
+    }
     reporter.event({{"event", "resume"},
                     {"step", loop.step},
                     {"from", options.resumeFrom},
@@ -408,8 +434,15 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     model.train();
     // A run resumed at its last step trains no more, but still evaluates.
     const bool done = loop.step >= plan.totalSteps;
-    const int64_t startBatch = done ? plan.batchesPerEpoch : (epoch == firstEpoch ? firstBatch : 0);
-    end = loop.runEpoch(epoch, startBatch) || done;
+    const bool first = epoch == firstEpoch;
+    int64_t from = first && at.relaid ? at.from : 0;
+    int64_t startBatch = first ? firstBatch : 0;
+    if (done) {
+      // Nothing left of the epoch: past its last batch, or past its order.
+      startBatch = from > 0 ? 0 : plan.batchesPerEpoch;
+      from = from > 0 ? datasets.train->size() : 0;
+    }
+    end = loop.runEpoch(epoch, startBatch, from) || done;
     loop.evaluateAfter(epoch, epoch == tc.epochs || end);
   }
 

@@ -46,6 +46,39 @@ TEST_P(SamplerTest, StepKOfNRanksIsStepKOfOneProcessWithNTimesTheBatch) {
   }
 }
 
+// Taken up at position `from` (a resume on another world size): the
+// ranks share what the epoch's order holds from there up to its even end,
+// each the same count, and a run of N ranks that had stopped at `from`
+// together with them visits every position before the end exactly once.
+TEST_P(SamplerTest, AnEpochTakenUpAtAPositionVisitsTheRestOfItsOrderOnce) {
+  const auto [world, size] = GetParam();
+  DistributedSampler single({size, 1, 0, true, 42, true, {}});
+  const auto order = single.indices(3);  // the epoch's whole order
+  for (int64_t from : {int64_t{0}, int64_t{1}, int64_t{7}, size / 2, size / world * world, size}) {
+    std::multiset<int64_t> taken;
+    int64_t count = -1;
+    for (int r = 0; r < world; ++r) {
+      DistributedSampler s({size, world, r, true, 42, true, {}});
+      const auto mine = s.indices(3, from);
+      EXPECT_EQ(static_cast<int64_t>(mine.size()), s.samplesPerRank(from));
+      if (count >= 0) EXPECT_EQ(static_cast<int64_t>(mine.size()), count) << "rank " << r;
+      count = static_cast<int64_t>(mine.size());
+      taken.insert(mine.begin(), mine.end());
+    }
+    const int64_t end = std::max(from, from + (size / world * world - from) / world * world);
+    std::multiset<int64_t> expected(order.begin() + std::min(from, size), order.begin() + std::min(end, size));
+    EXPECT_EQ(taken, expected) << "from " << from << ", " << world << " ranks, " << size << " samples";
+    if (from == 0) EXPECT_EQ(count, size / world);
+  }
+  // From a multiple of N, a rank's list is the tail of its list from 0.
+  DistributedSampler r0({size, world, 0, true, 42, true, {}});
+  const auto whole = r0.indices(3);
+  const int64_t skip = std::min<int64_t>(2, static_cast<int64_t>(whole.size()));
+  const auto tail = r0.indices(3, skip * world);
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + skip));
+  EXPECT_EQ(tail.size() + static_cast<size_t>(skip), whole.size());
+}
+
 TEST_P(SamplerTest, EvaluationVisitsEverySampleOnce) {
   const auto [world, size] = GetParam();
   std::multiset<int64_t> seen;

@@ -189,5 +189,73 @@ print("ok", len(params), "parameters, worst relative difference", worst)
   }
 }
 
+// A checkpoint resumes on another world size, stage and batch: the epoch
+// goes on from the sample its ranks had reached together, and the run ends
+// with the weights of one process that takes the same global batches (its
+// batch changed at the same step), within float32's rounding.
+struct Resize {
+  const char* name;
+  int ranksBefore, ranksAfter;
+  const char* zeroBefore;
+  const char* zeroAfter;
+};
+
+void PrintTo(const Resize& r, std::ostream* os) { *os << r.name; }
+
+class ZeroResize : public ::testing::TestWithParam<Resize> {};
+
+TEST_P(ZeroResize, TheEpochGoesOnFromTheSameSampleWithTheSameState) {
+  const Resize rz = GetParam();
+  const int b = 4;
+  test::TempDir dir;
+  auto settings = [&](int batch, const std::string& zero, bool first) {
+    std::vector<std::string> kv = job(batch, {"distribution.zero=" + zero, "checkpoint.every_steps=3"});
+    for (auto& k : kv) {
+      if (k == "training.max_steps=5") k = first ? "training.max_steps=3" : "training.max_steps=0";
+    }
+    return kv;
+  };
+  auto resumed = [&](const std::string& tag, const std::string& from, int procs, std::vector<std::string> kv) {
+    std::vector<std::string> args{"run", dir.file(from + ".yaml"), "--procs", std::to_string(procs),
+                                  "--run-dir", dir.file(tag), "--resume", dir.file(from + "/checkpoints/step-3")};
+    for (auto& k : kv) {
+      args.push_back("--set");
+      args.push_back(k);
+    }
+    const auto r = test::cohort(args);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
+  };
+  // One process: 3 steps of the first run's global batch, then the second's.
+  test::trainTiny(dir, "ref", 1, settings(b * rz.ranksBefore, "0", true));
+  auto reference = resumed("ref-after", "ref", 1, settings(b * rz.ranksAfter, "0", false));
+  test::trainTiny(dir, "before", rz.ranksBefore, settings(b, rz.zeroBefore, true));
+  auto after = resumed("after", "before", rz.ranksAfter, settings(b, rz.zeroAfter, false));
+  const double diff = test::maxDifference(reference, after);
+  EXPECT_LT(diff, kTolerance);
+  RecordProperty("max_parameter_difference", fmt::format("{:.3g}", diff));
+  const std::string log = test::readText(dir.file("after/logs/rank-0.log"));
+  const std::string position = fmt::format(
+      "epoch 1 from sample {} of its order (written by {} ranks with batch 4, cut now for {} x batch 4)",
+      3 * b * rz.ranksBefore, rz.ranksBefore, rz.ranksAfter);
+  EXPECT_NE(log.find(position), std::string::npos) << log;
+  // The same number of steps on both sides: the rest of the epoch.
+  auto steps = [&](const std::string& tag) {
+    return nlohmann::json::parse(test::readText(dir.file(tag + "/summary.json")))["steps"].get<int64_t>();
+  };
+  EXPECT_EQ(steps("after"), steps("ref-after"));
+  EXPECT_GT(steps("after"), 3);
+  // The comparison can fail: not resuming (the first run's weights) is far.
+  EXPECT_GT(test::maxDifference(reference, ckpt::readStateDict(dir.file("before/model/final.pt"))),
+            100 * kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizes, ZeroResize,
+    ::testing::Values(Resize{"TwoToThreeAtStage2", 2, 3, "2", "2"},
+                      Resize{"ThreeToTwoFromStage1ToStage2", 3, 2, "1", "2"},
+                      Resize{"TwoToOneFromStage2ToStage0", 2, 1, "2", "0"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 }  // namespace
 }  // namespace cohort

@@ -54,10 +54,13 @@ std::string chooseResumeCheckpoint(const JobConfig& job, const RunDir& runDir,
 
 // Whether `job` on `worldSize` ranks can continue the checkpoint at `path`
 // (its manifest `m`) exactly. Throws ConfigError naming the checkpoint when
-// the world size differs or a setting the position in the epoch depends on
-// changed (data.train.*, batch size, accumulation, seed, drop_last, the
-// optimizer). Returns the safe changes ("key: before -> after": more epochs,
-// another learning rate, ...), for the caller to report.
+// a setting the order of the epoch depends on changed (data.train.*, seed,
+// drop_last, the optimizer; batch size and accumulation too for a
+// checkpoint that does not record its own, written before they could
+// change). Another world size is fine: the epoch goes on from the
+// position the checkpoint's ranks reached together. Returns the safe
+// changes ("key: before -> after": the world size, more epochs, another
+// learning rate, ...), for the caller to report.
 std::vector<std::string> checkResumable(const Manifest& m, const JobConfig& job, int worldSize,
                                         const std::string& path);
 

@@ -28,11 +28,18 @@ struct SamplerOptions {
 // The slices are disjoint, and the samples of step k on all ranks together
 // are exactly the samples a single process with an N-times larger batch
 // visits at step k: the property the DDP equivalence rests on.
+//
+// An epoch can also be taken up at position `from` of its order (a resume
+// on another world size: the positions before it were consumed by the
+// ranks of the run that wrote the checkpoint): rank r then takes from + r,
+// from + r + N, ... and every rank the same count, the positions left
+// before the epoch's even end (floor(size / N) N) divided by N. With
+// `from` a multiple of N this is the tail of the list from 0.
 class DistributedSampler {
  public:
   explicit DistributedSampler(SamplerOptions options);
-  std::vector<int64_t> indices(int64_t epoch) const;
-  int64_t samplesPerRank() const;
+  std::vector<int64_t> indices(int64_t epoch, int64_t from = 0) const;
+  int64_t samplesPerRank(int64_t from = 0) const;
 
  private:
   SamplerOptions options_;

@@ -39,6 +39,14 @@ class CheckpointPolicy {
                    models::Model& model, torch::optim::Optimizer& optimizer,
                    const std::vector<std::string>& paramNames, const StepPlan& plan);
 
+  // The epoch about to run: taken up at position `from` of its order (0: at
+  // its start) and planned as `epochPlan` (StepPlan::takenUpWith). Each
+  // manifest's position counts from there.
+  void startEpoch(int64_t from, const StepPlan& epochPlan) {
+    epochFrom_ = from;
+    epochPlan_ = epochPlan;
+  }
+
   // Null when checkpoints are off.
   ckpt::Checkpointer* checkpointer() const { return checkpointer_.get(); }
 
@@ -67,7 +75,8 @@ class CheckpointPolicy {
   const JobConfig& job_;
   const int rank_;
   const int world_;
-  const StepPlan plan_;
+  StepPlan epochPlan_;
+  int64_t epochFrom_ = 0;
   StopProtocol stop_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   std::string arch_;

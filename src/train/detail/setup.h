@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "cohort/ckpt/manifest.h"
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/data/dataset.h"
@@ -83,12 +84,34 @@ struct StepPlan {
   int64_t totalSteps = 0;       // of the run (training.epochs, capped by max_steps)
   int64_t globalBatch = 0;      // samples per optimizer step, all ranks
   double peakLr = 0;
+  bool dropLast = false;
 
   Cycle cycleOf(int64_t micro) const;
+  // The plan of an epoch taken up at a position of its order, with
+  // `perRankLeft` samples left for each rank: its batches and steps (none
+  // when nothing is left); the rest as this plan.
+  StepPlan takenUpWith(int64_t perRankLeft) const;
 };
 
 // Throws DataError when a rank's share is less than one batch with
 // data.drop_last.
 StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize);
+
+// Where a resumed run takes training up. With the checkpoint's layout (the
+// same world size and batch size, an epoch begun at its start) it skips
+// the checkpoint's batches of its epoch (`batch`), as ever. Otherwise the
+// epoch goes on from the position of its order the checkpoint's ranks had
+// reached together (`from`, ckpt::Manifest::samplesInEpoch; the whole
+// order when that epoch was done), cut for this run's ranks
+// (DistributedSampler::indices(epoch, from)): every sample the checkpoint's
+// run had not trained on is trained on once, on whichever rank.
+struct ResumeAt {
+  int64_t epoch = 1;
+  int64_t batch = 0;
+  int64_t from = 0;
+  bool relaid = false;  // `from` applies: another layout
+};
+ResumeAt resumePosition(const ckpt::Manifest& m, const JobConfig& job, int worldSize,
+                        int64_t datasetSize);
 
 }  // namespace cohort::train::detail
