@@ -93,6 +93,11 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
     }
     state.insert(index++, std::move(s));
   }
+  if (index == 0) {
+    out << fmt::format("{}: no optimizer state to write ({} keeps none yet, e.g. sgd without "
+                       "momentum)\n", dir, choiceName(job.training.optimizer.name));
+    return 2;
+  }
   if (static_cast<size_t>(index) != withState.size()) {
     throw DataError(fmt::format("{}: the optimizer state names {} parameters, model.bin holds {} "
                                 "of them", dir, withState.size(), index));

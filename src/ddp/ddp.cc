@@ -207,7 +207,7 @@ void DistributedDataParallel::removeHooks() {
 }
 
 std::exception_ptr DistributedDataParallel::waitAll(
-    std::vector<c10::intrusive_ptr<c10d::Work>> works) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + comm_.timeout;
   std::exception_ptr first;
   for (auto& w : works) {
@@ -216,7 +216,7 @@ std::exception_ptr DistributedDataParallel::waitAll(
     try {
       comm::Comm c = comm_;
       c.timeout = std::max(left, std::chrono::milliseconds(1));
-      comm::wait(w, c, "gradient allreduce");
+      comm::wait(w, c, what);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -372,7 +372,8 @@ void DistributedDataParallel::finishGradients() {
   exchangeFinite_ = true;
   resetReadiness();
   lock.unlock();
-  std::exception_ptr failure = waitAll(std::move(works));
+  std::exception_ptr failure = waitAll(
+      std::move(works), options_.zeroStage == 2 ? "gradient reduce-scatter" : "gradient allreduce");
   for (size_t k = 0; k < buckets_.size() && !failure; ++k) {
     if (buckets_[k].received.defined()) completeReduceScatter(k);
   }
@@ -402,7 +403,8 @@ void DistributedDataParallel::finishGradients() {
       Bucket& b = buckets_[k];
       if (b.launchedUs == 0) continue;
       const int64_t done = b.completedUs && *b.completedUs > 0 ? b.completedUs->load() : now;
-      t->complete(fmt::format("allreduce bucket {}", k), "comm", timePoint(b.launchedUs),
+      const char* op = options_.zeroStage == 2 ? "reduce-scatter" : "allreduce";
+      t->complete(fmt::format("{} bucket {}", op, k), "comm", timePoint(b.launchedUs),
                   timePoint(std::max(done, b.launchedUs)), 2, bucketArgs(b.flat, b.params.size()));
       b.launchedUs = 0;
     }

@@ -152,7 +152,9 @@ void DistributedDataParallel::gatherParameters() {
       }
       works.push_back(comm_.pg->allgather(out, in));
     }
-    if (std::exception_ptr failure = waitAll(std::move(works))) std::rethrow_exception(failure);
+    if (std::exception_ptr failure = waitAll(std::move(works), "parameter allgather")) {
+      std::rethrow_exception(failure);
+    }
   }
   if (monitor::Timeline* t = monitor::timeline()) {
     t->complete("parameter allgather", "comm", wallStart, monitor::Timeline::Clock::now(), 0,

@@ -241,8 +241,11 @@ ResumeAt resumePosition(const ckpt::Manifest& m, const JobConfig& job, int world
                         int64_t datasetSize) {
   ResumeAt at;
   at.epoch = m.epoch;
-  // Checkpoints before epoch_start and batch_size were recorded were
-  // refused on another world size or batch size: their layout is this one.
+  // A checkpoint that does not record its batch size (written before it
+  // could change) is taken to have this run's; checkResumable refuses
+  // another batch size for it. Without epoch_done, one written at the end
+  // of its epoch under data.drop_last and resumed in another layout trains
+  // the few samples that epoch had dropped.
   const bool sameLayout = m.worldSize == worldSize &&
                           m.extra.value("epoch_start", int64_t{0}) == 0 &&
                           m.extra.value("batch_size", job.training.batchSize) == job.training.batchSize &&

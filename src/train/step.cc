@@ -131,8 +131,9 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
   Update u;
   {
     monitor::TimelineSpan span("optimizer", "compute");
-    // The gradients are the same on every rank after the exchange, so every
-    // rank reaches the same verdict without a message.
+    // Every rank reaches the same verdict: from the same gradients, or at
+    // ZeRO stage 2 through the exchange or one collective (every rank
+    // calls this every step).
     const bool finite = ddp_.gradientsFinite();
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     if (scaler_) {

@@ -82,7 +82,7 @@ nlohmann::json zeroLayout(const JobConfig& job, const ddp::DistributedDataParall
 std::string describeLayout(const nlohmann::json& z) {
   return z.is_null() ? std::string("unsharded (distribution.zero 0)")
                      : fmt::format("ZeRO stage {} on {} ranks in {} buckets", z.value("stage", 0),
-                                   z.value("world_size", 0), z["buckets"].size());
+                                   z.value("world_size", 0), z.value("buckets", nlohmann::json::array()).size());
 }
 
 // Restores the optimizer from the checkpoint at `dir` (manifest `m`). The
@@ -95,8 +95,12 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
                       const ckpt::Manifest& m, int rank) {
   const nlohmann::json was = m.extra.contains("zero") ? m.extra["zero"] : nlohmann::json();
   const bool sharded = !layout.is_null();
+  // The parts, whatever the stage: the world size, the buckets and each
+  // parameter's layout (a part holds elements in memory order).
   auto cut = [](const nlohmann::json& z) {
-    return z.is_null() ? nlohmann::json() : nlohmann::json{z["world_size"], z["buckets"]};
+    return z.is_object() ? nlohmann::json{z.value("world_size", 0), z.value("buckets", nlohmann::json()),
+                                          z.value("params", nlohmann::json())}
+                         : nlohmann::json();
   };
   if (cut(was) == cut(layout)) {
     const std::string file = dir + "/" + ckpt::optimizerFile(sharded, rank);
@@ -340,13 +344,15 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   ResumeAt at;
   if (resume) {
     at = resumePosition(*resume, job, comm.worldSize, datasets.train->size());
-    if (at.relaid) {
-      // The run's steps: those done, the rest of the epoch in this layout,
-      // and the epochs after it.
-      const StepPlan first = plan.takenUpWith(loaders.trainSampler->samplesPerRank(at.from));
-      plan.totalSteps = resume->step + first.stepsPerEpoch + plan.stepsPerEpoch * (tc.epochs - at.epoch);
-      if (tc.maxSteps > 0) plan.totalSteps = std::min(plan.totalSteps, tc.maxSteps);
-    }
+    // The run's steps: those done, the rest of the epoch in this layout,
+    // and the epochs after it. (The same as epochs x steps per epoch when
+    // every epoch ran in this layout; not after a resume in another.)
+    const StepPlan first =
+        at.relaid ? plan.takenUpWith(loaders.trainSampler->samplesPerRank(at.from)) : plan;
+    const int64_t doneInEpoch = at.relaid ? 0 : (at.batch + plan.accumulate - 1) / plan.accumulate;
+    plan.totalSteps = resume->step + std::max<int64_t>(0, first.stepsPerEpoch - doneInEpoch) +
+                      plan.stepsPerEpoch * std::max<int64_t>(0, tc.epochs - at.epoch);
+    if (tc.maxSteps > 0) plan.totalSteps = std::min(plan.totalSteps, tc.maxSteps);
   }
   const LrSchedule schedule(tc.schedule, plan.peakLr, plan.stepsPerEpoch, plan.totalSteps);
   // Frozen weights (model.lora) have no optimizer state. With ZeRO the
@@ -417,7 +423,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       log::info("resumed from {}: step {}, epoch {} from sample {} of its order (written by {} "
                 "ranks with batch {}, cut now for {} x batch {})",
                 options.resumeFrom, loop.step, firstEpoch, resume->samplesInEpoch, resume->worldSize,
-                resume->extra.value("batch_size", int64_t{0}), comm.worldSize, tc.batchSize);
+                resume->extra.value("batch_size", tc.batchSize), comm.worldSize, tc.batchSize);
     } else {
       log::info("resumed from {}: step {}, epoch {}, batch {} of {} (sample {} of the epoch)",
                 options.resumeFrom, loop.step, firstEpoch, firstBatch, plan.batchesPerEpoch,

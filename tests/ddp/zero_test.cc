@@ -69,7 +69,10 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
       {"gloo1", ranks, {"distribution.zero=1", one, gloo}, {}},
       {"gloo2", ranks, {"distribution.zero=2", tiny, gloo}, {}},
   };
-  if (ranks == 3) variants.push_back({"hier2", 3, {"distribution.zero=2", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
+  if (ranks == 3) {
+    variants.push_back({"hier1", 3, {"distribution.zero=1", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
+    variants.push_back({"hier2", 3, {"distribution.zero=2", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
+  }
   for (const Variant& v : variants) {
     auto sharded = test::trainTiny(dir, v.tag, v.ranks, job(b, v.settings), v.env);
     const double diff = test::maxDifference(reference, sharded);
@@ -104,6 +107,39 @@ TEST(ZeroClip, TheGlobalNormIsClippedAsInOneProcess) {
   EXPECT_LT(test::maxDifference(reference, sharded), kTolerance);
   EXPECT_LT(test::maxDifference(reference, gloo), kTolerance);
   EXPECT_GT(test::maxDifference(reference, unclipped), 100 * kTolerance) << "nothing was clipped";
+}
+
+// The rest of what stages 1 and 2 must work with, on 2 ranks: SGD with
+// momentum (the fused step on parts), accumulation, and a NaN in one
+// rank's loss, after which every rank skips the same step (on shared
+// memory the reduce-scatter reports it, on Gloo one collective).
+TEST(ZeroWith, SgdAccumulationAndASkippedNonFiniteStep) {
+  test::TempDir dir;
+  const std::string gloo = "distribution.shared_memory=false";
+  auto sgd = [](std::vector<std::string> kv) {
+    kv.push_back("training.optimizer.name=sgd");
+    kv.push_back("training.optimizer.lr=0.05");
+    return kv;
+  };
+  auto sgdRef = test::trainTiny(dir, "sgd-ref", 1, job(8, sgd({})));
+  for (const std::string stage : {"1", "2"}) {
+    auto run = test::trainTiny(dir, "sgd" + stage, 2, job(4, sgd({"distribution.zero=" + stage, gloo})));
+    EXPECT_LT(test::maxDifference(sgdRef, run), kTolerance) << "sgd, stage " << stage;
+  }
+  auto accRef = test::trainTiny(dir, "acc-ref", 1, job(8, {"training.accumulate_steps=2"}));
+  auto acc = test::trainTiny(dir, "acc", 2, job(4, {"training.accumulate_steps=2", "distribution.zero=2"}));
+  EXPECT_LT(test::maxDifference(accRef, acc), kTolerance) << "accumulation at stage 2";
+
+  const std::map<std::string, std::string> nan{{"COHORT_FAULT", "nan@rank1:step2"}};
+  auto nanRef = test::trainTiny(dir, "nan-ref", 2, job(4, {"training.on_nonfinite=skip"}), nan);
+  for (const std::string& path : {std::string("shm"), std::string("gloo")}) {
+    std::vector<std::string> kv{"training.on_nonfinite=skip", "distribution.zero=2"};
+    if (path == "gloo") kv.push_back(gloo);
+    auto run = test::trainTiny(dir, "nan-" + path, 2, job(4, kv), nan);
+    EXPECT_LT(test::maxDifference(nanRef, run), kTolerance) << path;
+    const auto summary = nlohmann::json::parse(test::readText(dir.file("nan-" + path + "/summary.json")));
+    EXPECT_EQ(summary["nonfinite_skipped"], 1) << path << ": " << summary.dump();
+  }
 }
 
 // A rank killed at step 7 restarts from a checkpoint (step 3 or 6: with
@@ -162,6 +198,24 @@ print("ok", len(params), "parameters, worst relative difference", worst)
 )", dir.file("whole-adamw.pt"), dir.file("plain-adamw.pt"), dir.file("whole-model.pt")});
   EXPECT_EQ(py.exitCode, 0) << py.describe();
   RecordProperty("consolidated", py.out);
+
+  // A stage-0 checkpoint resumed at stage 2 cuts its one file into parts.
+  {
+    std::vector<std::string> args{"run", dir.file("plain.yaml"), "--procs", "2", "--run-dir",
+                                  dir.file("plain-as2"), "--resume", dir.file("plain/checkpoints/step-3")};
+    for (const std::string& kv : settings) {
+      args.push_back("--set");
+      args.push_back(kv);  // distribution.zero=2
+    }
+    const auto r = test::cohort(args);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_LT(test::maxDifference(whole, ckpt::readStateDict(dir.file("plain-as2/model/final.pt"))), kTolerance);
+    const std::string log = test::readText(dir.file("plain-as2/logs/rank-1.log"));
+    EXPECT_NE(log.find("optimizer state re-cut: unsharded (distribution.zero 0) in the checkpoint, "
+                       "ZeRO stage 2 on 2 ranks"),
+              std::string::npos)
+        << log;
+  }
 
   // The same checkpoint resumed at stage 0 (one optimizer state, put back
   // together from the parts) and at stage 1 (the same parts) ends with the

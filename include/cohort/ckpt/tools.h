@@ -32,8 +32,9 @@ std::string findCheckpoint(const std::string& path);
 // rank's ZeRO parts put back together, ckpt/zero_state.h) in torch.optim's
 // state_dict() layout: {"state": {i: {...}}, "param_groups": [{..., "params":
 // [0, 1, ...]}]}, parameter i being the i-th of model.bin's with state.
-// 0; 2 when PATH holds no valid checkpoint. Throws DataError naming a file
-// that cannot be read.
+// 0; 2 when PATH holds no valid checkpoint, or `optimizerOut` is asked for
+// and the optimizer kept no state. Throws DataError naming a file that
+// cannot be read.
 int consolidateCommand(const std::string& path, const std::string& modelOut,
                        const std::string& optimizerOut, std::ostream& out);
 

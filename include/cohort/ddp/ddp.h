@@ -148,9 +148,11 @@ class DistributedDataParallel {
   // ranks are not left waiting -- and CommError if a collective fails.
   void finishGradients();
   // After finishGradients: whether every gradient is finite (no NaN or
-  // Inf); the same answer on every rank, since the exchanged gradients are
-  // the same. Free after a shared-memory exchange (its sums checked every
-  // element); otherwise one pass over the buckets.
+  // Inf); the same answer on every rank. Free after a shared-memory
+  // exchange (its sums checked every element); otherwise one pass over the
+  // buckets, the same on every rank since the exchanged gradients are --
+  // except at ZeRO stage 2 over Gloo, where each rank holds its part's sums
+  // only and the verdict is a collective: every rank must call it.
   bool gradientsFinite() const;
   // Zeroes every gradient (the buckets).
   void zeroGrad();
@@ -233,7 +235,8 @@ class DistributedDataParallel {
   bool sumInSharedMemory(size_t k);
   // Waits for every launched bucket with one overall deadline; returns the
   // first failure instead of throwing.
-  std::exception_ptr waitAll(std::vector<c10::intrusive_ptr<c10d::Work>> works);
+  std::exception_ptr waitAll(std::vector<c10::intrusive_ptr<c10d::Work>> works,
+                             const char* what = "gradient allreduce");
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::Comm comm_;
