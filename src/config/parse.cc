@@ -15,6 +15,7 @@
 
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
+#include "cohort/core/text.h"
 #include "config/detail/did_you_mean.h"
 #include "config/detail/schema.h"
 
@@ -72,8 +73,7 @@ bool parseDouble(const std::string& s, double& out) {
 }
 
 bool parseBool(const std::string& s, bool& out) {
-  std::string l;
-  for (char c : s) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string l = lowerAscii(s);
   if (l == "true" || l == "yes" || l == "on") return out = true, true;
   if (l == "false" || l == "no" || l == "off") return out = false, true;
   return false;

@@ -22,6 +22,7 @@
 #include "cohort/security/keys.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
+#include "cohort/core/text.h"
 #include "cohort/data/dataset.h"
 #include "cohort/data/image.h"
 #include "cohort/data/sampler.h"
@@ -55,13 +56,8 @@ struct Input {
   std::vector<int64_t> rawShape;
 };
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
 bool isImageFile(const fs::path& p) {
-  const std::string ext = lower(p.extension().string());
+  const std::string ext = lowerAscii(p.extension().string());
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 

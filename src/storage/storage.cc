@@ -11,6 +11,7 @@
 
 #include "cohort/config/job.h"
 #include "cohort/core/env.h"
+#include "cohort/core/text.h"
 #include "storage/detail/backends.h"
 #include "storage/detail/identity.h"
 #include "storage/detail/shared_key.h"
@@ -18,21 +19,8 @@
 namespace cohort::storage {
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  const size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
 bool startsWith(const std::string& s, const std::string& prefix) {
-  return s.size() >= prefix.size() && lower(s.substr(0, prefix.size())) == prefix;
+  return s.size() >= prefix.size() && lowerAscii(s.substr(0, prefix.size())) == prefix;
 }
 
 std::vector<std::string> segments(const std::string& path) {
@@ -61,7 +49,7 @@ struct UrlParts {
 UrlParts splitUrl(const std::string& url) {
   UrlParts p;
   const size_t colon = url.find("://");
-  p.scheme = lower(url.substr(0, colon));
+  p.scheme = lowerAscii(url.substr(0, colon));
   std::string rest = url.substr(colon + 3);
   const size_t hash = rest.find('#');
   if (hash != std::string::npos) rest.resize(hash);
@@ -175,7 +163,7 @@ BlobLocation parseBlobUrl(const std::string& url, const StorageOptions& options)
     requireSecureOrAllowed(p.scheme, loc.display, options);
     loc.scheme = p.scheme;
     loc.authority = p.authority;
-    const std::string host = lower(p.authority.substr(0, p.authority.find(':')));
+    const std::string host = lowerAscii(p.authority.substr(0, p.authority.find(':')));
     const size_t blob = host.find(".blob.");
     if (blob != std::string::npos && blob > 0) {
       // https://<account>.blob.core.windows.net/<container>/<prefix>
@@ -222,7 +210,7 @@ Credentials loadCredentials(const BlobLocation& location, const StorageOptions& 
     std::string line;
     std::string key, sas;
     for (int number = 1; std::getline(in, line); ++number) {
-      line = trim(line);
+      line = trimSpace(line);
       if (line.empty() || line[0] == '#') continue;
       const size_t eq = line.find('=');
       // Never echo the line: it may hold a secret.
@@ -230,8 +218,8 @@ Credentials loadCredentials(const BlobLocation& location, const StorageOptions& 
         throw ConfigError(fmt::format(
             "{}:{}: expected `account_key = ...`, `sas = ...` or `token = ...`", file, number));
       }
-      const std::string name = trim(line.substr(0, eq));
-      const std::string value = unquote(trim(line.substr(eq + 1)));
+      const std::string name = trimSpace(line.substr(0, eq));
+      const std::string value = unquote(trimSpace(line.substr(eq + 1)));
       if (name == "account_key") {
         key = value;
       } else if (name == "sas") {
@@ -273,7 +261,7 @@ Credentials loadCredentials(const BlobLocation& location, const StorageOptions& 
         "`token = ...`, or storage.managed_identity: true",
         location.display));
   }
-  if (!token.empty()) c.bearer = fixedToken(trim(token));
+  if (!token.empty()) c.bearer = fixedToken(trimSpace(token));
   if (c.bearer && location.scheme != "https") {
     throw ConfigError(fmt::format(
         "{}: OAuth tokens are sent over https only; this URL uses {}", location.display,
@@ -282,7 +270,7 @@ Credentials loadCredentials(const BlobLocation& location, const StorageOptions& 
   if (!c.sas.empty() && c.sas[0] == '?') c.sas.erase(0, 1);
   if (!c.keyText.empty()) {
     try {
-      c.accountKey = detail::base64Decode(trim(c.keyText));
+      c.accountKey = detail::base64Decode(trimSpace(c.keyText));
     } catch (const std::exception&) {
       throw ConfigError(fmt::format("{}: the account key is not valid base64", keySource));
     }

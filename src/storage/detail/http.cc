@@ -9,6 +9,8 @@
 #include <cstring>
 #include <exception>
 
+#include "cohort/core/text.h"
+
 namespace cohort::storage::detail {
 namespace {
 
@@ -17,19 +19,6 @@ constexpr size_t kMaxErrorBody = 64 << 10;
 void globalInit() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
 }
 
 // State of one transfer, shared with the callbacks.
@@ -53,8 +42,8 @@ size_t onHeader(char* data, size_t size, size_t count, void* user) {
   }
   const size_t colon = line.find(':');
   if (colon != std::string::npos) {
-    t->response.headers.emplace_back(lower(trim(line.substr(0, colon))),
-                                     trim(line.substr(colon + 1)));
+    t->response.headers.emplace_back(lowerAscii(trimSpace(line.substr(0, colon))),
+                                     trimSpace(line.substr(colon + 1)));
   }
   return size * count;
 }

@@ -11,16 +11,12 @@
 #include <map>
 #include <stdexcept>
 
+#include "cohort/core/text.h"
+
 namespace cohort::storage::detail {
 namespace {
 
 constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 // Header values are signed trimmed, with runs of whitespace folded to one space.
 std::string canonicalValue(const std::string& v) {
@@ -161,7 +157,7 @@ std::string sharedKeyStringToSign(const std::string& account, const std::string&
                                   const Headers& headers, int64_t contentLength) {
   std::map<std::string, std::string> standard, msHeaders;
   for (const auto& [name, value] : headers) {
-    const std::string n = lower(name);
+    const std::string n = lowerAscii(name);
     (n.rfind("x-ms-", 0) == 0 ? msHeaders : standard)[n] = canonicalValue(value);
   }
   auto get = [&](const char* name) {
@@ -183,7 +179,7 @@ std::string sharedKeyStringToSign(const std::string& account, const std::string&
   for (const auto& [name, value] : msHeaders) s += name + ":" + value + "\n";
   s += "/" + account + encodedPath;
   std::map<std::string, std::vector<std::string>> params;
-  for (const auto& [name, value] : query) params[lower(name)].push_back(value);
+  for (const auto& [name, value] : query) params[lowerAscii(name)].push_back(value);
   for (auto& [name, values] : params) {
     std::sort(values.begin(), values.end());
     s += "\n" + name + ":";

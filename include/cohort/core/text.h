@@ -1,0 +1,27 @@
+#pragma once
+
+// Small text helpers that several parsers share (storage URLs and headers,
+// job values, dataset manifests). ASCII only: these are protocol and
+// configuration words, not user text.
+
+#include <string>
+
+namespace cohort {
+
+// `s` with A-Z turned into a-z.
+inline std::string lowerAscii(std::string s) {
+  for (char& c : s) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return s;
+}
+
+// `s` without leading and trailing spaces, tabs, CRs and LFs.
+inline std::string trimSpace(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace cohort
