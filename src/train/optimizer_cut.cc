@@ -1,0 +1,75 @@
+#include "train/detail/optimizer_cut.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "cohort/ckpt/rank_state.h"
+#include "cohort/ckpt/tensor_file.h"
+#include "cohort/ckpt/zero_state.h"
+#include "cohort/core/log.h"
+#include "cohort/models/lora.h"
+#include "cohort/train/optimizer.h"
+
+namespace cohort::train::detail {
+
+namespace {
+
+std::string describeLayout(const nlohmann::json& z) {
+  return z.is_null() ? std::string("unsharded (distribution.zero 0)")
+                     : fmt::format("ZeRO stage {} on {} ranks in {} buckets", z.value("stage", 0),
+                                   z.value("world_size", 0), z.value("buckets", nlohmann::json::array()).size());
+}
+
+}  // namespace
+
+nlohmann::json zeroLayout(const JobConfig& job, const ddp::DistributedDataParallel& ddp,
+                          const models::Model& model, int worldSize) {
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [name, p] : models::trainableParameters(model)) {
+    params[name] = {{"shape", p.sizes().vec()}, {"strides", p.strides().vec()}};
+  }
+  return {{"stage", job.distribution.zero},
+          {"world_size", worldSize},
+          {"buckets", ddp.bucketParameterNames()},
+          {"params", std::move(params)}};
+}
+
+void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
+                      const ddp::DistributedDataParallel& ddp, const models::Model& model,
+                      const nlohmann::json& layout, const std::string& dir,
+                      const ckpt::Manifest& m, int rank) {
+  const nlohmann::json was = m.extra.contains("zero") ? m.extra["zero"] : nlohmann::json();
+  const bool sharded = !layout.is_null();
+  // The parts, whatever the stage: the world size, the buckets and each
+  // parameter's layout (a part holds elements in memory order).
+  auto cut = [](const nlohmann::json& z) {
+    return z.is_object() ? nlohmann::json{z.value("world_size", 0), z.value("buckets", nlohmann::json()),
+                                          z.value("params", nlohmann::json())}
+                         : nlohmann::json();
+  };
+  if (cut(was) == cut(layout)) {
+    const std::string file = dir + "/" + ckpt::optimizerFile(sharded, rank);
+    loadOptimizerState(optimizer, names, ckpt::readTensorFile(file).tensors, file);
+    return;
+  }
+  const ckpt::StateDict whole = ckpt::wholeOptimizerState(dir, m);
+  if (!sharded) {
+    loadOptimizerState(optimizer, names, whole, dir);
+  } else {
+    std::vector<std::vector<ckpt::PartSlice>> parts;
+    for (const auto& slices : ddp.optimizerSlices()) {
+      parts.emplace_back();
+      for (const auto& s : slices) parts.back().push_back({s.param, s.offset, s.length, s.at});
+    }
+    std::vector<int64_t> sizes;
+    for (const at::Tensor& t : ddp.optimizerParameters()) sizes.push_back(t.numel());
+    loadOptimizerState(optimizer, names,
+                       ckpt::partsFromWhole(whole, names, parts, sizes,
+                                            models::trainableParameters(model), dir),
+                       dir);
+  }
+  log::info("optimizer state re-cut: {} in the checkpoint, {} in this run", describeLayout(was),
+            describeLayout(layout));
+}
+
+}  // namespace cohort::train::detail
