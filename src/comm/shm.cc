@@ -234,10 +234,14 @@ bool ShmAllreduce::agreeFinite(bool finite, uint64_t seq,
   return true;
 }
 
-bool ShmAllreduce::reduceScatter(size_t offset, size_t n, std::chrono::milliseconds timeout) {
+size_t ShmAllreduce::chunkOf(size_t offset, size_t n) const {
   COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
   COHORT_ASSERT(n % static_cast<size_t>(world_) == 0, n, " floats do not split over ", world_, " ranks");
-  const size_t chunk = n / static_cast<size_t>(world_);
+  return n / static_cast<size_t>(world_);
+}
+
+bool ShmAllreduce::reduceScatter(size_t offset, size_t n, std::chrono::milliseconds timeout) {
+  const size_t chunk = chunkOf(offset, n);
   float* mine = region() + offset + chunk * static_cast<size_t>(rank_);
   if (world_ == 1 || n == 0) return allFinite(mine, chunk);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -258,10 +262,8 @@ bool ShmAllreduce::reduceScatter(size_t offset, size_t n, std::chrono::milliseco
 }
 
 void ShmAllreduce::allgather(size_t offset, size_t n, std::chrono::milliseconds timeout) {
-  COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
-  COHORT_ASSERT(n % static_cast<size_t>(world_) == 0, n, " floats do not split over ", world_, " ranks");
+  const size_t chunk = chunkOf(offset, n);
   if (world_ == 1 || n == 0) return;
-  const size_t chunk = n / static_cast<size_t>(world_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const uint64_t seq = ++seq_;
   arrive(0, seq);

@@ -88,6 +88,9 @@ class ShmAllreduce {
   struct Header;
   void arrive(int phase, uint64_t seq);
   void waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  // The chunk of each rank in [offset, offset + n), which must lie in a
+  // region and divide into one chunk per rank.
+  size_t chunkOf(size_t offset, size_t n) const;
   // The second barrier of a sum, through which every rank learns whether
   // all ranks' parts were finite.
   bool agreeFinite(bool finite, uint64_t seq, std::chrono::steady_clock::time_point deadline);
