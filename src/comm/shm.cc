@@ -192,9 +192,7 @@ bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
   COHORT_ASSERT(offset + n <= floatsPerRank_, "range ", offset, "+", n, " past ", floatsPerRank_);
   if (world_ == 1 || n == 0) return allFinite(region() + offset, n);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const uint64_t seq = ++seq_;
-  arrive(0, seq);
-  waitAll(0, seq, deadline);
+  const uint64_t seq = enter(deadline);
   // This rank's share, in whole cache lines.
   const size_t per = ((n + world_ - 1) / world_ + 15) / 16 * 16;
   const size_t begin = std::min(n, per * static_cast<size_t>(rank_));
@@ -221,6 +219,13 @@ bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
   return agreeFinite(finite, seq, deadline);
 }
 
+uint64_t ShmAllreduce::enter(std::chrono::steady_clock::time_point deadline) {
+  const uint64_t seq = ++seq_;
+  arrive(0, seq);
+  waitAll(0, seq, deadline);
+  return seq;
+}
+
 bool ShmAllreduce::agreeFinite(bool finite, uint64_t seq,
                                std::chrono::steady_clock::time_point deadline) {
   // Published before arriving: no rank writes its flag of the next call
@@ -245,9 +250,7 @@ bool ShmAllreduce::reduceScatter(size_t offset, size_t n, std::chrono::milliseco
   float* mine = region() + offset + chunk * static_cast<size_t>(rank_);
   if (world_ == 1 || n == 0) return allFinite(mine, chunk);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const uint64_t seq = ++seq_;
-  arrive(0, seq);
-  waitAll(0, seq, deadline);
+  const uint64_t seq = enter(deadline);
   // Rank r's chunk is read by no other rank: the sum goes straight into it.
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
@@ -265,9 +268,7 @@ void ShmAllreduce::allgather(size_t offset, size_t n, std::chrono::milliseconds 
   const size_t chunk = chunkOf(offset, n);
   if (world_ == 1 || n == 0) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const uint64_t seq = ++seq_;
-  arrive(0, seq);
-  waitAll(0, seq, deadline);
+  const uint64_t seq = enter(deadline);
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     const size_t at = offset + chunk * static_cast<size_t>(r);
@@ -295,9 +296,7 @@ void ShmAllreduce::broadcast(size_t offset, size_t n, int root, std::chrono::mil
   COHORT_ASSERT(root >= 0 && root < world_, "root ", root, " of ", world_);
   if (world_ == 1 || n == 0) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const uint64_t seq = ++seq_;
-  arrive(0, seq);
-  waitAll(0, seq, deadline);
+  const uint64_t seq = enter(deadline);
   if (rank_ != root) {
     const float* from = data_ + regionStride_ * static_cast<size_t>(root) + offset;
     std::memcpy(region() + offset, from, n * sizeof(float));

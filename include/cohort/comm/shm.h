@@ -88,6 +88,9 @@ class ShmAllreduce {
   struct Header;
   void arrive(int phase, uint64_t seq);
   void waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  // Every call's first barrier: numbers the call, arrives, waits for every
+  // rank (their inputs are final); returns the call's number.
+  uint64_t enter(std::chrono::steady_clock::time_point deadline);
   // The chunk of each rank in [offset, offset + n), which must lie in a
   // region and divide into one chunk per rank.
   size_t chunkOf(size_t offset, size_t n) const;
