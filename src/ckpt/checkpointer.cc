@@ -17,6 +17,7 @@
 #include "cohort/core/time.h"
 #include "cohort/core/log.h"
 #include "cohort/monitor/timeline.h"
+#include "core/detail/json_int.h"
 
 namespace fs = std::filesystem;
 
@@ -434,7 +435,7 @@ void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
                                 status.value("error", std::string("rank failed"))));
     }
     for (const auto& f : status.at("files")) {
-      m.files.push_back({f.at("name").get<std::string>(), f.at("size").get<uint64_t>(),
+      m.files.push_back({f.at("name").get<std::string>(), jsonInt<uint64_t>(f.at("size")),
                          f.at("checksum").get<std::string>(), r});
     }
   }

@@ -16,6 +16,7 @@
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::ckpt {
 
@@ -65,7 +66,7 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
   saveStateDict(model, modelOut);
   out << fmt::format("{}: step {}, written by {} ranks{}\n", dir, m.step, m.worldSize,
                      m.extra.contains("zero")
-                         ? fmt::format(" at ZeRO stage {}", m.extra["zero"].value("stage", 0))
+                         ? fmt::format(" at ZeRO stage {}", jsonInt(m.extra["zero"], "stage", 0))
                          : std::string());
   out << fmt::format("wrote the model ({} tensors) to {}\n", model.size(), modelOut);
   if (optimizerOut.empty()) return 0;

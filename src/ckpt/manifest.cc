@@ -12,6 +12,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/security/sealed.h"
+#include "core/detail/json_int.h"
 
 namespace fs = std::filesystem;
 
@@ -43,25 +44,25 @@ Manifest manifestFromJson(const nlohmann::json& j, const std::string& origin) {
     if (j.value("format", "") != "cohort-checkpoint") {
       throw DataError(fmt::format("{}: not a cohort checkpoint manifest", origin));
     }
-    m.formatVersion = j.at("format_version").get<int>();
+    m.formatVersion = jsonInt<int>(j.at("format_version"));
     if (m.formatVersion > kCheckpointFormatVersion || m.formatVersion < 1) {
       throw DataError(fmt::format("{}: checkpoint format version {} is not one this cohort reads "
                                   "(1..{})",
                                   origin, m.formatVersion, kCheckpointFormatVersion));
     }
-    m.step = j.at("step").get<int64_t>();
-    m.epoch = j.at("epoch").get<int64_t>();
-    m.batchInEpoch = j.at("batch_in_epoch").get<int64_t>();
-    m.samplesInEpoch = j.at("samples_in_epoch").get<int64_t>();
-    m.worldSize = j.at("world_size").get<int>();
+    m.step = jsonInt<int64_t>(j.at("step"));
+    m.epoch = jsonInt<int64_t>(j.at("epoch"));
+    m.batchInEpoch = jsonInt<int64_t>(j.at("batch_in_epoch"));
+    m.samplesInEpoch = jsonInt<int64_t>(j.at("samples_in_epoch"));
+    m.worldSize = jsonInt<int>(j.at("world_size"));
     m.jobHash = j.at("job_hash").get<std::string>();
     m.created = j.at("created").get<std::string>();
     for (const auto& f : j.at("files")) {
       ManifestFile mf;
       mf.name = f.at("name").get<std::string>();
-      mf.size = f.at("size").get<uint64_t>();
+      mf.size = jsonInt<uint64_t>(f.at("size"));
       mf.checksum = f.at("checksum").get<std::string>();
-      mf.rank = f.value("rank", -1);
+      mf.rank = jsonInt(f, "rank", -1);
       if (mf.name.empty() || mf.name.find('/') != std::string::npos || mf.name[0] == '.') {
         throw DataError(fmt::format("{}: file name '{}' is not a plain file name", origin, mf.name));
       }

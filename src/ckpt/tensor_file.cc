@@ -19,6 +19,7 @@
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
 #include "cohort/security/sealed.h"
+#include "core/detail/json_int.h"
 
 namespace fs = std::filesystem;
 
@@ -138,7 +139,7 @@ Parsed parseHeader(const Source& src, const std::string& path) {
     if (h.value("format", "") != "cohort-tensors") {
       throw DataError(fmt::format("{}: header is not a cohort-tensors header", path));
     }
-    const int version = h.at("version").get<int>();
+    const int version = jsonInt<int>(h.at("version"));
     if (version > kTensorFileVersion) {
       throw DataError(fmt::format("{}: tensor file version {} is newer than this cohort reads ({})",
                                   path, version, kTensorFileVersion));
@@ -148,9 +149,9 @@ Parsed parseHeader(const Source& src, const std::string& path) {
       TensorInfo info;
       info.name = t.at("name").get<std::string>();
       info.dtype = t.at("dtype").get<std::string>();
-      info.shape = t.at("shape").get<std::vector<int64_t>>();
-      info.nbytes = t.at("nbytes").get<uint64_t>();
-      const uint64_t offset = t.at("offset").get<uint64_t>();
+      info.shape = jsonInts<int64_t>(t.at("shape"));
+      info.nbytes = jsonInt<uint64_t>(t.at("nbytes"));
+      const uint64_t offset = jsonInt<uint64_t>(t.at("offset"));
       uint64_t numel = 1;
       for (int64_t d : info.shape) {
         if (d < 0) throw DataError(fmt::format("{}: tensor '{}' has a negative size", path, info.name));

@@ -9,6 +9,7 @@
 #include "cohort/ckpt/rank_state.h"
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/error.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::ckpt {
 
@@ -22,7 +23,7 @@ at::Tensor memoryOrder(const at::Tensor& t) {
   return t.as_strided({t.numel()}, {1}, t.storage_offset());
 }
 
-std::vector<int64_t> ints(const nlohmann::json& j) { return j.get<std::vector<int64_t>>(); }
+std::vector<int64_t> ints(const nlohmann::json& j) { return jsonInts<int64_t>(j); }
 
 }  // namespace
 
@@ -37,7 +38,7 @@ StateDict wholeOptimizerState(const std::string& dir, const Manifest& m) {
     throw DataError(fmt::format("{} lacks world_size, buckets or params (written by an older "
                                 "cohort?)", what));
   }
-  const int world = z["world_size"].get<int>();
+  const int world = jsonInt<int>(z["world_size"]);
   // Every rank's parts, by name ("part<k>.<kind>").
   std::vector<std::map<std::string, at::Tensor>> parts(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/core/error.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::data {
 
@@ -62,7 +63,7 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
     if (field("format").get<std::string>() != "cohort-shards") {
       throw DataError(fmt::format("{}: not a cohort dataset manifest", where));
     }
-    m.formatVersion = field("format_version").get<int>();
+    m.formatVersion = jsonInt<int>(field("format_version"));
     if (m.formatVersion != kDatasetFormatVersion) {
       throw DataError(fmt::format("{}: dataset format version {} (this build reads {})", where,
                                   m.formatVersion, kDatasetFormatVersion));
@@ -74,13 +75,13 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
     }
     if (m.encoding == "tokens") {
       m.tokenizer = field("tokenizer").get<std::string>();
-      m.vocabSize = field("vocab_size").get<int64_t>();
+      m.vocabSize = jsonInt<int64_t>(field("vocab_size"));
       if (m.vocabSize < 1 || m.vocabSize > 65536) {
         throw DataError(fmt::format("{}: vocab_size {} is not in [1, 65536] (tokens are uint16)",
                                     where, m.vocabSize));
       }
     }
-    if (j.contains("raw_shape")) m.rawShape = j.at("raw_shape").get<std::vector<int64_t>>();
+    if (j.contains("raw_shape")) m.rawShape = jsonInts<int64_t>(j.at("raw_shape"));
     if (m.encoding == "raw" && (m.rawShape.size() != 3 || m.rawShape[0] <= 0 ||
                                 m.rawShape[1] <= 0 || m.rawShape[2] <= 0)) {
       throw DataError(fmt::format("{}: encoding raw needs raw_shape [channels, height, width]", where));
@@ -98,8 +99,8 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
     for (const auto& s : field("shards")) {
       ShardInfo info;
       info.name = s.at("name").get<std::string>();
-      info.records = s.at("records").get<int64_t>();
-      info.bytes = s.at("bytes").get<int64_t>();
+      info.records = jsonInt<int64_t>(s.at("records"));
+      info.bytes = jsonInt<int64_t>(s.at("bytes"));
       info.checksum = s.at("checksum").get<std::string>();
       if (info.name.empty() || info.name.find("..") != std::string::npos || info.name[0] == '/' ||
           info.records < 0 || info.bytes <= 0) {
@@ -107,9 +108,9 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
       }
       m.shards.push_back(std::move(info));
     }
-    if (j.contains("records") && j.at("records").get<int64_t>() != m.records()) {
+    if (j.contains("records") && jsonInt<int64_t>(j.at("records")) != m.records()) {
       throw DataError(fmt::format("{}: 'records' is {} but the shards hold {}", where,
-                                  j.at("records").get<int64_t>(), m.records()));
+                                  jsonInt<int64_t>(j.at("records")), m.records()));
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: {}", where, e.what()));

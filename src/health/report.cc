@@ -8,6 +8,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/health/health.h"
+#include "core/detail/json_int.h"
 #include "health/detail/json.h"
 
 namespace cohort::health {
@@ -56,10 +57,10 @@ HealthReport reportFromJson(const std::string& text) {
   try {
     const auto j = nlohmann::json::parse(text);
     HealthReport r;
-    r.rank = j.at("rank").get<int>();
-    r.worldSize = j.at("world_size").get<int>();
+    r.rank = jsonInt<int>(j.at("rank"));
+    r.worldSize = jsonInt<int>(j.at("world_size"));
     r.host = j.at("host").get<std::string>();
-    r.threads = j.at("threads").get<int>();
+    r.threads = jsonInt<int>(j.at("threads"));
     for (const auto& [name, c] : j.at("checks").items()) {
       HealthCheck h;
       h.name = name;

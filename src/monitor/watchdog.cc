@@ -14,6 +14,7 @@
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/time.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::monitor {
 namespace {
@@ -39,15 +40,15 @@ Heartbeat decodeHeartbeat(const std::string& json) {
   try {
     const auto j = nlohmann::json::parse(json);
     Heartbeat h;
-    h.rank = j.at("rank").get<int>();
-    h.step = j.at("step").get<int64_t>();
+    h.rank = jsonInt<int>(j.at("rank"));
+    h.step = jsonInt<int64_t>(j.at("step"));
     h.phase = j.at("phase").get<std::string>();
     h.phaseSeconds = j.at("phase_s").get<double>();
     h.waitingIn = j.at("waiting_in").get<std::string>();
     h.waitingSeconds = j.at("waiting_s").get<double>();
     h.unixTime = j.at("time").get<double>();
     h.host = j.at("host").get<std::string>();
-    h.pid = j.at("pid").get<int>();
+    h.pid = jsonInt<int>(j.at("pid"));
     return h;
   } catch (const std::exception& e) {
     throw DataError(fmt::format("malformed heartbeat '{}': {}", json, e.what()));

@@ -9,6 +9,7 @@
 #include "cohort/core/log.h"
 #include "cohort/models/lora.h"
 #include "cohort/train/optimizer.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::train::detail {
 
@@ -16,8 +17,8 @@ namespace {
 
 std::string describeLayout(const nlohmann::json& z) {
   return z.is_null() ? std::string("unsharded (distribution.zero 0)")
-                     : fmt::format("ZeRO stage {} on {} ranks in {} buckets", z.value("stage", 0),
-                                   z.value("world_size", 0), z.value("buckets", nlohmann::json::array()).size());
+                     : fmt::format("ZeRO stage {} on {} ranks in {} buckets", jsonInt(z, "stage", 0),
+                                   jsonInt(z, "world_size", 0), z.value("buckets", nlohmann::json::array()).size());
 }
 
 }  // namespace
@@ -43,7 +44,7 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
   // The parts, whatever the stage: the world size, the buckets and each
   // parameter's layout (a part holds elements in memory order).
   auto cut = [](const nlohmann::json& z) {
-    return z.is_object() ? nlohmann::json{z.value("world_size", 0), z.value("buckets", nlohmann::json()),
+    return z.is_object() ? nlohmann::json{jsonInt(z, "world_size", 0), z.value("buckets", nlohmann::json()),
                                           z.value("params", nlohmann::json())}
                          : nlohmann::json();
   };

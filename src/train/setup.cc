@@ -16,6 +16,7 @@
 #include "cohort/storage/storage.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/precision.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::train::detail {
 
@@ -247,9 +248,9 @@ ResumeAt resumePosition(const ckpt::Manifest& m, const JobConfig& job, int world
   // of its epoch under data.drop_last and resumed in another layout trains
   // the few samples that epoch had dropped.
   const bool sameLayout = m.worldSize == worldSize &&
-                          m.extra.value("epoch_start", int64_t{0}) == 0 &&
-                          m.extra.value("batch_size", job.training.batchSize) == job.training.batchSize &&
-                          m.extra.value("accumulate", job.training.accumulateSteps) ==
+                          jsonInt(m.extra, "epoch_start", int64_t{0}) == 0 &&
+                          jsonInt(m.extra, "batch_size", job.training.batchSize) == job.training.batchSize &&
+                          jsonInt(m.extra, "accumulate", job.training.accumulateSteps) ==
                               job.training.accumulateSteps;
   if (sameLayout) {
     at.batch = m.batchInEpoch;

@@ -39,6 +39,7 @@
 #include "train/detail/reporting.h"
 #include "train/detail/setup.h"
 #include "train/detail/step.h"
+#include "core/detail/json_int.h"
 
 namespace cohort::train {
 namespace {
@@ -336,7 +337,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   if (sharded) checkpoints.recordZero(zero);
   if (LossScaler* scaler = runner.lossScaler(); resume && scaler && resume->extra.contains("loss_scale")) {
     const nlohmann::json& ls = resume->extra["loss_scale"];
-    scaler->restore({ls.value("scale", scaler->scale()), ls.value("good_steps", int64_t{0})});
+    scaler->restore({ls.value("scale", scaler->scale()), jsonInt(ls, "good_steps", int64_t{0})});
     log::info("loss scale {} restored ({} good steps towards growth)", scaler->scale(),
               scaler->state().goodSteps);
   }
@@ -360,7 +361,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       log::info("resumed from {}: step {}, epoch {} from sample {} of its order (written by {} "
                 "ranks with batch {}, cut now for {} x batch {})",
                 options.resumeFrom, loop.step, firstEpoch, resume->samplesInEpoch, resume->worldSize,
-                resume->extra.value("batch_size", tc.batchSize), comm.worldSize, tc.batchSize);
+                jsonInt(resume->extra, "batch_size", tc.batchSize), comm.worldSize, tc.batchSize);
     } else {
       log::info("resumed from {}: step {}, epoch {}, batch {} of {} (sample {} of the epoch)",
                 options.resumeFrom, loop.step, firstEpoch, firstBatch, plan.batchesPerEpoch,

@@ -130,11 +130,11 @@ ListPage parseListPage(const std::string& xml) {
     if (name.attributes.find("Encoded=\"true\"") != std::string::npos)
       b.name = percentDecode(b.name);
     if (length.found && !length.text.empty()) {
-      try {
-        b.size = std::stoll(length.text);
-      } catch (const std::exception&) {
-        throw std::runtime_error("a <Content-Length> that is not a number");
-      }
+      // Digits only: stoll would also take "-12" or "12abc".
+      const bool digits = length.text.size() <= 18 &&
+                          length.text.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits) throw std::runtime_error("a <Content-Length> that is not a byte count");
+      b.size = std::stoll(length.text);
     }
     page.blobs.push_back(std::move(b));
     pos = blob.end;
