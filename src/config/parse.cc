@@ -422,15 +422,11 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     }
   }
   const DistributionConfig& dist = job.distribution;
-  if (dist.zero == 3) {
-    fail(where("distribution.zero"), "distribution.zero",
-         "stage 3 (parameters sharded too) is not available yet; 1 shards the optimizer state, 2 "
-         "also the gradients");
-  }
-  if (dist.zero == 2 && dist.compression != GradCompression::none) {
+  if (dist.zero >= 2 && dist.compression != GradCompression::none) {
     fail(where("distribution.compression"), "distribution.compression",
-         "is not applied by distribution.zero 2, whose reduce-scatter sends float32; use none, or "
-         "zero 0 or 1");
+         fmt::format("is not applied by distribution.zero {}, whose reduce-scatter sends float32; "
+                     "use none, or zero 0 or 1",
+                     dist.zero));
   }
   if (job.output.mergeLora && job.model.lora.rank == 0) {
     fail(where("output.merge_lora"), "output.merge_lora", "needs LoRA adapters (model.lora.rank > 0)");

@@ -39,11 +39,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   for (const auto& b : module_->named_buffers()) buffers_.push_back(b.value());
 
+  COHORT_ASSERT(options_.zeroStage >= 0 && options_.zeroStage <= 3, "ZeRO stage ",
+                options_.zeroStage);
   // Buckets in reverse registration order, split by dtype and device and by
-  // the size cap (a parameter larger than the cap gets a bucket of its own).
+  // the size cap (a parameter larger than the cap gets a bucket of its own);
+  // at stage 3 one per sharding unit instead.
+  if (options_.zeroStage == 3) bucketByUnit();
   const double capBytes = options_.bucketCapMb * 1024.0 * 1024.0;
   double bucketBytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
+  for (size_t k = params_.size(); options_.zeroStage < 3 && k-- > 0;) {
     const at::Tensor& t = params_[k].tensor;
     const double bytes = static_cast<double>(t.numel()) * t.element_size();
     bool fresh = buckets_.empty();
@@ -61,8 +65,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     bucketBytes += bytes;
   }
 
-  COHORT_ASSERT(options_.zeroStage >= 0 && options_.zeroStage <= 2, "ZeRO stage ",
-                options_.zeroStage);
   stats_.zeroStage = options_.zeroStage;
   // ZeRO cuts every bucket into one part per rank: pad it to a multiple.
   const int64_t parts = options_.zeroStage > 0 ? comm_.worldSize : 1;
@@ -115,6 +117,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   stats_.parameterElements = totalFloats_;
   weightsShmOffset_ = static_cast<size_t>(totalFloats_);
   if (options_.zeroStage > 0) setUpParts();
+  if (options_.zeroStage == 3) {
+    // Held between uses: this rank's parts, of parameters and gradients.
+    stats_.gradientElements = stats_.parameterElements = totalFloats_ / comm_.worldSize;
+  }
   for (const at::Tensor& t : optimizerParameters()) stats_.optimizerElements += t.numel();
 
   // The accumulator of a leaf is held only weakly by the tensor: keep it
@@ -160,10 +166,12 @@ std::string bucketArgs(const at::Tensor& flat, size_t params) {
 
 void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu) {
   using Compression = DdpOptions::Compression;
-  const char* why = !options_.sharedMemory ? "distribution.shared_memory is false"
+  const char* why = options_.zeroStage == 3 ? "ZeRO stage 3 exchanges over Gloo"
+                    : !options_.sharedMemory ? "distribution.shared_memory is false"
                     : buckets_.empty()      ? "no trainable parameters"
                                             : "gradients are not all float32 on the CPU";
-  const bool shm = options_.sharedMemory && floatOnCpu && !buckets_.empty();
+  const bool shm =
+      options_.sharedMemory && floatOnCpu && !buckets_.empty() && options_.zeroStage < 3;
   plan_ = std::make_unique<detail::ExchangePlan>(detail::planExchange(comm_, shm, why, totalFloats));
   shm_ = plan_->shm;
   stats_.exchange = plan_->exchange;
@@ -195,6 +203,7 @@ DistributedDataParallel::~DistributedDataParallel() {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (Bucket& b : buckets_) {
     if (b.work) works.push_back(b.work);
+    if (b.gather) works.push_back(b.gather);
   }
   waitAll(std::move(works));
 }
@@ -230,6 +239,7 @@ void DistributedDataParallel::broadcastState() {
   for (const auto& f : frozen_) state.push_back(f);
   for (const auto& b : buffers_) state.push_back(b);
   comm::broadcast(comm_, state, 0, "broadcast of the initial parameters");
+  if (options_.zeroStage == 3) shardParameters();
 }
 
 bool DistributedDataParallel::gradientsFinite() const {
@@ -265,7 +275,7 @@ void DistributedDataParallel::setSyncGradients(bool sync) {
 
 void DistributedDataParallel::onGradReady(size_t index) {
   std::lock_guard<std::mutex> g(mutex_);
-  if (!sync_) return;
+  if (!sync_ && options_.zeroStage < 3) return;
   Param& p = params_[index];
   if (p.ready) {
     throw Error(fmt::format(
@@ -313,7 +323,7 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
     if (comm_.worldSize > 1) {
       torch::NoGradGuard noGrad;
       if (options_.divideGradients) b.flat.div_(comm_.worldSize);
-      if (options_.zeroStage == 2) {
+      if (options_.zeroStage >= 2) {
         launchReduceScatter(nextLaunch_);
         ++(fromHook ? stats_.launchedDuringBackward : stats_.launchedAtFinish);
         ++nextLaunch_;
@@ -339,8 +349,12 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
 }
 
 void DistributedDataParallel::finishGradients() {
-  std::unique_lock<std::mutex> lock(mutex_);
   if (!sync_) return;
+  finishExchange(/*count=*/true);
+}
+
+void DistributedDataParallel::finishExchange(bool count) {
+  std::unique_lock<std::mutex> lock(mutex_);
   // Parameters without a gradient in this step. Their buckets are launched
   // all the same (the missing gradient counts as what the bucket holds: zero,
   // or earlier micro-steps' sum), so every rank completes the same
@@ -365,7 +379,7 @@ void DistributedDataParallel::finishGradients() {
     if (b.wire.defined()) compressed.push_back(k);
     b.work.reset();
   }
-  ++stats_.syncs;
+  if (count) ++stats_.syncs;
   // The shared-memory sums checked every element on the way (when they are
   // the whole exchange: hierarchical ones hold only this machine's sum).
   if (plan_->exchange == Exchange::sharedMemory) finiteAfterExchange_ = exchangeFinite_;
@@ -373,7 +387,7 @@ void DistributedDataParallel::finishGradients() {
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(
-      std::move(works), options_.zeroStage == 2 ? "gradient reduce-scatter" : "gradient allreduce");
+      std::move(works), options_.zeroStage >= 2 ? "gradient reduce-scatter" : "gradient allreduce");
   for (size_t k = 0; k < buckets_.size() && !failure; ++k) {
     if (buckets_[k].received.defined()) completeReduceScatter(k);
   }
@@ -403,7 +417,7 @@ void DistributedDataParallel::finishGradients() {
       Bucket& b = buckets_[k];
       if (b.launchedUs == 0) continue;
       const int64_t done = b.completedUs && *b.completedUs > 0 ? b.completedUs->load() : now;
-      const char* op = options_.zeroStage == 2 ? "reduce-scatter" : "allreduce";
+      const char* op = options_.zeroStage >= 2 ? "reduce-scatter" : "allreduce";
       t->complete(fmt::format("{} bucket {}", op, k), "comm", timePoint(b.launchedUs),
                   timePoint(std::max(done, b.launchedUs)), 2, bucketArgs(b.flat, b.params.size()));
       b.launchedUs = 0;
@@ -434,7 +448,10 @@ void DistributedDataParallel::traceCompletion(Bucket& b) {
 void DistributedDataParallel::zeroGrad() {
   finiteAfterExchange_.reset();
   torch::NoGradGuard noGrad;
-  for (Bucket& b : buckets_) b.flat.zero_();
+  for (Bucket& b : buckets_) {
+    if (b.flatLive) b.flat.zero_();
+    if (options_.zeroStage == 3) b.part.mutable_grad().zero_();
+  }
   for (Param& p : params_) {
     at::Tensor& grad = p.tensor.mutable_grad();
     if (!grad.defined() || !grad.is_same(p.gradView)) grad = p.gradView;

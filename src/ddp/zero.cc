@@ -55,12 +55,20 @@ void DistributedDataParallel::setUpParts() {
       offset += n;
     }
     b.part = partOf(b.weights, b.padded, comm_.worldSize, comm_.rank).detach();
+    if (options_.zeroStage == 3) {
+      // The part is the only copy between uses; on more than one rank its
+      // gradient is a buffer of its own, summed into from every micro-step.
+      b.part = b.part.clone();
+    }
     b.part.set_requires_grad(true);
-    b.part.mutable_grad() = partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
+    b.part.mutable_grad() = options_.zeroStage == 3 && comm_.worldSize > 1
+                                ? torch::zeros({b.padded / comm_.worldSize}, b.flat.options())
+                                : partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
   }
 }
 
 at::Tensor DistributedDataParallel::ownGradients(const Bucket& b) const {
+  if (options_.zeroStage == 3) return b.part.grad();
   return options_.zeroStage == 2 ? partOf(b.flat, b.padded, comm_.worldSize, comm_.rank) : b.flat;
 }
 
@@ -115,6 +123,12 @@ void DistributedDataParallel::launchReduceScatter(size_t k) {
     }
     return;
   }
+  // Stage 3: at most one unit's full gradients in flight besides this one
+  // (and a unit without gradients in this step sends zeros).
+  if (options_.zeroStage == 3) {
+    completeLaunched();
+    allocateGradients(k);
+  }
   // Gloo in LibTorch 1.13 has no reduce-scatter: an all-to-all sends part j
   // of the bucket to rank j (the bytes of a ring reduce-scatter), and each
   // rank sums the N copies of its part it received, in rank order.
@@ -122,11 +136,21 @@ void DistributedDataParallel::launchReduceScatter(size_t k) {
   std::vector<int64_t> equalParts;
   b.work = comm_.pg->alltoall_base(b.received, b.flat, equalParts, equalParts);
   if (monitor::timeline() != nullptr) traceCompletion(b);
+  // Stage 3: the unit's gradients are all in; its parameters are done with.
+  if (options_.zeroStage == 3) releaseWeights(k);
 }
 
 void DistributedDataParallel::completeReduceScatter(size_t k) {
   torch::NoGradGuard noGrad;
   Bucket& b = buckets_[k];
+  if (options_.zeroStage == 3) {
+    // Added to what earlier micro-steps left; the full gradients are freed.
+    at::Tensor own = b.part.mutable_grad();
+    for (int r = 0; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
+    b.received = at::Tensor();
+    releaseGradients(k);
+    return;
+  }
   at::Tensor own = partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
   own.copy_(partOf(b.received, b.padded, comm_.worldSize, 0));
   for (int r = 1; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
@@ -134,7 +158,8 @@ void DistributedDataParallel::completeReduceScatter(size_t k) {
 }
 
 void DistributedDataParallel::gatherParameters() {
-  if (options_.zeroStage == 0 || comm_.worldSize == 1) return;
+  // Stage 3 gathers each unit when it is next used.
+  if (options_.zeroStage == 0 || options_.zeroStage == 3 || comm_.worldSize == 1) return;
   torch::NoGradGuard noGrad;
   const auto wallStart = monitor::Timeline::Clock::now();
   if (shm_ != nullptr && plan_->exchange == Exchange::sharedMemory) {

@@ -155,6 +155,13 @@ class Gpt : public Model {
     }
   }
 
+  // ZeRO stage 3 gathers one block at a time.
+  std::vector<std::string> shardingUnits() const override {
+    std::vector<std::string> units;
+    for (size_t i = 0; i < transformer_->blocks.size(); ++i) units.push_back(fmt::format("transformer.h.{}", i));
+    return units;
+  }
+
   std::vector<std::pair<std::string, std::string>> tiedNames() const override {
     return {{kTiedHeadName, "transformer.wte.weight"}};
   }
@@ -171,10 +178,13 @@ class Gpt : public Model {
     Transformer& tr = transformer_;
     const at::Tensor positions = torch::arange(t, tokens.options().dtype(torch::kLong));
     at::Tensor x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
-    for (Block& block : tr->blocks) {
-      x = recompute_ && is_training()
-              ? recomputed([block](const at::Tensor& in) mutable { return block->forward(in); }, x)
-              : block(x);
+    for (size_t i = 0; i < tr->blocks.size(); ++i) {
+      Block block = tr->blocks[i];
+      const bool again = recompute_ && is_training();
+      x = inUnit(static_cast<int>(i), [block, again](const at::Tensor& in) mutable {
+        return again ? recomputed([block](const at::Tensor& y) mutable { return block->forward(y); }, in)
+                     : block(in);
+      }, x);
     }
     x = tr->ln_f(x);
     // The head is the token embedding (weight tying).

@@ -26,6 +26,12 @@ at::Tensor restrided(const at::Tensor& t, at::MemoryFormat format) {
 
 }  // namespace
 
+at::Tensor Model::compute(const at::Tensor& input) {
+  if (runner_ == nullptr) return forward(input);
+  return runner_->run(UnitRunner::kWholeModel, [this](const at::Tensor& x) { return forward(x); },
+                      input);
+}
+
 void Model::setChannelsLast(bool on) {
   torch::NoGradGuard noGrad;
   const auto format = on ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;

@@ -84,9 +84,32 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
   modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
 }
 
+void CheckpointPolicy::gatherParametersFrom(ddp::DistributedDataParallel& ddp) {
+  ddp_ = &ddp;
+  if (rank_ != 0) return;
+  // The same shapes and strides as the parameters (whose storage is
+  // freed between uses), allocated once.
+  for (ckpt::SnapshotItem& item : modelItems_) {
+    if (item.early || !item.tensor.defined() || !item.tensor.requires_grad()) continue;
+    at::Tensor copy = at::empty_strided(item.tensor.sizes(), item.tensor.strides(), item.tensor.options());
+    fullCopy_[item.name] = copy;
+    item.tensor = copy;
+  }
+  modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
+}
+
 bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double lr,
                             Reporter& reporter) {
   const auto since = SteadyClock::now();
+  if (ddp_ != nullptr) {
+    // The last checkpoint's copy is done with rank 0's full copy first.
+    checkpointer_->waitCopied();
+    monitor::TimelineSpan gather("gather parameters for the checkpoint (ZeRO stage 3)", "checkpoint");
+    torch::NoGradGuard noGrad;
+    ddp_->forEachFullParameter([this](const std::string& name, const at::Tensor& t) {
+      if (auto it = fullCopy_.find(name); it != fullCopy_.end()) it->second.copy_(t);
+    });
+  }
   monitor::setPhase(monitor::Phase::checkpoint);
   monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
   const std::string optimizerName(choiceName(job_.training.optimizer.name));

@@ -25,7 +25,7 @@ monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
     at::Tensor logits;
     {
       AutocastScope autocast(precision, device);
-      logits = model.forward(batch->inputs.to(device));
+      logits = model.compute(batch->inputs.to(device));
     }
     perToken = logits.dim() == 3;
     logits = logits.to(at::kFloat).flatten(0, logits.dim() - 2);

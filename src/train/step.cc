@@ -27,10 +27,10 @@ constexpr int64_t kMaxOverflowsInARow = 50;
 
 at::Tensor StepRunner::poisoned(const at::Tensor& inputs) {
   if (inputs.is_floating_point()) {
-    return model_.forward(inputs * std::numeric_limits<float>::quiet_NaN());
+    return model_.compute(inputs * std::numeric_limits<float>::quiet_NaN());
   }
   // Token ids cannot be NaN: the logits are.
-  return model_.forward(inputs) * std::numeric_limits<float>::quiet_NaN();
+  return model_.compute(inputs) * std::numeric_limits<float>::quiet_NaN();
 }
 
 StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
@@ -77,7 +77,7 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
     at::Tensor logits;
     {
       AutocastScope autocast(precision_, comm_.device);
-      logits = faults_.poisonInputs(step) ? poisoned(inputs) : model_.forward(inputs);
+      logits = faults_.poisonInputs(step) ? poisoned(inputs) : model_.compute(inputs);
     }
     // The loss and its softmax in float32, whatever the forward ran in. A
     // language model's [B, T, vocab] logits are B x T predictions; each
@@ -109,6 +109,8 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     (loss * (scale * static_cast<double>(n) / (static_cast<double>(cycle.samples) * world))).backward();
   }
+  // ZeRO stage 3 exchanges every micro-step (its full gradients are freed).
+  if (!cycle.last) ddp_.endMicroStep();
   // A shared-memory exchange runs inside backward: count it as exposed
   // communication, not as backward.
   const double shmSeconds = ddp_.stats().sharedMemorySeconds - shmBefore;

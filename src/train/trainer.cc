@@ -215,6 +215,8 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
   summary.corruptSkipped = static_cast<int64_t>(waits[1].item<double>());
 
   ddp.syncBuffers();  // the saved BatchNorm statistics are rank 0's, as during training
+  // ZeRO stage 3: the parameters are gathered for the save (every rank).
+  if (job.output.saveFinal) ddp.gatherAllParameters();
   if (comm.rank == 0 && job.output.saveFinal) {
     const security::Keyring* keys = security::installedKeyring();
     const bool seal = keys != nullptr && job.security.encryption.finalModel;
@@ -232,6 +234,7 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
       log::info("saved {}", runDir.finalModel());
     }
   }
+  ddp.releaseParameters();
 }
 
 }  // namespace
@@ -253,8 +256,17 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const std::optional<ckpt::Manifest> resume = readResume(job, comm, runDir, options.resumeFrom);
   ModelSetup ms = buildModel(job, datasets, comm, options.resumeFrom);
   models::Model& model = *ms.model;
-  ddp::DistributedDataParallel ddp(ms.model, comm, ddpOptions(job));
+  ddp::DdpOptions ddpOpts = ddpOptions(job);
+  if (job.distribution.zero == 3) ddpOpts.units = model.shardingUnits();
+  ddp::DistributedDataParallel ddp(ms.model, comm, ddpOpts);
   ddp.broadcastState();
+  // Stage 3: the model runs each unit through the engine, which gathers
+  // its parameters; never past the engine's life.
+  model.setUnitRunner(ddp.unitRunner());
+  struct RunnerUnset {
+    models::Model& model;
+    ~RunnerUnset() { model.setUnitRunner(nullptr); }
+  } runnerUnset{model};
   log::info("gradient buckets: {} (cap {} MiB)", ddp.stats().buckets, job.distribution.bucketCapMb);
   // Dropout differs per rank, as each rank sees different samples.
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull + static_cast<uint64_t>(rank) + 1);
@@ -315,7 +327,13 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   if (sharded) {
     const ddp::DdpStats ds = ddp.stats();
     log::info("ZeRO stage {}: this rank steps {} of {} parameter elements (with padding)",
-              job.distribution.zero, ds.optimizerElements, ds.parameterElements);
+              job.distribution.zero, ds.optimizerElements,
+              job.distribution.zero == 3 ? ds.optimizerElements * comm.worldSize : ds.parameterElements);
+    if (job.distribution.zero == 3) {
+      log::info("ZeRO stage 3: parameters gathered in {} units ({} of the model's blocks, and the "
+                "parameters outside them), one at a time",
+                ds.buckets, model.shardingUnits().size());
+    }
   }
   log::info("{} ranks x batch {} x {} micro-steps = global batch {}; peak lr {:.6g}; {} steps "
             "per epoch, {} in all",
@@ -335,6 +353,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   checkpoints.recordLossScale(runner.lossScaler());
   checkpoints.recordLoraBase(ms.frozenDigest);
   if (sharded) checkpoints.recordZero(zero);
+  if (job.distribution.zero == 3) checkpoints.gatherParametersFrom(ddp);
   if (LossScaler* scaler = runner.lossScaler(); resume && scaler && resume->extra.contains("loss_scale")) {
     const nlohmann::json& ls = resume->extra["loss_scale"];
     scaler->restore({ls.value("scale", scaler->scale()), jsonInt(ls, "good_steps", int64_t{0})});

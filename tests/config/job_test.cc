@@ -248,10 +248,9 @@ TEST(JobConfig, CrossFieldChecks) {
   EXPECT_NE(e.find("checkpoint.when_behind"), std::string::npos) << e;
   e = errorOf<ConfigError>(kValid, {"checkpoint.keep_last=0"});
   EXPECT_NE(e.find("checkpoint.keep_last"), std::string::npos) << e;
-  e = errorOf<ConfigError>(kValid, {"distribution.zero=3"});
-  EXPECT_NE(e.find("distribution.zero: stage 3 (parameters sharded too) is not available yet"),
-            std::string::npos)
-      << e;
+  e = errorOf<ConfigError>(kValid, {"distribution.zero=3", "distribution.compression=bf16"});
+  EXPECT_NE(e.find("distribution.compression: is not applied by distribution.zero 3"), std::string::npos) << e;
+  EXPECT_EQ(loadJobFromString(kValid, "job.yaml", {"distribution.zero=3"}).distribution.zero, 3);
   e = errorOf<ConfigError>(kValid, {"distribution.zero=4"});
   EXPECT_NE(e.find("distribution.zero"), std::string::npos) << e;
   e = errorOf<ConfigError>(kValid, {"distribution.zero=2", "distribution.compression=fp16"});

@@ -68,6 +68,8 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
       {"shm2", ranks, {"distribution.zero=2", tiny}, {}},
       {"gloo1", ranks, {"distribution.zero=1", one, gloo}, {}},
       {"gloo2", ranks, {"distribution.zero=2", tiny, gloo}, {}},
+      // Stage 3 always exchanges over Gloo; this model is one unit.
+      {"zero3", ranks, {"distribution.zero=3"}, {}},
   };
   if (ranks == 3) {
     variants.push_back({"hier1", 3, {"distribution.zero=1", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
@@ -109,7 +111,7 @@ TEST(ZeroClip, TheGlobalNormIsClippedAsInOneProcess) {
   EXPECT_GT(test::maxDifference(reference, unclipped), 100 * kTolerance) << "nothing was clipped";
 }
 
-// The rest of what stages 1 and 2 must work with, on 2 ranks: SGD with
+// The rest of what stages 1 to 3 must work with, on 2 ranks: SGD with
 // momentum (the fused step on parts), accumulation, and a NaN in one
 // rank's loss, after which every rank skips the same step (on shared
 // memory the reduce-scatter reports it, on Gloo one collective).
@@ -122,7 +124,7 @@ TEST(ZeroWith, SgdAccumulationAndASkippedNonFiniteStep) {
     return kv;
   };
   auto sgdRef = test::trainTiny(dir, "sgd-ref", 1, job(8, sgd({})));
-  for (const std::string stage : {"1", "2"}) {
+  for (const std::string stage : {"1", "2", "3"}) {
     auto run = test::trainTiny(dir, "sgd" + stage, 2, job(4, sgd({"distribution.zero=" + stage, gloo})));
     EXPECT_LT(test::maxDifference(sgdRef, run), kTolerance) << "sgd, stage " << stage;
   }
@@ -132,8 +134,9 @@ TEST(ZeroWith, SgdAccumulationAndASkippedNonFiniteStep) {
 
   const std::map<std::string, std::string> nan{{"COHORT_FAULT", "nan@rank1:step2"}};
   auto nanRef = test::trainTiny(dir, "nan-ref", 2, job(4, {"training.on_nonfinite=skip"}), nan);
-  for (const std::string& path : {std::string("shm"), std::string("gloo")}) {
-    std::vector<std::string> kv{"training.on_nonfinite=skip", "distribution.zero=2"};
+  for (const std::string& path : {std::string("shm"), std::string("gloo"), std::string("stage3")}) {
+    std::vector<std::string> kv{"training.on_nonfinite=skip",
+                                path == "stage3" ? "distribution.zero=3" : "distribution.zero=2"};
     if (path == "gloo") kv.push_back(gloo);
     auto run = test::trainTiny(dir, "nan-" + path, 2, job(4, kv), nan);
     EXPECT_LT(test::maxDifference(nanRef, run), kTolerance) << path;
@@ -314,7 +317,8 @@ INSTANTIATE_TEST_SUITE_P(
     WorldSizes, ZeroResize,
     ::testing::Values(Resize{"TwoToThreeAtStage2", 2, 3, "2", "2"},
                       Resize{"ThreeToTwoFromStage1ToStage2", 3, 2, "1", "2"},
-                      Resize{"TwoToOneFromStage2ToStage0", 2, 1, "2", "0"}),
+                      Resize{"TwoToOneFromStage2ToStage0", 2, 1, "2", "0"},
+                      Resize{"TwoToThreeAtStage3", 2, 3, "3", "3"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -31,11 +31,23 @@
 //   loss.backward(); finishGradients();   // stage 2: only this rank's part is summed
 //   optimizer.step();                     // over optimizerParameters()
 //   gatherParameters(); zeroGrad();
+//
+// Stage 3 shards the parameters too: one bucket per sharding unit (a block
+// of the model, DdpOptions::units, and one for the parameters outside
+// them), and between uses a rank holds only its part of each. The model
+// runs each unit through unitRunner() (models::Model::setUnitRunner): the
+// unit's parameters are gathered just before its forward and freed after
+// it, gathered again just before its backward, and freed once their
+// gradients are in, which are then reduce-scattered and freed too; the
+// next unit's gather is launched while the current one computes. Every
+// micro-step is reduce-scattered (endMicroStep), so no full gradient
+// outlives its unit's backward. Stage 3 exchanges over Gloo.
 
 #include <torch/nn/module.h>
 
 #include <cstdint>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,6 +55,7 @@
 #include <vector>
 
 #include "cohort/comm/comm.h"
+#include "cohort/models/unit_runner.h"
 
 namespace torch::autograd {
 struct Node;
@@ -88,8 +101,13 @@ struct DdpOptions {
   Compression compression = Compression::none;
   // 0: every rank steps every parameter. 1: every rank steps its part of
   // each bucket, then the parts are gathered. 2: as 1, with the gradients
-  // reduce-scattered instead of allreduced (not compressed).
+  // reduce-scattered instead of allreduced (not compressed). 3: as 2, with
+  // the parameters held in parts too, gathered unit by unit.
   int zeroStage = 0;
+  // Stage 3: the name of each sharding unit's submodule, in forward order
+  // (models::Model::shardingUnits()); a parameter belongs to the first unit
+  // its name starts with (followed by '.'), or to the whole-model unit.
+  std::vector<std::string> units;
 };
 
 // How gradients travel between ranks.
@@ -181,6 +199,24 @@ class DistributedDataParallel {
   // Multiplies the gradients the optimizer steps by `factor`.
   void scaleGradients(double factor);
 
+  // Stage 3: what runs each unit's forward with its parameters gathered
+  // (models::Model::setUnitRunner); nullptr at other stages.
+  models::UnitRunner* unitRunner();
+  // Stage 3, after backward of a micro-step that does not synchronize
+  // (setSyncGradients(false)): completes its reduce-scatter, so that its
+  // full gradients are freed. Nothing to do at other stages.
+  void endMicroStep();
+  // Every trainable parameter with its full value, unit by unit: each
+  // unit's parameters are gathered (stage 3), passed to `sink` as (name,
+  // tensor), and freed again. Collective at stage 3: every rank calls it.
+  using ParameterSink = std::function<void(const std::string&, const at::Tensor&)>;
+  void forEachFullParameter(const ParameterSink& sink);
+  // Stage 3: gathers every unit's parameters until releaseParameters(), for
+  // code that reads the model's parameters directly (the final save).
+  // Collective; nothing to do at other stages.
+  void gatherAllParameters();
+  void releaseParameters();
+
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucketParameterNames() const;
   DdpStats stats() const;
@@ -210,6 +246,11 @@ class DistributedDataParallel {
     at::Tensor weights;
     at::Tensor part;
     at::Tensor received;
+    // Stage 3: whether the storage of `weights` (and of `flat`) is
+    // allocated now, and the gather that is filling `weights`.
+    bool weightsLive = true;
+    bool flatLive = true;
+    c10::intrusive_ptr<c10d::Work> gather;
     // The timeline (output.timeline): when the allreduce was launched, and
     // when it completed (microseconds since the epoch, set by Gloo's thread).
     int64_t launchedUs = 0;
@@ -229,6 +270,27 @@ class DistributedDataParallel {
   void completeReduceScatter(size_t k);
   // This rank's part of bucket b's gradients (all of them at stage 0).
   at::Tensor ownGradients(const Bucket& b) const;
+  // Stage 3 (zero3.cc): buckets by unit; the parts made the only copy;
+  // bucket k's parameters gathered (launched, waited for) and freed; its
+  // gradient bucket allocated; the runner's hooks before each backward;
+  // and the completion of every launched reduce-scatter.
+  void bucketByUnit();
+  void shardParameters();
+  void launchGather(size_t k);
+  void gatherNow(size_t k);
+  void releaseWeights(size_t k);
+  void allocateGradients(size_t k);
+  void releaseGradients(size_t k);
+  void beforeBackward(size_t k);
+  void completeLaunched();
+  void finishExchange(bool count);
+  class Runner;
+  friend class Runner;
+  struct BeforeBackward;
+  friend struct BeforeBackward;
+  std::shared_ptr<Runner> runner_;
+  std::vector<int> unitBucket_;  // shardingUnits() index -> bucket (-1: none)
+  int wholeBucket_ = -1;         // the bucket of the parameters outside every unit
   // Decides the exchange with every rank (detail/exchange.h) and logs it.
   void setUpExchange(int64_t totalFloats, bool floatOnCpu);
   // The shared-memory sum of bucket k inside backward; whether it is finite.

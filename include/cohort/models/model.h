@@ -16,12 +16,27 @@
 #include "cohort/ckpt/state_dict.h"
 
 #include "cohort/config/job.h"
+#include "cohort/models/unit_runner.h"
 
 namespace cohort::models {
 
 class Model : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& input) = 0;
+
+  // forward() through the unit runner, if one is set (ZeRO stage 3): what
+  // training and evaluation call.
+  at::Tensor compute(const at::Tensor& input);
+
+  // ZeRO stage 3: the submodules whose parameters are gathered together
+  // just before their forward (and again before their backward) and freed
+  // after, by name, in forward order; forward() runs each through inUnit().
+  // The parameters outside them form one more unit, gathered around the
+  // whole forward. None (the default): the whole model is one unit.
+  virtual std::vector<std::string> shardingUnits() const { return {}; }
+  // The runner compute() and inUnit() go through; nullptr: none. The
+  // runner must outlive its use here (ddp::ShardedUnits unsets it).
+  void setUnitRunner(UnitRunner* runner) { runner_ = runner; }
 
   // Whether images and 4-D weights are kept channels-last (NHWC in memory,
   // NCHW in shape). The function computed is the same either way.
@@ -35,9 +50,14 @@ class Model : public torch::nn::Module {
  protected:
   // `images` in the layout the model computes in; forward() starts with it.
   at::Tensor inLayout(const at::Tensor& images) const;
+  // f(x) as unit `unit` of shardingUnits() (through the runner, if set).
+  at::Tensor inUnit(int unit, const UnitRunner::Forward& f, const at::Tensor& x) {
+    return runner_ != nullptr ? runner_->run(unit, f, x) : f(x);
+  }
 
  private:
   bool channelsLast_ = false;
+  UnitRunner* runner_ = nullptr;
 };
 
 struct InputShape {

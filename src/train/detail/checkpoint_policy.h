@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/ddp/ddp.h"
 #include "cohort/models/model.h"
 #include "cohort/train/loss_scale.h"
 #include "cohort/train/optimizer.h"
@@ -58,6 +60,10 @@ class CheckpointPolicy {
   // distribution.zero > 0: each manifest records how the optimizer state is
   // cut into parts (extra.zero: zeroLayout()).
   void recordZero(nlohmann::json layout) { zero_ = std::move(layout); }
+  // distribution.zero 3: the parameters are held in parts; each checkpoint
+  // gathers them unit by unit into rank 0's copy, which model.bin is
+  // written from (every rank takes part).
+  void gatherParametersFrom(ddp::DistributedDataParallel& ddp);
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -86,6 +92,8 @@ class CheckpointPolicy {
   nlohmann::json zero_;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
+  ddp::DistributedDataParallel* ddp_ = nullptr;
+  std::map<std::string, at::Tensor> fullCopy_;  // stage 3, rank 0: by parameter name
   std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_;
   OptimizerStateCache optimizerCache_;
   uint64_t optimizerGeneration_ = 0;

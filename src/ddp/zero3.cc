@@ -1,0 +1,260 @@
+// ZeRO stage 3 in the data-parallel engine (ddp.h, docs/zero.md): buckets
+// by sharding unit, the parameters held in parts between uses, each unit
+// gathered around its forward and its backward (the next one prefetched),
+// and its full parameters and gradients freed once its gradients are
+// reduce-scattered.
+//
+// A unit's parameters stay views of its flat buffer for the engine's life;
+// freeing gives the buffer's storage back and gathering allocates it again,
+// so every tensor autograd saved in forward sees the gathered values when
+// backward reads it.
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "cohort/comm/wait.h"
+#include "cohort/core/error.h"
+#include "cohort/ddp/ddp.h"
+#include "cohort/monitor/timeline.h"
+
+namespace cohort::ddp {
+
+namespace {
+
+// The storage under `t` (and every view of it) given back, or allocated
+// again (uninitialized) for `numel` elements.
+void freeStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void allocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+bool startsWith(const std::string& s, const std::string& head) {
+  return s.size() >= head.size() && s.compare(0, head.size(), head) == 0;
+}
+
+}  // namespace
+
+// What the model runs each unit's forward through.
+class DistributedDataParallel::Runner : public models::UnitRunner {
+ public:
+  explicit Runner(DistributedDataParallel& ddp) : ddp_(ddp) {}
+  at::Tensor run(int unit, const Forward& f, const at::Tensor& x) override;
+
+ private:
+  DistributedDataParallel& ddp_;
+};
+
+// Identity in forward; in backward, before any of the unit's own nodes
+// (they all lie behind its output), gathers the unit's parameters and
+// allocates its gradient bucket.
+struct DistributedDataParallel::BeforeBackward
+    : public torch::autograd::Function<DistributedDataParallel::BeforeBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y,
+                            int64_t engine, int64_t bucket) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["bucket"] = bucket;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* ddp = reinterpret_cast<DistributedDataParallel*>(ctx->saved_data["engine"].toInt());
+    ddp->beforeBackward(static_cast<size_t>(ctx->saved_data["bucket"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+void DistributedDataParallel::bucketByUnit() {
+  const size_t units = options_.units.size();
+  // members[units]: the parameters outside every unit.
+  std::vector<std::vector<size_t>> members(units + 1);
+  for (size_t k = params_.size(); k-- > 0;) {
+    size_t u = units;
+    for (size_t i = 0; i < units; ++i) {
+      if (startsWith(params_[k].name, options_.units[i] + ".")) {
+        u = i;
+        break;
+      }
+    }
+    members[u].push_back(k);
+  }
+  auto add = [&](std::vector<size_t> params) {
+    const at::Tensor& first = params_[params.front()].tensor;
+    for (size_t k : params) {
+      const at::Tensor& t = params_[k].tensor;
+      if (t.scalar_type() != first.scalar_type() || t.device() != first.device()) {
+        throw ConfigError(fmt::format(
+            "distribution.zero: stage 3 gathers a unit's parameters in one buffer, but '{}' is {} "
+            "on {} and '{}' is {} on {}",
+            params_[params.front()].name, c10::toString(first.scalar_type()), first.device().str(),
+            params_[k].name, c10::toString(t.scalar_type()), t.device().str()));
+      }
+      params_[k].bucket = buckets_.size();
+    }
+    buckets_.emplace_back();
+    buckets_.back().params = std::move(params);
+    return static_cast<int>(buckets_.size() - 1);
+  };
+  // In the order backward completes them: the last unit first, the
+  // parameters outside the units (the embeddings, used first) last.
+  unitBucket_.assign(units, -1);
+  for (size_t i = units; i-- > 0;) {
+    if (!members[i].empty()) unitBucket_[i] = add(std::move(members[i]));
+  }
+  if (!members[units].empty()) wholeBucket_ = add(std::move(members[units]));
+  runner_ = std::make_shared<Runner>(*this);
+}
+
+models::UnitRunner* DistributedDataParallel::unitRunner() { return runner_.get(); }
+
+void DistributedDataParallel::shardParameters() {
+  torch::NoGradGuard noGrad;
+  const int64_t world = comm_.worldSize;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    b.part.detach().copy_(b.weights.narrow(0, b.padded / world * comm_.rank, b.padded / world));
+    releaseWeights(k);
+    // One rank: the part's gradient is the whole bucket, which stays.
+    if (world > 1) releaseGradients(k);
+  }
+}
+
+void DistributedDataParallel::launchGather(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.weightsLive || b.gather) return;
+  torch::NoGradGuard noGrad;
+  allocateStorage(b.weights);
+  if (comm_.worldSize == 1) {
+    b.weights.copy_(b.part.detach());
+    b.weightsLive = true;
+    return;
+  }
+  const int64_t chunk = b.padded / comm_.worldSize;
+  std::vector<at::Tensor> in{b.part.detach()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < comm_.worldSize; ++r) out[0].push_back(b.weights.narrow(0, chunk * r, chunk));
+  b.gather = comm_.pg->allgather(out, in);
+}
+
+void DistributedDataParallel::gatherNow(size_t k) {
+  launchGather(k);
+  Bucket& b = buckets_[k];
+  if (b.gather) {
+    auto work = std::move(b.gather);
+    b.gather.reset();
+    comm::wait(work, comm_, "parameter gather (ZeRO stage 3)");
+  }
+  b.weightsLive = true;
+}
+
+void DistributedDataParallel::releaseWeights(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.gather) {
+    // Never free what a collective is still writing.
+    auto work = std::move(b.gather);
+    b.gather.reset();
+    comm::wait(work, comm_, "parameter gather (ZeRO stage 3)");
+  }
+  if (!b.weightsLive) return;
+  freeStorage(b.weights);
+  b.weightsLive = false;
+}
+
+void DistributedDataParallel::allocateGradients(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.flatLive) return;
+  allocateStorage(b.flat);
+  b.flat.zero_();
+  b.flatLive = true;
+}
+
+void DistributedDataParallel::releaseGradients(size_t k) {
+  Bucket& b = buckets_[k];
+  if (!b.flatLive) return;
+  freeStorage(b.flat);
+  b.flatLive = false;
+}
+
+void DistributedDataParallel::beforeBackward(size_t k) {
+  monitor::TimelineSpan span("gather a unit for backward (ZeRO stage 3)", "comm");
+  gatherNow(k);
+  allocateGradients(k);
+  // Backward reaches the units in bucket order, after the whole-model one.
+  const int units = static_cast<int>(buckets_.size()) - (wholeBucket_ >= 0 ? 1 : 0);
+  const int next = static_cast<int>(k) == wholeBucket_ ? 0 : static_cast<int>(k) + 1;
+  if (next < units) launchGather(static_cast<size_t>(next));
+}
+
+at::Tensor DistributedDataParallel::Runner::run(int unit, const Forward& f, const at::Tensor& x) {
+  DistributedDataParallel& d = ddp_;
+  const int k = unit == kWholeModel ? d.wholeBucket_
+                : unit >= 0 && static_cast<size_t>(unit) < d.unitBucket_.size() ? d.unitBucket_[unit]
+                                                                                : -1;
+  if (k < 0) return f(x);
+  {
+    monitor::TimelineSpan span("gather a unit for forward (ZeRO stage 3)", "comm");
+    d.gatherNow(static_cast<size_t>(k));
+    // Forward reaches the units in the reverse of bucket order, after the
+    // whole-model one.
+    const int units = static_cast<int>(d.buckets_.size()) - (d.wholeBucket_ >= 0 ? 1 : 0);
+    const int next = k == d.wholeBucket_ ? units - 1 : k - 1;
+    if (next >= 0) d.launchGather(static_cast<size_t>(next));
+  }
+  at::Tensor y;
+  try {
+    y = f(x);
+  } catch (...) {
+    d.releaseWeights(static_cast<size_t>(k));
+    throw;
+  }
+  d.releaseWeights(static_cast<size_t>(k));
+  if (torch::GradMode::is_enabled() && y.requires_grad()) {
+    y = BeforeBackward::apply(y, reinterpret_cast<int64_t>(&d), static_cast<int64_t>(k));
+  }
+  return y;
+}
+
+void DistributedDataParallel::completeLaunched() {
+  for (size_t j = 0; j < buckets_.size(); ++j) {
+    Bucket& b = buckets_[j];
+    if (!b.work || !b.received.defined()) continue;
+    auto work = std::move(b.work);
+    b.work.reset();
+    comm::wait(work, comm_, "gradient reduce-scatter");
+    completeReduceScatter(j);
+  }
+}
+
+void DistributedDataParallel::endMicroStep() {
+  if (options_.zeroStage == 3 && !sync_) finishExchange(/*count=*/false);
+}
+
+void DistributedDataParallel::forEachFullParameter(const ParameterSink& sink) {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    const bool held = options_.zeroStage < 3 || b.weightsLive;
+    if (!held) gatherNow(k);
+    for (size_t i : b.params) sink(params_[i].name, params_[i].tensor.detach());
+    if (!held) releaseWeights(k);
+  }
+}
+
+void DistributedDataParallel::gatherAllParameters() {
+  if (options_.zeroStage < 3) return;
+  for (size_t k = 0; k < buckets_.size(); ++k) launchGather(k);
+  for (size_t k = 0; k < buckets_.size(); ++k) gatherNow(k);
+}
+
+void DistributedDataParallel::releaseParameters() {
+  if (options_.zeroStage < 3) return;
+  for (size_t k = 0; k < buckets_.size(); ++k) releaseWeights(k);
+}
+
+}  // namespace cohort::ddp
