@@ -96,6 +96,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       b.flat.zero_();
       b.shmOffset = shmOffset;
       shmOffset += static_cast<size_t>(total);
+    } else if (options_.zeroStage == 3 && comm_.worldSize > 1) {
+      // Allocated when the unit's backward begins (zero3.cc); never
+      // touched before, so it holds no memory until then.
+      b.flat = torch::empty({total}, params_[b.params.front()].tensor.options());
     } else {
       b.flat = torch::zeros({total}, params_[b.params.front()].tensor.options());
     }
@@ -118,6 +122,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   weightsShmOffset_ = static_cast<size_t>(totalFloats_);
   if (options_.zeroStage > 0) setUpParts();
   if (options_.zeroStage == 3) {
+    // Whole until broadcastState() shards them (the gradients at once).
+    unitElements_ = totalFloats_ * (comm_.worldSize > 1 ? 2 : 1);
+    for (size_t k = 0; k < buckets_.size() && comm_.worldSize > 1; ++k) releaseGradients(k);
     // Held between uses: this rank's parts, of parameters and gradients.
     stats_.gradientElements = stats_.parameterElements = totalFloats_ / comm_.worldSize;
   }

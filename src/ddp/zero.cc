@@ -38,7 +38,11 @@ void DistributedDataParallel::setUpParts() {
                                    [keep](void*) mutable { keep.reset(); }, options);
       b.weights.zero_();
     } else {
-      b.weights = torch::zeros({b.padded}, options);
+      // Stage 3 writes every element below (the padding too) before the
+      // parameters' old storage goes, one bucket at a time: at no point
+      // is the model held twice.
+      b.weights = options_.zeroStage == 3 ? torch::empty({b.padded}, options)
+                                          : torch::zeros({b.padded}, options);
     }
     // Each parameter's data moves into the flat buffer, in the layout of
     // its gradient's slot (so element i of a part is element i of both).
@@ -54,6 +58,7 @@ void DistributedDataParallel::setUpParts() {
       p.tensor.set_data(view);
       offset += n;
     }
+    if (offset < b.padded) b.weights.narrow(0, offset, b.padded - offset).zero_();
     b.part = partOf(b.weights, b.padded, comm_.worldSize, comm_.rank).detach();
     if (options_.zeroStage == 3) {
       // The part is the only copy between uses; on more than one rank its
@@ -128,16 +133,16 @@ void DistributedDataParallel::launchReduceScatter(size_t k) {
   if (options_.zeroStage == 3) {
     completeLaunched();
     allocateGradients(k);
+    releaseWeights(k);  // the unit's gradients are all in: its parameters are done with
   }
   // Gloo in LibTorch 1.13 has no reduce-scatter: an all-to-all sends part j
   // of the bucket to rank j (the bytes of a ring reduce-scatter), and each
   // rank sums the N copies of its part it received, in rank order.
   b.received = at::empty({b.padded}, b.flat.options());
+  if (options_.zeroStage == 3) noteUnitElements(b.padded);
   std::vector<int64_t> equalParts;
   b.work = comm_.pg->alltoall_base(b.received, b.flat, equalParts, equalParts);
   if (monitor::timeline() != nullptr) traceCompletion(b);
-  // Stage 3: the unit's gradients are all in; its parameters are done with.
-  if (options_.zeroStage == 3) releaseWeights(k);
 }
 
 void DistributedDataParallel::completeReduceScatter(size_t k) {
@@ -148,6 +153,7 @@ void DistributedDataParallel::completeReduceScatter(size_t k) {
     at::Tensor own = b.part.mutable_grad();
     for (int r = 0; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
     b.received = at::Tensor();
+    noteUnitElements(-b.padded);
     releaseGradients(k);
     return;
   }

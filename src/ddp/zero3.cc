@@ -110,6 +110,11 @@ void DistributedDataParallel::bucketByUnit() {
   }
   if (!members[units].empty()) wholeBucket_ = add(std::move(members[units]));
   runner_ = std::make_shared<Runner>(*this);
+  for (const Bucket& b : buckets_) {
+    int64_t n = 0;
+    for (size_t k : b.params) n += params_[k].tensor.numel();
+    stats_.largestUnitElements = std::max(stats_.largestUnitElements, n);
+  }
 }
 
 models::UnitRunner* DistributedDataParallel::unitRunner() { return runner_.get(); }
@@ -121,9 +126,13 @@ void DistributedDataParallel::shardParameters() {
     Bucket& b = buckets_[k];
     b.part.detach().copy_(b.weights.narrow(0, b.padded / world * comm_.rank, b.padded / world));
     releaseWeights(k);
-    // One rank: the part's gradient is the whole bucket, which stays.
-    if (world > 1) releaseGradients(k);
   }
+  stats_.unitPeakElements = 0;  // from here on: training
+}
+
+void DistributedDataParallel::noteUnitElements(int64_t delta) {
+  unitElements_ += delta;
+  stats_.unitPeakElements = std::max(stats_.unitPeakElements, unitElements_);
 }
 
 void DistributedDataParallel::launchGather(size_t k) {
@@ -131,6 +140,7 @@ void DistributedDataParallel::launchGather(size_t k) {
   if (b.weightsLive || b.gather) return;
   torch::NoGradGuard noGrad;
   allocateStorage(b.weights);
+  noteUnitElements(b.padded);
   if (comm_.worldSize == 1) {
     b.weights.copy_(b.part.detach());
     b.weightsLive = true;
@@ -164,6 +174,7 @@ void DistributedDataParallel::releaseWeights(size_t k) {
   }
   if (!b.weightsLive) return;
   freeStorage(b.weights);
+  noteUnitElements(-b.padded);
   b.weightsLive = false;
 }
 
@@ -171,6 +182,7 @@ void DistributedDataParallel::allocateGradients(size_t k) {
   Bucket& b = buckets_[k];
   if (b.flatLive) return;
   allocateStorage(b.flat);
+  noteUnitElements(b.padded);
   b.flat.zero_();
   b.flatLive = true;
 }
@@ -179,6 +191,7 @@ void DistributedDataParallel::releaseGradients(size_t k) {
   Bucket& b = buckets_[k];
   if (!b.flatLive) return;
   freeStorage(b.flat);
+  noteUnitElements(-b.padded);
   b.flatLive = false;
 }
 

@@ -36,6 +36,10 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                  {"parameter_mb", double(s.memory.parameterBytes) / (1 << 20)},
                  {"gradient_mb", double(s.memory.gradientBytes) / (1 << 20)},
                  {"optimizer_state_mb", double(s.memory.optimizerStateBytes) / (1 << 20)}};
+  if (s.memory.zeroStage == 3) {
+    j["memory"]["largest_unit_mb"] = double(s.memory.largestUnitBytes) / (1 << 20);
+    j["memory"]["unit_peak_mb"] = double(s.memory.unitPeakBytes) / (1 << 20);
+  }
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
   if (s.lossScale > 0) j["loss_scale"] = s.lossScale;

@@ -423,12 +423,19 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     mem.parameterBytes = ds.parameterElements * 4;
     mem.gradientBytes = ds.gradientElements * 4;
     mem.optimizerStateBytes = optimizerStateBytes(*optimizer);
+    mem.largestUnitBytes = ds.largestUnitElements * 4;
+    mem.unitPeakBytes = ds.unitPeakElements * 4;
     struct rusage usage {};
     const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
     log::info("memory held: parameters {:.1f} MB, gradients {:.1f} MB, optimizer state {:.1f} MB "
               "(ZeRO stage {}); peak resident {:.0f} MB",
               double(mem.parameterBytes) / (1 << 20), double(mem.gradientBytes) / (1 << 20),
               double(mem.optimizerStateBytes) / (1 << 20), mem.zeroStage, peak);
+    if (mem.zeroStage == 3) {
+      log::info("ZeRO stage 3: at most {:.1f} MB of gathered units at once (parameters, full "
+                "gradients, reduce-scatter buffers); the largest unit is {:.1f} MB",
+                double(mem.unitPeakBytes) / (1 << 20), double(mem.largestUnitBytes) / (1 << 20));
+    }
   }
   // A SIGTERM from here on changes nothing: this rank is finishing anyway.
   if (summary.stopped) return summary;

@@ -113,6 +113,13 @@ TEST_F(ZeroStage3, BlocksGatheredOneAtATimeEqualOneProcessWithTheGlobalBatch) {
                          whole["memory"]["parameter_mb"].get<double>();
     EXPECT_NEAR(share, 1.0 / v.ranks, 0.01) << v.tag << ": " << summary["memory"].dump();
     EXPECT_EQ(summary["memory"]["gradient_mb"], summary["memory"]["parameter_mb"]) << v.tag;
+    // Gathered at once, besides the parts: the whole-model unit's
+    // parameters and gradients, and at most the current block's, the next
+    // one's parameters and the previous one's gradients in flight.
+    const double largest = summary["memory"]["largest_unit_mb"].get<double>();
+    const double peak = summary["memory"]["unit_peak_mb"].get<double>();
+    EXPECT_GT(peak, largest) << v.tag;
+    EXPECT_LE(peak, 7.05 * largest) << v.tag;
   }
   // The comparison can fail: clipping at 0.5 changes these weights.
   EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);

@@ -137,6 +137,11 @@ struct DdpStats {
   int64_t optimizerElements = 0;
   int64_t gradientElements = 0;
   int64_t parameterElements = 0;
+  // Stage 3: the largest unit (padded elements), and the most elements of
+  // units' gathered parameters, full gradients and reduce-scatter buffers
+  // this rank held at once, besides its parts.
+  int64_t largestUnitElements = 0;
+  int64_t unitPeakElements = 0;
 };
 
 class DistributedDataParallel {
@@ -289,6 +294,9 @@ class DistributedDataParallel {
   struct BeforeBackward;
   friend struct BeforeBackward;
   std::shared_ptr<Runner> runner_;
+  // Stage 3: elements of the units' buffers allocated now (see DdpStats).
+  void noteUnitElements(int64_t delta);
+  int64_t unitElements_ = 0;
   std::vector<int> unitBucket_;  // shardingUnits() index -> bucket (-1: none)
   int wholeBucket_ = -1;         // the bucket of the parameters outside every unit
   // Decides the exchange with every rank (detail/exchange.h) and logs it.

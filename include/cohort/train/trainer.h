@@ -58,6 +58,10 @@ struct TrainSummary {
     int64_t parameterBytes = 0;       // trainable parameters, with ZeRO's padding
     int64_t gradientBytes = 0;        // gradient buckets
     int64_t optimizerStateBytes = 0;  // the optimizer's state tensors
+    // Stage 3: the largest unit's parameters, and the most bytes of
+    // gathered units (parameters, full gradients, receive buffers) held at once.
+    int64_t largestUnitBytes = 0;
+    int64_t unitPeakBytes = 0;
   } memory;
 };
 
