@@ -6,7 +6,8 @@
 # Builds the fuzz targets (fuzz/) with clang, ASan and UBSan into
 # ./build-fuzz (only the sources they need; ccache when present), then runs
 # each target for N seconds (default 20) over a copy of its seed corpus
-# fuzz/corpus/<target>. Prints each target's executions and findings and
+# fuzz/corpus/<target>, J targets at a time (default: one per core; each
+# libFuzzer process uses one). Prints each target's executions and findings and
 # exits 1 if any target found something: its input is saved as
 # build-fuzz/findings/<target>/crash-*, leak-*, timeout-* or oom-*. Replay
 # one with `build-fuzz/<target>_fuzz <file>`; once fixed, copy it into
@@ -17,11 +18,14 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 seconds=20
+jobs=$(nproc)
 targets=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --seconds=*) seconds="${1#*=}"; shift ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    --jobs=*) jobs="${1#*=}"; shift ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets="$targets $1"; shift ;;
@@ -51,24 +55,49 @@ cmake --build build-fuzz -j "$(nproc)" --target $(for t in $targets; do printf '
 export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:allocator_may_return_null=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 work="$root/build-fuzz/work"
+rm -rf "$work"
+# One target: its verdict in build-fuzz/findings/<target>/status.
+fuzz_one() {
+  t=$1
+  w="$work/$t"
+  rm -f "build-fuzz/findings/$t/status"
+  mkdir -p "$w/corpus" "$w/tmp" "build-fuzz/findings/$t"
+  cp fuzz/corpus/"$t"/* "$w/corpus/"
+  st=0
+  # Scratch files of the targets go to $w/tmp, removed after each run.
+  TMPDIR="$w/tmp" "build-fuzz/${t}_fuzz" "$w/corpus" \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -print_final_stats=1 -artifact_prefix="build-fuzz/findings/$t/" \
+    >"build-fuzz/findings/$t/fuzz.log" 2>&1 || st=$?
+  echo "$st" >"build-fuzz/findings/$t/status"
+  rm -rf "$w"
+}
+# `jobs` lanes, each running every jobs-th target in turn.
+echo "== fuzzing $(echo $targets | wc -w) targets for ${seconds} s each, $jobs at a time"
+lanes=""
+lane=0
+while [ "$lane" -lt "$jobs" ]; do
+  (
+    i=0
+    for t in $targets; do
+      if [ $((i % jobs)) -eq "$lane" ]; then fuzz_one "$t"; fi
+      i=$((i + 1))
+    done
+  ) &
+  lanes="$lanes $!"
+  lane=$((lane + 1))
+done
+# shellcheck disable=SC2086
+wait $lanes || true
 failed=""
 summary=""
 for t in $targets; do
-  rm -rf "$work"
-  mkdir -p "$work/corpus" "$work/tmp" "build-fuzz/findings/$t"
-  cp fuzz/corpus/"$t"/* "$work/corpus/"
   log="build-fuzz/findings/$t/fuzz.log"
-  echo "== $t: ${seconds} s"
-  status=0
-  # Scratch files of the targets go to $work/tmp, removed after each run.
-  TMPDIR="$work/tmp" "build-fuzz/${t}_fuzz" "$work/corpus" \
-    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-    -print_final_stats=1 -artifact_prefix="build-fuzz/findings/$t/" \
-    >"$log" 2>&1 || status=$?
+  status=$(cat "build-fuzz/findings/$t/status" 2>/dev/null || echo 1)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   if [ "$status" -ne 0 ]; then
     failed="$failed $t"
-    echo "   FINDING (exit $status): $(ls -t build-fuzz/findings/$t | grep -v fuzz.log | head -1)"
+    echo "== $t: FINDING (exit $status): $(ls -t build-fuzz/findings/$t | grep -v -e fuzz.log -e status | head -1)"
     grep -E "cohort fuzz finding|ERROR: |runtime error|terminate called|what\(\)" "$log" | head -5 | sed 's/^/   /'
     echo "   log: $log"
   fi

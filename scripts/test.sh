@@ -32,8 +32,8 @@ fi
 status=0
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)" "$@") || status=$?
 # Then fuzz every parser of outside input for a bounded time (docs/security.md):
-# COHORT_FUZZ_SECONDS per target (default 15, about 5 minutes in all with the
-# clang build); 0 skips it.
+# COHORT_FUZZ_SECONDS per target (default 15; one target per core at a
+# time: about 4 minutes in all with the clang build on 2 cores); 0 skips it.
 fuzz_seconds="${COHORT_FUZZ_SECONDS:-15}"
 if [ "$fuzz_seconds" -gt 0 ]; then
   ./scripts/fuzz.sh --seconds "$fuzz_seconds" || status=1

@@ -284,9 +284,9 @@ TEST(Recovery, UnwritableCheckpointDirectoryWarnsOrFailsNamingThePath) {
 
 TEST(Recovery, SigtermMidEpochStopsAfterACheckpointAndARerunContinuesFromTheExactSample) {
   Fixture f;
-  // Long enough to be stopped mid-epoch: 300 steps per epoch, 1200 in all.
-  const std::vector<std::string> longer{"--set", "data.train.size=4800", "--set",
-                                        "training.epochs=4", "--set", "output.dir=" + f.run("runs")};
+  // Long enough to be stopped mid-epoch: 150 steps per epoch, 450 in all.
+  const std::vector<std::string> longer{"--set", "data.train.size=2400", "--set",
+                                        "training.epochs=3", "--set", "output.dir=" + f.run("runs")};
   auto ref = test::cohort(recoveryArgs(f.job(), f.run("reference"), longer));
   ASSERT_EQ(ref.exitCode, 0) << ref.describe();
 
@@ -318,14 +318,14 @@ TEST(Recovery, SigtermMidEpochStopsAfterACheckpointAndARerunContinuesFromTheExac
     EXPECT_EQ(summary["status"], "stopped");
     stoppedAt = summary["steps"].get<int64_t>();
     ASSERT_GT(stoppedAt, 0);
-    ASSERT_LT(stoppedAt, 1200) << "the run ended before SIGTERM reached it";
+    ASSERT_LT(stoppedAt, 450) << "the run ended before SIGTERM reached it";
     // Both ranks stopped after the same step, and that step's checkpoint is
     // committed.
     const std::string line = fmt::format("stopped on request after step {} ", stoppedAt);
     EXPECT_NE(test::readText(runDir + "/logs/rank-0.log").find(line), std::string::npos);
     EXPECT_NE(test::readText(runDir + "/logs/rank-1.log").find(line), std::string::npos);
     const auto m = ckpt::readManifest(fmt::format("{}/checkpoints/step-{}", runDir, stoppedAt));
-    EXPECT_EQ(m.batchInEpoch, (stoppedAt - 1) % 300 + 1);
+    EXPECT_EQ(m.batchInEpoch, (stoppedAt - 1) % 150 + 1);
     EXPECT_EQ(m.samplesInEpoch, m.batchInEpoch * 8 * 2);
   }
   auto r = test::run(args, {}, 300s);

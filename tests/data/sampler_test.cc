@@ -61,14 +61,18 @@ TEST_P(SamplerTest, AnEpochTakenUpAtAPositionVisitsTheRestOfItsOrderOnce) {
       DistributedSampler s({size, world, r, true, 42, true, {}});
       const auto mine = s.indices(3, from);
       EXPECT_EQ(static_cast<int64_t>(mine.size()), s.samplesPerRank(from));
-      if (count >= 0) EXPECT_EQ(static_cast<int64_t>(mine.size()), count) << "rank " << r;
+      if (count >= 0) {
+        EXPECT_EQ(static_cast<int64_t>(mine.size()), count) << "rank " << r;
+      }
       count = static_cast<int64_t>(mine.size());
       taken.insert(mine.begin(), mine.end());
     }
     const int64_t end = std::max(from, from + (size / world * world - from) / world * world);
     std::multiset<int64_t> expected(order.begin() + std::min(from, size), order.begin() + std::min(end, size));
     EXPECT_EQ(taken, expected) << "from " << from << ", " << world << " ranks, " << size << " samples";
-    if (from == 0) EXPECT_EQ(count, size / world);
+    if (from == 0) {
+      EXPECT_EQ(count, size / world);
+    }
   }
   // From a multiple of N, a rank's list is the tail of its list from 0.
   DistributedSampler r0({size, world, 0, true, 42, true, {}});

@@ -12,6 +12,14 @@
 namespace cohort::ddp {
 namespace {
 
+// Bucket cap and find_unused_parameters; the rest as DdpOptions has it.
+DdpOptions options(double bucketCapMb, bool findUnusedParameters) {
+  DdpOptions o;
+  o.bucketCapMb = bucketCapMb;
+  o.findUnusedParameters = findUnusedParameters;
+  return o;
+}
+
 comm::Comm soloComm() {
   comm::Comm c;
   c.store = c10::make_intrusive<c10d::HashStore>();
@@ -34,16 +42,16 @@ struct Net : torch::nn::Module {
 
 TEST(DdpLocal, BucketsInReverseRegistrationOrderWithinTheCap) {
   auto net = std::make_shared<Net>();
-  DistributedDataParallel tiny(net, soloComm(), {1e-9, false, true});
+  DistributedDataParallel tiny(net, soloComm(), options(1e-9, false));
   EXPECT_EQ(tiny.bucketParameterNames(),
             (std::vector<std::vector<std::string>>{{"b.bias"}, {"b.weight"}, {"a.bias"}, {"a.weight"}}));
   auto net2 = std::make_shared<Net>();
-  DistributedDataParallel huge(net2, soloComm(), {1000, false, true});
+  DistributedDataParallel huge(net2, soloComm(), options(1000, false));
   EXPECT_EQ(huge.bucketParameterNames(),
             (std::vector<std::vector<std::string>>{{"b.bias", "b.weight", "a.bias", "a.weight"}}));
   // a.weight is 128 bytes, b.weight 96: a 200-byte cap splits before a.weight.
   auto net3 = std::make_shared<Net>();
-  DistributedDataParallel mid(net3, soloComm(), {200.0 / (1024 * 1024), false, true});
+  DistributedDataParallel mid(net3, soloComm(), options(200.0 / (1024 * 1024), false));
   EXPECT_EQ(mid.bucketParameterNames(),
             (std::vector<std::vector<std::string>>{{"b.bias", "b.weight", "a.bias"}, {"a.weight"}}));
 }
@@ -57,7 +65,7 @@ TEST(DdpLocal, GradientsMatchPlainAutogradAndLaunchDuringBackward) {
     auto src = net->parameters(), dst = plain->parameters();
     for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
   }
-  DistributedDataParallel ddp(net, soloComm(), {1e-9, false, true});
+  DistributedDataParallel ddp(net, soloComm(), options(1e-9, false));
   at::Tensor x = torch::randn({5, 4});
   ddp.setSyncGradients(true);
   net->forward(x).pow(2).sum().backward();
@@ -78,7 +86,7 @@ TEST(DdpLocal, GradientsMatchPlainAutogradAndLaunchDuringBackward) {
 TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
   torch::manual_seed(2);
   auto net = std::make_shared<Net>();
-  DistributedDataParallel ddp(net, soloComm(), {25, false, true});
+  DistributedDataParallel ddp(net, soloComm(), options(25, false));
   at::Tensor x = torch::randn({6, 4});
   ddp.setSyncGradients(false);
   net->forward(x).sum().backward();
@@ -95,7 +103,7 @@ TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
 
 TEST(DdpLocal, UnusedParameterIsAnErrorNamingIt) {
   auto net = std::make_shared<Net>(true);
-  DistributedDataParallel ddp(net, soloComm(), {25, false, true});
+  DistributedDataParallel ddp(net, soloComm(), options(25, false));
   ddp.setSyncGradients(true);
   net->forward(torch::randn({2, 4})).sum().backward();
   try {
@@ -109,7 +117,7 @@ TEST(DdpLocal, UnusedParameterIsAnErrorNamingIt) {
 
 TEST(DdpLocal, UnusedParameterAllowedUnderTheFlag) {
   auto net = std::make_shared<Net>(true);
-  DistributedDataParallel ddp(net, soloComm(), {1e-9, true, true});
+  DistributedDataParallel ddp(net, soloComm(), options(1e-9, true));
   for (int step = 0; step < 2; ++step) {
     ddp.setSyncGradients(true);
     net->forward(torch::randn({2, 4})).sum().backward();
@@ -123,7 +131,7 @@ TEST(DdpLocal, UnusedParameterAllowedUnderTheFlag) {
 
 TEST(DdpLocal, ReplacedGradientIsPutBackIntoItsBucket) {
   auto net = std::make_shared<Net>();
-  DistributedDataParallel ddp(net, soloComm(), {25, false, true});
+  DistributedDataParallel ddp(net, soloComm(), options(25, false));
   net->a->weight.mutable_grad() = at::Tensor();  // what zero_grad(set_to_none) does
   ddp.setSyncGradients(true);
   net->forward(torch::randn({3, 4})).sum().backward();
@@ -156,7 +164,7 @@ TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
     net->conv->weight.set_data(net->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
   }
   ASSERT_FALSE(net->conv->weight.is_contiguous());
-  DistributedDataParallel ddp(net, soloComm(), {1000, false, true});
+  DistributedDataParallel ddp(net, soloComm(), options(1000, false));
   at::Tensor x = torch::randn({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
   for (int step = 0; step < 2; ++step) {
     ddp.setSyncGradients(true);
