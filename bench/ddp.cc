@@ -16,7 +16,9 @@
 // cohort's per-step breakdown (summary.json's phase_ms_per_step, rank 0).
 //
 //   cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] [--repeat N]
-//                    [--isa avx2]
+//                    [--isa avx2] [--zero S]
+// --zero S also runs cohort's 2 ranks at distribution.zero S, right after
+// the ceiling's runs, and prints its efficiency against that ceiling.
 // --isa avx2 runs both sides as on a CPU without AVX-512: LibTorch's kernels
 // (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and OpenBLAS's
 // (OPENBLAS_CORETYPE) are held to AVX2.
@@ -47,6 +49,7 @@ struct Config {
   std::string arch;
   int size, batch, warmup, steps;
   int threads = 1;
+  int zero = 0;  // distribution.zero
 };
 
 struct CohortResult {
@@ -67,7 +70,7 @@ model: {{arch: {}, num_classes: 1000}}
 data:
   train: {{kind: synthetic, size: {}, shape: [3, {}, {}]}}
   loader_threads: 1
-distribution: {{threads_per_rank: {}}}
+distribution: {{threads_per_rank: {}, zero: {}}}
 training:
   epochs: 1
   max_steps: {}
@@ -77,7 +80,7 @@ training:
 checkpoint: {{enabled: false}}
 output: {{progress: off, save_final: false}}
 )", c.arch, (c.warmup + c.steps) * c.batch * procs, c.size, c.size, c.threads,
-                                   c.warmup + c.steps, c.batch,
+                                   c.zero, c.warmup + c.steps, c.batch,
                                    c.warmup));
   const std::string run = dir.file(fmt::format("run-{}-{}x{}{}-{}", c.arch, procs, c.threads, tag, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
   std::string only;
   double scale = 1;
   int repeat = 2;
+  int zero = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--only") {
@@ -175,6 +179,8 @@ int main(int argc, char** argv) {
       scale = std::atof(argv[i + 1]);
     } else if (a == "--repeat") {
       repeat = std::max(1, std::atoi(argv[i + 1]));
+    } else if (a == "--zero") {
+      zero = std::atoi(argv[i + 1]);
     } else if (a == "--isa" && std::string(argv[i + 1]) == "avx2") {
       // Inherited by both sides' processes.
       setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
@@ -183,7 +189,7 @@ int main(int argc, char** argv) {
       setenv("OPENBLAS_CORETYPE", "Haswell", 1);
     } else {
       std::cerr << "usage: cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] "
-                   "[--repeat N] [--isa avx2]\n";
+                   "[--repeat N] [--isa avx2] [--zero S]\n";
       return 2;
     }
   }
@@ -241,6 +247,20 @@ int main(int argc, char** argv) {
     j["cohort_efficiency"] = effC;
     j["pytorch_efficiency"] = effT;
     j["independent_efficiency"] = ceiling;
+    if (zero > 0) {
+      Config z = c;
+      z.zero = zero;
+      const CohortResult sharded = runCohort(dir, z, 2, fmt::format("-zero{}", zero));
+      const double effZ = sharded.imagesPerS / (2 * one->cohortIps);
+      std::cout << fmt::format("{:<9} cohort 2 ranks at ZeRO stage {}: {:.1f} img/s, efficiency {:.1f}% "
+                               "= {:.3f} of the ceiling (stage 0: {:.3f})\n",
+                               c.arch, zero, sharded.imagesPerS, 100 * effZ, effZ / ceiling,
+                               effC / ceiling);
+      j["zero_stage"] = zero;
+      j["zero_images_per_s"] = sharded.imagesPerS;
+      j["zero_efficiency"] = effZ;
+      j["zero_phase_ms"] = sharded.phases;
+    }
     lines.push_back(j);
   }
   std::cout << "\nper-step breakdown, ms (cohort rank 0; PyTorch rank 0: forward, backward incl. "
