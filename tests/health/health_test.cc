@@ -263,9 +263,14 @@ TEST(HealthPreflight, AFailingCheckStopsTheRunBeforeTraining) {
 TEST(HealthPreflight, PassingChecksLetTheRunTrain) {
   test::TempDir dir;
   test::writeText(dir.file("job.yaml"), test::tinyJobYaml("preflight"));
+  // Every check runs, against minimums any machine meets even while the
+  // rest of the suite loads it (the defaults failed once under ctest -j2).
   auto r = test::cohort({"run", dir.file("job.yaml"), "--procs", "2", "--run-dir",
                          dir.file("run"), "--set", "distribution.preflight=true", "--set",
-                         "health.seconds_per_check=0.05"},
+                         "health.seconds_per_check=0.05", "--set", "health.min_matmul_gflops=0.01",
+                         "--set", "health.min_memory_gbps=0.01", "--set",
+                         "health.min_disk_write_mbps=0.1", "--set",
+                         "health.min_allreduce_busbw_gbps=0.0001"},
                         {}, 3min);
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   const std::string log0 = test::readText(dir.file("run/logs/rank-0.log"));
