@@ -36,6 +36,12 @@ void allocateStorage(const at::Tensor& t) {
   s->set_nbytes(nbytes);
 }
 
+// Buckets 0 .. n-1 are the model's units, the last one in forward order
+// first; the whole-model bucket, if any, comes after them.
+int unitBuckets(size_t buckets, int wholeBucket) {
+  return static_cast<int>(buckets) - (wholeBucket >= 0 ? 1 : 0);
+}
+
 bool startsWith(const std::string& s, const std::string& head) {
   return s.size() >= head.size() && s.compare(0, head.size(), head) == 0;
 }
@@ -200,9 +206,8 @@ void DistributedDataParallel::beforeBackward(size_t k) {
   gatherNow(k);
   allocateGradients(k);
   // Backward reaches the units in bucket order, after the whole-model one.
-  const int units = static_cast<int>(buckets_.size()) - (wholeBucket_ >= 0 ? 1 : 0);
   const int next = static_cast<int>(k) == wholeBucket_ ? 0 : static_cast<int>(k) + 1;
-  if (next < units) launchGather(static_cast<size_t>(next));
+  if (next < unitBuckets(buckets_.size(), wholeBucket_)) launchGather(static_cast<size_t>(next));
 }
 
 at::Tensor DistributedDataParallel::Runner::run(int unit, const Forward& f, const at::Tensor& x) {
@@ -216,8 +221,7 @@ at::Tensor DistributedDataParallel::Runner::run(int unit, const Forward& f, cons
     d.gatherNow(static_cast<size_t>(k));
     // Forward reaches the units in the reverse of bucket order, after the
     // whole-model one.
-    const int units = static_cast<int>(d.buckets_.size()) - (d.wholeBucket_ >= 0 ? 1 : 0);
-    const int next = k == d.wholeBucket_ ? units - 1 : k - 1;
+    const int next = k == d.wholeBucket_ ? unitBuckets(d.buckets_.size(), d.wholeBucket_) - 1 : k - 1;
     if (next >= 0) d.launchGather(static_cast<size_t>(next));
   }
   at::Tensor y;
