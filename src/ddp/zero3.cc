@@ -22,7 +22,7 @@ namespace cohort::ddp {
 namespace {
 
 // The storage under `t` (and every view of it) given back, or allocated
-// again (uninitialized) for `numel` elements.
+// again (uninitialized) for t.numel() elements.
 void freeStorage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
@@ -40,10 +40,6 @@ void allocateStorage(const at::Tensor& t) {
 // first; the whole-model bucket, if any, comes after them.
 int unitBuckets(size_t buckets, int wholeBucket) {
   return static_cast<int>(buckets) - (wholeBucket >= 0 ? 1 : 0);
-}
-
-bool startsWith(const std::string& s, const std::string& head) {
-  return s.size() >= head.size() && s.compare(0, head.size(), head) == 0;
 }
 
 }  // namespace
@@ -84,7 +80,7 @@ void DistributedDataParallel::bucketByUnit() {
   for (size_t k = params_.size(); k-- > 0;) {
     size_t u = units;
     for (size_t i = 0; i < units; ++i) {
-      if (startsWith(params_[k].name, options_.units[i] + ".")) {
+      if (params_[k].name.rfind(options_.units[i] + ".", 0) == 0) {
         u = i;
         break;
       }
