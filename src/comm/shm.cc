@@ -130,7 +130,18 @@ void ShmAllreduce::unlink() {
   unlinked_ = true;
 }
 
-float* ShmAllreduce::region() const { return data_ + regionStride_ * static_cast<size_t>(rank_); }
+float* ShmAllreduce::region() const { return regionOf(rank_); }
+
+float* ShmAllreduce::regionOf(int index) const {
+  COHORT_ASSERT(index >= 0 && index < world_, "region ", index, " of ", world_);
+  return data_ + regionStride_ * static_cast<size_t>(index);
+}
+
+void ShmAllreduce::barrier(std::chrono::milliseconds timeout) {
+  // One phase is enough: every call numbers its barriers, and a rank that
+  // leaves this one early can only arrive at the next call's first.
+  if (world_ > 1) enter(std::chrono::steady_clock::now() + timeout);
+}
 
 void ShmAllreduce::arrive(int phase, uint64_t seq) {
   header_->arrived[phase][rank_].value.store(seq, std::memory_order_release);

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -70,6 +71,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   const int64_t parts = options_.zeroStage > 0 ? comm_.worldSize : 1;
   torch::NoGradGuard noGrad;
   bool floatOnCpu = true;
+  int64_t largest = 0;
   for (Bucket& b : buckets_) {
     int64_t total = 0;
     for (size_t k : b.params) {
@@ -79,14 +81,25 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
     b.padded = (total + parts - 1) / parts * parts;
     totalFloats_ += b.padded;
+    largest = std::max(largest, b.padded);
   }
   // With ZeRO on one machine the flat parameters follow the gradients in
-  // the segment, so that the parts are gathered there too.
-  setUpExchange(options_.zeroStage > 0 ? 2 * totalFloats_ : totalFloats_, floatOnCpu);
+  // the segment, so that the parts are gathered there too. At stage 3 the
+  // segment holds this rank's parts and one unit's staging area only.
+  setUpExchange(options_.zeroStage == 3   ? totalFloats_ / parts + largest
+                : options_.zeroStage > 0 ? 2 * totalFloats_
+                                         : totalFloats_,
+                floatOnCpu);
+  unitsInSharedMemory_ = options_.zeroStage == 3 && plan_->exchange == Exchange::sharedMemory;
+  stagingShmOffset_ = static_cast<size_t>(totalFloats_ / parts);
   size_t shmOffset = 0;
   for (Bucket& b : buckets_) {
     const int64_t total = b.padded;
-    if (shm_) {
+    if (unitsInSharedMemory_) {
+      b.shmOffset = shmOffset;  // where its part is
+      shmOffset += static_cast<size_t>(total / parts);
+    }
+    if (shm_ && options_.zeroStage < 3) {
       // A view of this rank's region; the deleter keeps the mapping alive
       // as long as any gradient tensor points into it.
       auto keep = shm_;
@@ -122,8 +135,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   weightsShmOffset_ = static_cast<size_t>(totalFloats_);
   if (options_.zeroStage > 0) setUpParts();
   if (options_.zeroStage == 3) {
-    // Whole until broadcastState() shards them (the gradients at once).
-    unitElements_ = totalFloats_ * (comm_.worldSize > 1 ? 2 : 1);
+    // Whole until broadcastState() shards them (the gradients at once);
+    // the staging area is held for good.
+    unitElements_ = totalFloats_ * (comm_.worldSize > 1 ? 2 : 1) + (unitsInSharedMemory_ ? largest : 0);
     for (size_t k = 0; k < buckets_.size() && comm_.worldSize > 1; ++k) releaseGradients(k);
     // Held between uses: this rank's parts, of parameters and gradients.
     stats_.gradientElements = stats_.parameterElements = totalFloats_ / comm_.worldSize;
@@ -173,14 +187,16 @@ std::string bucketArgs(const at::Tensor& flat, size_t params) {
 
 void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu) {
   using Compression = DdpOptions::Compression;
-  const char* why = options_.zeroStage == 3 ? "ZeRO stage 3 exchanges over Gloo"
-                    : !options_.sharedMemory ? "distribution.shared_memory is false"
+  const char* why = !options_.sharedMemory ? "distribution.shared_memory is false"
                     : buckets_.empty()      ? "no trainable parameters"
                                             : "gradients are not all float32 on the CPU";
-  const bool shm =
-      options_.sharedMemory && floatOnCpu && !buckets_.empty() && options_.zeroStage < 3;
+  const bool shm = options_.sharedMemory && floatOnCpu && !buckets_.empty();
   plan_ = std::make_unique<detail::ExchangePlan>(detail::planExchange(comm_, shm, why, totalFloats));
   shm_ = plan_->shm;
+  if (options_.zeroStage == 3 && plan_->exchange == Exchange::hierarchical) {
+    log::info("ZeRO stage 3 over several machines: units are gathered and reduce-scattered over "
+              "Gloo among all ranks");
+  }
   stats_.exchange = plan_->exchange;
   stats_.machines = plan_->machines;
   stats_.sharedMemory = shm_ != nullptr;
@@ -386,11 +402,14 @@ void DistributedDataParallel::finishExchange(bool count) {
     if (b.wire.defined()) compressed.push_back(k);
     b.work.reset();
   }
-  if (count) ++stats_.syncs;
   // The shared-memory sums checked every element on the way (when they are
-  // the whole exchange: hierarchical ones hold only this machine's sum).
-  if (plan_->exchange == Exchange::sharedMemory) finiteAfterExchange_ = exchangeFinite_;
-  exchangeFinite_ = true;
+  // the whole exchange: hierarchical ones hold only this machine's sum), of
+  // every micro-step at stage 3.
+  if (count) {
+    ++stats_.syncs;
+    if (plan_->exchange == Exchange::sharedMemory) finiteAfterExchange_ = exchangeFinite_;
+    exchangeFinite_ = true;
+  }
   resetReadiness();
   lock.unlock();
   std::exception_ptr failure = waitAll(

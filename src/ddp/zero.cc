@@ -29,7 +29,8 @@ at::Tensor partOf(const at::Tensor& flat, int64_t padded, int parts, int rank) {
 
 void DistributedDataParallel::setUpParts() {
   torch::NoGradGuard noGrad;
-  const bool inShm = shm_ != nullptr && plan_->exchange == Exchange::sharedMemory;
+  const bool inShm =
+      shm_ != nullptr && plan_->exchange == Exchange::sharedMemory && options_.zeroStage < 3;
   for (Bucket& b : buckets_) {
     const at::TensorOptions options = params_[b.params.front()].tensor.options();
     if (inShm) {
@@ -60,7 +61,14 @@ void DistributedDataParallel::setUpParts() {
     }
     if (offset < b.padded) b.weights.narrow(0, offset, b.padded - offset).zero_();
     b.part = partOf(b.weights, b.padded, comm_.worldSize, comm_.rank).detach();
-    if (options_.zeroStage == 3) {
+    if (unitsInSharedMemory_) {
+      // The only copy between uses, in this rank's region, where the other
+      // ranks gather it from.
+      auto keep = shm_;
+      at::Tensor part = torch::from_blob(shm_->region() + b.shmOffset, {b.padded / comm_.worldSize},
+                                         [keep](void*) mutable { keep.reset(); }, options);
+      b.part = part.copy_(b.part);
+    } else if (options_.zeroStage == 3) {
       // The part is the only copy between uses; on more than one rank its
       // gradient is a buffer of its own, summed into from every micro-step.
       b.part = b.part.clone();
@@ -112,6 +120,10 @@ std::vector<std::vector<DistributedDataParallel::Slice>> DistributedDataParallel
 
 void DistributedDataParallel::launchReduceScatter(size_t k) {
   Bucket& b = buckets_[k];
+  if (unitsInSharedMemory_) {
+    reduceScatterInStaging(k);
+    return;
+  }
   if (plan_->exchange == Exchange::sharedMemory) {
     // Synchronous, as the shared-memory allreduce (sumInSharedMemory).
     const auto start = std::chrono::steady_clock::now();
@@ -164,7 +176,13 @@ void DistributedDataParallel::completeReduceScatter(size_t k) {
 }
 
 void DistributedDataParallel::gatherParameters() {
-  // Stage 3 gathers each unit when it is next used.
+  if (unitsInSharedMemory_) {
+    // Stage 3 gathers each unit when it is next used, from the other
+    // ranks' regions: no rank may read a part before its owner stepped it.
+    comm::CollectiveWait waiting("barrier after the step (ZeRO stage 3, shared memory)");
+    shm_->barrier(comm_.timeout);
+    return;
+  }
   if (options_.zeroStage == 0 || options_.zeroStage == 3 || comm_.worldSize == 1) return;
   torch::NoGradGuard noGrad;
   const auto wallStart = monitor::Timeline::Clock::now();

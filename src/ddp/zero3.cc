@@ -12,6 +12,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <chrono>
+
+#include "cohort/comm/shm.h"
 #include "cohort/comm/wait.h"
 #include "cohort/core/error.h"
 #include "cohort/ddp/ddp.h"
@@ -129,6 +132,10 @@ void DistributedDataParallel::shardParameters() {
     b.part.detach().copy_(b.weights.narrow(0, b.padded / world * comm_.rank, b.padded / world));
     releaseWeights(k);
   }
+  if (unitsInSharedMemory_) {
+    comm::CollectiveWait waiting("barrier after sharding the parameters (ZeRO stage 3)");
+    shm_->barrier(comm_.timeout);
+  }
   stats_.unitPeakElements = 0;  // from here on: training
 }
 
@@ -139,7 +146,8 @@ void DistributedDataParallel::noteUnitElements(int64_t delta) {
 
 void DistributedDataParallel::launchGather(size_t k) {
   Bucket& b = buckets_[k];
-  if (b.weightsLive || b.gather) return;
+  // On shared memory a gather is a copy: done when needed, not ahead.
+  if (b.weightsLive || b.gather || unitsInSharedMemory_) return;
   torch::NoGradGuard noGrad;
   allocateStorage(b.weights);
   noteUnitElements(b.padded);
@@ -156,6 +164,10 @@ void DistributedDataParallel::launchGather(size_t k) {
 }
 
 void DistributedDataParallel::gatherNow(size_t k) {
+  if (unitsInSharedMemory_) {
+    gatherFromSharedMemory(k);
+    return;
+  }
   launchGather(k);
   Bucket& b = buckets_[k];
   if (b.gather) {
@@ -164,6 +176,55 @@ void DistributedDataParallel::gatherNow(size_t k) {
     comm::wait(work, comm_, "parameter gather (ZeRO stage 3)");
   }
   b.weightsLive = true;
+}
+
+void DistributedDataParallel::gatherFromSharedMemory(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.weightsLive) return;
+  torch::NoGradGuard noGrad;
+  allocateStorage(b.weights);
+  noteUnitElements(b.padded);
+  // Every part was written before the barrier that ended the step (or the
+  // sharding), and nothing writes one before every rank's last reduce-scatter
+  // of the next step: read in place, no barrier.
+  const int64_t chunk = b.padded / comm_.worldSize;
+  for (int r = 0; r < comm_.worldSize; ++r) {
+    at::Tensor to = b.weights.narrow(0, chunk * r, chunk);
+    if (r == comm_.rank) {
+      to.copy_(b.part.detach());
+    } else {
+      to.copy_(torch::from_blob(shm_->regionOf(r) + b.shmOffset, {chunk}, b.weights.options()));
+    }
+  }
+  b.weightsLive = true;
+}
+
+void DistributedDataParallel::reduceScatterInStaging(size_t k) {
+  torch::NoGradGuard noGrad;
+  Bucket& b = buckets_[k];
+  allocateGradients(k);  // a unit without gradients in this step sends zeros
+  releaseWeights(k);     // its gradients are all in: its parameters are done with
+  const auto start = std::chrono::steady_clock::now();
+  const auto wallStart = monitor::Timeline::Clock::now();
+  // The unit's gradients go to the staging area (reused by every unit: a
+  // reduce-scatter returns once every rank has read its chunk there).
+  at::Tensor staging =
+      torch::from_blob(shm_->region() + stagingShmOffset_, {b.padded}, b.flat.options());
+  staging.copy_(b.flat);
+  releaseGradients(k);
+  comm::CollectiveWait waiting("gradient reduce-scatter (shared memory)");
+  const bool finite =
+      shm_->reduceScatter(stagingShmOffset_, static_cast<size_t>(b.padded), comm_.timeout);
+  exchangeFinite_ = finite && exchangeFinite_;
+  const int64_t chunk = b.padded / comm_.worldSize;
+  b.part.mutable_grad().add_(staging.narrow(0, chunk * comm_.rank, chunk));
+  stats_.sharedMemorySeconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (monitor::Timeline* t = monitor::timeline()) {
+    t->complete(fmt::format("reduce-scatter unit {} (shared memory)", k), "comm", wallStart,
+                monitor::Timeline::Clock::now(), 0,
+                fmt::format(R"({{"bytes":{},"parameters":{}}})", b.padded * 4, b.params.size()));
+  }
 }
 
 void DistributedDataParallel::releaseWeights(size_t k) {

@@ -214,6 +214,41 @@ TEST_P(ShmParts, ReduceScatterSumsOnlyTheOwnChunkAndAllgatherSharesThem) {
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
 }
 
+
+// ZeRO stage 3's pattern: each rank writes its part, a barrier, every rank
+// reads every other rank's part in place; a reduce-scatter elsewhere in the
+// regions is what keeps the next write from overtaking those reads.
+TEST_P(ShmParts, WhatARankWroteBeforeABarrierIsReadInItsRegionByEveryRank) {
+  const int world = GetParam();
+  const size_t capacity = 4096;
+  const std::string name = segmentName("barrier");
+  ShmAllreduce creator(name, 0, world, capacity, true);
+  const auto codes = forkRanks(world, [&](int rank) {
+    ShmAllreduce shm(name, rank, world, capacity, false);
+    for (int k = 0; k < 100; ++k) {
+      for (size_t i = 0; i < 64; ++i) shm.region()[i] = float(k * 1000 + rank * 100) + float(i);
+      shm.barrier(std::chrono::seconds(60));
+      for (int r = 0; r < world; ++r) {
+        const float* theirs = shm.regionOf(r);
+        for (size_t i = 0; i < 64; ++i) {
+          if (theirs[i] != float(k * 1000 + r * 100) + float(i)) {
+            std::fprintf(stderr, "rank %d round %d: rank %d's element %zu is %g\n", rank, k, r, i,
+                         theirs[i]);
+            return 1;
+          }
+        }
+      }
+      const size_t n = 8 * static_cast<size_t>(world);
+      for (size_t i = 0; i < n; ++i) shm.region()[1024 + i] = 1.0f;
+      if (!shm.reduceScatter(1024, n, std::chrono::seconds(60))) return 2;
+      if (shm.region()[1024 + 8 * static_cast<size_t>(rank)] != float(world)) return 3;
+    }
+    return 0;
+  });
+  creator.unlink();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmParts, ::testing::Values(1, 2, 3, 4));
 
 TEST(Shm, ErrorsNameTheRanksOfTheJob) {

@@ -68,12 +68,14 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
       {"shm2", ranks, {"distribution.zero=2", tiny}, {}},
       {"gloo1", ranks, {"distribution.zero=1", one, gloo}, {}},
       {"gloo2", ranks, {"distribution.zero=2", tiny, gloo}, {}},
-      // Stage 3 always exchanges over Gloo; this model is one unit.
-      {"zero3", ranks, {"distribution.zero=3"}, {}},
+      // This model is one unit.
+      {"shm3", ranks, {"distribution.zero=3"}, {}},
+      {"gloo3", ranks, {"distribution.zero=3", gloo}, {}},
   };
   if (ranks == 3) {
     variants.push_back({"hier1", 3, {"distribution.zero=1", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
     variants.push_back({"hier2", 3, {"distribution.zero=2", tiny}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
+    variants.push_back({"hier3", 3, {"distribution.zero=3"}, {{"COHORT_MACHINE_ID", "a,a,b"}}});
   }
   for (const Variant& v : variants) {
     auto sharded = test::trainTiny(dir, v.tag, v.ranks, job(b, v.settings), v.env);
@@ -89,8 +91,17 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
       if (r == v.ranks - 1) EXPECT_EQ(sum, all) << v.tag;
     }
   }
-  const std::string hierLog = ranks == 3 ? test::readText(dir.file("hier2/logs/rank-0.log")) : "";
-  if (ranks == 3) EXPECT_NE(hierLog.find("path: hierarchical"), std::string::npos) << hierLog;
+  // Each took the exchange it names.
+  auto logged = [&](const std::string& tag, const std::string& text) {
+    const std::string log = test::readText(dir.file(tag + "/logs/rank-0.log"));
+    EXPECT_NE(log.find(text), std::string::npos) << tag << ":\n" << log;
+  };
+  logged("shm3", "gradient exchange: shared memory");
+  logged("gloo3", "gradient exchange: Gloo (distribution.shared_memory is false)");
+  if (ranks == 3) {
+    logged("hier2", "path: hierarchical");
+    logged("hier3", "ZeRO stage 3 over several machines");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Zero, ::testing::Values(2, 3),

@@ -79,6 +79,13 @@ class ShmAllreduce {
   bool reduceScatter(size_t offset, size_t n, std::chrono::milliseconds timeout);
   void allgather(size_t offset, size_t n, std::chrono::milliseconds timeout);
 
+  // Rank `index`'s region, for reading what that rank wrote before the last
+  // barrier both passed (ZeRO stage 3 reads the other ranks' parts there).
+  float* regionOf(int index) const;
+  // Returns once every rank has called it: what each rank wrote to its
+  // region before is then visible to all. Throws as allreduce.
+  void barrier(std::chrono::milliseconds timeout);
+
   // The names of the ranks in error messages: by default their index in the
   // segment; a group formed from some ranks of a job passes their ranks in
   // the job (one per index).

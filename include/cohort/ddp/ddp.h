@@ -41,13 +41,15 @@
 // gradients are in, which are then reduce-scattered and freed too; the
 // next unit's gather is launched while the current one computes. Every
 // micro-step is reduce-scattered (endMicroStep), so no full gradient
-// outlives its unit's backward. Stage 3 exchanges over Gloo.
+// outlives its unit's backward. On one machine (shared memory) the parts
+// live in the segment: a gather copies the other ranks' parts from their
+// regions, and a unit's gradients are summed through one unit's staging
+// area there; otherwise both are Gloo collectives.
 
 #include <torch/nn/module.h>
 
 #include <cstdint>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -238,7 +240,7 @@ class DistributedDataParallel {
   };
   struct Bucket {
     at::Tensor flat;
-    size_t shmOffset = 0;  // floats into this rank's shared memory region
+    size_t shmOffset = 0;  // floats into this rank's shared memory region (stage 3: of its part)
     std::vector<size_t> params;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
@@ -289,6 +291,13 @@ class DistributedDataParallel {
   void beforeBackward(size_t k);
   void completeLaunched();
   void finishExchange(bool count);
+  // Stage 3 on shared memory: bucket k's parameters copied from every
+  // rank's part in the segment; its gradients summed through the staging
+  // area into this rank's part gradient (synchronous).
+  void gatherFromSharedMemory(size_t k);
+  void reduceScatterInStaging(size_t k);
+  bool unitsInSharedMemory_ = false;
+  size_t stagingShmOffset_ = 0;  // the staging area's floats into this rank's region
   class Runner;
   friend class Runner;
   struct BeforeBackward;
@@ -318,7 +327,8 @@ class DistributedDataParallel {
   std::unique_ptr<detail::ExchangePlan> plan_;
   std::shared_ptr<comm::ShmAllreduce> shm_;  // this machine's ranks, if they share memory
   int64_t totalFloats_ = 0;  // gradient floats of every bucket, with ZeRO's padding
-  // ZeRO on one machine: where the flat parameters start in each region.
+  // ZeRO stages 1 and 2 on one machine: where the flat parameters start in
+  // each region. (At stage 3 each bucket's shmOffset is where its part is.)
   size_t weightsShmOffset_ = 0;
   mutable std::mutex mutex_;
   bool sync_ = true;
