@@ -10,7 +10,6 @@
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/state_dict.h"
-#include "cohort/ckpt/tensor_file.h"
 #include "cohort/ckpt/tools.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
@@ -62,7 +61,7 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
     return 2;
   }
   const Manifest m = readManifest(dir);
-  const StateDict model = readTensorFile(dir + "/model.bin").tensors;
+  const StateDict model = checkpointModel(dir, m);
   saveStateDict(model, modelOut);
   out << fmt::format("{}: step {}, written by {} ranks{}\n", dir, m.step, m.worldSize,
                      m.extra.contains("zero")

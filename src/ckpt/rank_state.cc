@@ -38,6 +38,8 @@ std::string optimizerFile(bool sharded, int rank) {
   return sharded ? fmt::format("optimizer-{}.bin", rank) : std::string("optimizer.bin");
 }
 
+std::string modelPartFile(int rank) { return fmt::format("model-{}.bin", rank); }
+
 std::vector<SnapshotItem> rankStateItems(const std::vector<SnapshotItem>& modelItems,
                                          bool ownBuffers) {
   std::vector<SnapshotItem> items{{kRng, rngStateLater()}};

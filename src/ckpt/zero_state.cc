@@ -27,67 +27,120 @@ std::vector<int64_t> ints(const nlohmann::json& j) { return jsonInts<int64_t>(j)
 
 }  // namespace
 
+namespace {
+
+// A sharded checkpoint's layout (extra.zero) and every rank's parts of one
+// kind of file, by name ("part<k>..."), read from `file(r)`.
+struct Parts {
+  const nlohmann::json& z;
+  int world = 0;
+  std::string dir;
+  std::string (*file)(int) = nullptr;
+  std::vector<std::map<std::string, at::Tensor>> byRank;
+};
+
+Parts readParts(const std::string& dir, const Manifest& m, std::string (*file)(int)) {
+  const nlohmann::json& z = m.extra["zero"];
+  if (!z.contains("world_size") || !z.contains("buckets") || !z.contains("params")) {
+    throw DataError(fmt::format("{}/manifest.json: extra.zero lacks world_size, buckets or params "
+                                "(written by an older cohort?)", dir));
+  }
+  Parts p{z, jsonInt<int>(z["world_size"]), dir, file, {}};
+  p.byRank.resize(static_cast<size_t>(p.world));
+  for (int r = 0; r < p.world; ++r) {
+    for (auto& [name, t] : readTensorFile(dir + "/" + file(r)).tensors) p.byRank[static_cast<size_t>(r)][name] = t;
+  }
+  return p;
+}
+
+// Bucket k's parameters: (name, elements).
+std::vector<std::pair<std::string, int64_t>> members(const nlohmann::json& z, size_t k) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& name : z["buckets"][k]) {
+    int64_t n = 1;
+    for (int64_t s : ints(z["params"].at(name.get<std::string>())["shape"])) n *= s;
+    out.emplace_back(name.get<std::string>(), n);
+  }
+  return out;
+}
+
+// Bucket k's `key` from every rank's parts, cut back into its parameters
+// (in their shapes and strides), appended to `whole` as "<name><suffix>".
+void unpackBucket(const Parts& p, size_t k, const std::string& key, const std::string& suffix,
+                  StateDict& whole) {
+  const auto params = members(p.z, k);
+  int64_t total = 0;
+  for (const auto& m : params) total += m.second;
+  const int64_t chunk = (total + p.world - 1) / p.world;
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < p.world; ++r) {
+    const auto& mine = p.byRank[static_cast<size_t>(r)];
+    auto it = mine.find(key);
+    if (it == mine.end() || it->second.numel() != chunk) {
+      throw DataError(fmt::format("{}/{}: '{}' is missing or not of {} elements, as extra.zero "
+                                  "lays bucket {} out", p.dir, p.file(r), key, chunk, k));
+    }
+    pieces.push_back(it->second.flatten());
+  }
+  const at::Tensor flat = torch::cat(pieces);
+  int64_t offset = 0;
+  for (const auto& [name, n] : params) {
+    const auto& info = p.z["params"].at(name);
+    at::Tensor t = at::empty_strided(ints(info["shape"]), ints(info["strides"]), flat.options());
+    memoryOrder(t).copy_(flat.narrow(0, offset, n));
+    whole.emplace_back(name + suffix, t);
+    offset += n;
+  }
+}
+
+std::string shardedOptimizerFile(int rank) { return optimizerFile(true, rank); }
+
+}  // namespace
+
 StateDict wholeOptimizerState(const std::string& dir, const Manifest& m) {
   if (!m.extra.contains("zero")) {
     const std::string file = dir + "/" + optimizerFile(false, 0);
     return readTensorFile(file).tensors;
   }
-  const nlohmann::json& z = m.extra["zero"];
-  const std::string what = dir + "/manifest.json: extra.zero";
-  if (!z.contains("world_size") || !z.contains("buckets") || !z.contains("params")) {
-    throw DataError(fmt::format("{} lacks world_size, buckets or params (written by an older "
-                                "cohort?)", what));
-  }
-  const int world = jsonInt<int>(z["world_size"]);
-  // Every rank's parts, by name ("part<k>.<kind>").
-  std::vector<std::map<std::string, at::Tensor>> parts(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    const std::string file = dir + "/" + optimizerFile(true, r);
-    for (auto& [name, t] : readTensorFile(file).tensors) parts[static_cast<size_t>(r)][name] = t;
-  }
+  const Parts parts = readParts(dir, m, shardedOptimizerFile);
   StateDict whole;
-  const auto& buckets = z["buckets"];
-  for (size_t k = 0; k < buckets.size(); ++k) {
+  for (size_t k = 0; k < parts.z["buckets"].size(); ++k) {
     const std::string part = fmt::format("part{}", k);
-    int64_t total = 0;
-    std::vector<std::pair<std::string, int64_t>> members;  // name, elements
-    for (const auto& name : buckets[k]) {
-      const auto& info = z["params"].at(name.get<std::string>());
-      int64_t n = 1;
-      for (int64_t s : ints(info["shape"])) n *= s;
-      members.emplace_back(name.get<std::string>(), n);
-      total += n;
-    }
-    const int64_t chunk = (total + world - 1) / world;
-    auto step = parts[0].find(part + ".step");
     for (const char* kind : kElementKinds) {
       const std::string key = part + "." + kind;
-      if (parts[0].count(key) == 0) continue;
-      // The bucket's elements again, from every rank's part.
-      std::vector<at::Tensor> pieces;
-      for (int r = 0; r < world; ++r) {
-        auto it = parts[static_cast<size_t>(r)].find(key);
-        if (it == parts[static_cast<size_t>(r)].end() || it->second.numel() != chunk) {
-          throw DataError(fmt::format("{}/{}: '{}' is missing or not of {} elements, as extra.zero "
-                                      "lays bucket {} out", dir, optimizerFile(true, r), key, chunk, k));
-        }
-        pieces.push_back(it->second.flatten());
-      }
-      const at::Tensor flat = torch::cat(pieces);
-      int64_t offset = 0;
-      for (const auto& [name, n] : members) {
-        const auto& info = z["params"].at(name);
-        at::Tensor t = at::empty_strided(ints(info["shape"]), ints(info["strides"]), flat.options());
-        memoryOrder(t).copy_(flat.narrow(0, offset, n));
-        whole.emplace_back(name + "." + kind, t);
-        offset += n;
-      }
+      if (parts.byRank[0].count(key) != 0) unpackBucket(parts, k, key, std::string(".") + kind, whole);
     }
-    if (step != parts[0].end()) {
-      for (const auto& [name, n] : members) whole.emplace_back(name + ".step", step->second.clone());
+    if (auto step = parts.byRank[0].find(part + ".step"); step != parts.byRank[0].end()) {
+      for (const auto& [name, n] : members(parts.z, k)) whole.emplace_back(name + ".step", step->second.clone());
     }
   }
   return whole;
+}
+
+StateDict checkpointModel(const std::string& dir, const Manifest& m) {
+  StateDict rest = readTensorFile(dir + "/model.bin").tensors;
+  if (!m.extra.contains("zero") || !m.extra["zero"].value("model_parts", false)) return rest;
+  const Parts parts = readParts(dir, m, modelPartFile);
+  StateDict whole;
+  for (size_t k = 0; k < parts.z["buckets"].size(); ++k) {
+    unpackBucket(parts, k, fmt::format("part{}", k), "", whole);
+  }
+  std::map<std::string, at::Tensor> byName(whole.begin(), whole.end());
+  for (auto& [name, t] : rest) byName.emplace(name, t);
+  StateDict out;
+  for (const auto& name : parts.z.value("model_order", nlohmann::json::array())) {
+    auto it = byName.find(name.get<std::string>());
+    if (it == byName.end()) {
+      throw DataError(fmt::format("{}: '{}' is in neither model.bin nor the parameter parts "
+                                  "(extra.zero.model_order)", dir, name.get<std::string>()));
+    }
+    out.emplace_back(it->first, it->second);
+  }
+  if (out.size() != byName.size()) {
+    throw DataError(fmt::format("{}: model.bin and the parameter parts hold {} tensors, "
+                                "extra.zero.model_order names {}", dir, byName.size(), out.size()));
+  }
+  return out;
 }
 
 StateDict partsFromWhole(const StateDict& whole, const std::vector<std::string>& names,

@@ -310,16 +310,6 @@ void DistributedDataParallel::endMicroStep() {
   if (options_.zeroStage == 3 && !sync_) finishExchange(/*count=*/false);
 }
 
-void DistributedDataParallel::forEachFullParameter(const ParameterSink& sink) {
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = buckets_[k];
-    const bool held = options_.zeroStage < 3 || b.weightsLive;
-    if (!held) gatherNow(k);
-    for (size_t i : b.params) sink(params_[i].name, params_[i].tensor.detach());
-    if (!held) releaseWeights(k);
-  }
-}
-
 void DistributedDataParallel::gatherAllParameters() {
   if (options_.zeroStage < 3) return;
   for (size_t k = 0; k < buckets_.size(); ++k) launchGather(k);

@@ -61,17 +61,23 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
   }
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);
   if (rank_ == 0 || sharded_) {
-    // Model (rank 0), and optimizer state of about one (sgd) or two (adamw)
-    // copies of what the optimizer steps (with ZeRO, this rank's part),
-    // plus room for headers and alignment.
+    // Model (rank 0; at ZeRO stage 3 all but the trainable parameters, of
+    // which every rank writes its parts), and optimizer state of about one
+    // (sgd) or two (adamw) copies of what the optimizer steps (with ZeRO,
+    // this rank's part), plus room for headers and alignment.
+    const bool partsOfParameters = job.distribution.zero == 3;
     uint64_t bytes = 0, params = 0;
     if (rank_ == 0) {
-      for (const auto& [n, t] : models::trainedState(model)) bytes += t.nbytes();
+      for (const auto& [n, t] : models::trainedState(model)) {
+        if (!(partsOfParameters && t.requires_grad())) bytes += t.nbytes();
+      }
     }
     for (auto& group : optimizer.param_groups()) {
       for (const auto& p : group.params()) params += p.nbytes();
     }
-    bytes += params * (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) + (uint64_t{8} << 20);
+    const uint64_t copies =
+        (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) + (partsOfParameters ? 1 : 0);
+    bytes += params * copies + (uint64_t{8} << 20);
     checkpointer_->reserve(bytes);
   }
   std::set<const void*> buffers;
@@ -84,32 +90,30 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
   modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
 }
 
-void CheckpointPolicy::gatherParametersFrom(ddp::DistributedDataParallel& ddp) {
-  ddp_ = &ddp;
-  if (rank_ != 0) return;
-  // The same shapes and strides as the parameters (whose storage is
-  // freed between uses), allocated once.
-  for (ckpt::SnapshotItem& item : modelItems_) {
-    if (item.early || !item.tensor.defined() || !item.tensor.requires_grad()) continue;
-    at::Tensor copy = at::empty_strided(item.tensor.sizes(), item.tensor.strides(), item.tensor.options());
-    fullCopy_[item.name] = copy;
-    item.tensor = copy;
+void CheckpointPolicy::writeParametersInParts(const ddp::DistributedDataParallel& ddp) {
+  std::set<std::string> inParts;
+  for (const auto& names : ddp.bucketParameterNames()) inParts.insert(names.begin(), names.end());
+  nlohmann::json order = nlohmann::json::array();
+  std::vector<ckpt::SnapshotItem> rest;
+  for (const ckpt::SnapshotItem& item : modelItems_) {
+    order.push_back(item.name);
+    if (inParts.count(item.name) == 0) rest.push_back(item);
   }
-  modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
+  modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(std::move(rest));
+  // The tensors the optimizer steps: the step waits for their copy.
+  std::vector<ckpt::SnapshotItem> parts;
+  const std::vector<at::Tensor> tensors = ddp.optimizerParameters();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    parts.push_back({fmt::format("part{}", k), tensors[k].detach(), false});
+  }
+  partList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(std::move(parts));
+  zero_["model_parts"] = true;
+  zero_["model_order"] = std::move(order);
 }
 
 bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double lr,
                             Reporter& reporter) {
   const auto since = SteadyClock::now();
-  if (ddp_ != nullptr) {
-    // The last checkpoint's copy is done with rank 0's full copy first.
-    checkpointer_->waitCopied();
-    monitor::TimelineSpan gather("gather parameters for the checkpoint (ZeRO stage 3)", "checkpoint");
-    torch::NoGradGuard noGrad;
-    ddp_->forEachFullParameter([this](const std::string& name, const at::Tensor& t) {
-      if (auto it = fullCopy_.find(name); it != fullCopy_.end()) it->second.copy_(t);
-    });
-  }
   monitor::setPhase(monitor::Phase::checkpoint);
   monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
   const std::string optimizerName(choiceName(job_.training.optimizer.name));
@@ -142,6 +146,10 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   // optimizer's set of states changes): marking costs no copy of them.
   if (rank_ == 0) {
     files.emplace_back("model.bin", modelList_, nlohmann::json{{"kind", "model"}, {"arch", arch_}});
+  }
+  if (partList_) {
+    files.emplace_back(ckpt::modelPartFile(rank_), partList_,
+                       nlohmann::json{{"kind", "model parts"}, {"rank", rank_}});
   }
   if (rank_ == 0 || sharded_) {
     const auto& state = optimizerCache_.get();

@@ -8,9 +8,10 @@
 #include <iostream>
 #include <limits>
 
+#include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
-#include "cohort/ckpt/tensor_file.h"
+#include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/core/run_dir.h"
@@ -47,7 +48,8 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
   }
   if (auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, runDir))) {
     const std::string file = point->path + "/model.bin";
-    ckpt::loadStateDict(models::trainedState(model), ckpt::readTensorFile(file).tensors, file);
+    ckpt::loadStateDict(models::trainedState(model),
+                        ckpt::checkpointModel(point->path, ckpt::readManifest(point->path)), file);
     return base + file;
   }
   throw DataError(fmt::format("{}: no trained weights (neither model/final.pt, model/adapters.pt nor a "

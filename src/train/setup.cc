@@ -5,8 +5,9 @@
 
 #include <algorithm>
 
+#include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/state_dict.h"
-#include "cohort/ckpt/tensor_file.h"
+#include "cohort/ckpt/zero_state.h"
 #include "cohort/core/checksum.h"
 #include "cohort/core/cpu.h"
 #include "cohort/core/error.h"
@@ -150,8 +151,10 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     log::info("initialized from {}", mc.initFrom);
   }
   if (!resumeFrom.empty()) {
-    const std::string file = resumeFrom + "/model.bin";
-    ckpt::loadStateDict(models::trainedState(model), ckpt::readTensorFile(file).tensors, file);
+    // model.bin, with ZeRO stage 3's parameter parts put back together.
+    ckpt::loadStateDict(models::trainedState(model),
+                        ckpt::checkpointModel(resumeFrom, ckpt::readManifest(resumeFrom)),
+                        resumeFrom + "/model.bin");
   }
   model.to(comm.device);
   const TrainingConfig& tc = job.training;

@@ -353,7 +353,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   checkpoints.recordLossScale(runner.lossScaler());
   checkpoints.recordLoraBase(ms.frozenDigest);
   if (sharded) checkpoints.recordZero(zero);
-  if (job.distribution.zero == 3) checkpoints.gatherParametersFrom(ddp);
+  if (job.distribution.zero == 3) checkpoints.writeParametersInParts(ddp);
   if (LossScaler* scaler = runner.lossScaler(); resume && scaler && resume->extra.contains("loss_scale")) {
     const nlohmann::json& ls = resume->extra["loss_scale"];
     scaler->restore({ls.value("scale", scaler->scale()), jsonInt(ls, "good_steps", int64_t{0})});

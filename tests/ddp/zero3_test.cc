@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <filesystem>
 #include <regex>
 
 #include "cohort/ckpt/state_dict.h"
@@ -140,8 +141,32 @@ TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRa
   const std::string text = log("restarted", 1);
   EXPECT_NE(text.find("resumed from " + dir.file("restarted/checkpoints/step-")), std::string::npos) << text;
 
-  // model.bin is the whole model (gathered unit by unit); one process at
-  // stage 0 with the same global batch goes on from it to the same end.
+  // Each rank wrote its parts of the parameters, and model.bin the rest
+  // (this GPT has no buffers: nothing); `cohort ckpt consolidate` puts the
+  // model together, in the model's order: the step-9 checkpoint is the
+  // final model, bit for bit.
+  const std::string step9 = dir.file("whole/checkpoints/step-9");
+  for (const char* f : {"model-0.bin", "model-1.bin", "optimizer-0.bin", "optimizer-1.bin", "model.bin"}) {
+    EXPECT_TRUE(std::filesystem::exists(step9 + "/" + f)) << f;
+  }
+  const auto c = test::cohort({"ckpt", "consolidate", step9, dir.file("consolidated.pt")});
+  ASSERT_EQ(c.exitCode, 0) << c.describe();
+  // (final.pt adds the tied head's name, as model.bin does not.)
+  auto consolidated = ckpt::readStateDict(dir.file("consolidated.pt"));
+  consolidated.emplace_back("lm_head.weight", consolidated.front().second);
+  EXPECT_EQ(consolidated.front().first, "transformer.wte.weight");
+  EXPECT_EQ(test::maxDifference(whole, consolidated), 0.0);
+  // A rank's parts missing: an error naming the file, nothing written.
+  std::filesystem::copy(step9, dir.file("broken"), std::filesystem::copy_options::recursive);
+  std::filesystem::remove(dir.file("broken/model-1.bin"));
+  const auto broken = test::cohort({"ckpt", "consolidate", dir.file("broken"), dir.file("broken.pt")});
+  EXPECT_NE(broken.exitCode, 0) << broken.describe();
+  EXPECT_NE((broken.out + broken.err).find(dir.file("broken/model-1.bin")), std::string::npos)
+      << broken.describe();
+  EXPECT_FALSE(std::filesystem::exists(dir.file("broken.pt")));
+
+  // One process at stage 0 with the same global batch goes on from the
+  // step-3 checkpoint to the same end.
   const std::string step3 = dir.file("whole/checkpoints/step-3");
   auto one = train("one", 1, 8, {"training.max_steps=9"}, {}, step3);
   const double diff = test::maxDifference(whole, one);

@@ -22,6 +22,9 @@ std::string rankStateFile(int rank);
 // 0), or with ZeRO (distribution.zero > 0) optimizer-<rank>.bin, each rank's
 // parts.
 std::string optimizerFile(bool sharded, int rank);
+// ZeRO stage 3: each rank's parts of the trainable parameters,
+// model-<rank>.bin (model.bin then holds the rest: buffers, frozen weights).
+std::string modelPartFile(int rank);
 
 // The items of rank-<r>.bin at this moment: "rng.cpu" (the default CPU
 // generator, cloned now; its state tensor is built by the copier thread) and,

@@ -10,7 +10,8 @@
 //
 // extra.zero: {"stage", "world_size",
 //              "buckets": [[parameter name, ...], ...]      (each bucket's, in order)
-//              "params": {name: {"shape": [...], "strides": [...]}}}
+//              "params": {name: {"shape": [...], "strides": [...]}},
+//              stage 3: "model_parts": true, "model_order": [every model.bin name, ...]}
 // Bucket k of world size N holds its parameters' elements one after the
 // other, each in its memory order (its strides), padded to a multiple of N;
 // rank r's part<k> is elements [r c, (r+1) c) with c = padded / N.
@@ -33,6 +34,13 @@ struct Manifest;
 // every part file of a sharded checkpoint. Throws DataError naming the file
 // that is missing or does not fit the layout.
 StateDict wholeOptimizerState(const std::string& dir, const Manifest& m);
+
+// The model's tensors in the checkpoint at `dir`: model.bin's, and with
+// extra.zero.model_parts (stage 3) the trainable parameters put back
+// together from every rank's parts (modelPartFile: "part<k>", bucket k's
+// parameter part), in the model's order (extra.zero.model_order). Throws
+// DataError naming the file that is missing or does not fit the layout.
+StateDict checkpointModel(const std::string& dir, const Manifest& m);
 
 // One part of a layout: which runs of which parameters' elements (in their
 // memory order) it holds, and where in the part.

@@ -213,11 +213,6 @@ class DistributedDataParallel {
   // (setSyncGradients(false)): completes its reduce-scatter, so that its
   // full gradients are freed. Nothing to do at other stages.
   void endMicroStep();
-  // Every trainable parameter with its full value, unit by unit: each
-  // unit's parameters are gathered (stage 3), passed to `sink` as (name,
-  // tensor), and freed again. Collective at stage 3: every rank calls it.
-  using ParameterSink = std::function<void(const std::string&, const at::Tensor&)>;
-  void forEachFullParameter(const ParameterSink& sink);
   // Stage 3: gathers every unit's parameters until releaseParameters(), for
   // code that reads the model's parameters directly (the final save).
   // Collective; nothing to do at other stages.

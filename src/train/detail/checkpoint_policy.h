@@ -2,8 +2,10 @@
 
 // When a rank checkpoints and what each checkpoint holds. Parameters,
 // buffers and optimizer state are the same on every rank after a step, so
-// rank 0 writes them (model.bin, optimizer.bin); every rank writes its own
-// random state (rank-<r>.bin, ckpt/rank_state.h). The Checkpointer copies
+// rank 0 writes them (model.bin, optimizer.bin) -- with ZeRO every rank
+// writes its parts of the optimizer state, and at stage 3 of the
+// parameters; every rank writes its own random state (rank-<r>.bin,
+// ckpt/rank_state.h). The Checkpointer copies
 // and writes in the background (docs/architecture.md); this class decides
 // when (checkpoint.every_steps, every_epochs, a stop request) and gathers
 // the live tensors.
@@ -60,10 +62,11 @@ class CheckpointPolicy {
   // distribution.zero > 0: each manifest records how the optimizer state is
   // cut into parts (extra.zero: zeroLayout()).
   void recordZero(nlohmann::json layout) { zero_ = std::move(layout); }
-  // distribution.zero 3: the parameters are held in parts; each checkpoint
-  // gathers them unit by unit into rank 0's copy, which model.bin is
-  // written from (every rank takes part).
-  void gatherParametersFrom(ddp::DistributedDataParallel& ddp);
+  // distribution.zero 3: the parameters are held in parts, and each rank
+  // writes its parts (ckpt::modelPartFile) as it does its optimizer state;
+  // model.bin holds the rest of the model, and extra.zero says how to put
+  // it together (ckpt::checkpointModel). Call after recordZero.
+  void writeParametersInParts(const ddp::DistributedDataParallel& ddp);
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -92,9 +95,8 @@ class CheckpointPolicy {
   nlohmann::json zero_;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
-  ddp::DistributedDataParallel* ddp_ = nullptr;
-  std::map<std::string, at::Tensor> fullCopy_;  // stage 3, rank 0: by parameter name
-  std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_;
+  // partList_: stage 3, this rank's parts of the parameters.
+  std::shared_ptr<const std::vector<ckpt::SnapshotItem>> modelList_, optimizerList_, partList_;
   OptimizerStateCache optimizerCache_;
   uint64_t optimizerGeneration_ = 0;
 };
