@@ -24,6 +24,7 @@
 #include "cohort/core/exit_codes.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
+#include "cohort/core/memory_limit.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/launch/run_metrics.h"
 #include "cohort/monitor/prometheus.h"
@@ -209,7 +210,27 @@ class AttemptRun {
   int interruptSignal_ = 0;
   std::optional<Child> cause_;
   std::vector<int> lost_;  // ranks whose end could not be observed
+  // The OOM killer's count in this process's memory cgroup at the start, to
+  // tell an out-of-memory SIGKILL from any other.
+  std::optional<uint64_t> oomKillsBefore_ = memory::oomKills();
 };
+
+namespace {
+
+// " (out of memory: ...)" when the OOM killer killed a process of this
+// cgroup since `before`, else "".
+std::string outOfMemory(const Child& c, std::optional<uint64_t> before) {
+  if (!WIFSIGNALED(c.status) || WTERMSIG(c.status) != SIGKILL || !before) return "";
+  const std::optional<uint64_t> now = memory::oomKills();
+  if (!now || *now <= *before) return "";
+  const memory::Limit limit = memory::processLimit();
+  return fmt::format(", sent by the kernel's out-of-memory killer (the job's memory limit is {} MB, "
+                     "from {}); distribution.zero shards the training state over the ranks "
+                     "(docs/zero.md)",
+                     limit.bytes >> 20, limit.source);
+}
+
+}  // namespace
 
 void AttemptRun::startRanks() {
   const JobConfig& job = s_.job;
@@ -350,8 +371,8 @@ Attempt AttemptRun::outcome() const {
   }
   if (cause_ && (severity(*cause_) >= 2 || interruptSignal_ == 0)) {
     const int code = WIFEXITED(cause_->status) ? WEXITSTATUS(cause_->status) : 0;
-    a.cause = fmt::format("rank {} (pid {}) {}", cause_->rank, cause_->pid,
-                          describeStatus(cause_->status));
+    a.cause = fmt::format("rank {} (pid {}) {}{}", cause_->rank, cause_->pid,
+                          describeStatus(cause_->status), outOfMemory(*cause_, oomKillsBefore_));
     a.code = code == 2 ? 2 : 1;
     // Bad input (2), divergence (3) and a failed preflight check (5) would
     // fail the same way again.

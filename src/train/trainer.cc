@@ -33,6 +33,7 @@
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/optimizer.h"
 #include "train/detail/checkpoint_policy.h"
+#include "train/detail/memory_fit.h"
 #include "train/detail/evaluate.h"
 #include "train/detail/optimizer_cut.h"
 #include "train/detail/faults.h"
@@ -258,6 +259,12 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   models::Model& model = *ms.model;
   ddp::DdpOptions ddpOpts = ddpOptions(job);
   if (job.distribution.zero == 3) ddpOpts.units = model.shardingUnits();
+  // Before gradients and optimizer state exist: a state that cannot fit
+  // is a configuration error now, not an OOM kill later.
+  const std::string tight = checkStateFits(
+      stateBytes(model, job.distribution.zero, comm.worldSize, ddpOpts.units, tc.optimizer),
+      memory::processLimit(), comm.localWorldSize, rank, comm.worldSize, job.distribution.zero);
+  if (!tight.empty()) log::warn("{}", tight);
   ddp::DistributedDataParallel ddp(ms.model, comm, ddpOpts);
   ddp.broadcastState();
   // Stage 3: the model runs each unit through the engine, which gathers
