@@ -310,10 +310,39 @@ void DistributedDataParallel::endMicroStep() {
   if (options_.zeroStage == 3 && !sync_) finishExchange(/*count=*/false);
 }
 
-void DistributedDataParallel::gatherAllParameters() {
+void DistributedDataParallel::gatherAllParameters(int root) {
   if (options_.zeroStage < 3) return;
-  for (size_t k = 0; k < buckets_.size(); ++k) launchGather(k);
-  for (size_t k = 0; k < buckets_.size(); ++k) gatherNow(k);
+  if (unitsInSharedMemory_ || comm_.worldSize == 1) {
+    // Copies from the segment: only `root` makes them.
+    if (comm_.rank != root) return;
+    for (size_t k = 0; k < buckets_.size(); ++k) gatherNow(k);
+    return;
+  }
+  // A Gloo gather to `root`: the other ranks send their parts and allocate
+  // nothing.
+  torch::NoGradGuard noGrad;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    std::vector<at::Tensor> in{b.part.detach()};
+    std::vector<std::vector<at::Tensor>> out;
+    if (comm_.rank == root) {
+      if (!b.weightsLive) {
+        allocateStorage(b.weights);
+        noteUnitElements(b.padded);
+        b.weightsLive = true;
+      }
+      const int64_t chunk = b.padded / comm_.worldSize;
+      out.emplace_back();
+      for (int r = 0; r < comm_.worldSize; ++r) out[0].push_back(b.weights.narrow(0, chunk * r, chunk));
+    }
+    c10d::GatherOptions options;
+    options.rootRank = root;
+    works.push_back(comm_.pg->gather(out, in, options));
+  }
+  if (std::exception_ptr failure = waitAll(std::move(works), "parameter gather for the final save")) {
+    std::rethrow_exception(failure);
+  }
 }
 
 void DistributedDataParallel::releaseParameters() {

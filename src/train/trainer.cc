@@ -216,8 +216,8 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
   summary.corruptSkipped = static_cast<int64_t>(waits[1].item<double>());
 
   ddp.syncBuffers();  // the saved BatchNorm statistics are rank 0's, as during training
-  // ZeRO stage 3: the parameters are gathered for the save (every rank).
-  if (job.output.saveFinal) ddp.gatherAllParameters();
+  // ZeRO stage 3: the parameters are gathered on rank 0 for the save.
+  if (job.output.saveFinal) ddp.gatherAllParameters(/*root=*/0);
   if (comm.rank == 0 && job.output.saveFinal) {
     const security::Keyring* keys = security::installedKeyring();
     const bool seal = keys != nullptr && job.security.encryption.finalModel;

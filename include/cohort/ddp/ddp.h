@@ -213,10 +213,11 @@ class DistributedDataParallel {
   // (setSyncGradients(false)): completes its reduce-scatter, so that its
   // full gradients are freed. Nothing to do at other stages.
   void endMicroStep();
-  // Stage 3: gathers every unit's parameters until releaseParameters(), for
-  // code that reads the model's parameters directly (the final save).
+  // Stage 3: gathers every unit's parameters on rank `root` until
+  // releaseParameters(), for code there that reads the model's parameters
+  // directly (the final save); the other ranks only send their parts.
   // Collective; nothing to do at other stages.
-  void gatherAllParameters();
+  void gatherAllParameters(int root);
   void releaseParameters();
 
   // Parameter names per bucket, in launch order.
