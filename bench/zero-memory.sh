@@ -8,7 +8,8 @@
 # to 3 on 2 and 3 ranks, each run in its own processes, all in this one
 # run. Prints, per rank, the bytes of parameters, gradients and optimizer
 # state it held (its log's "memory held" line; at stage 3 also the most of
-# the gathered units it held at once) and its peak resident memory,
+# the gathered units it held at once, at stage 2 of the full gradients in
+# flight) and its peak resident memory,
 # and each run's tokens/s (summary.json, steps 3-6 over all ranks) with its
 # ratio to stage 0 at the same world size. Needs ./scripts/prepare-kjv.sh's
 # data.
@@ -37,6 +38,7 @@ out = sys.argv[1]
 line = re.compile(r"memory held: parameters ([\d.]+) MB, gradients ([\d.]+) MB, optimizer state ([\d.]+) MB "
                   r"\(ZeRO stage (\d)\); peak resident (\d+) MB")
 units = re.compile(r"at most ([\d.]+) MB of gathered units at once .*the largest unit is ([\d.]+) MB")
+grads = re.compile(r"ZeRO stage 2: at most ([\d.]+) MB of full gradients")
 rows = {}
 print("ranks | zero | rank | parameters MB | gradients MB | optimizer state MB | gathered units at once MB (largest unit) | peak RSS MB")
 for ranks in (2, 3):
@@ -45,7 +47,9 @@ for ranks in (2, 3):
             text = open(f"{out}/z{zero}-{ranks}/logs/rank-{r}.log").read()
             p, g, o, _, peak = (float(x) for x in line.search(text).groups())
             u = units.search(text)
-            gathered = f"{float(u.group(1)):.1f} ({float(u.group(2)):.1f})" if u else "-"
+            g2 = grads.search(text)
+            gathered = (f"{float(u.group(1)):.1f} ({float(u.group(2)):.1f})" if u
+                        else f"{float(g2.group(1)):.1f} (gradients)" if g2 else "-")
             rows[ranks, zero, r] = (p, g, o, peak)
             print(f"{ranks:>5} | {zero:>4} | {r:>4} | {p:>13.1f} | {g:>12.1f} | {o:>18.1f} | {gathered:>41} | {peak:>11.0f}")
 print("ranks | zero | tokens/s | vs stage 0 | optimizer state per rank / stage 0's")

@@ -83,35 +83,41 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     totalFloats_ += b.padded;
     largest = std::max(largest, b.padded);
   }
-  // With ZeRO on one machine the flat parameters follow the gradients in
-  // the segment, so that the parts are gathered there too. At stage 3 the
-  // segment holds this rank's parts and one unit's staging area only.
+  // With ZeRO on one machine the flat parameters are in the segment too,
+  // so that the parts are gathered there. Stage 1: the gradients, then the
+  // parameters. Stage 2: the parameters, then one bucket's staging area for
+  // the reduce-scatter (the gradients are this rank's own, and freed once
+  // exchanged). Stage 3: this rank's parts, then the staging area.
   setUpExchange(options_.zeroStage == 3   ? totalFloats_ / parts + largest
-                : options_.zeroStage > 0 ? 2 * totalFloats_
-                                         : totalFloats_,
+                : options_.zeroStage == 2 ? totalFloats_ + largest
+                : options_.zeroStage == 1 ? 2 * totalFloats_
+                                          : totalFloats_,
                 floatOnCpu);
-  unitsInSharedMemory_ = options_.zeroStage == 3 && plan_->exchange == Exchange::sharedMemory;
-  stagingShmOffset_ = static_cast<size_t>(totalFloats_ / parts);
+  const bool inShm = plan_->exchange == Exchange::sharedMemory;
+  unitsInSharedMemory_ = options_.zeroStage == 3 && inShm;
+  stagingInSharedMemory_ = options_.zeroStage >= 2 && inShm;
+  shardedGradients_ = options_.zeroStage >= 2 && comm_.worldSize > 1;
+  stagingShmOffset_ = static_cast<size_t>(options_.zeroStage == 3 ? totalFloats_ / parts : totalFloats_);
+  weightsShmOffset_ = options_.zeroStage == 2 ? 0 : static_cast<size_t>(totalFloats_);
   size_t shmOffset = 0;
   for (Bucket& b : buckets_) {
     const int64_t total = b.padded;
-    if (unitsInSharedMemory_) {
-      b.shmOffset = shmOffset;  // where its part is
-      shmOffset += static_cast<size_t>(total / parts);
-    }
-    if (shm_ && options_.zeroStage < 3) {
+    // Where its gradients (stage 1), parameters (stages 1, 2) or part
+    // (stage 3) are in the segment.
+    b.shmOffset = shmOffset;
+    shmOffset += static_cast<size_t>(unitsInSharedMemory_ ? total / parts : total);
+    if (shm_ && options_.zeroStage < 2) {
       // A view of this rank's region; the deleter keeps the mapping alive
       // as long as any gradient tensor points into it.
       auto keep = shm_;
-      b.flat = torch::from_blob(shm_->region() + shmOffset, {total},
+      b.flat = torch::from_blob(shm_->region() + b.shmOffset, {total},
                                 [keep](void*) mutable { keep.reset(); },
                                 params_[b.params.front()].tensor.options());
       b.flat.zero_();
-      b.shmOffset = shmOffset;
-      shmOffset += static_cast<size_t>(total);
-    } else if (options_.zeroStage == 3 && comm_.worldSize > 1) {
-      // Allocated when the unit's backward begins (zero3.cc); never
-      // touched before, so it holds no memory until then.
+    } else if (shardedGradients_) {
+      // Allocated when the bucket's first gradient arrives (a hook on each
+      // parameter; at stage 3 when the unit's backward begins) and freed
+      // once exchanged; never touched before, so it holds no memory yet.
       b.flat = torch::empty({total}, params_[b.params.front()].tensor.options());
     } else {
       b.flat = torch::zeros({total}, params_[b.params.front()].tensor.options());
@@ -132,15 +138,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   stats_.gradientElements = totalFloats_;
   stats_.parameterElements = totalFloats_;
-  weightsShmOffset_ = static_cast<size_t>(totalFloats_);
   if (options_.zeroStage > 0) setUpParts();
-  if (options_.zeroStage == 3) {
-    // Whole until broadcastState() shards them (the gradients at once);
-    // the staging area is held for good.
-    unitElements_ = totalFloats_ * (comm_.worldSize > 1 ? 2 : 1) + (unitsInSharedMemory_ ? largest : 0);
-    for (size_t k = 0; k < buckets_.size() && comm_.worldSize > 1; ++k) releaseGradients(k);
-    // Held between uses: this rank's parts, of parameters and gradients.
-    stats_.gradientElements = stats_.parameterElements = totalFloats_ / comm_.worldSize;
+  if (shardedGradients_) {
+    // Counted as allocated (and at stage 3 the parameters too) until
+    // released: the gradients now, the parameters when broadcastState()
+    // shards them; the staging area is held for good.
+    unitElements_ = totalFloats_ * (options_.zeroStage == 3 ? 2 : 1) + (stagingInSharedMemory_ ? largest : 0);
+    for (size_t k = 0; k < buckets_.size(); ++k) releaseGradients(k);
+    stats_.unitPeakElements = unitElements_;  // from here on: what training holds
+    // Held between uses: this rank's part of the gradients (stage 3: and
+    // of the parameters).
+    stats_.gradientElements = totalFloats_ / comm_.worldSize;
+    if (options_.zeroStage == 3) stats_.parameterElements = totalFloats_ / comm_.worldSize;
+  } else if (options_.zeroStage == 3) {
+    unitElements_ = totalFloats_;  // one rank: the parameters, until sharded
   }
   for (const at::Tensor& t : optimizerParameters()) stats_.optimizerElements += t.numel();
 
@@ -159,6 +170,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                 onGradReady(k);
                 return outputs;
               }));
+      if (shardedGradients_) {
+        // Before autograd accumulates into the bucket: its storage exists.
+        p.preHook = static_cast<int64_t>(p.tensor.register_hook([this, k](const at::Tensor&) {
+          std::lock_guard<std::mutex> g(mutex_);
+          allocateGradients(params_[k].bucket);
+        }));
+      }
     }
   } catch (...) {
     removeHooks();
@@ -235,6 +253,8 @@ void DistributedDataParallel::removeHooks() {
   for (Param& p : params_) {
     if (p.accumulator && p.hookKey != 0) p.accumulator->del_post_hook(p.hookKey);
     p.hookKey = 0;
+    if (p.preHook >= 0) p.tensor.remove_hook(static_cast<unsigned>(p.preHook));
+    p.preHook = -1;
   }
 }
 
@@ -298,7 +318,7 @@ void DistributedDataParallel::setSyncGradients(bool sync) {
 
 void DistributedDataParallel::onGradReady(size_t index) {
   std::lock_guard<std::mutex> g(mutex_);
-  if (!sync_ && options_.zeroStage < 3) return;
+  if (!sync_ && !shardedGradients_) return;
   Param& p = params_[index];
   if (p.ready) {
     throw Error(fmt::format(
@@ -345,6 +365,7 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
     Bucket& b = buckets_[nextLaunch_];
     if (comm_.worldSize > 1) {
       torch::NoGradGuard noGrad;
+      if (shardedGradients_) allocateGradients(nextLaunch_);  // none arrived: zeros
       if (options_.divideGradients) b.flat.div_(comm_.worldSize);
       if (options_.zeroStage >= 2) {
         launchReduceScatter(nextLaunch_);
@@ -476,7 +497,7 @@ void DistributedDataParallel::zeroGrad() {
   torch::NoGradGuard noGrad;
   for (Bucket& b : buckets_) {
     if (b.flatLive) b.flat.zero_();
-    if (options_.zeroStage == 3) b.part.mutable_grad().zero_();
+    if (shardedGradients_) b.part.mutable_grad().zero_();
   }
   for (Param& p : params_) {
     at::Tensor& grad = p.tensor.mutable_grad();

@@ -74,15 +74,14 @@ void DistributedDataParallel::setUpParts() {
       b.part = b.part.clone();
     }
     b.part.set_requires_grad(true);
-    b.part.mutable_grad() = options_.zeroStage == 3 && comm_.worldSize > 1
+    b.part.mutable_grad() = shardedGradients_
                                 ? torch::zeros({b.padded / comm_.worldSize}, b.flat.options())
                                 : partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
   }
 }
 
 at::Tensor DistributedDataParallel::ownGradients(const Bucket& b) const {
-  if (options_.zeroStage == 3) return b.part.grad();
-  return options_.zeroStage == 2 ? partOf(b.flat, b.padded, comm_.worldSize, comm_.rank) : b.flat;
+  return options_.zeroStage >= 2 ? b.part.grad() : b.flat;
 }
 
 std::vector<at::Tensor> DistributedDataParallel::optimizerParameters() const {
@@ -120,38 +119,20 @@ std::vector<std::vector<DistributedDataParallel::Slice>> DistributedDataParallel
 
 void DistributedDataParallel::launchReduceScatter(size_t k) {
   Bucket& b = buckets_[k];
-  if (unitsInSharedMemory_) {
+  if (stagingInSharedMemory_) {
     reduceScatterInStaging(k);
     return;
   }
-  if (plan_->exchange == Exchange::sharedMemory) {
-    // Synchronous, as the shared-memory allreduce (sumInSharedMemory).
-    const auto start = std::chrono::steady_clock::now();
-    const auto wallStart = monitor::Timeline::Clock::now();
-    comm::CollectiveWait waiting("gradient reduce-scatter (shared memory)");
-    exchangeFinite_ =
-        shm_->reduceScatter(b.shmOffset, static_cast<size_t>(b.padded), comm_.timeout) && exchangeFinite_;
-    stats_.sharedMemorySeconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (monitor::Timeline* t = monitor::timeline()) {
-      t->complete(fmt::format("reduce-scatter bucket {} (shared memory)", k), "comm", wallStart,
-                  monitor::Timeline::Clock::now(), 0,
-                  fmt::format(R"({{"bytes":{},"parameters":{}}})", b.flat.nbytes(), b.params.size()));
-    }
-    return;
-  }
-  // Stage 3: at most one unit's full gradients in flight besides this one
-  // (and a unit without gradients in this step sends zeros).
-  if (options_.zeroStage == 3) {
-    completeLaunched();
-    allocateGradients(k);
-    releaseWeights(k);  // the unit's gradients are all in: its parameters are done with
-  }
+  // At most one bucket's full gradients in flight besides this one (and a
+  // bucket without gradients in this step sends zeros).
+  completeLaunched();
+  allocateGradients(k);
+  if (options_.zeroStage == 3) releaseWeights(k);  // its gradients are all in: its parameters are done with
   // Gloo in LibTorch 1.13 has no reduce-scatter: an all-to-all sends part j
   // of the bucket to rank j (the bytes of a ring reduce-scatter), and each
   // rank sums the N copies of its part it received, in rank order.
   b.received = at::empty({b.padded}, b.flat.options());
-  if (options_.zeroStage == 3) noteUnitElements(b.padded);
+  noteUnitElements(b.padded);
   std::vector<int64_t> equalParts;
   b.work = comm_.pg->alltoall_base(b.received, b.flat, equalParts, equalParts);
   if (monitor::timeline() != nullptr) traceCompletion(b);
@@ -160,19 +141,12 @@ void DistributedDataParallel::launchReduceScatter(size_t k) {
 void DistributedDataParallel::completeReduceScatter(size_t k) {
   torch::NoGradGuard noGrad;
   Bucket& b = buckets_[k];
-  if (options_.zeroStage == 3) {
-    // Added to what earlier micro-steps left; the full gradients are freed.
-    at::Tensor own = b.part.mutable_grad();
-    for (int r = 0; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
-    b.received = at::Tensor();
-    noteUnitElements(-b.padded);
-    releaseGradients(k);
-    return;
-  }
-  at::Tensor own = partOf(b.flat, b.padded, comm_.worldSize, comm_.rank);
-  own.copy_(partOf(b.received, b.padded, comm_.worldSize, 0));
-  for (int r = 1; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
+  // Added to what earlier micro-steps left; the full gradients are freed.
+  at::Tensor own = b.part.mutable_grad();
+  for (int r = 0; r < comm_.worldSize; ++r) own.add_(partOf(b.received, b.padded, comm_.worldSize, r));
   b.received = at::Tensor();
+  noteUnitElements(-b.padded);
+  releaseGradients(k);
 }
 
 void DistributedDataParallel::gatherParameters() {

@@ -2,7 +2,8 @@
 // by sharding unit, the parameters held in parts between uses, each unit
 // gathered around its forward and its backward (the next one prefetched),
 // and its full parameters and gradients freed once its gradients are
-// reduce-scattered.
+// reduce-scattered. The gradients' allocate-and-free and the staging
+// reduce-scatter on shared memory serve stage 2 too.
 //
 // A unit's parameters stay views of its flat buffer for the engine's life;
 // freeing gives the buffer's storage back and gathering allocates it again,
@@ -202,12 +203,12 @@ void DistributedDataParallel::gatherFromSharedMemory(size_t k) {
 void DistributedDataParallel::reduceScatterInStaging(size_t k) {
   torch::NoGradGuard noGrad;
   Bucket& b = buckets_[k];
-  allocateGradients(k);  // a unit without gradients in this step sends zeros
-  releaseWeights(k);     // its gradients are all in: its parameters are done with
+  allocateGradients(k);  // a bucket without gradients in this step sends zeros
+  if (options_.zeroStage == 3) releaseWeights(k);  // its gradients are all in: its parameters are done with
   const auto start = std::chrono::steady_clock::now();
   const auto wallStart = monitor::Timeline::Clock::now();
-  // The unit's gradients go to the staging area (reused by every unit: a
-  // reduce-scatter returns once every rank has read its chunk there).
+  // The bucket's gradients go to the staging area (reused by every bucket:
+  // a reduce-scatter returns once every rank has read its chunk there).
   at::Tensor staging =
       torch::from_blob(shm_->region() + stagingShmOffset_, {b.padded}, b.flat.options());
   staging.copy_(b.flat);
@@ -221,7 +222,7 @@ void DistributedDataParallel::reduceScatterInStaging(size_t k) {
   stats_.sharedMemorySeconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (monitor::Timeline* t = monitor::timeline()) {
-    t->complete(fmt::format("reduce-scatter unit {} (shared memory)", k), "comm", wallStart,
+    t->complete(fmt::format("reduce-scatter bucket {} (shared memory)", k), "comm", wallStart,
                 monitor::Timeline::Clock::now(), 0,
                 fmt::format(R"({{"bytes":{},"parameters":{}}})", b.padded * 4, b.params.size()));
   }
@@ -307,7 +308,7 @@ void DistributedDataParallel::completeLaunched() {
 }
 
 void DistributedDataParallel::endMicroStep() {
-  if (options_.zeroStage == 3 && !sync_) finishExchange(/*count=*/false);
+  if (shardedGradients_ && !sync_) finishExchange(/*count=*/false);
 }
 
 void DistributedDataParallel::gatherAllParameters(int root) {

@@ -442,6 +442,10 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
       log::info("ZeRO stage 3: at most {:.1f} MB of gathered units at once (parameters, full "
                 "gradients, reduce-scatter buffers); the largest unit is {:.1f} MB",
                 double(mem.unitPeakBytes) / (1 << 20), double(mem.largestUnitBytes) / (1 << 20));
+    } else if (mem.zeroStage == 2 && comm.worldSize > 1) {
+      log::info("ZeRO stage 2: at most {:.1f} MB of full gradients and reduce-scatter buffers at "
+                "once, besides this rank's part",
+                double(mem.unitPeakBytes) / (1 << 20));
     }
   }
   // A SIGTERM from here on changes nothing: this rank is finishing anyway.

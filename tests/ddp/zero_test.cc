@@ -91,6 +91,15 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
       if (r == v.ranks - 1) EXPECT_EQ(sum, all) << v.tag;
     }
   }
+  // From stage 2 on a rank holds its part of the summed gradients only
+  // (the full ones just from a bucket's first gradient to its exchange).
+  auto gradientMb = [&](const std::string& tag) {
+    return nlohmann::json::parse(test::readText(dir.file(tag + "/summary.json")))["memory"]["gradient_mb"].get<double>();
+  };
+  for (const char* tag : {"shm2", "gloo2"}) {
+    EXPECT_NEAR(gradientMb(tag) * ranks / gradientMb("shm1"), 1.0, 1e-9) << tag;
+  }
+  EXPECT_NE(test::readText(dir.file("gloo2/logs/rank-0.log")).find("ZeRO stage 2: at most"), std::string::npos);
   // Each took the exchange it names.
   auto logged = [&](const std::string& tag, const std::string& text) {
     const std::string log = test::readText(dir.file(tag + "/logs/rank-0.log"));

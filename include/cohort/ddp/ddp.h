@@ -26,7 +26,9 @@
 // 1/N of the optimizer state, and gatherParameters() then brings every
 // rank the other parts. The parameters live in one flat buffer per bucket
 // for that (each parameter's data is a view into it). Stage 2 replaces the
-// allreduce with a reduce-scatter: rank r receives the sum of part r only.
+// allreduce with a reduce-scatter: rank r receives the sum of part r only,
+// into the part's own gradient, and each bucket's full gradients are freed
+// once exchanged (allocated again at its next first gradient).
 //
 //   loss.backward(); finishGradients();   // stage 2: only this rank's part is summed
 //   optimizer.step();                     // over optimizerParameters()
@@ -233,6 +235,7 @@ class DistributedDataParallel {
     bool ready = false;
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hookKey = 0;
+    int64_t preHook = -1;  // stages 2, 3: the hook that allocates the bucket's gradients
   };
   struct Bucket {
     at::Tensor flat;
@@ -293,6 +296,12 @@ class DistributedDataParallel {
   void gatherFromSharedMemory(size_t k);
   void reduceScatterInStaging(size_t k);
   bool unitsInSharedMemory_ = false;
+  // Stages 2, 3 on more than one rank: a bucket's full gradients exist only
+  // from its first gradient to its reduce-scatter; this rank's part of
+  // their sum is the part's own .grad. On shared memory the reduce-scatter
+  // goes through a staging area of one bucket in the segment.
+  bool shardedGradients_ = false;
+  bool stagingInSharedMemory_ = false;
   size_t stagingShmOffset_ = 0;  // the staging area's floats into this rank's region
   class Runner;
   friend class Runner;
