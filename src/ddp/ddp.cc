@@ -205,16 +205,15 @@ std::string bucketArgs(const at::Tensor& flat, size_t params) {
 
 void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu) {
   using Compression = DdpOptions::Compression;
+  const bool sharded = options_.zeroStage >= 2;
   const char* why = !options_.sharedMemory ? "distribution.shared_memory is false"
                     : buckets_.empty()      ? "no trainable parameters"
-                                            : "gradients are not all float32 on the CPU";
+                    : !floatOnCpu           ? "gradients are not all float32 on the CPU"
+                                            : "ZeRO stages 2 and 3 have no hierarchical reduce-scatter";
   const bool shm = options_.sharedMemory && floatOnCpu && !buckets_.empty();
-  plan_ = std::make_unique<detail::ExchangePlan>(detail::planExchange(comm_, shm, why, totalFloats));
+  plan_ = std::make_unique<detail::ExchangePlan>(
+      detail::planExchange(comm_, shm, why, totalFloats, /*acrossMachines=*/!sharded));
   shm_ = plan_->shm;
-  if (options_.zeroStage == 3 && plan_->exchange == Exchange::hierarchical) {
-    log::info("ZeRO stage 3 over several machines: units are gathered and reduce-scattered over "
-              "Gloo among all ranks");
-  }
   stats_.exchange = plan_->exchange;
   stats_.machines = plan_->machines;
   stats_.sharedMemory = shm_ != nullptr;
@@ -240,6 +239,11 @@ void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu
 
 DistributedDataParallel::~DistributedDataParallel() {
   removeHooks();
+  // Gradients whose storage this engine gives back and allocates must not
+  // outlive it as the parameters' .grad.
+  if (shardedGradients_) {
+    for (Param& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  }
   // Never leave a collective running on memory that is about to go away.
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (Bucket& b : buckets_) {
@@ -331,6 +335,8 @@ void DistributedDataParallel::onGradReady(size_t index) {
   at::Tensor& grad = p.tensor.mutable_grad();
   if (!grad.defined() || !grad.is_same(p.gradView)) {
     torch::NoGradGuard noGrad;
+    // No gradient came in (the pre-hook did not run): the bucket may still be unallocated.
+    if (shardedGradients_) allocateGradients(p.bucket);
     if (grad.defined()) {
       p.gradView.copy_(grad);
     } else {

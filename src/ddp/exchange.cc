@@ -96,7 +96,7 @@ std::shared_ptr<comm::ShmAllreduce> openSegment(const comm::Comm& c, const std::
 }  // namespace
 
 ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::string& why,
-                          int64_t totalFloats) {
+                          int64_t totalFloats, bool acrossMachines) {
   ExchangePlan plan;
   plan.local = {c.rank};
   if (c.worldSize == 1) return plan;
@@ -136,6 +136,10 @@ ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::str
   for (const auto& m : members) sharing = sharing || m.size() > 1;
   if (!sharing) {
     log::info("gradient exchange: Gloo ({} machines, one rank on each)", plan.machines);
+    return plan;
+  }
+  if (plan.machines > 1 && !acrossMachines) {
+    log::info("gradient exchange: Gloo among all ranks ({} machines; {})", plan.machines, why);
     return plan;
   }
 

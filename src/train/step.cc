@@ -109,7 +109,7 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     (loss * (scale * static_cast<double>(n) / (static_cast<double>(cycle.samples) * world))).backward();
   }
-  // ZeRO stage 3 exchanges every micro-step (its full gradients are freed).
+  // ZeRO stages 2 and 3 exchange every micro-step (their full gradients are freed).
   if (!cycle.last) ddp_.endMicroStep();
   // A shared-memory exchange runs inside backward: count it as exposed
   // communication, not as backward.

@@ -108,8 +108,8 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
   logged("shm3", "gradient exchange: shared memory");
   logged("gloo3", "gradient exchange: Gloo (distribution.shared_memory is false)");
   if (ranks == 3) {
-    logged("hier2", "path: hierarchical");
-    logged("hier3", "ZeRO stage 3 over several machines");
+    logged("hier1", "path: hierarchical");
+    for (const char* tag : {"hier2", "hier3"}) logged(tag, "gradient exchange: Gloo among all ranks (2 machines");
   }
 }
 

@@ -199,7 +199,9 @@ class DistributedDataParallel {
   };
   std::vector<std::vector<Slice>> optimizerSlices() const;
   // Stages 1, 2, after the optimizer step: every rank takes the parts the
-  // other ranks stepped. Collective; nothing to do at stage 0.
+  // other ranks stepped. Stage 3 on shared memory: a barrier, so that no
+  // rank gathers a part before its owner stepped it. Collective; nothing
+  // to do at stage 0.
   void gatherParameters();
   // After finishGradients: the sum of squares of the gradients the
   // optimizer steps, over every rank (a collective at stage 2, where a rank
@@ -211,9 +213,9 @@ class DistributedDataParallel {
   // Stage 3: what runs each unit's forward with its parameters gathered
   // (models::Model::setUnitRunner); nullptr at other stages.
   models::UnitRunner* unitRunner();
-  // Stage 3, after backward of a micro-step that does not synchronize
-  // (setSyncGradients(false)): completes its reduce-scatter, so that its
-  // full gradients are freed. Nothing to do at other stages.
+  // Stages 2 and 3, after backward of a micro-step that does not
+  // synchronize (setSyncGradients(false)): completes its reduce-scatter, so
+  // that its full gradients are freed. Nothing to do at other stages.
   void endMicroStep();
   // Stage 3: gathers every unit's parameters on rank `root` until
   // releaseParameters(), for code there that reads the model's parameters

@@ -47,8 +47,10 @@ struct ExchangePlan {
 // `why` says which) the plan is Gloo among all ranks. `totalFloats` is the
 // size of a rank's gradients. Logs the path chosen ("gradient exchange:
 // ..."). Throws CommError/TimeoutError when the store or the agreement
-// fails.
+// fails. `acrossMachines` false (ZeRO stages 2 and 3, whose reduce-scatter
+// has no hierarchical form): ranks on several machines exchange over Gloo
+// among all ranks, and no segment is made for them.
 ExchangePlan planExchange(const comm::Comm& comm, bool sharedMemory, const std::string& why,
-                          int64_t totalFloats);
+                          int64_t totalFloats, bool acrossMachines = true);
 
 }  // namespace cohort::ddp::detail
