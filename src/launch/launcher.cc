@@ -224,10 +224,11 @@ std::string outOfMemory(const Child& c, std::optional<uint64_t> before) {
   const std::optional<uint64_t> now = memory::oomKills();
   if (!now || *now <= *before) return "";
   const memory::Limit limit = memory::processLimit();
-  return fmt::format(", sent by the kernel's out-of-memory killer (the job's memory limit is {} MB, "
-                     "from {}); distribution.zero shards the training state over the ranks "
-                     "(docs/zero.md)",
-                     limit.bytes >> 20, limit.source);
+  return fmt::format(", sent by the kernel's out-of-memory killer{}; distribution.zero shards the "
+                     "training state over the ranks (docs/zero.md)",
+                     limit.bytes == 0 ? std::string()
+                                      : fmt::format(" (the job's memory limit is {} MB, from {})",
+                                                    limit.bytes >> 20, limit.source));
 }
 
 }  // namespace

@@ -262,7 +262,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // Before gradients and optimizer state exist: a state that cannot fit
   // is a configuration error now, not an OOM kill later.
   const std::string tight = checkStateFits(
-      stateBytes(model, job.distribution.zero, comm.worldSize, ddpOpts.units, tc.optimizer),
+      stateBytes(model, job.distribution.zero, comm.worldSize, ddpOpts.units, tc.optimizer,
+                 ddpOpts.bucketCapMb),
       memory::processLimit(), comm.localWorldSize, rank, comm.worldSize, job.distribution.zero);
   if (!tight.empty()) log::warn("{}", tight);
   ddp::DistributedDataParallel ddp(ms.model, comm, ddpOpts);

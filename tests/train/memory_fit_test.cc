@@ -52,6 +52,19 @@ TEST(MemoryLimit, TheSmallerOfTheCgroupsLimitAndTheMachinesMemory) {
   EXPECT_EQ(memory::processLimit(v2).bytes, 1048576u);
   EXPECT_EQ(memory::oomKills(v2), 1u);
 
+  // A limit on a parent cgroup applies; a path the container does not
+  // show is the mount itself.
+  put(v2 + "/sys/fs/cgroup/a/memory.max", "4096\n");
+  EXPECT_EQ(memory::processLimit(v2).bytes, 4096u);
+  EXPECT_EQ(memory::processLimit(v2).source, v2 + "/sys/fs/cgroup/a/memory.max");
+  const std::string docker = dir.file("docker");
+  put(docker + "/proc/meminfo", "MemTotal:        1024000 kB\n");
+  put(docker + "/proc/self/cgroup", "9:memory:/docker/0123abcd\n");
+  put(docker + "/sys/fs/cgroup/memory/memory.limit_in_bytes", "2048\n");
+  put(docker + "/sys/fs/cgroup/memory/memory.oom_control", "oom_kill 5\n");
+  EXPECT_EQ(memory::processLimit(docker).bytes, 2048u);
+  EXPECT_EQ(memory::oomKills(docker), 5u);
+
   // Nothing readable: unknown, and the check lets it be.
   EXPECT_EQ(memory::processLimit(dir.file("none")).bytes, 0u);
   EXPECT_EQ(train::detail::checkStateFits({1e12, 0, 0, 0}, memory::processLimit(dir.file("none")), 1, 0, 1, 0), "");
@@ -72,22 +85,30 @@ TEST(MemoryFit, EachStageHoldsItsShareAndTooLittleMemoryIsAConfigurationError) {
   Blocks model;
   OptimizerConfig adamw;
   adamw.name = OptimizerKind::adamw;
-  const double p = 4 * 372.0;  // trainable bytes; the frozen weights hold no state
-  auto s0 = train::detail::stateBytes(model, 0, 2, {}, adamw);
-  EXPECT_DOUBLE_EQ(s0.parameters, p);
+  const double p = 4 * 372.0;  // trainable bytes
+  const double frozen = 4 * 1000.0;  // whole on every rank, without gradients or state
+  const double cap = 1e-4;           // MB: a bucket of 104 bytes
+  auto s0 = train::detail::stateBytes(model, 0, 2, {}, adamw, cap);
+  EXPECT_DOUBLE_EQ(s0.parameters, frozen + p);
   EXPECT_DOUBLE_EQ(s0.gradients, p);
   EXPECT_DOUBLE_EQ(s0.optimizer, 2 * p);
   EXPECT_DOUBLE_EQ(s0.unit, 0);
-  auto s2 = train::detail::stateBytes(model, 2, 2, {}, adamw);
+  EXPECT_DOUBLE_EQ(s0.total(), frozen + 4 * p);
+  auto s2 = train::detail::stateBytes(model, 2, 2, {}, adamw, cap);
   EXPECT_DOUBLE_EQ(s2.optimizer, p);
-  EXPECT_DOUBLE_EQ(s2.gradients, p);
-  auto s3 = train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw);
-  EXPECT_DOUBLE_EQ(s3.parameters, p / 2);
+  EXPECT_DOUBLE_EQ(s2.gradients, p / 2);
+  EXPECT_DOUBLE_EQ(s2.unit, 2 * cap * (1 << 20));  // two buckets in flight
+  auto s3 = train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw, cap);
+  EXPECT_DOUBLE_EQ(s3.parameters, frozen + p / 2);
   EXPECT_DOUBLE_EQ(s3.optimizer, p);
   EXPECT_DOUBLE_EQ(s3.unit, 2 * 4 * 220.0);  // h1, the largest unit
+  EXPECT_DOUBLE_EQ(s3.wholeModel, frozen + p);
+  // Sharded over many ranks, the model as built is what bounds it.
+  const train::detail::StateBytes wide{10, 10, 10, 10, 100};
+  EXPECT_DOUBLE_EQ(wide.total(), 100);
   OptimizerConfig plainSgd;
   plainSgd.momentum = 0;
-  EXPECT_DOUBLE_EQ(train::detail::stateBytes(model, 0, 1, {}, plainSgd).optimizer, 0);
+  EXPECT_DOUBLE_EQ(train::detail::stateBytes(model, 0, 1, {}, plainSgd, cap).optimizer, 0);
 
   const memory::Limit limit{1000, "/sys/fs/cgroup/job/memory.max"};
   EXPECT_EQ(train::detail::checkStateFits({100, 100, 100, 0}, limit, 2, 0, 2, 0), "");

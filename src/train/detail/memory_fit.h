@@ -10,6 +10,7 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -19,18 +20,24 @@
 namespace cohort::train::detail {
 
 struct StateBytes {
-  double parameters = 0, gradients = 0, optimizer = 0, unit = 0;
-  double total() const { return parameters + gradients + optimizer + unit; }
+  // parameters: with frozen weights and buffers; unit: stage 3, one unit
+  // whole; stage 2, the gradient buckets in flight; wholeModel: the model as
+  // built, before it is cut into parts.
+  double parameters = 0, gradients = 0, optimizer = 0, unit = 0, wholeModel = 0;
+  double total() const { return std::max(parameters + gradients + optimizer + unit, wholeModel); }
 };
 
-// What each rank of `world` will hold at ZeRO `stage` for the model's
-// trainable parameters (float32; tied ones once), with the optimizer's
-// state per element (AdamW 2, SGD with momentum 1, without 0) and, at stage
-// 3, the largest of the sharding units `units` (ddp::DdpOptions::units) or
-// the parameters outside them. Computed before the engine allocates
-// anything, so that a state that cannot fit fails before it is half built.
+// What each rank of `world` will hold at ZeRO `stage` (float32; tied
+// tensors once): its share of the trainable parameters, their gradients and
+// the optimizer's state per element (AdamW 2, SGD with momentum 1, without
+// 0), the frozen weights and buffers whole; at stage 3 the largest of the
+// sharding units `units` (ddp::DdpOptions::units) or the parameters outside
+// them, at stage 2 two buckets of `bucketCapMb`. Computed before the engine
+// allocates anything, so that a state that cannot fit fails before it is
+// half built.
 StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
-                      const std::vector<std::string>& units, const OptimizerConfig& optimizer);
+                      const std::vector<std::string>& units, const OptimizerConfig& optimizer,
+                      double bucketCapMb);
 
 // Throws ConfigError naming the rank, the stage, the bytes and the limit's
 // source when `need` exceeds the limit's share of one of `localRanks`;
