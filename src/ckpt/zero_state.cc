@@ -25,10 +25,6 @@ at::Tensor memoryOrder(const at::Tensor& t) {
 
 std::vector<int64_t> ints(const nlohmann::json& j) { return jsonInts<int64_t>(j); }
 
-}  // namespace
-
-namespace {
-
 // A sharded checkpoint's layout (extra.zero) and every rank's parts of one
 // kind of file, by name ("part<k>..."), read from `file(r)`.
 struct Parts {

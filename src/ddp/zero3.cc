@@ -150,8 +150,7 @@ void DistributedDataParallel::launchGather(size_t k) {
   // On shared memory a gather is a copy: done when needed, not ahead.
   if (b.weightsLive || b.gather || unitsInSharedMemory_) return;
   torch::NoGradGuard noGrad;
-  allocateStorage(b.weights);
-  noteUnitElements(b.padded);
+  allocateWeights(k);
   if (comm_.worldSize == 1) {
     b.weights.copy_(b.part.detach());
     b.weightsLive = true;
@@ -183,8 +182,7 @@ void DistributedDataParallel::gatherFromSharedMemory(size_t k) {
   Bucket& b = buckets_[k];
   if (b.weightsLive) return;
   torch::NoGradGuard noGrad;
-  allocateStorage(b.weights);
-  noteUnitElements(b.padded);
+  allocateWeights(k);
   // Every part was written before the barrier that ended the step (or the
   // sharding), and nothing writes one before every rank's last reduce-scatter
   // of the next step: read in place, no barrier.
@@ -226,6 +224,12 @@ void DistributedDataParallel::reduceScatterInStaging(size_t k) {
                 monitor::Timeline::Clock::now(), 0,
                 fmt::format(R"({{"bytes":{},"parameters":{}}})", b.padded * 4, b.params.size()));
   }
+}
+
+void DistributedDataParallel::allocateWeights(size_t k) {
+  Bucket& b = buckets_[k];
+  allocateStorage(b.weights);
+  noteUnitElements(b.padded);
 }
 
 void DistributedDataParallel::releaseWeights(size_t k) {
@@ -328,11 +332,8 @@ void DistributedDataParallel::gatherAllParameters(int root) {
     std::vector<at::Tensor> in{b.part.detach()};
     std::vector<std::vector<at::Tensor>> out;
     if (comm_.rank == root) {
-      if (!b.weightsLive) {
-        allocateStorage(b.weights);
-        noteUnitElements(b.padded);
-        b.weightsLive = true;
-      }
+      if (!b.weightsLive) allocateWeights(k);
+      b.weightsLive = true;
       const int64_t chunk = b.padded / comm_.worldSize;
       out.emplace_back();
       for (int r = 0; r < comm_.worldSize; ++r) out[0].push_back(b.weights.narrow(0, chunk * r, chunk));

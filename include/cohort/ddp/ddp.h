@@ -286,6 +286,7 @@ class DistributedDataParallel {
   void shardParameters();
   void launchGather(size_t k);
   void gatherNow(size_t k);
+  void allocateWeights(size_t k);  // storage for bucket k's parameters (not yet filled)
   void releaseWeights(size_t k);
   void allocateGradients(size_t k);
   void releaseGradients(size_t k);
