@@ -13,7 +13,8 @@ libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 dataset-fashion-mnist bible-kjv bible-kjv-text
 python3 python3-torch python3-torchvision python3-protobuf
-clang libclang-rt-14-dev"
+clang libclang-rt-14-dev
+etcd-server etcd-client iproute2"
 
 # Node.js runs Azurite, the blob storage emulator of the storage tests
 # (tests/azurite). A node already on PATH (a newer one) is used as it is.

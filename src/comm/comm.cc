@@ -69,6 +69,12 @@ HostedStore hostStore(const std::string& addr, int port, std::chrono::millisecon
   return HostedStore{hosted.store, hosted.port};
 }
 
+c10::intrusive_ptr<c10d::Store> connectStoreClient(const std::string& host, int port,
+                                                   const std::string& token,
+                                                   std::chrono::milliseconds timeout) {
+  return detail::connectStore(host, port, token, timeout);
+}
+
 Comm connect(const CommOptions& o) {
   Comm c;
   static_cast<RankPlace&>(c) = o;

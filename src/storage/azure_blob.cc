@@ -30,7 +30,7 @@
 
 #include "cohort/core/log.h"
 #include "storage/detail/backends.h"
-#include "storage/detail/http.h"
+#include "core/detail/http.h"
 #include "storage/detail/identity.h"
 #include "storage/detail/shared_key.h"
 #include "storage/detail/xml.h"

@@ -65,6 +65,13 @@ struct HostedStore {
 HostedStore hostStore(const std::string& addr, int port, std::chrono::milliseconds timeout,
                       const std::string& token);
 
+// A client of the store at host:port, proving it holds `token`; connecting
+// retries until `timeout`. Throws CommError naming the address, or
+// ConfigError for a token the store refuses.
+c10::intrusive_ptr<c10d::Store> connectStoreClient(const std::string& host, int port,
+                                                   const std::string& token,
+                                                   std::chrono::milliseconds timeout);
+
 // Connects to (or hosts) the store and builds the process group. Blocks
 // until every rank has joined or the timeout passes. Throws CommError or
 // TimeoutError naming the store address.

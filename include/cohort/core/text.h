@@ -5,6 +5,7 @@
 // configuration words, not user text.
 
 #include <string>
+#include <vector>
 
 namespace cohort {
 
@@ -22,6 +23,19 @@ inline std::string trimSpace(const std::string& s) {
   if (b == std::string::npos) return "";
   const size_t e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
+}
+
+// The parts of `s` between `sep`s, each trimmed; empty parts dropped.
+inline std::vector<std::string> splitOn(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = s.find(sep, start);
+    std::string part = trimSpace(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (!part.empty()) out.push_back(std::move(part));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
 }
 
 }  // namespace cohort

@@ -11,9 +11,12 @@
 #include <string>
 
 #include "cohort/storage/storage.h"
-#include "storage/detail/http.h"
+#include "core/detail/http.h"
 
 namespace cohort::storage::detail {
+
+// The HTTP client is core's (core/detail/http.h).
+using namespace cohort::http;
 
 // The resource (audience) of tokens for Azure Storage.
 inline constexpr const char* kStorageResource = "https://storage.azure.com/";

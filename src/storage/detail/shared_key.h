@@ -21,15 +21,18 @@
 #include <utility>
 #include <vector>
 
-#include "storage/detail/http.h"
+#include "cohort/core/base64.h"
+#include "core/detail/http.h"
 
 namespace cohort::storage::detail {
 
+// The HTTP client is core's (core/detail/http.h).
+using namespace cohort::http;
+using cohort::base64Decode;
+using cohort::base64Encode;
+
 using Query = std::vector<std::pair<std::string, std::string>>;  // decoded names and values
 
-std::string base64Encode(const std::string& bytes);
-// Throws std::invalid_argument for malformed input.
-std::string base64Decode(const std::string& text);
 std::string hmacSha256(const std::string& key, const std::string& message);
 
 // Percent-encodes all but RFC 3986 unreserved characters (and '/' with

@@ -1,6 +1,7 @@
 #pragma once
 
-// One HTTP request over libcurl, without retries (azure_blob.cc retries).
+// One HTTP request over libcurl, without retries (callers retry: the blob
+// storage client, the etcd client).
 // Easy handles are pooled so that connections (and TLS sessions) are reused
 // across requests; an HttpClient may be used from several threads at once.
 
@@ -13,20 +14,23 @@
 #include <utility>
 #include <vector>
 
-namespace cohort::storage::detail {
+namespace cohort::http {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
-  std::string method;  // GET, HEAD, PUT or DELETE
+  std::string method;  // GET, HEAD, PUT, POST or DELETE
   std::string url;     // with its query string
   Headers headers;
-  // PUT: the body, sent with a Content-Length. Not owned.
+  // PUT, POST: the body, sent with a Content-Length. Not owned.
   const std::string* body = nullptr;
   // When set, the body of a 2xx response is passed here as it arrives
   // instead of being collected in HttpResponse::body. It may throw: the
   // transfer is aborted and perform() rethrows.
   std::function<void(const char* data, size_t size)> sink;
+  // > 0: the whole request ends by then (a TransportError of kind timeout),
+  // for a response that streams without end (an etcd watch).
+  double totalTimeoutS = 0;
 };
 
 struct HttpResponse {
@@ -77,4 +81,4 @@ class HttpClient {
   std::vector<void*> idle_;
 };
 
-}  // namespace cohort::storage::detail
+}  // namespace cohort::http

@@ -1,4 +1,4 @@
-#include "storage/detail/http.h"
+#include "core/detail/http.h"
 
 #include <curl/curl.h>
 #include <fmt/format.h>
@@ -11,7 +11,7 @@
 
 #include "cohort/core/text.h"
 
-namespace cohort::storage::detail {
+namespace cohort::http {
 namespace {
 
 constexpr size_t kMaxErrorBody = 64 << 10;
@@ -200,8 +200,17 @@ HttpResponse HttpClient::perform(const HttpRequest& request) {
     curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, onSeek);
     curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
     curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(t.body->size()));
+  } else if (request.method == "POST") {
+    static const std::string kEmpty;
+    const std::string& body = request.body != nullptr ? *request.body : kEmpty;
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   } else {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+  }
+  if (request.totalTimeoutS > 0) {
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, std::max(1L, std::lround(request.totalTimeoutS * 1000)));
   }
 
   for (const auto& [name, value] : request.headers) {
@@ -219,7 +228,9 @@ HttpResponse HttpClient::perform(const HttpRequest& request) {
     while (!detail.empty() && (detail.back() == '\n' || detail.back() == '\r')) detail.pop_back();
     std::string what;
     if (kind == TransportError::Kind::timeout) {
-      what = fmt::format("timed out ({} s without progress): {}", options_.timeoutS, detail);
+      what = request.totalTimeoutS > 0
+                 ? fmt::format("timed out (after {} s): {}", request.totalTimeoutS, detail)
+                 : fmt::format("timed out ({} s without progress): {}", options_.timeoutS, detail);
     } else if (kind == TransportError::Kind::tls) {
       what = fmt::format("TLS certificate verification failed: {}", detail);
     } else {
@@ -233,4 +244,4 @@ HttpResponse HttpClient::perform(const HttpRequest& request) {
   return std::move(t.response);
 }
 
-}  // namespace cohort::storage::detail
+}  // namespace cohort::http

@@ -1,0 +1,20 @@
+#pragma once
+
+// The two rendezvous services behind connectKv (cohort/elastic/kv.h).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/elastic/kv.h"
+
+namespace cohort::elastic::detail {
+
+// etcd's v3 JSON API at each "host:port" (the members of one cluster).
+std::unique_ptr<Kv> connectEtcd(const std::vector<std::string>& endpoints, const KvOptions& options);
+
+// cohort's store at host:port: hosted here when options.mayHost and the
+// address can be bound, else reached as a client.
+std::unique_ptr<Kv> connectStoreKv(const std::string& host, int port, const KvOptions& options);
+
+}  // namespace cohort::elastic::detail

@@ -1,0 +1,89 @@
+#include "util/etcd.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+namespace cohort::test {
+
+std::string etcdBinary() {
+  for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+EtcdCluster::EtcdCluster(int members, const std::string& host) {
+  const std::string bin = etcdBinary();
+  if (bin.empty()) throw std::runtime_error("etcd is not installed (scripts/install-deps.sh)");
+  std::string initial;
+  for (int i = 0; i < members; ++i) {
+    Member m;
+    m.name = fmt::format("m{}", i);
+    m.host = host;
+    m.clientPort = freePort();
+    m.peerPort = freePort();
+    while (m.peerPort == m.clientPort) m.peerPort = freePort();
+    initial += fmt::format("{}{}=http://{}:{}", i ? "," : "", m.name, host, m.peerPort);
+    members_.push_back(std::move(m));
+  }
+  for (auto& m : members_) {
+    const std::string client = fmt::format("http://{}:{}", m.host, m.clientPort);
+    const std::string peer = fmt::format("http://{}:{}", m.host, m.peerPort);
+    m.process = std::make_unique<Process>(std::vector<std::string>{
+        bin, "--name", m.name, "--data-dir", dir_.file(m.name), "--listen-client-urls", client,
+        "--advertise-client-urls", client, "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer, "--initial-cluster", initial,
+        "--initial-cluster-state", "new", "--initial-cluster-token", "cohort-test",
+        "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "error"});
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (leader() < 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw std::runtime_error("etcd did not elect a leader within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+EtcdCluster::~EtcdCluster() = default;  // each Process SIGKILLs and reaps its member
+
+std::string EtcdCluster::endpoint(int i) const {
+  const Member& m = members_.at(static_cast<size_t>(i));
+  return fmt::format("{}:{}", m.host, m.clientPort);
+}
+
+std::string EtcdCluster::endpoints() const {
+  std::string out;
+  for (int i = 0; i < size(); ++i) out += (i ? "," : "") + endpoint(i);
+  return out;
+}
+
+int EtcdCluster::leader() const {
+  // etcdctl endpoint status prints "..., <is leader>, ..." per endpoint.
+  for (int i = 0; i < size(); ++i) {
+    if (!members_[static_cast<size_t>(i)].process) continue;
+    const ProcessResult r =
+        run({"/usr/bin/etcdctl", "--endpoints", "http://" + endpoint(i), "--command-timeout=1s",
+             "endpoint", "status", "-w", "simple"},
+            {{"ETCDCTL_API", "3"}}, std::chrono::seconds(5));
+    if (r.exitCode != 0) continue;
+    // Columns: endpoint, id, version, db size, is leader, is learner, ...
+    std::vector<std::string> cols;
+    size_t start = 0;
+    const std::string line = r.out.substr(0, r.out.find('\n'));
+    for (size_t c; (c = line.find(", ", start)) != std::string::npos; start = c + 2) {
+      cols.push_back(line.substr(start, c - start));
+    }
+    cols.push_back(line.substr(start));
+    if (cols.size() > 4 && cols[4] == "true") return i;
+  }
+  return -1;
+}
+
+void EtcdCluster::kill(int i) { members_.at(static_cast<size_t>(i)).process.reset(); }
+
+}  // namespace cohort::test
