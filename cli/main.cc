@@ -33,6 +33,7 @@
 #include "cohort/core/version.h"
 #include "cohort/data/pack.h"
 #include "cohort/data/tokens.h"
+#include "cohort/elastic/agent.h"
 #include "cohort/launch/launcher.h"
 #include "cohort/health/health.h"
 #include "cohort/monitor/logs.h"
@@ -107,6 +108,10 @@ struct Cli {
   CLI::App *data = nullptr, *dataPack = nullptr, *dataInspect = nullptr, *dataVerify = nullptr,
            *dataTokenize = nullptr;
   cohort::data::TokenizeOptions tokenizeOptions;
+  // agent
+  CLI::App* agent = nullptr;
+  cohort::elastic::AgentOptions agentOptions;
+  std::string nnodes;
   // generate
   CLI::App* generate = nullptr;
   cohort::train::GenerateOptions generateOptions;
@@ -160,6 +165,27 @@ void Cli::addTraining(CLI::App& app) {
   run->add_flag("--new-run", newRun,
                 "Start a new run directory even if an interrupted run of the same job could be "
                 "resumed");
+
+  agent = app.add_subcommand(
+      "agent", "Elastic training: run this node's ranks in a job of MIN..MAX nodes that may "
+               "lose and gain nodes (docs/elastic.md)");
+  agent->add_option("job", jobPath, "Job file (YAML)")->required();
+  agent->add_option("--set", overrides, "Override a job key: key.path=value (repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  agent->add_option("--nnodes", nnodes, "MIN:MAX nodes (or N: exactly N)")->required();
+  agent->add_option("--rdzv", agentOptions.rdzv,
+                    "Rendezvous: etcd://HOST:PORT[,HOST:PORT...]/JOB_ID or store://HOST:PORT/JOB_ID "
+                    "(the agent on HOST hosts the store)")
+      ->required();
+  agent->add_option("--node-id", agentOptions.nodeId, "This node's unique name (default: <host>-<pid>)");
+  agent->add_option("--address", agentOptions.address,
+                    "This node's address the others reach (default: the one that routes to the "
+                    "rendezvous host)");
+  agent->add_option("--run-dir", runDir,
+                    "Run directory, the same on every node (default: <output.dir>/<name>-<JOB_ID>)");
+  agent->add_option("--procs", procs, "Ranks on this node (default: distribution.procs_per_node)")
+      ->check(CLI::Range(1, 4096));
 
   worker = app.add_subcommand(
       "worker", "Run one rank (started by `cohort run`, mpirun, srun or a torchrun-style launcher)");
@@ -395,6 +421,21 @@ int Cli::dispatch(CLI::App& app, int argc) {
     o.resume = resume;
     o.newRun = newRun;
     return cohort::launch::runLauncher(o);
+  }
+  if (*agent) {
+    cohort::elastic::AgentOptions& o = agentOptions;
+    o.jobPath = jobPath;
+    o.overrides = overrides;
+    o.runDir = runDir;
+    o.procs = procs;
+    const size_t colon = nnodes.find(':');
+    try {
+      o.minNodes = std::stoi(nnodes.substr(0, colon));
+      o.maxNodes = colon == std::string::npos ? o.minNodes : std::stoi(nnodes.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw cohort::UsageError(fmt::format("--nnodes {}: expected MIN:MAX or N", nnodes));
+    }
+    return cohort::elastic::runAgent(o);
   }
   if (*worker) {
     runWorkerAndExit({jobPath, overrides, runDir, resume});

@@ -260,7 +260,7 @@ void commitTemporary(int fd, const std::string& tmp, const std::string& path) {
 }  // namespace
 
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
-                            const nlohmann::json& meta) {
+                            const nlohmann::json& meta, const security::Key* key) {
   // The file's image in memory, then one atomic write of it.
   const TensorFileLayout l = layoutTensorFile(records, meta, kAlign);
   std::string image(l.size, '\0');
@@ -268,7 +268,7 @@ WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRec
   for (size_t i = 0; i < records.size(); ++i) {
     if (records[i].nbytes > 0) std::memcpy(image.data() + l.offsets[i], records[i].data, records[i].nbytes);
   }
-  return writeFileImage(path, image.data(), image.size());
+  return writeFileImage(path, image.data(), image.size(), nullptr, key);
 }
 
 namespace {

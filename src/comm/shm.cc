@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cohort/comm/wait.h"
 #include "cohort/core/error.h"
 
 namespace cohort::comm {
@@ -157,6 +158,10 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
       all = header_->arrived[phase][r].value.load(std::memory_order_acquire) >= seq;
     }
     if (all) return;
+    if (collectivesAbandoned()) {
+      throw CommError(fmt::format("rank {}: shared-memory exchange {} abandoned: the round re-forms",
+                                  nameOf(rank_), seq));
+    }
     // A rank whose process is gone will never arrive: fail now, not at the
     // deadline (the same machine, so its pid says). Its arrival is read
     // again after it is seen gone: a rank may arrive, finish and exit

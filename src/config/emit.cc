@@ -150,6 +150,12 @@ std::string jobHash(const JobConfig& job) {
   hashed.distribution.stallWarnS = defaults.distribution.stallWarnS;
   hashed.distribution.stallTimeoutS = defaults.distribution.stallTimeoutS;
   hashed.distribution.stragglerFactor = defaults.distribution.stragglerFactor;
+  // How membership is watched, not what is trained (batch_policy stays).
+  hashed.elastic.lastCallS = defaults.elastic.lastCallS;
+  hashed.elastic.nodeTimeoutS = defaults.elastic.nodeTimeoutS;
+  hashed.elastic.belowMinTimeoutS = defaults.elastic.belowMinTimeoutS;
+  hashed.elastic.rdzvTimeoutS = defaults.elastic.rdzvTimeoutS;
+  hashed.elastic.stateDir = defaults.elastic.stateDir;
   // How a rank computes, not what: the same training either way.
   hashed.compute = defaults.compute;
   // Which key seals the files is not what is trained: a rotated key resumes.

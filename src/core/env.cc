@@ -214,6 +214,10 @@ std::optional<std::string> machineId(int rank) {
   return ids[static_cast<size_t>(rank)];
 }
 
+std::optional<std::string> elasticStateDir() { return get(kElasticStateVar); }
+std::optional<std::string> nodeAddress() { return get(kNodeAddressVar); }
+std::optional<std::string> sampleLogDir() { return get("COHORT_TEST_SAMPLE_LOG"); }
+
 std::optional<std::string> azureStorageKey() { return get("AZURE_STORAGE_KEY"); }
 std::optional<std::string> azureStorageSasToken() { return get("AZURE_STORAGE_SAS_TOKEN"); }
 std::optional<std::string> azureStorageBearerToken() {

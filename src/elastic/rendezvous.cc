@@ -79,6 +79,11 @@ Round Rendezvous::join() {
   int64_t lastRound = -1;
   size_t lastCount = 0;
   for (;;) {
+    if (o_.interrupted && o_.interrupted()) {
+      Round r;
+      r.status = Round::Status::interrupted;
+      return r;
+    }
     const std::optional<Versioned> v = kv_.get(stateKey_);
     if (!v) {
       State s;
@@ -201,6 +206,7 @@ Change Rendezvous::check(const Round& r) {
   const State s = parse(v->value, stateKey_);
   if (s.status == "closed") {
     c.kind = Change::Kind::closed;
+    c.detail = std::to_string(s.exitCode);
     return c;
   }
   if (s.round != r.round) {

@@ -66,33 +66,6 @@ int severity(const Child& c) {
   return 2;
 }
 
-// The environment block of one rank, built before fork: the child only calls
-// async-signal-safe functions until exec.
-std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount,
-                                         const UrlCredentials& credentials,
-                                         const std::string& storeToken) {
-  auto vars = env::rankVariables(r);
-  vars.emplace_back(env::kStoreTokenVar, storeToken);
-  // job.yaml, which the ranks read, holds no secret: they come this way.
-  if (!credentials.empty()) {
-    vars.emplace_back(env::kUrlCredentialsVar, encodeUrlCredentials(credentials));
-  }
-  vars.emplace_back("OMP_NUM_THREADS", "1");  // the rank sets its own thread count
-  vars.emplace_back("COHORT_RESTART_COUNT", std::to_string(restartCount));
-  std::vector<std::string> out;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const std::string name = entry.substr(0, entry.find('='));
-    bool replaced = false;
-    for (const auto& [k, v] : vars) replaced = replaced || k == name;
-    // Variables of other launchers would be read instead of ours.
-    if (name.rfind("OMPI_COMM_WORLD_", 0) == 0 || name.rfind("SLURM_", 0) == 0) replaced = true;
-    if (!replaced) out.push_back(entry);
-  }
-  for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
-  return out;
-}
-
 // The endpoint output.metrics_* describes; the token is read from its file.
 monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o) {
   monitor::MetricsServerConfig c;
@@ -250,7 +223,7 @@ void AttemptRun::startRanks() {
       args.push_back("--resume");
       args.push_back(s_.o.resume);
     }
-    const auto envBlock = rankEnvironment(re, attempt_, s_.credentials, s_.storeToken);
+    const auto envBlock = rankEnvironment(re, attempt_, s_.credentials, s_.storeToken, {});
     ranks_.start(r, s_.exe, args, &envBlock, &s_.signals.original(), "the worker binary");
     log::debug("rank {} is pid {}", r, ranks_.children().back().pid);
   }

@@ -1,4 +1,6 @@
 #include "cohort/launch/spawn.h"
+#include "cohort/config/load.h"
+#include "cohort/core/env.h"
 
 #include <fmt/format.h>
 #include <sys/prctl.h>
@@ -61,6 +63,33 @@ pid_t spawn(const std::string& exe, const std::vector<std::string>& args,
     _exit(127);
   }
   return pid;
+}
+
+std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount,
+                                         const UrlCredentials& credentials,
+                                         const std::string& storeToken,
+                                         const std::vector<std::pair<std::string, std::string>>& extra) {
+  auto vars = env::rankVariables(r);
+  vars.insert(vars.end(), extra.begin(), extra.end());
+  vars.emplace_back(env::kStoreTokenVar, storeToken);
+  // job.yaml, which the ranks read, holds no secret: they come this way.
+  if (!credentials.empty()) {
+    vars.emplace_back(env::kUrlCredentialsVar, encodeUrlCredentials(credentials));
+  }
+  vars.emplace_back("OMP_NUM_THREADS", "1");  // the rank sets its own thread count
+  vars.emplace_back("COHORT_RESTART_COUNT", std::to_string(restartCount));
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& [k, v] : vars) replaced = replaced || k == name;
+    // Variables of other launchers would be read instead of ours.
+    if (name.rfind("OMPI_COMM_WORLD_", 0) == 0 || name.rfind("SLURM_", 0) == 0) replaced = true;
+    if (!replaced) out.push_back(entry);
+  }
+  for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
+  return out;
 }
 
 }  // namespace cohort::launch

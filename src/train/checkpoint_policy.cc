@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "cohort/ckpt/held_state.h"
 #include "cohort/ckpt/rank_state.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
@@ -30,13 +31,24 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     : job_(job),
       rank_(comm.rank),
       world_(comm.worldSize),
+      localRank_(comm.localRank),
+      heldDir_(env::elasticStateDir().value_or("")),
       epochPlan_(plan),
-      stop_(comm, job.checkpoint.enabled),
+      stop_(comm, job.checkpoint.enabled || !heldDir_.empty()),
       arch_(choiceName(job.model.arch)),
       sharded_(job.distribution.zero > 0),
       jobHash_(jobHash(job)),
       optimizerCache_(optimizer, paramNames) {
   const CheckpointConfig& cc = job.checkpoint;
+  manifestExtra_ = {{"job", toYaml(job)}};
+  std::set<const void*> buffers;
+  for (const auto& b : model.buffers()) buffers.insert(b.unsafeGetTensorImpl());
+  // With model.lora only the adapters (and buffers): the frozen weights
+  // are model.init_from's, whose digest the manifest records.
+  for (auto& [name, t] : models::trainedState(model)) {
+    modelItems_.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
+  }
+  modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
   if (!cc.enabled) return;
   ckpt::CheckpointerOptions co;
   co.dir = ckpt::checkpointDir(job, runDir);
@@ -54,7 +66,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
                                storage::storageOptions(job.storage));
   }
   if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
-  co.manifestExtra = {{"job", toYaml(job)}};
+  co.manifestExtra = manifestExtra_;
   if (const security::Keyring* keys = security::installedKeyring()) {
     co.sealWith = keys->current;
     co.manifestExtra["encryption"] = {{"algorithm", "AES-256-GCM"}, {"key_id", keys->current.id}};
@@ -80,14 +92,6 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     bytes += params * copies + (uint64_t{8} << 20);
     checkpointer_->reserve(bytes);
   }
-  std::set<const void*> buffers;
-  for (const auto& b : model.buffers()) buffers.insert(b.unsafeGetTensorImpl());
-  // With model.lora only the adapters (and buffers): the frozen weights
-  // are model.init_from's, whose digest the manifest records.
-  for (auto& [name, t] : models::trainedState(model)) {
-    modelItems_.push_back({name, t, buffers.count(t.unsafeGetTensorImpl()) > 0});
-  }
-  modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(modelItems_);
 }
 
 void CheckpointPolicy::writeParametersInParts(const ddp::DistributedDataParallel& ddp) {
@@ -111,12 +115,8 @@ void CheckpointPolicy::writeParametersInParts(const ddp::DistributedDataParallel
   zero_["model_order"] = std::move(order);
 }
 
-bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double lr,
-                            Reporter& reporter) {
-  const auto since = SteadyClock::now();
-  monitor::setPhase(monitor::Phase::checkpoint);
-  monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
-  const std::string optimizerName(choiceName(job_.training.optimizer.name));
+ckpt::Manifest CheckpointPolicy::manifestAt(int64_t step, int64_t epoch, int64_t micro,
+                                            double lr) const {
   ckpt::Manifest m;
   m.step = step;
   m.epoch = epoch;
@@ -128,7 +128,7 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   m.worldSize = world_;
   m.jobHash = jobHash_;
   m.extra = {{"lr", lr},
-             {"optimizer", optimizerName},
+             {"optimizer", std::string(choiceName(job_.training.optimizer.name))},
              {"peak_lr", epochPlan_.peakLr},
              {"global_batch", epochPlan_.globalBatch},
              {"batch_size", epochPlan_.batchSize},
@@ -141,17 +141,22 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
     m.extra["loss_scale"] = {{"scale", s.scale}, {"good_steps", s.goodSteps}};
   }
   if (!zero_.is_null()) m.extra["zero"] = zero_;
+  return m;
+}
+
+std::vector<ckpt::SnapshotFile> CheckpointPolicy::filesOf(bool writesShared) {
+  const std::string optimizerName(choiceName(job_.training.optimizer.name));
   std::vector<ckpt::SnapshotFile> files;
   // The lists of live tensors are built once (again only when the
   // optimizer's set of states changes): marking costs no copy of them.
-  if (rank_ == 0) {
+  if (writesShared) {
     files.emplace_back("model.bin", modelList_, nlohmann::json{{"kind", "model"}, {"arch", arch_}});
   }
   if (partList_) {
     files.emplace_back(ckpt::modelPartFile(rank_), partList_,
                        nlohmann::json{{"kind", "model parts"}, {"rank", rank_}});
   }
-  if (rank_ == 0 || sharded_) {
+  if (writesShared || sharded_) {
     const auto& state = optimizerCache_.get();
     if (!optimizerList_ || optimizerCache_.generation() != optimizerGeneration_) {
       std::vector<ckpt::SnapshotItem> items;
@@ -167,23 +172,58 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   files.emplace_back(ckpt::rankStateFile(rank_),
                      ckpt::rankStateItems(modelItems_, !job_.distribution.broadcastBuffers),
                      nlohmann::json{{"kind", "rank"}, {"rank", rank_}});
-  const bool taken = checkpointer_->mark(std::move(m), std::move(files), since);
+  return files;
+}
+
+bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double lr,
+                            Reporter& reporter) {
+  const auto since = SteadyClock::now();
+  monitor::setPhase(monitor::Phase::checkpoint);
+  monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
+  const bool taken = checkpointer_->mark(manifestAt(step, epoch, micro, lr), filesOf(rank_ == 0), since);
   reporter.board(step, {{"checkpoint/blocked_ms", 1000 * secondsSince(since)}});
   return taken;
 }
 
+void CheckpointPolicy::hold(int64_t step, int64_t epoch, int64_t micro, double lr) {
+  const auto since = SteadyClock::now();
+  monitor::setPhase(monitor::Phase::checkpoint);
+  monitor::TimelineSpan span("state held in memory", "checkpoint");
+  ckpt::Manifest m = manifestAt(step, epoch, micro, lr);
+  for (const auto& [key, value] : manifestExtra_.items()) m.extra[key] = value;
+  // Every node keeps what a checkpoint's rank 0 writes: the lowest rank of
+  // each node writes it into the node's directory.
+  ckpt::writeHeldState(heldDir_, std::move(m), filesOf(localRank_ == 0), rank_);
+  // Older steps are of no more use once this one is written.
+  if (localRank_ == 0) ckpt::pruneHeldState(heldDir_, step);
+  log::info("state of step {} held in {} ({:.0f} ms)", step, heldDir_, 1000 * secondsSince(since));
+}
+
 bool CheckpointPolicy::afterStep(int64_t step, int64_t epoch, int64_t micro, double lr,
                                  Reporter& reporter) {
-  if (!checkpointer_) return false;
   const CheckpointConfig& cc = job_.checkpoint;
-  checkpointer_->poll();
+  if (checkpointer_) checkpointer_->poll();
   const bool endOfEpoch = micro == epochPlan_.batchesPerEpoch;
-  const bool due = (cc.everySteps > 0 && step % cc.everySteps == 0) ||
-                   (endOfEpoch && cc.everyEpochs > 0 && epoch % cc.everyEpochs == 0);
+  const bool due = checkpointer_ && ((cc.everySteps > 0 && step % cc.everySteps == 0) ||
+                                     (endOfEpoch && cc.everyEpochs > 0 && epoch % cc.everyEpochs == 0));
   if (!stop_.due(step)) {
     if (due) take(step, epoch, micro, lr, reporter);
     return false;
   }
+  if (stop_.reform() && !heldDir_.empty()) {
+    if (checkpointer_) checkpointer_->flush();
+    hold(step, epoch, micro, lr);
+    // With ZeRO a node that leaves takes its parts of the state along: the
+    // re-form also writes them to the checkpoint directory.
+    if (sharded_ && checkpointer_) {
+      take(step, epoch, micro, lr, reporter);
+      checkpointer_->flush();
+    }
+    reformed_ = true;
+    log::info("stopped after step {} for a re-form (epoch {}, batch {})", step, epoch, micro);
+    return true;
+  }
+  if (!checkpointer_) return false;
   // The last checkpoint is never skipped: a buffer is free once the earlier
   // ones are written. It is durable when flush returns.
   checkpointer_->flush();
@@ -199,6 +239,19 @@ bool CheckpointPolicy::afterStep(int64_t step, int64_t epoch, int64_t micro, dou
             "the same command to resume",
             step, epoch, micro);
   return true;
+}
+
+void CheckpointPolicy::markBoundary(int64_t step, int64_t epoch, int64_t micro, double lr) {
+  boundary_ = {step, epoch, micro, lr, epochFrom_, epochPlan_};
+}
+
+int64_t CheckpointPolicy::holdLastBoundary(int64_t since) {
+  if (heldDir_.empty() || boundary_.step <= since) return -1;
+  // The epoch the boundary belongs to (the next one may have begun).
+  epochFrom_ = boundary_.epochFrom;
+  epochPlan_ = boundary_.plan;
+  hold(boundary_.step, boundary_.epoch, boundary_.micro, boundary_.lr);
+  return boundary_.step;
 }
 
 ckpt::CheckpointStats CheckpointPolicy::finish() {

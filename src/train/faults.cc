@@ -3,7 +3,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <cstdlib>
 #include <thread>
 
@@ -45,6 +49,31 @@ void FaultPlan::afterStep(int64_t step) const {
   log::warn("COHORT_FAULT: exiting with code {} after step {}", fault_->exitCode, step);
   log::flush();
   std::_Exit(fault_->exitCode);
+}
+
+SampleLog::SampleLog(int round) : round_(round) {
+  if (auto dir = env::sampleLogDir()) path_ = fmt::format("{}/samples-{}.txt", *dir, ::getpid());
+}
+
+void SampleLog::startEpoch(std::vector<int64_t> order, int64_t batchSize) {
+  order_ = std::move(order);
+  batchSize_ = batchSize;
+  pending_.clear();
+}
+
+void SampleLog::microBatch(int64_t index) {
+  const auto size = static_cast<int64_t>(order_.size());
+  for (int64_t i = index * batchSize_; i < std::min(size, (index + 1) * batchSize_); ++i) {
+    pending_.push_back(order_[static_cast<size_t>(i)]);
+  }
+}
+
+void SampleLog::stepDone(int64_t step, int64_t epoch) {
+  std::ofstream out(path_, std::ios::app);
+  out << round_ << ' ' << step << ' ' << epoch;
+  for (int64_t id : pending_) out << ' ' << id;
+  out << '\n';
+  pending_.clear();
 }
 
 }  // namespace cohort::train::detail

@@ -15,6 +15,11 @@
 #include "cohort/train/precision.h"
 
 namespace cohort::train::detail {
+
+std::atomic<bool>& stateMutatingFlag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
 namespace {
 
 // training.on_nonfinite: skip gives up after this many skipped steps in a row.
@@ -138,10 +143,6 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
     // calls this every step).
     const bool finite = ddp_.gradientsFinite();
     const double scale = scaler_ ? scaler_->scale() : 1.0;
-    if (scaler_) {
-      scaler_->update(finite);
-      u.lossScale = scaler_->scale();
-    }
     if (finite) {
       inARow_ = 0;
       if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
@@ -153,6 +154,15 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
         const double factor = clipGradNorm_ / (u.gradNorm + 1e-6);
         if (factor < 1) ddp_.scaleGradients(factor);
       }
+    }
+    // From here to the end of the step the state is between two steps: an
+    // elastic rank that fails now cannot hold it (trainer.cc).
+    StateMutating mutating;
+    if (scaler_) {
+      scaler_->update(finite);
+      u.lossScale = scaler_->scale();
+    }
+    if (finite) {
       setLearningRate(optimizer_, lr);
       optimizer_.step();
       // ZeRO: this rank stepped its part of the parameters; it takes the others'.

@@ -23,8 +23,11 @@ bool StopProtocol::due(int64_t step) {
     published_ = true;
     if (alone) {
       stopAt_ = step;
+      reform_ = stopRequest().reform.load();
     } else if (comm_.store->add(kCountKey, 1) == 1) {
-      const std::string v = std::to_string(step + 1);
+      // The first request decides what the stop is for, on every rank.
+      const std::string v =
+          std::to_string(step + 1) + (stopRequest().reform.load() ? " reform" : " checkpoint");
       comm_.store->set(kAtKey, std::vector<uint8_t>(v.begin(), v.end()));
       // set() expects no reply: a round trip on the same connection makes
       // sure the store holds the key before this rank's next step starts.
@@ -33,7 +36,9 @@ bool StopProtocol::due(int64_t step) {
   }
   if (!stopAt_ && !alone && comm_.store->check({kAtKey})) {
     const auto v = comm_.store->get(kAtKey);
-    stopAt_ = std::stoll(std::string(v.begin(), v.end()));
+    const std::string text(v.begin(), v.end());
+    stopAt_ = std::stoll(text);
+    reform_ = text.find(" reform") != std::string::npos;
   }
   return stopAt_ && step >= *stopAt_;
 }

@@ -22,6 +22,9 @@
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
+#include "cohort/comm/wait.h"
+#include "cohort/core/env.h"
+#include "cohort/core/exit_codes.h"
 #include "cohort/models/lora.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -80,6 +83,7 @@ struct Loop {
   CheckpointPolicy& checkpoints;
   const LrSchedule& schedule;
   const FaultPlan& faults;
+  SampleLog& samples;
   TrainSummary& summary;
   int64_t step = 0;
   double trainSeconds = 0;  // in the epochs' steps
@@ -99,7 +103,9 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
   data::BatchLoader& loader = *loaders.train;
   const StepPlan ep = from > 0 ? plan.takenUpWith(loaders.trainSampler->samplesPerRank(from)) : plan;
   checkpoints.startEpoch(from, ep);
-  loader.startEpoch(loaders.trainSampler->indices(epoch - 1, from), epoch, startBatch);
+  std::vector<int64_t> order = loaders.trainSampler->indices(epoch - 1, from);
+  if (samples.enabled()) samples.startEpoch(order, ep.batchSize);
+  loader.startEpoch(std::move(order), epoch, startBatch);
   reporter.startEpoch(epoch, std::min(ep.stepsPerEpoch - startBatch / ep.accumulate,
                                       plan.totalSteps - step));
   bool end = false;
@@ -112,6 +118,7 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
     if (!batch) break;
     const Cycle cycle = ep.cycleOf(micro);
     const double loss = runner.microBatch(*batch, cycle, micro, step);
+    if (samples.enabled()) samples.microBatch(batch->index);
     reporter.microBatch(loss, batch->labels.size(0), batch->skipped);
     summary.corruptSkipped += batch->skipped;
     ++micro;
@@ -137,10 +144,15 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
     }
     ++step;
     monitor::setStep(step);
+    if (samples.enabled()) samples.stepDone(step, epoch);
+    checkpoints.markBoundary(step, epoch, micro, lr);
     if (u.gradNorm >= 0) reporter.board(step, {{"train/grad_norm", u.gradNorm}});
     faults.afterStep(step);
     reporter.stepDone(step, epoch, lr);
-    if (checkpoints.afterStep(step, epoch, micro, lr, reporter)) summary.stopped = true;
+    if (checkpoints.afterStep(step, epoch, micro, lr, reporter)) {
+      summary.stopped = true;
+      summary.reformed = checkpoints.reformed();
+    }
     if (summary.stopped || step >= plan.totalSteps) {
       end = true;
       break;
@@ -236,6 +248,30 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
     }
   }
   ddp.releaseParameters();
+}
+
+// Under `cohort agent`, a collective that failed (a peer lost, or abandoned
+// on the agent's word) ends the round. Between two steps, the state this
+// rank holds is whole: it is kept in the node's memory for the next round
+// (unless no step was completed since the round began), and the rank exits
+// kExitStateHeld at once, without unwinding what the broken collective
+// left behind. Inside a step, the error goes on as any other.
+void holdAfterFailure(const Error& e, CheckpointPolicy& checkpoints, int64_t step, int64_t resumed) {
+  const bool collective = dynamic_cast<const CommError*>(&e) != nullptr ||
+                          dynamic_cast<const TimeoutError*>(&e) != nullptr;
+  if (!env::elasticStateDir() || !collective || stateMutatingFlag().load()) return;
+  log::warn("the round broke at step {} ({}): holding the state of the last step in memory", step + 1,
+            e.what());
+  comm::abandonCollectives();
+  try {
+    const int64_t held = checkpoints.holdLastBoundary(resumed);
+    if (held < 0) log::info("no step completed in this round: nothing new to hold");
+  } catch (const std::exception& err) {
+    log::error("could not hold the state: {}", err.what());
+    return;
+  }
+  log::flush();
+  std::_Exit(kExitStateHeld);
 }
 
 }  // namespace
@@ -368,8 +404,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     log::info("loss scale {} restored ({} good steps towards growth)", scaler->scale(),
               scaler->state().goodSteps);
   }
+  SampleLog samples(options.restartCount);
   Loop loop{job,    comm,        plan,     model,  ddp,    *datasets.train, loaders,
-            runner, reporter,    checkpoints, schedule, faults, summary};
+            runner, reporter,    checkpoints, schedule, faults, samples, summary};
 
   // Where the resumed checkpoint left off.
   int64_t firstEpoch = at.epoch, firstBatch = at.batch;
@@ -401,6 +438,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   }
 
   bool end = false;
+  try {
   for (int64_t epoch = firstEpoch; epoch <= tc.epochs && !end; ++epoch) {
     model.train();
     // A run resumed at its last step trains no more, but still evaluates.
@@ -415,6 +453,10 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     }
     end = loop.runEpoch(epoch, startBatch, from) || done;
     loop.evaluateAfter(epoch, epoch == tc.epochs || end);
+  }
+  } catch (const Error& e) {
+    holdAfterFailure(e, checkpoints, loop.step, resume ? resume->step : 0);
+    throw;
   }
 
   monitor::setPhase(monitor::Phase::finishing);

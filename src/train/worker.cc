@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cohort/comm/comm.h"
+#include "cohort/comm/wait.h"
 #include "cohort/config/load.h"
 #include "cohort/core/env.h"
 #include "cohort/security/keys.h"
@@ -22,6 +23,9 @@
 #include "cohort/train/compute.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/core/exit_codes.h"
+#include "cohort/elastic/batch_policy.h"
+#include "cohort/elastic/held_state.h"
+#include "cohort/ckpt/manifest.h"
 #include "cohort/train/stop.h"
 #include "cohort/train/trainer.h"
 
@@ -32,18 +36,49 @@ namespace {
 // SIGTERM while the training loop can checkpoint becomes a stop request;
 // anything else logs, flushes and ends the process. Nothing a rank writes is
 // left torn: outputs are written atomically.
-void installSignalThread() {
+//
+// Under `cohort agent` (elastic), SIGUSR2 from the agent and a SIGTERM that
+// reaches the rank directly ask for a re-form: the same stop at a step
+// boundary, with the state held in the node's memory (StopRequest::reform).
+void installSignalThread(bool elastic) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR2);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set] {
+  std::thread([set, elastic] {
     StopRequest& stop = stopRequest();
     for (;;) {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) return;
       log::setStatusLine("");
+      if (elastic && sig == SIGUSR1) {
+        // The round broke elsewhere: every collective fails now, and the
+        // training thread holds the state of the last step (trainer.cc).
+        log::warn("the agent abandons this round: ending its collectives");
+        if (!stop.graceful.load()) {
+          log::flush();
+          std::_Exit(kExitStateHeld);
+        }
+        comm::abandonCollectives();
+        continue;
+      }
+      if (elastic && (sig == SIGUSR2 || sig == SIGTERM)) {
+        stop.reform = true;
+        if (!stop.graceful.load()) {
+          // Not training yet: nothing to keep; the agent starts the rank again.
+          log::warn("asked to re-form before training started: stopping");
+          log::flush();
+          std::_Exit(kExitStateHeld);
+        }
+        if (stop.signal.exchange(sig) == 0) {
+          log::info("asked to re-form: finishing this step, then holding the state in memory");
+        }
+        continue;
+      }
+      if (sig == SIGUSR1 || sig == SIGUSR2) continue;  // not under an agent: nothing asks for it
       if (sig == SIGTERM && stop.graceful.load()) {
         // The launcher may forward the SIGTERM its process group already
         // delivered: a repeated one changes nothing. SIGINT stops at once.
@@ -63,7 +98,8 @@ void installSignalThread() {
 }  // namespace
 
 int runWorker(const WorkerOptions& o) {
-  installSignalThread();
+  const std::optional<std::string> heldDir = env::elasticStateDir();
+  installSignalThread(heldDir.has_value());
   const env::RankEnv re = env::detectRankEnv();
   const std::string tag = fmt::format("rank {}/{}", re.rank, re.worldSize);
   log::Options lo;
@@ -79,13 +115,17 @@ int runWorker(const WorkerOptions& o) {
   }
   // Before anything reads a checkpoint or the model: they may be sealed.
   security::installKeyring(security::loadKeyring(security::keySources(job.security.encryption)));
-  if (re.worldSize != requestedWorldSize(job)) {
+  if (re.worldSize != requestedWorldSize(job) && !heldDir) {
     if (re.rank == 0 && re.source != "none") {
       log::warn("the job asks for {} ranks (nodes {} x procs_per_node {}); {} started {}",
                 requestedWorldSize(job), job.distribution.nodes, job.distribution.procsPerNode,
                 re.source, re.worldSize);
     }
   }
+
+  // Under `cohort agent`: the batch and learning rate for this round's size.
+  const JobConfig asWritten = job;
+  if (heldDir) elastic::applyBatchPolicy(job, re.worldSize);
 
   // Threads, allocator and oneDNN before the first tensor (docs/performance.md).
   applyCompute(job, re.localWorldSize);
@@ -97,6 +137,7 @@ int runWorker(const WorkerOptions& o) {
   co.storeToken = security::storeToken(job.security.storeTokenFile);
   co.backend = std::string(choiceName(job.distribution.backend));
   co.interface = job.distribution.interface;
+  if (co.interface.empty()) co.interface = env::nodeAddress().value_or("");
   co.glooConnections = static_cast<int>(job.distribution.glooConnections);
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
   const int restarts = env::restartCount();
@@ -147,20 +188,38 @@ int runWorker(const WorkerOptions& o) {
                        fmt::format("{} ranks, {}", re.worldSize, choiceName(job.distribution.backend)));
   if (re.rank == 0) {
     std::error_code ec;
-    if (!std::filesystem::exists(runDir.jobFile(), ec)) writeFileAtomic(runDir.jobFile(), toYaml(job));
+    if (!std::filesystem::exists(runDir.jobFile(), ec)) writeFileAtomic(runDir.jobFile(), toYaml(asWritten));
     log::info("run directory: {}", runDir.root);
   }
 
   TrainOptions to;
   to.restartCount = restarts;
-  if (job.checkpoint.enabled || !o.resume.empty()) {
+  if (job.checkpoint.enabled || !o.resume.empty() || heldDir) {
     std::string chosen;
-    if (re.rank == 0) chosen = ckpt::chooseResumeCheckpoint(job, runDir, o.resume);
+    if (re.rank == 0 && (job.checkpoint.enabled || !o.resume.empty())) {
+      chosen = ckpt::chooseResumeCheckpoint(job, runDir, o.resume);
+    }
     to.resumeFrom = comm::shareFromRoot(comm, "resume_from", chosen);
+  }
+  if (heldDir) {
+    // The state the last round left in the nodes' memory, when it is not
+    // older than the newest checkpoint on disk.
+    const int64_t diskStep = to.resumeFrom.empty() ? -1 : ckpt::readManifest(to.resumeFrom).step;
+    const elastic::TakenUp held = elastic::takeUpHeldState(comm, *heldDir, diskStep);
+    if (!held.path.empty()) {
+      to.resumeFrom = held.path;
+      log::info("taking up step {} from the nodes' memory ({} bytes received by this node, "
+                "{:.2f} s)",
+                held.step, held.bytesReceived, held.seconds);
+    }
   }
   if (restarts > 0) log::info("restart {} of this job", restarts);
 
   TrainSummary s = train(job, comm, runDir, to);
+  if (s.reformed) {
+    log::flush();
+    return kExitStateHeld;
+  }
   if (s.stopped) {
     if (re.rank == 0) writeSummary(job, s, runDir, re.worldSize);
     log::flush();

@@ -55,9 +55,10 @@ struct WrittenFile {
 };
 
 // Writes the records to `path` atomically (temporary file, fsync, rename,
-// fsync of the directory), with its checksum. Throws IoError naming the path.
+// fsync of the directory), with its checksum; sealed with `key` when given
+// (as writeFileImage). Throws IoError naming the path.
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
-                            const nlohmann::json& meta);
+                            const nlohmann::json& meta, const security::Key* key = nullptr);
 
 // Writes a whole file image (a layout filled in) to `path` atomically, with
 // direct I/O (no copy into the page cache) when `data` and `size` are

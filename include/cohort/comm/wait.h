@@ -35,4 +35,13 @@ class CollectiveWait {
   WaitObserver* observer_ = nullptr;  // told of this wait (outermost only)
 };
 
+// Abandoning every collective of this process, for good: an elastic rank
+// whose round broke elsewhere (docs/elastic.md). Shuts down the process's
+// TCP connections, so that Gloo's blocked reads and writes fail at once
+// instead of at the collective timeout, and makes the shared-memory
+// exchange's waits throw CommError. Async-signal-safe enough for a signal
+// thread (no allocation after the first call). The process exits soon after.
+void abandonCollectives();
+bool collectivesAbandoned();
+
 }  // namespace cohort::comm

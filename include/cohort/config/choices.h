@@ -26,6 +26,7 @@ enum class DataKind { idx, synthetic, shards, tokens, none };
 enum class OnCorrupt { skip, fail };
 enum class Backend { gloo, nccl };
 enum class GradCompression { none, fp16, bf16 };
+enum class BatchPolicy { keepGlobal, keepPerRank };
 enum class Allocator { keep, system };
 enum class OneDnn { automatic, on, off };
 enum class OptimizerKind { sgd, adamw };
@@ -77,6 +78,11 @@ struct ChoiceNames<OnCorrupt> {
 template <>
 struct ChoiceNames<Backend> {
   static constexpr ChoiceTable<Backend, 2> table{{{Backend::gloo, "gloo"}, {Backend::nccl, "nccl"}}};
+};
+template <>
+struct ChoiceNames<BatchPolicy> {
+  static constexpr ChoiceTable<BatchPolicy, 2> table{
+      {{BatchPolicy::keepGlobal, "keep_global"}, {BatchPolicy::keepPerRank, "keep_per_rank"}}};
 };
 template <>
 struct ChoiceNames<GradCompression> {

@@ -127,6 +127,18 @@ struct DistributionConfig {
   bool preflight = false;        // run the health checks before training; refuse to start on a failure
 };
 
+// `cohort agent`: elastic training across machines (docs/elastic.md).
+struct ElasticConfig {
+  // On a resize: keep the global batch (accumulation steps adjusted) or the
+  // per-rank batch (the learning rate follows the linear rule).
+  BatchPolicy batchPolicy = BatchPolicy::keepPerRank;
+  double lastCallS = 3;            // after MIN nodes joined, time for more to arrive
+  double nodeTimeoutS = 10;        // a node unheard of this long is lost
+  double belowMinTimeoutS = 600;   // fewer than MIN nodes this long: checkpoint and exit 75
+  double rdzvTimeoutS = 60;        // retrying an unreachable rendezvous service
+  std::string stateDir = "/dev/shm";  // where a node keeps the training state in memory
+};
+
 // How a rank drives LibTorch on the CPU (docs/performance.md).
 struct ComputeConfig {
   Allocator allocator = Allocator::keep;  // system: glibc returns freed memory to the kernel
@@ -243,6 +255,7 @@ struct JobConfig {
   ModelConfig model;
   DataConfig data;
   DistributionConfig distribution;
+  ElasticConfig elastic;
   ComputeConfig compute;
   TrainingConfig training;
   OutputConfig output;

@@ -71,6 +71,19 @@ std::optional<long> checkpointPauseStep();
 // entry for `rank`.
 std::optional<std::string> machineId(int rank);
 
+// Set by `cohort agent` for its ranks (docs/elastic.md).
+// COHORT_ELASTIC_STATE: this node's directory of training state kept in
+// memory between rounds; set means the rank runs elastic.
+inline constexpr const char* kElasticStateVar = "COHORT_ELASTIC_STATE";
+std::optional<std::string> elasticStateDir();
+// COHORT_NODE_ADDRESS: the node's address the other nodes reach (the
+// agent's --address); Gloo binds it when distribution.interface is empty.
+inline constexpr const char* kNodeAddressVar = "COHORT_NODE_ADDRESS";
+std::optional<std::string> nodeAddress();
+// COHORT_TEST_SAMPLE_LOG=<dir>: a test hook; every rank appends the sample
+// ids of each optimizer step it applies to <dir>/samples-<pid>.txt.
+std::optional<std::string> sampleLogDir();
+
 // Blob storage credentials (see docs/storage.md): AZURE_STORAGE_KEY, an
 // account key (base64), and AZURE_STORAGE_SAS_TOKEN, a SAS token (query
 // string). Secrets: never log or print them.

@@ -10,6 +10,11 @@ namespace cohort {
 // checkpoint: rerunning the same command resumes (EX_TEMPFAIL).
 inline constexpr int kExitStoppedAfterCheckpoint = 75;
 
+// A rank under `cohort agent` that stopped for a re-form with its state
+// kept in the node's memory (elastic.state_dir): the agent starts the ranks
+// again at the new size, and they take that state up.
+inline constexpr int kExitStateHeld = 76;
+
 // A process ended by signal `sig` reports 128 + sig, as a shell does.
 constexpr int exitCodeForSignal(int sig) { return 128 + sig; }
 

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -44,10 +45,12 @@ struct RendezvousOptions {
   // (Outcome::belowMin). 0: wait without limit.
   std::chrono::milliseconds belowMinFor{0};
   std::chrono::milliseconds poll{250};
+  // Asked between waits: true makes join() return Status::interrupted.
+  std::function<bool()> interrupted;
 };
 
 struct Round {
-  enum class Status { frozen, closed, belowMin };
+  enum class Status { frozen, closed, belowMin, interrupted };
   Status status = Status::frozen;
   int64_t round = 0;
   std::vector<std::string> members;           // sorted: node rank = index
@@ -60,7 +63,7 @@ struct Round {
 struct Change {
   enum class Kind { none, waiting, lost, reformed, closed };
   Kind kind = Kind::none;
-  std::string detail;  // which nodes
+  std::string detail;  // which nodes; closed: the exit code
 };
 
 class Rendezvous {

@@ -6,9 +6,23 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cohort/config/load.h"
+#include "cohort/core/env.h"
+
 namespace cohort::launch {
+
+// The environment block of one rank, built before fork (the child only calls
+// async-signal-safe functions until exec): this process's environment
+// without other launchers' rank variables, plus the rank's place
+// (env::rankVariables), the store token, the job's URL credentials,
+// COHORT_RESTART_COUNT and `extra`.
+std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount,
+                                         const UrlCredentials& credentials,
+                                         const std::string& storeToken,
+                                         const std::vector<std::pair<std::string, std::string>>& extra);
 
 // The path of the running cohort binary (/proc/self/exe). Throws Error.
 std::string selfExecutable();

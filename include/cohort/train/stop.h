@@ -10,9 +10,15 @@
 
 namespace cohort::train {
 
+// Under `cohort agent` (docs/elastic.md), SIGUSR2 from the agent asks for a
+// re-form: the ranks stop at an agreed step boundary as for SIGTERM, but
+// keep their state in the node's memory (elastic.state_dir) instead of a
+// checkpoint on disk, and exit kExitStateHeld; the agent then starts them
+// again at the new size.
 struct StopRequest {
   std::atomic<int> signal{0};        // the signal received, 0: none
   std::atomic<bool> graceful{false}; // the training loop will stop at a step boundary
+  std::atomic<bool> reform{false};   // the stop is for a re-form (SIGUSR2, or SIGTERM under an agent)
 };
 
 // The process-wide request.

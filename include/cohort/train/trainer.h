@@ -45,6 +45,7 @@ struct TrainSummary {
   double peakLr = 0;
   int64_t globalBatch = 0;
   bool stopped = false;           // stopped on request after a checkpoint
+  bool reformed = false;          // ... for a re-form, the state held in memory (`cohort agent`)
   int64_t resumedFromStep = -1;   // -1: started fresh
   std::string resumedFrom;        // the checkpoint directory
   int restartCount = 0;

@@ -255,6 +255,34 @@ void describe(V& v, DistributionConfig& c) {
 }
 
 template <class V>
+void describe(V& v, ElasticConfig& c) {
+  v.field("batch_policy", c.batchPolicy,
+          "When the number of ranks changes: keep_global keeps the global batch of "
+          "distribution.nodes x procs_per_node ranks (accumulate_steps adjusted; it must divide "
+          "evenly at every size --nnodes allows); keep_per_rank keeps batch_size and "
+          "accumulate_steps, and the learning rate follows the global batch (linear rule; "
+          "optimizer.base_batch, or the global batch at distribution.nodes).");
+  v.field("last_call_s", c.lastCallS,
+          "Once --nnodes MIN nodes have joined, seconds more may join before the round starts.",
+          between(0, 3600));
+  v.field("node_timeout_s", c.nodeTimeoutS,
+          "A node whose agent has not renewed its liveness this long is lost; the others re-form "
+          "without it.",
+          between(0.5, 3600));
+  v.field("below_min_timeout_s", c.belowMinTimeoutS,
+          "Fewer than MIN nodes for this long: the agents write the newest state to the "
+          "checkpoint directory and exit 75.",
+          between(1, 7 * 86400));
+  v.field("rdzv_timeout_s", c.rdzvTimeoutS,
+          "A rendezvous service (etcd, the store) that stays unreachable this long ends the "
+          "agent; shorter outages are retried with backoff.",
+          between(1, 86400));
+  v.field("state_dir", c.stateDir,
+          "Where a node keeps the training state between rounds: a memory file system "
+          "(tmpfs), so a re-form reads no disk.");
+}
+
+template <class V>
 void describe(V& v, OptimizerConfig& c) {
   v.field("name", c.name, "Optimizer.");
   v.field("lr", c.lr, "Base learning rate.", above(0));
@@ -464,6 +492,7 @@ void describe(V& v, JobConfig& c) {
   v.section("model", c.model, "The network.");
   v.section("data", c.data, "Training and evaluation data.");
   v.section("distribution", c.distribution, "Ranks and communication.");
+  v.section("elastic", c.elastic, "Elastic training with `cohort agent` (docs/elastic.md).");
   v.section("compute", c.compute, "How each rank computes on the CPU (docs/performance.md).");
   v.section("training", c.training, "The training loop.");
   v.section("output", c.output, "Run directory and console output.");

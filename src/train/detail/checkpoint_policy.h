@@ -78,12 +78,40 @@ class CheckpointPolicy {
   // Waits for every checkpoint in flight; logs and returns the counts.
   ckpt::CheckpointStats finish();
 
+  // Under `cohort agent`: afterStep stopped for a re-form, the state held in
+  // the node's memory (ckpt/held_state.h) instead of a checkpoint.
+  bool reformed() const { return reformed_; }
+
+  // Under `cohort agent`: optimizer step `step` is complete (as afterStep's
+  // arguments); the state is whole there until the next step changes it.
+  void markBoundary(int64_t step, int64_t epoch, int64_t micro, double lr);
+  // After a failure elsewhere (an abandoned collective): holds the state of
+  // the last boundary marked, if any step was completed since `since`.
+  // Returns the step held, or -1.
+  int64_t holdLastBoundary(int64_t since);
+
  private:
+  ckpt::Manifest manifestAt(int64_t step, int64_t epoch, int64_t micro, double lr) const;
+  // This rank's files of a snapshot; `writesShared`: also model.bin and,
+  // without ZeRO, optimizer.bin.
+  std::vector<ckpt::SnapshotFile> filesOf(bool writesShared);
   bool take(int64_t step, int64_t epoch, int64_t micro, double lr, Reporter& reporter);
+  // The state of this step into elastic.state_dir, now.
+  void hold(int64_t step, int64_t epoch, int64_t micro, double lr);
 
   const JobConfig& job_;
   const int rank_;
   const int world_;
+  const int localRank_;
+  const std::string heldDir_;  // COHORT_ELASTIC_STATE: under `cohort agent`
+  bool reformed_ = false;
+  struct Boundary {
+    int64_t step = -1, epoch = 0, micro = 0;
+    double lr = 0;
+    int64_t epochFrom = 0;
+    StepPlan plan;
+  } boundary_;
+  nlohmann::json manifestExtra_;
   StepPlan epochPlan_;
   int64_t epochFrom_ = 0;
   StopProtocol stop_;

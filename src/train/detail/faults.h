@@ -1,5 +1,8 @@
 #pragma once
 
+#include <string>
+#include <vector>
+
 // COHORT_FAULT (core/env.h) as the training loop applies it: a test hook that
 // makes one rank fail in a chosen way at a chosen step.
 
@@ -28,6 +31,29 @@ class FaultPlan {
   bool is(env::Fault::Action action) const;
   std::optional<env::Fault> fault_;
   int rank_;
+};
+
+// COHORT_TEST_SAMPLE_LOG (core/env.h): a test hook recording which samples
+// each applied optimizer step trained on, so a test can check that every
+// sample of an epoch is trained on exactly once across restarts and
+// resizes. Lines: "<round> <step> <epoch> <sample id>...".
+class SampleLog {
+ public:
+  explicit SampleLog(int round);
+  bool enabled() const { return !path_.empty(); }
+  // The epoch's order on this rank (DistributedSampler::indices).
+  void startEpoch(std::vector<int64_t> order, int64_t batchSize);
+  // Micro-batch `index` of the epoch went into the step being built.
+  void microBatch(int64_t index);
+  // The step was applied: write its line.
+  void stepDone(int64_t step, int64_t epoch);
+
+ private:
+  std::string path_;
+  int round_;
+  std::vector<int64_t> order_;
+  int64_t batchSize_ = 0;
+  std::vector<int64_t> pending_;
 };
 
 }  // namespace cohort::train::detail

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+
 // The step of one rank: what happens between two optimizer steps.
 //
 //   for each micro-batch of the step (training.accumulate_steps):
@@ -36,6 +38,17 @@ class Optimizer;
 }
 
 namespace cohort::train::detail {
+
+// Whether the training thread is inside an optimizer step (parameters,
+// optimizer state or loss scale partly updated): set for the lifetime of a
+// StateMutating. Between steps the state is whole and can be held.
+std::atomic<bool>& stateMutatingFlag();
+struct StateMutating {
+  StateMutating() { stateMutatingFlag().store(true); }
+  ~StateMutating() { stateMutatingFlag().store(false); }
+  StateMutating(const StateMutating&) = delete;
+  StateMutating& operator=(const StateMutating&) = delete;
+};
 
 class StepRunner {
  public:

@@ -22,12 +22,16 @@ class StopProtocol {
   // After `step` optimizer steps: whether training stops now. Every rank
   // calls it after every step.
   bool due(int64_t step);
+  // Once due: the stop is for a re-form (StopRequest::reform of the rank
+  // that asked first): the state goes to memory, not to a checkpoint.
+  bool reform() const { return reform_; }
 
  private:
   const comm::Comm& comm_;
   bool enabled_;
   bool published_ = false;
   std::optional<int64_t> stopAt_;
+  bool reform_ = false;
 };
 
 }  // namespace cohort::train::detail
