@@ -36,6 +36,11 @@ void BatchLoader::stopThreads() {
   threads_.clear();
 }
 
+bool BatchLoader::absorbs(int64_t n) const {
+  return options_.absorbTail && !options_.dropLast && n > options_.batchSize &&
+         n % options_.batchSize == 1;
+}
+
 void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch) {
   {
     const size_t from = static_cast<size_t>(std::clamp<int64_t>(
@@ -49,6 +54,7 @@ void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_
     const int64_t n = static_cast<int64_t>(indices.size());
     batches_ = options_.dropLast ? n / options_.batchSize
                                  : (n + options_.batchSize - 1) / options_.batchSize;
+    if (absorbs(n)) batches_ = n / options_.batchSize;
     indices_ = std::make_shared<const std::vector<int64_t>>(std::move(indices));
     epoch_ = epoch;
     nextToBuild_ = std::clamp<int64_t>(firstBatch, 0, batches_);
@@ -116,7 +122,10 @@ void BatchLoader::work() {
 
 Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const {
   const int64_t begin = number * options_.batchSize;
-  const int64_t end = std::min<int64_t>(begin + options_.batchSize, indices.size());
+  const auto n = static_cast<int64_t>(indices.size());
+  const int64_t end = absorbs(n) && number == n / options_.batchSize - 1
+                          ? n
+                          : std::min<int64_t>(begin + options_.batchSize, n);
   const int64_t count = end - begin;
   const SampleShape s = dataset_->shape();
   Batch b;

@@ -54,8 +54,19 @@ int64_t DistributedSampler::samplesPerRank(int64_t from) const {
   const int64_t n = options_.size;
   const int64_t w = options_.worldSize;
   COHORT_ASSERT(from == 0 || options_.evenSplit, "an uneven split starts at 0, not ", from);
+  if (options_.evenSplit && options_.exactTail) {
+    const int64_t left = std::max<int64_t>(0, n - from);
+    return left / w + (options_.rank < left % w ? 1 : 0);
+  }
   if (options_.evenSplit) return std::max<int64_t>(0, n / w * w - from) / w;
   return n / w + (options_.rank < n % w ? 1 : 0);
+}
+
+int64_t DistributedSampler::sharedSamplesPerRank(int64_t from) const {
+  if (options_.evenSplit && options_.exactTail) {
+    return std::max<int64_t>(0, options_.size - from) / options_.worldSize;
+  }
+  return options_.evenSplit ? samplesPerRank(from) : options_.size / options_.worldSize;
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t from) const {

@@ -157,7 +157,6 @@ int Agent::run() {
   lo.file = fmt::format("{}/logs/agent-{}.log", runDir_.root, nodeId_);
   log::init(lo);
   stateDir_ = fmt::format("{}/cohort-{}-{}", job_.elastic.stateDir, jobId_, nodeId_);
-  std::filesystem::create_directories(stateDir_);
   events_ = std::make_unique<detail::AgentEvents>(runDir_, nodeId_);
 
   signals_ = std::make_unique<BlockedSignals>(std::initializer_list<int>{SIGCHLD, SIGINT, SIGTERM});
@@ -184,6 +183,15 @@ int Agent::run() {
             runDir_.root);
   kv_->keepAlive(aliveKey(ro.prefix, nodeId_), address_);
 
+  // However this node ends, its state is of no more use after it (below
+  // MIN, it went to the checkpoint directory first).
+  struct RemoveState {
+    const std::string& dir;
+    ~RemoveState() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } removeState{stateDir_};
   const int code = rounds(ro.prefix);
   if (kv_->hosting()) {
     // The others read the record's last state from this process: give them
@@ -225,6 +233,7 @@ int Agent::rounds(const std::string& prefix) {
       kv_->release();
       return kExitStoppedAfterCheckpoint;
     }
+    std::filesystem::create_directories(stateDir_);
     events_->add({{"event", "round"},
                   {"round", r.round},
                   {"nodes", r.members.size()},
@@ -240,8 +249,6 @@ int Agent::rounds(const std::string& prefix) {
         events_->add({{"event", "completed"}, {"round", r.round}});
         if (r.nodeRank == 0) events_->writeSummary();
         kv_->release();
-        ckpt::pruneHeldState(stateDir_, -1);
-        std::filesystem::remove_all(stateDir_);
         log::info("job '{}' completed", jobId_);
         return 0;
       case RoundEnd::closed:
@@ -261,7 +268,6 @@ int Agent::rounds(const std::string& prefix) {
         kv_->release();
         rdzv_->openNext(r, nodeId_ + " leaves");
         events_->add({{"event", "leave"}, {"round", r.round}});
-        std::filesystem::remove_all(stateDir_);
         log::info("node {} left the job after SIGTERM; the others go on without it", nodeId_);
         return 0;
       case RoundEnd::failed:

@@ -61,9 +61,9 @@ void SampleLog::startEpoch(std::vector<int64_t> order, int64_t batchSize) {
   pending_.clear();
 }
 
-void SampleLog::microBatch(int64_t index) {
+void SampleLog::microBatch(int64_t index, int64_t count) {
   const auto size = static_cast<int64_t>(order_.size());
-  for (int64_t i = index * batchSize_; i < std::min(size, (index + 1) * batchSize_); ++i) {
+  for (int64_t i = index * batchSize_; i < std::min(size, index * batchSize_ + count); ++i) {
     pending_.push_back(order_[static_cast<size_t>(i)]);
   }
 }

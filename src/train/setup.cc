@@ -1,5 +1,7 @@
 #include "train/detail/setup.h"
 
+#include "cohort/core/env.h"
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -203,6 +205,8 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm
   so.shuffle = true;
   so.seed = static_cast<uint64_t>(tc.seed);
   so.evenSplit = true;
+  // Elastic: every sample of an epoch once, across resizes.
+  so.exactTail = env::elasticStateDir().has_value();
   so.order = [set = data.train, seed = so.seed](int64_t epoch) { return set->shuffledOrder(seed, epoch); };
   l.trainSampler = std::make_unique<data::DistributedSampler>(so);
   if (l.trainSampler->samplesPerRank() == 0) {
@@ -214,6 +218,7 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm
   lo.threads = static_cast<int>(job.data.loaderThreads);
   lo.prefetch = static_cast<int>(job.data.prefetchBatches);
   lo.dropLast = job.data.dropLast;
+  lo.absorbTail = so.exactTail;
   lo.seed = static_cast<uint64_t>(tc.seed);
   lo.transform = data::Transform::fromConfig(job.data.train, data.shape, true, "data.train");
   l.train = std::make_unique<data::BatchLoader>(data.train, lo);
@@ -233,9 +238,10 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm
   return l;
 }
 
-StepPlan StepPlan::takenUpWith(int64_t perRankLeft) const {
+StepPlan StepPlan::takenUpWith(int64_t perRankLeft, int64_t hereLeft) const {
   StepPlan p = *this;
   p.perRank = perRankLeft;
+  p.perRankHere = hereLeft;
   p.batchesPerEpoch = dropLast ? perRankLeft / batchSize : (perRankLeft + batchSize - 1) / batchSize;
   p.stepsPerEpoch = (p.batchesPerEpoch + accumulate - 1) / accumulate;
   return p;
@@ -268,17 +274,22 @@ Cycle StepPlan::cycleOf(int64_t micro) const {
   Cycle c;
   c.first = (micro / accumulate) * accumulate;
   c.length = std::min(accumulate, batchesPerEpoch - c.first);
-  c.samples = std::min(perRank, (c.first + c.length) * batchSize) - c.first * batchSize;
+  // The last cycle takes whatever this rank has left (one sample more than
+  // the others, with an exact tail).
+  const bool last = c.first + c.length == batchesPerEpoch && !dropLast;
+  c.samples = (last ? perRankHere : std::min(perRankHere, (c.first + c.length) * batchSize)) -
+              c.first * batchSize;
   c.last = micro - c.first == c.length - 1;
   return c;
 }
 
-StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize) {
+StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize, int64_t perRankHere) {
   const TrainingConfig& tc = job.training;
   StepPlan p;
   p.batchSize = tc.batchSize;
   p.accumulate = tc.accumulateSteps;
   p.perRank = perRank;
+  p.perRankHere = perRankHere >= 0 ? perRankHere : perRank;
   p.batchesPerEpoch =
       job.data.dropLast ? perRank / tc.batchSize : (perRank + tc.batchSize - 1) / tc.batchSize;
   if (p.batchesPerEpoch == 0) {

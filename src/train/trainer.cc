@@ -101,7 +101,10 @@ struct Loop {
 
 bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
   data::BatchLoader& loader = *loaders.train;
-  const StepPlan ep = from > 0 ? plan.takenUpWith(loaders.trainSampler->samplesPerRank(from)) : plan;
+  const data::DistributedSampler& sampler = *loaders.trainSampler;
+  const StepPlan ep = from > 0 ? plan.takenUpWith(sampler.sharedSamplesPerRank(from),
+                                                  sampler.samplesPerRank(from))
+                               : plan;
   checkpoints.startEpoch(from, ep);
   std::vector<int64_t> order = loaders.trainSampler->indices(epoch - 1, from);
   if (samples.enabled()) samples.startEpoch(order, ep.batchSize);
@@ -118,7 +121,7 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
     if (!batch) break;
     const Cycle cycle = ep.cycleOf(micro);
     const double loss = runner.microBatch(*batch, cycle, micro, step);
-    if (samples.enabled()) samples.microBatch(batch->index);
+    if (samples.enabled()) samples.microBatch(batch->index, batch->labels.size(0));
     reporter.microBatch(loss, batch->labels.size(0), batch->skipped);
     summary.corruptSkipped += batch->skipped;
     ++micro;
@@ -323,8 +326,13 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
           options.resumeFrom, job.model.initFrom.empty() ? "none" : job.model.initFrom,
           digest.empty() ? "none" : digest, ms.frozenDigest.empty() ? "none" : ms.frozenDigest));
     }
-    if (rank < resume->worldSize) {
+    bool held = false;  // the checkpoint holds this rank's state (a node lost may have taken it)
+    for (const auto& f : resume->files) held = held || f.name == ckpt::rankStateFile(rank);
+    if (rank < resume->worldSize && held) {
       ckpt::restoreRankState(options.resumeFrom, rank, model);
+    } else if (rank < resume->worldSize) {
+      log::info("rank {}: {} holds no state of this rank (its node was lost): its random state "
+                "starts from training.seed", rank, options.resumeFrom);
     } else {
       // A rank the checkpoint's run did not have: its dropout draws from
       // the seed above; its buffers are rank 0's from model.bin.
@@ -334,7 +342,8 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   }
 
   Loaders loaders = makeLoaders(job, datasets, comm);
-  StepPlan plan = planSteps(job, loaders.trainSampler->samplesPerRank(), comm.worldSize);
+  StepPlan plan = planSteps(job, loaders.trainSampler->sharedSamplesPerRank(), comm.worldSize,
+                           loaders.trainSampler->samplesPerRank());
   ResumeAt at;
   if (resume) {
     at = resumePosition(*resume, job, comm.worldSize, datasets.train->size());
@@ -342,7 +351,9 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
     // and the epochs after it. (The same as epochs x steps per epoch when
     // every epoch ran in this layout; not after a resume in another.)
     const StepPlan first =
-        at.relaid ? plan.takenUpWith(loaders.trainSampler->samplesPerRank(at.from)) : plan;
+        at.relaid ? plan.takenUpWith(loaders.trainSampler->sharedSamplesPerRank(at.from),
+                                     loaders.trainSampler->samplesPerRank(at.from))
+                  : plan;
     const int64_t doneInEpoch = at.relaid ? 0 : (at.batch + plan.accumulate - 1) / plan.accumulate;
     plan.totalSteps = resume->step + std::max<int64_t>(0, first.stepsPerEpoch - doneInEpoch) +
                       plan.stepsPerEpoch * std::max<int64_t>(0, tc.epochs - at.epoch);

@@ -35,6 +35,10 @@ struct LoaderOptions {
   int threads = 2;
   int prefetch = 4;     // batches built ahead of the consumer
   bool dropLast = false;
+  // Without dropLast: an epoch whose last batch would hold one sample (an
+  // exact-tail sampler's extra one) puts it into the batch before instead,
+  // so this rank has as many batches as the others.
+  bool absorbTail = false;
   uint64_t seed = 0;    // augmentation seed
   Transform transform;
 };
@@ -68,6 +72,8 @@ class BatchLoader {
   void work();
   void stopThreads();
   Batch build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const;
+  // absorbTail applies to an epoch of `n` samples.
+  bool absorbs(int64_t n) const;
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;

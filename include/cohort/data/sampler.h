@@ -20,6 +20,13 @@ struct SamplerOptions {
   bool evenSplit = true;
   // The shuffled order of an epoch (Dataset::shuffledOrder); empty: permutation().
   std::function<std::vector<int64_t>(int64_t epoch)> order;
+  // With evenSplit (elastic jobs, docs/elastic.md): the positions left after
+  // the last full round (fewer than N) go one each to ranks 0, 1, ..., so
+  // every sample of the epoch is visited once, whatever the world size and
+  // wherever the epoch was taken up. Ranks' counts then differ by at most
+  // one: plan with sharedSamplesPerRank(), and let the loader fold a lone
+  // last sample into the batch before it (LoaderOptions::absorbTail).
+  bool exactTail = false;
 };
 
 // Each epoch, every rank computes the same permutation of [0, size) from
@@ -39,7 +46,10 @@ class DistributedSampler {
  public:
   explicit DistributedSampler(SamplerOptions options);
   std::vector<int64_t> indices(int64_t epoch, int64_t from = 0) const;
+  // This rank's count.
   int64_t samplesPerRank(int64_t from = 0) const;
+  // The count every rank has (the least of them): what steps are planned by.
+  int64_t sharedSamplesPerRank(int64_t from = 0) const;
 
  private:
   SamplerOptions options_;

@@ -43,8 +43,9 @@ class SampleLog {
   bool enabled() const { return !path_.empty(); }
   // The epoch's order on this rank (DistributedSampler::indices).
   void startEpoch(std::vector<int64_t> order, int64_t batchSize);
-  // Micro-batch `index` of the epoch went into the step being built.
-  void microBatch(int64_t index);
+  // Micro-batch `index` of the epoch (`count` samples) went into the step
+  // being built.
+  void microBatch(int64_t index, int64_t count);
   // The step was applied: write its line.
   void stepDone(int64_t step, int64_t epoch);
 

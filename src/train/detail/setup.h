@@ -78,7 +78,10 @@ struct Cycle {
 struct StepPlan {
   int64_t batchSize = 0;        // per rank and micro-batch
   int64_t accumulate = 1;       // micro-batches per optimizer step
-  int64_t perRank = 0;          // training samples per rank and epoch
+  int64_t perRank = 0;          // training samples per rank and epoch (every rank's)
+  // This rank's (elastic jobs: perRank + 1 on the ranks that take one of
+  // an epoch's last samples; data::SamplerOptions::exactTail).
+  int64_t perRankHere = 0;
   int64_t batchesPerEpoch = 0;  // micro-batches per rank and epoch
   int64_t stepsPerEpoch = 0;    // optimizer steps per epoch
   int64_t totalSteps = 0;       // of the run (training.epochs, capped by max_steps)
@@ -90,12 +93,12 @@ struct StepPlan {
   // The plan of an epoch taken up at a position of its order, with
   // `perRankLeft` samples left for each rank: its batches and steps (none
   // when nothing is left); the rest as this plan.
-  StepPlan takenUpWith(int64_t perRankLeft) const;
+  StepPlan takenUpWith(int64_t perRankLeft, int64_t hereLeft) const;
 };
 
 // Throws DataError when a rank's share is less than one batch with
-// data.drop_last.
-StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize);
+// data.drop_last. `perRankHere`: this rank's share (default: perRank).
+StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize, int64_t perRankHere = -1);
 
 // Where a resumed run takes training up. With the checkpoint's layout (the
 // same world size and batch size, an epoch begun at its start) it skips

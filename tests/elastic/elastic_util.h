@@ -1,0 +1,59 @@
+#pragma once
+
+// Shared by the elastic tests: a job that trains long enough to resize
+// (synthetic data, a forward slowed by COHORT_FAULT), agents as real
+// processes, and the sample log (COHORT_TEST_SAMPLE_LOG) read back.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "util/process.h"
+
+namespace cohort::test {
+
+// 4096 synthetic samples, batch 8, `epochs` epochs, checkpoints every 100
+// steps; elastic timings short (last call 1 s, nodes lost after 3 s).
+// `extra`: further YAML lines appended (top-level keys).
+std::string elasticJobYaml(const std::string& runsDir, int epochs, const std::string& extra = "");
+
+struct AgentSpec {
+  std::string node;
+  std::string rdzv;    // with the job id
+  std::string nnodes;  // "MIN:MAX"
+  std::string job;     // path
+  std::string runDir;
+  std::vector<std::string> prefix;  // e.g. {"ip", "netns", "exec", "ns0"}
+  std::vector<std::string> extraArgs;
+};
+
+// The environment every elastic test's agents get: the sample log, a slow
+// forward on rank 0 (`slowMs` per step; 0: none), elastic.state_dir in
+// `stateDir`.
+std::map<std::string, std::string> elasticEnv(const std::string& samplesDir, int slowMs);
+
+std::unique_ptr<Process> startAgent(const AgentSpec& a, const std::map<std::string, std::string>& env);
+
+// Polls `ready` every 50 ms until it is true or `limit` passes.
+bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds limit);
+
+// What the sample log says.
+struct SampleHistory {
+  std::map<int, std::set<int64_t>> stepsByRound;          // round -> steps applied in it
+  std::map<int64_t, std::map<int64_t, int>> timesTrained;  // epoch -> sample -> times (last run of each step)
+  int64_t lastStep = 0;
+  // Steps applied in more than one round (redone after a rollback).
+  std::vector<int64_t> redone() const;
+};
+SampleHistory readSampleLog(const std::string& dir);
+
+// Pids of the direct children of `pid`.
+std::vector<pid_t> childrenOf(pid_t pid);
+
+}  // namespace cohort::test

@@ -1,0 +1,106 @@
+// Elastic training across test hosts: network namespaces with their own
+// addresses on one bridge (util/netns.h), etcd on the bridge, one `cohort
+// agent` per host. A host's link is cut (no connection is reset: the others
+// notice by its lapsed lease), and a 3-member etcd cluster loses its leader
+// mid-run. Each asserts the final state and that no step was redone.
+// Needs root; skips with the reason otherwise.
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "elastic/elastic_util.h"
+#include "util/etcd.h"
+#include "util/jobs.h"
+#include "util/netns.h"
+#include "util/process.h"
+
+namespace cohort::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+class MultiHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = TestNetwork::unavailable(); !why.empty()) GTEST_SKIP() << why;
+    if (etcdBinary().empty()) GTEST_SKIP() << "etcd is not installed (scripts/install-deps.sh)";
+    fs::create_directories(dir_.file("samples"));
+    fs::create_directories(dir_.file("shm"));
+    job_ = dir_.file("job.yaml");
+    writeText(job_, elasticJobYaml(dir_.file("runs"), 2, "  state_dir: " + dir_.file("shm") + "\n"));
+  }
+  std::map<std::string, std::string> env() const {
+    auto e = elasticEnv(dir_.file("samples"), 8);
+    e["COHORT_STORE_TOKEN"] = "multihost-test-token-0123456789abcdef";
+    return e;
+  }
+  std::unique_ptr<Process> agentOn(const TestNetwork& net, int host, const std::string& rdzv) {
+    AgentSpec s{fmt::format("host-{}", host), rdzv, "2:3", job_, dir_.file("run"), net.on(host), {}};
+    return startAgent(s, env());
+  }
+  int steps() const { return static_cast<int>(readSampleLog(dir_.file("samples")).lastStep); }
+  void expectNoStepRedone() const {
+    const SampleHistory h = readSampleLog(dir_.file("samples"));
+    EXPECT_TRUE(h.redone().empty()) << h.redone().size() << " steps redone";
+    for (const auto& [epoch, times] : h.timesTrained) {
+      EXPECT_EQ(times.size(), 4096u) << "epoch " << epoch;
+    }
+  }
+
+  TempDir dir_;
+  std::string job_;
+};
+
+TEST_F(MultiHostTest, ACutLinkIsSeenByItsLeaseAndTheOthersGoOn) {
+  TestNetwork net(3);
+  EtcdCluster etcd(1, net.bridgeAddress());
+  const std::string rdzv = "etcd://" + etcd.endpoints() + "/cut";
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int h = 0; h < 3; ++h) agents.push_back(agentOn(net, h, rdzv));
+  ASSERT_TRUE(waitUntil([&] { return steps() > 60; }, 90s)) << agents[0]->stderrSoFar();
+  const auto cutAt = std::chrono::steady_clock::now();
+  net.cut(2);
+  const int atCut = steps();
+  // The others notice within elastic.node_timeout_s (3 s) plus a poll, not
+  // at the collective timeout (60 s), and train on.
+  ASSERT_TRUE(waitUntil([&] { return steps() > atCut + 20; }, 40s)) << agents[0]->stderrSoFar();
+  EXPECT_LT(std::chrono::steady_clock::now() - cutAt, 30s);
+  for (int h = 0; h < 2; ++h) {
+    const ProcessResult r = agents[static_cast<size_t>(h)]->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+  }
+  // The cut host cannot reach etcd: it gives up (or is killed below).
+  agents[2]->signal(SIGKILL);
+  (void)agents[2]->wait(10s);
+  expectNoStepRedone();
+}
+
+TEST_F(MultiHostTest, LosingEtcdsLeaderMidRunChangesNothing) {
+  TestNetwork net(2);
+  EtcdCluster etcd(3, net.bridgeAddress());
+  const std::string rdzv = "etcd://" + etcd.endpoints() + "/leader";
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int h = 0; h < 2; ++h) agents.push_back(agentOn(net, h, rdzv));
+  ASSERT_TRUE(waitUntil([&] { return steps() > 60; }, 90s)) << agents[0]->stderrSoFar();
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  etcd.kill(leader);
+  for (auto& a : agents) {
+    const ProcessResult r = a->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+  }
+  // One round from start to end: the election did not disturb training.
+  const SampleHistory h = readSampleLog(dir_.file("samples"));
+  EXPECT_EQ(h.stepsByRound.size(), 1u);
+  expectNoStepRedone();
+}
+
+}  // namespace
+}  // namespace cohort::test
