@@ -30,6 +30,7 @@
 #include "cohort/elastic/batch_policy.h"
 #include "cohort/elastic/kv.h"
 #include "cohort/elastic/rendezvous.h"
+#include "cohort/launch/run_metrics.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
 #include "cohort/security/keys.h"
@@ -158,6 +159,14 @@ int Agent::run() {
   log::init(lo);
   stateDir_ = fmt::format("{}/cohort-{}-{}", job_.elastic.stateDir, jobId_, nodeId_);
   events_ = std::make_unique<detail::AgentEvents>(runDir_, nodeId_);
+  // output.metrics_port: this node's elastic counts for Prometheus.
+  std::unique_ptr<monitor::MetricsServer> metrics;
+  if (job_.output.metricsPort > 0) {
+    metrics = std::make_unique<monitor::MetricsServer>(launch::metricsServerConfig(job_.output),
+                                                       [this] { return events_->render(); });
+    metrics->start();
+    log::info("Prometheus metrics of this node at {}/metrics", metrics->address());
+  }
 
   signals_ = std::make_unique<BlockedSignals>(std::initializer_list<int>{SIGCHLD, SIGINT, SIGTERM});
   kv_ = connectKv(service, ko);

@@ -8,6 +8,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
+#include "cohort/monitor/prometheus.h"
 
 namespace cohort::elastic::detail {
 
@@ -18,11 +19,38 @@ AgentEvents::AgentEvents(const RunDir& runDir, const std::string& node)
 }
 
 void AgentEvents::add(nlohmann::json event) {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    const std::string kind = event.value("event", "");
+    if (kind == "round") {
+      ++rounds_;
+      nodes_ = event.value("nodes", int64_t{0});
+      nodeRank_ = event.value("node_rank", int64_t{-1});
+      rendezvousS_ = event.value("rendezvous_s", 0.0);
+    }
+    if (kind == "reform" || kind == "failure") ++reforms_;
+    if (kind == "failure") ++failures_;
+  }
   event["time"] = ckpt::utcNow();
   event["node"] = node_;
   std::ofstream out(path_, std::ios::app);
   out << event.dump() << "\n";
   if (!out) log::warn("cannot append to {}", path_);
+}
+
+std::string AgentEvents::render() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  const monitor::PrometheusText::Labels node = {{"node", node_}};
+  return monitor::PrometheusText()
+      .counter("cohort_elastic_rounds_total", "Rounds of the job this node took part in", double(rounds_), node)
+      .counter("cohort_elastic_reforms_total", "Rounds this node saw end in a re-form (join, leave, loss, failure)",
+               double(reforms_), node)
+      .counter("cohort_elastic_failures_total", "Re-forms caused by a failure (counted against distribution.max_restarts)",
+               double(failures_), node)
+      .gauge("cohort_elastic_nodes", "Nodes in the current round", double(nodes_), node)
+      .gauge("cohort_elastic_node_rank", "This node's rank in the current round", double(nodeRank_), node)
+      .gauge("cohort_elastic_rendezvous_seconds", "How long the last rendezvous took", rendezvousS_, node)
+      .str();
 }
 
 void AgentEvents::writeSummary() const {

@@ -66,19 +66,6 @@ int severity(const Child& c) {
   return 2;
 }
 
-// The endpoint output.metrics_* describes; the token is read from its file.
-monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o) {
-  monitor::MetricsServerConfig c;
-  c.host = o.metricsHost;
-  c.port = static_cast<int>(o.metricsPort);
-  if (!o.metricsTokenFile.empty()) {
-    c.token = security::readSecretFile(o.metricsTokenFile, "output.metrics_token_file");
-  }
-  c.tlsCert = o.metricsTlsCert;
-  c.tlsKey = o.metricsTlsKey;
-  return c;
-}
-
 // Inherited "ignore SIGCHLD" would make the kernel reap the ranks behind our
 // back and waitpid fail: take the default disposition.
 void defaultSigchld() {
@@ -384,7 +371,8 @@ int runLauncher(const LaunchOptions& o) {
   if (job.distribution.nodes != 1) {
     throw ConfigError(fmt::format(
         "distribution.nodes is {}: `cohort run` starts the ranks of one machine; start a "
-        "multi-machine job with mpirun or srun running `cohort worker` (see docs/launching.md)",
+        "multi-machine job with `cohort agent` on every machine (docs/elastic.md), or with "
+        "mpirun or srun running `cohort worker` (docs/launching.md)",
         job.distribution.nodes));
   }
   if (!o.resume.empty() && !std::filesystem::is_directory(o.resume)) {

@@ -1,5 +1,7 @@
 #include "cohort/launch/run_metrics.h"
 
+#include "cohort/security/keys.h"
+
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -143,6 +145,18 @@ std::string RunMetrics::render() const {
             h.waitingIn.empty() ? 0.0 : h.waitingSeconds, labels);
   }
   return t.str();
+}
+
+monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o) {
+  monitor::MetricsServerConfig c;
+  c.host = o.metricsHost;
+  c.port = static_cast<int>(o.metricsPort);
+  if (!o.metricsTokenFile.empty()) {
+    c.token = security::readSecretFile(o.metricsTokenFile, "output.metrics_token_file");
+  }
+  c.tlsCert = o.metricsTlsCert;
+  c.tlsKey = o.metricsTlsKey;
+  return c;
 }
 
 }  // namespace cohort::launch

@@ -58,22 +58,29 @@ SampleLog::SampleLog(int round) : round_(round) {
 void SampleLog::startEpoch(std::vector<int64_t> order, int64_t batchSize) {
   order_ = std::move(order);
   batchSize_ = batchSize;
-  pending_.clear();
 }
 
-void SampleLog::microBatch(int64_t index, int64_t count) {
+namespace {
+int64_t unixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void SampleLog::stepDone(int64_t step) {
+  std::ofstream out(path_, std::ios::app);
+  out << round_ << ' ' << step << " -1 " << unixMs() << '\n';
+}
+
+void SampleLog::microBatch(int64_t step, int64_t epoch, int64_t index, int64_t count) {
+  std::ofstream out(path_, std::ios::app);
+  out << round_ << ' ' << step << ' ' << epoch << ' ' << unixMs();
   const auto size = static_cast<int64_t>(order_.size());
   for (int64_t i = index * batchSize_; i < std::min(size, index * batchSize_ + count); ++i) {
-    pending_.push_back(order_[static_cast<size_t>(i)]);
+    out << ' ' << order_[static_cast<size_t>(i)];
   }
-}
-
-void SampleLog::stepDone(int64_t step, int64_t epoch) {
-  std::ofstream out(path_, std::ios::app);
-  out << round_ << ' ' << step << ' ' << epoch;
-  for (int64_t id : pending_) out << ' ' << id;
   out << '\n';
-  pending_.clear();
 }
 
 }  // namespace cohort::train::detail

@@ -20,7 +20,18 @@ LrSchedule::LrSchedule(const ScheduleConfig& config, double peakLr, int64_t step
   warmupSteps_ = std::min(warmupSteps_, totalSteps_);
 }
 
-double LrSchedule::at(int64_t step) const {
+void LrSchedule::anchor(int64_t step, double epochsDone) {
+  const int64_t virtualStep =
+      static_cast<int64_t>(std::llround(epochsDone * static_cast<double>(stepsPerEpoch_)));
+  totalSteps_ = std::max<int64_t>(1, totalSteps_ + virtualStep - step - offset_);
+  offset_ = virtualStep - step;
+  warmupSteps_ = std::min(
+      static_cast<int64_t>(std::llround(config_.warmupEpochs * static_cast<double>(stepsPerEpoch_))),
+      totalSteps_);
+}
+
+double LrSchedule::at(int64_t runStep) const {
+  const int64_t step = runStep + offset_;
   if (step < warmupSteps_) {
     return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmupSteps_);
   }

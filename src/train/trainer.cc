@@ -120,8 +120,8 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
     }();
     if (!batch) break;
     const Cycle cycle = ep.cycleOf(micro);
+    if (samples.enabled()) samples.microBatch(step + 1, epoch, batch->index, batch->labels.size(0));
     const double loss = runner.microBatch(*batch, cycle, micro, step);
-    if (samples.enabled()) samples.microBatch(batch->index, batch->labels.size(0));
     reporter.microBatch(loss, batch->labels.size(0), batch->skipped);
     summary.corruptSkipped += batch->skipped;
     ++micro;
@@ -147,7 +147,7 @@ bool Loop::runEpoch(int64_t epoch, int64_t startBatch, int64_t from) {
     }
     ++step;
     monitor::setStep(step);
-    if (samples.enabled()) samples.stepDone(step, epoch);
+    if (samples.enabled()) samples.stepDone(step);
     checkpoints.markBoundary(step, epoch, micro, lr);
     if (u.gradNorm >= 0) reporter.board(step, {{"train/grad_norm", u.gradNorm}});
     faults.afterStep(step);
@@ -359,7 +359,14 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
                       plan.stepsPerEpoch * std::max<int64_t>(0, tc.epochs - at.epoch);
     if (tc.maxSteps > 0) plan.totalSteps = std::min(plan.totalSteps, tc.maxSteps);
   }
-  const LrSchedule schedule(tc.schedule, plan.peakLr, plan.stepsPerEpoch, plan.totalSteps);
+  LrSchedule schedule(tc.schedule, plan.peakLr, plan.stepsPerEpoch, plan.totalSteps);
+  if (resume && at.relaid) {
+    // Counted in epochs of data, not in the steps of a layout this run does
+    // not have (docs/elastic.md, "Learning rate").
+    schedule.anchor(resume->step, static_cast<double>(at.epoch - 1) +
+                                      static_cast<double>(at.from) /
+                                          static_cast<double>(datasets.train->size()));
+  }
   // Frozen weights (model.lora) have no optimizer state. With ZeRO the
   // optimizer steps this rank's part of each bucket ("part<k>").
   std::vector<at::Tensor> trainable;

@@ -99,6 +99,26 @@ TEST(BatchLoader, DropLastAndRestartMidEpoch) {
   EXPECT_EQ(b[0].index, 0);
 }
 
+TEST(BatchLoader, AbsorbTailFoldsALoneLastSampleIntoTheBatchBefore) {
+  // An exact-tail sampler gives this rank 9 samples, the others 8: with
+  // batches of 4 every rank must still have 2.
+  auto ds = makeSynthetic(20, {1, 4, 4}, 2, 1);
+  LoaderOptions o = options(2, 2, false);
+  o.batchSize = 4;
+  o.absorbTail = true;
+  BatchLoader l(ds, o);
+  l.startEpoch(iota(9), 0);
+  EXPECT_EQ(l.batchesInEpoch(), 2);
+  const auto b = drain(l);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].labels.size(0), 4);
+  EXPECT_EQ(b[1].labels.size(0), 5);
+  // Otherwise batches are as ever: 10 samples make 4, 4 and 2.
+  l.startEpoch(iota(10), 1);
+  EXPECT_EQ(l.batchesInEpoch(), 3);
+  EXPECT_EQ(drain(l).back().labels.size(0), 2);
+}
+
 class FailingDataset : public Dataset {
  public:
   int64_t size() const override { return 100; }

@@ -118,5 +118,30 @@ TEST(Sampler, PermutationIsAPermutation) {
   EXPECT_EQ(permutation(10, 1, 1), (std::vector<int64_t>{4, 3, 0, 7, 8, 9, 2, 6, 5, 1}));
 }
 
+TEST(Sampler, ExactTailVisitsEverySampleOnceFromAnyPosition) {
+  // An elastic epoch: 2 ranks up to position 1000, then 3 ranks, of 4097.
+  const int64_t size = 4097;
+  std::multiset<int64_t> seen;
+  for (int r = 0; r < 2; ++r) {
+    SamplerOptions o{size, 2, r, true, 5, true, {}};
+    o.exactTail = true;
+    const auto mine = DistributedSampler(o).indices(0);
+    seen.insert(mine.begin(), mine.begin() + 500);  // 500 each: positions [0, 1000)
+  }
+  for (int r = 0; r < 3; ++r) {
+    SamplerOptions o{size, 3, r, true, 5, true, {}};
+    o.exactTail = true;
+    DistributedSampler s(o);
+    const auto mine = s.indices(0, 1000);
+    // 3097 positions left: 1033 for rank 0, 1032 for the others.
+    EXPECT_EQ(static_cast<int64_t>(mine.size()), r == 0 ? 1033 : 1032);
+    EXPECT_EQ(s.samplesPerRank(1000), static_cast<int64_t>(mine.size()));
+    EXPECT_EQ(s.sharedSamplesPerRank(1000), 1032);
+    seen.insert(mine.begin(), mine.end());
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), size);
+  for (int64_t i = 0; i < size; ++i) EXPECT_EQ(seen.count(i), 1u) << "sample " << i;
+}
+
 }  // namespace
 }  // namespace cohort::data

@@ -128,6 +128,30 @@ TEST_F(AgentTest, ALateNodeJoinsWithTheSurvivorsState) {
   EXPECT_TRUE(received);
 }
 
+TEST_F(AgentTest, ZeroPartsAreRedistributedWhenANodeJoins) {
+  // ZeRO stage 1: each rank holds its part of the optimizer state; the
+  // parts of 2 ranks become the parts of 3.
+  const std::string job = writeJob(2);
+  const auto env = elasticEnv(samples(), 8);
+  auto zero = [&](const std::string& node) {
+    AgentSpec s = agent(node, job);
+    s.extraArgs = {"--set", "distribution.zero=1"};
+    return s;
+  };
+  auto a = startHost(zero("node-a"), env);
+  auto b = startAgent(zero("node-b"), env);
+  ASSERT_TRUE(waitUntil([&] { return stepsLogged() > 50; }, 60s)) << a->stderrSoFar();
+  auto c = startAgent(zero("node-c"), env);
+  for (auto* p : {a.get(), b.get(), c.get()}) {
+    const ProcessResult r = p->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+  }
+  expectExact(2);
+  const std::string log2 = readText(runDir() + "/logs/rank-2.log");
+  EXPECT_NE(log2.find("from the nodes' memory"), std::string::npos) << log2;
+  EXPECT_NE(log2.find("ZeRO stage 1"), std::string::npos);
+}
+
 TEST_F(AgentTest, AKilledNodeCostsNoStep) {
   const std::string job = writeJob(2);
   const auto env = elasticEnv(samples(), 8);
@@ -147,15 +171,24 @@ TEST_F(AgentTest, AKilledNodeCostsNoStep) {
   const nlohmann::json s = summary();
   EXPECT_EQ(s.value("status", ""), "completed");
   EXPECT_GE(s["elastic"].value("reforms", 0), 1);
+  // A lost node is a membership change, not a failure (max_restarts).
+  EXPECT_EQ(s["elastic"].value("failures", -1), 0);
 }
 
 TEST_F(AgentTest, SigtermLetsANodeLeaveWhileTheOthersGoOn) {
   const std::string job = writeJob(2);
   const auto env = elasticEnv(samples(), 8);
-  auto a = startHost(agent("node-a", job), env);
+  // node-a serves its counts for Prometheus (output.metrics_port).
+  const int port = freePort();
+  AgentSpec spec = agent("node-a", job);
+  spec.extraArgs = {"--set", "output.metrics_port=" + std::to_string(port)};
+  auto a = startHost(spec, env);
   auto b = startAgent(agent("node-b", job), env);
   auto c = startAgent(agent("node-c", job), env);
   ASSERT_TRUE(waitUntil([&] { return stepsLogged() > 60; }, 60s)) << a->stderrSoFar();
+  const std::string metrics = scrapeMetrics(port);
+  EXPECT_NE(metrics.find("cohort_elastic_nodes{node=\"node-a\"} 3"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("cohort_elastic_rounds_total{node=\"node-a\"} 1"), std::string::npos) << metrics;
   c->signal(SIGTERM);
   const ProcessResult rc = c->wait(1min);
   EXPECT_EQ(rc.exitCode, 0) << rc.describe();

@@ -1,9 +1,14 @@
 #include "elastic/elastic_util.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <fmt/format.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -79,22 +84,10 @@ bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds lim
   return true;
 }
 
-std::vector<int64_t> SampleHistory::redone() const {
-  std::map<int64_t, int> rounds;
-  for (const auto& [round, steps] : stepsByRound) {
-    for (int64_t s : steps) ++rounds[s];
-  }
-  std::vector<int64_t> out;
-  for (const auto& [s, n] : rounds) {
-    if (n > 1) out.push_back(s);
-  }
-  return out;
-}
-
 SampleHistory readSampleLog(const std::string& dir) {
   struct Line {
     int round;
-    int64_t step, epoch;
+    int64_t step, epoch;  // epoch -1: "step applied"
     std::vector<int64_t> ids;
   };
   std::vector<Line> lines;
@@ -105,25 +98,60 @@ SampleHistory readSampleLog(const std::string& dir) {
       for (std::string text; std::getline(in, text);) {
         std::istringstream ss(text);
         Line l;
-        if (!(ss >> l.round >> l.step >> l.epoch)) continue;
+        int64_t ms = 0;
+        if (!(ss >> l.round >> l.step >> l.epoch >> ms)) continue;
         for (int64_t id; ss >> id;) l.ids.push_back(id);
         lines.push_back(std::move(l));
       }
     }
     ::closedir(d);
   }
-  SampleHistory h;
-  std::map<int64_t, int> lastRound;  // step -> the last round that applied it
+  std::map<int, int64_t> firstStep;  // round -> the first step it trained
   for (const Line& l : lines) {
-    h.stepsByRound[l.round].insert(l.step);
-    lastRound[l.step] = std::max(lastRound[l.step], l.round);
-    h.lastStep = std::max(h.lastStep, l.step);
+    if (l.epoch < 0) continue;
+    auto it = firstStep.find(l.round);
+    if (it == firstStep.end() || l.step < it->second) firstStep[l.round] = l.step;
   }
+  // Where the round after `round` took up (none: no later round).
+  auto nextFirst = [&](int round) {
+    auto next = firstStep.upper_bound(round);
+    return next == firstStep.end() ? std::numeric_limits<int64_t>::max() : next->second;
+  };
+  SampleHistory h;
   for (const Line& l : lines) {
-    if (l.round != lastRound[l.step]) continue;
-    for (int64_t id : l.ids) ++h.timesTrained[l.epoch][id];
+    const bool kept = l.step < nextFirst(l.round);  // in the state the job went on with
+    if (l.epoch < 0) {
+      if (kept) h.stepsByRound[l.round].insert(l.step);
+      if (!kept) h.lost.insert(l.step);
+      h.lastStep = std::max(h.lastStep, kept ? l.step : 0);
+      continue;
+    }
+    if (kept) {
+      for (int64_t id : l.ids) ++h.timesTrained[l.epoch][id];
+    }
   }
   return h;
+}
+
+std::string scrapeMetrics(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  const size_t body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
 }
 
 std::vector<pid_t> childrenOf(pid_t pid) {

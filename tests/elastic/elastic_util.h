@@ -43,15 +43,22 @@ std::unique_ptr<Process> startAgent(const AgentSpec& a, const std::map<std::stri
 // Polls `ready` every 50 ms until it is true or `limit` passes.
 bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds limit);
 
-// What the sample log says.
+// What the sample log says (train/detail/faults.h, SampleLog). The state
+// a round went on from ends at the step before the next round's first one:
+// a step applied in a round and at or after that point was lost (done
+// again); the samples of a step in progress when a round broke do not
+// count (the step was never completed).
 struct SampleHistory {
-  std::map<int, std::set<int64_t>> stepsByRound;          // round -> steps applied in it
-  std::map<int64_t, std::map<int64_t, int>> timesTrained;  // epoch -> sample -> times (last run of each step)
-  int64_t lastStep = 0;
-  // Steps applied in more than one round (redone after a rollback).
-  std::vector<int64_t> redone() const;
+  std::map<int, std::set<int64_t>> stepsByRound;          // round -> steps applied and kept
+  std::map<int64_t, std::map<int64_t, int>> timesTrained;  // epoch -> sample -> times, over kept steps
+  std::set<int64_t> lost;                                  // steps applied, then done again
+  int64_t lastStep = 0;                                    // the last step applied and kept
+  std::vector<int64_t> redone() const { return {lost.begin(), lost.end()}; }
 };
 SampleHistory readSampleLog(const std::string& dir);
+
+// GET http://127.0.0.1:port/metrics: the body, or "" when nothing answers.
+std::string scrapeMetrics(int port);
 
 // Pids of the direct children of `pid`.
 std::vector<pid_t> childrenOf(pid_t pid);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "elastic/elastic_util.h"
 #include "util/etcd.h"
@@ -80,6 +81,40 @@ TEST_F(MultiHostTest, ACutLinkIsSeenByItsLeaseAndTheOthersGoOn) {
   agents[2]->signal(SIGKILL);
   (void)agents[2]->wait(10s);
   expectNoStepRedone();
+}
+
+TEST_F(MultiHostTest, JoinLeaveKillAndBelowMinAcrossHosts) {
+  // h0 and h1 start; h2 joins; h1 leaves on SIGTERM; h2 is killed (the job
+  // is below MIN = 2 and waits); h3 arrives and the job finishes.
+  TestNetwork net(4);
+  EtcdCluster etcd(1, net.bridgeAddress());
+  const std::string rdzv = "etcd://" + etcd.endpoints() + "/changes";
+  std::vector<std::unique_ptr<Process>> agents(4);
+  agents[0] = agentOn(net, 0, rdzv);
+  agents[1] = agentOn(net, 1, rdzv);
+  ASSERT_TRUE(waitUntil([&] { return steps() > 40; }, 90s)) << agents[0]->stderrSoFar();
+  agents[2] = agentOn(net, 2, rdzv);
+  const int beforeJoin = steps();
+  ASSERT_TRUE(waitUntil([&] { return readSampleLog(dir_.file("samples")).stepsByRound.size() >= 2 &&
+                                     steps() > beforeJoin + 40; }, 60s));
+  agents[1]->signal(SIGTERM);
+  const ProcessResult left = agents[1]->wait(60s);
+  EXPECT_EQ(left.exitCode, 0) << left.describe();
+  const int afterLeave = steps();
+  ASSERT_TRUE(waitUntil([&] { return steps() > afterLeave + 40; }, 60s));
+  for (pid_t rank : childrenOf(agents[2]->pid())) ::kill(rank, SIGKILL);
+  agents[2]->signal(SIGKILL);
+  (void)agents[2]->wait(10s);
+  const int alone = steps();
+  std::this_thread::sleep_for(4s);
+  EXPECT_EQ(steps(), alone) << "a step ran below MIN";
+  agents[3] = agentOn(net, 3, rdzv);
+  for (int h : {0, 3}) {
+    const ProcessResult r = agents[static_cast<size_t>(h)]->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << "host " << h << ": " << r.describe();
+  }
+  expectNoStepRedone();
+  EXPECT_GE(readSampleLog(dir_.file("samples")).stepsByRound.size(), 4u);
 }
 
 TEST_F(MultiHostTest, LosingEtcdsLeaderMidRunChangesNothing) {

@@ -49,5 +49,36 @@ TEST(LrSchedule, StepDecayAtMilestones) {
   EXPECT_NEAR(s.at(600), 0.01, 1e-15);
 }
 
+TEST(LrSchedule, AnchoredInEpochsAfterAResize) {
+  // One epoch of 10 steps, then the rest of a 3-epoch run at 5 steps per
+  // epoch (twice the global batch): the milestone at epoch 2 comes after
+  // one more epoch of data, at run step 15, not at step 20.
+  ScheduleConfig c;
+  c.name = ScheduleKind::step;
+  c.milestones = {2};
+  c.gamma = 0.1;
+  LrSchedule s(c, 1.0, 5, 20);
+  s.anchor(10, 1.0);
+  EXPECT_DOUBLE_EQ(s.at(14), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(15), 0.1);
+  // Cosine still ends at min_lr on the run's last step.
+  ScheduleConfig cos;
+  cos.name = ScheduleKind::cosine;
+  cos.minLr = 0.01;
+  LrSchedule k(cos, 1.0, 5, 20);
+  k.anchor(10, 1.0);
+  EXPECT_DOUBLE_EQ(k.at(19), 0.01);
+  EXPECT_GT(k.at(10), 0.5);  // a third of the way through the schedule
+  EXPECT_LT(k.at(10), 1.0);
+  // Warmup counted in epochs: 1.5 epochs of warmup, 1 done at 10 per epoch;
+  // the last half epoch is 2.5 steps at 5 per epoch.
+  ScheduleConfig w;
+  w.warmupEpochs = 1.5;
+  LrSchedule ww(w, 1.0, 5, 20);
+  ww.anchor(10, 1.0);
+  EXPECT_LT(ww.at(10), 1.0);
+  EXPECT_DOUBLE_EQ(ww.at(13), 1.0);
+}
+
 }  // namespace
 }  // namespace cohort::train

@@ -12,6 +12,7 @@
 
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/monitor/prometheus.h"
 
 namespace cohort::comm {
 struct HostedStore;
@@ -36,5 +37,9 @@ class RunMetrics {
   std::unique_ptr<Impl> impl_;
   std::atomic<int> attempt_{0};
 };
+
+// The endpoint output.metrics_* describes (`cohort run`, `cohort agent`);
+// the token is read from its file. Throws ConfigError for an unreadable one.
+monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o);
 
 }  // namespace cohort::launch

@@ -19,6 +19,13 @@ class LrSchedule {
              int64_t totalSteps);
   // Learning rate for optimizer step `step` (0-based).
   double at(int64_t step) const;
+  // A run taken up in another layout (another world size or batch, an
+  // elastic resize): step `step` is where `epochsDone` epochs of data
+  // (fractions allowed) had been trained on, whatever the steps per epoch
+  // were before. The schedule goes on from that point of training in this
+  // layout's steps: warmup, milestones and cosine stay where they belong in
+  // epochs, and the last step still ends the schedule.
+  void anchor(int64_t step, double epochsDone);
   int64_t warmupSteps() const { return warmupSteps_; }
 
  private:
@@ -27,6 +34,7 @@ class LrSchedule {
   int64_t stepsPerEpoch_;
   int64_t totalSteps_;
   int64_t warmupSteps_;
+  int64_t offset_ = 0;  // this layout's step count at the anchor minus the run's
 };
 
 // lr * global_batch / base_batch, or lr when base_batch is 0.

@@ -186,7 +186,10 @@ void describe(V& v, DataConfig& c) {
 
 template <class V>
 void describe(V& v, DistributionConfig& c) {
-  v.field("nodes", c.nodes, "Machines in the job.", between(1, 1e6));
+  v.field("nodes", c.nodes,
+          "Machines in the job; under `cohort agent`, the size the batch and learning rate are "
+          "written for (elastic.batch_policy).",
+          between(1, 1e6));
   v.field("procs_per_node", c.procsPerNode, "Ranks per machine (`cohort run --procs` sets it).",
           between(1, 4096));
   v.field("backend", c.backend, "Collective backend.");

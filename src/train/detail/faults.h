@@ -34,27 +34,30 @@ class FaultPlan {
 };
 
 // COHORT_TEST_SAMPLE_LOG (core/env.h): a test hook recording which samples
-// each applied optimizer step trained on, so a test can check that every
-// sample of an epoch is trained on exactly once across restarts and
-// resizes. Lines: "<round> <step> <epoch> <sample id>...".
+// each optimizer step trains on, so a test can check that every sample of
+// an epoch is trained on exactly once across restarts and resizes. A line
+// per micro-batch, written before its forward (so before any of its
+// gradients can leave the rank): "<round> <step> <epoch> <unix time, ms>
+// <sample id>..."; and once the step is applied, "<round> <step> -1 <unix
+// time, ms>". A step's samples count when the next round (if any) started
+// after it; a step applied in a round and done again in the next was lost.
 class SampleLog {
  public:
   explicit SampleLog(int round);
   bool enabled() const { return !path_.empty(); }
   // The epoch's order on this rank (DistributedSampler::indices).
   void startEpoch(std::vector<int64_t> order, int64_t batchSize);
-  // Micro-batch `index` of the epoch (`count` samples) went into the step
-  // being built.
-  void microBatch(int64_t index, int64_t count);
-  // The step was applied: write its line.
-  void stepDone(int64_t step, int64_t epoch);
+  // Micro-batch `index` of the epoch (`count` samples) goes into optimizer
+  // step `step` (counted from 1).
+  void microBatch(int64_t step, int64_t epoch, int64_t index, int64_t count);
+  // Step `step` was applied on this rank.
+  void stepDone(int64_t step);
 
  private:
   std::string path_;
   int round_;
   std::vector<int64_t> order_;
   int64_t batchSize_ = 0;
-  std::vector<int64_t> pending_;
 };
 
 }  // namespace cohort::train::detail
