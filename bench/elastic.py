@@ -14,8 +14,10 @@ the job of tests/elastic: simple_cnn on synthetic 1x8x8 data, batch 8, rank
         with 3.
 torchrun (Debian's python3-torch, `python3 -m torch.distributed.run
 --rdzv-backend=c10d`, --nnodes 2:3, the same shapes in bench/peers/
-elastic_step.py, which checkpoints every 50 steps as a torchrun script must):
-  loss  as above: kill -> first step at the new size; steps redone.
+elastic_step.py, which checkpoints every 50 steps as a torchrun script must;
+bench/peers/torchrun.py fixes Debian's torchrun for Python 3.11, see there):
+  loss  as above: kill -> first step at the new size; steps redone (those
+        since the script's last checkpoint).
 
 Each scenario runs REPEATS times; the median and the range are printed, with
 the CPU. Times come from the logs' millisecond timestamps (UTC) and the
@@ -83,14 +85,30 @@ def first_time(paths, pattern, after=0.0):
 
 
 def sample_lines(d):
+    """(round, step, unix time) of every step applied (the sample log's
+    "<round> <step> -1 <ms>" lines)."""
     out = []
     for p in glob.glob(os.path.join(d, "samples-*.txt")):
         with open(p) as f:
             for line in f:
                 parts = line.split()
-                if len(parts) >= 4:
+                if len(parts) >= 4 and parts[2] == "-1":
                     out.append((int(parts[0]), int(parts[1]), int(parts[3]) / 1000.0))
     return out
+
+
+def lost_steps(lines):
+    """Steps applied in a round at or after where the next round took up."""
+    first = {}
+    for rd, s, _ in lines:
+        first[rd] = min(first.get(rd, s), s)
+    rounds = sorted(first)
+    lost = set()
+    for rd, s, _ in lines:
+        later = [first[r] for r in rounds if r > rd]
+        if later and s >= later[0]:
+            lost.add(s)
+    return len(lost)
 
 
 def wait_until(pred, limit):
@@ -177,10 +195,7 @@ def cohort_loss():
         t_held = first_time(ranks, "held in", t_kill - 1)
         t_frozen = first_time(agents, "round %d: node" % new_round, t_kill - 1)
         t_resumed = first_time(ranks, "resumed from", t_kill - 1)
-        per_step = {}
-        for rd, s, _ in lines:
-            per_step.setdefault(s, set()).add(rd)
-        redone = sum(1 for v in per_step.values() if len(v) > 1)
+        redone = lost_steps(lines)
         ok = all(c == 0 for n, c in codes.items() if n != "c")
         return {"detection": t_broke - t_kill, "hold": t_held - t_broke, "rendezvous": t_frozen - t_held,
                 "start and take-up": t_resumed - t_frozen, "first step": t_first - t_resumed,
@@ -208,13 +223,10 @@ def cohort_join():
         t_held = first_time(ranks, "held in")
         t_frozen = first_time(agents, "round %d: node" % new_round)
         t_resumed = first_time(ranks, "resumed from")
-        per_step = {}
-        for rd, s, _ in lines:
-            per_step.setdefault(s, set()).add(rd)
         return {"to the step boundary and hold": t_held - t_asked, "rendezvous": t_frozen - t_held,
                 "start and take-up": t_resumed - t_frozen, "first step": t_first - t_resumed,
                 "total": t_first - t_asked,
-                "steps redone": sum(1 for v in per_step.values() if len(v) > 1),
+                "steps redone": lost_steps(lines),
                 "completed": all(c == 0 for c in codes.values())}
     finally:
         r.cleanup()
@@ -230,7 +242,8 @@ def torchrun_loss():
 
     def start(node):
         agents[node] = subprocess.Popen(
-            [SYSTEM_PYTHON, "-m", "torch.distributed.run", "--nnodes", "2:3", "--nproc_per_node", "1",
+            [SYSTEM_PYTHON, os.path.join(ROOT, "bench", "peers", "torchrun.py"), "--nnodes", "2:3",
+             "--nproc_per_node", "1",
              "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "bench",
              "--max_restarts", "3", "--monitor_interval", "0.5", script],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -275,6 +288,57 @@ def torchrun_loss():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def accuracy():
+    """examples/fashion-mnist.yaml (4 epochs, cosine, linear LR rule at base
+    batch 128): a fixed run of 2 ranks (`cohort run`) against an elastic run
+    of 1-rank nodes that starts with 2, admits a third in epoch 2 and loses
+    one (SIGKILL) in epoch 3. Returns both test top-1."""
+    d = tempfile.mkdtemp(prefix="cohort-elastic-acc.")
+    shm = os.path.join("/dev/shm", os.path.basename(d))
+    os.makedirs(shm)
+    job = os.path.join(ROOT, "examples", "fashion-mnist.yaml")
+    common = ["--set", "distribution.threads_per_rank=1", "--set", "output.progress=off",
+              "--set", "output.dir=" + os.path.join(d, "runs")]
+    try:
+        subprocess.run([COHORT, "run", job, "--run-dir", os.path.join(d, "fixed")] + common,
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rdzv = "store://127.0.0.1:%d/acc" % free_port()
+        run_dir = os.path.join(d, "elastic")
+        env = dict(os.environ, COHORT_TEST_SAMPLE_LOG=d)
+        extra = common + ["--procs", "1", "--set", "distribution.nodes=2", "--set",
+                          "elastic.state_dir=" + shm, "--set", "elastic.last_call_s=1"]
+        agents = {}
+
+        def start(node):
+            agents[node] = subprocess.Popen(
+                [COHORT, "agent", job, "--nnodes", "2:3", "--rdzv", rdzv, "--node-id", node,
+                 "--run-dir", run_dir] + extra,
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+        steps = lambda: max((s for _, s, _ in sample_lines(d)), default=0)
+        start("a")
+        time.sleep(0.5)
+        start("b")
+        wait_until(lambda: steps() > 600, 600)   # into epoch 2 (469 steps per epoch on 2)
+        start("c")
+        wait_until(lambda: steps() > 1100, 600)  # into epoch 3
+        os.killpg(agents["b"].pid, signal.SIGKILL)
+        agents["b"].wait()
+        for n in ("a", "c"):
+            agents[n].wait(timeout=900)
+
+        def top1(run):
+            import json
+            with open(os.path.join(run, "summary.json")) as f:
+                return json.load(f)["eval"]["top1"]
+
+        return {"fixed 2 ranks": top1(os.path.join(d, "fixed")), "elastic 2-3-2": top1(run_dir),
+                "steps redone": lost_steps(sample_lines(d))}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 def report(name, runs):
     print("\n%s (%d runs)" % (name, len(runs)))
     for key in runs[0]:
@@ -288,6 +352,13 @@ def report(name, runs):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "accuracy":
+        r = accuracy()
+        print("fashion-mnist test top-1: fixed 2 ranks %.4f, elastic 2->3->2 nodes %.4f (difference "
+              "%.2f points); steps redone %d" % (r["fixed 2 ranks"], r["elastic 2-3-2"],
+                                                 100 * (r["elastic 2-3-2"] - r["fixed 2 ranks"]),
+                                                 r["steps redone"]))
+        return
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True, text=True).stdout.strip()
     flags = [f for f in open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()

@@ -101,6 +101,7 @@ class EtcdKv final : public Kv {
   }
 
   void keepAlive(const std::string& key, const std::string& value) override {
+    release();  // a lease that lapsed (a cut link) is replaced
     const int64_t ttl = std::max<int64_t>(1, (options_.aliveTtl.count() + 999) / 1000);
     const json g = call("/v3/lease/grant", {{"TTL", std::to_string(ttl)}}, "grant a lease");
     const std::string id = std::to_string(int64Of(g, "ID"));
@@ -124,7 +125,13 @@ class EtcdKv final : public Kv {
     }
     cv_.notify_all();
     if (renewer_.joinable()) renewer_.join();
-    if (!id.empty()) call("/v3/lease/revoke", {{"ID", id}}, "revoke the lease");
+    if (id.empty()) return;
+    try {
+      call("/v3/lease/revoke", {{"ID", id}}, "revoke the lease");
+    } catch (const CommError& e) {
+      // Lapsed already, or etcd is gone: either way the key is not kept.
+      log::debug("etcd: {}", e.what());
+    }
   }
 
   bool alive(const std::string& key) override { return get(key).has_value(); }

@@ -21,6 +21,7 @@ struct State {
   std::vector<std::string> members;
   std::map<std::string, std::string> addrs;
   std::vector<std::string> waiting;
+  std::vector<std::string> known;  // every node that was ever a member or waited
   std::string jobHash;
   int exitCode = 0;
 };
@@ -34,6 +35,7 @@ State parse(const std::string& text, const std::string& key) {
     s.members = j.value("members", std::vector<std::string>{});
     s.addrs = j.value("addrs", std::map<std::string, std::string>{});
     s.waiting = j.value("waiting", std::vector<std::string>{});
+    s.known = j.value("known", std::vector<std::string>{});
     s.jobHash = j.value("job_hash", "");
     s.exitCode = jsonInt<int>(j, "exit_code", 0);
     return s;
@@ -43,9 +45,9 @@ State parse(const std::string& text, const std::string& key) {
 }
 
 std::string dump(const State& s) {
-  return json{{"round", s.round},   {"status", s.status},     {"members", s.members},
-              {"addrs", s.addrs},   {"waiting", s.waiting},   {"job_hash", s.jobHash},
-              {"exit_code", s.exitCode}}
+  return json{{"round", s.round},     {"status", s.status},   {"members", s.members},
+              {"addrs", s.addrs},     {"waiting", s.waiting}, {"known", s.known},
+              {"job_hash", s.jobHash}, {"exit_code", s.exitCode}}
       .dump();
 }
 
@@ -89,6 +91,7 @@ Round Rendezvous::join() {
       State s;
       s.jobHash = o_.jobHash;
       s.members = {o_.nodeId};
+      s.known = {o_.nodeId};
       s.addrs[o_.nodeId] = o_.address;
       kv_.compareAndSet(stateKey_, 0, dump(s));
       continue;
@@ -134,6 +137,7 @@ Round Rendezvous::join() {
         State next;
         next.round = s.round + 1;
         next.jobHash = s.jobHash;
+        next.known = s.known;
         if (kv_.compareAndSet(stateKey_, v->version, dump(next))) {
           log::info("rendezvous: round {} lost [{}]; opened round {}", s.round, fmt::join(dead, ", "),
                     next.round);
@@ -142,6 +146,7 @@ Round Rendezvous::join() {
       }
       if (!has(s.waiting, o_.nodeId)) {
         s.waiting.push_back(o_.nodeId);
+        if (!has(s.known, o_.nodeId)) s.known.push_back(o_.nodeId);
         if (kv_.compareAndSet(stateKey_, v->version, dump(s))) {
           log::info("rendezvous: round {} is running; waiting to be admitted at its next step "
                     "boundary", s.round);
@@ -166,6 +171,7 @@ Round Rendezvous::join() {
         s.members.push_back(o_.nodeId);
         s.addrs[o_.nodeId] = o_.address;
         drop(s.waiting, o_.nodeId);
+        if (!has(s.known, o_.nodeId)) s.known.push_back(o_.nodeId);
         kv_.compareAndSet(stateKey_, v->version, dump(s));
         continue;
       }
@@ -176,7 +182,15 @@ Round Rendezvous::join() {
           minSince = Clock::now();
         }
         const bool lastCallOver = minSince != kNotYet && Clock::now() - minSince >= o_.lastCall;
-        if (count >= o_.maxNodes || lastCallOver) {
+        // A re-form need not wait for the last call once every node known
+        // to the job that is still alive is in: nobody else is coming but
+        // a newcomer, which the next re-form admits.
+        bool everyoneIn = s.round > 0 && count >= o_.minNodes;
+        for (const auto& n : s.known) {
+          if (!everyoneIn) break;
+          everyoneIn = has(s.members, n) || !kv_.alive(aliveKey(o_.prefix, n));
+        }
+        if (count >= o_.maxNodes || lastCallOver || everyoneIn) {
           s.status = "frozen";
           if (kv_.compareAndSet(stateKey_, v->version, dump(s))) {
             log::info("rendezvous: froze round {} with {} nodes", s.round, count);
@@ -244,6 +258,7 @@ void Rendezvous::openNext(const Round& r, const std::string& why) {
     next.round = s.round + 1;
     next.jobHash = s.jobHash;
     next.waiting = s.waiting;
+    next.known = s.known;
     if (kv_.compareAndSet(stateKey_, v->version, dump(next))) {
       log::info("rendezvous: opened round {} ({})", next.round, why);
       return;

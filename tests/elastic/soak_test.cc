@@ -59,8 +59,14 @@ TEST(ElasticSoak, ElevenChangesFromAScheduleFile) {
   start("n0");
   start("n1");
   for (const Change& c : schedule) {
-    ASSERT_TRUE(waitUntil([&] { return steps() >= c.step; }, 120s))
-        << "step " << c.step << " never came (at " << steps() << ")";
+    if (!waitUntil([&] { return steps() >= c.step; }, 120s)) {
+      std::string logs;
+      for (auto& [node, p] : nodes) {
+        const std::string err = p->stderrSoFar();
+        logs += "\n--- " + node + ":\n" + err.substr(err.size() > 3000 ? err.size() - 3000 : 0);
+      }
+      FAIL() << "step " << c.step << " never came (at " << steps() << ")" << logs;
+    }
     if (c.action == "join") {
       start(c.node);
     } else if (c.action == "leave") {

@@ -5,11 +5,13 @@
 //
 //   {"round": R, "status": "open" | "frozen" | "closed",
 //    "members": [node ids], "addrs": {node id: address},
-//    "waiting": [node ids], "job_hash": ..., "exit_code": ...}
+//    "waiting": [node ids], "known": [node ids], "job_hash": ...,
+//    "exit_code": ...}
 //
 // A round opens with no members. Agents add themselves (at most MAX). Once
 // MIN are in, a last-call window lets more arrive; when it has passed (or
-// MAX are in) any member freezes the round. The members sorted by node id
+// MAX are in, or, in a re-form, every live node the job has known is back)
+// any member freezes the round. The members sorted by node id
 // are the node ranks: the same on every node, whoever froze it. A node that
 // arrives while a round is frozen adds itself to "waiting"; the members see
 // it and re-form at their next step boundary by opening round R+1. A member
