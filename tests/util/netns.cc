@@ -78,6 +78,5 @@ std::string TestNetwork::bridgeAddress() const { return subnet_ + ".1"; }
 std::vector<std::string> TestNetwork::on(int host) const { return {kIp, "netns", "exec", ns(host)}; }
 
 void TestNetwork::cut(int host) { ip({"link", "set", hostSide(host), "down"}); }
-void TestNetwork::restore(int host) { ip({"link", "set", hostSide(host), "up"}); }
 
 }  // namespace cohort::test

@@ -26,10 +26,9 @@ class TestNetwork {
   std::string bridgeAddress() const;     // this namespace's address on the bridge
   // The command prefix that runs a program on `host`.
   std::vector<std::string> on(int host) const;
-  // Cuts host's link to the bridge (no packet passes, no connection is
-  // reset), or restores it.
+  // Cuts host's link to the bridge: no packet passes, no connection is
+  // reset.
   void cut(int host);
-  void restore(int host);
 
  private:
   void teardown();
