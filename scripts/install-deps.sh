@@ -14,7 +14,7 @@ libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 dataset-fashion-mnist bible-kjv bible-kjv-text
 python3 python3-torch python3-torchvision python3-protobuf
 clang libclang-rt-14-dev
-etcd-server etcd-client iproute2"
+etcd-client iproute2"
 
 # Node.js runs Azurite, the blob storage emulator of the storage tests
 # (tests/azurite). A node already on PATH (a newer one) is used as it is.
@@ -40,25 +40,33 @@ else
   echo "cohort: all dependencies present"
 fi
 
-# Prometheus' promtool and server, for the /metrics tests (tests/monitor):
-# Debian's package unpacked into a directory of ours, as installing it would
-# start a system service. Skipped when present. COHORT_PROMETHEUS_DIR (CMake)
-# must name the same directory.
-PROMETHEUS_DIR="${COHORT_PROMETHEUS_DIR:-/opt/cohort/prometheus}"
-if [ -x "$PROMETHEUS_DIR/usr/bin/prometheus" ] && [ -x "$PROMETHEUS_DIR/usr/bin/promtool" ]; then
-  echo "cohort: prometheus present in $PROMETHEUS_DIR"
-else
+# unpack PACKAGE DIR BINARY: Debian's PACKAGE unpacked into DIR, a directory
+# of ours, for packages whose installation would start a system service.
+# Skipped when DIR/BINARY is there.
+unpack() {
+  if [ -x "$2/$3" ]; then
+    echo "cohort: $1 present in $2"
+    return
+  fi
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
-  echo "cohort: unpacking Debian's prometheus into $PROMETHEUS_DIR"
+  echo "cohort: unpacking Debian's $1 into $2"
   debs=$(mktemp -d)
   # apt downloads as the _apt user when it can write there.
   chmod 0755 "$debs"
   if [ "$(id -u)" -eq 0 ]; then chown _apt "$debs" 2>/dev/null || true; fi
-  if ! (cd "$debs" && apt-get download -q prometheus); then
+  if ! (cd "$debs" && apt-get download -q "$1"); then
     $SUDO apt-get update -q
-    (cd "$debs" && apt-get download -q prometheus)
+    (cd "$debs" && apt-get download -q "$1")
   fi
-  $SUDO mkdir -p "$PROMETHEUS_DIR"
-  $SUDO dpkg-deb -x "$debs"/prometheus_*.deb "$PROMETHEUS_DIR"
+  $SUDO mkdir -p "$2"
+  $SUDO dpkg-deb -x "$debs"/"$1"_*.deb "$2"
   rm -rf "$debs"
-fi
+}
+
+# Prometheus' promtool and server, for the /metrics tests (tests/monitor).
+# COHORT_PROMETHEUS_DIR (CMake) must name the same directory.
+PROMETHEUS_DIR="${COHORT_PROMETHEUS_DIR:-/opt/cohort/prometheus}"
+unpack prometheus "$PROMETHEUS_DIR" usr/bin/prometheus
+# etcd, which the elastic tests start on free ports (tests/util/etcd.h).
+# COHORT_ETCD_DIR (CMake) must name the same directory.
+unpack etcd-server "${COHORT_ETCD_DIR:-/opt/cohort/etcd}" usr/bin/etcd

@@ -1,5 +1,7 @@
 #include "util/etcd.h"
 
+#include "test_paths.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -10,7 +12,8 @@
 namespace cohort::test {
 
 std::string etcdBinary() {
-  for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
+  // scripts/install-deps.sh's, or an installed one.
+  for (const char* p : {COHORT_ETCD, "/usr/bin/etcd"}) {
     if (::access(p, X_OK) == 0) return p;
   }
   return "";
