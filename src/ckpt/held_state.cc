@@ -93,6 +93,16 @@ std::vector<std::string> requiredFiles(const Manifest& m) {
   return need;
 }
 
+std::vector<std::string> missingFiles(const Manifest& m) {
+  std::vector<std::string> out;
+  for (const auto& need : requiredFiles(m)) {
+    bool found = false;
+    for (const auto& f : m.files) found = found || f.name == need;
+    if (!found) out.push_back(need);
+  }
+  return out;
+}
+
 void pruneHeldState(const std::string& dir, int64_t keep) {
   for (const CheckpointDir& d : listCheckpointDirs(dir)) {
     if (d.step == keep) continue;

@@ -129,8 +129,7 @@ class Agent {
 int Agent::run() {
   procs_ = static_cast<int>(o_.procs > 0 ? o_.procs : job_.distribution.procsPerNode);
   checkBatchPolicy(job_, o_.minNodes, o_.maxNodes);
-  const auto [service, id] = splitRdzvUrl(o_.rdzv);
-  (void)id;
+  const std::string service = splitRdzvUrl(o_.rdzv).first;
   storeToken_ = security::storeToken(job_.security.storeTokenFile);
   KvOptions ko;
   ko.retryFor = milliseconds(static_cast<int64_t>(job_.elastic.rdzvTimeoutS * 1000));
@@ -471,13 +470,7 @@ void Agent::reapRanks(RoundEnd& end, bool& anyRunning) {
 void Agent::persistHeldState() {
   const std::vector<ckpt::HeldStep> held = ckpt::listHeldState(stateDir_);
   for (const ckpt::HeldStep& h : held) {
-    bool whole = true;
-    for (const auto& need : ckpt::requiredFiles(h.manifest)) {
-      bool found = false;
-      for (const auto& f : h.manifest.files) found = found || f.name == need;
-      whole = whole && found;
-    }
-    if (!whole) continue;
+    if (!ckpt::missingFiles(h.manifest).empty()) continue;
     const std::string target = ckpt::checkpointDir(job_, runDir_) + "/" + ckpt::checkpointDirName(h.manifest.step);
     if (ckpt::verifyCheckpoint(target, false).valid) return;  // already there
     std::filesystem::create_directories(target);
@@ -519,8 +512,7 @@ int runAgent(const AgentOptions& o) {
                                  o.minNodes, o.maxNodes));
   }
   if (o.procs < 0) throw UsageError(fmt::format("--procs must be >= 1, got {}", o.procs));
-  const auto [service, jobId] = splitRdzvUrl(o.rdzv);
-  (void)service;
+  const std::string jobId = splitRdzvUrl(o.rdzv).second;
   JobConfig job = loadJob(o.jobPath, o.overrides);
   if (o.procs > 0) job.distribution.procsPerNode = o.procs;
   // A missing key fails here, before joining.

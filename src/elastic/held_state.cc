@@ -66,14 +66,14 @@ TakenUp takeUpHeldState(const comm::Comm& comm, const std::string& dir, int64_t 
   for (auto it = bySteps.rbegin(); it != bySteps.rend() && !chosen; ++it) {
     if (it->first < diskStep) break;  // the disk holds a newer one
     std::map<std::string, std::pair<ckpt::ManifestFile, int>> all;
+    ckpt::Manifest together = it->second.front().manifest;
+    together.files.clear();
     for (const Holding& h : it->second) {
-      for (const auto& f : h.manifest.files) all.emplace(f.name, std::make_pair(f, h.leader));
+      for (const auto& f : h.manifest.files) {
+        if (all.emplace(f.name, std::make_pair(f, h.leader)).second) together.files.push_back(f);
+      }
     }
-    bool whole = true;
-    for (const auto& need : ckpt::requiredFiles(it->second.front().manifest)) {
-      whole = whole && all.count(need) > 0;
-    }
-    if (whole) {
+    if (ckpt::missingFiles(together).empty()) {
       chosen = &it->second;
       files = std::move(all);
     } else if (comm.rank == 0) {

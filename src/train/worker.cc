@@ -213,7 +213,11 @@ int runWorker(const WorkerOptions& o) {
                 held.step, held.bytesReceived, held.seconds);
     }
   }
-  if (restarts > 0) log::info("restart {} of this job", restarts);
+  if (restarts > 0 && heldDir) {
+    log::info("round {} of this elastic job", restarts);  // `cohort agent` counts rounds there
+  } else if (restarts > 0) {
+    log::info("restart {} of this job", restarts);
+  }
 
   TrainSummary s = train(job, comm, runDir, to);
   if (s.reformed) {

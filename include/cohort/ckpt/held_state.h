@@ -43,6 +43,9 @@ std::vector<HeldStep> listHeldState(const std::string& dir);
 // seed): model.bin, and the optimizer state (and, at ZeRO stage 3, the
 // parameters) of every part.
 std::vector<std::string> requiredFiles(const Manifest& m);
+// Those of requiredFiles(m) that m.files lacks: none when the held state is
+// whole.
+std::vector<std::string> missingFiles(const Manifest& m);
 
 // Removes every step under `dir` but `keep` (-1: all).
 void pruneHeldState(const std::string& dir, int64_t keep);
