@@ -235,8 +235,10 @@ def cohort_join():
 def torchrun_loss():
     d = tempfile.mkdtemp(prefix="cohort-torchrun-bench.")
     port = free_port()
+    # TMPDIR: torchrun's agents keep their logs in /tmp/torchelastic_*,
+    # which a killed agent leaves behind; here they go with `d`.
     env = dict(os.environ, STEP_LOG=os.path.join(d, "steps"), CKPT_PATH=os.path.join(d, "ckpt.pt"),
-               TOTAL_STEPS="1200", OMP_NUM_THREADS="1")
+               TOTAL_STEPS="1200", OMP_NUM_THREADS="1", TMPDIR=d)
     script = os.path.join(ROOT, "bench", "peers", "elastic_step.py")
     agents = {}
 
