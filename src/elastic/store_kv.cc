@@ -51,15 +51,13 @@ class StoreKv final : public Kv {
  public:
   StoreKv(const std::string& host, int port, const KvOptions& options)
       : where_(fmt::format("{}:{}", host, port)), options_(options) {
-    if (options.mayHost) {
-      try {
-        comm::HostedStore hosted = comm::hostStore(host, port, options.retryFor, options.storeToken);
-        store_ = hosted.store;
-        hosting_ = true;
-      } catch (const CommError& e) {
-        // Not an address of this machine, or another agent here hosts it.
-        log::debug("rendezvous store {}: not hosted here ({})", where_, e.what());
-      }
+    try {
+      comm::HostedStore hosted = comm::hostStore(host, port, options.retryFor, options.storeToken);
+      store_ = hosted.store;
+      hosting_ = true;
+    } catch (const CommError& e) {
+      // Not an address of this machine, or another agent here hosts it.
+      log::debug("rendezvous store {}: not hosted here ({})", where_, e.what());
     }
     if (!store_) store_ = comm::connectStoreClient(host, port, options.storeToken, options.retryFor);
   }

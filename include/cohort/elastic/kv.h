@@ -31,9 +31,6 @@ struct KvOptions {
   std::chrono::milliseconds aliveTtl{10000};  // a key kept alive lasts this long unrenewed
   // The store: its token (cohort/comm/store.h); etcd: unused.
   std::string storeToken;
-  // store://: host the store when its address belongs to this machine and
-  // its port is free (the first agent there); else connect to it.
-  bool mayHost = true;
 };
 
 class Kv {

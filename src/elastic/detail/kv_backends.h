@@ -13,7 +13,7 @@ namespace cohort::elastic::detail {
 // etcd's v3 JSON API at each "host:port" (the members of one cluster).
 std::unique_ptr<Kv> connectEtcd(const std::vector<std::string>& endpoints, const KvOptions& options);
 
-// cohort's store at host:port: hosted here when options.mayHost and the
+// cohort's store at host:port: hosted here (the first agent there) when the
 // address can be bound, else reached as a client.
 std::unique_ptr<Kv> connectStoreKv(const std::string& host, int port, const KvOptions& options);
 
