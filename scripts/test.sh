@@ -22,6 +22,13 @@ if [ ! -f tests/azurite/node_modules/.package-lock.json ] ||
    [ tests/azurite/package-lock.json -nt tests/azurite/node_modules/.package-lock.json ]; then
   (cd tests/azurite && npm ci --no-audit --no-fund)
 fi
+# ONNX Runtime for Node.js, which runs the ONNX exports in the deploy tests
+# (tests/onnxruntime). Its CPU runtime ships in the npm package; the install
+# script would fetch GPU libraries from outside the registry: skipped.
+if [ ! -f tests/onnxruntime/node_modules/.package-lock.json ] ||
+   [ tests/onnxruntime/package-lock.json -nt tests/onnxruntime/node_modules/.package-lock.json ]; then
+  (cd tests/onnxruntime && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund)
+fi
 # Sanitizers: build-asan or build-tsan instead of build (docs/security.md).
 if [ -n "$sanitize" ]; then
   exec ./scripts/sanitize.sh "$sanitize" "$@"

@@ -25,11 +25,6 @@ namespace cohort::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The weights to sample with, and where they came from: model/final.pt, or
-// a LoRA run's model.init_from with model/adapters.pt, or the newest
-// checkpoint.
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir) {
   std::error_code ec;
   if (fs::is_regular_file(runDir.finalModel(), ec)) {
@@ -56,8 +51,6 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
                               "valid checkpoint)",
                               runDir.root));
 }
-
-}  // namespace
 
 int generateCommand(const GenerateOptions& o, std::ostream& out) {
   if (o.tokens < 0) throw UsageError(fmt::format("--tokens: must be >= 0, got {}", o.tokens));

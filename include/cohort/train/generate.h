@@ -7,7 +7,17 @@
 #include <ostream>
 #include <string>
 
+#include "cohort/config/job.h"
+#include "cohort/core/run_dir.h"
+#include "cohort/models/model.h"
+
 namespace cohort::train {
+
+// Loads into `model` (built from `job`) the run's trained weights: those of
+// model/final.pt, or a LoRA run's model.init_from with model/adapters.pt, or
+// the newest valid checkpoint. Returns where they came from; throws
+// DataError when there are none.
+std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir);
 
 struct GenerateOptions {
   std::string runDir;

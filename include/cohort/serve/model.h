@@ -1,0 +1,103 @@
+#pragma once
+
+// A trained model, ready to answer: what `cohort export`, `cohort serve` and
+// `cohort score` start from.
+//
+// MODEL, on their command lines, is one of
+//   - a run directory (its model/final.pt, or a LoRA run's adapters, or its
+//     newest valid checkpoint: the weights `cohort generate` samples with);
+//   - a weights file or checkpoint directory inside a run directory
+//     (RUN/model/final.pt, RUN/checkpoints/step-N): the job is RUN/job.yaml;
+//   - a weights file anywhere, with `--job JOB.yaml` naming its architecture;
+//   - a TorchScript file `cohort export --format torchscript` wrote (serve
+//     and score only): it carries its ModelInfo, no run directory needed.
+//
+// The contract with clients is the same for all of them: an image model
+// takes raw pixels, [B, C, H, W] float32 in 0..255 (the image after the
+// eval resize and crop, before ToTensor's division and the normalization,
+// which the model applies), and gives logits [B, num_classes]; a language
+// model takes token ids [B, T] (int64, T <= block_size) and gives logits
+// [B, T, vocab_size].
+
+#include <torch/types.h>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/config/job.h"
+#include "cohort/models/model.h"
+
+namespace cohort::serve {
+
+// What a client needs to know to send inputs and read outputs. Recorded as
+// JSON in every exported model (ONNX metadata_props "cohort", TorchScript
+// extra file "cohort.json"); docs/deploy.md lists the keys.
+struct ModelInfo {
+  std::string arch;      // model.arch: simple_cnn, resnet18, ..., gpt, torchscript
+  bool tokens = false;   // a language model
+  // Images: the input's channels and size; raw pixels 0..255.
+  int64_t channels = 0, height = 0, width = 0;
+  // Per channel (channels values), applied to pixels / 255 inside the model.
+  std::vector<double> mean, std;
+  // The eval transform an encoded image (JPEG, PNG) goes through to become
+  // the input: shorter side resized to `resize`, center crop height x width.
+  int64_t resize = 0;
+  int64_t numClasses = 0;
+  std::vector<std::string> classes;  // label names (the dataset's); empty: the label is the name
+  // Language models.
+  std::string tokenizer;       // data/tokens.h; "bytes"
+  int64_t vocabSize = 0;       // the model's logits
+  int64_t tokenizerVocab = 0;  // ids the tokenizer can decode (<= vocabSize)
+  int64_t blockSize = 0;       // longest sequence
+  std::string weights;         // where the weights came from
+
+  nlohmann::json toJson() const;
+  // Throws DataError naming `origin` when a key is missing or of a wrong type.
+  static ModelInfo fromJson(const nlohmann::json& j, const std::string& origin);
+  // The class name of label `label` (its index when there are no names).
+  std::string className(int64_t label) const;
+};
+
+// A model of cohort's zoo with its trained weights, in eval mode.
+struct TrainedModel {
+  JobConfig job;
+  std::string runDir;  // "" for a weights file given with --job outside a run directory
+  ModelInfo info;
+  std::shared_ptr<models::Model> model;
+};
+
+// Loads MODEL (a run directory, a weights file or a checkpoint directory;
+// see above); `jobPath` overrides the job found beside it. The input shape
+// and class names come from the job's training data (its manifest, or the
+// header of its IDX file). Throws UsageError (no job found, not cohort's
+// zoo) or DataError (no weights, unreadable files) naming the path.
+TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPath = "");
+
+// Raw pixels (float, 0..255) -> the input the network was trained on:
+// / 255, then (x - mean) / std per channel. `info` must be an image model's.
+at::Tensor normalizePixels(const at::Tensor& raw, const ModelInfo& info);
+
+// What serve and score call: a forward from the client's input (see the
+// contract above) to logits. Not thread-safe: one caller at a time.
+class Predictor {
+ public:
+  virtual ~Predictor() = default;
+  virtual const ModelInfo& info() const = 0;
+  // Under inference mode; throws DataError for an input of the wrong shape
+  // or type (naming what was expected).
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+};
+
+// A Predictor for MODEL: any of the forms above, a TorchScript export too.
+std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::string& jobPath = "");
+
+// The name of the TorchScript extra file (and ONNX metadata key, "cohort")
+// that holds ModelInfo.
+inline constexpr const char* kInfoExtraFile = "cohort.json";
+inline constexpr const char* kInfoMetadataKey = "cohort";
+
+}  // namespace cohort::serve

@@ -1,0 +1,302 @@
+#include "cohort/serve/model.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/zero_state.h"
+#include "cohort/config/load.h"
+#include "cohort/core/error.h"
+#include "cohort/core/run_dir.h"
+#include "cohort/data/dataset.h"
+#include "cohort/data/shard_source.h"
+#include "cohort/data/tokens.h"
+#include "cohort/data/transform.h"
+#include "cohort/models/lora.h"
+#include "cohort/storage/storage.h"
+#include "cohort/train/generate.h"
+
+namespace cohort::serve {
+
+namespace fs = std::filesystem;
+
+nlohmann::json ModelInfo::toJson() const {
+  nlohmann::json j = {{"format", 1}, {"arch", arch}, {"tokens", tokens}, {"weights", weights}};
+  if (tokens) {
+    j["input"] = {{"name", "tokens"}, {"dtype", "int64"}, {"shape", {"batch", "time"}}};
+    j["output"] = {{"name", "logits"}, {"dtype", "float32"}, {"shape", {"batch", "time", vocabSize}}};
+    j["tokenizer"] = tokenizer;
+    j["vocab_size"] = vocabSize;
+    j["tokenizer_vocab"] = tokenizerVocab;
+    j["block_size"] = blockSize;
+  } else {
+    j["input"] = {{"name", "pixels"}, {"dtype", "float32"},
+                  {"shape", {"batch", channels, height, width}}, {"range", {0, 255}}};
+    j["output"] = {{"name", "logits"}, {"dtype", "float32"}, {"shape", {"batch", numClasses}}};
+    j["normalization"] = {{"folded", true}, {"scale", 1.0 / 255}, {"mean", mean}, {"std", std}};
+    j["resize"] = resize;
+    j["num_classes"] = numClasses;
+    j["classes"] = classes;
+  }
+  return j;
+}
+
+ModelInfo ModelInfo::fromJson(const nlohmann::json& j, const std::string& origin) {
+  ModelInfo m;
+  try {
+    m.arch = j.at("arch").get<std::string>();
+    m.tokens = j.at("tokens").get<bool>();
+    m.weights = j.value("weights", "");
+    if (m.tokens) {
+      m.tokenizer = j.at("tokenizer").get<std::string>();
+      m.vocabSize = j.at("vocab_size").get<int64_t>();
+      m.tokenizerVocab = j.at("tokenizer_vocab").get<int64_t>();
+      m.blockSize = j.at("block_size").get<int64_t>();
+    } else {
+      const auto& shape = j.at("input").at("shape");
+      m.channels = shape.at(1).get<int64_t>();
+      m.height = shape.at(2).get<int64_t>();
+      m.width = shape.at(3).get<int64_t>();
+      m.mean = j.at("normalization").at("mean").get<std::vector<double>>();
+      m.std = j.at("normalization").at("std").get<std::vector<double>>();
+      m.resize = j.at("resize").get<int64_t>();
+      m.numClasses = j.at("num_classes").get<int64_t>();
+      m.classes = j.at("classes").get<std::vector<std::string>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: model information ({}): {}", origin, kInfoExtraFile, e.what()));
+  }
+  return m;
+}
+
+std::string ModelInfo::className(int64_t label) const {
+  if (label >= 0 && label < static_cast<int64_t>(classes.size())) return classes[static_cast<size_t>(label)];
+  return std::to_string(label);
+}
+
+namespace {
+
+// The job file above `path`: RUN/job.yaml for RUN, RUN/model/final.pt or
+// RUN/checkpoints/step-N; "" when there is none within three levels.
+std::string findJob(const fs::path& path) {
+  std::error_code ec;
+  fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
+  for (int up = 0; up < 3 && !dir.empty(); ++up) {
+    if (fs::is_regular_file(dir / "job.yaml", ec)) return (dir / "job.yaml").string();
+    if (dir == dir.parent_path()) break;
+    dir = dir.parent_path();
+  }
+  return "";
+}
+
+// Loads the weights MODEL names: a run directory's trained weights, a
+// checkpoint directory, or a state dict file.
+std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const std::string& path,
+                            const std::string& runDir) {
+  std::error_code ec;
+  if (!runDir.empty() && fs::equivalent(path, runDir, ec)) {
+    return train::loadTrainedWeights(model, job, RunDir{runDir});
+  }
+  if (fs::is_directory(path, ec)) {
+    if (!fs::is_regular_file(fs::path(path) / "manifest.json", ec)) {
+      throw UsageError(fmt::format("{}: neither a run directory nor a checkpoint (no manifest.json)", path));
+    }
+    if (job.model.lora.rank > 0) models::loadFrozenBase(model, job.model);
+    ckpt::loadStateDict(models::trainedState(model), ckpt::checkpointModel(path, ckpt::readManifest(path)),
+                        path + "/model.bin");
+    return path;
+  }
+  if (!fs::is_regular_file(path, ec)) throw UsageError(fmt::format("{}: no such file or directory", path));
+  models::loadWeights(model, ckpt::readStateDict(path), path);
+  return path;
+}
+
+// Shape, normalization and class names from the job's training data.
+void describeInput(ModelInfo& info, const JobConfig& job) {
+  const DatasetConfig& d = job.data.train;
+  CacheConfig noCache;
+  noCache.enabled = false;
+  const auto storageOptions = storage::storageOptions(job.storage);
+  bool encoded = false;  // shards of JPEG/PNG images (not raw pixels)
+  if (d.kind == DataKind::shards || d.kind == DataKind::tokens) {
+    const data::ShardSource source(d.path, storageOptions, noCache);
+    info.classes = source.manifest().classes;
+    info.tokenizer = source.manifest().tokenizer;
+    info.tokenizerVocab = source.manifest().vocabSize;
+    encoded = d.kind == DataKind::shards && source.manifest().encoding != "raw";
+  }
+  if (tokenModel(job)) {
+    if (info.tokenizer.empty()) info.tokenizer = data::kByteTokenizer;
+    if (info.tokenizerVocab == 0) info.tokenizerVocab = data::kByteVocabSize;
+    return;
+  }
+  data::OpenOptions o;
+  o.storage = storageOptions;
+  o.cache = noCache;
+  const auto dataset = data::openDataset(d, job.model.numClasses, o);
+  const data::SampleShape shape = dataset->shape();
+  info.channels = job.model.inChannels > 0 ? job.model.inChannels : shape.channels;
+  info.height = shape.height;
+  info.width = shape.width;
+  const auto t = data::Transform::fromConfig(d, shape, false, "data.train");
+  for (int64_t c = 0; c < info.channels; ++c) {
+    const auto at = [&](const std::vector<float>& v, double none) {
+      return v.empty() ? none : static_cast<double>(v[v.size() == 1 ? 0 : static_cast<size_t>(c)]);
+    };
+    info.mean.push_back(at(t.mean, 0.0));
+    info.std.push_back(at(t.std, 1.0));
+  }
+  // An encoded image is resized as the training data's eval transform does;
+  // other data was trained at its stored size: a plain resize to it.
+  info.resize = encoded ? (d.resizeSize > 0 ? d.resizeSize : std::lround(d.cropSize / 0.875))
+                        : std::max(shape.height, shape.width);
+}
+
+}  // namespace
+
+TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPath) {
+  TrainedModel t;
+  std::error_code ec;
+  if (!fs::exists(model, ec)) throw UsageError(fmt::format("{}: no such file or directory", model));
+  const std::string found = findJob(model);
+  if (!found.empty()) t.runDir = fs::path(found).parent_path().string();
+  const std::string job = jobPath.empty() ? found : jobPath;
+  if (job.empty()) {
+    throw UsageError(fmt::format("{}: no job.yaml beside it or above it; pass --job JOB.yaml naming its "
+                                 "architecture",
+                                 model));
+  }
+  t.job = loadJob(job);
+  ModelInfo& info = t.info;
+  info.arch = std::string(choiceName(t.job.model.arch));
+  info.tokens = tokenModel(t.job);
+  describeInput(info, t.job);
+
+  torch::NoGradGuard noGrad;
+  ModelConfig mc = t.job.model;
+  if (info.tokens) {
+    if (mc.vocabSize == 0) mc.vocabSize = info.tokenizerVocab;
+    info.vocabSize = mc.vocabSize;
+    info.blockSize = mc.blockSize;
+  } else {
+    if (mc.inChannels == 0) mc.inChannels = info.channels;
+    info.numClasses = mc.numClasses;
+  }
+  // The contiguous layout: what every runtime an export goes to expects,
+  // and serving's batches are small.
+  mc.memoryFormat = MemoryLayout::contiguous;
+  t.model = models::createModel(mc, {info.channels, info.height, info.width});
+  info.weights = loadWeightsFrom(*t.model, t.job, model, t.runDir);
+  t.model->eval();
+  return t;
+}
+
+at::Tensor normalizePixels(const at::Tensor& raw, const ModelInfo& info) {
+  const auto opts = raw.options().dtype(torch::kFloat);
+  const at::Tensor mean = torch::tensor(info.mean, opts.dtype(torch::kDouble)).to(opts).view({1, -1, 1, 1});
+  const at::Tensor std = torch::tensor(info.std, opts.dtype(torch::kDouble)).to(opts).view({1, -1, 1, 1});
+  return (raw.to(torch::kFloat) / 255.0f - mean) / std;
+}
+
+namespace {
+
+std::string describeSizes(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d > 0 ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+// Throws DataError unless `input` is what `info` takes (the contract in model.h).
+void checkInput(const at::Tensor& input, const ModelInfo& info) {
+  if (info.tokens) {
+    if (input.dim() != 2 || input.scalar_type() != torch::kLong) {
+      throw DataError(fmt::format("expected token ids int64 [batch, time], got {} {}",
+                                  c10::toString(input.scalar_type()), describeSizes(input)));
+    }
+    if (input.size(1) < 1 || input.size(1) > info.blockSize) {
+      throw DataError(fmt::format("a sequence of {} tokens: the model takes 1 to {} (block_size)",
+                                  input.size(1), info.blockSize));
+    }
+    if (input.numel() > 0 && (input.min().item<int64_t>() < 0 || input.max().item<int64_t>() >= info.vocabSize)) {
+      throw DataError(fmt::format("token ids must be in [0, {})", info.vocabSize));
+    }
+    return;
+  }
+  if (input.dim() != 4 || input.size(1) != info.channels || input.size(2) != info.height ||
+      input.size(3) != info.width || !input.is_floating_point()) {
+    throw DataError(fmt::format("expected pixels float [batch, {}, {}, {}], got {} {}", info.channels,
+                                info.height, info.width, c10::toString(input.scalar_type()),
+                                describeSizes(input)));
+  }
+}
+
+class ZooPredictor : public Predictor {
+ public:
+  explicit ZooPredictor(TrainedModel m) : m_(std::move(m)) {}
+  const ModelInfo& info() const override { return m_.info; }
+  at::Tensor forward(const at::Tensor& input) override {
+    checkInput(input, m_.info);
+    c10::InferenceMode guard;
+    return m_.model->forward(m_.info.tokens ? input : normalizePixels(input, m_.info));
+  }
+
+ private:
+  TrainedModel m_;
+};
+
+class ScriptPredictor : public Predictor {
+ public:
+  ScriptPredictor(torch::jit::Module module, ModelInfo info)
+      : module_(std::move(module)), info_(std::move(info)) {
+    module_.eval();
+  }
+  const ModelInfo& info() const override { return info_; }
+  at::Tensor forward(const at::Tensor& input) override {
+    checkInput(input, info_);
+    c10::InferenceMode guard;
+    c10::IValue out = module_.forward({info_.tokens ? input : input.to(torch::kFloat)});
+    return out.toTensor();
+  }
+
+ private:
+  torch::jit::Module module_;
+  ModelInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::string& jobPath) {
+  std::error_code ec;
+  if (jobPath.empty() && fs::is_regular_file(model, ec) && findJob(model).empty()) {
+    // Not in a run directory: a TorchScript export carrying its ModelInfo.
+    torch::jit::ExtraFilesMap extra{{kInfoExtraFile, ""}};
+    torch::jit::Module module;
+    try {
+      module = torch::jit::load(model, torch::kCPU, extra);
+    } catch (const c10::Error& e) {
+      throw UsageError(fmt::format("{}: not a TorchScript export of cohort, and no job.yaml above it "
+                                   "(pass --job JOB.yaml for a weights file): {}",
+                                   model, e.what_without_backtrace()));
+    }
+    if (extra[kInfoExtraFile].empty()) {
+      throw UsageError(fmt::format("{}: a TorchScript module without {} (write it with `cohort export "
+                                   "--format torchscript`)",
+                                   model, kInfoExtraFile));
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(extra[kInfoExtraFile]);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("{}: {}: {}", model, kInfoExtraFile, e.what()));
+    }
+    return std::make_unique<ScriptPredictor>(std::move(module), ModelInfo::fromJson(j, model));
+  }
+  return std::make_unique<ZooPredictor>(loadTrainedModel(model, jobPath));
+}
+
+}  // namespace cohort::serve
