@@ -7,6 +7,9 @@
 //   cohort ckpt consolidate PATH OUT.pt [--optimizer OPT.pt]
 //   cohort data pack SRC DST | tokenize SRC DST | inspect PATH | verify PATH
 //   cohort generate RUN_DIR --prompt TEXT --tokens N
+//   cohort export MODEL --format onnx|torchscript [--out PATH] [--batch dynamic|N]
+//   cohort serve MODEL [--port P] [--host H] [--max-batch B] [--max-delay-ms D] [--threads T]
+//   cohort score MODEL --data DATA --out predictions.jsonl [--procs N]
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
 //   cohort logs RUN_DIR [--rank r] [--follow]
 //   cohort help [COMMAND] | cohort --version
@@ -38,6 +41,9 @@
 #include "cohort/health/health.h"
 #include "cohort/monitor/logs.h"
 #include "cohort/security/sealed.h"
+#include "cohort/serve/export.h"
+#include "cohort/serve/score.h"
+#include "cohort/serve/server.h"
 #include "cohort/train/generate.h"
 #include "cohort/train/worker.h"
 
@@ -121,6 +127,12 @@ struct Cli {
   double shardMb = 256;
   bool noProgress = false, decode = false;
   int64_t inspectRecords = 0;
+  // export, serve, score
+  CLI::App *exportCmd = nullptr, *serveCmd = nullptr, *scoreCmd = nullptr;
+  cohort::serve::ExportOptions exportOptions;
+  std::string exportBatch = "dynamic";
+  cohort::serve::ServeOptions serveOptions;
+  cohort::serve::ScoreOptions scoreOptions;
   // health, logs, help
   CLI::App *health = nullptr, *logs = nullptr, *help = nullptr;
   cohort::health::HealthCommandOptions healthOptions;
@@ -131,6 +143,7 @@ struct Cli {
   void addCkpt(CLI::App& app);
   void addData(CLI::App& app);
   void addHealthLogsHelp(CLI::App& app);
+  void addDeploy(CLI::App& app);  // export, serve, score
   // After parsing: runs the chosen command and returns the exit code.
   int dispatch(CLI::App& app, int argc);
   int showHelp(CLI::App& app, int argc) const;
@@ -339,6 +352,68 @@ void Cli::addHealthLogsHelp(CLI::App& app) {
 
 }
 
+void Cli::addDeploy(CLI::App& app) {
+  const char* modelHelp =
+      "A run directory, a weights file or checkpoint in one, or (serve, score) a TorchScript export";
+  exportCmd = app.add_subcommand("export", "Write a trained model as ONNX or TorchScript for other runtimes");
+  exportCmd->add_option("model", exportOptions.model, modelHelp)->required();
+  exportCmd->add_option("--format", exportOptions.format, "onnx or torchscript")
+      ->required()->check(CLI::IsMember({"onnx", "torchscript"}));
+  exportCmd->add_option("--out", exportOptions.out, "Output file (default: beside the weights, in model/)");
+  exportCmd->add_option("--batch", exportBatch, "`dynamic` (any batch size) or a fixed batch size")
+      ->capture_default_str();
+  exportCmd->add_option("--opset", exportOptions.opset, "ONNX opset")->capture_default_str()
+      ->check(CLI::Range(int64_t{17}, int64_t{17}));
+  exportCmd->add_option("--job", exportOptions.job, "Job file of a weights file outside a run directory");
+
+
+  auto& so2 = serveOptions;
+  serveCmd = app.add_subcommand("serve", "Answer predictions over HTTP, batching requests that arrive together");
+  serveCmd->add_option("model", so2.model, modelHelp)->required();
+  serveCmd->add_option("--host", so2.host, "Address to listen on (beyond loopback a bearer token is required)")
+      ->capture_default_str();
+  serveCmd->add_option("--port", so2.port, "Port; 0: a free one")->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  serveCmd->add_option("--port-file", so2.portFile, "Write the port listened on to this file");
+  serveCmd->add_option("--max-batch", so2.maxBatch, "Inputs run together, at most; 1: no batching")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  serveCmd->add_option("--max-delay-ms", so2.maxDelayMs, "How long a batch waits for more requests")
+      ->capture_default_str()->check(CLI::Range(0.0, 10000.0));
+  serveCmd->add_option("--threads", so2.threads, "HTTP worker threads")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  serveCmd->add_option("--compute-threads", so2.computeThreads, "Intra-op threads of the model; 0: all cores")
+      ->capture_default_str()->check(CLI::Range(0, 1024));
+  serveCmd->add_option("--max-body-bytes", so2.maxBodyBytes, "Largest request body in bytes (413 beyond)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  serveCmd->add_option("--max-concurrency", so2.maxConcurrency, "Requests in flight at once (429 beyond)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  serveCmd->add_option("--max-queue", so2.maxQueue, "Inputs waiting for the model (503 beyond)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  serveCmd->add_option("--top-k", so2.topK, "Classes returned per image by default")->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  serveCmd->add_option("--max-new-tokens", so2.maxNewTokens, "Largest max_tokens of /v1/generate")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  serveCmd->add_option("--token-file", so2.tokenFile,
+                       "File holding the bearer token clients must send (else $COHORT_SERVE_TOKEN)");
+  serveCmd->add_option("--job", so2.job, "Job file of a weights file outside a run directory");
+
+  scoreCmd = app.add_subcommand("score", "Predict over a whole dataset, data-parallel, resumable");
+  scoreCmd->add_option("model", scoreOptions.model, modelHelp)->required();
+  scoreCmd->add_option("--data", scoreOptions.data,
+                       "Dataset: image folder, shards or token directory, blob URL, IDX file, or a YAML "
+                       "dataset section")->required();
+  scoreCmd->add_option("--out", scoreOptions.out, "Predictions, one JSON line per sample, in input order")
+      ->required();
+  scoreCmd->add_option("--procs", scoreOptions.procs, "Processes scoring in parallel")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  scoreCmd->add_option("--batch-size", scoreOptions.batchSize, "Samples per forward")->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  scoreCmd->add_option("--top-k", scoreOptions.topK, "Classes per image")->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  scoreCmd->add_option("--job", scoreOptions.job, "Job file of a weights file outside a run directory");
+  scoreCmd->add_option("--rank", scoreOptions.rank, "(internal) score one part")->group("");
+}
+
 int Cli::showHelp(CLI::App& app, int argc) const {
     if (helpTopic == "job") {
       // Every key of the job file, as the table in docs/job-spec.md.
@@ -350,14 +425,16 @@ int Cli::showHelp(CLI::App& app, int argc) const {
       return 0;
     }
     if (!helpTopic.empty()) {
-      for (CLI::App* sub : {run, worker, validate, ckpt, data, generate, logs, health}) {
+      for (CLI::App* sub : {run, worker, validate, ckpt, data, generate, exportCmd, serveCmd, scoreCmd,
+                            logs, health}) {
         if (sub->get_name() == helpTopic) {
           std::cout << sub->help();
           return 0;
         }
       }
       std::cerr << "cohort: no help on '" << helpTopic
-                << "' (try: run, worker, validate, ckpt, data, generate, logs, health, job)\n";
+                << "' (try: run, worker, validate, ckpt, data, generate, export, serve, score, logs, "
+                   "health, job)\n";
       return 2;
     }
     std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -407,6 +484,21 @@ int Cli::dispatch(CLI::App& app, int argc) {
     return 0;
   }
   if (*generate) return cohort::train::generateCommand(generateOptions, std::cout);
+  if (*exportCmd) {
+    if (exportBatch != "dynamic") {
+      try {
+        exportOptions.batch = std::stoll(exportBatch);
+      } catch (const std::exception&) {
+        exportOptions.batch = 0;
+      }
+      if (exportOptions.batch < 1) {
+        throw cohort::UsageError(fmt::format("--batch {}: expected `dynamic` or a size >= 1", exportBatch));
+      }
+    }
+    return cohort::serve::exportCommand(exportOptions, std::cout);
+  }
+  if (*serveCmd) return cohort::serve::serveCommand(serveOptions);
+  if (*scoreCmd) return cohort::serve::scoreCommand(scoreOptions);
   if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
   if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
   if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
@@ -466,6 +558,7 @@ int main(int argc, char** argv) {
   cli.addCkpt(app);
   cli.addData(app);
   cli.addHealthLogsHelp(app);
+  cli.addDeploy(app);
 
   try {
     app.parse(argc, argv);

@@ -224,6 +224,7 @@ std::optional<std::string> azureStorageBearerToken() {
   return get("AZURE_STORAGE_BEARER_TOKEN");
 }
 std::optional<std::string> storeToken() { return get(kStoreTokenVar); }
+std::optional<std::string> serveToken() { return get(kServeTokenVar); }
 std::optional<std::string> urlCredentials() { return get(kUrlCredentialsVar); }
 std::optional<std::string> namedVariable(const std::string& name) { return get(name.c_str()); }
 

@@ -104,15 +104,16 @@ class IdxDataset final : public Dataset {
              int64_t numClasses)
       : imagesPath_(imagesPath) {
     images_ = readIdx(imagesPath, 3, "images");
+    const int64_t n = images_.dims[0];
+    size_ = limit > 0 ? std::min<int64_t>(limit, n) : n;
+    if (size_ == 0) throw DataError(fmt::format("{}: holds no samples", imagesPath));
+    shape_ = SampleShape{1, images_.dims[1], images_.dims[2]};
+    if (labelsPath.empty()) return;  // images only: every label reads as 0
     labels_ = readIdx(labelsPath, 1, "labels");
-    int64_t n = images_.dims[0];
     if (labels_.dims[0] != images_.dims[0]) {
       throw DataError(fmt::format("{} holds {} images but {} holds {} labels", imagesPath,
                                   images_.dims[0], labelsPath, labels_.dims[0]));
     }
-    size_ = limit > 0 ? std::min<int64_t>(limit, n) : n;
-    if (size_ == 0) throw DataError(fmt::format("{}: holds no samples", imagesPath));
-    shape_ = SampleShape{1, images_.dims[1], images_.dims[2]};
     const uint8_t* l = labels_.bytes.data() + labels_.dataOffset;
     for (int64_t i = 0; i < size_; ++i) {
       if (l[i] >= numClasses) {
@@ -129,7 +130,7 @@ class IdxDataset final : public Dataset {
     const int64_t n = shape_.numel();
     const uint8_t* p = images_.bytes.data() + images_.dataOffset + index * n;
     for (int64_t i = 0; i < n; ++i) out[i] = p[i] * (1.0f / 255.0f);
-    return labels_.bytes[labels_.dataOffset + index];
+    return labels_.bytes.empty() ? 0 : labels_.bytes[labels_.dataOffset + index];
   }
 
   std::string describe() const override {

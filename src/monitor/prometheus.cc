@@ -92,13 +92,37 @@ PrometheusText& PrometheusText::counter(const std::string& name, const std::stri
   return *this;
 }
 
+PrometheusText& PrometheusText::histogram(const std::string& name, const std::string& help,
+                                          const std::vector<double>& bounds,
+                                          const std::vector<double>& counts, double sum,
+                                          double count, const Labels& labels) {
+  if (bounds.size() != counts.size()) {
+    throw ConfigError(fmt::format("Prometheus histogram {}: {} bounds but {} counts", name,
+                                  bounds.size(), counts.size()));
+  }
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > (i + 1 < counts.size() ? counts[i + 1] : count) || (i > 0 && bounds[i] <= bounds[i - 1])) {
+      throw ConfigError(fmt::format(
+          "Prometheus histogram {}: bucket counts must be cumulative and bounds increasing", name));
+    }
+  }
+  for (size_t i = 0; i <= bounds.size(); ++i) {
+    Labels withLe = labels;
+    withLe.emplace_back("le", i < bounds.size() ? formatValue(bounds[i]) : "+Inf");
+    add("histogram", name, help, i < bounds.size() ? counts[i] : count, withLe, name + "_bucket");
+  }
+  add("histogram", name, help, sum, labels, name + "_sum");
+  add("histogram", name, help, count, labels, name + "_count");
+  return *this;
+}
+
 void PrometheusText::add(const std::string& type, const std::string& name, const std::string& help,
-                         double value, const Labels& labels) {
+                         double value, const Labels& labels, const std::string& sampleName) {
   if (!isValidMetricName(name)) {
     throw ConfigError(fmt::format(
         "Prometheus metric name '{}' is invalid: it must match [a-zA-Z_:][a-zA-Z0-9_:]*", name));
   }
-  std::string line = name;
+  std::string line = sampleName.empty() ? name : sampleName;
   if (!labels.empty()) {
     line += '{';
     for (size_t i = 0; i < labels.size(); ++i) {

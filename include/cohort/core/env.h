@@ -100,6 +100,11 @@ std::optional<std::string> azureStorageBearerToken();
 inline constexpr const char* kStoreTokenVar = "COHORT_STORE_TOKEN";
 std::optional<std::string> storeToken();
 
+// COHORT_SERVE_TOKEN: `cohort serve`'s bearer token when --token-file is not
+// given. A secret: never log or print it.
+inline constexpr const char* kServeTokenVar = "COHORT_SERVE_TOKEN";
+std::optional<std::string> serveToken();
+
 inline constexpr const char* kUrlCredentialsVar = "COHORT_URL_CREDENTIALS";
 std::optional<std::string> urlCredentials();
 

@@ -90,7 +90,8 @@ std::shared_ptr<Dataset> openShards(const DatasetConfig& config, int64_t numClas
 std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options);
 
 // IDX files (raw or gzip): images of ndim 3 (N, H, W) and labels of ndim 1,
-// unsigned bytes. `limit` > 0 keeps the first `limit` samples.
+// unsigned bytes. `limit` > 0 keeps the first `limit` samples. `labels`
+// empty: images without labels (`cohort score`), every label reads as 0.
 std::shared_ptr<Dataset> openIdx(const std::string& images, const std::string& labels,
                                  int64_t limit, int64_t numClasses);
 

@@ -14,7 +14,7 @@ namespace cohort::monitor {
 // Builds one exposition: families in the order they first appear, each as
 //
 //   # HELP <name> <help>
-//   # TYPE <name> gauge|counter
+//   # TYPE <name> gauge|counter|histogram
 //   <name>{<label>="<value>",...} <number>
 //
 // with every sample of a family together, whatever order they were added in.
@@ -37,6 +37,13 @@ class PrometheusText {
                         const Labels& labels = {});
   PrometheusText& counter(const std::string& name, const std::string& help, double value,
                           const Labels& labels = {});
+  // A histogram: `counts[i]` observations at most `bounds[i]` (cumulative,
+  // bounds increasing), rendered as <name>_bucket{le="..."} for each bound
+  // and +Inf (`count`), then <name>_sum and <name>_count. Throws ConfigError
+  // when the sizes differ or the counts are not cumulative.
+  PrometheusText& histogram(const std::string& name, const std::string& help,
+                            const std::vector<double>& bounds, const std::vector<double>& counts,
+                            double sum, double count, const Labels& labels = {});
 
   // The exposition, ending with a newline (empty when nothing was added).
   std::string str() const;
@@ -47,7 +54,7 @@ class PrometheusText {
     std::vector<std::string> samples;  // rendered lines, without the newline
   };
   void add(const std::string& type, const std::string& name, const std::string& help, double value,
-           const Labels& labels);
+           const Labels& labels, const std::string& sampleName = "");
   std::vector<Family> families_;
 };
 

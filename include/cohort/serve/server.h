@@ -1,0 +1,34 @@
+#pragma once
+
+// `cohort serve MODEL`: predictions over HTTP, with dynamic batching.
+// docs/deploy.md is the reference for the endpoints and their errors.
+
+#include <cstdint>
+#include <string>
+
+namespace cohort::serve {
+
+struct ServeOptions {
+  std::string model;             // MODEL (serve/model.h)
+  std::string job;               // --job
+  std::string host = "127.0.0.1";
+  int port = 8080;               // 0: a free port (printed, and written to portFile)
+  int64_t maxBatch = 16;         // requests run together, at most
+  double maxDelayMs = 5;         // how long the first request of a batch waits for others
+  int threads = 8;               // HTTP worker threads
+  int64_t maxBodyBytes = 8 << 20;     // larger requests: 413
+  int64_t maxConcurrency = 64;        // requests in flight at once; more: 429
+  int64_t maxQueue = 256;             // inputs waiting for the model; more: 503
+  int64_t topK = 5;                   // classes returned per image (a request may ask for fewer/more)
+  int64_t maxNewTokens = 1024;        // /v1/generate: max_tokens at most this
+  std::string tokenFile;         // --token-file: the bearer token; else $COHORT_SERVE_TOKEN
+  std::string portFile;          // --port-file: the bound port is written there once listening
+  int computeThreads = 0;        // intra-op threads for the model; 0: LibTorch's default
+};
+
+// Serves until SIGTERM or SIGINT, then stops taking requests, answers those
+// in flight and returns 0. Throws UsageError for bad options (e.g. a
+// non-loopback host without a token) and what loading MODEL throws.
+int serveCommand(const ServeOptions& options);
+
+}  // namespace cohort::serve

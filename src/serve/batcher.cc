@@ -1,0 +1,101 @@
+#include "serve/detail/batcher.h"
+
+#include <torch/torch.h>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+
+namespace cohort::serve::detail {
+
+Batcher::Batcher(Predictor& predictor, BatcherOptions options, ServeMetrics& metrics)
+    : predictor_(predictor), options_(options), metrics_(metrics) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Batcher::~Batcher() {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::vector<std::future<at::Tensor>> Batcher::submit(std::vector<at::Tensor> inputs) {
+  std::vector<std::future<at::Tensor>> futures;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (stopping_ || static_cast<int64_t>(queue_.size() + inputs.size()) > options_.maxQueue) {
+      return futures;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (at::Tensor& input : inputs) {
+      Item item{std::move(input), {}, now};
+      futures.push_back(item.result.get_future());
+      queue_.push_back(std::move(item));
+    }
+    metrics_.queueDepth = static_cast<int64_t>(queue_.size());
+  }
+  cv_.notify_all();
+  return futures;
+}
+
+void Batcher::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    // Wait for the batch to fill, at most maxDelay after its oldest input.
+    const auto deadline = queue_.front().arrived + options_.maxDelay;
+    auto sameShape = [&] {
+      int64_t n = 0;
+      for (const Item& item : queue_) n += item.input.sizes() == queue_.front().input.sizes();
+      return n;
+    };
+    while (!stopping_ && sameShape() < options_.maxBatch &&
+           cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+    }
+    std::vector<Item> batch;
+    const auto sizes = queue_.front().input.sizes().vec();
+    for (auto it = queue_.begin(); it != queue_.end() && static_cast<int64_t>(batch.size()) < options_.maxBatch;) {
+      if (it->input.sizes() == sizes) {
+        batch.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    metrics_.queueDepth = static_cast<int64_t>(queue_.size());
+    lock.unlock();
+    run(batch);
+    lock.lock();
+  }
+}
+
+void Batcher::run(std::vector<Item>& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(batch.size());
+    for (const Item& item : batch) inputs.push_back(item.input);
+    at::Tensor logits = predictor_.forward(torch::stack(inputs));
+    if (predictor_.info().tokens) logits = logits.select(1, logits.size(1) - 1);
+    logits = logits.to(torch::kFloat).contiguous();
+    metrics_.batch(static_cast<int64_t>(batch.size()),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    for (size_t i = 0; i < batch.size(); ++i) batch[i].result.set_value(logits[static_cast<int64_t>(i)].clone());
+  } catch (...) {
+    // The whole batch failed: each caller gets the error (an input the
+    // model refuses is caught before submit, so this is rare).
+    const std::exception_ptr error = std::current_exception();
+    for (Item& item : batch) {
+      try {
+        item.result.set_exception(error);
+      } catch (const std::future_error&) {
+        // Already fulfilled before the failure.
+      }
+    }
+  }
+}
+
+}  // namespace cohort::serve::detail

@@ -1,0 +1,74 @@
+#pragma once
+
+// Dynamic batching for `cohort serve`: HTTP workers submit single inputs, one
+// model thread runs them together.
+//
+// Design: a FIFO of inputs, each with its own promise. The model thread takes
+// the oldest input and waits until `maxBatch` inputs of the same shape are
+// queued, or `maxDelay` has passed since the oldest arrived; then it stacks up to `maxBatch` inputs of the oldest one's shape
+// (others wait for the next round, keeping their place), runs one forward,
+// and fulfils each promise with that input's row of the logits. Inputs of one
+// shape: an image model's inputs all share it; a language model's contexts
+// are grouped by length. The predictor is only ever called from this thread.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cohort/serve/model.h"
+#include "serve/detail/serve_metrics.h"
+
+namespace cohort::serve::detail {
+
+struct BatcherOptions {
+  int64_t maxBatch = 16;
+  std::chrono::microseconds maxDelay{5000};
+  int64_t maxQueue = 256;  // inputs waiting, at most
+};
+
+class Batcher {
+ public:
+  // Starts the model thread; `predictor` and `metrics` must outlive the Batcher.
+  Batcher(Predictor& predictor, BatcherOptions options, ServeMetrics& metrics);
+  // Runs what is queued, then stops and joins the model thread.
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues `inputs` (each one sample without the batch dimension: pixels
+  // [C, H, W] float, or token ids [T] int64) all or none. Returns one future
+  // per input: an image model's logits [classes]; a language model's logits
+  // of the last position [vocab]. A future throws what the forward threw
+  // (DataError for an input the model refuses). Returns an empty vector when
+  // the queue has no room for them all (the caller answers 503).
+  std::vector<std::future<at::Tensor>> submit(std::vector<at::Tensor> inputs);
+
+
+ private:
+  struct Item {
+    at::Tensor input;
+    std::promise<at::Tensor> result;
+    std::chrono::steady_clock::time_point arrived;
+  };
+  void loop();
+  void run(std::vector<Item>& batch);
+
+  Predictor& predictor_;
+  const BatcherOptions options_;
+  ServeMetrics& metrics_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace cohort::serve::detail

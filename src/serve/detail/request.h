@@ -1,0 +1,59 @@
+#pragma once
+
+// The bodies `cohort serve` accepts, parsed into model inputs. Every parse
+// error is a DataError whose message tells the client what is wrong (the
+// server answers it as 400 {"error": message}). docs/deploy.md lists the
+// forms.
+
+#include <ATen/core/Tensor.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/serve/model.h"
+
+namespace cohort::serve::detail {
+
+struct PredictRequest {
+  std::vector<at::Tensor> inputs;  // each [C, H, W] float32, raw pixels 0..255
+  int64_t topK = 5;                // at most the number of classes
+  bool logits = false;             // answer the logits too
+};
+
+// POST /v1/predict of an image model. `body` is JSON ({"inputs": ...}) or the
+// bytes of one JPEG or PNG image: image/jpeg and image/png content types are
+// images, application/json is JSON, and any other type is sniffed (the
+// JPEG and PNG signatures). `topKParam` and `logitsParam` are the query's
+// ?top_k= and ?logits= (absent: std::nullopt); JSON keys of the same names
+// take precedence. `maxInputs` bounds the inputs of one request.
+PredictRequest parsePredict(const std::string& body, const std::string& contentType,
+                            const std::optional<std::string>& topKParam,
+                            const std::optional<std::string>& logitsParam, const ModelInfo& info,
+                            int64_t defaultTopK, int64_t maxInputs);
+
+struct GenerateRequest {
+  std::vector<int64_t> prompt;  // token ids, 1 to block_size of them
+  int64_t maxTokens = 16;
+  double temperature = 1.0;     // 0: the most likely token every time
+  int64_t topK = 0;             // 0: sample among all tokens
+  uint64_t seed = 0;
+  bool stream = false;
+};
+
+// POST /v1/generate of a language model: {"prompt", "max_tokens",
+// "temperature", "top_k", "seed", "stream"}; only "prompt" is required.
+// `maxNewTokens` bounds max_tokens.
+GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens);
+
+// JSON text for a client: invalid UTF-8 (a byte token cut from a character)
+// becomes U+FFFD instead of failing.
+std::string dumpJson(const nlohmann::json& j);
+
+// {"error": message}
+std::string errorBody(const std::string& message);
+
+}  // namespace cohort::serve::detail

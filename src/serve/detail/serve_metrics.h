@@ -1,0 +1,62 @@
+#pragma once
+
+// The counters of `cohort serve`, rendered at GET /metrics (docs/deploy.md,
+// "Metrics"). Every method is thread-safe: HTTP workers and the model thread
+// record, a scrape renders.
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cohort::serve::detail {
+
+// Observations in fixed buckets (cumulative when rendered).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double value);
+  struct Snapshot {
+    std::vector<double> bounds, cumulative;
+    double sum = 0, count = 0;
+  };
+  Snapshot snapshot() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the last is +Inf
+  double sum_ = 0;
+};
+
+class ServeMetrics {
+ public:
+  ServeMetrics();
+
+  // One answered request: `endpoint` is a known path or "other".
+  void request(const std::string& endpoint, int status, double seconds);
+  // One forward of `size` inputs.
+  void batch(int64_t size, double seconds);
+
+  std::atomic<int64_t> inFlight{0};    // requests being answered (admitted ones)
+  std::atomic<int64_t> queueDepth{0};  // inputs waiting for the model
+
+  // The Prometheus text exposition.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, Histogram> latency_;
+  Histogram batchSize_;
+  Histogram batchSeconds_;
+};
+
+// The label of a request path: one of the server's routes, else "other" (so
+// that scanning clients cannot grow the label set).
+std::string endpointLabel(const std::string& path);
+
+}  // namespace cohort::serve::detail

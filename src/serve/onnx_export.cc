@@ -1,0 +1,269 @@
+// `cohort export --format onnx`: the forward of graph_ops.cc as ONNX nodes.
+//
+// How the graph is produced: LibTorch's C++ API has no ONNX exporter
+// (torch.onnx is Python), so cohort writes the graph itself. The model's
+// forward is described once over `Ops` (serve/detail/graph_ops.h); OnnxOps
+// turns each operation into opset-17 nodes of the default domain, the
+// trained tensors become initializers under their state-dict names, and
+// serve/detail/onnx_proto.cc encodes the ModelProto.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/core/version.h"
+#include "serve/detail/exporters.h"
+#include "serve/detail/graph_ops.h"
+#include "serve/detail/onnx_proto.h"
+
+namespace cohort::serve::detail {
+
+namespace {
+
+using onnx::Attribute;
+
+std::vector<int64_t> onnxDims(const at::Tensor& t) { return {t.sizes().begin(), t.sizes().end()}; }
+
+class OnnxOps : public Ops {
+ public:
+  OnnxOps(const Weights& weights, onnx::Graph& graph) : Ops(weights), graph_(graph) {}
+
+  std::string normalize(const std::string& x, const std::vector<double>& mean,
+                        const std::vector<double>& std) override {
+    std::vector<float> m, s;
+    for (double v : mean) m.push_back(static_cast<float>(v));
+    for (double v : std) s.push_back(static_cast<float>(v));
+    const int64_t c = static_cast<int64_t>(m.size());
+    const std::string scaled = node("Div", {x, scalar("255", 255.0f)}, {}, "scale");
+    const std::string centered = node("Sub", {scaled, constant("pixel_mean", {1, c, 1, 1}, m)}, {}, "center");
+    return node("Div", {centered, constant("pixel_std", {1, c, 1, 1}, s)}, {}, "normalize");
+  }
+
+  std::string conv(const std::string& x, const std::string& prefix, int64_t stride, int64_t pad) override {
+    const at::Tensor& w = weight(prefix + ".weight");
+    std::vector<std::string> in = {x, init(prefix + ".weight")};
+    if (has(prefix + ".bias")) in.push_back(init(prefix + ".bias"));
+    return node(
+        "Conv", in,
+        {Attribute::ofInts("kernel_shape", {w.size(2), w.size(3)}),
+         Attribute::ofInts("strides", {stride, stride}), Attribute::ofInts("pads", {pad, pad, pad, pad})},
+        prefix);
+  }
+
+  std::string batchNorm(const std::string& x, const std::string& prefix) override {
+    return node("BatchNormalization",
+                {x, init(prefix + ".weight"), init(prefix + ".bias"), init(prefix + ".running_mean"),
+                 init(prefix + ".running_var")},
+                {Attribute::ofFloat("epsilon", 1e-5f)}, prefix);
+  }
+
+  std::string relu(const std::string& x) override { return node("Relu", {x}, {}, "relu"); }
+
+  std::string maxPool(const std::string& x, int64_t kernel, int64_t stride, int64_t pad) override {
+    return node(
+        "MaxPool", {x},
+        {Attribute::ofInts("kernel_shape", {kernel, kernel}), Attribute::ofInts("strides", {stride, stride}),
+         Attribute::ofInts("pads", {pad, pad, pad, pad})},
+        "maxpool");
+  }
+
+  std::string globalAveragePool(const std::string& x) override {
+    return flatten(node("GlobalAveragePool", {x}, {}, "avgpool"));
+  }
+
+  std::string flatten(const std::string& x) override {
+    return node("Flatten", {x}, {Attribute::ofInt("axis", 1)}, "flatten");
+  }
+
+  std::string linear(const std::string& x, const std::string& prefix) override {
+    // The weight is stored as trained ([out, in]) and transposed by a node
+    // the runtime folds, so initializers keep the state dict's layout.
+    const std::string y = matmulTransposed(x, prefix + ".weight");
+    return has(prefix + ".bias") ? node("Add", {y, init(prefix + ".bias")}, {}, prefix + ".bias") : y;
+  }
+
+  std::string add(const std::string& a, const std::string& b) override {
+    return node("Add", {a, b}, {}, "add");
+  }
+
+  std::string embed(const std::string& tokens, const std::string& wte, const std::string& wpe) override {
+    const std::string shape = node("Shape", {tokens}, {}, "tokens_shape");
+    const std::string time =
+        node("Gather", {shape, int64Scalar("one_i64", 1)}, {Attribute::ofInt("axis", 0)}, "time");
+    positions_ =
+        node("Range", {int64Scalar("zero_i64", 0), time, int64Scalar("one_i64", 1)}, {}, "positions");
+    return node(
+        "Add",
+        {node("Gather", {init(wte), tokens}, {}, "wte"), node("Gather", {init(wpe), positions_}, {}, "wpe")},
+        {}, "embed");
+  }
+
+  std::string layerNorm(const std::string& x, const std::string& prefix) override {
+    std::vector<std::string> in = {x, init(prefix + ".weight")};
+    if (has(prefix + ".bias")) in.push_back(init(prefix + ".bias"));
+    return node("LayerNormalization", in,
+                {Attribute::ofInt("axis", -1), Attribute::ofFloat("epsilon", 1e-5f)}, prefix);
+  }
+
+  std::string attention(const std::string& x, const std::string& prefix, int64_t heads) override {
+    const int64_t c = weight(prefix + ".c_proj.weight").size(0), d = c / heads;
+    const std::string qkv = linear(x, prefix + ".c_attn");
+    const std::string split = constantInts(fmt::format("split_{}", c), {3}, {c, c, c});
+    std::vector<std::string> parts =
+        nodeOutputs("Split", {qkv, split}, {Attribute::ofInt("axis", 2)}, prefix + ".split", 3);
+    // [B, T, C] -> [B, T, heads, d]; 0 keeps the batch and time sizes.
+    const std::string headShape = constantInts(fmt::format("heads_{}_{}", heads, d), {4}, {0, 0, heads, d});
+    auto perHead = [&](const std::string& m, std::vector<int64_t> perm) {
+      const std::string r = node("Reshape", {m, headShape}, {}, prefix + ".heads");
+      return node("Transpose", {r}, {Attribute::ofInts("perm", std::move(perm))}, prefix + ".transpose");
+    };
+    const std::string q = perHead(parts[0], {0, 2, 1, 3});
+    const std::string kT = perHead(parts[1], {0, 2, 3, 1});
+    const std::string v = perHead(parts[2], {0, 2, 1, 3});
+    std::string att = node("MatMul", {q, kT}, {}, prefix + ".scores");
+    att = node("Mul",
+               {att, scalar(fmt::format("inv_sqrt_{}", d),
+                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))))},
+               {}, prefix + ".scaled");
+    att = node("Where", {futureMask(), scalar("neg_inf", -std::numeric_limits<float>::infinity()), att}, {},
+               prefix + ".causal");
+    att = node("Softmax", {att}, {Attribute::ofInt("axis", -1)}, prefix + ".softmax");
+    std::string y = node("MatMul", {att, v}, {}, prefix + ".mix");
+    y = node("Transpose", {y}, {Attribute::ofInts("perm", {0, 2, 1, 3})}, prefix + ".merge");
+    y = node("Reshape", {y, constantInts(fmt::format("embd_{}", c), {3}, {0, 0, c})}, {}, prefix + ".merge");
+    return linear(y, prefix + ".c_proj");
+  }
+
+  std::string gelu(const std::string& x) override {
+    // 0.5 x (1 + erf(x / sqrt 2)): opset 17 has no Gelu.
+    const std::string e =
+        node("Erf", {node("Div", {x, scalar("sqrt2", static_cast<float>(std::sqrt(2.0)))}, {}, "gelu")}, {},
+             "gelu");
+    const std::string onePlus = node("Add", {e, scalar("one_f", 1.0f)}, {}, "gelu");
+    return node("Mul", {node("Mul", {x, onePlus}, {}, "gelu"), scalar("half", 0.5f)}, {}, "gelu");
+  }
+
+  std::string matmulTransposed(const std::string& x, const std::string& w) override {
+    const std::string wT = node("Transpose", {init(w)}, {Attribute::ofInts("perm", {1, 0})}, w + ".T");
+    return node("MatMul", {x, wT}, {}, w + ".matmul");
+  }
+
+ private:
+  // A node with one output, named after `hint` and a counter.
+  std::string node(const std::string& op, std::vector<std::string> inputs, std::vector<Attribute> attributes,
+                   const std::string& hint) {
+    return nodeOutputs(op, std::move(inputs), std::move(attributes), hint, 1)[0];
+  }
+
+  std::vector<std::string> nodeOutputs(const std::string& op, std::vector<std::string> inputs,
+                                       std::vector<Attribute> attributes, const std::string& hint,
+                                       int count) {
+    onnx::Node n;
+    n.opType = op;
+    n.name = fmt::format("{}/{}_{}", hint, op, graph_.nodes.size());
+    for (int k = 0; k < count; ++k)
+      n.outputs.push_back(count == 1 ? n.name : fmt::format("{}:{}", n.name, k));
+    n.inputs = std::move(inputs);
+    n.attributes = std::move(attributes);
+    graph_.nodes.push_back(std::move(n));
+    return graph_.nodes.back().outputs;
+  }
+
+  // The trained tensor `name` as an initializer (once).
+  std::string init(const std::string& name) {
+    if (added_.insert(name).second) {
+      const at::Tensor& t = weight(name);
+      onnx::Tensor out;
+      out.name = name;
+      out.type = onnx::DataType::kFloat;
+      out.dims = onnxDims(t);
+      out.raw.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
+      graph_.initializers.push_back(std::move(out));
+    }
+    return name;
+  }
+
+  std::string constant(const std::string& name, std::vector<int64_t> dims, const std::vector<float>& values) {
+    if (added_.insert(name).second) {
+      graph_.initializers.push_back(onnx::Tensor::floats(name, std::move(dims), values));
+    }
+    return name;
+  }
+  std::string constantInts(const std::string& name, std::vector<int64_t> dims,
+                           const std::vector<int64_t>& values) {
+    if (added_.insert(name).second) {
+      graph_.initializers.push_back(onnx::Tensor::int64s(name, std::move(dims), values));
+    }
+    return name;
+  }
+  std::string scalar(const std::string& name, float v) { return constant(name, {}, {v}); }
+  std::string int64Scalar(const std::string& name, int64_t v) { return constantInts(name, {}, {v}); }
+
+  // [T, T] bool, true above the diagonal (a position's future), from the
+  // positions of embed(): built once, for the graph's dynamic time axis.
+  std::string futureMask() {
+    if (future_.empty()) {
+      const std::string rows =
+          node("Unsqueeze", {positions_, constantInts("axis_1", {1}, {1})}, {}, "mask_rows");
+      const std::string cols =
+          node("Unsqueeze", {positions_, constantInts("axis_0", {1}, {0})}, {}, "mask_cols");
+      future_ = node("Greater", {cols, rows}, {}, "future");
+    }
+    return future_;
+  }
+
+  onnx::Graph& graph_;
+  std::set<std::string> added_;
+  std::string positions_, future_;  // of the token input, for the causal mask
+};
+
+onnx::Dim onnxBatchDim(int64_t batch) { return batch > 0 ? onnx::Dim{batch, ""} : onnx::Dim{0, "batch"}; }
+
+}  // namespace
+
+void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::string& path) {
+  const Weights weights = exportWeights(*m.model);
+  onnx::Model model;
+  model.opset = opset;
+  model.producerVersion = version();
+  model.docString = fmt::format("{} trained by cohort ({})", m.info.arch, m.info.weights);
+  onnx::Graph& g = model.graph;
+  g.name = m.info.arch;
+  OnnxOps ops(weights, g);
+  const ModelInfo& info = m.info;
+  if (info.tokens) {
+    g.inputs.push_back({"tokens", onnx::DataType::kInt64, {onnxBatchDim(batch), {0, "time"}}});
+    g.outputs.push_back(
+        {"logits", onnx::DataType::kFloat, {onnxBatchDim(batch), {0, "time"}, {info.vocabSize, ""}}});
+  } else {
+    g.inputs.push_back({"pixels",
+                        onnx::DataType::kFloat,
+                        {onnxBatchDim(batch), {info.channels, ""}, {info.height, ""}, {info.width, ""}}});
+    g.outputs.push_back({"logits", onnx::DataType::kFloat, {onnxBatchDim(batch), {info.numClasses, ""}}});
+  }
+  const std::string logits = describeForward(ops, m, g.inputs[0].name);
+  // The last node writes the graph's output under its public name.
+  for (auto& out : g.nodes.back().outputs) {
+    if (out == logits) out = "logits";
+  }
+  size_t bytes = 0;
+  for (const auto& t : g.initializers) bytes += t.raw.size();
+  // A protobuf message is at most 2 GiB; larger models would need ONNX's
+  // external data files, which cohort does not write.
+  if (bytes > (size_t{2000} << 20)) {
+    throw UsageError(
+        fmt::format("{}: {} MiB of weights is past the 2 GiB an ONNX file holds without external "
+                    "data, which cohort does not write; export it with --format torchscript",
+                    m.info.weights, bytes >> 20));
+  }
+  model.metadata = {{kInfoMetadataKey, info.toJson().dump()}, {"opset", std::to_string(opset)}};
+  writeFileAtomic(path, onnx::serialize(model));
+}
+
+}  // namespace cohort::serve::detail

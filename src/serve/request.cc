@@ -1,0 +1,275 @@
+#include "serve/detail/request.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <charconv>
+#include <cmath>
+
+#include "cohort/core/error.h"
+#include "cohort/data/image.h"
+#include "cohort/data/tokens.h"
+
+namespace cohort::serve::detail {
+
+namespace {
+
+using nlohmann::json;
+
+bool startsWith(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+bool looksLikeImage(const std::string& body) {
+  static const std::string kJpeg = "\xFF\xD8\xFF";
+  static const std::string kPng = "\x89PNG\r\n\x1A\n";
+  return startsWith(body, kJpeg.c_str()) || body.compare(0, kPng.size(), kPng) == 0;
+}
+
+std::string lowerType(const std::string& contentType) {
+  std::string t = contentType.substr(0, contentType.find(';'));
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  while (!t.empty() && t.back() == ' ') t.pop_back();
+  return t;
+}
+
+json parseJson(const std::string& body) {
+  if (body.empty()) throw DataError("the body is empty: send JSON or the bytes of a JPEG or PNG image");
+  try {
+    return json::parse(body);
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond double
+    throw DataError(fmt::format("the body is not valid JSON (nor a JPEG or PNG image): {}", e.what()));
+  }
+}
+
+void checkKeys(const json& j, std::initializer_list<const char*> known) {
+  if (!j.is_object()) throw DataError("the JSON body must be an object");
+  for (const auto& [key, value] : j.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+      throw DataError(fmt::format("unknown key \"{}\" (known: {})", key, list));
+    }
+  }
+}
+
+int64_t integerOf(const json& v, const char* key, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) throw DataError(fmt::format("\"{}\" must be an integer", key));
+  const bool tooLarge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi);
+  if (tooLarge || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    throw DataError(fmt::format("\"{}\" must be in [{}, {}], got {}", key, lo, hi, v.dump()));
+  }
+  return v.get<int64_t>();
+}
+
+int64_t integerParam(const std::string& text, const char* key, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (r.ec != std::errc() || r.ptr != text.data() + text.size() || v < lo || v > hi) {
+    throw DataError(fmt::format("?{}= must be an integer in [{}, {}], got '{}'", key, lo, hi, text));
+  }
+  return v;
+}
+
+bool boolParam(const std::string& text, const char* key) {
+  if (text == "1" || text == "true") return true;
+  if (text == "0" || text == "false" || text.empty()) return false;
+  throw DataError(fmt::format("?{}= must be true, false, 1 or 0, got '{}'", key, text));
+}
+
+int depthOf(const json& j) {
+  int depth = 0;
+  for (const json* p = &j; p->is_array(); p = &(*p)[0]) {
+    ++depth;
+    if (p->empty()) break;
+  }
+  return depth;
+}
+
+std::string indexPath(const std::vector<int64_t>& at) {
+  std::string s = "inputs";
+  for (int64_t i : at) s += fmt::format("[{}]", i);
+  return s;
+}
+
+float pixelOf(const json& v, const std::vector<int64_t>& at) {
+  if (!v.is_number()) {
+    throw DataError(fmt::format("{}: expected a number (a raw pixel, 0..255), got {}", indexPath(at),
+                                std::string(v.type_name())));
+  }
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0 || x > 255) {
+    throw DataError(fmt::format("{}: a raw pixel must be in [0, 255], got {}", indexPath(at), v.dump()));
+  }
+  return static_cast<float>(x);
+}
+
+// Copies nested arrays of `shape` (from dimension `dim` on) into `out`.
+void fillNested(const json& j, const std::vector<int64_t>& shape, size_t dim, std::vector<int64_t>& at,
+                float*& out) {
+  if (dim == shape.size()) {
+    *out++ = pixelOf(j, at);
+    return;
+  }
+  if (!j.is_array() || static_cast<int64_t>(j.size()) != shape[dim]) {
+    std::string image;
+    for (size_t d = shape.size() - 3; d < shape.size(); ++d) image += fmt::format("[{}]", shape[d]);
+    throw DataError(fmt::format("{}: expected an array of {} values (an image is {}), got {}", indexPath(at),
+                                shape[dim], image,
+                                j.is_array() ? fmt::format("{} values", j.size()) : std::string(j.type_name())));
+  }
+  for (int64_t i = 0; i < shape[dim]; ++i) {
+    at.push_back(i);
+    fillNested(j[static_cast<size_t>(i)], shape, dim + 1, at, out);
+    at.pop_back();
+  }
+}
+
+std::vector<at::Tensor> pixelsFromJson(const json& j, const ModelInfo& info, int64_t maxInputs) {
+  if (!j.contains("inputs")) throw DataError("missing \"inputs\": a list of images [C][H][W] or one image");
+  const json& in = j["inputs"];
+  const std::string want = fmt::format("[{}][{}][{}]", info.channels, info.height, info.width);
+  const int64_t perImage = info.channels * info.height * info.width;
+  int64_t n = 0;
+  at::Tensor all;
+  if (j.contains("shape")) {
+    // A flat array of numbers with its shape: [C, H, W] or [N, C, H, W].
+    const json& s = j["shape"];
+    if (!s.is_array() || (s.size() != 3 && s.size() != 4)) {
+      throw DataError(fmt::format("\"shape\" must be [C, H, W] or [N, C, H, W] (the model takes {})", want));
+    }
+    std::vector<int64_t> shape;
+    for (const json& d : s) shape.push_back(integerOf(d, "shape", 0, 1 << 30));
+    if (shape.size() == 3) shape.insert(shape.begin(), 1);
+    if (shape[1] != info.channels || shape[2] != info.height || shape[3] != info.width) {
+      throw DataError(fmt::format("\"shape\" {}: the model takes images {}", s.dump(), want));
+    }
+    n = shape[0];
+    if (n > maxInputs) throw DataError(fmt::format("{} images in one request: at most {}", n, maxInputs));
+    if (!in.is_array() || static_cast<int64_t>(in.size()) != n * perImage) {
+      throw DataError(fmt::format("\"inputs\" must be a flat array of {} numbers for shape {}", n * perImage, s.dump()));
+    }
+    all = torch::empty({n, info.channels, info.height, info.width}, torch::kFloat);
+    float* out = all.data_ptr<float>();
+    std::vector<int64_t> at{0};
+    for (size_t i = 0; i < in.size(); ++i) {
+      at[0] = static_cast<int64_t>(i);
+      *out++ = pixelOf(in[i], at);
+    }
+  } else {
+    const int depth = depthOf(in);
+    if (depth != 3 && depth != 4) {
+      throw DataError(fmt::format("\"inputs\" must be one image {} or a list of them (nested arrays of "
+                                  "numbers 0..255), or a flat array with \"shape\"", want));
+    }
+    n = depth == 3 ? 1 : static_cast<int64_t>(in.size());
+    if (n > maxInputs) throw DataError(fmt::format("{} images in one request: at most {}", n, maxInputs));
+    const std::vector<int64_t> shape{n, info.channels, info.height, info.width};
+    all = torch::empty(shape, torch::kFloat);
+    float* out = all.data_ptr<float>();
+    std::vector<int64_t> at;
+    if (depth == 3) {
+      // One image: name its indices from the image, not the wrapping list.
+      const std::vector<int64_t> one(shape.begin() + 1, shape.end());
+      fillNested(in, one, 0, at, out);
+    } else {
+      fillNested(in, shape, 0, at, out);
+    }
+  }
+  if (n == 0) throw DataError("\"inputs\" holds no image");
+  std::vector<at::Tensor> inputs;
+  for (int64_t i = 0; i < n; ++i) inputs.push_back(all[i]);
+  return inputs;
+}
+
+at::Tensor pixelsFromImage(const std::string& body, const ModelInfo& info) {
+  if (info.channels != 1 && info.channels != 3) {
+    throw DataError(fmt::format("the model takes {} channels: send pixels as JSON, not an encoded image",
+                                info.channels));
+  }
+  data::ImageTransform t;
+  t.outHeight = info.height;
+  t.outWidth = info.width;
+  t.channels = info.channels;
+  t.resizeShorter = info.resize;
+  at::Tensor pixels = torch::empty({info.channels, info.height, info.width}, torch::kFloat);
+  try {
+    data::decodeImage(reinterpret_cast<const uint8_t*>(body.data()), body.size(), t, 0,
+                      pixels.data_ptr<float>());
+  } catch (const Error& e) {
+    throw DataError(fmt::format("the image does not decode: {}", e.what()));
+  }
+  return pixels.mul_(255.0f);
+}
+
+}  // namespace
+
+PredictRequest parsePredict(const std::string& body, const std::string& contentType,
+                            const std::optional<std::string>& topKParam,
+                            const std::optional<std::string>& logitsParam, const ModelInfo& info,
+                            int64_t defaultTopK, int64_t maxInputs) {
+  PredictRequest r;
+  r.topK = defaultTopK;
+  if (topKParam) r.topK = integerParam(*topKParam, "top_k", 1, 1'000'000);
+  if (logitsParam) r.logits = boolParam(*logitsParam, "logits");
+  const std::string type = lowerType(contentType);
+  const bool image = type == "image/jpeg" || type == "image/png" ||
+                     (type != "application/json" && looksLikeImage(body));
+  if (image) {
+    if (body.empty()) throw DataError("the body is empty: send the bytes of a JPEG or PNG image");
+    r.inputs.push_back(pixelsFromImage(body, info));
+  } else {
+    const json j = parseJson(body);
+    checkKeys(j, {"inputs", "shape", "top_k", "logits"});
+    if (j.contains("top_k")) r.topK = integerOf(j["top_k"], "top_k", 1, 1'000'000);
+    if (j.contains("logits")) {
+      if (!j["logits"].is_boolean()) throw DataError("\"logits\" must be true or false");
+      r.logits = j["logits"].get<bool>();
+    }
+    r.inputs = pixelsFromJson(j, info, maxInputs);
+  }
+  r.topK = std::min(r.topK, info.numClasses);
+  return r;
+}
+
+GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens) {
+  const json j = parseJson(body);
+  checkKeys(j, {"prompt", "max_tokens", "temperature", "top_k", "seed", "stream"});
+  GenerateRequest r;
+  if (!j.contains("prompt") || !j["prompt"].is_string()) throw DataError("\"prompt\" must be a string");
+  std::string prompt = j["prompt"].get<std::string>();
+  if (prompt.empty()) prompt = "\n";  // as `cohort generate`
+  r.prompt = data::encodeText(info.tokenizer, prompt);
+  if (static_cast<int64_t>(r.prompt.size()) > info.blockSize) {
+    throw DataError(fmt::format("the prompt is {} tokens: the model reads at most {} (block_size)",
+                                r.prompt.size(), info.blockSize));
+  }
+  if (j.contains("max_tokens")) r.maxTokens = integerOf(j["max_tokens"], "max_tokens", 0, maxNewTokens);
+  r.maxTokens = std::min(r.maxTokens, maxNewTokens);
+  if (j.contains("temperature")) {
+    const json& t = j["temperature"];
+    if (!t.is_number() || !std::isfinite(t.get<double>()) || t.get<double>() < 0 || t.get<double>() > 1e6) {
+      throw DataError("\"temperature\" must be a number in [0, 1e6]");
+    }
+    r.temperature = t.get<double>();
+  }
+  if (j.contains("top_k")) r.topK = integerOf(j["top_k"], "top_k", 0, info.vocabSize);
+  if (j.contains("seed")) {
+    const json& s = j["seed"];
+    if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0)) {
+      throw DataError("\"seed\" must be an integer >= 0");
+    }
+    r.seed = s.get<uint64_t>();
+  }
+  if (j.contains("stream")) {
+    if (!j["stream"].is_boolean()) throw DataError("\"stream\" must be true or false");
+    r.stream = j["stream"].get<bool>();
+  }
+  return r;
+}
+
+std::string dumpJson(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string errorBody(const std::string& message) { return dumpJson(json{{"error", message}}); }
+
+}  // namespace cohort::serve::detail

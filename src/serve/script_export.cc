@@ -1,0 +1,277 @@
+// `cohort export --format torchscript`.
+//
+// How the module is produced: a torch::jit::Module is built in C++ with the
+// model's tree of submodules, its trained tensors registered under their
+// state-dict names, and a forward defined from TorchScript source that
+// ScriptOps writes from the same description the ONNX graph comes from
+// (graph_ops.cc). Tracing was the other way; LibTorch's C++ tracer records
+// sizes read in C++ (the GPT's view(B, T, ...)) as constants, which would
+// fix the batch and the sequence length. Source keeps every axis free, and
+// the saved code is readable (module.code in Python).
+//
+// A model of arch torchscript is the user's own module: it is loaded again
+// from model.path, given the trained tensors, and wrapped in a module whose
+// forward normalizes the pixels and calls it (attribute "net").
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/core/error.h"
+#include "serve/detail/exporters.h"
+#include "serve/detail/graph_ops.h"
+
+namespace cohort::serve::detail {
+
+namespace {
+
+std::vector<std::string> scriptNameParts(const std::string& name) {
+  std::vector<std::string> out;
+  std::stringstream in(name);
+  for (std::string p; std::getline(in, p, '.');) out.push_back(p);
+  return out;
+}
+
+bool isIndexPart(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// A dotted state-dict name as a TorchScript expression on self:
+// layer1.0.conv1.weight -> getattr(self.layer1, "0").conv1.weight.
+std::string scriptRef(const std::string& name) {
+  std::string e = "self";
+  for (const auto& part : scriptNameParts(name))
+    e = isIndexPart(part) ? fmt::format("getattr({}, \"{}\")", e, part) : e + "." + part;
+  return e;
+}
+
+std::string scriptNumber(double v) { return fmt::format("{:.17g}", v); }
+
+std::string scriptFloatList(const std::vector<double>& values) {
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i) s += (i > 0 ? ", " : "") + scriptNumber(values[i]);
+  return s + "]";
+}
+
+std::string scriptNormalize(const std::string& x, const std::vector<double>& mean,
+                            const std::vector<double>& std) {
+  return fmt::format(
+      "(({}.to(6) / 255.0 - torch.tensor({}, dtype=6, device={}.device).view(1, -1, 1, 1))"
+      " / torch.tensor({}, dtype=6, device={}.device).view(1, -1, 1, 1))",
+      x, scriptFloatList(mean), x, scriptFloatList(std), x);
+}
+
+class ScriptOps : public Ops {
+ public:
+  using Ops::Ops;
+
+  // The forward's body so far.
+  const std::string& body() const { return body_; }
+
+  std::string normalize(const std::string& x, const std::vector<double>& mean,
+                        const std::vector<double>& std) override {
+    return let(scriptNormalize(x, mean, std));
+  }
+  std::string conv(const std::string& x, const std::string& prefix, int64_t stride, int64_t pad) override {
+    return let(fmt::format("torch.conv2d({}, {}, {}, [{}, {}], [{}, {}])", x, scriptRef(prefix + ".weight"),
+                           optional(prefix + ".bias"), stride, stride, pad, pad));
+  }
+  std::string batchNorm(const std::string& x, const std::string& p) override {
+    return let(fmt::format("torch.batch_norm({}, {}, {}, {}, {}, False, 0.1, 1e-05, False)", x,
+                           scriptRef(p + ".weight"), scriptRef(p + ".bias"), scriptRef(p + ".running_mean"),
+                           scriptRef(p + ".running_var")));
+  }
+  std::string relu(const std::string& x) override { return let(fmt::format("torch.relu({})", x)); }
+  std::string maxPool(const std::string& x, int64_t k, int64_t s, int64_t p) override {
+    return let(fmt::format("torch.max_pool2d({}, [{}, {}], [{}, {}], [{}, {}])", x, k, k, s, s, p, p));
+  }
+  std::string globalAveragePool(const std::string& x) override {
+    return let(fmt::format("torch.flatten(torch.adaptive_avg_pool2d({}, [1, 1]), 1)", x));
+  }
+  std::string flatten(const std::string& x) override { return let(fmt::format("torch.flatten({}, 1)", x)); }
+  std::string linear(const std::string& x, const std::string& prefix) override {
+    return let(fmt::format("torch.linear({}, {}, {})", x, scriptRef(prefix + ".weight"),
+                           optional(prefix + ".bias")));
+  }
+  std::string add(const std::string& a, const std::string& b) override {
+    return let(fmt::format("{} + {}", a, b));
+  }
+
+  std::string embed(const std::string& tokens, const std::string& wte, const std::string& wpe) override {
+    const std::string positions =
+        let(fmt::format("torch.arange({0}.size(1), dtype=4, device={0}.device)", tokens));
+    return let(fmt::format("torch.embedding({}, {}) + torch.embedding({}, {})", scriptRef(wte), tokens,
+                           scriptRef(wpe), positions));
+  }
+  std::string layerNorm(const std::string& x, const std::string& p) override {
+    return let(fmt::format("torch.layer_norm({}, [{}], {}, {}, 1e-05)", x, weight(p + ".weight").size(0),
+                           scriptRef(p + ".weight"), optional(p + ".bias")));
+  }
+  std::string attention(const std::string& x, const std::string& prefix, int64_t heads) override {
+    const int64_t c = weight(prefix + ".c_proj.weight").size(0), d = c / heads;
+    const std::string b = let(fmt::format("{}.size(0)", x)), t = let(fmt::format("{}.size(1)", x));
+    const std::string qkv = let(fmt::format("{}.split({}, 2)", linear(x, prefix + ".c_attn"), c));
+    auto head = [&](int k) {
+      return let(fmt::format("{}[{}].view({}, {}, {}, {}).transpose(1, 2)", qkv, k, b, t, heads, d));
+    };
+    const std::string q = head(0), k = head(1), v = head(2);
+    std::string att = let(fmt::format("torch.matmul({}, {}.transpose(-2, -1)) * {}", q, k,
+                                      scriptNumber(1.0 / std::sqrt(static_cast<double>(d)))));
+    const std::string future =
+        let(fmt::format("torch.ones([{0}, {0}], dtype=11, device={1}.device).triu(1)", t, x));
+    att = let(fmt::format("torch.softmax({}.masked_fill({}, float(\"-inf\")), -1)", att, future));
+    const std::string y = let(
+        fmt::format("torch.matmul({}, {}).transpose(1, 2).contiguous().view({}, {}, {})", att, v, b, t, c));
+    return linear(y, prefix + ".c_proj");
+  }
+  std::string gelu(const std::string& x) override { return let(fmt::format("torch.gelu({})", x)); }
+  std::string matmulTransposed(const std::string& x, const std::string& w) override {
+    return let(fmt::format("torch.linear({}, {})", x, scriptRef(w)));
+  }
+
+ private:
+  std::string let(const std::string& expr) {
+    const std::string v = fmt::format("v{}", next_++);
+    body_ += fmt::format("    {} = {}\n", v, expr);
+    return v;
+  }
+  std::string optional(const std::string& name) const { return has(name) ? scriptRef(name) : "None"; }
+
+  std::string body_;
+  int next_ = 0;
+};
+
+// The submodule tree of the state dict's names, each tensor registered on
+// its module (a buffer when the model holds it as one). Each module gets a
+// class of its own, named after its path.
+// Children and tensors keep the model's order, so the state dict lists
+// them as the model's does.
+struct ScriptTree {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::vector<std::string> order;  // of the children
+  std::map<std::string, ScriptTree> children;
+
+  ScriptTree& child(const std::string& name) {
+    if (children.count(name) == 0) order.push_back(name);
+    return children[name];
+  }
+};
+
+torch::jit::Module buildScriptModule(const ScriptTree& tree, const std::string& path,
+                                     const std::set<std::string>& buffers,
+                                     const std::shared_ptr<torch::jit::CompilationUnit>& cu,
+                                     const std::string& className) {
+  std::string qualified = "__torch__.cohort_export." + className;
+  if (!path.empty()) {
+    std::string flat = path;
+    for (char& ch : flat) ch = ch == '.' ? '_' : ch;
+    qualified += "_" + flat;
+  }
+  torch::jit::Module m(c10::QualifiedName(qualified), cu);
+  for (const auto& name : tree.order) {
+    const ScriptTree& child = tree.children.at(name);
+    m.register_module(
+        name, buildScriptModule(child, path.empty() ? name : path + "." + name, buffers, cu, className));
+  }
+  for (const auto& [name, t] : tree.tensors) {
+    const std::string full = path.empty() ? name : path + "." + name;
+    m.register_parameter(name, t, /*is_buffer=*/buffers.count(full) > 0);
+  }
+  return m;
+}
+
+std::string scriptClassName(ModelArch arch) {
+  switch (arch) {
+    case ModelArch::simpleCnn:
+      return "SimpleCnn";
+    case ModelArch::gpt:
+      return "Gpt";
+    case ModelArch::torchscript:
+      return "Normalized";
+    default:
+      return "ResNet";
+  }
+}
+
+void saveScript(torch::jit::Module& module, const ModelInfo& info, const std::string& path) {
+  const torch::jit::ExtraFilesMap extra{{kInfoExtraFile, info.toJson().dump()}};
+  std::error_code ec;
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  try {
+    module.save(tmp, extra);
+  } catch (const c10::Error& e) {
+    std::filesystem::remove(tmp, ec);
+    throw IoError(
+        fmt::format("{}: cannot write the TorchScript module: {}", path, e.what_without_backtrace()));
+  }
+  std::filesystem::rename(tmp, target, ec);
+  if (ec) throw IoError(fmt::format("{}: {}", path, ec.message()));
+}
+
+// arch torchscript: the user's module with the trained tensors, wrapped.
+torch::jit::Module wrapUserModule(const TrainedModel& m) {
+  torch::jit::Module user = torch::jit::load(m.job.model.path, torch::kCPU);
+  const ckpt::StateDict trained = ckpt::stateDict(*m.model);
+  std::map<std::string, at::Tensor> byName(trained.begin(), trained.end());
+  torch::NoGradGuard noGrad;
+  auto copyIn = [&](const std::string& name, const at::Tensor& into) {
+    const auto it = byName.find(name);
+    if (it == byName.end()) throw DataError(fmt::format("export: the trained model has no tensor {}", name));
+    into.detach().copy_(it->second);
+  };
+  for (const auto& p : user.named_parameters()) copyIn(p.name, p.value);
+  for (const auto& b : user.named_buffers()) copyIn(b.name, b.value);
+  user.eval();
+  torch::jit::Module root(c10::QualifiedName("__torch__.cohort_export.Normalized"),
+                          user._ivalue()->compilation_unit(),
+                          /*shouldMangle=*/true);
+  root.register_module("net", user);
+  const std::string in = m.info.tokens ? "tokens" : "pixels";
+  root.define(fmt::format("def forward(self, {0}: Tensor) -> Tensor:\n    return self.net.forward({1})\n", in,
+                          m.info.tokens ? in : scriptNormalize(in, m.info.mean, m.info.std)));
+  return root;
+}
+
+}  // namespace
+
+void writeTorchScript(const TrainedModel& m, const std::string& path) {
+  torch::NoGradGuard noGrad;
+  torch::jit::Module module;
+  if (m.job.model.arch == ModelArch::torchscript) {
+    module = wrapUserModule(m);
+  } else {
+    const Weights weights = exportWeights(*m.model);
+    std::set<std::string> buffers;
+    for (const auto& b : m.model->named_buffers()) buffers.insert(b.key());
+    ScriptTree tree;
+    for (const auto& entry : ckpt::stateDict(*m.model)) {
+      const auto it = weights.find(entry.first);
+      if (it == weights.end()) continue;  // a LoRA adapter, merged into its layer
+      std::vector<std::string> parts = scriptNameParts(entry.first);
+      ScriptTree* node = &tree;
+      for (size_t i = 0; i + 1 < parts.size(); ++i) node = &node->child(parts[i]);
+      node->tensors.emplace_back(parts.back(), it->second);
+    }
+    module = buildScriptModule(tree, "", buffers, std::make_shared<torch::jit::CompilationUnit>(),
+                               scriptClassName(m.job.model.arch));
+    const std::string input = m.info.tokens ? "tokens" : "pixels";
+    ScriptOps ops(weights);
+    const std::string out = describeForward(ops, m, input);
+    module.define(
+        fmt::format("def forward(self, {}: Tensor) -> Tensor:\n{}    return {}\n", input, ops.body(), out));
+  }
+  module.eval();
+  saveScript(module, m.info, path);
+}
+
+}  // namespace cohort::serve::detail

@@ -1,0 +1,213 @@
+// `cohort serve`: options, the listening socket, authentication, the
+// request log into the metrics, and the shutdown on SIGTERM/SIGINT. The
+// routes are handlers.cc's, the batching batcher.cc's.
+
+#include "cohort/serve/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <openssl/crypto.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/core/log.h"
+#include "cohort/core/net.h"
+#include "cohort/core/signals.h"
+#include "cohort/security/keys.h"
+#include "cohort/serve/model.h"
+#include "serve/detail/batcher.h"
+#include "serve/detail/handlers.h"
+#include "serve/detail/request.h"
+#include "serve/detail/serve_metrics.h"
+
+namespace cohort::serve {
+
+namespace {
+
+// After SIGTERM, how long in-flight requests may take before the server
+// stops anyway.
+constexpr auto kDrainTimeout = std::chrono::seconds(60);
+
+void validate(const ServeOptions& o) {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw UsageError("cohort serve: " + what);
+  };
+  require(!o.host.empty(), "--host is empty");
+  require(o.port >= 0 && o.port <= 65535, fmt::format("--port {} is outside [0, 65535]", o.port));
+  require(o.maxBatch >= 1, fmt::format("--max-batch must be >= 1, got {}", o.maxBatch));
+  require(o.maxDelayMs >= 0 && o.maxDelayMs <= 600'000,
+          fmt::format("--max-delay-ms must be in [0, 600000], got {}", o.maxDelayMs));
+  require(o.threads >= 1 && o.threads <= 1024, fmt::format("--threads must be in [1, 1024], got {}", o.threads));
+  require(o.maxBodyBytes >= 1, fmt::format("--max-body-bytes must be >= 1, got {}", o.maxBodyBytes));
+  require(o.maxConcurrency >= 1, fmt::format("--max-concurrency must be >= 1, got {}", o.maxConcurrency));
+  require(o.maxQueue >= 1, fmt::format("--max-queue must be >= 1, got {}", o.maxQueue));
+  require(o.topK >= 1, fmt::format("--top-k must be >= 1, got {}", o.topK));
+  require(o.maxNewTokens >= 0, fmt::format("--max-new-tokens must be >= 0, got {}", o.maxNewTokens));
+  require(o.computeThreads >= 0, fmt::format("--compute-threads must be >= 0, got {}", o.computeThreads));
+}
+
+// The bearer token: --token-file (owner-only), else $COHORT_SERVE_TOKEN.
+std::string bearerToken(const ServeOptions& o) {
+  std::string token = o.tokenFile.empty() ? env::serveToken().value_or("")
+                                          : security::readSecretFile(o.tokenFile, "--token-file");
+  if (!isLoopbackAddress(o.host) && token.empty()) {
+    throw UsageError(fmt::format(
+        "cohort serve: listening on {} (beyond this machine's loopback) needs a bearer token: "
+        "--token-file FILE (mode 0600) or ${}",
+        o.host, env::kServeTokenVar));
+  }
+  return token;
+}
+
+std::string bracketed(const std::string& host) {
+  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
+
+// When this worker thread took the request it is answering (set before
+// routing, read by the logger, which runs on the same thread after the
+// answer is written).
+thread_local std::chrono::steady_clock::time_point requestStart;
+
+bool authorized(const httplib::Request& req, const std::string& token) {
+  const std::string expected = "Bearer " + token;
+  const std::string given = req.get_header_value("Authorization");
+  return given.size() == expected.size() &&
+         CRYPTO_memcmp(given.data(), expected.data(), given.size()) == 0;
+}
+
+void configure(httplib::Server& server, detail::ServeState& state, const std::string& token) {
+  server.set_pre_routing_handler([&token](const httplib::Request& req, httplib::Response& res) {
+    requestStart = std::chrono::steady_clock::now();
+    if (token.empty() || req.path == "/healthz" || req.path == "/readyz" || authorized(req, token)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    res.status = 401;
+    res.set_header("WWW-Authenticate", "Bearer");
+    res.set_content(detail::errorBody("missing or wrong bearer token (Authorization: Bearer ...)"),
+                    "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  server.set_logger([&state](const httplib::Request& req, const httplib::Response& res) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - requestStart).count();
+    state.metrics.request(detail::endpointLabel(req.path), res.status, seconds);
+  });
+  // Errors httplib answers itself (404, 405, 413, a malformed request line)
+  // get a JSON body like the handlers'.
+  server.set_error_handler([&state](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = fmt::format("HTTP {}", res.status);
+    if (res.status == 404) message = "no such endpoint: " + req.path;
+    if (res.status == 413) {
+      message = fmt::format("the body is larger than {} bytes (--max-body-bytes)", state.options.maxBodyBytes);
+    }
+    res.set_content(detail::errorBody(message), "application/json");
+  });
+  server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string message = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(detail::errorBody(message), "application/json");
+  });
+  server.set_payload_max_length(static_cast<size_t>(state.options.maxBodyBytes));
+  const int threads = state.options.threads;
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // Idle keep-alive connections hold a worker: short timeouts bound that,
+  // and how long the shutdown waits for them.
+  server.set_keep_alive_timeout(2);
+  server.set_read_timeout(10, 0);
+  server.set_write_timeout(10, 0);
+  // SO_REUSEADDR without httplib's default SO_REUSEPORT: a second server
+  // must not bind a port in use.
+  server.set_socket_options([&state](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    state.listenSocket = sock;
+  });
+  detail::addRoutes(server, state);
+}
+
+}  // namespace
+
+int serveCommand(const ServeOptions& o) {
+  validate(o);
+  const std::string token = bearerToken(o);
+  // Before any thread starts, so that every thread inherits the mask and
+  // the signals are taken here, between polls.
+  BlockedSignals signals({SIGTERM, SIGINT});
+  if (o.computeThreads > 0) at::set_num_threads(o.computeThreads);
+
+  std::unique_ptr<Predictor> predictor = openPredictor(o.model, o.job);
+  const ModelInfo& info = predictor->info();
+  detail::ServeMetrics metrics;
+  detail::BatcherOptions bo;
+  bo.maxBatch = o.maxBatch;
+  bo.maxDelay = std::chrono::microseconds(static_cast<int64_t>(o.maxDelayMs * 1000));
+  bo.maxQueue = o.maxQueue;
+  detail::Batcher batcher(*predictor, bo, metrics);
+  detail::ServeState state{o, info, batcher, metrics};
+
+  httplib::Server server;
+  configure(server, state, token);
+  int port = -1;
+  if (o.port == 0) {
+    port = server.bind_to_any_port(o.host);
+  } else if (server.bind_to_port(o.host, o.port)) {
+    port = o.port;
+  }
+  if (port <= 0) {
+    throw CommError(fmt::format("cohort serve: cannot listen on {}:{}: the port is in use, or the address "
+                                "is not one of this machine's",
+                                bracketed(o.host), o.port));
+  }
+  // cpp-httplib listens with a backlog of 5: a burst of clients beyond it
+  // saw connections dropped. Listening again on the bound socket raises it.
+  if (state.listenSocket >= 0) ::listen(state.listenSocket, SOMAXCONN);
+  std::thread listener([&server] { server.listen_after_bind(); });
+  // The port file says "accepting": wait for the accept loop (bounded).
+  for (int i = 0; i < 10'000 && !server.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!o.portFile.empty()) writeFileAtomic(o.portFile, std::to_string(port) + "\n");
+  const std::string what = info.tokens ? fmt::format("{}, block {}", info.arch, info.blockSize)
+                                       : fmt::format("{}, {}x{}x{}, {} classes", info.arch, info.channels,
+                                                     info.height, info.width, info.numClasses);
+  log::info("serve: {} ({}) at http://{}:{}; batches of up to {} within {} ms; {} HTTP threads{}",
+            o.model, what, bracketed(o.host), port, o.maxBatch, o.maxDelayMs, o.threads,
+            token.empty() ? "" : "; bearer token required");
+  std::cout << "listening on http://" << bracketed(o.host) << ":" << port << std::endl;
+
+  int sig = 0;
+  while (sig == 0) sig = signals.wait(std::chrono::milliseconds(500));
+  // Draining: new work gets 503 (the socket stays open so that clients learn
+  // it) and in-flight requests are answered, their batches on the usual
+  // schedule (at most --max-delay-ms late); then the socket closes.
+  log::info("serve: {}: draining {} requests in flight", strsignal(sig), metrics.inFlight.load());
+  state.draining = true;
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  while (metrics.inFlight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (metrics.inFlight.load() > 0) {
+    log::warn("serve: {} requests still in flight after {} s; stopping anyway", metrics.inFlight.load(),
+              kDrainTimeout.count());
+  }
+  server.stop();
+  listener.join();
+  log::info("serve: stopped");
+  return 0;
+}
+
+}  // namespace cohort::serve

@@ -1,0 +1,364 @@
+// `cohort score`: real rank processes over image folders, IDX files, shards
+// and token data; --procs 2 equal to --procs 1 and to the Predictor on each
+// sample alone; a run killed mid-way and resumed equal to an uninterrupted
+// one; refused reruns; undecodable images and bad input.
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/data/dataset.h"
+#include "cohort/data/image.h"
+#include "cohort/serve/model.h"
+#include "util/deploy.h"
+#include "util/jobs.h"
+
+namespace cohort {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ScoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
+    cnn_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::cnn));
+    shards_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::imageShards));
+    gpt_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::gpt));
+    images_ = new std::string(test::makeImageFolder(dir_->file("images"), 3));  // 18 images
+  }
+  static void TearDownTestSuite() {
+    for (std::string* s : {cnn_, shards_, gpt_, images_}) delete s;
+    delete dir_;
+  }
+
+  // Every process a test starts carries this marker, to find any left behind.
+  void SetUp() override {
+    std::random_device rd;
+    tag_ = std::to_string(getpid()) + "-" + std::to_string(rd());
+  }
+  void TearDown() override { EXPECT_TRUE(test::processesWithEnv("COHORT_TEST_TAG=" + tag_).empty()); }
+
+  test::ProcessResult score(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+    args.insert(args.begin(), "score");
+    env["COHORT_TEST_TAG"] = tag_;
+    return test::cohort(args, env);
+  }
+  static json summaryOf(const std::string& out) {
+    return json::parse(test::readText(out + ".run/summary.json"));
+  }
+
+  static test::TempDir* dir_;
+  static std::string *cnn_, *shards_, *gpt_, *images_;
+  test::TempDir tmp_;
+  std::string tag_;
+};
+test::TempDir* ScoreTest::dir_ = nullptr;
+std::string* ScoreTest::cnn_ = nullptr;
+std::string* ScoreTest::shards_ = nullptr;
+std::string* ScoreTest::gpt_ = nullptr;
+std::string* ScoreTest::images_ = nullptr;
+
+// The top-k of one sample's logits, as score writes them.
+void expectTopMatches(const json& top, const at::Tensor& logits, const serve::ModelInfo& info,
+                      const std::string& what) {
+  const at::Tensor probs = torch::softmax(logits.to(torch::kFloat), 0);
+  const auto [values, labels] = probs.topk(static_cast<int64_t>(top.size()));
+  ASSERT_EQ(static_cast<int64_t>(top.size()), std::min<int64_t>(5, info.numClasses)) << what;
+  for (size_t k = 0; k < top.size(); ++k) {
+    const int64_t label = labels[static_cast<int64_t>(k)].item<int64_t>();
+    EXPECT_EQ(top[k]["label"].get<int64_t>(), label) << what << " rank " << k;
+    EXPECT_EQ(top[k]["name"].get<std::string>(), info.className(label)) << what;
+    EXPECT_NEAR(top[k]["probability"].get<double>(), values[static_cast<int64_t>(k)].item<float>(), 1e-5)
+        << what;
+  }
+}
+
+std::string readBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_F(ScoreTest, ImageFolderTwoProcsEqualOneAndThePredictorOnEachImage) {
+  const std::string one = tmp_.file("one.jsonl"), two = tmp_.file("two.jsonl");
+  const auto r1 = score({*shards_, "--data", *images_, "--out", one, "--procs", "1", "--batch-size", "4"});
+  ASSERT_EQ(r1.exitCode, 0) << r1.describe();
+  const auto r2 = score({*shards_, "--data", *images_, "--out", two, "--procs", "2", "--batch-size", "4"});
+  ASSERT_EQ(r2.exitCode, 0) << r2.describe();
+  EXPECT_EQ(test::readText(one), test::readText(two));
+
+  const auto lines = test::readJsonLines(two);
+  ASSERT_EQ(lines.size(), 18u);
+  const auto predictor = serve::openPredictor(*shards_);
+  const serve::ModelInfo& info = predictor->info();
+  data::ImageTransform t;
+  t.outHeight = info.height;
+  t.outWidth = info.width;
+  t.channels = info.channels;
+  t.resizeShorter = info.resize;
+  std::string previous;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const json& l = lines[i];
+    EXPECT_EQ(l["index"].get<size_t>(), i);
+    const std::string id = l["id"].get<std::string>();
+    EXPECT_LT(previous, id);  // sorted by relative path
+    previous = id;
+    const std::string folder = id.substr(0, id.find('/'));
+    EXPECT_EQ(info.className(l["label"].get<int64_t>()), folder) << id;
+    const std::string bytes = readBytes(*images_ + "/" + id);
+    at::Tensor pixels = torch::empty({1, info.channels, info.height, info.width});
+    data::decodeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), t, 0,
+                      pixels.data_ptr<float>());
+    expectTopMatches(l["top"], predictor->forward(pixels * 255.0f)[0], info, id);
+  }
+  const json s = summaryOf(two);
+  EXPECT_EQ(s["samples"], 18);
+  EXPECT_EQ(s["resumed"], 0);
+  EXPECT_EQ(s["procs"], 2);
+  EXPECT_EQ(s["batch_size"], 4);
+  EXPECT_GT(s["samples_per_s"].get<double>(), 0);
+  EXPECT_FALSE(fs::exists(two + ".run/part-0.jsonl"));  // merged, then removed
+}
+
+// An IDX file written here (the cnn takes 1x28x28), with and without the
+// labels file beside it.
+TEST_F(ScoreTest, IdxImagesWithTheirLabels) {
+  const int64_t n = 7;
+  std::string images = {0, 0, 8, 3, 0, 0, 0, static_cast<char>(n), 0, 0, 0, 28, 0, 0, 0, 28};
+  std::string labels = {0, 0, 8, 1, 0, 0, 0, static_cast<char>(n)};
+  std::mt19937 rng(5);
+  for (int64_t i = 0; i < n * 28 * 28; ++i) images += static_cast<char>(rng() % 256);
+  for (int64_t i = 0; i < n; ++i) labels += static_cast<char>(i % 4);
+  fs::create_directories(tmp_.file("mnist"));
+  const std::string imagesPath = tmp_.file("mnist/t10k-images-idx3-ubyte");
+  test::writeText(imagesPath, images);
+  test::writeText(tmp_.file("mnist/t10k-labels-idx1-ubyte"), labels);
+
+  const std::string out = tmp_.file("idx.jsonl");
+  const auto r = score({*cnn_, "--data", imagesPath, "--out", out, "--procs", "2", "--batch-size", "3"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto lines = test::readJsonLines(out);
+  ASSERT_EQ(lines.size(), static_cast<size_t>(n));
+  const auto predictor = serve::openPredictor(*cnn_);
+  for (int64_t i = 0; i < n; ++i) {
+    const json& l = lines[static_cast<size_t>(i)];
+    EXPECT_EQ(l["id"], i);
+    EXPECT_EQ(l["label"], i % 4);
+    at::Tensor pixels = torch::empty({1, 1, 28, 28});
+    for (int64_t k = 0; k < 28 * 28; ++k) {
+      pixels.data_ptr<float>()[k] = static_cast<uint8_t>(images[static_cast<size_t>(16 + i * 784 + k)]);
+    }
+    expectTopMatches(l["top"], predictor->forward(pixels)[0], predictor->info(), "sample " + std::to_string(i));
+  }
+
+  fs::remove(tmp_.file("mnist/t10k-labels-idx1-ubyte"));
+  const std::string unlabelled = tmp_.file("unlabelled.jsonl");
+  const auto u = score({*cnn_, "--data", imagesPath, "--out", unlabelled});
+  ASSERT_EQ(u.exitCode, 0) << u.describe();
+  for (const json& l : test::readJsonLines(unlabelled)) EXPECT_FALSE(l.contains("label")) << l;
+}
+
+// The packed shards the model trained on, directly and through a YAML
+// dataset section: each record predicted as its image file is.
+TEST_F(ScoreTest, ShardsAndADatasetSection) {
+  const std::string shardsDir = fs::path(*shards_).parent_path().string() + "/shards";
+  const std::string out = tmp_.file("shards.jsonl");
+  const auto r = score({*shards_, "--data", shardsDir, "--out", out, "--procs", "2", "--batch-size", "5"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto lines = test::readJsonLines(out);
+  ASSERT_EQ(lines.size(), 24u);  // 4 JPEG + 4 PNG per class
+  const auto predictor = serve::openPredictor(*shards_);
+  const serve::ModelInfo& info = predictor->info();
+  const std::string images = fs::path(*shards_).parent_path().string() + "/images";
+  data::ImageTransform t;
+  t.outHeight = info.height;
+  t.outWidth = info.width;
+  t.resizeShorter = info.resize;
+  for (const json& l : lines) {
+    const std::string id = l["id"].get<std::string>();  // the record's key: its path when packed
+    EXPECT_EQ(info.className(l["label"].get<int64_t>()), id.substr(0, id.find('/'))) << id;
+    const std::string bytes = readBytes(images + "/" + id);
+    at::Tensor pixels = torch::empty({1, 3, info.height, info.width});
+    data::decodeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), t, 0,
+                      pixels.data_ptr<float>());
+    expectTopMatches(l["top"], predictor->forward(pixels * 255.0f)[0], info, id);
+  }
+
+  const std::string section = tmp_.file("val.yaml");
+  test::writeText(section, "kind: shards\npath: " + shardsDir + "\nlimit: 5\n");
+  const std::string limited = tmp_.file("limited.jsonl");
+  const auto y = score({*shards_, "--data", section, "--out", limited});
+  ASSERT_EQ(y.exitCode, 0) << y.describe();
+  const auto five = test::readJsonLines(limited);
+  ASSERT_EQ(five.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(five[i], lines[i]);
+
+  // The schema's checks, located in the section's own file.
+  test::writeText(section, "kind: shards\npath: " + shardsDir + "\nlimt: 5\n");
+  const auto bad = score({*shards_, "--data", section, "--out", tmp_.file("bad.jsonl")});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
+  EXPECT_NE(bad.err.find(section + ":3:1: unknown key 'limt'"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("did you mean 'limit'"), std::string::npos) << bad.err;
+}
+
+TEST_F(ScoreTest, TokenWindowsWithTheirLoss) {
+  const std::string tokens = fs::path(*gpt_).parent_path().string() + "/tok/val";
+  const std::string out = tmp_.file("tokens.jsonl");
+  const auto r = score({*gpt_, "--data", tokens, "--out", out, "--procs", "2", "--batch-size", "3"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto lines = test::readJsonLines(out);
+  const auto predictor = serve::openPredictor(*gpt_);
+  const int64_t block = predictor->info().blockSize;
+  DatasetConfig d;
+  d.kind = DataKind::tokens;
+  d.path = tokens;
+  data::OpenOptions o;
+  o.tokenWindow = block + 1;
+  const auto windows = data::openTokens(d, o);
+  ASSERT_EQ(static_cast<int64_t>(lines.size()), windows->size());
+  ASSERT_GE(lines.size(), 2u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const json& l = lines[i];
+    EXPECT_EQ(l["index"], i);
+    EXPECT_EQ(l["id"], static_cast<int64_t>(i) * block);
+    EXPECT_EQ(l["tokens"], block);
+    at::Tensor w = torch::empty({1, block + 1}, torch::kLong);
+    windows->readTokens(static_cast<int64_t>(i), w.data_ptr<int64_t>(), 0);
+    const at::Tensor logits = predictor->forward(w.narrow(1, 0, block).contiguous())[0];
+    const double loss = torch::nn::functional::cross_entropy(logits, w[0].narrow(0, 1, block)).item<double>();
+    EXPECT_NEAR(l["loss"].get<double>(), loss, 1e-4) << i;
+    EXPECT_NEAR(l["perplexity"].get<double>(), std::exp(loss), 1e-3 * std::exp(loss)) << i;
+  }
+}
+
+// Rank 1 killed after its first batch (COHORT_FAULT), a torn line added to
+// its part, then a rerun: the same OUT as an uninterrupted run.
+TEST_F(ScoreTest, AKilledRunResumesToTheSameOutput) {
+  const std::string whole = tmp_.file("whole.jsonl"), out = tmp_.file("resumed.jsonl");
+  const std::vector<std::string> options = {"--procs", "2", "--batch-size", "2", "--top-k", "2"};
+  auto args = [&](const std::string& o) {
+    std::vector<std::string> a = {*shards_, "--data", *images_, "--out", o};
+    a.insert(a.end(), options.begin(), options.end());
+    return a;
+  };
+  const auto w = score(args(whole));
+  ASSERT_EQ(w.exitCode, 0) << w.describe();
+
+  const auto killed = score(args(out), {{"COHORT_FAULT", "kill@rank1:step1"}});
+  EXPECT_EQ(killed.exitCode, 1) << killed.describe();
+  EXPECT_NE(killed.err.find("rank 1 was killed by signal 9"), std::string::npos) << killed.err;
+  EXPECT_NE(killed.err.find(out + ".run/rank-1.log"), std::string::npos) << killed.err;
+  EXPECT_FALSE(fs::exists(out));
+  const std::string part = out + ".run/part-1.jsonl";
+  ASSERT_EQ(test::readJsonLines(part).size(), 2u);  // its first batch
+  std::ofstream(part, std::ios::app) << R"({"index":10,"id":"gre)";  // a torn line
+
+  const auto resumed = score(args(out));
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.describe();
+  EXPECT_EQ(test::readText(out), test::readText(whole));
+  const json s = summaryOf(out);
+  EXPECT_GE(s["resumed"].get<int64_t>(), 2);
+  EXPECT_EQ(s["scored"].get<int64_t>() + s["resumed"].get<int64_t>(), 18);
+
+  const auto again = score(args(out));
+  EXPECT_EQ(again.exitCode, 0) << again.describe();
+  EXPECT_NE(again.out.find("is complete"), std::string::npos) << again.describe();
+}
+
+// A rerun with other weights, another model or other data is refused (exit 2).
+TEST_F(ScoreTest, ARerunWithAnotherModelIsRefused) {
+  const std::string run = tmp_.file("run");
+  fs::copy(*shards_, run, fs::copy_options::recursive);
+  const std::string out = tmp_.file("p.jsonl");
+  const auto first = score({run, "--data", *images_, "--out", out});
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+
+  ckpt::StateDict weights = ckpt::readStateDict(run + "/model/final.pt");
+  for (auto& [name, t] : weights) {
+    if (t.is_floating_point()) t = t * 1.5;
+  }
+  ckpt::saveStateDict(weights, run + "/model/final.pt");
+  const auto changed = score({run, "--data", *images_, "--out", out});
+  EXPECT_EQ(changed.exitCode, 2) << changed.describe();
+  EXPECT_NE(changed.err.find("the weights of " + run + " changed"), std::string::npos) << changed.err;
+
+  // Part-way through: killed, then rerun with another run directory.
+  const std::string partial = tmp_.file("partial.jsonl");
+  const auto killed = score({run, "--data", *images_, "--out", partial, "--procs", "2", "--batch-size", "2"},
+                            {{"COHORT_FAULT", "exit7@rank0:step1"}});
+  EXPECT_EQ(killed.exitCode, 1) << killed.describe();
+  EXPECT_NE(killed.err.find("rank 0 exited with code 7"), std::string::npos) << killed.err;
+  const auto other = score({*shards_, "--data", *images_, "--out", partial, "--procs", "2", "--batch-size", "2"});
+  EXPECT_EQ(other.exitCode, 2) << other.describe();
+  EXPECT_NE(other.err.find("the model was " + run), std::string::npos) << other.err;
+  const std::string shardsDir = fs::path(*shards_).parent_path().string() + "/shards";
+  const auto data = score({run, "--data", shardsDir, "--out", partial, "--procs", "2", "--batch-size", "2"});
+  EXPECT_EQ(data.exitCode, 2) << data.describe();
+  EXPECT_NE(data.err.find("the data was " + *images_), std::string::npos) << data.err;
+  EXPECT_FALSE(fs::exists(partial));
+}
+
+// An image that does not decode gets a line with its error (the file named)
+// instead of predictions; the others are scored.
+TEST_F(ScoreTest, AnUndecodableImageGetsAnErrorLine) {
+  const std::string images = tmp_.file("images");
+  fs::copy(*images_, images, fs::copy_options::recursive);
+  test::writeText(images + "/green/broken.jpg", "not a JPEG at all");
+  const std::string out = tmp_.file("p.jsonl");
+  const auto r = score({*shards_, "--data", images, "--out", out, "--procs", "2", "--batch-size", "4"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto lines = test::readJsonLines(out);
+  ASSERT_EQ(lines.size(), 19u);
+  int errors = 0;
+  for (const json& l : lines) {
+    if (l["id"] != "green/broken.jpg") {
+      EXPECT_TRUE(l.contains("top")) << l;
+      continue;
+    }
+    ++errors;
+    EXPECT_FALSE(l.contains("top"));
+    EXPECT_NE(l["error"].get<std::string>().find(images + "/green/broken.jpg"), std::string::npos) << l;
+    EXPECT_NE(l["error"].get<std::string>().find("not a JPEG or PNG image"), std::string::npos) << l;
+  }
+  EXPECT_EQ(errors, 1);
+  EXPECT_EQ(summaryOf(out)["errors"], 1);
+}
+
+TEST_F(ScoreTest, BadInputIsNamedWithExitCodeTwo) {
+  const std::string out = tmp_.file("p.jsonl");
+  auto expectRefused = [&](std::vector<std::string> args, const std::string& part) {
+    const auto r = score(args);
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_NE(r.err.find(part), std::string::npos) << r.describe();
+  };
+  expectRefused({tmp_.file("nothing"), "--data", *images_, "--out", out}, tmp_.file("nothing") + ": no such file");
+  expectRefused({*shards_, "--data", tmp_.file("nothing"), "--out", out}, "--data " + tmp_.file("nothing"));
+  expectRefused({*gpt_, "--data", *images_, "--out", out}, "the model is a language model");
+  test::writeText(tmp_.file("file"), "x");
+  expectRefused({*shards_, "--data", *images_, "--out", tmp_.file("file") + "/p.jsonl"}, "cannot create");
+  fs::create_directories(tmp_.file("dir"));
+  expectRefused({*shards_, "--data", *images_, "--out", tmp_.file("dir")}, "is a directory");
+  test::writeText(tmp_.file("taken.jsonl"), "someone's file\n");
+  expectRefused({*shards_, "--data", *images_, "--out", tmp_.file("taken.jsonl")}, "remove it or choose");
+  EXPECT_EQ(test::readText(tmp_.file("taken.jsonl")), "someone's file\n");
+  // Another command scoring into the same OUT holds its lock.
+  fs::create_directories(tmp_.file("locked.jsonl.run"));
+  const int lock = ::open(tmp_.file("locked.jsonl.run/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+  expectRefused({*shards_, "--data", *images_, "--out", tmp_.file("locked.jsonl")}, "another `cohort score`");
+  ::close(lock);
+}
+
+}  // namespace
+}  // namespace cohort
