@@ -41,6 +41,9 @@ std::vector<std::future<at::Tensor>> Batcher::submit(std::vector<at::Tensor> inp
 }
 
 void Batcher::loop() {
+  // Set on the thread that runs the model: with OpenMP the count is the
+  // calling thread's own setting.
+  if (options_.computeThreads > 0) at::set_num_threads(options_.computeThreads);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

@@ -127,6 +127,9 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
   // Idle keep-alive connections hold a worker: short timeouts bound that,
   // and how long the shutdown waits for them.
   server.set_keep_alive_timeout(2);
+  // A response goes out in more than one write (headers, body): with Nagle's
+  // algorithm the last waits for the client's delayed ACK, ~40 ms a request.
+  server.set_tcp_nodelay(true);
   server.set_read_timeout(10, 0);
   server.set_write_timeout(10, 0);
   // SO_REUSEADDR without httplib's default SO_REUSEPORT: a second server
@@ -156,6 +159,7 @@ int serveCommand(const ServeOptions& o) {
   bo.maxBatch = o.maxBatch;
   bo.maxDelay = std::chrono::microseconds(static_cast<int64_t>(o.maxDelayMs * 1000));
   bo.maxQueue = o.maxQueue;
+  bo.computeThreads = o.computeThreads;
   detail::Batcher batcher(*predictor, bo, metrics);
   detail::ServeState state{o, info, batcher, metrics};
 

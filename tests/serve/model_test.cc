@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <string>
@@ -113,6 +114,50 @@ TEST_F(TrainedModelTest, ModelMayBeTheWeightsFileOrAJobGivenApart) {
   EXPECT_TRUE(torch::equal(serve::openPredictor(loose, *cnn_ + "/job.yaml")->forward(raw), viaRun));
   expectThrowsWith<UsageError>([&] { serve::openPredictor(dir_->file("missing")); },
                                      {"missing", "no such file"});
+}
+
+TEST_F(TrainedModelTest, AnExportInTheRunDirectoryIsOpenedAsTheExport) {
+  // cohort export's default place: RUN/model/model.ts.pt, under RUN/job.yaml.
+  const test::TempDir copy;
+  const std::string run = copy.file("run");
+  fs::copy(*shards_, run, fs::copy_options::recursive);
+  const auto r = test::cohort({"export", run, "--format", "torchscript"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string ts = run + "/model/model.ts.pt";
+  EXPECT_TRUE(serve::isScriptExport(ts));
+  EXPECT_FALSE(serve::isScriptExport(run + "/model/final.pt"));
+  EXPECT_FALSE(serve::isScriptExport(run + "/job.yaml"));
+  const at::Tensor raw = torch::randint(0, 256, {2, 3, 32, 32}).to(torch::kFloat);
+  auto exported = serve::openPredictor(ts);
+  EXPECT_EQ(exported->info().classes, std::vector<std::string>({"blue", "green", "red"}));
+  EXPECT_TRUE(torch::allclose(exported->forward(raw), serve::openPredictor(run)->forward(raw), 1e-4, 1e-4));
+}
+
+TEST_F(TrainedModelTest, EncodedImagesBecomeRawPixelsOrAreRefused) {
+  const serve::ModelInfo info = serve::loadTrainedModel(*shards_).info;
+  const std::string png = test::readText(*shards_ + "/../images/red/red-0.png");
+  const at::Tensor pixels =
+      serve::pixelsFromImage(reinterpret_cast<const uint8_t*>(png.data()), png.size(), info);
+  EXPECT_EQ(pixels.sizes(), (std::vector<int64_t>{3, 32, 32}));
+  EXPECT_GT(pixels.max().item<float>(), 150.0f);  // raw 0..255, red channel of a red image
+  EXPECT_LE(pixels.max().item<float>(), 255.0f);
+  const std::string cut = png.substr(0, png.size() / 2);
+  expectThrowsWith<DataError>(
+      [&] { serve::pixelsFromImage(reinterpret_cast<const uint8_t*>(cut.data()), cut.size(), info); },
+      {"does not decode"});
+  // A PNG header claiming 9000 x 9000 px is refused before decoding.
+  std::string big = png;
+  const unsigned char dims[8] = {0, 0, 0x23, 0x28, 0, 0, 0x23, 0x28};
+  big.replace(16, 8, reinterpret_cast<const char*>(dims), 8);
+  const uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(big.data() + 12), 17));
+  for (int i = 0; i < 4; ++i) big[static_cast<size_t>(29 + i)] = static_cast<char>((crc >> (24 - 8 * i)) & 0xff);
+  expectThrowsWith<DataError>(
+      [&] { serve::pixelsFromImage(reinterpret_cast<const uint8_t*>(big.data()), big.size(), info); },
+      {"9000x9000", "larger"});
+  const serve::ModelInfo gpt = serve::loadTrainedModel(*gpt_).info;
+  expectThrowsWith<DataError>(
+      [&] { serve::pixelsFromImage(reinterpret_cast<const uint8_t*>(png.data()), png.size(), gpt); },
+      {"tokens"});
 }
 
 TEST_F(TrainedModelTest, WrongInputsAreRefusedByName) {

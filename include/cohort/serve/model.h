@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cohort/config/job.h"
+#include "cohort/data/image.h"
 #include "cohort/models/model.h"
 
 namespace cohort::serve {
@@ -80,6 +81,26 @@ TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPa
 // Raw pixels (float, 0..255) -> the input the network was trained on:
 // / 255, then (x - mean) / std per channel. `info` must be an image model's.
 at::Tensor normalizePixels(const at::Tensor& raw, const ModelInfo& info);
+
+// The eval transform an encoded image (JPEG, PNG) goes through to become the
+// input of `info`'s model: shorter side resized to info.resize, center crop
+// height x width, gray or RGB as its channels. Throws DataError for a model
+// of another channel count (it takes pixels only).
+data::ImageTransform evalTransform(const ModelInfo& info);
+
+// Images larger than this (width x height, as their header says) are
+// refused before decoding: a small, highly compressed file must not make a
+// server allocate gigabytes.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;  // 64 Mpx, e.g. 8192 x 8192
+
+// A JPEG or PNG as the raw pixels `info`'s model takes: [C, H, W] float in
+// 0..255 after evalTransform. Throws DataError ("the image does not decode:
+// ...", too large, wrong model) naming what is wrong.
+at::Tensor pixelsFromImage(const uint8_t* bytes, size_t size, const ModelInfo& info);
+
+// Whether `path` is a TorchScript export of cohort (a module archive with
+// cohort.json), not a state dict; false for anything unreadable.
+bool isScriptExport(const std::string& path);
 
 // What serve and score call: a forward from the client's input (see the
 // contract above) to logits. Not thread-safe: one caller at a time.

@@ -32,6 +32,7 @@ struct BatcherOptions {
   int64_t maxBatch = 16;
   std::chrono::microseconds maxDelay{5000};
   int64_t maxQueue = 256;  // inputs waiting, at most
+  int computeThreads = 0;  // intra-op threads of the model thread; 0: LibTorch's default
 };
 
 class Batcher {
