@@ -341,7 +341,7 @@ void Cli::addHealthLogsHelp(CLI::App& app) {
   generate->add_option("--tokens", generateOptions.tokens, "Tokens to generate")->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   generate->add_option("--temperature", generateOptions.temperature,
-                       "Divide the logits by this; 0 always takes the most likely token")
+                       "Divide the logits by this; 0 (below 1e-4) always takes the most likely token")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   generate->add_option("--top-k", generateOptions.topK, "Sample among the k most likely tokens; 0: all")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -378,7 +378,7 @@ void Cli::addDeploy(CLI::App& app) {
   serveCmd->add_option("--max-batch", so2.maxBatch, "Inputs run together, at most; 1: no batching")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
   serveCmd->add_option("--max-delay-ms", so2.maxDelayMs, "How long a batch waits for more requests")
-      ->capture_default_str()->check(CLI::Range(0.0, 10000.0));
+      ->capture_default_str()->check(CLI::Range(0.0, 600000.0));
   serveCmd->add_option("--threads", so2.threads, "HTTP worker threads")->capture_default_str()
       ->check(CLI::Range(1, 1024));
   serveCmd->add_option("--compute-threads", so2.computeThreads, "Intra-op threads of the model; 0: all cores")
@@ -392,9 +392,15 @@ void Cli::addDeploy(CLI::App& app) {
   serveCmd->add_option("--top-k", so2.topK, "Classes returned per image by default")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   serveCmd->add_option("--max-new-tokens", so2.maxNewTokens, "Largest max_tokens of /v1/generate")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   serveCmd->add_option("--token-file", so2.tokenFile,
-                       "File holding the bearer token clients must send (else $COHORT_SERVE_TOKEN)");
+                       "File holding the bearer token clients must send (else $COHORT_SERVE_TOKEN)")
+      ->check([](const std::string& path) {
+        return path.empty() ? std::string("an empty path would leave the server without a token") : std::string();
+      });
+  serveCmd->add_option("--drain-seconds", so2.drainSeconds,
+                       "After SIGTERM, how long requests in flight may take before they get 503")
+      ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
   serveCmd->add_option("--job", so2.job, "Job file of a weights file outside a run directory");
 
   scoreCmd = app.add_subcommand("score", "Predict over a whole dataset, data-parallel, resumable");
@@ -487,7 +493,9 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*exportCmd) {
     if (exportBatch != "dynamic") {
       try {
-        exportOptions.batch = std::stoll(exportBatch);
+        size_t used = 0;
+        exportOptions.batch = std::stoll(exportBatch, &used);
+        if (used != exportBatch.size()) exportOptions.batch = 0;
       } catch (const std::exception&) {
         exportOptions.batch = 0;
       }

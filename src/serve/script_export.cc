@@ -26,6 +26,7 @@
 
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
 #include "serve/detail/exporters.h"
 #include "serve/detail/graph_ops.h"
 
@@ -203,19 +204,19 @@ std::string scriptClassName(ModelArch arch) {
 
 void saveScript(torch::jit::Module& module, const ModelInfo& info, const std::string& path) {
   const torch::jit::ExtraFilesMap extra{{kInfoExtraFile, info.toJson().dump()}};
-  std::error_code ec;
-  const std::filesystem::path target(path);
-  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
-  const std::string tmp = path + ".tmp";
+  std::ostringstream bytes;
   try {
-    module.save(tmp, extra);
+    module.save(bytes, extra);
   } catch (const c10::Error& e) {
-    std::filesystem::remove(tmp, ec);
     throw IoError(
         fmt::format("{}: cannot write the TorchScript module: {}", path, e.what_without_backtrace()));
   }
-  std::filesystem::rename(tmp, target, ec);
-  if (ec) throw IoError(fmt::format("{}: {}", path, ec.message()));
+  std::error_code ec;
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
+  // A unique temporary name, fsync and rename: a reader never sees half a
+  // module, and two exports to one place do not collide.
+  writeFileAtomic(path, bytes.str());
 }
 
 // arch torchscript: the user's module with the trained tensors, wrapped.
