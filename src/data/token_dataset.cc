@@ -115,16 +115,16 @@ namespace {
 
 class TokenDataset : public Dataset {
  public:
-  TokenDataset(const DatasetConfig& config, const OpenOptions& options)
+  TokenDataset(const DatasetConfig& config, const OpenOptions& options, std::unique_ptr<ShardSource> source)
       : config_(config),
-        source_(config.path, options.storage, options.cache),
+        source_(std::move(source)),
         training_(options.training),
         window_(options.tokenWindow) {
-    const DatasetManifest& m = source_.manifest();
+    const DatasetManifest& m = source_->manifest();
     if (m.encoding != "tokens") {
       throw DataError(fmt::format("{}: encoding '{}', not a token dataset (kind: tokens reads what "
                                   "`cohort data tokenize` writes)",
-                                  source_.describe(), m.encoding));
+                                  source_->describe(), m.encoding));
     }
     if (window_ < 2) {
       throw ConfigError(fmt::format("model.block_size: a token window needs at least 2 tokens, got {}",
@@ -136,7 +136,7 @@ class TokenDataset : public Dataset {
     stride_ = window_ - 1;
     if (tokens < window_) {
       throw DataError(fmt::format("{}: {} tokens, fewer than one window of model.block_size + 1 = {}",
-                                  source_.describe(), tokens, window_));
+                                  source_->describe(), tokens, window_));
     }
     size_ = (tokens - window_) / stride_ + 1;
     slack_ = 0;
@@ -154,7 +154,7 @@ class TokenDataset : public Dataset {
   int64_t size() const override { return size_; }
   SampleShape shape() const override { return {1, 1, window_}; }
   SampleKind kind() const override { return SampleKind::tokens; }
-  int64_t vocabSize() const override { return source_.manifest().vocabSize; }
+  int64_t vocabSize() const override { return source_->manifest().vocabSize; }
 
   int64_t read(int64_t, float*, uint64_t) const override {
     throw std::logic_error(fmt::format("read of an image from a token dataset: {}", describe()));
@@ -178,7 +178,7 @@ class TokenDataset : public Dataset {
         const int64_t token = int64_t(p[2 * k]) | int64_t(p[2 * k + 1]) << 8;
         if (token >= vocab) {
           throw DataError(fmt::format("{}/{}: token {} at position {} is not below vocab_size {}",
-                                      source_.describe(), source_.manifest().shards[shard].name,
+                                      source_->describe(), source_->manifest().shards[shard].name,
                                       token, at + k, vocab));
         }
         out[done + k] = token;
@@ -188,15 +188,15 @@ class TokenDataset : public Dataset {
   }
 
   std::string describe() const override {
-    const DatasetManifest& m = source_.manifest();
+    const DatasetManifest& m = source_->manifest();
     return fmt::format("tokens {} ({} tokens in {} shards, tokenizer {}, vocab {}; {} windows of {})",
-                       source_.describe(), first_.back(), m.shards.size(), m.tokenizer,
+                       source_->describe(), first_.back(), m.shards.size(), m.tokenizer,
                        m.vocabSize, size_, window_);
   }
 
   std::string ioSummary() const override {
-    if (!source_.remote()) return {};
-    const ShardSourceStats st = source_.stats();
+    if (!source_->remote()) return {};
+    const ShardSourceStats st = source_->stats();
     return fmt::format("blob: {} shards downloaded ({:.1f} MB), {:.1f} MB read remotely",
                        st.shardsDownloaded, st.downloadedBytes / 1e6, st.remoteBytes / 1e6);
   }
@@ -208,13 +208,13 @@ class TokenDataset : public Dataset {
   }
 
   std::unique_ptr<ShardBytes> load(size_t shard) const {
-    const DatasetManifest& m = source_.manifest();
+    const DatasetManifest& m = source_->manifest();
     const ShardInfo& info = m.shards[shard];
-    const std::string where = source_.describe() + "/" + info.name;
+    const std::string where = source_->describe() + "/" + info.name;
     std::unique_ptr<ShardBytes> b;
     if (!m.encryptionKeyId.empty()) {
-      b = ShardBytes::own(source_.read(static_cast<int>(shard), 0, source_.shardBytes(static_cast<int>(shard))));
-    } else if (!source_.remote()) {
+      b = ShardBytes::own(source_->read(static_cast<int>(shard), 0, source_->shardBytes(static_cast<int>(shard))));
+    } else if (!source_->remote()) {
       b = ShardBytes::map(config_.path + "/" + info.name);
       const std::string sum = checksumHex(checksum(b->data(), b->size()));
       if (static_cast<int64_t>(b->size()) != info.bytes || sum != info.checksum) {
@@ -233,17 +233,18 @@ class TokenDataset : public Dataset {
   // checksum there) and mapped, or read whole when the cache is off.
   std::unique_ptr<ShardBytes> fromCache(int shard) const {
     std::lock_guard<std::mutex> g(fetchMutex_);
-    if (!source_.cacheDir().empty()) {
-      source_.plan({shard});
-      source_.waitForPlan();
-      const std::string path = source_.cacheDir() + "/" + source_.manifest().shards[static_cast<size_t>(shard)].name;
+    if (!source_->cacheDir().empty()) {
+      source_->plan({shard});
+      source_->waitForPlan();
+      const std::string path =
+          source_->cacheDir() + "/" + source_->manifest().shards[static_cast<size_t>(shard)].name;
       if (::access(path.c_str(), R_OK) == 0) return ShardBytes::map(path);
     }
-    return ShardBytes::own(source_.read(shard, 0, source_.shardBytes(shard)));
+    return ShardBytes::own(source_->read(shard, 0, source_->shardBytes(shard)));
   }
 
   DatasetConfig config_;
-  mutable ShardSource source_;
+  std::unique_ptr<ShardSource> source_;  // not null
   bool training_;
   int64_t window_;
   int64_t stride_ = 0;
@@ -258,7 +259,12 @@ class TokenDataset : public Dataset {
 }  // namespace
 
 std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options) {
-  return std::make_shared<TokenDataset>(config, options);
+  return openTokens(config, options, std::make_unique<ShardSource>(config.path, options.storage, options.cache));
+}
+
+std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options,
+                                    std::unique_ptr<ShardSource> source) {
+  return std::make_shared<TokenDataset>(config, options, std::move(source));
 }
 
 }  // namespace cohort::data

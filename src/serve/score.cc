@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -60,32 +61,47 @@ detail::ScoreRecord describeRun(const ScoreOptions& o) {
   const ModelInfo& info = predictor->info();
   const std::unique_ptr<detail::ScoreData> data = detail::openScoreData(r.data, info);
   log::info("model {} ({}), data {}", r.model, info.arch, data->describe());
-  r.modelFingerprint = detail::modelFingerprint(r.model, info.weights);
+  // A TorchScript export holds its weights: info.weights is only where they
+  // came from when it was exported.
+  r.modelFingerprint = detail::modelFingerprint(r.model, isScriptExport(r.model) ? "" : info.weights);
   r.dataFingerprint = data->fingerprint();
   r.samples = data->size();
   r.tokens = data->tokens();
   r.topK = r.tokens ? 0 : std::min(o.topK, info.numClasses);
   r.procs = o.procs;
+  r.batchSize = o.batchSize;
   r.parts = detail::splitParts(r.samples, o.batchSize, o.procs);
   return r;
 }
 
-// One command per OUT at a time: two would append to the same parts. The
-// lock is held until this process exits (the ranks do not inherit it).
-void lockRun(const detail::ScorePaths& paths) {
-  const int lock = ::open(paths.lock().c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) {
-    throw UsageError(fmt::format("--out {}: cannot create {}: {}", paths.out, paths.lock(), std::strerror(errno)));
+// One command per OUT at a time: two would append to the same parts. Held
+// until it is destroyed, when scoreCommand returns (the ranks do not inherit
+// it).
+class RunLock {
+ public:
+  explicit RunLock(const detail::ScorePaths& paths)
+      : fd_(::open(paths.lock().c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) {
+      throw UsageError(
+          fmt::format("--out {}: cannot create {}: {}", paths.out, paths.lock(), std::strerror(errno)));
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      throw UsageError(fmt::format("--out {}: another `cohort score` is writing it ({} is locked)", paths.out,
+                                   paths.lock()));
+    }
   }
-  if (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
-    throw UsageError(fmt::format("--out {}: another `cohort score` is writing it ({} is locked)", paths.out,
-                                 paths.lock()));
-  }
-}
+  ~RunLock() { ::close(fd_); }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
 
-// Creates OUT.run/ (or checks the record in it) and locks it. Returns false
-// when OUT is complete already.
-bool prepare(const detail::ScorePaths& paths, const detail::ScoreRecord& record) {
+ private:
+  int fd_;
+};
+
+// Creates OUT.run/ (or checks the record in it) and locks it. Returns the
+// lock, or null when OUT is complete already.
+std::unique_ptr<RunLock> prepare(const detail::ScorePaths& paths, const detail::ScoreRecord& record) {
   std::error_code ec;
   const bool outExists = fs::exists(paths.out, ec);
   if (outExists && fs::is_directory(paths.out, ec)) {
@@ -96,6 +112,7 @@ bool prepare(const detail::ScorePaths& paths, const detail::ScoreRecord& record)
     detail::ScoreRecord now = record;
     if (outExists) {  // complete: how it was cut into parts no longer matters
       now.procs = before.procs;
+      now.batchSize = before.batchSize;
       now.parts = before.parts;
     }
     const std::vector<std::string> diff = now.differences(before);
@@ -104,9 +121,8 @@ bool prepare(const detail::ScorePaths& paths, const detail::ScoreRecord& record)
                                    paths.out, outExists ? "was" : "is being",
                                    fmt::join(diff, "; "), paths.out, paths.dir()));
     }
-    if (outExists) return false;
-    lockRun(paths);
-    return true;
+    if (outExists) return nullptr;
+    return std::make_unique<RunLock>(paths);
   }
   if (outExists) {
     throw UsageError(fmt::format("--out {}: exists, and {} does not say what it holds; remove it or choose "
@@ -115,7 +131,7 @@ bool prepare(const detail::ScorePaths& paths, const detail::ScoreRecord& record)
   }
   fs::create_directories(paths.dir(), ec);
   if (ec) throw UsageError(fmt::format("--out {}: cannot create {}: {}", paths.out, paths.dir(), ec.message()));
-  lockRun(paths);
+  auto lock = std::make_unique<RunLock>(paths);
   // Parts without a record are of unknown inputs: not kept.
   for (const auto& entry : fs::directory_iterator(paths.dir(), ec)) {
     if (entry.path().filename().string().rfind("part-", 0) == 0) fs::remove(entry.path(), ec);
@@ -125,7 +141,7 @@ bool prepare(const detail::ScorePaths& paths, const detail::ScoreRecord& record)
   } catch (const IoError& e) {
     throw UsageError(fmt::format("--out {}: {}", paths.out, e.what()));
   }
-  return true;
+  return lock;
 }
 
 std::vector<std::string> rankArgs(const std::string& exe, const ScoreOptions& o,
@@ -135,7 +151,7 @@ std::vector<std::string> rankArgs(const std::string& exe, const ScoreOptions& o,
                                    record.data,  "--out",
                                    out,          "--procs",
                                    std::to_string(o.procs), "--batch-size",
-                                   std::to_string(o.batchSize), "--rank",
+                                   std::to_string(record.batchSize), "--rank",
                                    std::to_string(rank)};
   if (!o.job.empty()) {
     args.push_back("--job");
@@ -191,7 +207,8 @@ int scoreCommand(const ScoreOptions& o) {
   if (o.topK < 1) throw UsageError(fmt::format("--top-k must be >= 1, got {}", o.topK));
   const detail::ScorePaths paths{absolutePath(o.out)};
   const detail::ScoreRecord record = describeRun(o);
-  if (!prepare(paths, record)) {
+  const std::unique_ptr<RunLock> lock = prepare(paths, record);
+  if (!lock) {
     std::cout << fmt::format("{} is complete: {} predictions ({}); remove it to score again\n", paths.out,
                              record.samples, paths.summary());
     return 0;
@@ -212,7 +229,7 @@ int scoreCommand(const ScoreOptions& o) {
   nlohmann::json summary = {
       {"samples", record.samples}, {"scored", scored}, {"resumed", resumed}, {"errors", errors},
       {"seconds", seconds}, {"samples_per_s", seconds > 0 ? static_cast<double>(scored) / seconds : 0.0},
-      {"procs", record.procs}, {"batch_size", o.batchSize}, {"model", record.model}, {"data", record.data},
+      {"procs", record.procs}, {"batch_size", record.batchSize}, {"model", record.model}, {"data", record.data},
       {"out", paths.out}};
   if (!record.tokens) summary["top_k"] = record.topK;
   writeFileAtomic(paths.summary(), summary.dump(2) + "\n");

@@ -18,7 +18,6 @@
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
 #include "cohort/data/dataset.h"
-#include "cohort/data/image.h"
 #include "cohort/data/shard.h"
 #include "cohort/data/shard_source.h"
 #include "cohort/storage/storage.h"
@@ -45,16 +44,34 @@ void checkImageModel(const ModelInfo& info, const std::string& data) {
   }
 }
 
-// The model's eval transform of an encoded image (serve/model.h).
-data::ImageTransform evalTransform(const ModelInfo& info, const std::string& data) {
+// Encoded images (JPEG, PNG) in `data`: the model must have an eval
+// transform for them (serve/model.h), checked before any is read.
+void checkEncodedImages(const ModelInfo& info, const std::string& data) {
   checkImageModel(info, data);
-  data::ImageTransform t;
-  t.outHeight = info.height;
-  t.outWidth = info.width;
-  t.channels = info.channels;
-  t.resizeShorter = info.resize;
-  t.validate();
-  return t;
+  try {
+    (void)evalTransform(info);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: encoded images, but {}", data, e.what()));
+  }
+}
+
+// An encoded image as the raw pixels the model takes (`out`: C x H x W
+// floats), through the eval transform serve uses. Throws DataError when it
+// does not decode or is too large.
+void decodeInto(const std::string& bytes, const ModelInfo& info, float* out) {
+  const at::Tensor pixels = pixelsFromImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), info);
+  std::memcpy(out, pixels.data_ptr<float>(), static_cast<size_t>(pixels.numel()) * sizeof(float));
+}
+
+// How a rerun knows a packed dataset is the same: its manifest (shard names,
+// sizes, checksums) and the number of samples kept.
+std::string manifestFingerprint(const data::DatasetManifest& m, int64_t limit) {
+  const std::string s = data::datasetManifestJson(m) + fmt::format("limit {}", limit);
+  return checksumHex(checksum(s.data(), s.size()));
+}
+
+std::unique_ptr<data::ShardSource> openSource(const std::string& url) {
+  return std::make_unique<data::ShardSource>(url, storage::storageOptions(StorageConfig{}), CacheConfig{});
 }
 
 // The model's number of the class the data calls `name` (or numbers
@@ -78,7 +95,8 @@ std::string readWholeFile(const std::string& path) {
   return ss.str();
 }
 
-// Pixels 0..1 -> 0..255 (the data layer's range -> the model's).
+// Pixels 0..1 -> 0..255 (the data layer's range -> the model's): IDX and
+// synthetic samples, which are not encoded images.
 void toRaw(float* px, int64_t n) {
   for (int64_t i = 0; i < n; ++i) px[i] *= 255.0f;
 }
@@ -93,7 +111,8 @@ bool isImageFile(const fs::path& p) {
 class ImageFolderData : public ScoreData {
  public:
   ImageFolderData(const std::string& root, const ModelInfo& info)
-      : root_(root), info_(info), transform_(evalTransform(info, root)) {
+      : root_(root), info_(info) {
+    checkEncodedImages(info, root);
     std::error_code ec;
     for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::follow_directory_symlink, ec);
          !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
@@ -134,9 +153,7 @@ class ImageFolderData : public ScoreData {
     if (slash != std::string::npos) item.label = modelLabel(info_, rel.substr(0, slash), -1);
     const std::string path = (fs::path(root_) / rel).string();
     try {
-      const std::string bytes = readWholeFile(path);
-      data::decodeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), transform_, 0, out);
-      toRaw(out, info_.channels * info_.height * info_.width);
+      decodeInto(readWholeFile(path), info_, out);
     } catch (const DataError& e) {
       item.error = fmt::format("{}: {}", path, e.what());
     }
@@ -146,29 +163,28 @@ class ImageFolderData : public ScoreData {
  private:
   std::string root_;
   ModelInfo info_;
-  data::ImageTransform transform_;
   std::vector<std::string> files_;
 };
 
 // Packed image shards, read record by record (ids are the records' keys).
 class ImageShardData : public ScoreData {
  public:
-  ImageShardData(const std::string& url, int64_t limit, const ModelInfo& info)
-      : info_(info), source_(url, storage::storageOptions(StorageConfig{}), CacheConfig{}) {
-    checkImageModel(info, url);
-    const data::DatasetManifest& m = source_.manifest();
+  ImageShardData(std::unique_ptr<data::ShardSource> source, int64_t limit, const ModelInfo& info)
+      : info_(info), source_(std::move(source)) {
+    checkImageModel(info, source_->describe());
+    const data::DatasetManifest& m = source_->manifest();
     if (m.encoding == "raw") {
       if (m.rawShape != std::vector<int64_t>{info.channels, info.height, info.width}) {
-        throw DataError(fmt::format("{}: raw images of {}, the model takes {}x{}x{}", source_.describe(),
+        throw DataError(fmt::format("{}: raw images of {}, the model takes {}x{}x{}", source_->describe(),
                                     fmt::join(m.rawShape, "x"), info.channels, info.height, info.width));
       }
     } else {
-      transform_ = evalTransform(info, url);
+      checkEncodedImages(info, source_->describe());
     }
     first_.push_back(0);
     for (const auto& s : m.shards) first_.push_back(first_.back() + s.records);
     size_ = limit > 0 ? std::min(limit, first_.back()) : first_.back();
-    if (size_ == 0) throw DataError(fmt::format("{}: the dataset holds no records", source_.describe()));
+    if (size_ == 0) throw DataError(fmt::format("{}: the dataset holds no records", source_->describe()));
     indexes_.resize(m.shards.size());
     limit_ = limit;
   }
@@ -176,28 +192,25 @@ class ImageShardData : public ScoreData {
   int64_t size() const override { return size_; }
   bool tokens() const override { return false; }
   std::string describe() const override {
-    return fmt::format("image shards {} ({} records)", source_.describe(), size_);
+    return fmt::format("image shards {} ({} records)", source_->describe(), size_);
   }
-  std::string fingerprint() const override {
-    const std::string m = data::datasetManifestJson(source_.manifest()) + fmt::format("limit {}", limit_);
-    return checksumHex(checksum(m.data(), m.size()));
-  }
+  std::string fingerprint() const override { return manifestFingerprint(source_->manifest(), limit_); }
   void willRead(int64_t begin, int64_t end) override {
     if (begin >= end) return;
     std::vector<int> plan;
     for (int s = shardOf(begin); s <= shardOf(end - 1); ++s) plan.push_back(s);
-    source_.plan(std::move(plan));
+    source_->plan(std::move(plan));
   }
 
   ScoreItem readImage(int64_t index, float* out) override {
     const int shard = shardOf(index);
     const auto s = static_cast<size_t>(shard);
-    const data::DatasetManifest& m = source_.manifest();
-    const std::string where = source_.describe() + "/" + m.shards[s].name;
+    const data::DatasetManifest& m = source_->manifest();
+    const std::string where = source_->describe() + "/" + m.shards[s].name;
     if (!indexes_[s]) {
       indexes_[s] = data::readShardIndex(
-          [&](int64_t offset, int64_t length) { return source_.read(shard, offset, length); },
-          source_.shardBytes(shard), where);
+          [&](int64_t offset, int64_t length) { return source_->read(shard, offset, length); },
+          source_->shardBytes(shard), where);
     }
     const data::ShardIndex& ix = *indexes_[s];
     const auto r = static_cast<size_t>(index - first_[s]);
@@ -206,7 +219,7 @@ class ImageShardData : public ScoreData {
                                   m.shards[s].records));
     }
     const int64_t at = ix.begin(r);
-    const data::Record rec = data::parseRecord(source_.read(shard, at, ix.end(r) - at), at, where);
+    const data::Record rec = data::parseRecord(source_->read(shard, at, ix.end(r) - at), at, where);
     ScoreItem item;
     item.id = rec.key;
     const std::string name =
@@ -225,8 +238,7 @@ class ImageShardData : public ScoreData {
       return item;
     }
     try {
-      data::decodeImage(bytes, rec.payload.size(), transform_, 0, out);
-      toRaw(out, info_.channels * info_.height * info_.width);
+      decodeInto(rec.payload, info_, out);
     } catch (const DataError& e) {
       item.error = fmt::format("{}: image '{}' at offset {}: {}", where, rec.key, at, e.what());
     }
@@ -239,8 +251,7 @@ class ImageShardData : public ScoreData {
   }
 
   ModelInfo info_;
-  data::ShardSource source_;
-  data::ImageTransform transform_;
+  std::unique_ptr<data::ShardSource> source_;  // not null
   std::vector<int64_t> first_;  // first sample of each shard
   int64_t size_ = 0, limit_ = 0;
   std::vector<std::optional<data::ShardIndex>> indexes_;  // read on first use
@@ -249,9 +260,13 @@ class ImageShardData : public ScoreData {
 // Token shards in the windows the data layer cuts for evaluation.
 class TokenData : public ScoreData {
  public:
-  TokenData(const std::string& url, int64_t limit, const ModelInfo& info) : info_(info) {
+  // `source`: the dataset, open (its manifest read once, here and for the
+  // windows alike).
+  TokenData(std::unique_ptr<data::ShardSource> source, const std::string& url, int64_t limit,
+            const ModelInfo& info)
+      : info_(info), fingerprint_(manifestFingerprint(source->manifest(), limit)) {
     if (!info.tokens) {
-      throw DataError(fmt::format("{}: token data, but the model is an image model", url));
+      throw DataError(fmt::format("{}: token data, but the model is an image model", source->describe()));
     }
     DatasetConfig d;
     d.kind = DataKind::tokens;
@@ -259,15 +274,11 @@ class TokenData : public ScoreData {
     d.limit = limit;
     data::OpenOptions o;
     o.tokenWindow = info.blockSize + 1;
-    o.storage = storage::storageOptions(StorageConfig{});
-    dataset_ = data::openTokens(d, o);
+    dataset_ = data::openTokens(d, o, std::move(source));
     if (dataset_->vocabSize() > info.vocabSize) {
       throw DataError(fmt::format("{}: token ids up to {}, the model's vocabulary is {}", url,
                                   dataset_->vocabSize(), info.vocabSize));
     }
-    const data::ShardSource source(url, o.storage, CacheConfig{});
-    const std::string m = data::datasetManifestJson(source.manifest()) + fmt::format("limit {}", limit);
-    fingerprint_ = checksumHex(checksum(m.data(), m.size()));
   }
 
   int64_t size() const override { return dataset_->size(); }
@@ -353,9 +364,11 @@ std::unique_ptr<ScoreData> openIdxData(const std::string& images, const std::str
 
 // The manifest's encoding decides between image and token shards.
 std::unique_ptr<ScoreData> openPacked(const std::string& url, int64_t limit, const ModelInfo& info) {
-  const data::ShardSource probe(url, storage::storageOptions(StorageConfig{}), CacheConfig{});
-  if (probe.manifest().encoding == "tokens") return std::make_unique<TokenData>(url, limit, info);
-  return std::make_unique<ImageShardData>(url, limit, info);
+  std::unique_ptr<data::ShardSource> source = openSource(url);
+  if (source->manifest().encoding == "tokens") {
+    return std::make_unique<TokenData>(std::move(source), url, limit, info);
+  }
+  return std::make_unique<ImageShardData>(std::move(source), limit, info);
 }
 
 // A YAML file holding one dataset section is parsed as data.train of a job,
@@ -394,8 +407,8 @@ std::unique_ptr<ScoreData> openSection(const std::string& path, const ModelInfo&
   const DatasetConfig d = loadDatasetSection(path, info);
   switch (d.kind) {
     case DataKind::idx: return openIdxData(d.images, d.labels, d.limit, info);
-    case DataKind::shards: return std::make_unique<ImageShardData>(d.path, d.limit, info);
-    case DataKind::tokens: return std::make_unique<TokenData>(d.path, d.limit, info);
+    case DataKind::shards: return std::make_unique<ImageShardData>(openSource(d.path), d.limit, info);
+    case DataKind::tokens: return std::make_unique<TokenData>(openSource(d.path), d.path, d.limit, info);
     case DataKind::synthetic: {
       auto dataset = data::openDataset(d, std::max<int64_t>(info.numClasses, 1));
       const std::string fp = fmt::format("synthetic {} {} {}x{}x{}", dataset->size(), d.seed, d.shape.at(0),

@@ -53,15 +53,7 @@ class PartWriter {
   PartWriter(const PartWriter&) = delete;
   PartWriter& operator=(const PartWriter&) = delete;
   // One write per batch: a kill leaves at most this batch torn.
-  void append(const std::string& lines) {
-    size_t done = 0;
-    while (done < lines.size()) {
-      const ssize_t n = ::write(fd_, lines.data() + done, lines.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw IoError(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
-      done += static_cast<size_t>(n);
-    }
-  }
+  void append(const std::string& lines) { writeAll(fd_, lines, path_); }
 
  private:
   std::string path_;
@@ -176,9 +168,10 @@ void scorePart(const ScoreOptions& o, const ScorePaths& paths) {
   int64_t batches = 0;
   auto lastLog = std::chrono::steady_clock::now();
   for (int64_t at = begin + kept; at < end;) {
-    // Batches start at multiples of --batch-size: the same batches whatever
-    // the ranks and wherever a resumed part starts again.
-    const int64_t stop = std::min(end, (at / o.batchSize + 1) * o.batchSize);
+    // Batches start at multiples of the run's --batch-size (the recorded
+    // one, which the parts' boundaries are multiples of): the same batches
+    // whatever the ranks and wherever a resumed part starts again.
+    const int64_t stop = std::min(end, (at / record.batchSize + 1) * record.batchSize);
     part.append(data->tokens() ? scoreTokens(*predictor, *data, at, stop)
                                : scoreImages(*predictor, *data, at, stop, record.topK));
     at = stop;

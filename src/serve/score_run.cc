@@ -24,7 +24,7 @@ nlohmann::json ScoreRecord::toJson() const {
   for (const auto& [b, e] : parts) p.push_back({b, e});
   return {{"model", model}, {"model_fingerprint", modelFingerprint}, {"data", data},
           {"data_fingerprint", dataFingerprint}, {"samples", samples}, {"tokens", tokens},
-          {"top_k", topK}, {"procs", procs}, {"parts", p}};
+          {"top_k", topK}, {"procs", procs}, {"batch_size", batchSize}, {"parts", p}};
 }
 
 ScoreRecord ScoreRecord::fromJson(const nlohmann::json& j, const std::string& origin) {
@@ -38,9 +38,13 @@ ScoreRecord ScoreRecord::fromJson(const nlohmann::json& j, const std::string& or
     r.tokens = j.at("tokens").get<bool>();
     r.topK = j.at("top_k").get<int64_t>();
     r.procs = j.at("procs").get<int>();
+    r.batchSize = j.at("batch_size").get<int64_t>();
     for (const auto& p : j.at("parts")) r.parts.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: not a record of cohort score: {}", origin, e.what()));
+  }
+  if (r.batchSize < 1) {
+    throw DataError(fmt::format("{}: batch_size {}, expected >= 1", origin, r.batchSize));
   }
   if (static_cast<int>(r.parts.size()) != r.procs) {
     throw DataError(fmt::format("{}: {} parts for {} procs", origin, r.parts.size(), r.procs));
@@ -57,6 +61,11 @@ std::vector<std::string> ScoreRecord::differences(const ScoreRecord& before) con
   if (samples != before.samples) d.push_back(fmt::format("{} samples, now {}", before.samples, samples));
   if (topK != before.topK) d.push_back(fmt::format("--top-k was {}, now {}", before.topK, topK));
   if (procs != before.procs) d.push_back(fmt::format("--procs was {}, now {}", before.procs, procs));
+  if (batchSize != before.batchSize) {
+    d.push_back(fmt::format("--batch-size was {}, now {}", before.batchSize, batchSize));
+  }
+  // The parts follow from the above; a record whose parts do not is not ours.
+  if (d.empty() && parts != before.parts) d.push_back("the ranks' parts differ");
   return d;
 }
 
@@ -94,14 +103,27 @@ std::string modelFingerprint(const std::string& model, const std::string& weight
 
 namespace {
 
-// True when `line` (without its newline) is a prediction for sample `index`.
-bool isLineFor(const std::string& line, int64_t index) {
-  const auto j = nlohmann::json::parse(line, nullptr, false);
+// True when `j` (a parsed line; discarded when it is not JSON) is a
+// prediction for sample `index`.
+bool isLineFor(const nlohmann::json& j, int64_t index) {
   return !j.is_discarded() && j.is_object() && j.contains("index") && j["index"].is_number_integer() &&
          j["index"].get<int64_t>() == index;
 }
+bool isLineFor(const std::string& line, int64_t index) {
+  return isLineFor(nlohmann::json::parse(line, nullptr, false), index);
+}
 
 }  // namespace
+
+void writeAll(int fd, const std::string& bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+}
 
 int64_t keptLines(const std::string& path, int64_t begin, int64_t count) {
   std::error_code ec;
@@ -137,15 +159,7 @@ class TempOutput {
     if (fd_ >= 0) ::close(fd_);
     if (!committed_) ::unlink(tmp_.c_str());
   }
-  void write(const std::string& s) {
-    size_t done = 0;
-    while (done < s.size()) {
-      const ssize_t n = ::write(fd_, s.data() + done, s.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail("cannot write", tmp_);
-      done += static_cast<size_t>(n);
-    }
-  }
+  void write(const std::string& s) { writeAll(fd_, s, tmp_); }
   void commit() {
     if (::fsync(fd_) != 0) fail("cannot sync", tmp_);
     ::close(fd_);
@@ -182,7 +196,7 @@ int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record) {
     std::string line;
     while (index < end && std::getline(in, line) && !in.eof()) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || j.value("index", int64_t{-1}) != index) break;
+      if (!isLineFor(j, index)) break;
       errors += j.contains("error") ? 1 : 0;
       buffer += line;
       buffer += '\n';

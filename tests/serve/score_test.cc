@@ -17,9 +17,12 @@
 #include <unistd.h>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/core/error.h"
 #include "cohort/data/dataset.h"
 #include "cohort/data/image.h"
 #include "cohort/serve/model.h"
+#include "cohort/serve/score.h"
+#include "serve/detail/score_run.h"
 #include "util/deploy.h"
 #include "util/jobs.h"
 
@@ -276,6 +279,101 @@ TEST_F(ScoreTest, AKilledRunResumesToTheSameOutput) {
   EXPECT_NE(again.out.find("is complete"), std::string::npos) << again.describe();
 }
 
+// A rerun with another --batch-size is refused before it touches the parts
+// (their boundaries are multiples of the recorded one); the same command
+// then resumes to the uninterrupted output. Once complete, any batch size
+// reads "complete".
+TEST_F(ScoreTest, AResumeWithAnotherBatchSizeIsRefused) {
+  const std::string whole = tmp_.file("whole.jsonl"), out = tmp_.file("resumed.jsonl");
+  auto args = [&](const std::string& o, const std::string& batch) {
+    return std::vector<std::string>{*shards_, "--data",  *images_,      "--out", o,
+                                    "--procs", "2",      "--batch-size", batch};
+  };
+  const auto w = score(args(whole, "2"));
+  ASSERT_EQ(w.exitCode, 0) << w.describe();
+
+  const auto killed = score(args(out, "2"), {{"COHORT_FAULT", "kill@rank1:step1"}});
+  ASSERT_EQ(killed.exitCode, 1) << killed.describe();
+  const std::string part = out + ".run/part-1.jsonl";
+  const std::string scored = test::readText(part);
+  ASSERT_EQ(test::readJsonLines(part).size(), 2u);  // its first batch: samples 8 and 9
+
+  // 18 samples in batches of 2 are parts [0, 8) and [8, 18); in batches of 6
+  // they would be [0, 6) and [6, 18).
+  const auto changed = score(args(out, "6"));
+  EXPECT_EQ(changed.exitCode, 2) << changed.describe();
+  EXPECT_NE(changed.err.find("--batch-size was 2, now 6"), std::string::npos) << changed.err;
+  EXPECT_EQ(test::readText(part), scored);
+  EXPECT_FALSE(fs::exists(out));
+  const json record = json::parse(test::readText(out + ".run/score.json"));
+  EXPECT_EQ(record["batch_size"], 2);
+  EXPECT_EQ(record["parts"], json::parse("[[0, 8], [8, 18]]"));
+
+  const auto resumed = score(args(out, "2"));
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.describe();
+  EXPECT_EQ(test::readText(out), test::readText(whole));
+  EXPECT_EQ(summaryOf(out)["batch_size"], 2);
+  EXPECT_GE(summaryOf(out)["resumed"].get<int64_t>(), 2);
+
+  const auto complete = score(args(out, "6"));
+  EXPECT_EQ(complete.exitCode, 0) << complete.describe();
+  EXPECT_NE(complete.out.find("is complete"), std::string::npos) << complete.describe();
+}
+
+// A TorchScript export as MODEL (`cohort export RUN --format torchscript`)
+// scores as its run does; replacing the export is a change of the model even
+// when the weights file it was exported from is unchanged.
+TEST_F(ScoreTest, ATorchScriptExportScoresAsItsRun) {
+  const std::string run = tmp_.file("run");
+  fs::copy(*shards_, run, fs::copy_options::recursive);
+  const auto e = test::cohort({"export", run, "--format", "torchscript"});
+  ASSERT_EQ(e.exitCode, 0) << e.describe();
+  const std::string exported = run + "/model/model.ts.pt";
+  ASSERT_TRUE(serve::isScriptExport(exported));
+
+  const std::string fromRun = tmp_.file("run.jsonl"), fromExport = tmp_.file("export.jsonl");
+  const auto r = score({run, "--data", *images_, "--out", fromRun, "--procs", "2", "--batch-size", "4"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto x = score({exported, "--data", *images_, "--out", fromExport, "--procs", "2", "--batch-size", "4"});
+  ASSERT_EQ(x.exitCode, 0) << x.describe();
+  const auto a = test::readJsonLines(fromRun), b = test::readJsonLines(fromExport);
+  ASSERT_EQ(a.size(), 18u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i]["index"], a[i]["index"]);
+    EXPECT_EQ(b[i]["id"], a[i]["id"]);
+    EXPECT_EQ(b[i]["label"], a[i]["label"]);
+    ASSERT_EQ(b[i]["top"].size(), a[i]["top"].size()) << a[i];
+    for (size_t k = 0; k < a[i]["top"].size(); ++k) {
+      EXPECT_EQ(b[i]["top"][k]["label"], a[i]["top"][k]["label"]) << a[i]["id"] << " rank " << k;
+      EXPECT_EQ(b[i]["top"][k]["name"], a[i]["top"][k]["name"]);
+      // The run computes channels-last, the export contiguous: the same
+      // function, float rounding apart.
+      EXPECT_NEAR(b[i]["top"][k]["probability"].get<double>(), a[i]["top"][k]["probability"].get<double>(),
+                  1e-5)
+          << a[i]["id"];
+    }
+  }
+
+  // Another export (other weights) in place of the first, and the run's
+  // final.pt as it was: the export's record of where its weights came from
+  // is the same file, unchanged.
+  const std::string finalPt = run + "/model/final.pt";
+  const std::string original = readBytes(finalPt);
+  ckpt::StateDict weights = ckpt::readStateDict(finalPt);
+  for (auto& [name, t] : weights) {
+    if (t.is_floating_point()) t = t * 1.5;
+  }
+  ckpt::saveStateDict(weights, finalPt);
+  const auto again = test::cohort({"export", run, "--format", "torchscript"});
+  ASSERT_EQ(again.exitCode, 0) << again.describe();
+  test::writeText(finalPt, original);
+  const auto replaced =
+      score({exported, "--data", *images_, "--out", fromExport, "--procs", "2", "--batch-size", "4"});
+  EXPECT_EQ(replaced.exitCode, 2) << replaced.describe();
+  EXPECT_NE(replaced.err.find("the weights of " + exported + " changed"), std::string::npos) << replaced.err;
+}
+
 // A rerun with other weights, another model or other data is refused (exit 2).
 TEST_F(ScoreTest, ARerunWithAnotherModelIsRefused) {
   const std::string run = tmp_.file("run");
@@ -333,6 +431,96 @@ TEST_F(ScoreTest, AnUndecodableImageGetsAnErrorLine) {
   }
   EXPECT_EQ(errors, 1);
   EXPECT_EQ(summaryOf(out)["errors"], 1);
+}
+
+uint32_t crc32(const std::string& bytes) {
+  uint32_t c = 0xffffffffu;
+  for (const char ch : bytes) {
+    c ^= static_cast<uint8_t>(ch);
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+std::string pngChunk(const std::string& type, const std::string& data) {
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+  };
+  return be32(static_cast<uint32_t>(data.size())) + type + data + be32(crc32(type + data));
+}
+
+// A PNG whose header says 10000 x 10000 px (100 Mpx, over serve's 64 Mpx
+// limit, under the data layer's own) is refused by its header, before any
+// decoding, as serve refuses it: an error line naming the limit.
+TEST_F(ScoreTest, AnImageOverTheLimitIsRefusedByItsHeader) {
+  const std::string images = tmp_.file("images");
+  fs::copy(*images_, images, fs::copy_options::recursive);
+  const std::string ihdr = {0, 0, 0x27, 0x10, 0, 0, 0x27, 0x10, 8, 0, 0, 0, 0};  // 10000 x 10000 gray
+  test::writeText(images + "/red/huge.png", std::string("\x89PNG\r\n\x1a\n", 8) + pngChunk("IHDR", ihdr) +
+                                                 pngChunk("IDAT", std::string(16, 'x')) + pngChunk("IEND", ""));
+  const std::string out = tmp_.file("p.jsonl");
+  const auto r = score({*shards_, "--data", images, "--out", out, "--batch-size", "4"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  int errors = 0;
+  for (const json& l : test::readJsonLines(out)) {
+    if (l["id"] != "red/huge.png") continue;
+    ++errors;
+    EXPECT_NE(l["error"].get<std::string>().find("10000x10000 px is larger than cohort decodes (64 Mpx)"),
+              std::string::npos)
+        << l;
+  }
+  EXPECT_EQ(errors, 1);
+}
+
+// A part line whose index is not an integer is not a prediction of that
+// sample: a DataError naming the part, not a JSON library exception.
+TEST_F(ScoreTest, MergingAPartWithANonIntegerIndexIsADataError) {
+  serve::detail::ScorePaths paths{tmp_.file("p.jsonl")};
+  fs::create_directories(paths.dir());
+  serve::detail::ScoreRecord record;
+  record.samples = 2;
+  record.procs = 1;
+  record.batchSize = 2;
+  record.parts = {{0, 2}};
+  test::writeText(paths.part(0), "{\"index\": 0, \"id\": \"a\"}\n{\"index\": \"1\", \"id\": \"b\"}\n");
+  try {
+    serve::detail::mergeParts(paths, record);
+    ADD_FAILURE() << "merged";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(paths.part(0) + ": holds 1 of the 2 predictions"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(paths.out));
+}
+
+// scoreCommand is a function: the lock on OUT.run is released when it
+// returns (here by throwing after taking it: a part it cannot read), so a
+// second call in the same process gets as far again.
+TEST_F(ScoreTest, TheLockIsReleasedWhenScoreCommandReturns) {
+  const std::string out = tmp_.file("p.jsonl");
+  const auto first = score({*shards_, "--data", *images_, "--out", out});
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  fs::remove(out);  // score.json stays: a rerun resumes
+  fs::create_directories(out + ".run/part-0.jsonl");
+  serve::ScoreOptions o;
+  o.model = *shards_;
+  o.data = *images_;
+  o.out = out;
+  for (int call = 1; call <= 2; ++call) {
+    try {
+      serve::scoreCommand(o);
+      ADD_FAILURE() << "call " << call << " returned";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find(out + ".run/part-0.jsonl"), std::string::npos) << e.what();
+    } catch (const Error& e) {
+      ADD_FAILURE() << "call " << call << ": " << e.what();
+    }
+    const int lock = ::open((out + ".run/lock").c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(lock, 0);
+    EXPECT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0) << "call " << call << " left " << out << ".run/lock locked";
+    ::close(lock);
+  }
 }
 
 TEST_F(ScoreTest, BadInputIsNamedWithExitCodeTwo) {

@@ -15,6 +15,8 @@
 
 namespace cohort::data {
 
+class ShardSource;  // data/shard_source.h
+
 struct SampleShape {
   int64_t channels = 0;
   int64_t height = 0;
@@ -88,6 +90,10 @@ std::shared_ptr<Dataset> openShards(const DatasetConfig& config, int64_t numClas
 // Token shards (docs/token-format.md) at a directory or blob URL, read in
 // windows of options.tokenWindow tokens.
 std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options);
+// The same, reading through `source`, already open at config.path (its
+// manifest is not read again; options.storage and options.cache are its own).
+std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options,
+                                    std::unique_ptr<ShardSource> source);
 
 // IDX files (raw or gzip): images of ndim 3 (N, H, W) and labels of ndim 1,
 // unsigned bytes. `limit` > 0 keeps the first `limit` samples. `labels`

@@ -14,8 +14,10 @@
 //   - a YAML file (.yaml, .yml) holding one dataset section of a job (the
 //     keys of data.train: kind, path, images, labels, limit, ...).
 //
-// Images go through the model's eval transform (ModelInfo.resize, center
-// crop), not the dataset section's crop_size or normalization.
+// Encoded images go through serve's evalTransform and pixelsFromImage
+// (serve/model.h: ModelInfo.resize, center crop, the 64 Mpx limit), as an
+// image request to `cohort serve` does, not through the dataset section's
+// crop_size or normalization.
 
 #include <cstdint>
 #include <memory>
@@ -48,8 +50,8 @@ class ScoreData {
   // A hint: this process reads [begin, end) next (blob shards are fetched ahead).
   virtual void willRead(int64_t begin, int64_t end) { (void)begin, (void)end; }
   // Images: writes sample `index` as raw pixels (channels x height x width
-  // floats in 0..255) to `out`. A sample that cannot be decoded comes back
-  // with `error` set (out is then unspecified); missing or corrupt
+  // floats in 0..255) to `out`. A sample that cannot be decoded (or is over
+  // kMaxImagePixels by its header) comes back with `error` set (out is then unspecified); missing or corrupt
   // containers (a truncated shard) throw DataError.
   virtual ScoreItem readImage(int64_t index, float* out);
   // Tokens: writes window `index` (block_size + 1 ids) to `out`.

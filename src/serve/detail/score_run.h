@@ -2,8 +2,10 @@
 
 // The files of one `cohort score` run beside OUT (docs/deploy.md):
 //
-//   OUT.run/score.json        what is being scored (model, data, samples, the
-//                             ranks' parts): a rerun must match it
+//   OUT.run/score.json        what is being scored (model, data, samples,
+//                             --batch-size, the ranks' parts): a rerun must
+//                             match it, and the command and its ranks both
+//                             read the parts and batch size from it
 //   OUT.run/part-<r>.jsonl    rank r's predictions for its contiguous part,
 //                             appended a batch at a time
 //   OUT.run/rank-<r>.log      rank r's log
@@ -41,6 +43,7 @@ struct ScoreRecord {
   bool tokens = false;
   int64_t topK = 0;   // images
   int procs = 1;
+  int64_t batchSize = 0;  // batches start at its multiples: the parts' boundaries do too
   std::vector<std::pair<int64_t, int64_t>> parts;  // rank -> [begin, end)
 
   nlohmann::json toJson() const;
@@ -59,8 +62,10 @@ std::vector<std::pair<int64_t, int64_t>> splitParts(int64_t samples, int64_t bat
 // Reads score.json; throws DataError naming the file.
 ScoreRecord readRecord(const std::string& path);
 
-// How the weights MODEL names changed: a hash of the weights file (or the
-// checkpoint's manifest) and its path.
+// How the weights MODEL names changed: a hash of the file `weights` (or of
+// the checkpoint directory's manifest), or of MODEL itself when `weights` is
+// empty (a TorchScript export holds its weights); the path when there is no
+// such file.
 std::string modelFingerprint(const std::string& model, const std::string& weights);
 
 // The number of complete lines at the start of part `path` for samples
@@ -73,6 +78,10 @@ int64_t keptLines(const std::string& path, int64_t begin, int64_t count);
 // (DataError naming it otherwise); returns the number of lines holding an
 // "error". Throws IoError naming `out`.
 int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record);
+
+// Writes all of `bytes` to `fd` (retrying short writes and EINTR). Throws
+// IoError naming `path`.
+void writeAll(int fd, const std::string& bytes, const std::string& path);
 
 // The last `lines` lines of a text file ("" when it cannot be read).
 std::string tailOf(const std::string& path, int lines);
