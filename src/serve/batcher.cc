@@ -40,6 +40,14 @@ std::vector<std::future<at::Tensor>> Batcher::submit(std::vector<at::Tensor> inp
   return futures;
 }
 
+void Batcher::drain() {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    draining_ = true;
+  }
+  cv_.notify_all();
+}
+
 void Batcher::loop() {
   // Set on the thread that runs the model: with OpenMP the count is the
   // calling thread's own setting.
@@ -55,7 +63,7 @@ void Batcher::loop() {
       for (const Item& item : queue_) n += item.input.sizes() == queue_.front().input.sizes();
       return n;
     };
-    while (!stopping_ && sameShape() < options_.maxBatch &&
+    while (!stopping_ && !draining_ && sameShape() < options_.maxBatch &&
            cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
     }
     std::vector<Item> batch;
@@ -88,8 +96,9 @@ void Batcher::run(std::vector<Item>& batch) {
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     for (size_t i = 0; i < batch.size(); ++i) batch[i].result.set_value(logits[static_cast<int64_t>(i)].clone());
   } catch (...) {
-    // The whole batch failed: each caller gets the error (an input the
-    // model refuses is caught before submit, so this is rare).
+    // The whole batch failed: each caller gets the error (the handlers check
+    // inputs before submit: pixel shapes, prompt ids below the vocabulary;
+    // so this is a bug, answered 500).
     const std::exception_ptr error = std::current_exception();
     for (Item& item : batch) {
       try {

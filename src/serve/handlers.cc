@@ -11,6 +11,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/tokens.h"
+#include "cohort/train/generate.h"
 #include "serve/detail/request.h"
 
 namespace cohort::serve::detail {
@@ -22,9 +23,15 @@ using nlohmann::json;
 // How long a handler waits for the model thread before it answers 500: only
 // reached when a forward hangs.
 constexpr auto kResultTimeout = std::chrono::minutes(5);
-// Below this temperature sampling is the most likely token (dividing the
-// logits by less overflows float).
-constexpr double kGreedyTemperature = 1e-4;
+// How often a handler waiting for the model looks at ServeState::stopping.
+constexpr auto kStoppingCheck = std::chrono::milliseconds(50);
+
+// The server cannot take or finish the work now: the queue is full, or the
+// drain limit passed. Answered 503; anything else a handler throws is 500.
+class Unavailable : public Error {
+ public:
+  using Error::Error;
+};
 
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -36,6 +43,8 @@ void replyError(httplib::Response& res, int status, const std::string& message) 
   res.set_content(errorBody(message), "application/json");
 }
 
+// A query parameter (?key=): the body is ours (read by withBody), never
+// parsed into req.params, so these are the URL's only.
 std::optional<std::string> param(const httplib::Request& req, const char* key) {
   if (!req.has_param(key)) return std::nullopt;
   return req.get_param_value(key);
@@ -67,14 +76,23 @@ std::shared_ptr<void> admit(ServeState& s, httplib::Response& res) {
   return std::make_shared<Slot>(s.metrics.inFlight);
 }
 
-at::Tensor waitResult(std::future<at::Tensor>& f) {
-  if (f.wait_for(kResultTimeout) != std::future_status::ready) {
-    throw Error("the model did not answer within 5 minutes");
+// The model's answer for one input. Throws Unavailable once the drain limit
+// has passed (ServeState::stopping), Error after kResultTimeout (a hung
+// forward), and what the forward threw.
+at::Tensor waitResult(const ServeState& s, std::future<at::Tensor>& f) {
+  const auto deadline = std::chrono::steady_clock::now() + kResultTimeout;
+  while (f.wait_for(kStoppingCheck) != std::future_status::ready) {
+    if (s.stopping.load()) {
+      throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error("the model did not answer within 5 minutes");
+    }
   }
   return f.get();
 }
 
-void predict(ServeState& s, const httplib::Request& req, httplib::Response& res) {
+void predict(ServeState& s, const httplib::Request& req, const std::string& body, httplib::Response& res) {
   const auto slot = admit(s, res);
   if (!slot) return;
   if (s.info.tokens) {
@@ -83,7 +101,7 @@ void predict(ServeState& s, const httplib::Request& req, httplib::Response& res)
   }
   PredictRequest p;
   try {
-    p = parsePredict(req.body, req.get_header_value("Content-Type"), param(req, "top_k"),
+    p = parsePredict(body, req.get_header_value("Content-Type"), param(req, "top_k"),
                      param(req, "logits"), s.info, s.options.topK, s.options.maxQueue);
   } catch (const DataError& e) {
     replyError(res, 400, e.what());
@@ -96,7 +114,13 @@ void predict(ServeState& s, const httplib::Request& req, httplib::Response& res)
   }
   json predictions = json::array();
   for (auto& f : futures) {
-    const at::Tensor logits = waitResult(f);
+    at::Tensor logits;
+    try {
+      logits = waitResult(s, f);
+    } catch (const Unavailable& e) {
+      replyError(res, 503, e.what());
+      return;
+    }
     const at::Tensor probs = torch::softmax(logits, 0);
     const auto [values, labels] = probs.topk(p.topK);
     json top = json::array();
@@ -129,28 +153,20 @@ struct Generation {
 
   bool done() const { return generated >= request.maxTokens; }
 
-  // Samples and appends the next token, as `cohort generate` does. Throws
-  // Error when the queue is full.
+  // Samples and appends the next token, as `cohort generate` does (the
+  // same train::sampleNext). Throws Unavailable when the queue is full or
+  // the drain limit has passed; what the forward threw otherwise.
   int64_t step(ServeState& s) {
-    const size_t block = static_cast<size_t>(s.info.blockSize);
-    const size_t start = tokens.size() > block ? tokens.size() - block : 0;
-    const std::vector<int64_t> context(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
+    if (s.stopping.load()) {
+      throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
+    }
+    const std::vector<int64_t> context = train::contextWindow(tokens, s.info.blockSize);
     auto futures = s.batcher.submit({torch::tensor(context, torch::kInt64)});
-    if (futures.empty()) throw Error("the queue of inputs is full; retry later");
+    if (futures.empty()) throw Unavailable("the queue of inputs is full; retry later");
     const int64_t vocab = s.info.tokenizerVocab > 0 ? std::min(s.info.tokenizerVocab, s.info.vocabSize)
                                                     : s.info.vocabSize;
-    at::Tensor logits = waitResult(futures[0]).narrow(0, 0, vocab);
-    int64_t next = 0;
-    if (request.temperature < kGreedyTemperature) {
-      next = logits.argmax().item<int64_t>();
-    } else {
-      logits = logits / request.temperature;
-      if (request.topK > 0 && request.topK < logits.size(0)) {
-        const at::Tensor kth = std::get<0>(logits.topk(request.topK)).index({request.topK - 1});
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-      }
-      next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<int64_t>();
-    }
+    const at::Tensor logits = waitResult(s, futures[0]).narrow(0, 0, vocab);
+    const int64_t next = train::sampleNext(logits, request.temperature, request.topK, generator);
     tokens.push_back(next);
     ++generated;
     return next;
@@ -167,7 +183,7 @@ struct Generation {
   }
 };
 
-void generate(ServeState& s, const httplib::Request& req, httplib::Response& res) {
+void generate(ServeState& s, const httplib::Request&, const std::string& body, httplib::Response& res) {
   auto slot = admit(s, res);
   if (!slot) return;
   if (!s.info.tokens) {
@@ -176,15 +192,16 @@ void generate(ServeState& s, const httplib::Request& req, httplib::Response& res
   }
   std::shared_ptr<Generation> g;
   try {
-    g = std::make_shared<Generation>(parseGenerate(req.body, s.info, s.options.maxNewTokens));
+    g = std::make_shared<Generation>(parseGenerate(body, s.info, s.options.maxNewTokens));
   } catch (const DataError& e) {
     replyError(res, 400, e.what());
     return;
   }
   if (!g->request.stream) {
+    // A failed forward propagates: guarded answers it 500.
     try {
       while (!g->done()) g->step(s);
-    } catch (const Error& e) {
+    } catch (const Unavailable& e) {
       replyError(res, 503, e.what());
       return;
     }
@@ -218,12 +235,56 @@ void generate(ServeState& s, const httplib::Request& req, httplib::Response& res
       });
 }
 
-// Runs `handler`; whatever it throws becomes a 500 with the message.
-template <class F>
-httplib::Server::Handler guarded(ServeState& s, F handler) {
-  return [&s, handler](const httplib::Request& req, httplib::Response& res) {
+using BodyHandler = void (*)(ServeState&, const httplib::Request&, const std::string& body, httplib::Response&);
+
+// A POST route that reads its own body, whatever its Content-Type: httplib's
+// reading would cap application/x-www-form-urlencoded (what `curl -d` sends)
+// at 8 KiB, compiled into the library, and parse it into req.params. The
+// body is bounded by --max-body-bytes here (413); multipart/form-data is
+// refused (415). Then `handler` runs; whatever it throws becomes a 500 with
+// the message.
+httplib::Server::HandlerWithContentReader withBody(ServeState& s, BodyHandler handler) {
+  return [&s, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    const auto limit = static_cast<size_t>(s.options.maxBodyBytes);
+    std::string body;
+    bool tooLarge = false;
+    size_t discarded = 0;
+    auto receive = [&](const char* data, size_t n) {
+      if (!tooLarge && body.size() + n <= limit) {
+        body.append(data, n);
+        return true;
+      }
+      // Beyond the bound: read on (up to as much again) without keeping it,
+      // so that the client, still sending, reads the 413 rather than a reset.
+      tooLarge = true;
+      body.clear();
+      discarded += n;
+      return discarded <= limit;
+    };
+    const bool multipart = req.is_multipart_form_data();
+    // A multipart body goes through httplib's multipart parser whatever
+    // receiver is given: read it (bounded) only to keep the connection usable.
+    const bool read = multipart ? reader([](const httplib::MultipartFormData&) { return true; }, receive)
+                                : reader(receive);
+    // httplib answers a Content-Length beyond set_payload_max_length (the
+    // same bound) 413 without reading; `receive` catches chunked bodies.
+    if (tooLarge || res.status == 413) {
+      res.set_header("Connection", "close");
+      replyError(res, 413, fmt::format("the body is larger than {} bytes (--max-body-bytes)", limit));
+      return;
+    }
+    if (!read) {
+      res.set_header("Connection", "close");
+      replyError(res, 400, "the body could not be read (cut short, or a malformed encoding)");
+      return;
+    }
+    if (multipart) {
+      replyError(res, 415, "multipart/form-data is not taken: send JSON (Content-Type: application/json) "
+                           "or the bytes of one image");
+      return;
+    }
     try {
-      handler(s, req, res);
+      handler(s, req, body, res);
     } catch (const std::exception& e) {
       log::warn("serve: {} {}: {}", req.method, req.path, e.what());
       replyError(res, 500, e.what());
@@ -234,8 +295,8 @@ httplib::Server::Handler guarded(ServeState& s, F handler) {
 }  // namespace
 
 void addRoutes(httplib::Server& server, ServeState& state) {
-  server.Post("/v1/predict", guarded(state, predict));
-  server.Post("/v1/generate", guarded(state, generate));
+  server.Post("/v1/predict", withBody(state, predict));
+  server.Post("/v1/generate", withBody(state, generate));
   server.Get("/v1/model", [&state](const httplib::Request&, httplib::Response& res) {
     reply(res, 200, state.info.toJson());
   });

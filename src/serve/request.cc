@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "cohort/core/error.h"
-#include "cohort/data/image.h"
 #include "cohort/data/tokens.h"
 
 namespace cohort::serve::detail {
@@ -182,26 +181,6 @@ std::vector<at::Tensor> pixelsFromJson(const json& j, const ModelInfo& info, int
   return inputs;
 }
 
-at::Tensor pixelsFromImage(const std::string& body, const ModelInfo& info) {
-  if (info.channels != 1 && info.channels != 3) {
-    throw DataError(fmt::format("the model takes {} channels: send pixels as JSON, not an encoded image",
-                                info.channels));
-  }
-  data::ImageTransform t;
-  t.outHeight = info.height;
-  t.outWidth = info.width;
-  t.channels = info.channels;
-  t.resizeShorter = info.resize;
-  at::Tensor pixels = torch::empty({info.channels, info.height, info.width}, torch::kFloat);
-  try {
-    data::decodeImage(reinterpret_cast<const uint8_t*>(body.data()), body.size(), t, 0,
-                      pixels.data_ptr<float>());
-  } catch (const Error& e) {
-    throw DataError(fmt::format("the image does not decode: {}", e.what()));
-  }
-  return pixels.mul_(255.0f);
-}
-
 }  // namespace
 
 PredictRequest parsePredict(const std::string& body, const std::string& contentType,
@@ -217,7 +196,9 @@ PredictRequest parsePredict(const std::string& body, const std::string& contentT
                      (type != "application/json" && looksLikeImage(body));
   if (image) {
     if (body.empty()) throw DataError("the body is empty: send the bytes of a JPEG or PNG image");
-    r.inputs.push_back(pixelsFromImage(body, info));
+    // model.h's: the eval transform, and images over kMaxImagePixels refused
+    // by their header before decoding.
+    r.inputs.push_back(pixelsFromImage(reinterpret_cast<const uint8_t*>(body.data()), body.size(), info));
   } else {
     const json j = parseJson(body);
     checkKeys(j, {"inputs", "shape", "top_k", "logits"});
@@ -240,6 +221,14 @@ GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, in
   std::string prompt = j["prompt"].get<std::string>();
   if (prompt.empty()) prompt = "\n";  // as `cohort generate`
   r.prompt = data::encodeText(info.tokenizer, prompt);
+  // An id beyond the model's embedding would fail the forward of the whole
+  // batch this prompt joins (batcher.cc): refuse it here, alone.
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= info.vocabSize) {
+      throw DataError(fmt::format("the prompt's token {} is id {}: the model's vocabulary is 0..{}", i, r.prompt[i],
+                                  info.vocabSize - 1));
+    }
+  }
   if (static_cast<int64_t>(r.prompt.size()) > info.blockSize) {
     throw DataError(fmt::format("the prompt is {} tokens: the model reads at most {} (block_size)",
                                 r.prompt.size(), info.blockSize));

@@ -41,10 +41,10 @@ Histogram::Snapshot Histogram::snapshot() const {
 
 ServeMetrics::ServeMetrics() : batchSize_(kBatchBounds), batchSeconds_(kLatencyBounds) {}
 
-void ServeMetrics::request(const std::string& endpoint, int status, double seconds) {
+void ServeMetrics::request(const std::string& endpoint, int status, std::optional<double> seconds) {
   std::lock_guard<std::mutex> g(mutex_);
   ++requests_[{endpoint, status}];
-  latency_.try_emplace(endpoint, kLatencyBounds).first->second.observe(seconds);
+  if (seconds) latency_.try_emplace(endpoint, kLatencyBounds).first->second.observe(*seconds);
 }
 
 void ServeMetrics::batch(int64_t size, double seconds) {
@@ -80,7 +80,7 @@ std::string ServeMetrics::render() const {
 }
 
 std::string endpointLabel(const std::string& path) {
-  for (const char* known : {"/v1/predict", "/v1/generate", "/healthz", "/readyz", "/metrics"}) {
+  for (const char* known : {"/v1/predict", "/v1/generate", "/v1/model", "/healthz", "/readyz", "/metrics"}) {
     if (path == known) return path;
   }
   return "other";

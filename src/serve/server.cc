@@ -10,8 +10,10 @@
 #include <sys/socket.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "cohort/core/env.h"
@@ -31,10 +33,6 @@ namespace cohort::serve {
 
 namespace {
 
-// After SIGTERM, how long in-flight requests may take before the server
-// stops anyway.
-constexpr auto kDrainTimeout = std::chrono::seconds(60);
-
 void validate(const ServeOptions& o) {
   auto require = [](bool ok, const std::string& what) {
     if (!ok) throw UsageError("cohort serve: " + what);
@@ -50,6 +48,8 @@ void validate(const ServeOptions& o) {
   require(o.maxQueue >= 1, fmt::format("--max-queue must be >= 1, got {}", o.maxQueue));
   require(o.topK >= 1, fmt::format("--top-k must be >= 1, got {}", o.topK));
   require(o.maxNewTokens >= 0, fmt::format("--max-new-tokens must be >= 0, got {}", o.maxNewTokens));
+  require(o.drainSeconds >= 0 && o.drainSeconds <= 86400,
+          fmt::format("--drain-seconds must be in [0, 86400], got {}", o.drainSeconds));
   require(o.computeThreads >= 0, fmt::format("--compute-threads must be >= 0, got {}", o.computeThreads));
 }
 
@@ -70,10 +70,12 @@ std::string bracketed(const std::string& host) {
   return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
 
-// When this worker thread took the request it is answering (set before
-// routing, read by the logger, which runs on the same thread after the
-// answer is written).
-thread_local std::chrono::steady_clock::time_point requestStart;
+// When this worker thread took the request it is answering: set before
+// routing, read and reset by the logger, which runs on the same thread after
+// the answer is written. A request httplib answers before routing (a
+// malformed request line, a 413 on Content-Length) never sets it: the logger
+// sees the reset value and records no latency rather than a stale one.
+thread_local std::optional<std::chrono::steady_clock::time_point> requestStart;
 
 bool authorized(const httplib::Request& req, const std::string& token) {
   const std::string expected = "Bearer " + token;
@@ -95,8 +97,11 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
     return httplib::Server::HandlerResponse::Handled;
   });
   server.set_logger([&state](const httplib::Request& req, const httplib::Response& res) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - requestStart).count();
+    std::optional<double> seconds;
+    if (requestStart) {
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - *requestStart).count();
+    }
+    requestStart.reset();
     state.metrics.request(detail::endpointLabel(req.path), res.status, seconds);
   });
   // Errors httplib answers itself (404, 405, 413, a malformed request line)
@@ -142,6 +147,46 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
   detail::addRoutes(server, state);
 }
 
+// The accept loop's thread. Whatever way serveCommand leaves (a port file
+// that cannot be written throws), the destructor stops the server and joins
+// the thread: a joinable std::thread destroyed would std::terminate.
+class Listener {
+ public:
+  explicit Listener(httplib::Server& server)
+      : server_(server), thread_([this] {
+          server_.listen_after_bind();
+          returned_ = true;
+        }) {}
+  ~Listener() { stop(); }
+
+  // Stops the server and joins the thread; blocks until the workers have
+  // answered what they hold. Idempotent.
+  void stop() {
+    if (!thread_.joinable()) return;
+    // Server::stop() does nothing before the accept loop runs: wait until it
+    // runs (it does at once) or has returned.
+    while (!server_.is_running() && !returned_.load()) std::this_thread::yield();
+    server_.stop();
+    thread_.join();
+  }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  // Waits (at most `limit`) for the accept loop; true once it runs.
+  bool waitRunning(std::chrono::milliseconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!server_.is_running() && !returned_.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return server_.is_running() && !returned_.load();
+  }
+
+ private:
+  httplib::Server& server_;
+  std::atomic<bool> returned_{false};
+  std::thread thread_;  // last: started once the flags exist
+};
+
 }  // namespace
 
 int serveCommand(const ServeOptions& o) {
@@ -179,12 +224,18 @@ int serveCommand(const ServeOptions& o) {
   // cpp-httplib listens with a backlog of 5: a burst of clients beyond it
   // saw connections dropped. Listening again on the bound socket raises it.
   if (state.listenSocket >= 0) ::listen(state.listenSocket, SOMAXCONN);
-  std::thread listener([&server] { server.listen_after_bind(); });
+  Listener listener(server);
   // The port file says "accepting": wait for the accept loop (bounded).
-  for (int i = 0; i < 10'000 && !server.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!listener.waitRunning(std::chrono::seconds(10))) {
+    throw CommError(fmt::format("cohort serve: the accept loop on {}:{} did not start", bracketed(o.host), port));
   }
-  if (!o.portFile.empty()) writeFileAtomic(o.portFile, std::to_string(port) + "\n");
+  if (!o.portFile.empty()) {
+    try {
+      writeFileAtomic(o.portFile, std::to_string(port) + "\n");
+    } catch (const Error& e) {
+      throw UsageError(fmt::format("cohort serve: --port-file {}: cannot write it: {}", o.portFile, e.what()));
+    }
+  }
   const std::string what = info.tokens ? fmt::format("{}, block {}", info.arch, info.blockSize)
                                        : fmt::format("{}, {}x{}x{}, {} classes", info.arch, info.channels,
                                                      info.height, info.width, info.numClasses);
@@ -196,20 +247,27 @@ int serveCommand(const ServeOptions& o) {
   int sig = 0;
   while (sig == 0) sig = signals.wait(std::chrono::milliseconds(500));
   // Draining: new work gets 503 (the socket stays open so that clients learn
-  // it) and in-flight requests are answered, their batches on the usual
-  // schedule (at most --max-delay-ms late); then the socket closes.
+  // it) and in-flight requests are answered, their batches run without
+  // waiting to fill, for at most --drain-seconds; what still waits for the
+  // model then gets 503; then the socket closes.
   log::info("serve: {}: draining {} requests in flight", strsignal(sig), metrics.inFlight.load());
   state.draining = true;
-  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drainSeconds);
+  // Nothing new will fill a batch: run what waits at once (with no time to
+  // drain, --drain-seconds 0, what waits is answered 503 below instead).
+  if (std::chrono::steady_clock::now() < deadline) batcher.drain();
   while (metrics.inFlight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (metrics.inFlight.load() > 0) {
-    log::warn("serve: {} requests still in flight after {} s; stopping anyway", metrics.inFlight.load(),
-              kDrainTimeout.count());
+    log::warn("serve: {} requests still in flight after {} s (--drain-seconds); stopping anyway",
+              metrics.inFlight.load(), o.drainSeconds);
   }
-  server.stop();
-  listener.join();
+  // Requests waiting for the model answer 503 (streams end with an error
+  // line) at their next check instead of holding the workers the listener's
+  // join waits for.
+  state.stopping = true;
+  listener.stop();
   log::info("serve: stopped");
   return 0;
 }

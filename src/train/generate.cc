@@ -52,6 +52,22 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
                               runDir.root));
 }
 
+int64_t sampleNext(const at::Tensor& logits, double temperature, int64_t topK, at::Generator& gen) {
+  if (temperature < kGreedyTemperature) return logits.argmax().item<int64_t>();
+  at::Tensor scaled = logits / temperature;
+  if (topK > 0 && topK < scaled.size(0)) {
+    const at::Tensor kth = std::get<0>(scaled.topk(topK)).index({topK - 1});
+    scaled = scaled.masked_fill(scaled < kth, -std::numeric_limits<float>::infinity());
+  }
+  return torch::multinomial(torch::softmax(scaled, 0), 1, false, gen).item<int64_t>();
+}
+
+std::vector<int64_t> contextWindow(const std::vector<int64_t>& tokens, int64_t blockSize) {
+  const size_t block = static_cast<size_t>(blockSize);
+  const size_t start = tokens.size() > block ? tokens.size() - block : 0;
+  return {tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end()};
+}
+
 int generateCommand(const GenerateOptions& o, std::ostream& out) {
   if (o.tokens < 0) throw UsageError(fmt::format("--tokens: must be >= 0, got {}", o.tokens));
   if (!(o.temperature >= 0)) {
@@ -88,29 +104,14 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
   std::vector<int64_t> tokens = data::encodeText(m.tokenizer, prompt);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   for (int64_t i = 0; i < o.tokens; ++i) {
-    const size_t start = tokens.size() > static_cast<size_t>(job.model.blockSize)
-                             ? tokens.size() - static_cast<size_t>(job.model.blockSize)
-                             : 0;
-    const std::vector<int64_t> context(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
-    const at::Tensor input = torch::tensor(context, torch::kInt64).unsqueeze(0);
+    const at::Tensor input = torch::tensor(contextWindow(tokens, job.model.blockSize), torch::kInt64).unsqueeze(0);
     // Only ids the tokenizer can decode (model.vocab_size may be larger).
-    at::Tensor logits = model->forward(input)
-                            .select(1, input.size(1) - 1)
-                            .squeeze(0)
-                            .narrow(0, 0, std::min<int64_t>(m.vocabSize, mc.vocabSize))
-                            .to(torch::kFloat);
-    int64_t next = 0;
-    if (o.temperature == 0) {
-      next = logits.argmax().item<int64_t>();
-    } else {
-      logits = logits / o.temperature;
-      if (o.topK > 0 && o.topK < logits.size(0)) {
-        const at::Tensor kth = std::get<0>(logits.topk(o.topK)).index({o.topK - 1});
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-      }
-      next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<int64_t>();
-    }
-    tokens.push_back(next);
+    const at::Tensor logits = model->forward(input)
+                                  .select(1, input.size(1) - 1)
+                                  .squeeze(0)
+                                  .narrow(0, 0, std::min<int64_t>(m.vocabSize, mc.vocabSize))
+                                  .to(torch::kFloat);
+    tokens.push_back(sampleNext(logits, o.temperature, o.topK, generator));
   }
   out << data::decodeTokens(m.tokenizer, tokens) << "\n";
   return 0;

@@ -1,23 +1,30 @@
 // `cohort serve` as clients see it: real server processes on small trained
 // runs (util/deploy.h), driven over HTTP by cpp-httplib clients. Batched
-// answers equal single ones, encoded images equal their decoded pixels,
-// generation is reproducible, bad input is a 400 that leaves the server
-// working, the limits (413, 429, 503), the bearer token, the drain on
-// SIGTERM, and /metrics.
+// answers equal single ones (generations too), encoded images equal their
+// decoded pixels, generation is reproducible, bad input is a 400 that leaves
+// the server working, bodies are read whatever their Content-Type, the
+// limits (413, 415, 429, 503), the bearer token, the drain on SIGTERM and its
+// limit, start-up failures that exit 2, and /metrics.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -137,6 +144,63 @@ json nested(const at::Tensor& image) {
 std::string readBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Joins the threads of `threads` however the scope ends: an ASSERT_* that
+// returns with a joinable std::thread would std::terminate the program.
+// When some are still running then, `early` runs first (SIGKILL the server
+// they wait for, so that they end now).
+class JoinAll {
+ public:
+  explicit JoinAll(std::vector<std::thread>& threads, std::function<void()> early = {})
+      : threads_(threads), early_(std::move(early)) {}
+  ~JoinAll() {
+    const bool running = std::any_of(threads_.begin(), threads_.end(), [](auto& t) { return t.joinable(); });
+    if (running && early_) early_();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  JoinAll(const JoinAll&) = delete;
+  JoinAll& operator=(const JoinAll&) = delete;
+
+ private:
+  std::vector<std::thread>& threads_;
+  std::function<void()> early_;
+};
+
+// zlib's crc32 (PNG chunk checksums), without linking zlib.
+uint32_t crc32Of(const char* data, size_t n) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= static_cast<unsigned char>(data[i]);
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+// What the server answers raw `bytes` on a fresh connection (the status
+// line and what follows) until it closes it, for requests a client library
+// will not send.
+std::string rawExchange(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  const timeval timeout{30, 0};  // a server that neither answers nor closes: "" after 30 s
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string answer;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
+    // No shutdown(SHUT_WR): httplib does not answer a peer that has closed.
+    // Read until the server closes (it does after a 400).
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return answer;
 }
 
 void expectSamePrediction(const json& a, const json& b, const std::string& what) {
@@ -436,19 +500,44 @@ TEST_F(ServeTest, MalformedBodiesAre400AndTheServerGoesOn) {
   EXPECT_EQ(server.stop().exitCode, 0);
 }
 
-// Requests held in flight by a long batching delay (a batch of 64 never
-// fills) show the limits; SIGTERM then drains: new work gets 503, the held
-// requests their 200, and the process exits 0.
+// Requests held in flight by a batching delay far beyond the test (a batch
+// of 64 never fills, and 600 s never pass) show the limits; SIGTERM then
+// drains: new work gets 503, the held batch runs at once and its requests
+// get their 200, and the process exits 0.
 TEST_F(ServeTest, LimitsAndTheDrainOnSigterm) {
   Server server(*dir_, *cnn_,
-                {"--max-batch", "64", "--max-delay-ms", "10000", "--max-concurrency", "4", "--max-queue", "4",
+                {"--max-batch", "64", "--max-delay-ms", "600000", "--max-concurrency", "4", "--max-queue", "4",
                  "--max-body-bytes", "200000", "--threads", "8"});
   auto body = [](int seed) { return json{{"inputs", nested(pixels(1, 28, 28, seed))}}.dump(); };
   const Reply big = server.post("/v1/predict", std::string(300000, ' '));
   EXPECT_EQ(big.status, 413) << big.body;
   EXPECT_TRUE(big.parsed().contains("error")) << big.body;
+  // The same without a Content-Length (chunked), and as a form (httplib's
+  // own limit for those is 8 KiB): the server's bound, its message.
+  {
+    auto c = server.client();
+    auto chunked = c->Post(
+        "/v1/predict",
+        [](size_t offset, httplib::DataSink& sink) {
+          if (offset >= 300000) {
+            sink.done();
+            return true;
+          }
+          const std::string spaces(10000, ' ');
+          return sink.write(spaces.data(), spaces.size());
+        },
+        "application/json");
+    ASSERT_TRUE(chunked) << httplib::to_string(chunked.error());
+    EXPECT_EQ(chunked->status, 413) << chunked->body;
+    EXPECT_NE(chunked->body.find("--max-body-bytes"), std::string::npos) << chunked->body;
+  }
+  const Reply bigForm = server.post("/v1/predict", std::string(300000, ' '), "application/x-www-form-urlencoded");
+  EXPECT_EQ(bigForm.status, 413) << bigForm.body;
 
   std::vector<std::thread> held;
+  // Before any ASSERT that could leave them running; SIGKILLs the server if
+  // one does.
+  const JoinAll joinHeld(held, [&] { server.process().signal(SIGKILL); });
   std::vector<Reply> heldReplies(4);
   auto hold = [&](int i) { held.emplace_back([&, i] { heldReplies[i] = server.post("/v1/predict", body(i)); }); };
   for (int i = 0; i < 3; ++i) hold(i);
@@ -477,6 +566,135 @@ TEST_F(ServeTest, LimitsAndTheDrainOnSigterm) {
   EXPECT_EQ(exit.exitCode, 0) << exit.describe();
 }
 
+// Past --drain-seconds (0 here: no time at all) what still waits for the
+// model is answered 503, a stream ends with an {"error"} line, and the
+// process exits 0 without waiting for batches that would not run for 600 s.
+TEST_F(ServeTest, TheDrainLimitAnswers503ToWhatStillWaits) {
+  Server server(*dir_, *gpt_, {"--max-batch", "64", "--max-delay-ms", "600000", "--drain-seconds", "0"});
+  const json request{{"prompt", "the "}, {"max_tokens", 4}, {"seed", 1}};
+  json streamed = request;
+  streamed["stream"] = true;
+  Reply plain, stream;
+  std::vector<std::thread> clients;
+  {
+    const JoinAll joinClients(clients, [&] { server.process().signal(SIGKILL); });
+    clients.emplace_back([&] { plain = server.post("/v1/generate", request.dump()); });
+    clients.emplace_back([&] { stream = server.post("/v1/generate", streamed.dump()); });
+    ASSERT_TRUE(pollUntil([&] { return server.metric("cohort_serve_queue_depth") == 2; }));
+    server.process().signal(SIGTERM);
+    for (auto& t : clients) t.join();
+  }
+  EXPECT_EQ(plain.status, 503) << plain.body;
+  EXPECT_NE(plain.parsed().value("error", "").find("drain"), std::string::npos) << plain.body;
+  EXPECT_EQ(stream.status, 200) << stream.body;  // the headers went out before the first token
+  std::istringstream lines(stream.body);
+  std::string line, last;
+  while (std::getline(lines, line)) last = line;
+  EXPECT_NE(json::parse(last, nullptr, false).value("error", "").find("drain"), std::string::npos) << stream.body;
+  const test::ProcessResult exit = server.process().wait(std::chrono::seconds(90));
+  EXPECT_EQ(exit.exitCode, 0) << exit.describe();
+}
+
+// curl -d sends application/x-www-form-urlencoded, which httplib would cap
+// at 8 KiB and parse as a form: the server reads the body itself.
+TEST_F(ServeTest, BodiesAreReadWhateverTheirContentType) {
+  Server server(*dir_, *cnn_, {"--max-delay-ms", "0"});
+  const std::string good = json{{"inputs", nested(pixels(1, 28, 28, 3))}, {"logits", true}}.dump();
+  const std::string padded = good + std::string(20000, ' ');
+  ASSERT_GT(padded.size(), 8192u);
+  const Reply asJson = server.post("/v1/predict", good);
+  ASSERT_EQ(asJson.status, 200) << asJson.body;
+  for (const std::string type : {"application/x-www-form-urlencoded", "text/plain", "application/json"}) {
+    const Reply r = server.post("/v1/predict", padded, type);
+    ASSERT_EQ(r.status, 200) << type << ": " << r.body;
+    expectSamePrediction(r.parsed()["predictions"][0], asJson.parsed()["predictions"][0], type);
+  }
+  // A form's fields are not query parameters: top_k=1 in the body is not JSON.
+  EXPECT_EQ(server.post("/v1/predict", "top_k=1", "application/x-www-form-urlencoded").status, 400);
+  // multipart/form-data is refused by name.
+  httplib::MultipartFormDataItems items{{"inputs", good, "", "application/json"}};
+  auto multipart = server.client()->Post("/v1/predict", items);
+  ASSERT_TRUE(multipart) << httplib::to_string(multipart.error());
+  EXPECT_EQ(multipart->status, 415) << multipart->body;
+  EXPECT_NE(multipart->body.find("multipart"), std::string::npos) << multipart->body;
+  EXPECT_EQ(server.post("/v1/predict", good).status, 200);  // still answering
+  EXPECT_EQ(server.stop().exitCode, 0);
+}
+
+// A PNG whose header claims 9000 x 9000 px is refused before decoding (the
+// shared serve::pixelsFromImage), and the server goes on.
+TEST_F(ServeTest, AnImageTooLargeByItsHeaderIs400) {
+  const std::string images = test::makeImageFolder(dir_->file("huge"), 1);
+  std::string big = readBytes(images + "/red/red-0.png");
+  const unsigned char dims[8] = {0, 0, 0x23, 0x28, 0, 0, 0x23, 0x28};  // IHDR width, height: 9000
+  big.replace(16, 8, reinterpret_cast<const char*>(dims), 8);
+  const uint32_t crc = crc32Of(big.data() + 12, 17);  // "IHDR" and its 13 bytes
+  for (int i = 0; i < 4; ++i) big[static_cast<size_t>(29 + i)] = static_cast<char>((crc >> (24 - 8 * i)) & 0xff);
+  Server server(*dir_, *shards_, {"--max-delay-ms", "0"});
+  for (const std::string type : {"image/png", "application/octet-stream"}) {
+    const Reply r = server.post("/v1/predict", big, type);
+    EXPECT_EQ(r.status, 400) << type << ": " << r.body;
+    EXPECT_NE(r.body.find("9000x9000"), std::string::npos) << r.body;
+  }
+  const Reply fine = server.post("/v1/predict", readBytes(images + "/red/red-0.png"), "image/png");
+  EXPECT_EQ(fine.status, 200) << fine.body;
+  EXPECT_EQ(server.stop().exitCode, 0);
+}
+
+// Generations that share forwards give each the text it gets alone: a
+// batch of 4 runs only when all 4 contexts wait (600 s would pass first),
+// so every step of the 4 is one forward of 4.
+TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) {
+  constexpr int kTokens = 12;
+  std::vector<json> requests;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back({{"prompt", "the "}, {"max_tokens", kTokens}, {"temperature", i == 0 ? 0.0 : 0.8},
+                        {"top_k", i == 1 ? 10 : 0}, {"seed", 100 + i}});
+  }
+  std::vector<json> alone;
+  {
+    Server one(*dir_, *gpt_, {"--max-batch", "1"});
+    for (const json& r : requests) {
+      const Reply reply = one.post("/v1/generate", r.dump());
+      ASSERT_EQ(reply.status, 200) << reply.body;
+      alone.push_back(reply.parsed());
+    }
+    EXPECT_EQ(one.stop().exitCode, 0);
+  }
+  Server batched(*dir_, *gpt_, {"--max-batch", "4", "--max-delay-ms", "600000"});
+  std::vector<Reply> together(requests.size());
+  {
+    std::vector<std::thread> clients;
+    const JoinAll joinClients(clients);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      clients.emplace_back([&, i] { together[i] = batched.post("/v1/generate", requests[i].dump()); });
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(together[i].status, 200) << together[i].body;
+    EXPECT_EQ(together[i].parsed()["tokens"], alone[i]["tokens"]) << requests[i];
+    EXPECT_EQ(together[i].parsed()["text"], alone[i]["text"]) << requests[i];
+  }
+  EXPECT_EQ(batched.metric("cohort_serve_batch_size_count"), kTokens);
+  EXPECT_EQ(batched.metric("cohort_serve_batch_size_sum"), 4 * kTokens);
+  EXPECT_EQ(batched.stop().exitCode, 0);
+}
+
+// A --port-file that cannot be written (its directory would be inside a
+// regular file) ends the server with exit 2 and a message naming it, not
+// std::terminate with the accept thread running.
+TEST_F(ServeTest, APortFileThatCannotBeWrittenExits2) {
+  const std::string notADir = dir_->file("not-a-dir");
+  test::writeText(notADir, "x");
+  const std::string portFile = notADir + "/port";
+  const test::ProcessResult r =
+      test::cohort({"serve", *cnn_, "--port", "0", "--port-file", portFile}, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_EQ(r.signal, 0) << r.describe();
+  EXPECT_NE(r.err.find("--port-file"), std::string::npos) << r.describe();
+  EXPECT_NE(r.err.find(portFile), std::string::npos) << r.describe();
+}
+
 TEST_F(ServeTest, BearerTokenGuardsEverythingButHealth) {
   const std::string good = json{{"inputs", nested(pixels(1, 28, 28, 1))}}.dump();
   // Beyond loopback without a token: refused before loading anything.
@@ -485,6 +703,20 @@ TEST_F(ServeTest, BearerTokenGuardsEverythingButHealth) {
                    std::chrono::seconds(60));
   EXPECT_EQ(refused.exitCode, 2) << refused.describe();
   EXPECT_NE(refused.err.find("token"), std::string::npos) << refused.describe();
+
+  // An empty token file, or an empty path, would leave the server open:
+  // refused, naming the file.
+  const std::string emptyToken = dir_->file("empty-token");
+  test::writeText(emptyToken, " \n");
+  ::chmod(emptyToken.c_str(), 0600);
+  const test::ProcessResult empty =
+      test::cohort({"serve", *cnn_, "--port", "0", "--token-file", emptyToken}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(empty.exitCode, 2) << empty.describe();
+  EXPECT_NE(empty.err.find(emptyToken), std::string::npos) << empty.describe();
+  const test::ProcessResult emptyPath =
+      test::cohort({"serve", *cnn_, "--port", "0", "--token-file", ""}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(emptyPath.exitCode, 2) << emptyPath.describe();
+  EXPECT_NE(emptyPath.err.find("--token-file"), std::string::npos) << emptyPath.describe();
 
   const std::string tokenFile = dir_->file("serve-token");
   test::writeText(tokenFile, "s3cret-token-of-the-test\n");
@@ -514,6 +746,11 @@ TEST_F(ServeTest, MetricsParseAndCount) {
   for (int i = 0; i < 3; ++i) ASSERT_EQ(server.post("/v1/predict", good).status, 200);
   ASSERT_EQ(server.post("/v1/predict", "{").status, 400);
   ASSERT_EQ(server.get("/healthz").status, 200);
+  ASSERT_EQ(server.get("/v1/model").status, 200);
+  // A request line httplib refuses before routing: counted, but with no
+  // latency (its start was never taken; a stale one must not be recorded).
+  const std::string garbage = rawExchange(server.port(), "NOT A REQUEST\r\n\r\n");
+  ASSERT_EQ(garbage.rfind("HTTP/1.1 400", 0), 0u) << garbage;
   const Reply m = server.get("/metrics");
   ASSERT_EQ(m.status, 200);
   const std::string file = dir_->file("metrics.txt");
@@ -525,6 +762,10 @@ TEST_F(ServeTest, MetricsParseAndCount) {
   EXPECT_EQ(server.metric(R"(cohort_serve_requests_total{endpoint="/v1/predict",code="400"})"), 1);
   EXPECT_EQ(server.metric(R"(cohort_serve_requests_total{endpoint="/healthz",code="200"})"), 1);
   EXPECT_EQ(server.metric(R"(cohort_serve_request_duration_seconds_count{endpoint="/v1/predict"})"), 4);
+  EXPECT_EQ(server.metric(R"(cohort_serve_requests_total{endpoint="/v1/model",code="200"})"), 1);
+  EXPECT_EQ(server.metric(R"(cohort_serve_request_duration_seconds_count{endpoint="/v1/model"})"), 1);
+  EXPECT_EQ(server.metric(R"(cohort_serve_requests_total{endpoint="other",code="400"})"), 1);
+  EXPECT_EQ(server.metric(R"(cohort_serve_request_duration_seconds_count{endpoint="other"})"), -1);
   EXPECT_EQ(server.metric(R"(cohort_serve_batch_size_bucket{le="1"})"), 3);
   EXPECT_EQ(server.metric("cohort_serve_in_flight"), 0);
   EXPECT_EQ(server.metric("cohort_serve_queue_depth"), 0);

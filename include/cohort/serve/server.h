@@ -24,10 +24,12 @@ struct ServeOptions {
   std::string tokenFile;         // --token-file: the bearer token; else $COHORT_SERVE_TOKEN
   std::string portFile;          // --port-file: the bound port is written there once listening
   int computeThreads = 0;        // intra-op threads for the model; 0: LibTorch's default
+  double drainSeconds = 60;      // after SIGTERM, how long requests in flight may take; then 503
 };
 
 // Serves until SIGTERM or SIGINT, then stops taking requests, answers those
-// in flight and returns 0. Throws UsageError for bad options (e.g. a
+// in flight (those still waiting for the model after drainSeconds get 503)
+// and returns 0. Throws UsageError for bad options (e.g. a
 // non-loopback host without a token) and what loading MODEL throws.
 int serveCommand(const ServeOptions& options);
 

@@ -3,9 +3,13 @@
 // `cohort generate RUN_DIR`: text from a trained language model, so a person
 // can see what it learned.
 
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
@@ -19,11 +23,26 @@ namespace cohort::train {
 // DataError when there are none.
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir);
 
+// Below this temperature sampling is greedy: the most likely token (dividing
+// the logits by less would overflow float). 0 is the usual way to ask for it.
+inline constexpr double kGreedyTemperature = 1e-4;
+
+// The next token from the logits of the last position (`logits` [vocab]
+// float): greedy below kGreedyTemperature, else a draw from `gen` after
+// dividing by `temperature` and, with 0 < topK < vocab, keeping the topK
+// largest logits (ties with the k-th kept). What `cohort generate` and
+// `cohort serve`'s /v1/generate both sample with: the same logits, options
+// and generator state give the same token.
+int64_t sampleNext(const at::Tensor& logits, double temperature, int64_t topK, at::Generator& gen);
+
+// The model's input for the next token: the last `blockSize` of `tokens`.
+std::vector<int64_t> contextWindow(const std::vector<int64_t>& tokens, int64_t blockSize);
+
 struct GenerateOptions {
   std::string runDir;
   std::string prompt;        // encoded with the training data's tokenizer; empty: a newline
   int64_t tokens = 200;      // tokens to generate
-  double temperature = 1.0;  // logits are divided by it; 0: always the most likely token
+  double temperature = 1.0;  // logits are divided by it; below kGreedyTemperature (0): the most likely token
   int64_t topK = 0;          // sample among the k most likely tokens; 0: all
   uint64_t seed = 0;
 };

@@ -5,7 +5,8 @@
 //
 // Design: a FIFO of inputs, each with its own promise. The model thread takes
 // the oldest input and waits until `maxBatch` inputs of the same shape are
-// queued, or `maxDelay` has passed since the oldest arrived; then it stacks up to `maxBatch` inputs of the oldest one's shape
+// queued, or `maxDelay` has passed since the oldest arrived (or the server
+// drains); then it stacks up to `maxBatch` inputs of the oldest one's shape
 // (others wait for the next round, keeping their place), runs one forward,
 // and fulfils each promise with that input's row of the logits. Inputs of one
 // shape: an image model's inputs all share it; a language model's contexts
@@ -52,6 +53,9 @@ class Batcher {
   // the queue has no room for them all (the caller answers 503).
   std::vector<std::future<at::Tensor>> submit(std::vector<at::Tensor> inputs);
 
+  // The server drains: no new request will fill a batch, so from now on
+  // batches run as soon as an input waits, without maxDelay. Non-blocking.
+  void drain();
 
  private:
   struct Item {
@@ -69,6 +73,7 @@ class Batcher {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stopping_ = false;
+  bool draining_ = false;  // drain(): no waiting for a batch to fill
   std::thread thread_;
 };
 

@@ -22,12 +22,17 @@ struct ServeState {
   Batcher& batcher;
   ServeMetrics& metrics;
   std::atomic<bool> draining{false};  // SIGTERM seen: new work gets 503
+  // The drain limit (--drain-seconds) passed: work still waiting for the
+  // model gets 503 (a stream its {"error"} line) at its next check.
+  std::atomic<bool> stopping{false};
   int listenSocket = -1;  // the bound socket (server.cc raises its backlog)
 };
 
 // Registers the routes on `server`. Every handler answers errors as JSON
-// {"error": ...}: 400 for a body it cannot use, 429 above max concurrency,
-// 503 when the queue is full or the server drains, 500 for a failed forward.
+// {"error": ...}: 400 for a body it cannot use, 413 for one beyond
+// --max-body-bytes (whatever its Content-Type), 415 for multipart/form-data,
+// 429 above max concurrency, 503 when the queue is full, the server drains,
+// or the drain limit passed while waiting; 500 for a failed forward.
 void addRoutes(httplib::Server& server, ServeState& state);
 
 }  // namespace cohort::serve::detail

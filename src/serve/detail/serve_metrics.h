@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,8 +37,10 @@ class ServeMetrics {
  public:
   ServeMetrics();
 
-  // One answered request: `endpoint` is a known path or "other".
-  void request(const std::string& endpoint, int status, double seconds);
+  // One answered request: `endpoint` is a known path or "other". Without
+  // `seconds` (a request httplib refused before routing, whose start is
+  // unknown) it is counted but not in the latency histogram.
+  void request(const std::string& endpoint, int status, std::optional<double> seconds);
   // One forward of `size` inputs.
   void batch(int64_t size, double seconds);
 
