@@ -28,27 +28,7 @@ void expectThrowsWith(F&& f, std::initializer_list<std::string> parts) {
   for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
 }
 
-class TrainedModelTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    cnn_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::cnn));
-    shards_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::imageShards));
-    gpt_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::gpt));
-  }
-  static void TearDownTestSuite() {
-    delete cnn_;
-    delete shards_;
-    delete gpt_;
-    delete dir_;
-  }
-  static test::TempDir* dir_;
-  static std::string *cnn_, *shards_, *gpt_;
-};
-test::TempDir* TrainedModelTest::dir_ = nullptr;
-std::string* TrainedModelTest::cnn_ = nullptr;
-std::string* TrainedModelTest::shards_ = nullptr;
-std::string* TrainedModelTest::gpt_ = nullptr;
+class TrainedModelTest : public test::DeployRunsTest {};
 
 TEST_F(TrainedModelTest, LearnsTheInputFromTheJobsData) {
   const serve::TrainedModel cnn = serve::loadTrainedModel(*cnn_);

@@ -32,18 +32,15 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class ScoreTest : public ::testing::Test {
+class ScoreTest : public test::DeployRunsTest {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    cnn_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::cnn));
-    shards_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::imageShards));
-    gpt_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::gpt));
+    DeployRunsTest::SetUpTestSuite();
     images_ = new std::string(test::makeImageFolder(dir_->file("images"), 3));  // 18 images
   }
   static void TearDownTestSuite() {
-    for (std::string* s : {cnn_, shards_, gpt_, images_}) delete s;
-    delete dir_;
+    delete images_;
+    DeployRunsTest::TearDownTestSuite();
   }
 
   // Every process a test starts carries this marker, to find any left behind.
@@ -62,15 +59,10 @@ class ScoreTest : public ::testing::Test {
     return json::parse(test::readText(out + ".run/summary.json"));
   }
 
-  static test::TempDir* dir_;
-  static std::string *cnn_, *shards_, *gpt_, *images_;
+  static std::string* images_;
   test::TempDir tmp_;
   std::string tag_;
 };
-test::TempDir* ScoreTest::dir_ = nullptr;
-std::string* ScoreTest::cnn_ = nullptr;
-std::string* ScoreTest::shards_ = nullptr;
-std::string* ScoreTest::gpt_ = nullptr;
 std::string* ScoreTest::images_ = nullptr;
 
 // The top-k of one sample's logits, as score writes them.

@@ -219,27 +219,7 @@ void expectSamePrediction(const json& a, const json& b, const std::string& what)
   }
 }
 
-class ServeTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    cnn_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::cnn));
-    shards_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::imageShards));
-    gpt_ = new std::string(test::trainDeployRun(*dir_, test::DeployModel::gpt));
-  }
-  static void TearDownTestSuite() {
-    delete cnn_;
-    delete shards_;
-    delete gpt_;
-    delete dir_;
-  }
-  static test::TempDir* dir_;
-  static std::string *cnn_, *shards_, *gpt_;
-};
-test::TempDir* ServeTest::dir_ = nullptr;
-std::string* ServeTest::cnn_ = nullptr;
-std::string* ServeTest::shards_ = nullptr;
-std::string* ServeTest::gpt_ = nullptr;
+class ServeTest : public test::DeployRunsTest {};
 
 TEST_F(ServeTest, ConcurrentClientsEachGetTheirOwnAnswerFromBatches) {
   constexpr int kInputs = 16, kThreads = 32, kPerThread = 4;

@@ -112,4 +112,23 @@ std::string trainDeployRun(const TempDir& dir, DeployModel kind) {
   return runDir;
 }
 
+TempDir* DeployRunsTest::dir_ = nullptr;
+std::string* DeployRunsTest::cnn_ = nullptr;
+std::string* DeployRunsTest::shards_ = nullptr;
+std::string* DeployRunsTest::gpt_ = nullptr;
+
+void DeployRunsTest::SetUpTestSuite() {
+  dir_ = new TempDir;
+  cnn_ = new std::string(trainDeployRun(*dir_, DeployModel::cnn));
+  shards_ = new std::string(trainDeployRun(*dir_, DeployModel::imageShards));
+  gpt_ = new std::string(trainDeployRun(*dir_, DeployModel::gpt));
+}
+
+void DeployRunsTest::TearDownTestSuite() {
+  for (std::string* s : {cnn_, shards_, gpt_}) delete s;
+  delete dir_;
+  cnn_ = shards_ = gpt_ = nullptr;
+  dir_ = nullptr;
+}
+
 }  // namespace cohort::test

@@ -4,6 +4,8 @@
 // each made by `cohort run` in a few steps, so the weights are a trained
 // model's, not an initialization.
 
+#include <gtest/gtest.h>
+
 #include <string>
 
 #include "util/process.h"
@@ -25,5 +27,16 @@ std::string trainDeployRun(const TempDir& dir, DeployModel kind);
 // class folders red/, green/ and blue/ (sizes 40x48 and 52x36 px, patterns
 // that differ per file), written by Python's PIL. Returns `root`.
 std::string makeImageFolder(const std::string& root, int perClass);
+
+// A fixture whose suite trains the cnn, imageShards and gpt runs once, in
+// one temporary directory, for every case of the program (cohort_test's
+// WHOLE). Derived suites read cnn_, shards_, gpt_ and dir_.
+class DeployRunsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite();
+  static void TearDownTestSuite();
+  static TempDir* dir_;
+  static std::string *cnn_, *shards_, *gpt_;
+};
 
 }  // namespace cohort::test
