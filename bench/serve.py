@@ -176,7 +176,9 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
             else:
                 cmd = [SYSTEM_PYTHON, os.path.join(ROOT, "bench/peers/ts_server.py"), ts, str(port),
                        str(args.threads)]
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, kind + ".log"), "w"))
+            # TMPDIR: ONNX Runtime's telemetry leaves an empty mat-debug-<pid>.log there.
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, kind + ".log"), "w"),
+                                 env=dict(os.environ, TMPDIR=work))
             procs.append(p)
             wait_ready(port, p, kind)
             return p, port

@@ -174,6 +174,10 @@ training: {epochs: 1, max_steps: 2, batch_size: 8, optimizer: {name: sgd, lr: 0.
     return r.exitCode == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
   }
 
+  // ONNX Runtime's telemetry leaves an empty mat-debug-<pid>.log in the
+  // temporary directory of every process that opens a session: the test's own.
+  std::map<std::string, std::string> ortEnv() const { return {{"TMPDIR", tmp_.path()}}; }
+
   // The model's logits for `input` from ONNX Runtime.
   at::Tensor runOnnx(const std::string& model, const at::Tensor& input) {
     const bool tokens = input.scalar_type() == torch::kLong;
@@ -181,7 +185,8 @@ training: {epochs: 1, max_steps: 2, batch_size: 8, optimizer: {name: sgd, lr: 0.
     writeRaw(in, input);
     const test::ProcessResult r =
         test::run({"/usr/bin/node", test::sourceDir() + "/tests/serve/ort_run.js", model,
-                   tokens ? "tokens" : "pixels", tokens ? "int64" : "float32", dimsText(input), in, out});
+                   tokens ? "tokens" : "pixels", tokens ? "int64" : "float32", dimsText(input), in, out},
+                  ortEnv());
     EXPECT_EQ(r.exitCode, 0) << r.describe();
     if (r.exitCode != 0) return {};
     return readFloats(out, nlohmann::json::parse(r.out).at("dims").get<std::vector<int64_t>>());
@@ -302,7 +307,8 @@ TEST_F(ExportTest, AFixedBatchIsTheGraphsOnlyBatch) {
   writeRaw(tmp_.file("three.bin"), three);
   const test::ProcessResult r =
       test::run({"/usr/bin/node", test::sourceDir() + "/tests/serve/ort_run.js", model, "pixels", "float32",
-                 dimsText(three), tmp_.file("three.bin"), tmp_.file("out.bin")});
+                 dimsText(three), tmp_.file("three.bin"), tmp_.file("out.bin")},
+                ortEnv());
   EXPECT_NE(r.exitCode, 0) << r.describe();
 }
 
