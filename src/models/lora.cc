@@ -146,6 +146,14 @@ ckpt::StateDict adapterStateDict(const Model& model) {
   return out;
 }
 
+ckpt::StateDict frozenStateDict(const Model& model) {
+  ckpt::StateDict out;
+  for (auto& [name, t] : publishedStateDict(model)) {
+    if (!isAdapterTensor(name)) out.emplace_back(name, t);
+  }
+  return out;
+}
+
 ckpt::StateDict mergedStateDict(const Model& model) {
   std::map<std::string, at::Tensor> merged;
   for (const auto& m : model.named_modules("", /*include_self=*/false)) {

@@ -1,10 +1,12 @@
 #include "cohort/train/generate.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 
@@ -25,6 +27,52 @@ namespace cohort::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// model.lora: the frozen weights the adapters were trained beside, loaded
+// and adapted. Returns where they came from.
+std::string loadLoraBase(models::Model& model, const JobConfig& job, const RunDir& runDir) {
+  ModelConfig mc = job.model;
+  std::error_code ec;
+  if (mc.initFrom.empty()) {
+    if (!fs::is_regular_file(runDir.frozenBase(), ec)) {
+      throw DataError(fmt::format(
+          "{}: model.lora without model.init_from, and no {}: the random frozen weights the "
+          "adapters were trained beside were not kept (a run from before cohort wrote them). Set "
+          "model.init_from, or train with output.merge_lora",
+          runDir.root, runDir.frozenBase()));
+    }
+    mc.initFrom = runDir.frozenBase();
+  }
+  models::loadFrozenBase(model, mc);
+  return mc.initFrom;
+}
+
+// The frozen weights' digest training recorded (in the checkpoint's
+// manifest, or summary.json), compared with the loaded ones': adapters over
+// another base compute something nobody trained.
+void checkLoraBase(const models::Model& model, const std::string& recorded, const std::string& where,
+                   const std::string& base) {
+  if (recorded.empty()) return;
+  const std::string loaded = models::frozenDigest(model);
+  if (loaded != recorded) {
+    throw DataError(fmt::format("{}: its LoRA adapters were trained beside other frozen weights than "
+                                "{} holds (digest {} there, {} here)",
+                                where, base, recorded, loaded));
+  }
+}
+
+std::string recordedLoraDigest(const RunDir& runDir) {
+  std::ifstream in(runDir.summary());
+  if (!in) return "";
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";
+  const auto it = j.find("lora_base_digest");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+}  // namespace
+
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir) {
   std::error_code ec;
   if (fs::is_regular_file(runDir.finalModel(), ec)) {
@@ -32,20 +80,23 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
     return runDir.finalModel();
   }
   std::string base;
-  if (job.model.lora.rank > 0) {
-    models::loadFrozenBase(model, job.model);
-    if (!job.model.initFrom.empty()) base = job.model.initFrom + " + ";
+  const bool lora = job.model.lora.rank > 0;
+  if (lora) {
+    base = loadLoraBase(model, job, runDir);
     if (fs::is_regular_file(runDir.adapters(), ec)) {
       ckpt::loadStateDict(models::adapterStateDict(model), ckpt::readStateDict(runDir.adapters()),
                           runDir.adapters());
-      return base + runDir.adapters();
+      checkLoraBase(model, recordedLoraDigest(runDir), runDir.adapters(), base);
+      return base + " + " + runDir.adapters();
     }
   }
   if (auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, runDir))) {
     const std::string file = point->path + "/model.bin";
-    ckpt::loadStateDict(models::trainedState(model),
-                        ckpt::checkpointModel(point->path, ckpt::readManifest(point->path)), file);
-    return base + file;
+    const ckpt::Manifest manifest = ckpt::readManifest(point->path);
+    ckpt::loadStateDict(models::trainedState(model), ckpt::checkpointModel(point->path, manifest), file);
+    if (!lora) return file;
+    checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), point->path, base);
+    return base + " + " + file;
   }
   throw DataError(fmt::format("{}: no trained weights (neither model/final.pt, model/adapters.pt nor a "
                               "valid checkpoint)",

@@ -15,6 +15,7 @@
 
 #include <sys/resource.h>
 
+#include <filesystem>
 #include <optional>
 
 #include "cohort/ckpt/manifest.h"
@@ -212,6 +213,27 @@ void Loop::evaluateAfter(int64_t epoch, bool last) {
   model.train();
 }
 
+// The key model/ files are sealed with (security.encryption.final_model).
+const security::Key* modelKey(const JobConfig& job) {
+  const security::Keyring* keys = security::installedKeyring();
+  return keys != nullptr && job.security.encryption.finalModel ? &keys->current : nullptr;
+}
+
+// model.lora without model.init_from: the frozen weights are random, drawn
+// from training.seed, and no other file holds them. Rank 0 writes them to
+// model/base.pt once, so that export, serve, score and generate compute
+// with the base the adapters were trained beside.
+void saveFrozenBase(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
+                    const models::Model& model) {
+  std::error_code ec;
+  if (comm.rank != 0 || job.model.lora.rank == 0 || !job.model.initFrom.empty() ||
+      std::filesystem::exists(runDir.frozenBase(), ec)) {
+    return;
+  }
+  ckpt::saveStateDict(models::frozenStateDict(model), runDir.frozenBase(), modelKey(job));
+  log::info("saved {} (the frozen weights: model.lora without model.init_from)", runDir.frozenBase());
+}
+
 // After the last epoch (not after a stop): the exchange's counts, the data
 // wait over all ranks, and rank 0's model/final.pt.
 void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
@@ -234,9 +256,7 @@ void finishTraining(const JobConfig& job, const comm::Comm& comm, const RunDir& 
   // ZeRO stage 3: the parameters are gathered on rank 0 for the save.
   if (job.output.saveFinal) ddp.gatherAllParameters(/*root=*/0);
   if (comm.rank == 0 && job.output.saveFinal) {
-    const security::Keyring* keys = security::installedKeyring();
-    const bool seal = keys != nullptr && job.security.encryption.finalModel;
-    const security::Key* key = seal ? &keys->current : nullptr;
+    const security::Key* key = modelKey(job);
     if (models::hasAdapters(model)) {
       summary.loraBaseDigest = models::frozenDigest(model);  // the same as before training
       ckpt::saveStateDict(models::adapterStateDict(model), runDir.adapters(), key);
@@ -296,6 +316,7 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const std::optional<ckpt::Manifest> resume = readResume(job, comm, runDir, options.resumeFrom);
   ModelSetup ms = buildModel(job, datasets, comm, options.resumeFrom);
   models::Model& model = *ms.model;
+  saveFrozenBase(job, comm, runDir, model);
   ddp::DdpOptions ddpOpts = ddpOptions(job);
   if (job.distribution.zero == 3) ddpOpts.units = model.shardingUnits();
   // Before gradients and optimizer state exist: a state that cannot fit

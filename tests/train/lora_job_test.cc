@@ -2,7 +2,9 @@
 // GPT from model.init_from; only the adapters train, are checkpointed (a
 // killed rank resumes to bitwise the same adapters) and saved; the merged
 // model/final.pt computes what base + adapters compute; `cohort generate`
-// samples from base + adapters; mistakes exit 2 naming the key.
+// samples from base + adapters; without model.init_from the random frozen
+// weights are kept in model/base.pt and checked; mistakes exit 2 naming
+// the key.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -233,6 +235,42 @@ TEST_F(LoraJob, AKilledRankResumesToBitwiseTheSameAdaptersAndGenerateUsesThem) {
   EXPECT_EQ(refused.exitCode, 2) << refused.describe();
   EXPECT_NE(refused.err.find("its LoRA adapters were trained on other frozen weights"), std::string::npos)
       << refused.err;
+}
+
+TEST_F(LoraJob, WithoutInitFromTheRandomFrozenBaseIsKeptAndChecked) {
+  auto r = run("random", {"--set", "model.init_from=", "--set", "training.max_steps=6"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string kept = dir.file("random/model/base.pt");
+  ASSERT_TRUE(fs::exists(kept)) << r.describe();
+  const auto summary = nlohmann::json::parse(test::readText(dir.file("random/summary.json")));
+  ASSERT_TRUE(summary.contains("lora_base_digest")) << summary.dump(2);
+
+  // base.pt holds the frozen weights training ran with: loaded and adapted,
+  // their digest is the one training recorded (and not model.init_from's).
+  auto model = models::createGpt(gptOptions());
+  models::loadWeights(*model, ckpt::readStateDict(kept), kept);
+  models::attachLora(*model, loraConfig());
+  EXPECT_EQ(models::frozenDigest(*model), summary["lora_base_digest"].get<std::string>());
+  auto other = models::createGpt(gptOptions());
+  models::loadWeights(*other, ckpt::readStateDict(dir.file("base.pt")), "base.pt");
+  models::attachLora(*other, loraConfig());
+  EXPECT_NE(models::frozenDigest(*other), summary["lora_base_digest"].get<std::string>());
+
+  auto gen = test::cohort({"generate", dir.file("random"), "--prompt", "the ", "--tokens", "5"});
+  ASSERT_EQ(gen.exitCode, 0) << gen.describe();
+  EXPECT_NE(gen.err.find(kept + " + " + dir.file("random/model/adapters.pt")), std::string::npos) << gen.err;
+
+  // Other frozen weights under the adapters are refused, as is none.
+  fs::copy_file(dir.file("base.pt"), kept, fs::copy_options::overwrite_existing);
+  auto swapped = test::cohort({"generate", dir.file("random"), "--tokens", "5"});
+  EXPECT_NE(swapped.exitCode, 0) << swapped.describe();
+  EXPECT_NE(swapped.err.find("trained beside other frozen weights than " + kept), std::string::npos)
+      << swapped.err;
+  fs::remove(kept);
+  auto missing = test::cohort({"generate", dir.file("random"), "--tokens", "5"});
+  EXPECT_NE(missing.exitCode, 0) << missing.describe();
+  EXPECT_NE(missing.err.find("model.lora without model.init_from, and no " + kept), std::string::npos)
+      << missing.err;
 }
 
 TEST_F(LoraJob, MistakesExit2NamingTheKey) {

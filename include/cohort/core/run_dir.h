@@ -6,6 +6,8 @@
 //   logs/rank-<r>.log   one log per rank (logs/launcher.log for the launcher)
 //   metrics.jsonl       train and eval records
 //   model/final.pt      trained weights (a PyTorch state dict)
+//   model/adapters.pt   model.lora: the adapters (model/base.pt: the frozen
+//                       weights, when they are not model.init_from's)
 //   summary.json        the outcome
 
 #include <string>
@@ -23,6 +25,9 @@ struct RunDir {
   std::string modelDir() const { return root + "/model"; }
   std::string finalModel() const { return modelDir() + "/final.pt"; }
   std::string adapters() const { return modelDir() + "/adapters.pt"; }  // model.lora
+  // model.lora without model.init_from: the frozen random weights the
+  // adapters train beside, written when training starts.
+  std::string frozenBase() const { return modelDir() + "/base.pt"; }
   std::string summary() const { return root + "/summary.json"; }
 };
 

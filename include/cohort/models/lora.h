@@ -79,6 +79,11 @@ std::vector<std::pair<std::string, at::Tensor>> trainableParameters(const Model&
 // model/adapters.pt: the adapters alone.
 ckpt::StateDict adapterStateDict(const Model& model);
 
+// publishedStateDict() without the adapters: the frozen weights, which load
+// into the model before attachLora as model.init_from would.
+// model/base.pt of a LoRA run without model.init_from.
+ckpt::StateDict frozenStateDict(const Model& model);
+
 // publishedStateDict() with each adapter merged into its layer's weight and
 // the adapters left out: it loads into the model without adapters (and
 // into PyTorch's module of the architecture). model/final.pt with

@@ -18,9 +18,11 @@
 namespace cohort::train {
 
 // Loads into `model` (built from `job`) the run's trained weights: those of
-// model/final.pt, or a LoRA run's model.init_from with model/adapters.pt, or
-// the newest valid checkpoint. Returns where they came from; throws
-// DataError when there are none.
+// model/final.pt, or a LoRA run's frozen weights (model.init_from, or
+// model/base.pt without it) with model/adapters.pt or the newest valid
+// checkpoint's adapters, or the newest valid checkpoint. Returns where they
+// came from; throws DataError when there are none, or when a LoRA run's
+// frozen weights are missing or differ from those training recorded.
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir);
 
 // Below this temperature sampling is greedy: the most likely token (dividing
