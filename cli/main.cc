@@ -56,6 +56,16 @@ int fail(const std::string& message, int code) {
   return code;
 }
 
+// Where a command reads or writes blob URLs: how it reaches the storage.
+void addStorageFlags(CLI::App* sub, cohort::storage::StorageOptions& so) {
+  sub->add_option("--credentials-file", so.credentialsFile,
+                  "Blob storage: file with account_key = ... or sas = ... (default: environment)");
+  sub->add_option("--endpoint", so.endpoint, "Blob storage: where az://account/... goes (the emulator's address)");
+  sub->add_option("--ca-file", so.caFile, "Blob storage: trusted certificate authorities (PEM)");
+  sub->add_flag("--allow-insecure", so.allowInsecure,
+                "Blob storage, emulator only: plain http, no certificate verification");
+}
+
 // Reports the exception being handled; returns the exit code it maps to.
 int reportCurrentException() {
   try {
@@ -300,15 +310,7 @@ void Cli::addData(CLI::App& app) {
   addKeyFile(dataPack, "Encrypt every shard with the key in this file (64 hex digits, mode 0600)");
   addKeyFile(dataInspect, "Encrypted shards: the key file");
   addKeyFile(dataVerify, "Encrypted shards: the key file (every chunk is authenticated)");
-  for (CLI::App* sub : {dataPack, dataTokenize, dataInspect, dataVerify}) {
-    sub->add_option("--credentials-file", so.credentialsFile,
-                    "Blob storage: file with account_key = ... or sas = ... (default: environment)");
-    sub->add_option("--endpoint", so.endpoint,
-                    "Blob storage: where az://account/... goes (the emulator's address)");
-    sub->add_option("--ca-file", so.caFile, "Blob storage: trusted certificate authorities (PEM)");
-    sub->add_flag("--allow-insecure", so.allowInsecure,
-                  "Blob storage, emulator only: plain http, no certificate verification");
-  }
+  for (CLI::App* sub : {dataPack, dataTokenize, dataInspect, dataVerify}) addStorageFlags(sub, so);
 
 }
 
@@ -418,6 +420,7 @@ void Cli::addDeploy(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   scoreCmd->add_option("--job", scoreOptions.job, "Job file of a weights file outside a run directory");
   scoreCmd->add_option("--rank", scoreOptions.rank, "(internal) score one part")->group("");
+  addStorageFlags(scoreCmd, scoreOptions.storage);
 }
 
 int Cli::showHelp(CLI::App& app, int argc) const {

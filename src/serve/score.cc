@@ -59,7 +59,7 @@ detail::ScoreRecord describeRun(const ScoreOptions& o) {
   r.data = absolutePath(o.data);
   const std::unique_ptr<Predictor> predictor = openPredictor(r.model, o.job);
   const ModelInfo& info = predictor->info();
-  const std::unique_ptr<detail::ScoreData> data = detail::openScoreData(r.data, info);
+  const std::unique_ptr<detail::ScoreData> data = detail::openScoreData(r.data, info, o.storage);
   log::info("model {} ({}), data {}", r.model, info.arch, data->describe());
   // A TorchScript export holds its weights: info.weights is only where they
   // came from when it was exported.
@@ -157,6 +157,15 @@ std::vector<std::string> rankArgs(const std::string& exe, const ScoreOptions& o,
     args.push_back("--job");
     args.push_back(absolutePath(o.job));
   }
+  const storage::StorageOptions& so = o.storage;
+  for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--credentials-file", so.credentialsFile},
+                                    {"--endpoint", so.endpoint},
+                                    {"--ca-file", so.caFile}}) {
+    if (value.empty()) continue;
+    args.push_back(flag);
+    args.push_back(std::string(flag) == "--endpoint" ? value : absolutePath(value));
+  }
+  if (so.allowInsecure) args.push_back("--allow-insecure");
   return args;
 }
 

@@ -70,8 +70,8 @@ std::string manifestFingerprint(const data::DatasetManifest& m, int64_t limit) {
   return checksumHex(checksum(s.data(), s.size()));
 }
 
-std::unique_ptr<data::ShardSource> openSource(const std::string& url) {
-  return std::make_unique<data::ShardSource>(url, storage::storageOptions(StorageConfig{}), CacheConfig{});
+std::unique_ptr<data::ShardSource> openSource(const std::string& url, const storage::StorageOptions& storage) {
+  return std::make_unique<data::ShardSource>(url, storage, CacheConfig{});
 }
 
 // The model's number of the class the data calls `name` (or numbers
@@ -363,8 +363,9 @@ std::unique_ptr<ScoreData> openIdxData(const std::string& images, const std::str
 }
 
 // The manifest's encoding decides between image and token shards.
-std::unique_ptr<ScoreData> openPacked(const std::string& url, int64_t limit, const ModelInfo& info) {
-  std::unique_ptr<data::ShardSource> source = openSource(url);
+std::unique_ptr<ScoreData> openPacked(const std::string& url, int64_t limit, const ModelInfo& info,
+                                      const storage::StorageOptions& storage) {
+  std::unique_ptr<data::ShardSource> source = openSource(url, storage);
   if (source->manifest().encoding == "tokens") {
     return std::make_unique<TokenData>(std::move(source), url, limit, info);
   }
@@ -403,12 +404,13 @@ DatasetConfig loadDatasetSection(const std::string& path, const ModelInfo& info)
   }
 }
 
-std::unique_ptr<ScoreData> openSection(const std::string& path, const ModelInfo& info) {
+std::unique_ptr<ScoreData> openSection(const std::string& path, const ModelInfo& info,
+                                       const storage::StorageOptions& storage) {
   const DatasetConfig d = loadDatasetSection(path, info);
   switch (d.kind) {
     case DataKind::idx: return openIdxData(d.images, d.labels, d.limit, info);
-    case DataKind::shards: return std::make_unique<ImageShardData>(openSource(d.path), d.limit, info);
-    case DataKind::tokens: return std::make_unique<TokenData>(openSource(d.path), d.path, d.limit, info);
+    case DataKind::shards: return std::make_unique<ImageShardData>(openSource(d.path, storage), d.limit, info);
+    case DataKind::tokens: return std::make_unique<TokenData>(openSource(d.path, storage), d.path, d.limit, info);
     case DataKind::synthetic: {
       auto dataset = data::openDataset(d, std::max<int64_t>(info.numClasses, 1));
       const std::string fp = fmt::format("synthetic {} {} {}x{}x{}", dataset->size(), d.seed, d.shape.at(0),
@@ -422,17 +424,18 @@ std::unique_ptr<ScoreData> openSection(const std::string& path, const ModelInfo&
 
 }  // namespace
 
-std::unique_ptr<ScoreData> openScoreData(const std::string& data, const ModelInfo& info) {
-  if (data.find("://") != std::string::npos) return openPacked(data, 0, info);
+std::unique_ptr<ScoreData> openScoreData(const std::string& data, const ModelInfo& info,
+                                         const storage::StorageOptions& storage) {
+  if (data.find("://") != std::string::npos) return openPacked(data, 0, info, storage);
   std::error_code ec;
   if (!fs::exists(data, ec)) throw UsageError(fmt::format("--data {}: no such file or directory", data));
   const std::string abs = fs::absolute(data).lexically_normal().string();
   if (fs::is_directory(abs, ec)) {
-    if (fs::is_regular_file(fs::path(abs) / data::kDatasetManifestName, ec)) return openPacked(abs, 0, info);
+    if (fs::is_regular_file(fs::path(abs) / data::kDatasetManifestName, ec)) return openPacked(abs, 0, info, storage);
     return std::make_unique<ImageFolderData>(abs, info);
   }
   const std::string ext = fs::path(abs).extension().string();
-  if (ext == ".yaml" || ext == ".yml") return openSection(abs, info);
+  if (ext == ".yaml" || ext == ".yml") return openSection(abs, info, storage);
   return openIdxData(abs, idxLabelsBeside(abs), 0, info);
 }
 

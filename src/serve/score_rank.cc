@@ -158,7 +158,7 @@ void scorePart(const ScoreOptions& o, const ScorePaths& paths) {
   if (begin + kept >= end) return;
 
   const std::unique_ptr<Predictor> predictor = openPredictor(record.model, o.job);
-  const std::unique_ptr<ScoreData> data = openScoreData(record.data, predictor->info());
+  const std::unique_ptr<ScoreData> data = openScoreData(record.data, predictor->info(), o.storage);
   if (data->size() != record.samples) {
     throw DataError(fmt::format("{}: {} samples, the run started with {}", data->describe(), data->size(),
                                 record.samples));

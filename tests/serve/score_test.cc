@@ -23,6 +23,7 @@
 #include "cohort/serve/model.h"
 #include "cohort/serve/score.h"
 #include "serve/detail/score_run.h"
+#include "util/azurite.h"
 #include "util/deploy.h"
 #include "util/jobs.h"
 
@@ -205,6 +206,43 @@ TEST_F(ScoreTest, ShardsAndADatasetSection) {
   EXPECT_EQ(bad.exitCode, 2) << bad.describe();
   EXPECT_NE(bad.err.find(section + ":3:1: unknown key 'limt'"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("did you mean 'limit'"), std::string::npos) << bad.err;
+}
+
+// The same shards packed to blob storage (Azurite on loopback): two ranks
+// read them with the storage flags `cohort score` was given and write what
+// the local shards give; the account key is in no output. Plain http
+// without --allow-insecure is refused before any rank starts.
+TEST_F(ScoreTest, ShardsOnBlobStorage) {
+  test::Azurite azurite;
+  const std::string url = azurite.url("scoring/shards");
+  const std::map<std::string, std::string> key{{"AZURE_STORAGE_KEY", test::Azurite::kKey}};
+  const std::string base = fs::path(*shards_).parent_path().string();
+  const auto packed = test::cohort({"data", "pack", base + "/images", url, "--no-progress", "--allow-insecure"}, key);
+  ASSERT_EQ(packed.exitCode, 0) << packed.describe();
+
+  const std::string local = tmp_.file("local.jsonl");
+  ASSERT_EQ(score({*shards_, "--data", base + "/shards", "--out", local, "--batch-size", "5"}).exitCode, 0);
+  const std::string remote = tmp_.file("blob.jsonl");
+  const auto r = score({*shards_, "--data", url, "--out", remote, "--procs", "2", "--batch-size", "5",
+                        "--allow-insecure"},
+                       key);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const auto lines = test::readJsonLines(remote);
+  ASSERT_EQ(lines.size(), 24u);
+  EXPECT_EQ(lines, test::readJsonLines(local));
+  EXPECT_EQ(r.out.find(test::Azurite::kKey), std::string::npos);
+  EXPECT_EQ(r.err.find(test::Azurite::kKey), std::string::npos);
+  for (const auto& e : fs::recursive_directory_iterator(remote + ".run")) {
+    if (e.is_regular_file()) {
+      EXPECT_EQ(test::readText(e.path().string()).find(test::Azurite::kKey), std::string::npos) << e.path();
+    }
+  }
+
+  const std::string refusedOut = tmp_.file("refused.jsonl");
+  const auto refused = score({*shards_, "--data", url, "--out", refusedOut}, key);
+  EXPECT_EQ(refused.exitCode, 2) << refused.describe();
+  EXPECT_NE(refused.err.find("plain http is allowed only"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(refusedOut));
 }
 
 TEST_F(ScoreTest, TokenWindowsWithTheirLoss) {

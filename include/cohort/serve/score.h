@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/storage/storage.h"
+
 namespace cohort::serve {
 
 struct ScoreOptions {
@@ -18,6 +20,10 @@ struct ScoreOptions {
   int64_t batchSize = 64;
   int64_t topK = 5;          // classes per image
   int rank = -1;             // >= 0: this process is one rank of a score run (internal)
+  // Blob URLs in DATA: credentials file, endpoint, CA file, plain http for
+  // the emulator (the --credentials-file, --endpoint, --ca-file and
+  // --allow-insecure of `cohort data`); given to every rank.
+  storage::StorageOptions storage;
 };
 
 // Scores DATA into `out`: starts `procs` rank processes (this binary with

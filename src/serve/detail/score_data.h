@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/serve/model.h"
+#include "cohort/storage/storage.h"
 
 namespace cohort::serve::detail {
 
@@ -62,6 +63,8 @@ class ScoreData {
 // not exist or is none of the forms above), DataError (unreadable data, or
 // data that does not fit the model: image data for a language model, an
 // input size other than the model's) or ConfigError (a YAML section).
-std::unique_ptr<ScoreData> openScoreData(const std::string& data, const ModelInfo& info);
+// Blob URLs (DATA itself, or a section's path) are read with `storage`.
+std::unique_ptr<ScoreData> openScoreData(const std::string& data, const ModelInfo& info,
+                                         const storage::StorageOptions& storage);
 
 }  // namespace cohort::serve::detail
