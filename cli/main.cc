@@ -420,6 +420,9 @@ void Cli::addDeploy(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   scoreCmd->add_option("--job", scoreOptions.job, "Job file of a weights file outside a run directory");
   scoreCmd->add_option("--rank", scoreOptions.rank, "(internal) score one part")->group("");
+  scoreCmd->add_option("--stall-seconds", scoreOptions.stallSeconds,
+                       "A rank whose part has not grown for this long is hung: stop every rank (0: never)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1e9));
   addStorageFlags(scoreCmd, scoreOptions.storage);
 }
 

@@ -181,6 +181,10 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
                 "the cohort binary for a score rank");
   }
   std::optional<launch::Supervisor::Child> failed;
+  // The stall watch: each rank's part size and when it last changed.
+  std::vector<std::pair<std::uintmax_t, Clock::time_point>> progress(
+      static_cast<size_t>(o.procs), {std::uintmax_t{0}, Clock::now()});
+  std::optional<int> stalled;
   while (ranks.anyRunning()) {
     const std::vector<int> lost = ranks.reap([&](const launch::Supervisor::Child& c) {
       if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) return;
@@ -193,7 +197,29 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
       failed = launch::Supervisor::Child{lost.front(), -1, false, false, -1};
       ranks.killAll();
     }
+    for (const launch::Supervisor::Child& c : ranks.children()) {
+      if (!c.running || failed || o.stallSeconds <= 0) continue;
+      std::error_code ec;
+      const std::uintmax_t size = fs::file_size(paths.part(c.rank), ec);
+      auto& [last, since] = progress[static_cast<size_t>(c.rank)];
+      if (!ec && size != last) {
+        last = size;
+        since = Clock::now();
+      } else if (std::chrono::duration<double>(Clock::now() - since).count() > o.stallSeconds) {
+        stalled = c.rank;
+        failed = c;
+        ranks.killAll();
+      }
+    }
     if (ranks.anyRunning()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (stalled) {
+    log::error("rank {} scored nothing for {} s (--stall-seconds; its part {} did not grow); stopped every "
+               "rank. Its log, {}, ends with:\n{}Rerun the same command to resume: the predictions made so far "
+               "are kept.",
+               *stalled, o.stallSeconds, paths.part(*stalled), paths.log(*stalled),
+               detail::tailOf(paths.log(*stalled), 8));
+    return 1;
   }
   if (!failed) return 0;
   const int st = failed->status;
@@ -214,6 +240,7 @@ int scoreCommand(const ScoreOptions& o) {
   if (o.procs < 1) throw UsageError(fmt::format("--procs must be >= 1, got {}", o.procs));
   if (o.batchSize < 1) throw UsageError(fmt::format("--batch-size must be >= 1, got {}", o.batchSize));
   if (o.topK < 1) throw UsageError(fmt::format("--top-k must be >= 1, got {}", o.topK));
+  if (!(o.stallSeconds >= 0)) throw UsageError(fmt::format("--stall-seconds must be >= 0, got {}", o.stallSeconds));
   const detail::ScorePaths paths{absolutePath(o.out)};
   const detail::ScoreRecord record = describeRun(o);
   const std::unique_ptr<RunLock> lock = prepare(paths, record);

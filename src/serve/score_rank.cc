@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -142,6 +143,11 @@ void maybeFault(int rank, int64_t batches) {
     log::warn("COHORT_FAULT: exiting with code {} after batch {}", fault->exitCode, batches);
     log::flush();
     std::_Exit(fault->exitCode);
+  }
+  if (fault->action == env::Fault::Action::sleep) {
+    log::warn("COHORT_FAULT: sleeping {} s after batch {}", fault->amount, batches);
+    log::flush();
+    std::this_thread::sleep_for(std::chrono::seconds(fault->amount));
   }
 }
 

@@ -1,7 +1,8 @@
 // `cohort score`: real rank processes over image folders, IDX files, shards
 // and token data; --procs 2 equal to --procs 1 and to the Predictor on each
 // sample alone; a run killed mid-way and resumed equal to an uninterrupted
-// one; refused reruns; undecodable images and bad input.
+// one; a hung rank stopped by the stall watch; blob URLs (Azurite); refused
+// reruns; undecodable images and bad input.
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -307,6 +308,30 @@ TEST_F(ScoreTest, AKilledRunResumesToTheSameOutput) {
   const auto again = score(args(out));
   EXPECT_EQ(again.exitCode, 0) << again.describe();
   EXPECT_NE(again.out.find("is complete"), std::string::npos) << again.describe();
+}
+
+// Rank 1 hangs after its first batch (COHORT_FAULT sleep): the stall watch
+// stops every rank, names the hung one and its log, exits 1; the rerun
+// (--stall-seconds is not part of what a rerun must match) completes it.
+TEST_F(ScoreTest, AHungRankIsStoppedByTheStallWatchAndTheRerunCompletes) {
+  const std::string out = tmp_.file("hung.jsonl");
+  std::vector<std::string> args = {*shards_, "--data", *images_, "--out", out, "--procs", "2", "--batch-size", "2"};
+  std::vector<std::string> watched = args;
+  for (const char* a : {"--stall-seconds", "15"}) watched.push_back(a);
+  const auto hung = score(watched, {{"COHORT_FAULT", "sleep3600@rank1:step1"}});
+  EXPECT_EQ(hung.exitCode, 1) << hung.describe();
+  EXPECT_NE(hung.err.find("rank 1 scored nothing for 15 s (--stall-seconds"), std::string::npos) << hung.err;
+  EXPECT_NE(hung.err.find(out + ".run/rank-1.log"), std::string::npos) << hung.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(test::readJsonLines(out + ".run/part-1.jsonl").size(), 2u);  // its first batch
+
+  const auto rerun = score(args);
+  ASSERT_EQ(rerun.exitCode, 0) << rerun.describe();
+  EXPECT_EQ(test::readJsonLines(out).size(), 18u);
+  EXPECT_GE(summaryOf(out)["resumed"].get<int64_t>(), 2);
+
+  const auto bad = score({*shards_, "--data", *images_, "--out", tmp_.file("bad.jsonl"), "--stall-seconds", "-1"});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
 }
 
 // A rerun with another --batch-size is refused before it touches the parts

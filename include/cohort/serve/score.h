@@ -20,6 +20,9 @@ struct ScoreOptions {
   int64_t batchSize = 64;
   int64_t topK = 5;          // classes per image
   int rank = -1;             // >= 0: this process is one rank of a score run (internal)
+  // A rank whose part has not grown for this long (from its start, or its
+  // last batch) is taken as hung: every rank is stopped, exit 1. 0: never.
+  double stallSeconds = 900;
   // Blob URLs in DATA: credentials file, endpoint, CA file, plain http for
   // the emulator (the --credentials-file, --endpoint, --ca-file and
   // --allow-insecure of `cohort data`); given to every rank.
