@@ -1,0 +1,110 @@
+// The request bodies `cohort serve` parses (src/serve/request.cc): POST
+// /v1/predict (JSON pixels, or JPEG/PNG bytes through cohort's decoder and
+// the eval transform) and POST /v1/generate, as a client on the network
+// sends them.
+//
+// Input: one byte choosing the model and the route, one choosing the
+// Content-Type, then the body. A bad body must end in a DataError (the
+// server's 400); one that parses must give what the model takes: images
+// [C, H, W] of raw pixels in 0..255, a top-k within the classes, a prompt of
+// 1..block_size ids below the vocabulary. The answer's JSON of any text
+// (dumpJson) must not throw.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "fuzz_util.h"
+#include "serve/detail/request.h"
+
+namespace {
+
+using cohort::serve::ModelInfo;
+
+ModelInfo imageModel(int64_t channels, int64_t side, int64_t resize) {
+  ModelInfo m;
+  m.arch = "simple_cnn";
+  m.channels = channels;
+  m.height = side;
+  m.width = side;
+  m.mean.assign(static_cast<size_t>(channels), 0.5);
+  m.std.assign(static_cast<size_t>(channels), 0.25);
+  m.resize = resize;
+  m.numClasses = 3;
+  m.classes = {"blue", "green", "red"};
+  return m;
+}
+
+ModelInfo languageModel() {
+  ModelInfo m;
+  m.arch = "gpt";
+  m.tokens = true;
+  m.tokenizer = "bytes";
+  m.vocabSize = 200;  // below the byte tokenizer's 256: some prompts are refused
+  m.tokenizerVocab = 200;
+  m.blockSize = 16;
+  return m;
+}
+
+const char* contentType(uint8_t choice) {
+  switch (choice % 6) {
+    case 0: return "application/json";
+    case 1: return "image/jpeg";
+    case 2: return "image/png";
+    case 3: return "application/octet-stream";
+    case 4: return "text/plain; charset=utf-8";
+    default: return "";
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace cohort;
+  if (size < 2) return 0;
+  const uint8_t route = data[0];
+  const std::string type = contentType(data[1]);
+  const std::string body = fuzz::asString(data + 2, size - 2);
+  constexpr int64_t kMaxInputs = 8;
+  constexpr int64_t kMaxNewTokens = 64;
+
+  if (route % 3 == 2) {
+    const ModelInfo info = languageModel();
+    serve::detail::GenerateRequest r;
+    if (fuzz::expectInputError("", [&] { r = serve::detail::parseGenerate(body, info, kMaxNewTokens); })) {
+      fuzz::require(!r.prompt.empty() && static_cast<int64_t>(r.prompt.size()) <= info.blockSize,
+                    "a prompt of " + std::to_string(r.prompt.size()) + " tokens was accepted");
+      for (int64_t id : r.prompt) {
+        fuzz::require(id >= 0 && id < info.vocabSize, "prompt id " + std::to_string(id) + " was accepted");
+      }
+      fuzz::require(r.maxTokens >= 0 && r.maxTokens <= kMaxNewTokens, "max_tokens beyond its bound");
+      fuzz::require(std::isfinite(r.temperature) && r.temperature >= 0, "a temperature that cannot sample");
+      fuzz::require(r.topK >= 0 && r.topK <= info.vocabSize, "top_k beyond the vocabulary");
+    }
+  } else {
+    // Gray 4x4 (resize 6) or RGB 8x8 (resize 8).
+    const ModelInfo info = route % 3 == 0 ? imageModel(1, 4, 6) : imageModel(3, 8, 8);
+    const std::optional<std::string> topK = (route & 0x10) != 0 ? std::optional<std::string>("2") : std::nullopt;
+    serve::detail::PredictRequest r;
+    if (fuzz::expectInputError("", [&] {
+          r = serve::detail::parsePredict(body, type, topK, std::nullopt, info, 5, kMaxInputs);
+        })) {
+      fuzz::require(!r.inputs.empty() && static_cast<int64_t>(r.inputs.size()) <= kMaxInputs,
+                    std::to_string(r.inputs.size()) + " inputs were accepted");
+      fuzz::require(r.topK >= 1 && r.topK <= info.numClasses, "top_k " + std::to_string(r.topK) + " was accepted");
+      for (const at::Tensor& x : r.inputs) {
+        fuzz::require(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(0) == info.channels &&
+                          x.size(1) == info.height && x.size(2) == info.width,
+                      "an input of another shape or type was accepted");
+        fuzz::require(x.isfinite().all().item<bool>() && x.min().item<float>() >= 0 && x.max().item<float>() <= 255,
+                      "pixels outside 0..255 were accepted: " + std::to_string(x.min().item<float>()) + " to " +
+                          std::to_string(x.max().item<float>()));
+      }
+    }
+  }
+  // The server answers with the body's text in messages and generations.
+  (void)serve::detail::dumpJson(nlohmann::json(body));
+  return 0;
+}
