@@ -53,10 +53,22 @@ std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const st
     if (!fs::is_regular_file(fs::path(path) / "manifest.json", ec)) {
       throw UsageError(fmt::format("{}: neither a run directory nor a checkpoint (no manifest.json)", path));
     }
-    if (job.model.lora.rank > 0) models::loadFrozenBase(model, job.model);
-    ckpt::loadStateDict(models::trainedState(model), ckpt::checkpointModel(path, ckpt::readManifest(path)),
-                        path + "/model.bin");
-    return path;
+    const ckpt::Manifest manifest = ckpt::readManifest(path);
+    std::string base;
+    if (job.model.lora.rank > 0) {
+      // Its adapters only: the frozen weights are model.init_from's or the
+      // run's model/base.pt, and must be those training recorded.
+      if (runDir.empty() && job.model.initFrom.empty()) {
+        throw DataError(fmt::format("{}: a LoRA checkpoint without model.init_from needs its run directory, "
+                                    "whose model/base.pt holds the frozen weights",
+                                    path));
+      }
+      base = train::loadLoraBase(model, job, RunDir{runDir});
+    }
+    ckpt::loadStateDict(models::trainedState(model), ckpt::checkpointModel(path, manifest), path + "/model.bin");
+    if (base.empty()) return path;
+    train::checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), path, base);
+    return base + " + " + path;
   }
   if (!fs::is_regular_file(path, ec)) throw UsageError(fmt::format("{}: no such file or directory", path));
   models::loadWeights(model, ckpt::readStateDict(path), path);

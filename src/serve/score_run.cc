@@ -91,14 +91,31 @@ ScoreRecord readRecord(const std::string& path) {
   return ScoreRecord::fromJson(j, path);
 }
 
-std::string modelFingerprint(const std::string& model, const std::string& weights) {
-  const std::string path = weights.empty() ? model : weights;
+namespace {
+
+std::string fingerprintOf(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path manifest = fs::path(path) / "manifest.json";
     return fs::is_regular_file(manifest, ec) ? checksumFile(manifest.string()) : path;
   }
   return fs::is_regular_file(path, ec) ? checksumFile(path) : path;
+}
+
+}  // namespace
+
+std::string modelFingerprint(const std::string& model, const std::string& weights) {
+  // A LoRA run's weights come from two places, "BASE + ADAPTERS": both count.
+  const std::string all = weights.empty() ? model : weights;
+  const std::string sep = " + ";
+  std::string out;
+  for (size_t start = 0;;) {
+    const size_t at = all.find(sep, start);
+    out += (out.empty() ? "" : "+") + fingerprintOf(all.substr(start, at == std::string::npos ? at : at - start));
+    if (at == std::string::npos) break;
+    start = at + sep.size();
+  }
+  return out;
 }
 
 namespace {

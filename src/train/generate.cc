@@ -27,10 +27,6 @@ namespace cohort::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// model.lora: the frozen weights the adapters were trained beside, loaded
-// and adapted. Returns where they came from.
 std::string loadLoraBase(models::Model& model, const JobConfig& job, const RunDir& runDir) {
   ModelConfig mc = job.model;
   std::error_code ec;
@@ -48,9 +44,6 @@ std::string loadLoraBase(models::Model& model, const JobConfig& job, const RunDi
   return mc.initFrom;
 }
 
-// The frozen weights' digest training recorded (in the checkpoint's
-// manifest, or summary.json), compared with the loaded ones': adapters over
-// another base compute something nobody trained.
 void checkLoraBase(const models::Model& model, const std::string& recorded, const std::string& where,
                    const std::string& base) {
   if (recorded.empty()) return;
@@ -61,6 +54,8 @@ void checkLoraBase(const models::Model& model, const std::string& recorded, cons
                                 where, base, recorded, loaded));
   }
 }
+
+namespace {
 
 std::string recordedLoraDigest(const RunDir& runDir) {
   std::ifstream in(runDir.summary());

@@ -221,13 +221,15 @@ const security::Key* modelKey(const JobConfig& job) {
 
 // model.lora without model.init_from: the frozen weights are random, drawn
 // from training.seed, and no other file holds them. Rank 0 writes them to
-// model/base.pt once, so that export, serve, score and generate compute
-// with the base the adapters were trained beside.
+// model/base.pt, so that export, serve, score and generate compute with the
+// base the adapters were trained beside: at every fresh start (a run
+// directory used again gets this run's), and on a resume (checked against
+// the checkpoint's digest already) when it is missing.
 void saveFrozenBase(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-                    const models::Model& model) {
+                    const models::Model& model, bool resuming) {
   std::error_code ec;
   if (comm.rank != 0 || job.model.lora.rank == 0 || !job.model.initFrom.empty() ||
-      std::filesystem::exists(runDir.frozenBase(), ec)) {
+      (resuming && std::filesystem::exists(runDir.frozenBase(), ec))) {
     return;
   }
   ckpt::saveStateDict(models::frozenStateDict(model), runDir.frozenBase(), modelKey(job));
@@ -316,7 +318,18 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   const std::optional<ckpt::Manifest> resume = readResume(job, comm, runDir, options.resumeFrom);
   ModelSetup ms = buildModel(job, datasets, comm, options.resumeFrom);
   models::Model& model = *ms.model;
-  saveFrozenBase(job, comm, runDir, model);
+  if (resume) {
+    const std::string digest = resume->extra.value("lora_base_digest", "");
+    if (digest != ms.frozenDigest) {
+      throw DataError(fmt::format(
+          "cannot resume from {}: its LoRA adapters were trained on other frozen weights than "
+          "model.init_from ({}) holds now (digest {} there, {} here)",
+          options.resumeFrom, job.model.initFrom.empty() ? "none" : job.model.initFrom,
+          digest.empty() ? "none" : digest, ms.frozenDigest.empty() ? "none" : ms.frozenDigest));
+    }
+  }
+  // Before the exchange: at ZeRO stage 3 it shards the parameters.
+  saveFrozenBase(job, comm, runDir, model, resume.has_value());
   ddp::DdpOptions ddpOpts = ddpOptions(job);
   if (job.distribution.zero == 3) ddpOpts.units = model.shardingUnits();
   // Before gradients and optimizer state exist: a state that cannot fit
@@ -339,14 +352,6 @@ TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& r
   // Dropout differs per rank, as each rank sees different samples.
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull + static_cast<uint64_t>(rank) + 1);
   if (resume) {
-    const std::string digest = resume->extra.value("lora_base_digest", "");
-    if (digest != ms.frozenDigest) {
-      throw DataError(fmt::format(
-          "cannot resume from {}: its LoRA adapters were trained on other frozen weights than "
-          "model.init_from ({}) holds now (digest {} there, {} here)",
-          options.resumeFrom, job.model.initFrom.empty() ? "none" : job.model.initFrom,
-          digest.empty() ? "none" : digest, ms.frozenDigest.empty() ? "none" : ms.frozenDigest));
-    }
     bool held = false;  // the checkpoint holds this rank's state (a node lost may have taken it)
     for (const auto& f : resume->files) held = held || f.name == ckpt::rankStateFile(rank);
     if (rank < resume->worldSize && held) {

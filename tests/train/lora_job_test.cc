@@ -16,8 +16,10 @@
 
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
+#include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/lora.h"
+#include "cohort/serve/model.h"
 #include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/runs.h"
@@ -259,13 +261,32 @@ TEST_F(LoraJob, WithoutInitFromTheRandomFrozenBaseIsKeptAndChecked) {
   auto gen = test::cohort({"generate", dir.file("random"), "--prompt", "the ", "--tokens", "5"});
   ASSERT_EQ(gen.exitCode, 0) << gen.describe();
   EXPECT_NE(gen.err.find(kept + " + " + dir.file("random/model/adapters.pt")), std::string::npos) << gen.err;
+  // A checkpoint directory as MODEL (export, serve, score) takes the same
+  // frozen weights, checked against its manifest.
+  const serve::TrainedModel fromCheckpoint = serve::loadTrainedModel(dir.file("random/checkpoints/step-6"));
+  EXPECT_EQ(models::frozenDigest(*fromCheckpoint.model), summary["lora_base_digest"].get<std::string>());
+  EXPECT_EQ(fromCheckpoint.info.weights, kept + " + " + dir.file("random/checkpoints/step-6"));
 
-  // Other frozen weights under the adapters are refused, as is none.
+  // The run directory used again by a fresh run (no checkpoint to resume)
+  // of another seed: base.pt is that run's.
+  auto again = run("random", {"--set", "model.init_from=", "--set", "training.max_steps=6", "--set",
+                              "training.seed=6", "--set", "checkpoint.enabled=false"});
+  ASSERT_EQ(again.exitCode, 0) << again.describe();
+  const auto summary2 = nlohmann::json::parse(test::readText(dir.file("random/summary.json")));
+  EXPECT_NE(summary2["lora_base_digest"], summary["lora_base_digest"]);
+  auto reloaded = models::createGpt(gptOptions());
+  models::loadWeights(*reloaded, ckpt::readStateDict(kept), kept);
+  models::attachLora(*reloaded, loraConfig());
+  EXPECT_EQ(models::frozenDigest(*reloaded), summary2["lora_base_digest"].get<std::string>());
+
+  // Other frozen weights under the adapters are refused (also under a
+  // checkpoint's), as is none.
   fs::copy_file(dir.file("base.pt"), kept, fs::copy_options::overwrite_existing);
   auto swapped = test::cohort({"generate", dir.file("random"), "--tokens", "5"});
   EXPECT_NE(swapped.exitCode, 0) << swapped.describe();
   EXPECT_NE(swapped.err.find("trained beside other frozen weights than " + kept), std::string::npos)
       << swapped.err;
+  EXPECT_THROW(serve::loadTrainedModel(dir.file("random/checkpoints/step-6")), DataError);
   fs::remove(kept);
   auto missing = test::cohort({"generate", dir.file("random"), "--tokens", "5"});
   EXPECT_NE(missing.exitCode, 0) << missing.describe();

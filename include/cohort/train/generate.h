@@ -25,6 +25,19 @@ namespace cohort::train {
 // frozen weights are missing or differ from those training recorded.
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir);
 
+// model.lora: the frozen weights the adapters were trained beside
+// (model.init_from, or without it runDir's model/base.pt) loaded into
+// `model`, then attachLora. Returns the file they came from; throws
+// DataError when base.pt is missing.
+std::string loadLoraBase(models::Model& model, const JobConfig& job, const RunDir& runDir);
+
+// Compares the frozen weights of `model` with the digest training recorded
+// (a checkpoint manifest's extra.lora_base_digest, or summary.json's;
+// "": nothing to compare): adapters over other weights compute what nobody
+// trained. Throws DataError naming `where` and `base`.
+void checkLoraBase(const models::Model& model, const std::string& recorded, const std::string& where,
+                   const std::string& base);
+
 // Below this temperature sampling is greedy: the most likely token (dividing
 // the logits by less would overflow float). 0 is the usual way to ask for it.
 inline constexpr double kGreedyTemperature = 1e-4;

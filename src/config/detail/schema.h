@@ -476,8 +476,8 @@ void describe(V& v, EncryptionConfig& c) {
           "The key before a rotation: files sealed with it still open; new files use the current "
           "key.");
   v.field("final_model", c.finalModel,
-          "Encrypt model/final.pt too (PyTorch cannot load it then; `cohort ckpt decrypt` writes a "
-          "plain copy).");
+          "Encrypt model/final.pt too, and a LoRA run's model/adapters.pt and model/base.pt (PyTorch "
+          "cannot load them then; `cohort ckpt decrypt` writes a plain copy).");
 }
 
 template <class V>

@@ -63,9 +63,9 @@ std::vector<std::pair<int64_t, int64_t>> splitParts(int64_t samples, int64_t bat
 ScoreRecord readRecord(const std::string& path);
 
 // How the weights MODEL names changed: a hash of the file `weights` (or of
-// the checkpoint directory's manifest), or of MODEL itself when `weights` is
-// empty (a TorchScript export holds its weights); the path when there is no
-// such file.
+// the checkpoint directory's manifest; of each part of a LoRA run's "BASE +
+// ADAPTERS"), or of MODEL itself when `weights` is empty (a TorchScript
+// export holds its weights); the path when there is no such file.
 std::string modelFingerprint(const std::string& model, const std::string& weights);
 
 // The number of complete lines at the start of part `path` for samples
