@@ -214,11 +214,14 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
     if (ranks.anyRunning()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (stalled) {
-    log::error("rank {} scored nothing for {} s (--stall-seconds; its part {} did not grow); stopped every "
+    std::error_code ec;
+    const bool started = fs::file_size(paths.part(*stalled), ec) > 0 && !ec;
+    log::error("rank {} scored nothing for {} s (--stall-seconds; its part {} did not grow{}); stopped every "
                "rank. Its log, {}, ends with:\n{}Rerun the same command to resume: the predictions made so far "
                "are kept.",
-               *stalled, o.stallSeconds, paths.part(*stalled), paths.log(*stalled),
-               detail::tailOf(paths.log(*stalled), 8));
+               *stalled, o.stallSeconds, paths.part(*stalled),
+               started ? "" : ", nor was its first batch written: raise --stall-seconds if loading takes longer",
+               paths.log(*stalled), detail::tailOf(paths.log(*stalled), 8));
     return 1;
   }
   if (!failed) return 0;
@@ -241,6 +244,14 @@ int scoreCommand(const ScoreOptions& o) {
   if (o.batchSize < 1) throw UsageError(fmt::format("--batch-size must be >= 1, got {}", o.batchSize));
   if (o.topK < 1) throw UsageError(fmt::format("--top-k must be >= 1, got {}", o.topK));
   if (!(o.stallSeconds >= 0)) throw UsageError(fmt::format("--stall-seconds must be >= 0, got {}", o.stallSeconds));
+  // DATA goes into every rank's command line (which `ps` shows anyone),
+  // score.json and summary.json: no secret may be in it.
+  if (o.data.find("://") != std::string::npos && o.data.find('?') != std::string::npos) {
+    throw UsageError(fmt::format("--data {}?...: a SAS token in the URL would be written to OUT.run/ and shown "
+                                 "in the ranks' command lines; give it with --credentials-file (sas = ...) "
+                                 "or $AZURE_STORAGE_SAS_TOKEN",
+                                 storage::redactUrl(o.data)));
+  }
   const detail::ScorePaths paths{absolutePath(o.out)};
   const detail::ScoreRecord record = describeRun(o);
   const std::unique_ptr<RunLock> lock = prepare(paths, record);

@@ -15,6 +15,7 @@
 #include <string>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cohort/ckpt/state_dict.h"
@@ -239,11 +240,32 @@ TEST_F(ScoreTest, ShardsOnBlobStorage) {
     }
   }
 
+  // The same dataset as az://account/..., reached through --endpoint with
+  // the key in a --credentials-file only: the ranks must be given both.
+  const std::string creds = tmp_.file("creds");
+  test::writeText(creds, std::string("account_key = ") + test::Azurite::kKey + "\n");
+  ::chmod(creds.c_str(), 0600);
+  const std::string viaFile = tmp_.file("az.jsonl");
+  const auto az = score({*shards_, "--data", std::string("az://") + test::Azurite::kAccount + "/scoring/shards",
+                         "--out", viaFile, "--procs", "2", "--batch-size", "5", "--endpoint", azurite.endpoint(),
+                         "--credentials-file", creds, "--allow-insecure"});
+  ASSERT_EQ(az.exitCode, 0) << az.describe();
+  EXPECT_EQ(test::readJsonLines(viaFile), lines);
+
   const std::string refusedOut = tmp_.file("refused.jsonl");
   const auto refused = score({*shards_, "--data", url, "--out", refusedOut}, key);
   EXPECT_EQ(refused.exitCode, 2) << refused.describe();
   EXPECT_NE(refused.err.find("plain http is allowed only"), std::string::npos) << refused.err;
   EXPECT_FALSE(fs::exists(refusedOut));
+
+  // A SAS token in the URL would land in OUT.run/ and the ranks' command
+  // lines: refused, without repeating it.
+  const auto sas = score({*shards_, "--data", url + "?sv=2021&sig=SECRETSIG", "--out", refusedOut,
+                          "--allow-insecure"});
+  EXPECT_EQ(sas.exitCode, 2) << sas.describe();
+  EXPECT_NE(sas.err.find("--credentials-file (sas = ...)"), std::string::npos) << sas.err;
+  EXPECT_EQ(sas.err.find("SECRETSIG"), std::string::npos) << sas.err;
+  EXPECT_FALSE(fs::exists(refusedOut + ".run"));
 }
 
 TEST_F(ScoreTest, TokenWindowsWithTheirLoss) {
