@@ -7,16 +7,21 @@
 // Content-Type, then the body. A bad body must end in a DataError (the
 // server's 400); one that parses must give what the model takes: images
 // [C, H, W] of raw pixels in 0..255, a top-k within the classes, a prompt of
-// 1..block_size ids below the vocabulary. The answer's JSON of any text
+// 1..block_size ids below the vocabulary. A body the fast reader of predict
+// bodies (json_pixels.h) accepts, the general parser must accept with the
+// same pixels, top-k and logits flag. The answer's JSON of any text
 // (dumpJson) must not throw.
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 
 #include "fuzz_util.h"
+#include "serve/detail/json_pixels.h"
 #include "serve/detail/request.h"
 
 namespace {
@@ -102,6 +107,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       "pixels outside 0..255 were accepted: " + std::to_string(x.min().item<float>()) + " to " +
                           std::to_string(x.max().item<float>()));
       }
+    }
+  }
+  if (route % 3 != 2) {
+    const ModelInfo info = route % 3 == 0 ? imageModel(1, 4, 6) : imageModel(3, 8, 8);
+    if (auto scanned = serve::detail::scanPredictJson(body, info.channels, info.height, info.width, kMaxInputs)) {
+      serve::detail::PredictRequest general;
+      fuzz::require(fuzz::expectInputError(
+                        "", [&] { general = serve::detail::parsePredictJsonGeneral(body, info, 5, kMaxInputs); }),
+                    "the fast reader accepted a body the general parser refuses");
+      fuzz::require(static_cast<int64_t>(general.inputs.size()) == scanned->images, "the readers count other images");
+      const at::Tensor all = at::stack(general.inputs).contiguous();
+      fuzz::require(static_cast<size_t>(all.numel()) == scanned->pixels.size() &&
+                        std::memcmp(all.data_ptr<float>(), scanned->pixels.data(),
+                                    scanned->pixels.size() * sizeof(float)) == 0,
+                    "the readers disagree on a pixel");
+      fuzz::require(std::min<int64_t>(scanned->topK.value_or(5), info.numClasses) == general.topK &&
+                        scanned->logits.value_or(false) == general.logits,
+                    "the readers disagree on top_k or logits");
     }
   }
   // The server answers with the body's text in messages and generations.

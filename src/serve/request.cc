@@ -5,9 +5,11 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstring>
 
 #include "cohort/core/error.h"
 #include "cohort/data/tokens.h"
+#include "serve/detail/json_pixels.h"
 
 namespace cohort::serve::detail {
 
@@ -181,6 +183,18 @@ std::vector<at::Tensor> pixelsFromJson(const json& j, const ModelInfo& info, int
   return inputs;
 }
 
+// A JSON body through the general parser: its keys over what `r` holds.
+void readJsonBody(PredictRequest& r, const std::string& body, const ModelInfo& info, int64_t maxInputs) {
+  const json j = parseJson(body);
+  checkKeys(j, {"inputs", "shape", "top_k", "logits"});
+  if (j.contains("top_k")) r.topK = integerOf(j["top_k"], "top_k", 1, 1'000'000);
+  if (j.contains("logits")) {
+    if (!j["logits"].is_boolean()) throw DataError("\"logits\" must be true or false");
+    r.logits = j["logits"].get<bool>();
+  }
+  r.inputs = pixelsFromJson(j, info, maxInputs);
+}
+
 }  // namespace
 
 PredictRequest parsePredict(const std::string& body, const std::string& contentType,
@@ -199,16 +213,24 @@ PredictRequest parsePredict(const std::string& body, const std::string& contentT
     // model.h's: the eval transform, and images over kMaxImagePixels refused
     // by their header before decoding.
     r.inputs.push_back(pixelsFromImage(reinterpret_cast<const uint8_t*>(body.data()), body.size(), info));
+  } else if (auto scanned = scanPredictJson(body, info.channels, info.height, info.width, maxInputs)) {
+    if (scanned->topK) r.topK = *scanned->topK;
+    if (scanned->logits) r.logits = *scanned->logits;
+    at::Tensor all = torch::empty({scanned->images, info.channels, info.height, info.width}, torch::kFloat);
+    std::memcpy(all.data_ptr<float>(), scanned->pixels.data(), scanned->pixels.size() * sizeof(float));
+    for (int64_t i = 0; i < scanned->images; ++i) r.inputs.push_back(all[i]);
   } else {
-    const json j = parseJson(body);
-    checkKeys(j, {"inputs", "shape", "top_k", "logits"});
-    if (j.contains("top_k")) r.topK = integerOf(j["top_k"], "top_k", 1, 1'000'000);
-    if (j.contains("logits")) {
-      if (!j["logits"].is_boolean()) throw DataError("\"logits\" must be true or false");
-      r.logits = j["logits"].get<bool>();
-    }
-    r.inputs = pixelsFromJson(j, info, maxInputs);
+    readJsonBody(r, body, info, maxInputs);
   }
+  r.topK = std::min(r.topK, info.numClasses);
+  return r;
+}
+
+PredictRequest parsePredictJsonGeneral(const std::string& body, const ModelInfo& info, int64_t defaultTopK,
+                                       int64_t maxInputs) {
+  PredictRequest r;
+  r.topK = defaultTopK;
+  readJsonBody(r, body, info, maxInputs);
   r.topK = std::min(r.topK, info.numClasses);
   return r;
 }

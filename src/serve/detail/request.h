@@ -35,6 +35,11 @@ PredictRequest parsePredict(const std::string& body, const std::string& contentT
                             const std::optional<std::string>& logitsParam, const ModelInfo& info,
                             int64_t defaultTopK, int64_t maxInputs);
 
+// parsePredict's JSON path without its fast reader (json_pixels.h): the
+// general parser alone, which the fast reader must agree with.
+PredictRequest parsePredictJsonGeneral(const std::string& body, const ModelInfo& info, int64_t defaultTopK,
+                                       int64_t maxInputs);
+
 struct GenerateRequest {
   std::vector<int64_t> prompt;  // token ids, 1 to block_size of them
   int64_t maxTokens = 16;
