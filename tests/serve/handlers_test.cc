@@ -21,6 +21,7 @@
 #include "serve/detail/batcher.h"
 #include "serve/detail/handlers.h"
 #include "serve/detail/serve_metrics.h"
+#include "util/serve_info.h"
 
 namespace cohort::serve {
 namespace {
@@ -31,15 +32,7 @@ using nlohmann::json;
 // batch holding a pixel of value 13.
 class FailingImagePredictor : public Predictor {
  public:
-  FailingImagePredictor() {
-    info_.arch = "simple_cnn";
-    info_.channels = 1;
-    info_.height = 2;
-    info_.width = 2;
-    info_.mean = {0.5};
-    info_.std = {0.5};
-    info_.numClasses = 3;
-  }
+  FailingImagePredictor() : info_(test::imageModelInfo(1, 2, 2, 3)) {}
   const ModelInfo& info() const override { return info_; }
   at::Tensor forward(const at::Tensor& input) override {
     if ((input == 13).any().item<bool>()) throw std::runtime_error("the forward failed on purpose");

@@ -12,21 +12,12 @@
 #include "cohort/core/error.h"
 #include "serve/detail/json_pixels.h"
 #include "serve/detail/request.h"
+#include "util/serve_info.h"
 
 namespace cohort::serve::detail {
 namespace {
 
-ModelInfo grayModel() {
-  ModelInfo m;
-  m.arch = "simple_cnn";
-  m.channels = 1;
-  m.height = 2;
-  m.width = 3;
-  m.mean = {0.5};
-  m.std = {0.5};
-  m.numClasses = 4;
-  return m;
-}
+ModelInfo grayModel() { return test::imageModelInfo(1, 2, 3, 4); }
 
 PredictRequest viaParsePredict(const std::string& body) {
   return parsePredict(body, "application/json", std::nullopt, std::nullopt, grayModel(), 5, 8);
