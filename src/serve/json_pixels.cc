@@ -146,15 +146,16 @@ std::optional<ScannedPredict> scanPredictJson(std::string_view body, int64_t cha
       inputs = true;
       const int64_t perImage = channels * height * width;
       const int d = s.depth();
+      // One image's room; a list grows geometrically from there (an exact
+      // reserve per image would copy the whole buffer for every image).
+      r.pixels.reserve(static_cast<size_t>(perImage));
       if (d == 3) {
-        r.pixels.reserve(static_cast<size_t>(perImage));
         if (!s.image(channels, height, width, r.pixels)) return std::nullopt;
         r.images = 1;
       } else if (d == 4) {
         s.take('[');
         do {
           if (r.images == maxInputs) return std::nullopt;
-          r.pixels.reserve(static_cast<size_t>(perImage * (r.images + 1)));
           if (!s.image(channels, height, width, r.pixels)) return std::nullopt;
           ++r.images;
         } while (s.take(','));
