@@ -457,6 +457,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*help || app.get_subcommands().empty()) return showHelp(app, argc);
   if (*validate) {
     cohort::JobConfig job = cohort::loadJob(jobPath, overrides);
+    cohort::checkRanks(job, cohort::requestedWorldSize(job));
     std::cout << cohort::toYaml(job);
     return 0;
   }

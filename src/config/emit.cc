@@ -51,6 +51,13 @@ class Emitter {
       out_ << scalarText(v);
     }
   }
+  void emit(const PipelineSplit& v) {
+    if (v.automatic()) {
+      out_ << "auto";
+    } else {
+      emit(v.blocks);
+    }
+  }
   template <class T>
   void emit(const std::vector<T>& v) {
     out_ << YAML::Flow << YAML::BeginSeq;
@@ -70,6 +77,7 @@ std::string typeName(const T&) {
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of int";
   if constexpr (std::is_same_v<T, std::vector<double>>) return "list of float";
   if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list of string";
+  if constexpr (std::is_same_v<T, PipelineSplit>) return "auto or list of int";
   return "?";
 }
 
@@ -86,6 +94,8 @@ std::string defaultText(const T& v) {
     return fmt::format("[{}]", fmt::join(parts, ", "));
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     return fmt::format("[{}]", fmt::join(v, ", "));
+  } else if constexpr (std::is_same_v<T, PipelineSplit>) {
+    return v.automatic() ? std::string("auto") : defaultText(v.blocks);
   } else {
     return scalarText(v);
   }

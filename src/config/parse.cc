@@ -129,6 +129,20 @@ void convert(const YAML::Node& n, std::vector<T>& v, const std::string& where, c
   }
 }
 
+// distribution.pipeline.split: `auto`, or a list of blocks per stage.
+void convert(const YAML::Node& n, PipelineSplit& v, const std::string& where, const std::string& path) {
+  if (n.IsScalar() && n.Scalar() == "auto") {
+    v.blocks.clear();
+    return;
+  }
+  if (!n.IsSequence()) {
+    fail(where, path,
+         fmt::format("expected auto or a list of blocks per stage (e.g. [3, 5]), got {}", describeNode(n)));
+  }
+  convert(n, v.blocks, where, path);
+  if (v.blocks.empty()) fail(where, path, "expected auto or a list of blocks per stage, got an empty list");
+}
+
 std::string formatNumber(double x) { return fmt::format("{}", x); }
 
 void checkRange(double x, const Rule& r, const std::string& where, const std::string& path) {
@@ -148,6 +162,11 @@ void check(int64_t v, const Rule& r, const std::string& w, const std::string& p)
 }
 void check(double v, const Rule& r, const std::string& w, const std::string& p) { checkRange(v, r, w, p); }
 void check(bool, const Rule&, const std::string&, const std::string&) {}
+void check(const PipelineSplit& v, const Rule&, const std::string& w, const std::string& p) {
+  for (size_t i = 0; i < v.blocks.size(); ++i) {
+    checkRange(static_cast<double>(v.blocks[i]), atLeast(1), w, fmt::format("{}[{}]", p, i));
+  }
+}
 void check(const std::string&, const Rule&, const std::string&, const std::string&) {}
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 void check(E, const Rule&, const std::string&, const std::string&) {}
@@ -295,6 +314,61 @@ fs::path absolutePath(const std::string& p) {
   return ec ? fs::path(p) : a.lexically_normal();
 }
 
+// distribution.pipeline against the model and the ranks (docs/parallelism.md).
+template <class Where>
+void checkPipeline(const JobConfig& job, const Where& where) {
+  const PipelineConfig& p = job.distribution.pipeline;
+  const std::string stagesKey = "distribution.pipeline.stages";
+  if (p.stages == 1) {
+    for (auto [set, key] : {std::pair<bool, const char*>{p.microBatches > 0, "micro_batches"},
+                            {!p.split.automatic(), "split"}}) {
+      const std::string path = std::string("distribution.pipeline.") + key;
+      if (set) fail(where(path), path, "is for a pipeline: set distribution.pipeline.stages > 1 too");
+    }
+    return;
+  }
+  const ModelArch arch = job.model.arch;
+  const int64_t blocks = pipelineBlocks(job.model);
+  if (blocks == 0) {
+    fail(where(stagesKey), stagesKey,
+         fmt::format("model.arch {} cannot be split into stages: the pipeline splits gpt by its "
+                     "transformer blocks and the ResNets by their layer groups",
+                     choiceName(arch)));
+  }
+  if (job.model.lora.rank > 0) {
+    fail(where("model.lora.rank"), "model.lora.rank",
+         fmt::format("LoRA does not run in a pipeline (distribution.pipeline.stages {}); train the "
+                     "adapters with stages 1",
+                     p.stages));
+  }
+  const std::string what = arch == ModelArch::gpt ? "transformer blocks (model.n_layer)" : "layer groups";
+  if (p.stages > blocks) {
+    fail(where(stagesKey), stagesKey,
+         fmt::format("{} stages, but the model has only {} {}: each stage needs at least one",
+                     p.stages, blocks, what));
+  }
+  if (p.microBatchCount() < p.stages) {
+    const std::string key = "distribution.pipeline.micro_batches";
+    fail(where(key), key,
+         fmt::format("{} micro-batches cannot fill {} stages: use at least {} (4 x stages keeps the "
+                     "pipeline's idle time near 20%)",
+                     p.microBatchCount(), p.stages, p.stages));
+  }
+  if (!p.split.automatic()) {
+    const std::string key = "distribution.pipeline.split";
+    int64_t sum = 0;
+    for (int64_t b : p.split.blocks) sum += b;
+    if (static_cast<int64_t>(p.split.blocks.size()) != p.stages || sum != blocks) {
+      fail(where(key), key,
+           fmt::format("[{}] gives {} stages {} {} of the model's {}; it must give each of the {} "
+                       "stages its blocks, {} in all",
+                       fmt::join(p.split.blocks, ", "), p.split.blocks.size(),
+                       static_cast<int64_t>(p.split.blocks.size()) == p.stages ? "covering" : "with",
+                       sum, blocks, p.stages, blocks));
+    }
+  }
+}
+
 // Checks across keys, after every key parsed on its own.
 void validate(JobConfig& job, const Locations& locs, const std::string& origin) {
   auto where = [&](const std::string& path) {
@@ -428,6 +502,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                      "use none, or zero 0 or 1",
                      dist.zero));
   }
+  checkPipeline(job, where);
   if (job.output.mergeLora && job.model.lora.rank == 0) {
     fail(where("output.merge_lora"), "output.merge_lora", "needs LoRA adapters (model.lora.rank > 0)");
   }
@@ -542,6 +617,16 @@ JobConfig loadJob(const std::string& path, const std::vector<std::string>& overr
   std::stringstream ss;
   ss << in.rdbuf();
   return loadJobFromString(ss.str(), path, overrides);
+}
+
+void checkRanks(const JobConfig& job, int64_t ranks) {
+  const int64_t stages = job.distribution.pipeline.stages;
+  if (ranks % stages != 0) {
+    throw ConfigError(fmt::format(
+        "distribution.pipeline.stages: {} stages do not divide the job's {} ranks (each data "
+        "replica holds one rank per stage: start a multiple of {})",
+        stages, ranks, stages));
+  }
 }
 
 }  // namespace cohort

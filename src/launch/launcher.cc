@@ -368,6 +368,7 @@ int runLauncher(const LaunchOptions& o) {
   JobConfig job = loadJob(o.jobPath, o.overrides);
   if (o.procs < 0) throw UsageError(fmt::format("--procs must be >= 1, got {}", o.procs));
   if (o.procs > 0) job.distribution.procsPerNode = o.procs;
+  checkRanks(job, requestedWorldSize(job));
   if (job.distribution.nodes != 1) {
     throw ConfigError(fmt::format(
         "distribution.nodes is {}: `cohort run` starts the ranks of one machine; start a "

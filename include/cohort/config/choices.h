@@ -38,6 +38,8 @@ enum class OnError { warn, fail };
 enum class Precision { fp32, bf16, fp16, automatic };
 enum class LossScaling { automatic, on, off };
 enum class Recompute { none, blocks };
+// `1f1b` is spelled `oneFOneB`: an identifier cannot start with a digit.
+enum class PipelineSchedule { oneFOneB, gpipe };
 
 // ChoiceNames<E>::table: each value of E with its name in the job file, in
 // the order the documentation lists them.
@@ -146,6 +148,12 @@ struct ChoiceNames<LossScaling> {
 template <>
 struct ChoiceNames<Recompute> {
   static constexpr ChoiceTable<Recompute, 2> table{{{Recompute::none, "none"}, {Recompute::blocks, "blocks"}}};
+};
+
+template <>
+struct ChoiceNames<PipelineSchedule> {
+  static constexpr ChoiceTable<PipelineSchedule, 2> table{
+      {{PipelineSchedule::oneFOneB, "1f1b"}, {PipelineSchedule::gpipe, "gpipe"}}};
 };
 
 // The job file's name of a value ("channels_last" for

@@ -102,6 +102,24 @@ struct StorageConfig {
   double timeoutS = 60;         // per request
 };
 
+// distribution.pipeline.split: `auto`, or the blocks of each stage in order
+// (gpt: transformer blocks; ResNet: layer groups).
+struct PipelineSplit {
+  std::vector<int64_t> blocks;  // empty: auto, balanced by measured time
+  bool automatic() const { return blocks.empty(); }
+  bool operator==(const PipelineSplit& o) const { return blocks == o.blocks; }
+};
+
+// distribution.pipeline: the model split into stages of consecutive blocks
+// across ranks (docs/parallelism.md).
+struct PipelineConfig {
+  int64_t stages = 1;        // 1: no pipeline
+  int64_t microBatches = 0;  // per round through the stages; 0: 4 x stages
+  PipelineSchedule schedule = PipelineSchedule::oneFOneB;
+  PipelineSplit split;
+  int64_t microBatchCount() const { return microBatches > 0 ? microBatches : 4 * stages; }
+};
+
 struct DistributionConfig {
   int64_t nodes = 1;
   int64_t procsPerNode = 1;
@@ -125,6 +143,7 @@ struct DistributionConfig {
   double stallTimeoutS = 0;      // ... and this long ends the job (it can restart); 0: 0.8 x timeout_s
   double stragglerFactor = 1.5;  // a rank computing this much slower than the median is reported
   bool preflight = false;        // run the health checks before training; refuse to start on a failure
+  PipelineConfig pipeline;
 };
 
 // `cohort agent`: elastic training across machines (docs/elastic.md).
@@ -275,6 +294,22 @@ inline bool tokenModel(const JobConfig& job) {
 // Number of ranks the job asks for: nodes * procs_per_node.
 inline int64_t requestedWorldSize(const JobConfig& job) {
   return job.distribution.nodes * job.distribution.procsPerNode;
+}
+
+// The blocks a pipeline splits the model into stages of: gpt's transformer
+// blocks (model.n_layer), a ResNet's layer groups (4); 0 for an architecture
+// that cannot be split (simple_cnn, torchscript).
+inline int64_t pipelineBlocks(const ModelConfig& model) {
+  switch (model.arch) {
+    case ModelArch::gpt: return model.nLayer;
+    case ModelArch::resnet18:
+    case ModelArch::resnet34:
+    case ModelArch::resnet50:
+    case ModelArch::resnet101: return 4;
+    case ModelArch::simpleCnn:
+    case ModelArch::torchscript: return 0;
+  }
+  return 0;
 }
 
 }  // namespace cohort

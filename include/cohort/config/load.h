@@ -30,6 +30,12 @@ JobConfig loadJobFromString(const std::string& yaml, const std::string& origin,
 // `cohort validate` and checkpoint manifests never hold a secret.
 std::string toYaml(const JobConfig& job);
 
+// Throws ConfigError naming distribution.pipeline.stages when the job cannot
+// run on `ranks` ranks: its pipeline's stages do not divide them. (The
+// number of ranks is known only where they start: `cohort run --procs`,
+// an external launcher.)
+void checkRanks(const JobConfig& job, int64_t ranks);
+
 // Credentials inside the job's URLs: the URL without its query string -> the
 // query string (without '?'). Any query of an az://, http:// or https:// value
 // counts: storage accepts none but a SAS token.

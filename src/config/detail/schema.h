@@ -185,6 +185,28 @@ void describe(V& v, DataConfig& c) {
 }
 
 template <class V>
+void describe(V& v, PipelineConfig& c) {
+  v.field("stages", c.stages,
+          "Pipeline stages: the model is split into this many stages of consecutive blocks, each "
+          "held by one rank of every data replica (ranks = replicas x stages; docs/parallelism.md). "
+          "1: no pipeline.",
+          between(1, 4096));
+  v.field("micro_batches", c.microBatches,
+          "Micro-batches of training.batch_size that run through the stages together in one "
+          "round (at least stages); a step is accumulate_steps rounds. 0: 4 x stages.",
+          between(0, 1 << 20));
+  v.field("schedule", c.schedule,
+          "1f1b: each stage alternates one forward and one backward once the pipeline is full, "
+          "holding the activations of at most `stages` micro-batches; gpipe: every forward, then "
+          "every backward (activations of all micro-batches).");
+  v.field("split", c.split,
+          "Blocks of each stage, in order (gpt: transformer blocks, the embeddings with the first "
+          "stage and the final norm and head with the last; ResNet: layer groups layer1..layer4, "
+          "the stem with the first stage and the classifier with the last), e.g. [3, 5]; auto "
+          "balances the stages by each block's measured time.");
+}
+
+template <class V>
 void describe(V& v, DistributionConfig& c) {
   v.field("nodes", c.nodes,
           "Machines in the job; under `cohort agent`, the size the batch and learning rate are "
@@ -221,8 +243,9 @@ void describe(V& v, DistributionConfig& c) {
   v.field("zero", c.zero,
           "ZeRO sharding (docs/zero.md): 0 every rank keeps all optimizer state; 1 each rank keeps "
           "and steps the optimizer state of 1/N of the parameters, which are then gathered; 2 as "
-          "1, with the gradients reduce-scattered instead of allreduced. 3 (parameters sharded "
-          "too) is not available yet.",
+          "1, with the gradients reduce-scattered instead of allreduced; 3 as 2, with the "
+          "parameters sharded too, gathered unit by unit. With a pipeline, N is each stage's "
+          "replicas.",
           between(0, 3));
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Buffers (BatchNorm running statistics) follow rank 0's: every rank takes them before "
@@ -252,6 +275,8 @@ void describe(V& v, DistributionConfig& c) {
           "At each train record, a rank whose compute time per step is this many times the "
           "median of the others' is reported as a straggler; 0: off.",
           atLeast(0));
+  v.section("pipeline", c.pipeline,
+            "Pipeline parallelism: the model split into stages across ranks (docs/parallelism.md).");
   v.field("preflight", c.preflight,
           "Run the health checks (see health) on every rank before training and refuse to start, "
           "naming the rank and the check, when one fails. Takes a few seconds.");
