@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -108,25 +109,54 @@ class BlockImpl : public nn::Module {
 };
 TORCH_MODULE(Block);
 
-// Everything but the head, under the name "transformer" as in GPT-2.
+// A parameter of the whole model as built, for GPT-2's initialization of
+// the parts a process does not keep.
+struct ParamShape {
+  std::string name;
+  std::vector<int64_t> sizes;
+};
+
+void recordShapes(const nn::Module& unit, const std::string& prefix, std::vector<ParamShape>& out) {
+  for (const auto& p : unit.named_parameters()) out.push_back({prefix + p.key(), p.value().sizes().vec()});
+}
+
+// Everything but the head, under the name "transformer" as in GPT-2: of a
+// part (ModelPart), only what it keeps. Every unit is built in the whole
+// model's order whether kept or not (the random numbers their default
+// initialization draws are drawn either way), one at a time; `built` lists
+// every parameter of the whole model in order.
 class TransformerImpl : public nn::Module {
  public:
-  explicit TransformerImpl(const GptOptions& o) {
-    wte = register_module("wte", nn::Embedding(o.vocabSize, o.nEmbd));
-    wpe = register_module("wpe", nn::Embedding(o.blockSize, o.nEmbd));
-    drop = register_module("drop", nn::Dropout(o.dropout));
-    nn::ModuleList list;
+  TransformerImpl(const GptOptions& o, const ModelPart& part, std::vector<ParamShape>& built) {
+    const bool exact = part.exact;
+    auto unit = [&](const std::string& name, bool keep, auto make) {
+      if (!keep && !exact) return decltype(make())(nullptr);
+      auto m = make();
+      recordShapes(*m, "transformer." + name + ".", built);
+      return keep ? register_module(name, m) : decltype(m)(nullptr);
+    };
+    wte = unit("wte", part.input || part.output, [&] { return nn::Embedding(o.vocabSize, o.nEmbd); });
+    wpe = unit("wpe", part.input, [&] { return nn::Embedding(o.blockSize, o.nEmbd); });
+    if (part.input) drop = register_module("drop", nn::Dropout(o.dropout));
+    // h.<i> as nn.ModuleList names them, whichever blocks are kept.
+    auto h = std::make_shared<nn::Module>();
     for (int64_t i = 0; i < o.nLayer; ++i) {
-      blocks.push_back(Block(o));
-      list->push_back(blocks.back());
+      const bool keep = part.holds(i, o.nLayer);
+      if (!keep && !exact) continue;
+      Block block(o);
+      if (exact) recordShapes(*block, fmt::format("transformer.h.{}.", i), built);
+      if (!keep) continue;  // dropped here, before the next block is built
+      blocks.push_back(h->register_module(std::to_string(i), block));
+      blockIndex.push_back(i);
     }
-    register_module("h", list);
-    ln_f = register_module("ln_f", LayerNorm(o.nEmbd, o.bias));
+    register_module("h", h);
+    ln_f = unit("ln_f", part.output, [&] { return LayerNorm(o.nEmbd, o.bias); });
   }
 
   nn::Embedding wte{nullptr}, wpe{nullptr};
   nn::Dropout drop{nullptr};
-  std::vector<Block> blocks;
+  std::vector<Block> blocks;       // the kept blocks, in order
+  std::vector<int64_t> blockIndex;  // their index in the whole model
   LayerNorm ln_f{nullptr};
 };
 TORCH_MODULE(Transformer);
@@ -137,20 +167,35 @@ bool endsWith(const std::string& s, const std::string& tail) {
 
 class Gpt : public Model {
  public:
-  explicit Gpt(const GptOptions& o) : blockSize_(o.blockSize), recompute_(o.recompute) {
-    transformer_ = register_module("transformer", Transformer(o));
-    // GPT-2's initialization; the projections into the residual stream are
-    // scaled down with depth.
+  Gpt(const GptOptions& o, const ModelPart& part)
+      : blockSize_(o.blockSize), nEmbd_(o.nEmbd), recompute_(o.recompute), part_(part) {
+    std::vector<ParamShape> built;
+    transformer_ = register_module("transformer", Transformer(o, part, built));
+    // GPT-2's initialization over the whole model's parameters in order;
+    // the projections into the residual stream are scaled down with depth.
+    // What this part does not keep is drawn into a scratch tensor of the
+    // same shape, so the kept tensors get the whole model's values.
     torch::NoGradGuard noGrad;
     const double residualStd = 0.02 / std::sqrt(2.0 * static_cast<double>(o.nLayer));
-    for (auto& item : named_parameters()) {
-      const std::string& name = item.key();
-      at::Tensor& p = item.value();
+    std::map<std::string, at::Tensor> kept;
+    for (auto& item : named_parameters()) kept.emplace(item.key(), item.value());
+    if (!part.exact) {
+      built.clear();
+      for (auto& [name, t] : kept) built.push_back({name, t.sizes().vec()});
+    }
+    for (const ParamShape& p : built) {
+      const std::string& name = p.name;
       if (name.find(".ln_") != std::string::npos) continue;  // ones and zeros already
+      auto it = kept.find(name);
       if (endsWith(name, ".bias")) {
-        p.zero_();
+        if (it != kept.end()) it->second.zero_();
+        continue;
+      }
+      const double std = endsWith(name, "c_proj.weight") ? residualStd : 0.02;
+      if (it != kept.end()) {
+        it->second.normal_(0.0, std);
       } else {
-        p.normal_(0.0, endsWith(name, "c_proj.weight") ? residualStd : 0.02);
+        at::empty(p.sizes).normal_(0.0, std);
       }
     }
   }
@@ -158,26 +203,39 @@ class Gpt : public Model {
   // ZeRO stage 3 gathers one block at a time.
   std::vector<std::string> shardingUnits() const override {
     std::vector<std::string> units;
-    for (size_t i = 0; i < transformer_->blocks.size(); ++i) units.push_back(fmt::format("transformer.h.{}", i));
+    for (int64_t i : transformer_->blockIndex) units.push_back(fmt::format("transformer.h.{}", i));
     return units;
   }
 
   std::vector<std::pair<std::string, std::string>> tiedNames() const override {
+    if (!part_.output) return {};
     return {{kTiedHeadName, "transformer.wte.weight"}};
   }
 
-  at::Tensor forward(const at::Tensor& tokens) override {
-    if (tokens.dim() != 2) {
-      throw DataError(fmt::format("gpt: expected tokens [batch, time], got {} dimension(s)", tokens.dim()));
-    }
-    const int64_t t = tokens.size(1);
-    if (t > blockSize_) {
-      throw DataError(fmt::format("gpt: a sequence of {} tokens is longer than model.block_size ({})", t,
-                                  blockSize_));
-    }
+  at::Tensor forward(const at::Tensor& in) override {
     Transformer& tr = transformer_;
-    const at::Tensor positions = torch::arange(t, tokens.options().dtype(torch::kLong));
-    at::Tensor x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
+    at::Tensor x;
+    if (part_.input) {
+      const at::Tensor& tokens = in;
+      if (tokens.dim() != 2) {
+        throw DataError(fmt::format("gpt: expected tokens [batch, time], got {} dimension(s)", tokens.dim()));
+      }
+      const int64_t t = tokens.size(1);
+      if (t > blockSize_) {
+        throw DataError(fmt::format("gpt: a sequence of {} tokens is longer than model.block_size ({})", t,
+                                    blockSize_));
+      }
+      const at::Tensor positions = torch::arange(t, tokens.options().dtype(torch::kLong));
+      x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
+    } else {
+      // A later pipeline stage: the residual stream [B, T, n_embd].
+      if (in.dim() != 3 || in.size(2) != nEmbd_) {
+        throw DataError(fmt::format("gpt: a stage from block {} expects activations [batch, time, {}], "
+                                    "got [{}]",
+                                    part_.firstBlock, nEmbd_, fmt::join(in.sizes(), ", ")));
+      }
+      x = in;
+    }
     for (size_t i = 0; i < tr->blocks.size(); ++i) {
       Block block = tr->blocks[i];
       const bool again = recompute_ && is_training();
@@ -186,6 +244,7 @@ class Gpt : public Model {
                      : block(in);
       }, x);
     }
+    if (!part_.output) return x;
     x = tr->ln_f(x);
     // The head is the token embedding (weight tying).
     return torch::linear(x, tr->wte->weight);
@@ -194,7 +253,9 @@ class Gpt : public Model {
  private:
   Transformer transformer_{nullptr};
   int64_t blockSize_;
+  int64_t nEmbd_;
   bool recompute_;
+  ModelPart part_;
 };
 
 }  // namespace
@@ -212,7 +273,7 @@ GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize) {
   return o;
 }
 
-std::shared_ptr<Model> createGpt(const GptOptions& o) {
+std::shared_ptr<Model> createGpt(const GptOptions& o, const ModelPart& part) {
   for (const auto& [value, key] : {std::pair{o.vocabSize, "model.vocab_size"}, std::pair{o.blockSize, "model.block_size"},
                                    std::pair{o.nLayer, "model.n_layer"}, std::pair{o.nHead, "model.n_head"},
                                    std::pair{o.nEmbd, "model.n_embd"}}) {
@@ -224,7 +285,13 @@ std::shared_ptr<Model> createGpt(const GptOptions& o) {
   if (!(o.dropout >= 0 && o.dropout < 1)) {
     throw ConfigError(fmt::format("model.dropout: must be in [0, 1), got {}", o.dropout));
   }
-  return std::make_shared<Gpt>(o);
+  const int64_t end = part.endBlock < 0 ? o.nLayer : part.endBlock;
+  if (part.firstBlock < 0 || part.firstBlock >= end || end > o.nLayer) {
+    throw ConfigError(fmt::format("gpt: blocks [{}, {}) are not a part of a model of {} blocks "
+                                  "(model.n_layer)",
+                                  part.firstBlock, end, o.nLayer));
+  }
+  return std::make_shared<Gpt>(o, part);
 }
 
 }  // namespace cohort::models

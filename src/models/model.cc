@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
@@ -51,14 +52,18 @@ at::Tensor Model::inLayout(const at::Tensor& images) const {
 
 namespace {
 
-std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input) {
+std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input, const ModelPart& part) {
+  if (!part.whole() && pipelineBlocks(config) == 0) {
+    throw ConfigError(fmt::format("model.arch: {} cannot be built in parts (a pipeline stage)",
+                                  choiceName(config.arch)));
+  }
   switch (config.arch) {
     case ModelArch::simpleCnn: return std::make_shared<SimpleCnn>(config, input);
-    case ModelArch::resnet18: return std::make_shared<ResNet>(18, config, input);
-    case ModelArch::resnet34: return std::make_shared<ResNet>(34, config, input);
-    case ModelArch::resnet50: return std::make_shared<ResNet>(50, config, input);
-    case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input);
-    case ModelArch::gpt: return createGpt(gptOptions(config, config.vocabSize));
+    case ModelArch::resnet18: return std::make_shared<ResNet>(18, config, input, part);
+    case ModelArch::resnet34: return std::make_shared<ResNet>(34, config, input, part);
+    case ModelArch::resnet50: return std::make_shared<ResNet>(50, config, input, part);
+    case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input, part);
+    case ModelArch::gpt: return createGpt(gptOptions(config, config.vocabSize), part);
     case ModelArch::torchscript: return loadScriptedModel(config.path);
   }
   throw ConfigError(fmt::format("model.arch: unknown architecture ({})", static_cast<int>(config.arch)));
@@ -66,11 +71,12 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input)
 
 }  // namespace
 
-std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input) {
+std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input,
+                                   const ModelPart& part) {
   if (input.channels < 1 && config.arch != ModelArch::gpt && config.arch != ModelArch::torchscript) {
     throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
   }
-  std::shared_ptr<Model> model = build(config, input);
+  std::shared_ptr<Model> model = build(config, input, part);
   // Measured on CPU (docs/benchmarks.md): NHWC makes the small network's
   // max-pool and BatchNorm several times faster, and the ResNets slower.
   const bool channelsLast =
@@ -99,6 +105,15 @@ void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin) 
                dict.end());
   }
   ckpt::loadStateDict(model, dict, origin);
+}
+
+ckpt::StateDict partOfStateDict(const Model& part, ckpt::StateDict dict) {
+  std::set<std::string> held;
+  for (const auto& [name, t] : ckpt::stateDict(part)) held.insert(name);
+  for (const auto& [alias, name] : part.tiedNames()) held.insert(alias);
+  dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return held.count(e.first) == 0; }),
+             dict.end());
+  return dict;
 }
 
 int64_t parameterCount(const torch::nn::Module& module) {

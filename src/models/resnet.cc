@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+
 #include "cohort/core/error.h"
 #include "models/recompute.h"
 
@@ -52,7 +54,8 @@ at::Tensor ResidualBlock::forward(const at::Tensor& x) {
   return torch::relu(out + identity);
 }
 
-ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInput_(c.smallInput), recompute_(c.recompute == Recompute::blocks) {
+ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in, const ModelPart& part)
+    : part_(part), smallInput_(c.smallInput), recompute_(c.recompute == Recompute::blocks) {
   std::vector<int64_t> blocks;
   bool bottleneck = depth >= 50;
   switch (depth) {
@@ -68,16 +71,43 @@ ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInp
         "model.arch: resnet{} needs inputs of at least {}x{} px, got {}x{}{}", depth, minSize,
         minSize, in.height, in.width, smallInput_ ? "" : " (model.small_input: true suits 28-64 px)"));
   }
-  if (smallInput_) {
-    conv1_ = register_module("conv1", conv(in.channels, 64, 3, 1));
-  } else {
-    conv1_ = register_module(
-        "conv1", nn::Conv2d(nn::Conv2dOptions(in.channels, 64, 7).stride(2).padding(3).bias(false)));
+  const int64_t end = part.endBlock < 0 ? 4 : part.endBlock;
+  if (part.firstBlock < 0 || part.firstBlock >= end || end > 4) {
+    throw ConfigError(fmt::format("model.arch: layer groups [{}, {}) are not a part of resnet{} (4 "
+                                  "groups)",
+                                  part.firstBlock, end, depth));
   }
-  bn1_ = register_module("bn1", nn::BatchNorm2d(64));
+  // Every unit is built in torchvision's order, whether this part keeps it
+  // or not (exact parts), so that the random numbers Conv2d's and Linear's
+  // default initialization draw are drawn alike; the shapes of the
+  // convolution weights of the whole model are kept, in modules() order,
+  // for the initialization below.
+  const bool exact = part.exact;
+  std::vector<std::vector<int64_t>> convShapes;
+  std::vector<at::Tensor> keptConvs;  // per entry of convShapes: the weight, or undefined
+  auto note = [&](nn::Module& unit, bool keep) {
+    for (auto& m : unit.modules(/*include_self=*/true)) {
+      if (auto* cv = m->as<nn::Conv2d>()) {
+        convShapes.push_back(cv->weight.sizes().vec());
+        keptConvs.push_back(keep ? cv->weight : at::Tensor());
+      }
+    }
+  };
+  const int64_t inPlanesStem = 64;
+  if (part.input || exact) {
+    nn::Conv2d stem = smallInput_
+                          ? conv(in.channels, inPlanesStem, 3, 1)
+                          : nn::Conv2d(nn::Conv2dOptions(in.channels, inPlanesStem, 7).stride(2).padding(3).bias(false));
+    nn::BatchNorm2d bn(inPlanesStem);
+    note(*stem, part.input);
+    if (part.input) {
+      conv1_ = register_module("conv1", stem);
+      bn1_ = register_module("bn1", bn);
+    }
+  }
 
   const int64_t expansion = bottleneck ? 4 : 1;
-  int64_t inPlanes = 64;
+  int64_t inPlanes = inPlanesStem;
   auto makeLayer = [&](int64_t planes, int64_t count, int64_t stride) {
     nn::Sequential layer;
     for (int64_t i = 0; i < count; ++i) {
@@ -87,31 +117,50 @@ ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in) : smallInp
     }
     return layer;
   };
-  layer1_ = register_module("layer1", makeLayer(64, blocks[0], 1));
-  layer2_ = register_module("layer2", makeLayer(128, blocks[1], 2));
-  layer3_ = register_module("layer3", makeLayer(256, blocks[2], 2));
-  layer4_ = register_module("layer4", makeLayer(512, blocks[3], 2));
-  fc_ = register_module("fc", nn::Linear(512 * expansion, c.numClasses));
+  const std::array<int64_t, 4> planes{64, 128, 256, 512};
+  for (int64_t g = 0; g < 4; ++g) {
+    const bool keep = part.holds(g, 4);
+    if (!keep && !exact) {
+      inPlanes = planes[static_cast<size_t>(g)] * expansion;
+      continue;
+    }
+    nn::Sequential layer = makeLayer(planes[static_cast<size_t>(g)], blocks[static_cast<size_t>(g)],
+                                     g == 0 ? 1 : 2);
+    note(*layer, keep);
+    if (keep) layers_.push_back(register_module(fmt::format("layer{}", g + 1), layer));
+  }
+  if (part.output || exact) {
+    nn::Linear fc(512 * expansion, c.numClasses);
+    if (part.output) fc_ = register_module("fc", fc);
+  }
 
   // torchvision's initialization: He-normal (fan_out) convolutions, BatchNorm
-  // at identity; the classifier keeps Linear's default.
+  // at identity; the classifier keeps Linear's default. A convolution this
+  // part does not keep draws into a scratch tensor of its shape.
   torch::NoGradGuard g;
-  for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* cv = m->as<nn::Conv2d>()) {
-      nn::init::kaiming_normal_(cv->weight, 0.0, torch::kFanOut, torch::kReLU);
-    }
+  for (size_t k = 0; k < convShapes.size(); ++k) {
+    at::Tensor w = keptConvs[k].defined() ? keptConvs[k] : at::empty(convShapes[k]);
+    nn::init::kaiming_normal_(w, 0.0, torch::kFanOut, torch::kReLU);
   }
 }
 
 at::Tensor ResNet::forward(const at::Tensor& input) {
-  at::Tensor x = torch::relu(bn1_(conv1_(inLayout(input))));
-  if (!smallInput_) x = torch::max_pool2d(x, 3, 2, 1);
-  for (nn::Sequential* stage : {&layer1_, &layer2_, &layer3_, &layer4_}) {
-    x = recompute_ && is_training()
-            ? recomputed([s = *stage](const at::Tensor& in) mutable { return s->forward(in); }, x,
-                         (*stage)->buffers())
-            : (*stage)->forward(x);
+  at::Tensor x = inLayout(input);
+  if (part_.input) {
+    x = torch::relu(bn1_(conv1_(x)));
+    if (!smallInput_) x = torch::max_pool2d(x, 3, 2, 1);
+  } else if (x.dim() != 4) {
+    throw DataError(fmt::format("resnet: a stage from layer group {} expects activations [batch, "
+                                "channels, height, width], got {} dimension(s)",
+                                part_.firstBlock + 1, x.dim()));
   }
+  for (nn::Sequential& stage : layers_) {
+    x = recompute_ && is_training()
+            ? recomputed([s = stage](const at::Tensor& in) mutable { return s->forward(in); }, x,
+                         stage->buffers())
+            : stage->forward(x);
+  }
+  if (!part_.output) return x;
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc_(x);
 }

@@ -25,16 +25,19 @@ class ResidualBlock : public torch::nn::Module {
 
 class ResNet : public Model {
  public:
-  // depth: 18, 34, 50 or 101.
-  ResNet(int depth, const ModelConfig& config, const InputShape& input);
+  // depth: 18, 34, 50 or 101. `part`: blocks are the layer groups
+  // layer1..layer4; the stem is the input, pooling and fc the output.
+  ResNet(int depth, const ModelConfig& config, const InputShape& input, const ModelPart& part = {});
   at::Tensor forward(const at::Tensor& x) override;
 
  private:
+  ModelPart part_;
   bool smallInput_;
   bool recompute_;  // model.recompute: blocks, per stage (layer1..layer4)
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
-  torch::nn::Sequential layer1_{nullptr}, layer2_{nullptr}, layer3_{nullptr}, layer4_{nullptr};
+  // The kept layer groups, in order (all four for the whole model).
+  std::vector<torch::nn::Sequential> layers_;
   torch::nn::Linear fc_{nullptr};
 };
 

@@ -44,7 +44,8 @@ inline constexpr const char* kTiedHeadName = "lm_head.weight";
 GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize);
 
 // Throws ConfigError naming the model.* key when the options cannot work
-// (n_embd not divisible by n_head, a size < 1).
-std::shared_ptr<Model> createGpt(const GptOptions& options);
+// (n_embd not divisible by n_head, a size < 1). `part`: only those blocks
+// (models/model.h); the whole model by default.
+std::shared_ptr<Model> createGpt(const GptOptions& options, const ModelPart& part = {});
 
 }  // namespace cohort::models

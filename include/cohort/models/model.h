@@ -35,7 +35,7 @@ class Model : public torch::nn::Module {
   // whole forward. None (the default): the whole model is one unit.
   virtual std::vector<std::string> shardingUnits() const { return {}; }
   // The runner compute() and inUnit() go through; nullptr: none. The
-  // runner must outlive its use here (ddp::ShardedUnits unsets it).
+  // runner must outlive its use here (parallel::ShardedUnits unsets it).
   void setUnitRunner(UnitRunner* runner) { runner_ = runner; }
 
   // Whether images and 4-D weights are kept channels-last (NHWC in memory,
@@ -66,12 +66,42 @@ struct InputShape {
   int64_t width = 0;
 };
 
+// The part of a model one process builds: consecutive blocks of those a
+// pipeline splits (config/job.h, pipelineBlocks: gpt's transformer blocks,
+// a ResNet's layer groups), with the model's input layers (the embeddings,
+// the stem) and its output layers (the final norm and the head tied to the
+// token embedding, which that part then holds too; pooling and the
+// classifier). Its forward maps what the part before it returns (or the
+// model's input) to what the part after it takes (or the logits). Tensor
+// names are the whole model's, so the parts' state dicts put together are
+// the whole model's.
+struct ModelPart {
+  int64_t firstBlock = 0;
+  int64_t endBlock = -1;  // one past the last block; -1: through the model's last
+  bool input = true;
+  bool output = true;
+  // true: every random number the whole model draws is drawn, in its order,
+  // so that the part's tensors are exactly the whole model's of the same
+  // seed (every block is built once, one at a time, and dropped unless
+  // kept). false: only the part is built, from the generator as it is (to
+  // time a block, not to train it).
+  bool exact = true;
+  bool whole() const { return firstBlock == 0 && endBlock < 0 && input && output; }
+  // Whether block `b` of `blocks` is in the part.
+  bool holds(int64_t b, int64_t blocks) const {
+    return b >= firstBlock && b < (endBlock < 0 ? blocks : endBlock);
+  }
+};
+
 // Builds the network `config` names for inputs of `input` shape (images;
 // the GPT takes its sizes from `config` alone, model.vocab_size resolved), with
 // weights initialized from the current torch seed, in the memory format
-// config.memory_format resolves to. Throws ConfigError when
-// the configuration cannot work (e.g. an input too small for the network).
-std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input);
+// config.memory_format resolves to; only `part` of it (the whole model by
+// default), holding no more than the part and one block besides at any
+// time. Throws ConfigError when the configuration cannot work (e.g. an input
+// too small for the network, a part of a model that has no blocks).
+std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input,
+                                   const ModelPart& part = {});
 
 // The state dict PyTorch's module of the same architecture has:
 // ckpt::stateDict plus the second names of tied tensors. model/final.pt.
@@ -81,6 +111,11 @@ ckpt::StateDict publishedStateDict(const Model& model);
 // dropping the second names of tied tensors, which a published state dict
 // or PyTorch's holds. Throws DataError naming `origin`.
 void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin);
+
+// The entries of `dict` (a whole model's state dict) that `part` holds, by
+// name (with the second names of its tied tensors), for loadWeights: the
+// rest of the model is other parts'.
+ckpt::StateDict partOfStateDict(const Model& part, ckpt::StateDict dict);
 
 // Parameter count (trainable and not), for logs and tests.
 int64_t parameterCount(const torch::nn::Module& module);
