@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "cohort/comm/comm.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 #include "util/process.h"
 
 using Clock = std::chrono::steady_clock;
@@ -91,10 +91,10 @@ int worker(double budget, int machines) {
     // call starts together on every rank (a barrier).
     at::Tensor t = torch::ones({floats});
     auto module = std::make_shared<Params>(floats);
-    ddp::DdpOptions dopts;
+    parallel::DdpOptions dopts;
     dopts.bucketCapMb = double(bytes) / (1 << 20) + 1;
     dopts.divideGradients = false;  // as the trainer runs it: the loss carries 1 / world
-    ddp::DistributedDataParallel d(module, c, dopts);
+    parallel::DistributedDataParallel d(module, c, dopts);
     auto rawOnce = [&] {
       std::vector<at::Tensor> v{t};
       comm::barrier(c, "align");
@@ -136,11 +136,11 @@ int worker(double budget, int machines) {
       const double pathP99 = percentile(path, 0.99);
       const double n = o.worldSize;
       const double busFactor = 2 * (n - 1) / n;
-      const ddp::DdpStats stats = d.stats();
+      const parallel::DdpStats stats = d.stats();
       nlohmann::json j = {{"bench", "allreduce"},
                           {"world", o.worldSize},
                           {"machines", stats.machines},
-                          {"exchange", ddp::exchangeName(stats.exchange)},
+                          {"exchange", parallel::exchangeName(stats.exchange)},
                           {"bytes", bytes},
                           {"raw_p50_ms", 1e3 * rawP50},
                           {"raw_p99_ms", 1e3 * rawP99},

@@ -40,6 +40,10 @@ std::string optimizerFile(bool sharded, int rank) {
 
 std::string modelPartFile(int rank) { return fmt::format("model-{}.bin", rank); }
 
+std::string stageFile(int stage, int stages, const std::string& name) {
+  return stages > 1 ? fmt::format("stage{}-{}", stage, name) : name;
+}
+
 std::vector<SnapshotItem> rankStateItems(const std::vector<SnapshotItem>& modelItems,
                                          bool ownBuffers) {
   std::vector<SnapshotItem> items{{kRng, rngStateLater()}};

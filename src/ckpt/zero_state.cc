@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
+#include <set>
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/rank_state.h"
@@ -25,26 +27,58 @@ at::Tensor memoryOrder(const at::Tensor& t) {
 
 std::vector<int64_t> ints(const nlohmann::json& j) { return jsonInts<int64_t>(j); }
 
+// What a checkpoint holds of one pipeline stage (of the whole model without
+// a pipeline): its files' names and its ZeRO layout (extra.zero, or a
+// pipeline's extra.pipeline.stage_zero[stage]; null without ZeRO).
+struct Stage {
+  int stage = 0;
+  int stages = 1;
+  nlohmann::json zero;
+  std::string file(const std::string& name) const { return stageFile(stage, stages, name); }
+};
+
+int stagesOf(const Manifest& m) {
+  return m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
+}
+
+Stage stageOf(const std::string& dir, const Manifest& m, int stage) {
+  Stage s;
+  s.stages = stagesOf(m);
+  s.stage = stage;
+  if (s.stages == 1) {
+    if (m.extra.contains("zero")) s.zero = m.extra["zero"];
+    return s;
+  }
+  const nlohmann::json& layouts = m.extra["pipeline"].value("stage_zero", nlohmann::json());
+  if (layouts.is_array()) {
+    if (stage >= static_cast<int>(layouts.size())) {
+      throw DataError(fmt::format("{}/manifest.json: extra.pipeline.stage_zero has no stage {}", dir, stage));
+    }
+    s.zero = layouts[static_cast<size_t>(stage)];
+  }
+  return s;
+}
+
 // A sharded checkpoint's layout (extra.zero) and every rank's parts of one
 // kind of file, by name ("part<k>..."), read from `file(r)`.
 struct Parts {
   const nlohmann::json& z;
   int world = 0;
   std::string dir;
-  std::string (*file)(int) = nullptr;
+  std::function<std::string(int)> file;
   std::vector<std::map<std::string, at::Tensor>> byRank;
 };
 
-Parts readParts(const std::string& dir, const Manifest& m, std::string (*file)(int)) {
-  const nlohmann::json& z = m.extra["zero"];
+Parts readParts(const std::string& dir, const Stage& stage, std::function<std::string(int)> file) {
+  const nlohmann::json& z = stage.zero;
   if (!z.contains("world_size") || !z.contains("buckets") || !z.contains("params")) {
     throw DataError(fmt::format("{}/manifest.json: extra.zero lacks world_size, buckets or params "
                                 "(written by an older cohort?)", dir));
   }
-  Parts p{z, jsonInt<int>(z["world_size"]), dir, file, {}};
+  Parts p{z, jsonInt<int>(z["world_size"]), dir, std::move(file), {}};
   p.byRank.resize(static_cast<size_t>(p.world));
   for (int r = 0; r < p.world; ++r) {
-    for (auto& [name, t] : readTensorFile(dir + "/" + file(r)).tensors) p.byRank[static_cast<size_t>(r)][name] = t;
+    for (auto& [name, t] : readTensorFile(dir + "/" + p.file(r)).tensors) p.byRank[static_cast<size_t>(r)][name] = t;
   }
   return p;
 }
@@ -89,16 +123,43 @@ void unpackBucket(const Parts& p, size_t k, const std::string& key, const std::s
   }
 }
 
-std::string shardedOptimizerFile(int rank) { return optimizerFile(true, rank); }
+// The stages' dicts as one, each name once (the first stage's of a tensor
+// two stages hold), in stage order.
+StateDict merged(const std::string& dir, const Manifest& m,
+                 StateDict (*one)(const std::string&, const Manifest&, int)) {
+  const int stages = stagesOf(m);
+  if (stages == 1) return one(dir, m, 0);
+  StateDict all;
+  std::set<std::string> names;
+  for (int s = 0; s < stages; ++s) {
+    for (auto& [name, t] : one(dir, m, s)) {
+      if (names.insert(name).second) all.emplace_back(name, t);
+    }
+  }
+  return all;
+}
 
 }  // namespace
 
 StateDict wholeOptimizerState(const std::string& dir, const Manifest& m) {
-  if (!m.extra.contains("zero")) {
-    const std::string file = dir + "/" + optimizerFile(false, 0);
+  return merged(dir, m, stageOptimizerState);
+}
+
+StateDict checkpointModel(const std::string& dir, const Manifest& m) {
+  return merged(dir, m, stageModel);
+}
+
+nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int stage) {
+  return stageOf(dir, m, stage).zero;
+}
+
+StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage) {
+  const Stage st = stageOf(dir, m, stage);
+  if (st.zero.is_null()) {
+    const std::string file = dir + "/" + st.file(optimizerFile(false, 0));
     return readTensorFile(file).tensors;
   }
-  const Parts parts = readParts(dir, m, shardedOptimizerFile);
+  const Parts parts = readParts(dir, st, [&](int r) { return st.file(optimizerFile(true, r)); });
   StateDict whole;
   for (size_t k = 0; k < parts.z["buckets"].size(); ++k) {
     const std::string part = fmt::format("part{}", k);
@@ -113,10 +174,11 @@ StateDict wholeOptimizerState(const std::string& dir, const Manifest& m) {
   return whole;
 }
 
-StateDict checkpointModel(const std::string& dir, const Manifest& m) {
-  StateDict rest = readTensorFile(dir + "/model.bin").tensors;
-  if (!m.extra.contains("zero") || !m.extra["zero"].value("model_parts", false)) return rest;
-  const Parts parts = readParts(dir, m, modelPartFile);
+StateDict stageModel(const std::string& dir, const Manifest& m, int stage) {
+  const Stage st = stageOf(dir, m, stage);
+  StateDict rest = readTensorFile(dir + "/" + st.file("model.bin")).tensors;
+  if (st.zero.is_null() || !st.zero.value("model_parts", false)) return rest;
+  const Parts parts = readParts(dir, st, [&](int r) { return st.file(modelPartFile(r)); });
   StateDict whole;
   for (size_t k = 0; k < parts.z["buckets"].size(); ++k) {
     unpackBucket(parts, k, fmt::format("part{}", k), "", whole);
@@ -127,14 +189,14 @@ StateDict checkpointModel(const std::string& dir, const Manifest& m) {
   for (const auto& name : parts.z.value("model_order", nlohmann::json::array())) {
     auto it = byName.find(name.get<std::string>());
     if (it == byName.end()) {
-      throw DataError(fmt::format("{}: '{}' is in neither model.bin nor the parameter parts "
-                                  "(extra.zero.model_order)", dir, name.get<std::string>()));
+      throw DataError(fmt::format("{}: '{}' is in neither {} nor the parameter parts "
+                                  "(extra.zero.model_order)", dir, name.get<std::string>(), st.file("model.bin")));
     }
     out.emplace_back(it->first, it->second);
   }
   if (out.size() != byName.size()) {
-    throw DataError(fmt::format("{}: model.bin and the parameter parts hold {} tensors, "
-                                "extra.zero.model_order names {}", dir, byName.size(), out.size()));
+    throw DataError(fmt::format("{}: {} and the parameter parts hold {} tensors, "
+                                "extra.zero.model_order names {}", dir, st.file("model.bin"), byName.size(), out.size()));
   }
   return out;
 }

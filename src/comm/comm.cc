@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <map>
 
 #include "cohort/core/error.h"
@@ -150,6 +151,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::str
     }
     throw CommError(fmt::format("rank {}: cannot build the process group {}: {}", comm.rank, name, m));
   }
+}
+
+Comm subgroup(const Comm& world, const std::string& name, const std::vector<int>& members) {
+  const auto at = std::find(members.begin(), members.end(), world.rank);
+  COHORT_ASSERT(at != members.end(), "rank ", world.rank, " forms group ", name, " without being in it");
+  Comm c = world;
+  c.rank = static_cast<int>(at - members.begin());
+  c.worldSize = static_cast<int>(members.size());
+  c.jobRanks.clear();
+  for (int m : members) c.jobRanks.push_back(world.jobRank(m));
+  c.pg = newGroup(world, name, c.rank, c.worldSize);
+  const std::string keys = "group/" + name + "/kv";
+  c.store = c10::make_intrusive<c10d::PrefixStore>(keys, world.store);
+  c.storePrefix = world.storePrefix + "/" + keys;
+  return c;
 }
 
 c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm) {

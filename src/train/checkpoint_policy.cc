@@ -23,22 +23,25 @@
 
 namespace cohort::train::detail {
 
-CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
-                                   const RunDir& runDir, models::Model& model,
-                                   torch::optim::Optimizer& optimizer,
+CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& plan,
+                                   const RunDir& runDir, torch::optim::Optimizer& optimizer,
                                    const std::vector<std::string>& paramNames,
-                                   const StepPlan& plan)
+                                   const StepPlan& steps)
     : job_(job),
-      rank_(comm.rank),
-      world_(comm.worldSize),
-      localRank_(comm.localRank),
+      rank_(plan.mesh().world.rank),
+      world_(plan.mesh().world.worldSize),
+      localRank_(plan.mesh().world.localRank),
+      role_(plan.checkpointRole()),
+      dataWorld_(plan.dataWorld()),
       heldDir_(env::elasticStateDir().value_or("")),
-      epochPlan_(plan),
-      stop_(comm, job.checkpoint.enabled || !heldDir_.empty()),
+      epochPlan_(steps),
+      stop_(plan.mesh().world, job.checkpoint.enabled || !heldDir_.empty()),
       arch_(choiceName(job.model.arch)),
       sharded_(job.distribution.zero > 0),
       jobHash_(jobHash(job)),
       optimizerCache_(optimizer, paramNames) {
+  const comm::Comm& comm = plan.mesh().world;
+  const models::Model& model = plan.model();
   const CheckpointConfig& cc = job.checkpoint;
   manifestExtra_ = {{"job", toYaml(job)}};
   std::set<const void*> buffers;
@@ -72,14 +75,14 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
     co.manifestExtra["encryption"] = {{"algorithm", "AES-256-GCM"}, {"key_id", keys->current.id}};
   }
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);
-  if (rank_ == 0 || sharded_) {
-    // Model (rank 0; at ZeRO stage 3 all but the trainable parameters, of
-    // which every rank writes its parts), and optimizer state of about one
-    // (sgd) or two (adamw) copies of what the optimizer steps (with ZeRO,
-    // this rank's part), plus room for headers and alignment.
+  if (role_.writesShared || sharded_) {
+    // Model (the stage's data rank 0; at ZeRO stage 3 all but the trainable
+    // parameters, of which every rank writes its parts), and optimizer state
+    // of about one (sgd) or two (adamw) copies of what the optimizer steps
+    // (with ZeRO, this rank's part), plus room for headers and alignment.
     const bool partsOfParameters = job.distribution.zero == 3;
     uint64_t bytes = 0, params = 0;
-    if (rank_ == 0) {
+    if (role_.writesShared) {
       for (const auto& [n, t] : models::trainedState(model)) {
         if (!(partsOfParameters && t.requires_grad())) bytes += t.nbytes();
       }
@@ -94,7 +97,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const comm::Comm& comm,
   }
 }
 
-void CheckpointPolicy::writeParametersInParts(const ddp::DistributedDataParallel& ddp) {
+void CheckpointPolicy::writeParametersInParts(const parallel::DistributedDataParallel& ddp) {
   std::set<std::string> inParts;
   for (const auto& names : ddp.bucketParameterNames()) inParts.insert(names.begin(), names.end());
   nlohmann::json order = nlohmann::json::array();
@@ -124,7 +127,8 @@ ckpt::Manifest CheckpointPolicy::manifestAt(int64_t step, int64_t epoch, int64_t
   // Positions of the epoch's order consumed by all ranks (StepPlan,
   // DistributedSampler): a resume on any world size or batch size goes on
   // from there (train/detail/setup.h, resumePosition).
-  m.samplesInEpoch = epochFrom_ + std::min(epochPlan_.perRank, micro * epochPlan_.batchSize) * world_;
+  m.samplesInEpoch =
+      epochFrom_ + std::min(epochPlan_.perRank, micro * epochPlan_.batchSize) * dataWorld_;
   m.worldSize = world_;
   m.jobHash = jobHash_;
   m.extra = {{"lr", lr},
@@ -140,7 +144,11 @@ ckpt::Manifest CheckpointPolicy::manifestAt(int64_t step, int64_t epoch, int64_t
     const LossScaler::State s = scaler_->state();
     m.extra["loss_scale"] = {{"scale", s.scale}, {"good_steps", s.goodSteps}};
   }
-  if (!zero_.is_null()) m.extra["zero"] = zero_;
+  if (!pipeline_.is_null()) {
+    m.extra["pipeline"] = pipeline_;
+  } else if (!zero_.is_null()) {
+    m.extra["zero"] = zero_;
+  }
   return m;
 }
 
@@ -149,12 +157,14 @@ std::vector<ckpt::SnapshotFile> CheckpointPolicy::filesOf(bool writesShared) {
   std::vector<ckpt::SnapshotFile> files;
   // The lists of live tensors are built once (again only when the
   // optimizer's set of states changes): marking costs no copy of them.
+  auto named = [&](const std::string& name) { return ckpt::stageFile(role_.stage, role_.stages, name); };
   if (writesShared) {
-    files.emplace_back("model.bin", modelList_, nlohmann::json{{"kind", "model"}, {"arch", arch_}});
+    files.emplace_back(named("model.bin"), modelList_,
+                       nlohmann::json{{"kind", "model"}, {"arch", arch_}});
   }
   if (partList_) {
-    files.emplace_back(ckpt::modelPartFile(rank_), partList_,
-                       nlohmann::json{{"kind", "model parts"}, {"rank", rank_}});
+    files.emplace_back(named(ckpt::modelPartFile(role_.dataRank)), partList_,
+                       nlohmann::json{{"kind", "model parts"}, {"rank", role_.dataRank}});
   }
   if (writesShared || sharded_) {
     const auto& state = optimizerCache_.get();
@@ -165,8 +175,8 @@ std::vector<ckpt::SnapshotFile> CheckpointPolicy::filesOf(bool writesShared) {
       optimizerGeneration_ = optimizerCache_.generation();
     }
     // ZeRO: every rank writes the state of its parts (ckpt::optimizerFile).
-    files.emplace_back(ckpt::optimizerFile(sharded_, rank_), optimizerList_,
-                       nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}, {"rank", rank_}});
+    files.emplace_back(named(ckpt::optimizerFile(sharded_, role_.dataRank)), optimizerList_,
+                       nlohmann::json{{"kind", "optimizer"}, {"name", optimizerName}, {"rank", role_.dataRank}});
   }
   // Buffers differ per rank when they are not broadcast.
   files.emplace_back(ckpt::rankStateFile(rank_),
@@ -180,7 +190,8 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   const auto since = SteadyClock::now();
   monitor::setPhase(monitor::Phase::checkpoint);
   monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
-  const bool taken = checkpointer_->mark(manifestAt(step, epoch, micro, lr), filesOf(rank_ == 0), since);
+  const bool taken =
+      checkpointer_->mark(manifestAt(step, epoch, micro, lr), filesOf(role_.writesShared), since);
   reporter.board(step, {{"checkpoint/blocked_ms", 1000 * secondsSince(since)}});
   return taken;
 }

@@ -9,24 +9,41 @@
 
 namespace cohort::train::detail {
 
-monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
-                             const data::DistributedSampler& sampler, const comm::Comm& comm,
-                             Precision precision) {
+namespace {
+
+// The forward of evaluation: this rank's part in `precision`.
+class EvalOps : public parallel::MicroBatchOps {
+ public:
+  EvalOps(Precision precision, c10::Device device) : precision_(precision), device_(device) {}
+  at::Tensor forward(models::Model& model, const at::Tensor& input, size_t) override {
+    AutocastScope autocast(precision_, device_);
+    return model.compute(input.to(device_));
+  }
+  Loss loss(const at::Tensor&, size_t) override { return {}; }
+
+ private:
+  Precision precision_;
+  c10::Device device_;
+};
+
+}  // namespace
+
+monitor::EvalRecord evaluate(parallel::Plan& plan, data::BatchLoader& loader,
+                             const data::DistributedSampler& sampler, Precision precision) {
   torch::NoGradGuard noGrad;
-  model.eval();
+  const comm::Comm& comm = plan.mesh().world;
+  plan.model().eval();
+  EvalOps ops(precision, comm.device);
   loader.startEpoch(sampler.indices(0), 0);
   double lossSum = 0, correct1 = 0, correct5 = 0, count = 0, samples = 0;
   bool perToken = false;
   const c10::Device device = comm.device;
   while (auto batch = loader.next()) {
+    at::Tensor logits = plan.evalForward(batch->inputs, ops);
+    if (!plan.holdsOutput()) continue;  // an earlier pipeline stage: passed on
     // Predictions [N, classes] against labels [N]: a language model's
     // [B, T, vocab] logits are B x T predictions.
     const at::Tensor labels = batch->labels.to(device).flatten();
-    at::Tensor logits;
-    {
-      AutocastScope autocast(precision, device);
-      logits = model.compute(batch->inputs.to(device));
-    }
     perToken = logits.dim() == 3;
     logits = logits.to(at::kFloat).flatten(0, logits.dim() - 2);
     const int64_t k = std::min<int64_t>(5, logits.size(1));

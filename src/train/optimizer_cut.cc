@@ -23,7 +23,7 @@ std::string describeLayout(const nlohmann::json& z) {
 
 }  // namespace
 
-nlohmann::json zeroLayout(const JobConfig& job, const ddp::DistributedDataParallel& ddp,
+nlohmann::json zeroLayout(const JobConfig& job, const parallel::DistributedDataParallel& ddp,
                           const models::Model& model, int worldSize) {
   nlohmann::json params = nlohmann::json::object();
   for (const auto& [name, p] : models::trainableParameters(model)) {
@@ -36,10 +36,10 @@ nlohmann::json zeroLayout(const JobConfig& job, const ddp::DistributedDataParall
 }
 
 void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
-                      const ddp::DistributedDataParallel& ddp, const models::Model& model,
+                      const parallel::DistributedDataParallel& ddp, const models::Model& model,
                       const nlohmann::json& layout, const std::string& dir,
-                      const ckpt::Manifest& m, int rank) {
-  const nlohmann::json was = m.extra.contains("zero") ? m.extra["zero"] : nlohmann::json();
+                      const ckpt::Manifest& m, const parallel::CheckpointRole& role) {
+  const nlohmann::json was = ckpt::stageZeroLayout(dir, m, role.stage);
   const bool sharded = !layout.is_null();
   // The parts, whatever the stage: the world size, the buckets and each
   // parameter's layout (a part holds elements in memory order).
@@ -49,7 +49,8 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
                          : nlohmann::json();
   };
   if (cut(was) == cut(layout)) {
-    const std::string file = dir + "/" + ckpt::optimizerFile(sharded, rank);
+    const std::string file =
+        dir + "/" + ckpt::stageFile(role.stage, role.stages, ckpt::optimizerFile(sharded, role.dataRank));
     loadOptimizerState(optimizer, names, ckpt::readTensorFile(file).tensors, file);
     return;
   }

@@ -28,8 +28,8 @@ monitor::ProgressMode progressMode(ProgressStyle style, bool terminal) {
 }  // namespace
 
 Reporter::Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-                   const data::BatchLoader& loader, const PhaseTimes& phases)
-    : job_(job), comm_(comm), loader_(loader), phases_(phases) {
+                   const data::BatchLoader& loader, const PhaseTimes& phases, int stages)
+    : job_(job), comm_(comm), loader_(loader), phases_(phases), stages_(stages) {
   if (comm.rank != 0) return;
   metrics_ = std::make_unique<monitor::MetricsWriter>(runDir.metrics());
   if (job.output.tensorboard) {
@@ -101,7 +101,8 @@ void Reporter::stepDone(int64_t step, int64_t epoch, double lr) {
   } else if (progress_) {
     const double elapsed = secondsSince(epochStart_);
     progress_->update(epochSteps_, epochLossSum_ / std::max<int64_t>(1, epochLossCount_),
-                      elapsed > 0 ? double(epochImages_) * comm_.worldSize / elapsed : NAN, false);
+                      elapsed > 0 ? double(epochImages_) * comm_.worldSize / stages_ / elapsed : NAN,
+                      false);
   }
 }
 
@@ -142,7 +143,7 @@ void Reporter::record(int64_t step, int64_t epoch, double lr) {
   r.epoch = epoch;
   r.loss = a[0] / std::max(1.0, a[1]);
   r.lr = lr;
-  r.imagesPerS = a[3] > 0 ? a[4] / (a[3] / world) : 0;
+  r.imagesPerS = a[3] > 0 ? a[4] / stages_ / (a[3] / world) : 0;
   if (tokenModel(job_)) r.tokensPerS = r.imagesPerS * double(job_.model.blockSize);
   r.dataWaitFrac = a[3] > 0 ? a[2] / a[3] : 0;
   r.corruptSkipped = static_cast<int64_t>(a[5]);

@@ -16,9 +16,11 @@
 #include "cohort/core/log.h"
 #include "cohort/data/transform.h"
 #include "cohort/models/lora.h"
+#include "cohort/security/keys.h"
 #include "cohort/storage/storage.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/precision.h"
+#include "cohort/train/trainer.h"
 #include "core/detail/json_int.h"
 
 namespace cohort::train::detail {
@@ -96,7 +98,7 @@ Datasets openDatasets(const JobConfig& job) {
 }
 
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
-                      const std::string& resumeFrom) {
+                      const std::string& resumeFrom, const models::ModelPart& part, int stage) {
   const data::SampleShape& shape = data.shape;
   ModelSetup s;
   // Identical initialization everywhere (rank 0's is broadcast anyway).
@@ -117,7 +119,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     }
   }
   if (mc.arch == ModelArch::torchscript && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
-  s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width});
+  s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, part);
   models::Model& model = *s.model;
   if (mc.arch == ModelArch::torchscript) probeScriptedModel(model, mc, data);
   const bool lora = mc.lora.rank > 0;
@@ -149,22 +151,30 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
                          fmt::format("{} tensors, {} values, digest {}", tensors, values, h.hex()));
   }
   if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
-    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
+    ckpt::StateDict weights = ckpt::readStateDict(mc.initFrom);
+    if (!part.whole()) weights = models::partOfStateDict(model, std::move(weights));
+    models::loadWeights(model, std::move(weights), mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
   if (!resumeFrom.empty()) {
-    // model.bin, with ZeRO stage 3's parameter parts put back together.
+    // model.bin (a pipeline stage's file), with ZeRO stage 3's parameter
+    // parts put back together.
     ckpt::loadStateDict(models::trainedState(model),
-                        ckpt::checkpointModel(resumeFrom, ckpt::readManifest(resumeFrom)),
-                        resumeFrom + "/model.bin");
+                        ckpt::stageModel(resumeFrom, ckpt::readManifest(resumeFrom), stage),
+                        resumeFrom + "/" + (part.whole() ? std::string("model.bin")
+                                                         : fmt::format("stage{}-model.bin", stage)));
   }
   model.to(comm.device);
   const TrainingConfig& tc = job.training;
   const PrecisionChoice precision = resolvePrecision(tc.precision, cpuInfo());
   s.precision = precision.precision;
   log::info("precision {} ({})", choiceName(s.precision), precision.reason);
-  const auto layout = chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height,
-                                         shape.width, comm, s.precision);
+  const MemoryFormatChoice layout =
+      part.whole() || mc.memoryFormat != MemoryLayout::automatic
+          ? chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height, shape.width, comm,
+                               s.precision)
+          : MemoryFormatChoice{model.channelsLast() ? "channels_last" : "contiguous",
+                               "a pipeline stage: the model's default (no trial input fits a stage)"};
   s.compute = observeCompute();
   s.compute.memoryFormat = layout.format;
   s.compute.memoryFormatReason = layout.reason;
@@ -177,16 +187,16 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   return s;
 }
 
-ddp::DdpOptions ddpOptions(const JobConfig& job) {
+parallel::DdpOptions ddpOptions(const JobConfig& job) {
   const DistributionConfig& dc = job.distribution;
-  ddp::DdpOptions o;
+  parallel::DdpOptions o;
   o.bucketCapMb = dc.bucketCapMb;
   o.findUnusedParameters = dc.findUnusedParameters;
   o.broadcastBuffers = dc.broadcastBuffers;
   o.divideGradients = false;
   o.sharedMemory = dc.sharedMemory;
   o.zeroStage = static_cast<int>(dc.zero);
-  using C = ddp::DdpOptions::Compression;
+  using C = parallel::DdpOptions::Compression;
   switch (dc.compression) {
     case GradCompression::none: o.compression = C::none; break;
     case GradCompression::fp16: o.compression = C::fp16; break;
@@ -195,13 +205,32 @@ ddp::DdpOptions ddpOptions(const JobConfig& job) {
   return o;
 }
 
-Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm& comm) {
+}  // namespace cohort::train::detail
+
+namespace cohort::train {
+
+parallel::MeshShape meshShape(const JobConfig& job) {
+  parallel::MeshShape shape;
+  shape.stages = static_cast<int>(job.distribution.pipeline.stages);
+  return shape;
+}
+
+}  // namespace cohort::train
+
+namespace cohort::train::detail {
+
+const security::Key* finalModelKey(const JobConfig& job) {
+  const security::Keyring* keys = security::installedKeyring();
+  return keys != nullptr && job.security.encryption.finalModel ? &keys->current : nullptr;
+}
+
+Loaders makeLoaders(const JobConfig& job, const Datasets& data, int dataRank, int dataWorld) {
   const TrainingConfig& tc = job.training;
   Loaders l;
   data::SamplerOptions so;
   so.size = data.train->size();
-  so.worldSize = comm.worldSize;
-  so.rank = comm.rank;
+  so.worldSize = dataWorld;
+  so.rank = dataRank;
   so.shuffle = true;
   so.seed = static_cast<uint64_t>(tc.seed);
   so.evenSplit = true;
@@ -211,7 +240,7 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm
   l.trainSampler = std::make_unique<data::DistributedSampler>(so);
   if (l.trainSampler->samplesPerRank() == 0) {
     throw DataError(fmt::format("{} training samples cannot be split over {} ranks",
-                                data.train->size(), comm.worldSize));
+                                data.train->size(), dataWorld));
   }
   data::LoaderOptions lo;
   lo.batchSize = tc.batchSize;
@@ -259,8 +288,8 @@ ResumeAt resumePosition(const ckpt::Manifest& m, const JobConfig& job, int world
   const bool sameLayout = m.worldSize == worldSize &&
                           jsonInt(m.extra, "epoch_start", int64_t{0}) == 0 &&
                           jsonInt(m.extra, "batch_size", job.training.batchSize) == job.training.batchSize &&
-                          jsonInt(m.extra, "accumulate", job.training.accumulateSteps) ==
-                              job.training.accumulateSteps;
+                          jsonInt(m.extra, "accumulate", microBatchesPerStep(job)) ==
+                              microBatchesPerStep(job);
   if (sameLayout) {
     at.batch = m.batchInEpoch;
     return at;
@@ -283,11 +312,16 @@ Cycle StepPlan::cycleOf(int64_t micro) const {
   return c;
 }
 
+int64_t microBatchesPerStep(const JobConfig& job) {
+  const PipelineConfig& pipe = job.distribution.pipeline;
+  return job.training.accumulateSteps * (pipe.stages > 1 ? pipe.microBatchCount() : 1);
+}
+
 StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize, int64_t perRankHere) {
   const TrainingConfig& tc = job.training;
   StepPlan p;
   p.batchSize = tc.batchSize;
-  p.accumulate = tc.accumulateSteps;
+  p.accumulate = microBatchesPerStep(job);
   p.perRank = perRank;
   p.perRankHere = perRankHere >= 0 ? perRankHere : perRank;
   p.batchesPerEpoch =
@@ -297,11 +331,11 @@ StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize, int64_t
         "each rank gets {} training samples, fewer than one batch of {} (data.drop_last is set)",
         perRank, tc.batchSize));
   }
-  p.stepsPerEpoch = (p.batchesPerEpoch + tc.accumulateSteps - 1) / tc.accumulateSteps;
+  p.stepsPerEpoch = (p.batchesPerEpoch + p.accumulate - 1) / p.accumulate;
   p.totalSteps = p.stepsPerEpoch * tc.epochs;
   if (tc.maxSteps > 0) p.totalSteps = std::min(p.totalSteps, tc.maxSteps);
   p.dropLast = job.data.dropLast;
-  p.globalBatch = tc.batchSize * worldSize * tc.accumulateSteps;
+  p.globalBatch = tc.batchSize * worldSize * p.accumulate;
   p.peakLr = peakLearningRate(tc.optimizer, p.globalBatch);
   return p;
 }

@@ -30,20 +30,19 @@ constexpr int64_t kMaxOverflowsInARow = 50;
 
 }  // namespace
 
-at::Tensor StepRunner::poisoned(const at::Tensor& inputs) {
+at::Tensor StepRunner::poisoned(models::Model& model, const at::Tensor& inputs) {
   if (inputs.is_floating_point()) {
-    return model_.compute(inputs * std::numeric_limits<float>::quiet_NaN());
+    return model.compute(inputs * std::numeric_limits<float>::quiet_NaN());
   }
-  // Token ids cannot be NaN: the logits are.
-  return model_.compute(inputs) * std::numeric_limits<float>::quiet_NaN();
+  // Token ids cannot be NaN: the outputs are.
+  return model.compute(inputs) * std::numeric_limits<float>::quiet_NaN();
 }
 
-StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
-                       ddp::DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer,
+StepRunner::StepRunner(const JobConfig& job, parallel::Plan& plan, torch::optim::Optimizer& optimizer,
                        const FaultPlan& faults, PhaseTimes& phases, Precision precision)
-    : comm_(comm),
-      model_(model),
-      ddp_(ddp),
+    : comm_(plan.mesh().world),
+      plan_(plan),
+      model_(plan.model()),
       optimizer_(optimizer),
       faults_(faults),
       phases_(phases),
@@ -54,9 +53,8 @@ StepRunner::StepRunner(const JobConfig& job, const comm::Comm& comm, models::Mod
   if (lossScalingOn(job.training.lossScale, precision)) scaler_.emplace(job.training.lossScale);
 }
 
-double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro,
-                              int64_t step) {
-  namespace F = torch::nn::functional;
+std::vector<double> StepRunner::round(const std::vector<data::Batch>& batches, const Cycle& cycle,
+                                      int64_t micro, int64_t step) {
   if (micro == cycle.first) {
     cycleLossNonfinite_ = false;
     if (skipNonfinite_ || scaler_) {
@@ -71,31 +69,57 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
   // mode no layer reads them, rank 0's are the ones checkpointed, and every
   // rank takes rank 0's before evaluation and the final save. The outputs
   // are those of a broadcast before each step, at no cost.
-  ddp_.setSyncGradients(cycle.last);
-  const auto t1 = SteadyClock::now();
+  batches_ = &batches;
+  cycle_ = cycle;
+  step_ = step;
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(batches.size());
+  for (const data::Batch& b : batches) inputs.push_back(b.inputs);
+  // The step's last round exchanges the gradients.
+  const bool exchange = micro + static_cast<int64_t>(batches.size()) == cycle.first + cycle.length;
+  parallel::RoundTimes times;
+  std::vector<double> losses = plan_.runRound(inputs, exchange, *this, times);
+  batches_ = nullptr;
+  phases_.backward += times.backward;
+  phases_.exposedComm += times.exposedComm;
+  phases_.pipelineWait += times.waiting;
+  phases_.pipelineTransfer += times.transfer;
+  return losses;
+}
+
+at::Tensor StepRunner::forward(models::Model& model, const at::Tensor& input, size_t /*micro*/) {
+  const auto start = SteadyClock::now();
   monitor::setPhase(monitor::Phase::forward);
+  at::Tensor output;
+  {
+    monitor::TimelineSpan span("forward", "compute");
+    at::Tensor x = input.to(comm_.device, /*non_blocking=*/true);
+    AutocastScope autocast(precision_, comm_.device);
+    output = faults_.poisonInputs(step_) ? poisoned(model, x) : model.compute(x);
+  }
+  phases_.forward += secondsSince(start);
+  return output;
+}
+
+parallel::MicroBatchOps::Loss StepRunner::loss(const at::Tensor& output, size_t micro) {
+  namespace F = torch::nn::functional;
+  const auto start = SteadyClock::now();
+  const data::Batch& batch = (*batches_)[micro];
   const int64_t n = batch.labels.size(0);
   at::Tensor loss;
   {
-    monitor::TimelineSpan span("forward", "compute");
-    at::Tensor inputs = batch.inputs.to(comm_.device, /*non_blocking=*/true);
-    at::Tensor logits;
-    {
-      AutocastScope autocast(precision_, comm_.device);
-      logits = faults_.poisonInputs(step) ? poisoned(inputs) : model_.compute(inputs);
-    }
+    monitor::TimelineSpan span("loss", "compute");
     // The loss and its softmax in float32, whatever the forward ran in. A
     // language model's [B, T, vocab] logits are B x T predictions; each
     // window holds T of them, so the mean over tokens is the mean over
     // windows of their means.
-    loss = F::cross_entropy(logits.to(at::kFloat).flatten(0, logits.dim() - 2),
+    loss = F::cross_entropy(output.to(at::kFloat).flatten(0, output.dim() - 2),
                             batch.labels.to(comm_.device).flatten(),
                             F::CrossEntropyFuncOptions().label_smoothing(labelSmoothing_));
-    faults_.delayForward(step);
+    faults_.delayForward(step_);
   }
   const double lossValue = loss.item<double>();
-  const auto t2 = SteadyClock::now();
-  phases_.forward += secondsBetween(t1, t2);
+  phases_.forward += secondsSince(start);
   if (!std::isfinite(lossValue)) {
     // Every gradient becomes NaN, so after the exchange every rank sees it
     // and all decide together (a rank stopping alone would leave the others
@@ -104,24 +128,14 @@ double StepRunner::microBatch(const data::Batch& batch, const Cycle& cycle, int6
     cycleLossNonfinite_ = true;
   }
   lastLoss_ = lossValue;
-  monitor::setPhase(monitor::Phase::backward);
-  // Scaled by 1 / world too: the exchange sums, so .grad ends as the mean
-  // over ranks without a division pass over every gradient.
-  const double shmBefore = ddp_.stats().sharedMemorySeconds;
-  {
-    monitor::TimelineSpan span("backward", "compute");
-    const double world = comm_.worldSize;
-    const double scale = scaler_ ? scaler_->scale() : 1.0;
-    (loss * (scale * static_cast<double>(n) / (static_cast<double>(cycle.samples) * world))).backward();
-  }
-  // ZeRO stages 2 and 3 exchange every micro-step (their full gradients are freed).
-  if (!cycle.last) ddp_.endMicroStep();
-  // A shared-memory exchange runs inside backward: count it as exposed
-  // communication, not as backward.
-  const double shmSeconds = ddp_.stats().sharedMemorySeconds - shmBefore;
-  phases_.backward += secondsSince(t2) - shmSeconds;
-  phases_.exposedComm += shmSeconds;
-  return lossValue;
+  // Scaled by 1 / data world too: the exchange sums, so .grad ends as the
+  // mean over the data ranks without a division pass over every gradient.
+  const double world = plan_.dataWorld();
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  Loss l;
+  l.backward = loss * (scale * static_cast<double>(n) / (static_cast<double>(cycle_.samples) * world));
+  l.value = lossValue;
+  return l;
 }
 
 StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
@@ -130,7 +144,7 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
   monitor::setPhase(monitor::Phase::exchange);
   {
     monitor::TimelineSpan span("gradient exchange (wait)", "comm");
-    ddp_.finishGradients();
+    plan_.finishGradients();
   }
   const auto t4 = SteadyClock::now();
   phases_.exposedComm += secondsBetween(t3, t4);
@@ -141,18 +155,18 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
     // Every rank reaches the same verdict: from the same gradients, or at
     // ZeRO stage 2 through the exchange or one collective (every rank
     // calls this every step).
-    const bool finite = ddp_.gradientsFinite();
+    const bool finite = plan_.gradientsFinite();
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     if (finite) {
       inARow_ = 0;
       if (checkpointer) checkpointer->waitCopied();  // the step modifies what is being copied
-      if (scale != 1.0) ddp_.scaleGradients(1.0 / scale);
+      if (scale != 1.0) plan_.scaleGradients(1.0 / scale);
       if (clipGradNorm_ > 0) {
         // As torch.nn.utils.clip_grad_norm_: the norm over every gradient
         // (every rank's part at ZeRO stage 2), then one factor for all.
-        u.gradNorm = std::sqrt(ddp_.gradientSquaredNorm());
+        u.gradNorm = std::sqrt(plan_.gradientSquaredNorm());
         const double factor = clipGradNorm_ / (u.gradNorm + 1e-6);
-        if (factor < 1) ddp_.scaleGradients(factor);
+        if (factor < 1) plan_.scaleGradients(factor);
       }
     }
     // From here to the end of the step the state is between two steps: an
@@ -166,7 +180,7 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
       setLearningRate(optimizer_, lr);
       optimizer_.step();
       // ZeRO: this rank stepped its part of the parameters; it takes the others'.
-      ddp_.gatherParameters();
+      plan_.afterOptimizerStep();
     } else {
       ++skipped_;
       u.applied = false;
@@ -196,7 +210,7 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
         live[k].copy_(savedBuffers_[k]);
       }
     }
-    ddp_.zeroGrad();
+    plan_.zeroGrad();
   }
   phases_.optimizer += secondsSince(t4);
   ++phases_.steps;

@@ -40,6 +40,25 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
     j["memory"]["largest_unit_mb"] = double(s.memory.largestUnitBytes) / (1 << 20);
     j["memory"]["unit_peak_mb"] = double(s.memory.unitPeakBytes) / (1 << 20);
   }
+  if (!s.stages.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& st : s.stages) {
+      stages.push_back({{"blocks", {st.firstBlock, st.endBlock}},
+                        {"parameters", st.parameters},
+                        {"state_mb", double(st.stateBytes) / (1 << 20)},
+                        {"peak_rss_mb", st.peakResidentMb},
+                        {"idle_frac", st.idleFraction},
+                        {"bubble_frac_theory", st.bubbleFraction},
+                        {"recv_s", st.recvSeconds},
+                        {"send_s", st.sendSeconds},
+                        {"schedule_s", st.roundSeconds},
+                        {"activations_held_peak", st.heldPeak}});
+    }
+    j["pipeline"] = {{"stages", s.stages.size()},
+                     {"micro_batches", s.microBatches},
+                     {"schedule", s.schedule},
+                     {"per_stage", std::move(stages)}};
+  }
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
   if (s.lossScale > 0) j["loss_scale"] = s.lossScale;
@@ -50,6 +69,10 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                               {"backward", k * s.phases.backward},
                               {"exposed_comm", k * s.phases.exposedComm},
                               {"optimizer", k * s.phases.optimizer}};
+    if (!s.stages.empty()) {
+      j["phase_ms_per_step"]["pipeline_wait"] = k * s.phases.pipelineWait;
+      j["phase_ms_per_step"]["pipeline_send"] = k * s.phases.pipelineTransfer;
+    }
   }
   j["compute"] = toJson(s.compute);
   j["restart_count"] = s.restartCount;

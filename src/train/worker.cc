@@ -20,6 +20,7 @@
 #include "cohort/monitor/progress.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/monitor/watchdog.h"
+#include "cohort/parallel/mesh.h"
 #include "cohort/train/compute.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/core/exit_codes.h"
@@ -123,6 +124,12 @@ int runWorker(const WorkerOptions& o) {
     }
   }
 
+  if (heldDir && job.distribution.pipeline.stages > 1) {
+    throw ConfigError(fmt::format(
+        "distribution.pipeline.stages: {} stages under `cohort agent`: elastic training re-forms "
+        "data-parallel jobs only; run a pipeline with `cohort run` (or an external launcher)",
+        job.distribution.pipeline.stages));
+  }
   // Under `cohort agent`: the batch and learning rate for this round's size.
   const JobConfig asWritten = job;
   if (heldDir) elastic::applyBatchPolicy(job, re.worldSize);
@@ -219,7 +226,9 @@ int runWorker(const WorkerOptions& o) {
     log::info("restart {} of this job", restarts);
   }
 
-  TrainSummary s = train(job, comm, runDir, to);
+  // The named groups of the job's ranks (data, pipeline), once.
+  const parallel::Mesh mesh = parallel::buildMesh(comm, meshShape(job));
+  TrainSummary s = train(job, mesh, runDir, to);
   if (s.reformed) {
     log::flush();
     return kExitStateHeld;

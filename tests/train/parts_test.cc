@@ -23,12 +23,12 @@ TEST(DdpOptionsFromJob, FollowTheDistributionKeys) {
   job.distribution.findUnusedParameters = true;
   job.distribution.broadcastBuffers = false;
   job.distribution.sharedMemory = false;
-  using C = ddp::DdpOptions::Compression;
+  using C = parallel::DdpOptions::Compression;
   for (const auto& [choice, wanted] : {std::pair{GradCompression::none, C::none},
                                        std::pair{GradCompression::fp16, C::fp16},
                                        std::pair{GradCompression::bf16, C::bf16}}) {
     job.distribution.compression = choice;
-    const ddp::DdpOptions o = train::detail::ddpOptions(job);
+    const parallel::DdpOptions o = train::detail::ddpOptions(job);
     EXPECT_EQ(o.compression, wanted) << choiceName(choice);
     EXPECT_EQ(o.bucketCapMb, 7);
     EXPECT_TRUE(o.findUnusedParameters);
@@ -37,7 +37,7 @@ TEST(DdpOptionsFromJob, FollowTheDistributionKeys) {
     // The loss carries 1 / world size; the exchange only sums.
     EXPECT_FALSE(o.divideGradients);
   }
-  const ddp::DdpOptions defaults = train::detail::ddpOptions(JobConfig{});
+  const parallel::DdpOptions defaults = train::detail::ddpOptions(JobConfig{});
   EXPECT_TRUE(defaults.sharedMemory);
   EXPECT_TRUE(defaults.broadcastBuffers);
   EXPECT_EQ(defaults.compression, C::none);

@@ -26,6 +26,11 @@ std::string optimizerFile(bool sharded, int rank);
 // model-<rank>.bin (model.bin then holds the rest: buffers, frozen weights).
 std::string modelPartFile(int rank);
 
+// A pipeline's stage `stage` of `stages` (> 1) writes its files of the
+// model and optimizer under its own names: "stage<s>-" + name. One stage:
+// name as it is.
+std::string stageFile(int stage, int stages, const std::string& name);
+
 // The items of rank-<r>.bin at this moment: "rng.cpu" (the default CPU
 // generator, cloned now; its state tensor is built by the copier thread) and,
 // with `ownBuffers`, "buffer.<name>" for every buffer among `modelItems` (the

@@ -42,6 +42,17 @@ StateDict wholeOptimizerState(const std::string& dir, const Manifest& m);
 // DataError naming the file that is missing or does not fit the layout.
 StateDict checkpointModel(const std::string& dir, const Manifest& m);
 
+// The same for one stage of a pipelined checkpoint (extra.pipeline: its
+// files "stage<s>-...", its layout extra.pipeline.stage_zero[s]); stage 0 of
+// a checkpoint without a pipeline is the whole. The two functions above put
+// every stage's together, a tensor two stages hold (the tied embedding)
+// once, in stage order.
+StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage);
+// The ZeRO layout stage `stage` was written with (extra.zero without a
+// pipeline); null without ZeRO.
+nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int stage);
+StateDict stageModel(const std::string& dir, const Manifest& m, int stage);
+
 // One part of a layout: which runs of which parameters' elements (in their
 // memory order) it holds, and where in the part.
 struct PartSlice {

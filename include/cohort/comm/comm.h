@@ -51,6 +51,13 @@ struct Comm : RankPlace {
   // (newGroup).
   std::string interface;
   int glooConnections = 1;
+  // A group of some of the job's ranks (subgroup): the job rank of each of
+  // its members, by rank in the group. Empty: the group is the whole job.
+  // rank and worldSize are the group's; the local* fields stay the job's.
+  std::vector<int> jobRanks;
+  int jobRank(int groupRank) const {
+    return jobRanks.empty() ? groupRank : jobRanks[static_cast<size_t>(groupRank)];
+  }
 };
 
 // A rendezvous store hosted by a launcher for its ranks.
@@ -84,6 +91,14 @@ Comm connect(const CommOptions& options);
 // the group and this rank.
 c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::string& name, int rank,
                                                 int size);
+
+// A Comm over some ranks of `world`: `members` are their job ranks,
+// ascending, this rank among them. Its own Gloo process group (newGroup
+// under `name`, unique in the job), its rank and size in the group, and its
+// store keys under the group's name (openStoreClient reaches the same
+// namespace). Only the members call it; each blocks until all of them have
+// (world.timeout). Throws CommError or TimeoutError naming the group.
+Comm subgroup(const Comm& world, const std::string& name, const std::vector<int>& members);
 
 // A second connection to the rendezvous store, in the same namespace, for a
 // background thread: store operations on one connection are serialized, so a

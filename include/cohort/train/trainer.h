@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cohort/ckpt/checkpointer.h"
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/monitor/metrics.h"
+#include "cohort/parallel/mesh.h"
 #include "cohort/train/compute.h"
 
 namespace cohort::train {
@@ -23,6 +25,10 @@ struct PhaseTimes {
   double exposedComm = 0;  // the exchange not hidden under backward: finishGradients, and
                            // shared-memory exchanges (synchronous, inside backward)
   double optimizer = 0;    // optimizer step and zeroing the gradients
+  // A pipeline (distribution.pipeline): blocked on a neighbouring stage's
+  // activations or gradients, and moving them (inside forward and backward).
+  double pipelineWait = 0;
+  double pipelineTransfer = 0;
   int64_t steps = 0;
 };
 
@@ -64,6 +70,21 @@ struct TrainSummary {
     int64_t largestUnitBytes = 0;
     int64_t unitPeakBytes = 0;
   } memory;
+  // A pipeline (distribution.pipeline): what each stage of data replica 0
+  // measured, in stage order; empty without one.
+  struct Stage {
+    int64_t firstBlock = 0, endBlock = 0;  // its blocks [first, end)
+    int64_t parameters = 0;                // parameter values it holds
+    int64_t stateBytes = 0;                // its parameters, gradients and optimizer state
+    double peakResidentMb = 0;             // its process's peak resident memory
+    double idleFraction = 0;               // of its rounds, blocked receiving
+    double bubbleFraction = 0;             // the schedule's theory: (P-1)/(M+P-1)
+    double recvSeconds = 0, sendSeconds = 0, roundSeconds = 0;
+    int64_t heldPeak = 0;                  // micro-batches whose activations it held at once
+  };
+  std::vector<Stage> stages;
+  std::string schedule;  // the pipeline's (1f1b, gpipe)
+  int64_t microBatches = 0;
 };
 
 struct TrainOptions {
@@ -75,15 +96,21 @@ struct TrainOptions {
 };
 
 // Trains the job's model on this rank. Every rank must call it with the same
-// job. Rank 0 writes metrics.jsonl and model/final.pt into `runDir`.
-// Throws cohort::Error subclasses (DataError for bad data, CommError when a
-// peer fails).
+// job, on the mesh built from it (meshShape). Rank 0 writes metrics.jsonl and
+// model/final.pt into `runDir`. Throws cohort::Error subclasses (DataError
+// for bad data, CommError when a peer fails).
 //
 // With checkpoint.enabled, checkpoints are taken as the job says, and a
 // stopRequest() (SIGTERM) ends training at an agreed step boundary after a
 // checkpoint that is durable (summary.stopped).
+TrainSummary train(const JobConfig& job, const parallel::Mesh& mesh, const RunDir& runDir,
+                   const TrainOptions& options = {});
+// The same, building the mesh over `comm` first (collective).
 TrainSummary train(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
                    const TrainOptions& options = {});
+
+// The mesh the job asks for (distribution.pipeline).
+parallel::MeshShape meshShape(const JobConfig& job);
 
 // Writes summary.json (rank 0).
 void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& runDir,

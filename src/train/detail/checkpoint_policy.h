@@ -23,7 +23,7 @@
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/plan.h"
 #include "cohort/models/model.h"
 #include "cohort/train/loss_scale.h"
 #include "cohort/train/optimizer.h"
@@ -39,9 +39,11 @@ class CheckpointPolicy {
   // ckpt::checkpointDir (and, on rank 0, the remote tier), its host buffers
   // reserved, and the lists of live tensors built once. Without it, nothing
   // is taken and stop requests end the rank at once (StopProtocol).
-  CheckpointPolicy(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-                   models::Model& model, torch::optim::Optimizer& optimizer,
-                   const std::vector<std::string>& paramNames, const StepPlan& plan);
+  // The files are those `plan` gives this rank (parallel::CheckpointRole),
+  // of the model part it holds.
+  CheckpointPolicy(const JobConfig& job, const parallel::Plan& plan, const RunDir& runDir,
+                   torch::optim::Optimizer& optimizer, const std::vector<std::string>& paramNames,
+                   const StepPlan& steps);
 
   // The epoch about to run: taken up at position `from` of its order (0: at
   // its start) and planned as `epochPlan` (StepPlan::takenUpWith). Each
@@ -66,7 +68,13 @@ class CheckpointPolicy {
   // writes its parts (ckpt::modelPartFile) as it does its optimizer state;
   // model.bin holds the rest of the model, and extra.zero says how to put
   // it together (ckpt::checkpointModel). Call after recordZero.
-  void writeParametersInParts(const ddp::DistributedDataParallel& ddp);
+  void writeParametersInParts(const parallel::DistributedDataParallel& ddp);
+  // The ZeRO layout recorded (with writeParametersInParts's additions);
+  // null without ZeRO.
+  const nlohmann::json& zeroLayout() const { return zero_; }
+  // A pipeline: each manifest records its layout (extra.pipeline, with
+  // every stage's ZeRO layout in stage_zero) instead of extra.zero.
+  void recordPipeline(nlohmann::json layout) { pipeline_ = std::move(layout); }
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -92,8 +100,8 @@ class CheckpointPolicy {
 
  private:
   ckpt::Manifest manifestAt(int64_t step, int64_t epoch, int64_t micro, double lr) const;
-  // This rank's files of a snapshot; `writesShared`: also model.bin and,
-  // without ZeRO, optimizer.bin.
+  // This rank's files of a snapshot; `writesShared`: also the model file
+  // and, without ZeRO, the optimizer's.
   std::vector<ckpt::SnapshotFile> filesOf(bool writesShared);
   bool take(int64_t step, int64_t epoch, int64_t micro, double lr, Reporter& reporter);
   // The state of this step into elastic.state_dir, now.
@@ -103,6 +111,8 @@ class CheckpointPolicy {
   const int rank_;
   const int world_;
   const int localRank_;
+  const parallel::CheckpointRole role_;
+  const int dataWorld_;  // the ranks the epoch's samples are split over
   const std::string heldDir_;  // COHORT_ELASTIC_STATE: under `cohort agent`
   bool reformed_ = false;
   struct Boundary {
@@ -121,6 +131,7 @@ class CheckpointPolicy {
   const LossScaler* scaler_ = nullptr;
   const bool sharded_;  // distribution.zero > 0: every rank writes its optimizer state
   nlohmann::json zero_;
+  nlohmann::json pipeline_;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
   // partList_: stage 3, this rank's parts of the parameters.

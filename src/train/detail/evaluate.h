@@ -1,15 +1,15 @@
 #pragma once
 
-// Evaluation: every rank scores its split of the evaluation set; the sums
-// are allreduced, so every rank returns the same figures.
+// Evaluation: every data rank scores its split of the evaluation set (a
+// pipeline's stages pass each batch on, and its last stage scores it); the
+// sums are allreduced, so every rank returns the same figures.
 
 #include <cstdint>
 
-#include "cohort/comm/comm.h"
 #include "cohort/config/choices.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
-#include "cohort/models/model.h"
+#include "cohort/parallel/plan.h"
 #include "cohort/monitor/metrics.h"
 
 namespace cohort::train::detail {
@@ -21,8 +21,7 @@ namespace cohort::train::detail {
 // the record holds the token count and the perplexity, exp(loss). `step`, `epoch` and `seconds` of the
 // record are the caller's to fill in. Forward passes run in `precision`
 // (fp32, bf16 or fp16, as training does), the loss in float32.
-monitor::EvalRecord evaluate(models::Model& model, data::BatchLoader& loader,
-                             const data::DistributedSampler& sampler, const comm::Comm& comm,
-                             Precision precision);
+monitor::EvalRecord evaluate(parallel::Plan& plan, data::BatchLoader& loader,
+                             const data::DistributedSampler& sampler, Precision precision);
 
 }  // namespace cohort::train::detail

@@ -31,7 +31,7 @@ struct StateBytes {
 // tensors once): its share of the trainable parameters, their gradients and
 // the optimizer's state per element (AdamW 2, SGD with momentum 1, without
 // 0), the frozen weights and buffers whole; at stage 3 the largest of the
-// sharding units `units` (ddp::DdpOptions::units) or the parameters outside
+// sharding units `units` (parallel::DdpOptions::units) or the parameters outside
 // them, at stage 2 two buckets of `bucketCapMb`. Computed before the engine
 // allocates anything, so that a state that cannot fit fails before it is
 // half built.

@@ -38,8 +38,10 @@ class Reporter {
   // Rank 0 opens metrics.jsonl (appending), TensorBoard (output.tensorboard;
   // a failure only warns) and the progress display. `loader` and `phases`
   // are read for the data wait and compute time of each record.
+  // `stages`: the ranks that train on each sample (a pipeline's stages;
+  // 1 without), so that throughput counts every sample once.
   Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-           const data::BatchLoader& loader, const PhaseTimes& phases);
+           const data::BatchLoader& loader, const PhaseTimes& phases, int stages = 1);
 
   // A line of metrics.jsonl (rank 0; other ranks ignore it).
   void event(const nlohmann::json& line);
@@ -67,6 +69,7 @@ class Reporter {
   const comm::Comm& comm_;
   const data::BatchLoader& loader_;
   const PhaseTimes& phases_;
+  const int stages_;
   std::unique_ptr<monitor::MetricsWriter> metrics_;
   std::unique_ptr<monitor::TensorBoardWriter> board_;
   std::unique_ptr<monitor::Progress> progress_;

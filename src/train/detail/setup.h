@@ -14,8 +14,9 @@
 #include "cohort/data/dataset.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 #include "cohort/models/model.h"
+#include "cohort/security/keys.h"
 #include "cohort/train/compute.h"
 
 namespace cohort::train::detail {
@@ -41,18 +42,22 @@ struct ModelSetup {
   std::string frozenDigest;  // model.lora: models::frozenDigest
 };
 
-// Builds the model, seeded with training.seed so every rank starts alike;
-// checks that every rank built the same tensors (CommError otherwise); loads
-// <resumeFrom>/model.bin, or else model.init_from (both with model.lora,
-// which this attaches); moves it to the device,
-// resolves training.precision for this CPU and chooses its memory format in
-// that precision (before DDP's buckets take the weights' strides).
-ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
-                      const std::string& resumeFrom);
+// Builds this rank's `part` of the model (the whole model without a
+// pipeline), seeded with training.seed so every rank starts alike; checks
+// that every rank of `peers` (the ranks that hold the same part) built the
+// same tensors (CommError otherwise); loads the part's tensors of
+// <resumeFrom> (ckpt::stageModel), or else of model.init_from (both with
+// model.lora, which this attaches); moves it to the device, resolves
+// training.precision for this CPU and chooses its memory format in that
+// precision (before DDP's buckets take the weights' strides; a pipeline
+// stage keeps the model's default, as no trial input fits it).
+ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& peers,
+                      const std::string& resumeFrom, const models::ModelPart& part = {},
+                      int stage = 0);
 
 // The exchange's options from distribution.*. Gradients are not divided by
 // the world size: the loss carries 1 / world instead (StepRunner).
-ddp::DdpOptions ddpOptions(const JobConfig& job);
+parallel::DdpOptions ddpOptions(const JobConfig& job);
 
 struct Loaders {
   std::unique_ptr<data::DistributedSampler> trainSampler;
@@ -62,9 +67,15 @@ struct Loaders {
 };
 
 // The training sampler (shuffled by training.seed and the epoch, an even
-// split over ranks) and loader, and the evaluation ones (in order, uneven).
-// Throws DataError when the training set cannot be split over the ranks.
-Loaders makeLoaders(const JobConfig& job, const Datasets& data, const comm::Comm& comm);
+// split over the data ranks: this rank is `dataRank` of `dataWorld`, every
+// stage of a pipeline replica alike) and loader, and the evaluation ones (in
+// order, uneven). Throws DataError when the training set cannot be split
+// over the data ranks.
+Loaders makeLoaders(const JobConfig& job, const Datasets& data, int dataRank, int dataWorld);
+
+// The key model/ files are sealed with (security.encryption.final_model);
+// null: none.
+const security::Key* finalModelKey(const JobConfig& job);
 
 // One optimizer step's micro-batches (training.accumulate_steps) as seen
 // from micro-batch `micro` of an epoch.
@@ -95,6 +106,10 @@ struct StepPlan {
   // when nothing is left); the rest as this plan.
   StepPlan takenUpWith(int64_t perRankLeft, int64_t hereLeft) const;
 };
+
+// Micro-batches per optimizer step: training.accumulate_steps, times a
+// pipeline's micro_batches.
+int64_t microBatchesPerStep(const JobConfig& job);
 
 // Throws DataError when a rank's share is less than one batch with
 // data.drop_last. `perRankHere`: this rank's share (default: perRank).

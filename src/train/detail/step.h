@@ -4,16 +4,19 @@
 
 // The step of one rank: what happens between two optimizer steps.
 //
-//   for each micro-batch of the step (training.accumulate_steps):
-//     microBatch()   forward, loss, backward; on the step's last micro-batch
-//                    the gradient buckets are exchanged as backward fills them
+//   for each round of the step's micro-batches (training.accumulate_steps;
+//   a pipeline's micro_batches at a time):
+//     round()        forward, loss, backward of each, in the parallel plan's
+//                    schedule (parallel/plan.h), which calls back forward()
+//                    and loss() here; on the step's last round the gradient
+//                    buckets are exchanged as backward fills them
 //   update()         wait for the exchange, optimizer step (or drop it on a
 //                    non-finite gradient), zero the gradients
 //
-// Where later features plug in: mixed precision (the forward's autocast and
-// the loss scale) and activation recomputation in microBatch's forward;
-// sharded optimizer state (ZeRO) in update's optimizer step; accumulation is
-// the Cycle that the caller passes (setup.h).
+// Where features plug in: mixed precision (the forward's autocast and the
+// loss scale) and activation recomputation in forward(); how the model is
+// spread over the ranks (data parallelism with ZeRO, pipeline stages) in the
+// plan; accumulation is the Cycle that the caller passes (setup.h).
 
 #include <cstdint>
 #include <optional>
@@ -26,8 +29,8 @@
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/data/loader.h"
-#include "cohort/ddp/ddp.h"
 #include "cohort/models/model.h"
+#include "cohort/parallel/plan.h"
 #include "cohort/train/loss_scale.h"
 #include "cohort/train/trainer.h"
 #include "train/detail/faults.h"
@@ -50,21 +53,29 @@ struct StateMutating {
   StateMutating& operator=(const StateMutating&) = delete;
 };
 
-class StepRunner {
+class StepRunner : public parallel::MicroBatchOps {
  public:
   // Times go to `phases` (forward, backward, exposed communication,
-  // optimizer).
-  StepRunner(const JobConfig& job, const comm::Comm& comm, models::Model& model,
-             ddp::DistributedDataParallel& ddp, torch::optim::Optimizer& optimizer,
+  // optimizer, the pipeline's waits).
+  StepRunner(const JobConfig& job, parallel::Plan& plan, torch::optim::Optimizer& optimizer,
              const FaultPlan& faults, PhaseTimes& phases, Precision precision);
 
-  // Forward and backward of micro-batch `micro` of the epoch, part of
-  // `cycle`; `step` optimizer steps are done. The loss is scaled so that, once
-  // the exchange has summed the gradients, they are the mean over the step's
-  // samples on every rank. Returns the loss (NaN or Inf when it is: the
+  // Forward and backward of one round of micro-batches (plan.roundSize()
+  // of them, fewer at the end of a step), the first of which is micro-
+  // batch `micro` of the epoch, part of `cycle`; `step` optimizer steps are
+  // done. The loss is scaled so that, once the exchange has summed the
+  // gradients, they are the mean over the step's samples on every data
+  // rank. Returns each micro-batch's loss (NaN or Inf when it is: the
   // gradients are then made NaN, so that every rank sees it after the
   // exchange and all decide together in update()).
-  double microBatch(const data::Batch& batch, const Cycle& cycle, int64_t micro, int64_t step);
+  std::vector<double> round(const std::vector<data::Batch>& batches, const Cycle& cycle,
+                            int64_t micro, int64_t step);
+
+  // parallel::MicroBatchOps, for the plan's schedule: this rank's part of
+  // the model on `input` in training.precision (poisoned by the fault plan),
+  // and the loss of the round's micro-batch `micro` from the model's output.
+  at::Tensor forward(models::Model& model, const at::Tensor& input, size_t micro) override;
+  Loss loss(const at::Tensor& output, size_t micro) override;
 
   struct Update {
     bool applied = true;
@@ -94,14 +105,19 @@ class StepRunner {
   Precision precision() const { return precision_; }
 
  private:
-  // The fault plan's poisoned forward: NaN inputs (images) or NaN logits (tokens).
-  at::Tensor poisoned(const at::Tensor& inputs);
-  const comm::Comm& comm_;
-  models::Model& model_;
-  ddp::DistributedDataParallel& ddp_;
+  // The fault plan's poisoned forward: NaN inputs (images, activations) or
+  // NaN outputs (tokens).
+  at::Tensor poisoned(models::Model& model, const at::Tensor& inputs);
+  const comm::Comm& comm_;  // the job's
+  parallel::Plan& plan_;
+  models::Model& model_;    // this rank's part
   torch::optim::Optimizer& optimizer_;
   const FaultPlan& faults_;
   PhaseTimes& phases_;
+  // The round being run: its batches, cycle and step.
+  const std::vector<data::Batch>* batches_ = nullptr;
+  Cycle cycle_;
+  int64_t step_ = 0;
   bool skipNonfinite_;
   double labelSmoothing_;
   double clipGradNorm_;  // training.clip_grad_norm; 0: off

@@ -7,9 +7,9 @@
 #include <torch/torch.h>
 
 #include "cohort/core/error.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 namespace {
 
 // Bucket cap and find_unused_parameters; the rest as DdpOptions has it.
@@ -185,4 +185,4 @@ TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
 }
 
 }  // namespace
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

@@ -11,11 +11,11 @@
 #include "cohort/comm/shm.h"
 #include "cohort/comm/wait.h"
 #include "cohort/core/error.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 #include "cohort/monitor/timeline.h"
-#include "ddp/detail/exchange.h"
+#include "parallel/detail/exchange.h"
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 
 namespace {
 
@@ -203,4 +203,4 @@ void DistributedDataParallel::scaleGradients(double factor) {
   for (Bucket& b : buckets_) ownGradients(b).mul_(factor);
 }
 
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

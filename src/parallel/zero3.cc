@@ -18,10 +18,10 @@
 #include "cohort/comm/shm.h"
 #include "cohort/comm/wait.h"
 #include "cohort/core/error.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 #include "cohort/monitor/timeline.h"
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 
 namespace {
 
@@ -352,4 +352,4 @@ void DistributedDataParallel::releaseParameters() {
   for (size_t k = 0; k < buckets_.size(); ++k) releaseWeights(k);
 }
 
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "cohort/comm/comm.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 
 namespace cohort::comm {
 class ShmAllreduce;
 }
 
-namespace cohort::ddp::detail {
+namespace cohort::parallel::detail {
 
 struct ExchangePlan {
   Exchange exchange = Exchange::none;
@@ -53,4 +53,4 @@ struct ExchangePlan {
 ExchangePlan planExchange(const comm::Comm& comm, bool sharedMemory, const std::string& why,
                           int64_t totalFloats, bool acrossMachines = true);
 
-}  // namespace cohort::ddp::detail
+}  // namespace cohort::parallel::detail

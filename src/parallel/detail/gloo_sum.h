@@ -22,9 +22,9 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 
-namespace cohort::ddp::detail {
+namespace cohort::parallel::detail {
 
 struct GlooSum {
   c10::intrusive_ptr<c10d::Work> work;
@@ -39,4 +39,4 @@ GlooSum launchSum(c10d::ProcessGroup& pg, at::Tensor& flat, DdpOptions::Compress
 // After sum.work completed: writes a compressed sum into `flat`.
 void completeSum(at::Tensor& flat, const GlooSum& sum);
 
-}  // namespace cohort::ddp::detail
+}  // namespace cohort::parallel::detail

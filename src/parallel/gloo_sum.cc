@@ -1,8 +1,8 @@
-#include "ddp/detail/gloo_sum.h"
+#include "parallel/detail/gloo_sum.h"
 
 #include <torch/torch.h>
 
-namespace cohort::ddp::detail {
+namespace cohort::parallel::detail {
 
 GlooSum launchSum(c10d::ProcessGroup& pg, at::Tensor& flat, DdpOptions::Compression compression) {
   torch::NoGradGuard noGrad;
@@ -47,4 +47,4 @@ void completeSum(at::Tensor& flat, const GlooSum& sum) {
   for (int64_t r = 1; r < rows.size(0); ++r) flat.add_(rows[r]);
 }
 
-}  // namespace cohort::ddp::detail
+}  // namespace cohort::parallel::detail

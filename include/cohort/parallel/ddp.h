@@ -69,11 +69,11 @@ namespace cohort::comm {
 class ShmAllreduce;
 }
 
-namespace cohort::ddp::detail {
+namespace cohort::parallel::detail {
 struct ExchangePlan;
 }
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 
 struct DdpOptions {
   double bucketCapMb = 25;
@@ -112,6 +112,10 @@ struct DdpOptions {
   // (models::Model::shardingUnits()); a parameter belongs to the first unit
   // its name starts with (followed by '.'), or to the whole-model unit.
   std::vector<std::string> units;
+  // Parameters (by name) kept out of the buckets: neither exchanged nor
+  // sharded, only broadcast with the state (a pipeline's tied tensors,
+  // whose gradients the pipeline sums itself).
+  std::vector<std::string> exclude;
 };
 
 // How gradients travel between ranks.
@@ -330,7 +334,7 @@ class DistributedDataParallel {
   DdpOptions options_;
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
-  std::vector<at::Tensor> frozen_;   // parameters without gradients: broadcast only
+  std::vector<at::Tensor> frozen_;   // parameters without gradients or excluded: broadcast only
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<detail::ExchangePlan> plan_;
   std::shared_ptr<comm::ShmAllreduce> shm_;  // this machine's ranks, if they share memory
@@ -348,4 +352,4 @@ class DistributedDataParallel {
   DdpStats stats_;
 };
 
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

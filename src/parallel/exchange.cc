@@ -1,4 +1,4 @@
-#include "ddp/detail/exchange.h"
+#include "parallel/detail/exchange.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -15,7 +15,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 
 const char* exchangeName(Exchange e) {
   switch (e) {
@@ -117,7 +117,7 @@ ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::str
   const std::string prefix = fmt::format("ddp/{}", instance);
 
   // Machines, numbered by their lowest rank (the same on every rank).
-  c.store->set(fmt::format("{}/machine/{}", prefix, c.rank), bytes(machineId(c.rank)));
+  c.store->set(fmt::format("{}/machine/{}", prefix, c.rank), bytes(machineId(c.jobRank(c.rank))));
   std::map<std::string, int> index;
   std::vector<std::vector<int>> members;
   std::vector<int> machineOf(static_cast<size_t>(c.worldSize));
@@ -185,4 +185,4 @@ ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::str
 }
 
 }  // namespace detail
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

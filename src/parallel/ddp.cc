@@ -1,4 +1,4 @@
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function.h>
@@ -14,13 +14,13 @@
 
 #include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
-#include "ddp/detail/exchange.h"
-#include "ddp/detail/gloo_sum.h"
+#include "parallel/detail/exchange.h"
+#include "parallel/detail/gloo_sum.h"
 #include "cohort/comm/wait.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/log.h"
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  comm::Comm comm, DdpOptions options)
@@ -29,7 +29,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   std::set<const void*> seen;  // tied weights appear under several names: bucket them once
   for (const auto& p : module_->named_parameters()) {
     if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
-    if (!p.value().requires_grad()) {
+    const bool excluded = std::find(options_.exclude.begin(), options_.exclude.end(), p.key()) !=
+                          options_.exclude.end();
+    if (!p.value().requires_grad() || excluded) {
       frozen_.push_back(p.value());
       continue;
     }
@@ -533,4 +535,4 @@ DdpStats DistributedDataParallel::stats() const {
   return stats_;
 }
 
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

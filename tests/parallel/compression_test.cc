@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "cohort/comm/comm.h"
-#include "cohort/ddp/ddp.h"
+#include "cohort/parallel/ddp.h"
 #include "util/process.h"
 #include "util/rank_threads.h"
 
-namespace cohort::ddp {
+namespace cohort::parallel {
 namespace {
 
 using Compression = DdpOptions::Compression;
@@ -207,4 +207,4 @@ TEST(Gloo, HasNoBfloat16Allreduce) {
 }
 
 }  // namespace
-}  // namespace cohort::ddp
+}  // namespace cohort::parallel

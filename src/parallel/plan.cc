@@ -1,0 +1,119 @@
+#include "cohort/parallel/plan.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "cohort/core/error.h"
+#include "cohort/models/lora.h"
+#include "cohort/core/time.h"
+#include "cohort/monitor/activity.h"
+#include "cohort/monitor/timeline.h"
+
+namespace cohort::parallel {
+
+Plan::Plan(Mesh mesh, std::shared_ptr<models::Model> model, DdpOptions options)
+    : mesh_(std::move(mesh)), model_(std::move(model)) {
+  COHORT_ASSERT(model_ != nullptr, "no model");
+  engine_ = std::make_unique<DistributedDataParallel>(model_, mesh_.data, std::move(options));
+}
+
+Plan::~Plan() {
+  // The unit runner is the engine's: never past its life.
+  if (model_) model_->setUnitRunner(nullptr);
+}
+
+void Plan::start() {
+  engine_->broadcastState();
+  // Stage 3: the model runs each unit through the engine, which gathers
+  // its parameters.
+  model_->setUnitRunner(engine_->unitRunner());
+}
+
+std::vector<at::Tensor> Plan::optimizerParameters() const {
+  if (engine_->stats().zeroStage > 0) return engine_->optimizerParameters();
+  std::vector<at::Tensor> params;
+  for (auto& [name, p] : models::trainableParameters(*model_)) params.push_back(p);
+  return params;
+}
+
+std::vector<std::string> Plan::optimizerNames() const {
+  std::vector<std::string> names;
+  if (engine_->stats().zeroStage > 0) {
+    // This rank's part of each bucket.
+    const size_t parts = engine_->optimizerParameters().size();
+    for (size_t k = 0; k < parts; ++k) names.push_back(fmt::format("part{}", k));
+    return names;
+  }
+  for (auto& [name, p] : models::trainableParameters(*model_)) names.push_back(name);
+  return names;
+}
+
+std::vector<double> Plan::runRound(const std::vector<at::Tensor>& inputs, bool exchange,
+                                   MicroBatchOps& ops, RoundTimes& times) {
+  // Data parallelism: a round is one micro-batch, as accumulation always ran.
+  COHORT_ASSERT(inputs.size() == 1, "a data-parallel round holds one micro-batch, not ",
+                inputs.size());
+  engine_->setSyncGradients(exchange);
+  const at::Tensor output = ops.forward(*model_, inputs[0], 0);
+  const MicroBatchOps::Loss loss = ops.loss(output, 0);
+  monitor::setPhase(monitor::Phase::backward);
+  const double shmBefore = engine_->stats().sharedMemorySeconds;
+  const auto start = SteadyClock::now();
+  {
+    monitor::TimelineSpan span("backward", "compute");
+    loss.backward.backward();
+  }
+  // ZeRO stages 2 and 3 exchange every micro-step (their full gradients are freed).
+  if (!exchange) engine_->endMicroStep();
+  // A shared-memory exchange runs inside backward: exposed communication,
+  // not backward.
+  const double shm = engine_->stats().sharedMemorySeconds - shmBefore;
+  times.backward += secondsSince(start) - shm;
+  times.exposedComm += shm;
+  return {loss.value};
+}
+
+void Plan::finishGradients() { engine_->finishGradients(); }
+
+bool Plan::gradientsFinite() { return engine_->gradientsFinite(); }
+
+double Plan::gradientSquaredNorm() { return engine_->gradientSquaredNorm(); }
+
+void Plan::scaleGradients(double factor) { engine_->scaleGradients(factor); }
+
+void Plan::afterOptimizerStep() { engine_->gatherParameters(); }
+
+void Plan::zeroGrad() { engine_->zeroGrad(); }
+
+void Plan::syncBuffers() { engine_->syncBuffers(); }
+
+at::Tensor Plan::evalForward(const at::Tensor& input, MicroBatchOps& ops) {
+  return ops.forward(*model_, input, 0);
+}
+
+CheckpointRole Plan::checkpointRole() const {
+  CheckpointRole role;
+  role.stage = mesh_.stage;
+  role.stages = mesh_.stages;
+  role.dataRank = mesh_.replica;
+  role.writesShared = mesh_.replica == 0;
+  return role;
+}
+
+void Plan::gatherForSave() { engine_->gatherAllParameters(/*root=*/0); }
+
+ckpt::StateDict Plan::collect(const Publish& publish) {
+  if (mesh_.world.rank != 0) return {};
+  return publish(*model_);
+}
+
+void Plan::releaseParameters() { engine_->releaseParameters(); }
+
+std::unique_ptr<Plan> dataParallel(Mesh mesh, std::shared_ptr<models::Model> model,
+                                   DdpOptions options) {
+  COHORT_ASSERT(mesh.stages == 1, "data parallelism over the whole model on a mesh of ",
+                mesh.stages, " stages");
+  return std::make_unique<Plan>(std::move(mesh), std::move(model), std::move(options));
+}
+
+}  // namespace cohort::parallel

@@ -1,0 +1,171 @@
+#include "train/detail/stages.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <numeric>
+
+#include "cohort/comm/comm.h"
+#include "cohort/core/cpu.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/time.h"
+#include "cohort/parallel/pipeline.h"
+#include "cohort/train/precision.h"
+#include "core/detail/json_int.h"
+
+namespace cohort::train::detail {
+
+namespace {
+
+std::string splitText(const std::vector<int64_t>& split) { return fmt::format("[{}]", fmt::join(split, ", ")); }
+
+// Seconds each block takes, forward and backward, for one micro-batch of
+// training.batch_size: each built on its own (the first with the model's
+// input layers, the last with its output layers) and run twice, the second
+// timed, on what the block before it returned.
+std::vector<double> measureBlocks(const JobConfig& job, const Datasets& data) {
+  ModelConfig mc = job.model;
+  if (mc.arch == ModelArch::gpt && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
+  if (mc.inChannels == 0) mc.inChannels = data.shape.channels;
+  const int64_t blocks = pipelineBlocks(mc);
+  const int64_t b = job.training.batchSize;
+  const Precision precision = resolvePrecision(job.training.precision, cpuInfo()).precision;
+  at::Tensor x = mc.arch == ModelArch::gpt
+                     ? torch::randint(0, std::max<int64_t>(1, mc.vocabSize), {b, mc.blockSize}, torch::kLong)
+                     : torch::randn({b, data.shape.channels, data.shape.height, data.shape.width});
+  std::vector<double> seconds;
+  for (int64_t k = 0; k < blocks; ++k) {
+    models::ModelPart part;
+    part.firstBlock = k;
+    part.endBlock = k + 1;
+    part.input = k == 0;
+    part.output = k == blocks - 1;
+    part.exact = false;
+    const auto block = models::createModel(mc, {mc.inChannels, data.shape.height, data.shape.width}, part);
+    block->train();
+    at::Tensor out;
+    double took = 0;
+    for (int run = 0; run < 2; ++run) {
+      const at::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(true) : x;
+      const auto start = SteadyClock::now();
+      {
+        AutocastScope autocast(precision, c10::kCPU);
+        out = block->forward(in);
+      }
+      out.to(at::kFloat).sum().backward();
+      took = secondsSince(start);
+    }
+    seconds.push_back(took);
+    x = out.detach().to(at::kFloat);
+  }
+  return seconds;
+}
+
+// The split a resumed pipelined checkpoint was written with (empty: none).
+std::vector<int64_t> checkpointSplit(const ckpt::Manifest& m) {
+  if (!m.extra.contains("pipeline")) return {};
+  return jsonInts<int64_t>(m.extra["pipeline"].value("split", nlohmann::json::array()));
+}
+
+// A pipelined checkpoint resumes on its own layout; the layout must match.
+void checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
+                 const std::string& path) {
+  const int was = m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
+  const std::vector<int64_t> split = checkpointSplit(m);
+  const PipelineSplit& asked = job.distribution.pipeline.split;
+  const bool same = was == mesh.stages && (was == 1 || m.worldSize == mesh.world.worldSize) &&
+                    (asked.automatic() || was == 1 || asked.blocks == split);
+  if (same) return;
+  auto layout = [](int stages, const std::vector<int64_t>& s, int world) {
+    return stages == 1 ? fmt::format("no pipeline ({} ranks)", world)
+                       : fmt::format("{} pipeline stages split {} on {} ranks", stages, splitText(s), world);
+  };
+  throw ConfigError(fmt::format(
+      "cannot resume from {}: it was written by {}, and this job has {}. A pipelined checkpoint "
+      "resumes on the layout that wrote it; to go on in another, write the model out with `cohort "
+      "ckpt consolidate {} --out model.pt` and start a new run from it (model.init_from)",
+      path, layout(was, split, m.worldSize),
+      layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks, mesh.world.worldSize),
+      path));
+}
+
+}  // namespace
+
+std::vector<int64_t> resolveSplit(const JobConfig& job, const Datasets& data,
+                                  const parallel::Mesh& mesh,
+                                  const std::optional<ckpt::Manifest>& resumed,
+                                  const std::string& resumeFrom) {
+  if (resumed) checkLayout(job, mesh, *resumed, resumeFrom);
+  if (!mesh.pipelined()) return {};
+  const PipelineSplit& asked = job.distribution.pipeline.split;
+  std::vector<int64_t> split;
+  if (resumed) {
+    split = checkpointSplit(*resumed);
+  } else if (!asked.automatic()) {
+    split = asked.blocks;
+  } else {
+    std::string shared;
+    if (mesh.world.rank == 0) {
+      const std::vector<double> seconds = measureBlocks(job, data);
+      split = parallel::balanceStages(seconds, mesh.stages);
+      std::vector<std::string> ms;
+      for (double s : seconds) ms.push_back(fmt::format("{:.1f}", 1000 * s));
+      log::info("pipeline split auto: blocks take {} ms (forward and backward of a micro-batch); "
+                "stages get {} blocks",
+                fmt::join(ms, ", "), splitText(split));
+      shared = nlohmann::json(split).dump();
+    }
+    shared = comm::shareFromRoot(mesh.world, "pipeline_split", shared);
+    split = nlohmann::json::parse(shared).get<std::vector<int64_t>>();
+  }
+  COHORT_ASSERT(static_cast<int>(split.size()) == mesh.stages, "a split of ", split.size(),
+                " stages for ", mesh.stages);
+  return split;
+}
+
+models::ModelPart partOf(const std::vector<int64_t>& split, int stage) {
+  models::ModelPart part;
+  if (split.empty()) return part;
+  const auto s = static_cast<size_t>(stage);
+  part.firstBlock = std::accumulate(split.begin(), split.begin() + static_cast<std::ptrdiff_t>(s), int64_t{0});
+  part.endBlock = part.firstBlock + split[s];
+  part.input = stage == 0;
+  part.output = s + 1 == split.size();
+  return part;
+}
+
+nlohmann::json pipelineLayout(const JobConfig& job, const parallel::Mesh& mesh,
+                              const std::vector<int64_t>& split) {
+  const PipelineConfig& p = job.distribution.pipeline;
+  return {{"stages", mesh.stages},
+          {"replicas", mesh.replicas},
+          {"micro_batches", p.microBatchCount()},
+          {"schedule", std::string(choiceName(p.schedule))},
+          {"split", split}};
+}
+
+nlohmann::json gatherStageLayouts(const parallel::Mesh& mesh, const nlohmann::json& mine) {
+  const comm::Comm& world = mesh.world;
+  auto key = [](int stage) { return fmt::format("pipeline/stage_zero/{}", stage); };
+  if (mesh.replica == 0) {
+    const std::string text = mine.dump();
+    world.store->set(key(mesh.stage), std::vector<uint8_t>(text.begin(), text.end()));
+  }
+  if (world.rank != 0) return nlohmann::json();
+  nlohmann::json all = nlohmann::json::array();
+  for (int s = 0; s < mesh.stages; ++s) {
+    try {
+      world.store->wait({key(s)}, world.timeout);
+    } catch (const std::exception& e) {
+      throw TimeoutError(fmt::format("rank 0: pipeline stage {} did not publish its ZeRO layout within "
+                                     "{} s: {}",
+                                     s, world.timeout.count() / 1000.0, e.what()));
+    }
+    const std::vector<uint8_t> raw = world.store->get(key(s));
+    all.push_back(nlohmann::json::parse(std::string(raw.begin(), raw.end())));
+  }
+  return all;
+}
+
+}  // namespace cohort::train::detail

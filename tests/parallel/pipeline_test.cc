@@ -1,0 +1,315 @@
+// Pipeline parallelism with real processes (docs/parallelism.md): the model
+// split into stages across ranks, each stage building only its blocks.
+// P stages, and P stages x R data replicas, end with the parameters of one
+// process with the global batch (GPT and ResNet-18; with accumulation,
+// clipping, GPipe, recomputation, ZeRO within the stages, bf16); a stage
+// killed mid-run restarts every rank from the newest checkpoint to bitwise
+// the same end; a checkpoint consolidates to the whole model and refuses
+// another layout; bad settings exit 2 naming the key.
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/state_dict.h"
+#include "util/corpus.h"
+#include "util/jobs.h"
+#include "util/process.h"
+#include "util/runs.h"
+
+namespace cohort {
+namespace {
+
+// As the ZeRO tests: float32 sums in another order (per-micro-batch
+// gradients added in another grouping), magnified a little by AdamW.
+constexpr double kTolerance = 1e-5;
+
+nlohmann::json summaryOf(const test::TempDir& dir, const std::string& tag) {
+  return nlohmann::json::parse(test::readText(dir.file(tag + "/summary.json")));
+}
+
+// Without the BatchNorm statistics (running_mean, running_var, the batch
+// count): replica 0's, which saw only its own samples.
+ckpt::StateDict parametersOnly(const ckpt::StateDict& d) {
+  ckpt::StateDict out;
+  for (const auto& [name, t] : d) {
+    if (name.find("running_") == std::string::npos && name.find("num_batches") == std::string::npos) {
+      out.emplace_back(name, t);
+    }
+  }
+  return out;
+}
+
+class Pipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::writeText(dir.file("corpus.txt"), test::corpus(6'000));
+    auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
+    ASSERT_EQ(tok.exitCode, 0) << tok.describe();
+  }
+
+  // A GPT of 4 blocks, trained for 6 steps of `batch` per micro-batch on
+  // `procs` ranks, with `kv` (--set) on top. Returns model/final.pt.
+  ckpt::StateDict gpt(const std::string& tag, int procs, int batch, std::vector<std::string> kv,
+                      const std::map<std::string, std::string>& env = {}, int exitCode = 0) {
+    test::writeText(dir.file(tag + ".yaml"), R"(name: )" + tag + R"(
+model: {arch: gpt, n_layer: 4, n_head: 2, n_embd: 10, block_size: 12}
+data:
+  train: {kind: tokens, path: )" + dir.file("tok/train") + R"(}
+  loader_threads: 1
+distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
+training:
+  epochs: 1
+  max_steps: 6
+  seed: 7
+  log_every: 1
+  optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
+output: {progress: off}
+)");
+    return run(tag, procs, batch, kv, env, exitCode);
+  }
+
+  // ResNet-18 on 32x32 synthetic images, batch `batch` per micro-batch, 4
+  // steps. (A small learning rate: BatchNorm over single samples amplifies
+  // the rounding of another summation order at larger ones.)
+  ckpt::StateDict resnet(const std::string& tag, int procs, int batch, std::vector<std::string> kv) {
+    test::writeText(dir.file(tag + ".yaml"), R"(name: )" + tag + R"(
+model: {arch: resnet18, num_classes: 4, small_input: true, memory_format: contiguous}
+data:
+  train: {kind: synthetic, size: 64, shape: [3, 32, 32], seed: 3}
+  loader_threads: 1
+distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
+training:
+  epochs: 1
+  max_steps: 4
+  seed: 7
+  log_every: 1
+  optimizer: {name: sgd, lr: 0.005, momentum: 0.9}
+output: {progress: off}
+)");
+    return run(tag, procs, batch, kv, {}, 0);
+  }
+
+  ckpt::StateDict run(const std::string& tag, int procs, int batch, std::vector<std::string> kv,
+                      const std::map<std::string, std::string>& env, int exitCode) {
+    std::vector<std::string> args{"run", dir.file(tag + ".yaml"), "--procs", std::to_string(procs),
+                                  "--run-dir", dir.file(tag), "--set",
+                                  "training.batch_size=" + std::to_string(batch)};
+    for (const auto& k : kv) {
+      args.push_back("--set");
+      args.push_back(k);
+    }
+    last = test::cohort(args, env);
+    EXPECT_EQ(last.exitCode, exitCode) << tag << ": " << last.describe();
+    if (exitCode != 0 || last.exitCode != 0) return {};
+    return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
+  }
+
+  std::string log(const std::string& tag, int rank) {
+    return test::readText(dir.file(fmt::format("{}/logs/rank-{}.log", tag, rank)));
+  }
+
+  test::TempDir dir;
+  test::ProcessResult last;
+};
+
+TEST_F(Pipeline, GptStagesAndReplicasEqualOneProcessWithTheGlobalBatch) {
+  // Global batch 12 everywhere: one process with batch 12; the pipelines
+  // with micro-batches of 3 (x micro_batches x replicas x accumulate_steps).
+  auto reference = gpt("single", 1, 12, {});
+  auto clipped = gpt("single-clip", 1, 12, {"training.clip_grad_norm=0.3"});
+  struct Variant {
+    const char* tag;
+    int procs;
+    std::vector<std::string> kv;
+    bool clip = false;
+  };
+  const std::vector<Variant> variants = {
+      {"p2", 2, {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"}},
+      {"p2x2", 4, {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2"}},
+      // Accumulation over two rounds, recomputed blocks, a split by hand.
+      {"p2-acc", 2,
+       {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2",
+        "training.accumulate_steps=2", "model.recompute=blocks", "distribution.pipeline.split=[1,3]"}},
+      {"p2-gpipe", 2,
+       {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4",
+        "distribution.pipeline.schedule=gpipe"}},
+      // A middle stage; the split measured (auto).
+      {"p3", 3, {"distribution.pipeline.stages=3", "distribution.pipeline.micro_batches=4"}},
+      // Clipping over every stage's gradients; ZeRO within each stage's replicas.
+      {"p2x2-clip-zero2", 4,
+       {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2",
+        "training.clip_grad_norm=0.3", "distribution.zero=2"},
+       true},
+      {"p2x2-zero3", 4,
+       {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2", "distribution.zero=3"}},
+  };
+  const auto whole = summaryOf(dir, "single");
+  for (const Variant& v : variants) {
+    auto run = gpt(v.tag, v.procs, 3, v.kv);
+    if (run.empty()) continue;
+    const double diff = test::maxDifference(v.clip ? clipped : reference, run);
+    EXPECT_LT(diff, kTolerance) << v.tag;
+    RecordProperty(std::string("max_parameter_difference_") + v.tag, fmt::format("{:.3g}", diff));
+    const std::string text = log(v.tag, 0);
+    EXPECT_NE(text.find("pipeline: stage 0/"), std::string::npos) << text;
+    // Each stage's figures, in the summary: it holds its part of the model.
+    const auto s = summaryOf(dir, v.tag);
+    ASSERT_TRUE(s.contains("pipeline")) << s.dump(1);
+    const auto& stages = s["pipeline"]["per_stage"];
+    const int p = s["pipeline"]["stages"];
+    ASSERT_EQ(stages.size(), static_cast<size_t>(p));
+    int64_t parameters = 0;
+    for (const auto& st : stages) {
+      parameters += st["parameters"].get<int64_t>();
+      EXPECT_LT(st["parameters"].get<int64_t>(), whole["parameters"].get<int64_t>()) << v.tag;
+      EXPECT_GE(st["idle_frac"].get<double>(), 0.0);
+      EXPECT_LE(st["idle_frac"].get<double>(), 1.0);
+      EXPECT_GT(st["schedule_s"].get<double>(), 0.0);
+    }
+    // Every block once; the token embedding twice (the first stage's input,
+    // the last stage's head).
+    int64_t embedding = 0;
+    for (const auto& [name, t] : run) {
+      if (name == "transformer.wte.weight") embedding = t.numel();
+    }
+    EXPECT_EQ(parameters, whole["parameters"].get<int64_t>() + embedding) << v.tag;
+  }
+  // The comparison can fail: clipping at 0.3 changes these weights.
+  EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+  // 1F1B holds at most P - s micro-batches on stage s; GPipe all of them.
+  EXPECT_EQ(summaryOf(dir, "p2")["pipeline"]["per_stage"][0]["activations_held_peak"], 2);
+  EXPECT_EQ(summaryOf(dir, "p2-gpipe")["pipeline"]["per_stage"][0]["activations_held_peak"], 4);
+  EXPECT_NE(log("p3", 0).find("pipeline split auto: blocks take"), std::string::npos) << log("p3", 0);
+  EXPECT_NE(log("p2-acc", 1).find("holds blocks 1..3 of 4"), std::string::npos) << log("p2-acc", 1);
+}
+
+TEST_F(Pipeline, Bf16StagesFollowTheUnsplitModelOnTheSameMicroBatches) {
+  // bf16 rounds each micro-batch's forward: against one process running the
+  // same micro-batches (accumulation), not one big batch.
+  const std::string bf16 = "training.precision=bf16";
+  auto plain = gpt("bf16-plain", 1, 3, {bf16, "training.accumulate_steps=4"});
+  auto staged = gpt("bf16-p2", 2, 3,
+                    {bf16, "distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"});
+  EXPECT_LT(test::maxDifference(plain, staged), kTolerance);
+  auto fp32 = gpt("fp32", 1, 3, {"training.accumulate_steps=4"});
+  EXPECT_GT(test::maxDifference(plain, fp32), 100 * kTolerance) << "bf16 made no difference";
+}
+
+TEST_F(Pipeline, ResNetLayerGroupsAsStagesEqualOneProcess) {
+  // BatchNorm normalizes each micro-batch: the reference runs the same
+  // micro-batches (batch 1, accumulated), whose grouping 2 replicas keep.
+  // The split is measured (auto) for 1 replica, given for 2.
+  auto reference = resnet("single", 1, 1, {"training.accumulate_steps=4"});
+  auto p2 = resnet("p2", 2, 1, {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"});
+  const double diff = test::maxDifference(reference, p2);
+  EXPECT_LT(diff, kTolerance);
+  RecordProperty("max_difference_p2", fmt::format("{:.3g}", diff));
+  auto p2x2 = resnet("p2x2", 4, 1,
+                     {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2",
+                      "distribution.pipeline.split=[1,3]", "training.clip_grad_norm=1"});
+  auto clipped = resnet("single-clip", 1, 1, {"training.accumulate_steps=4", "training.clip_grad_norm=1"});
+  // The statistics are replica 0's, which saw half the samples: parameters only.
+  const double d2 = test::maxDifference(parametersOnly(clipped), parametersOnly(p2x2));
+  EXPECT_LT(d2, kTolerance);
+  RecordProperty("max_parameter_difference_p2x2", fmt::format("{:.3g}", d2));
+  EXPECT_GT(test::maxDifference(parametersOnly(reference), parametersOnly(clipped)), 100 * kTolerance)
+      << "clipping at 1 made no difference";
+  EXPECT_NE(log("p2x2", 1).find("holds blocks 1..3 of 4 with the classifier"), std::string::npos)
+      << log("p2x2", 1);
+}
+
+TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
+  const std::vector<std::string> kv = {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2",
+                                       "checkpoint.every_steps=3", "checkpoint.when_behind=wait",
+                                       "distribution.max_restarts=2", "training.max_steps=9"};
+  auto whole = gpt("whole", 2, 3, kv);
+  // Stage 1 dies after step 7: stage 0 is inside step 8 then, waiting for it.
+  auto restarted = gpt("restarted", 2, 3, kv, {{"COHORT_FAULT", "kill@rank1:step7"}});
+  EXPECT_EQ(test::maxDifference(whole, restarted), 0.0);
+  EXPECT_NE(log("restarted", 0).find("resumed from " + dir.file("restarted/checkpoints/step-6")),
+            std::string::npos)
+      << log("restarted", 0);
+
+  // Each stage wrote its own files; consolidate puts the model together in
+  // the whole model's order: the step-9 checkpoint is the final model.
+  const std::string step9 = dir.file("whole/checkpoints/step-9");
+  for (const char* f : {"stage0-model.bin", "stage1-model.bin", "stage0-optimizer.bin",
+                        "stage1-optimizer.bin", "rank-0.bin", "rank-1.bin"}) {
+    EXPECT_TRUE(std::filesystem::exists(step9 + "/" + f)) << f;
+  }
+  EXPECT_FALSE(std::filesystem::exists(step9 + "/model.bin"));
+  const auto c = test::cohort({"ckpt", "consolidate", step9, dir.file("consolidated.pt"), "--optimizer",
+                               dir.file("optimizer.pt")});
+  ASSERT_EQ(c.exitCode, 0) << c.describe();
+  auto consolidated = ckpt::readStateDict(dir.file("consolidated.pt"));
+  consolidated.emplace_back("lm_head.weight", consolidated.front().second);
+  EXPECT_EQ(consolidated.front().first, "transformer.wte.weight");
+  EXPECT_EQ(test::maxDifference(whole, consolidated), 0.0);
+
+  // Another layout (another split; no pipeline) is refused before anything
+  // trains, pointing at consolidate.
+  for (const auto& [procs, kv] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"2", {"distribution.pipeline.stages=2", "distribution.pipeline.split=[1,3]"}}, {"2", {}}}) {
+    std::vector<std::string> args{"run", dir.file("whole.yaml"), "--procs", procs, "--run-dir",
+                                  dir.file("again"), "--resume", step9, "--set", "training.batch_size=3",
+                                  "--set", "training.max_steps=12"};
+    for (const auto& k : kv) {
+      args.push_back("--set");
+      args.push_back(k);
+    }
+    const auto again = test::cohort(args);
+    EXPECT_EQ(again.exitCode, 2) << again.describe();
+    EXPECT_NE(again.err.find("cohort ckpt consolidate"), std::string::npos) << again.describe();
+    std::filesystem::remove_all(dir.file("again"));
+  }
+}
+
+TEST_F(Pipeline, BadSettingsExit2NamingTheKey) {
+  gpt("base", 1, 3, {"training.max_steps=1"});
+  struct Bad {
+    std::vector<std::string> kv;
+    const char* procs;
+    const char* says;
+  };
+  const std::vector<Bad> bad = {
+      {{"distribution.pipeline.stages=5"}, "5", "distribution.pipeline.stages"},
+      {{"distribution.pipeline.stages=2"}, "3", "do not divide the job's 3 ranks"},
+      {{"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=1"}, "2",
+       "distribution.pipeline.micro_batches"},
+      {{"distribution.pipeline.stages=2", "distribution.pipeline.split=[1,2]"}, "2",
+       "distribution.pipeline.split"},
+      {{"distribution.pipeline.stages=2", "model.lora.rank=4"}, "2", "model.lora.rank"},
+      {{"distribution.pipeline.micro_batches=4"}, "1", "is for a pipeline"},
+      {{"distribution.pipeline.stages=2", "distribution.pipeline.split=seven"}, "2",
+       "expected auto or a list"},
+  };
+  for (const Bad& b : bad) {
+    std::vector<std::string> args{"run", dir.file("base.yaml"), "--procs", b.procs, "--run-dir",
+                                  dir.file("bad")};
+    for (const auto& k : b.kv) {
+      args.push_back("--set");
+      args.push_back(k);
+    }
+    const auto r = test::cohort(args);
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_NE((r.out + r.err).find(b.says), std::string::npos) << b.says << "\n" << r.describe();
+  }
+  // Models without blocks to split.
+  test::writeText(dir.file("cnn.yaml"), test::tinyJobYaml("cnn"));
+  const auto cnn = test::cohort({"run", dir.file("cnn.yaml"), "--procs", "2", "--run-dir", dir.file("cnn"),
+                                 "--set", "distribution.pipeline.stages=2"});
+  EXPECT_EQ(cnn.exitCode, 2) << cnn.describe();
+  EXPECT_NE(cnn.err.find("model.arch simple_cnn cannot be split into stages"), std::string::npos)
+      << cnn.describe();
+}
+
+}  // namespace
+}  // namespace cohort
