@@ -156,7 +156,10 @@ std::vector<double> Pipeline::runRound(const std::vector<at::Tensor>& inputs, bo
     --holding;
   }
   links_->drain();
-  // Every stage of the replica reports the losses: the last stage's.
+  // Every stage of the replica reports the losses: the last stage's. The
+  // broadcast ends the round on every stage together: a stage that is done
+  // waits here for the others to drain.
+  const auto endStart = SteadyClock::now();
   at::Tensor values = torch::tensor(losses, torch::kFloat64);
   {
     std::vector<at::Tensor> tensors{values};
@@ -164,13 +167,15 @@ std::vector<double> Pipeline::runRound(const std::vector<at::Tensor>& inputs, bo
     o.rootRank = mesh_.stages - 1;
     comm::wait(mesh_.pipeline.pg->broadcast(tensors, o), mesh_.pipeline, "pipeline losses");
   }
+  const double end = secondsSince(endStart);
   for (int i = 0; i < m; ++i) losses[static_cast<size_t>(i)] = values[i].item<double>();
   const double recv = links_->recvSeconds - recvBefore, send = links_->sendSeconds - sendBefore;
-  times.waiting += recv;
+  times.waiting += recv + end;
   times.transfer += send;
   ++stats_.rounds;
   stats_.roundSeconds += secondsSince(start);
   stats_.recvSeconds += recv;
+  stats_.endSeconds += end;
   stats_.sendSeconds += send;
   return losses;
 }

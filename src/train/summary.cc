@@ -50,6 +50,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                         {"idle_frac", st.idleFraction},
                         {"bubble_frac_theory", st.bubbleFraction},
                         {"recv_s", st.recvSeconds},
+                        {"round_end_wait_s", st.endSeconds},
                         {"send_s", st.sendSeconds},
                         {"schedule_s", st.roundSeconds},
                         {"activations_held_peak", st.heldPeak}});

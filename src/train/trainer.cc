@@ -221,10 +221,10 @@ void recordStages(TrainState& s, double peakMb) {
   const models::ModelPart part = partOf(s.split, s.mesh.stage);
   const double bubble = parallel::bubbleFraction(st.stages, st.microBatches);
   log::info("pipeline: {}: idle {:.1f}% of its rounds (the schedule's theory: {:.1f}% for {} stages "
-            "and {} micro-batches), {:.2f} s blocked receiving, {:.2f} s sending, activations of up "
-            "to {} micro-batches held at once",
+            "and {} micro-batches): {:.2f} s blocked receiving, {:.2f} s waiting at rounds' ends; "
+            "{:.2f} s sending; activations of up to {} micro-batches held at once",
             s.mesh.describe(), 100 * st.idleFraction(), 100 * bubble, st.stages, st.microBatches,
-            st.recvSeconds, st.sendSeconds, st.heldPeak);
+            st.recvSeconds, st.endSeconds, st.sendSeconds, st.heldPeak);
   constexpr int kFields = 12;
   const int stages = s.mesh.stages;
   at::Tensor all = torch::zeros({stages * kFields}, torch::kFloat64);
@@ -233,7 +233,7 @@ void recordStages(TrainState& s, double peakMb) {
                                double(mem.parameterBytes + mem.gradientBytes + mem.optimizerStateBytes +
                                       8 * pipe.tiedElements()),
                                peakMb, st.idleFraction(), bubble, st.recvSeconds, st.sendSeconds,
-                               st.roundSeconds, double(st.heldPeak), 0.0};
+                               st.roundSeconds, double(st.heldPeak), st.endSeconds};
     auto a = all.accessor<double, 1>();
     for (int k = 0; k < kFields; ++k) a[s.mesh.stage * kFields + k] = v[k];
   }
@@ -257,6 +257,7 @@ void recordStages(TrainState& s, double peakMb) {
     x.sendSeconds = at(8);
     x.roundSeconds = at(9);
     x.heldPeak = static_cast<int64_t>(at(10));
+    x.endSeconds = at(11);
     summary.stages.push_back(x);
   }
 }

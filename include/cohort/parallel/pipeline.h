@@ -68,13 +68,19 @@ struct PipelineStats {
   int stages = 1;
   int microBatches = 0;
   int64_t rounds = 0;
-  double roundSeconds = 0;  // in the schedule, from a round's first action to its losses
-  double recvSeconds = 0;   // blocked receiving activations or gradients (idle, and their transfer)
-  double sendSeconds = 0;   // handing them on, and waiting for the sends at the round's end
+  double roundSeconds = 0;  // from a round's first action until every stage has ended it
+  double recvSeconds = 0;   // blocked receiving activations or gradients (waiting, and their transfer)
+  double endSeconds = 0;    // waiting at the round's end for the other stages to end it
+  double sendSeconds = 0;   // handing activations and gradients on, and waiting for the sends
   int64_t bytesSent = 0;
   int64_t bytesReceived = 0;
   int heldPeak = 0;  // the most micro-batches whose activations were held at once
-  double idleFraction() const { return roundSeconds > 0 ? recvSeconds / roundSeconds : 0; }
+  // The share of its rounds a stage did not compute: blocked on a
+  // neighbour, at the start (filling) or in the middle, or waiting at the end
+  // (draining). The bubble, (P-1)/(M+P-1), when stages take equal time.
+  double idleFraction() const {
+    return roundSeconds > 0 ? (recvSeconds + endSeconds) / roundSeconds : 0;
+  }
 };
 
 class Pipeline : public Plan {

@@ -77,9 +77,9 @@ struct TrainSummary {
     int64_t parameters = 0;                // parameter values it holds
     int64_t stateBytes = 0;                // its parameters, gradients and optimizer state
     double peakResidentMb = 0;             // its process's peak resident memory
-    double idleFraction = 0;               // of its rounds, blocked receiving
+    double idleFraction = 0;               // of its rounds, not computing (parallel::PipelineStats)
     double bubbleFraction = 0;             // the schedule's theory: (P-1)/(M+P-1)
-    double recvSeconds = 0, sendSeconds = 0, roundSeconds = 0;
+    double recvSeconds = 0, endSeconds = 0, sendSeconds = 0, roundSeconds = 0;
     int64_t heldPeak = 0;                  // micro-batches whose activations it held at once
   };
   std::vector<Stage> stages;
