@@ -8,9 +8,12 @@
 # cost: the stages are balanced) with AdamW in fp32, micro-batches of 4 x
 # 128 tokens, on 2 ranks of 1 thread each:
 #   dp        data parallelism, accumulate_steps 4 (global batch 32)
-#   1f1b-M    a pipeline of 2 stages, 1F1B, M micro-batches per round
-#             (global batch 4 x M), for M = 2, 4, 8, 16
+#   1f1b-M    a pipeline of 2 stages of N_LAYER/2 blocks each (split by
+#             hand: the balanced stages the theory assumes, whatever split
+#             auto would measure on a noisy machine), 1F1B, M micro-batches
+#             per round (global batch 4 x M), for M = 2, 4, 8, 16
 #   gpipe-8   the same with GPipe, M = 8
+#   auto-8    1F1B, M = 8, split: auto (rank 0 times the blocks)
 # ROUNDS times, the runs interleaved, 14 steps each (the first 2 are
 # warm-up in the log; the figures are summary.json's over the whole run).
 # Prints the CPU, each run's tokens/s with its ratio to dp in the same round,
@@ -23,6 +26,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 embd="${2:-256}"
 layers="${3:-8}"
+half=$((layers / 2))
 out=$(mktemp -d /tmp/cohort-pipeline.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 /usr/bin/python3 - <<'PY'
@@ -47,16 +51,18 @@ while [ "$r" -le "$rounds" ]; do
   echo "round $r" >&2
   train "dp-$r" --set training.accumulate_steps=4
   for m in 2 4 8 16; do
-    train "1f1b-$m-$r" --set distribution.pipeline.stages=2 --set distribution.pipeline.micro_batches=$m
+    train "1f1b-$m-$r" --set distribution.pipeline.stages=2 --set distribution.pipeline.micro_batches=$m \
+        --set "distribution.pipeline.split=[$half,$half]"
   done
   train "gpipe-8-$r" --set distribution.pipeline.stages=2 --set distribution.pipeline.micro_batches=8 \
-      --set distribution.pipeline.schedule=gpipe
+      --set distribution.pipeline.schedule=gpipe --set "distribution.pipeline.split=[$half,$half]"
+  train "auto-8-$r" --set distribution.pipeline.stages=2 --set distribution.pipeline.micro_batches=8
   r=$((r + 1))
 done
 /usr/bin/python3 - "$out" "$rounds" <<'PY'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-runs = ["1f1b-2", "1f1b-4", "1f1b-8", "1f1b-16", "gpipe-8"]
+runs = ["1f1b-2", "1f1b-4", "1f1b-8", "1f1b-16", "gpipe-8", "auto-8"]
 def summary(tag):
     return json.load(open(f"{out}/{tag}/summary.json"))
 print()
@@ -71,12 +77,15 @@ for run in runs:
     stages = last["pipeline"]["per_stage"]
     idle = [statistics.median(summary(f"{run}-{r}")["pipeline"]["per_stage"][s]["idle_frac"]
                               for r in range(1, rounds + 1)) for s in range(len(stages))]
+    split = [st["blocks"][1] - st["blocks"][0] for st in stages]
     for s, st in enumerate(stages):
         head = f"{run:<8} | {', '.join(f'{t:.0f}' for t in tps):<27} | {ratio:>14.3f}" if s == 0 else f"{'':<8} | {'':<27} | {'':>14}"
         print(f"{head} | {s:>5} | {100 * idle[s]:>6.1f} | {100 * st['bubble_frac_theory']:>8.1f} | "
               f"{st['recv_s']:>6.2f} | {st['round_end_wait_s']:>5.2f} | {st['send_s']:>6.2f} | {st['state_mb']:>8.1f} | {st['peak_rss_mb']:>11.0f} | "
               f"{st['activations_held_peak']:>4}")
-    results[run] = {"tokens_per_s": tps, "vs_dp": ratio,
+    if run.startswith("auto"):
+        print(f"{'':<8}   split chosen in the last round: {split}")
+    results[run] = {"tokens_per_s": tps, "vs_dp": ratio, "split": split,
                     "stages": [{"idle_frac": idle[s], "theory": st["bubble_frac_theory"], "recv_s": st["recv_s"],
                                 "round_end_wait_s": st["round_end_wait_s"], "send_s": st["send_s"], "state_mb": st["state_mb"], "peak_rss_mb": st["peak_rss_mb"],
                                 "held": st["activations_held_peak"]} for s, st in enumerate(stages)]}

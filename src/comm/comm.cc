@@ -10,8 +10,12 @@
 #endif
 
 #include <algorithm>
+#include <unistd.h>
+
+#include <cstdio>
 #include <map>
 
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/comm/wait.h"
 #include "cohort/core/log.h"
@@ -151,6 +155,19 @@ c10::intrusive_ptr<c10d::ProcessGroup> newGroup(const Comm& comm, const std::str
     }
     throw CommError(fmt::format("rank {}: cannot build the process group {}: {}", comm.rank, name, m));
   }
+}
+
+std::string machineIdentity(int jobRank) {
+  if (auto id = env::machineId(jobRank)) return "id:" + *id;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
+    std::fclose(f);
+  }
+  return std::string(host) + "/" + boot;
 }
 
 Comm subgroup(const Comm& world, const std::string& name, const std::vector<int>& members) {

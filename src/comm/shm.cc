@@ -1,25 +1,23 @@
 #include "cohort/comm/shm.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <linux/futex.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <climits>
-#include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "cohort/comm/wait.h"
 #include "cohort/core/error.h"
+#include "comm/detail/segment.h"
 
 namespace cohort::comm {
+
+using detail::futexWait;
+using detail::futexWakeAll;
+using detail::processAlive;
 
 namespace {
 
@@ -28,31 +26,6 @@ constexpr uint32_t kMagic = 0x53484d31;  // "SHM1"
 struct alignas(64) Counter {
   std::atomic<uint64_t> value{0};
 };
-
-int futexWait(std::atomic<uint32_t>* word, uint32_t expected, const timespec* timeout) {
-  // Not FUTEX_PRIVATE: the word is shared between processes.
-  return static_cast<int>(
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, timeout, nullptr, 0));
-}
-
-// False once `pid` has exited: gone, or a zombie its parent has not reaped.
-bool processAlive(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return true;  // no /proc: trust kill()
-  char buf[512] = {};
-  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  // "pid (comm) S ...": the state follows the last ')'.
-  const char* close = std::strrchr(buf, ')');
-  return !(n > 0 && close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
-}
-
-void futexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
 
 }  // namespace
 
@@ -74,33 +47,7 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, siz
   const size_t headerBytes = (sizeof(Header) + 4095) / 4096 * 4096;
   const size_t regionBytes = (floatsPerRank * sizeof(float) + 4095) / 4096 * 4096;
   bytes_ = headerBytes + regionBytes * static_cast<size_t>(worldSize);
-  const int fd = ::shm_open(name.c_str(), O_RDWR | (create ? O_CREAT | O_EXCL : 0), 0600);
-  if (fd < 0) {
-    throw IoError(fmt::format("shared memory {}: cannot {}: {}", name, create ? "create" : "open",
-                              std::strerror(errno)));
-  }
-  // Reserve the pages now: tmpfs grants any size to ftruncate and raises
-  // SIGBUS at the first touch past its limit (Docker's /dev/shm is 64 MB).
-  const int sized = create ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_)) : 0;
-  if (sized != 0) {
-    ::close(fd);
-    ::shm_unlink(name.c_str());
-    throw IoError(fmt::format("shared memory {}: cannot reserve {} MB: {} (is /dev/shm big enough?)",
-                              name, bytes_ >> 20, std::strerror(sized)));
-  }
-  struct stat st {};
-  if (!create && (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes_)) {
-    ::close(fd);
-    throw IoError(fmt::format("shared memory {}: {} bytes, {} expected", name, st.st_size, bytes_));
-  }
-  base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int e = errno;
-  ::close(fd);
-  if (base_ == MAP_FAILED) {
-    base_ = nullptr;
-    if (create) ::shm_unlink(name.c_str());
-    throw IoError(fmt::format("shared memory {}: cannot map {} MB: {}", name, bytes_ >> 20, std::strerror(e)));
-  }
+  base_ = detail::mapSegment(name, bytes_, create);
   header_ = static_cast<Header*>(base_);
   if (create) {
     new (header_) Header{};  // the file is zero; this makes the atomics' lifetime explicit
@@ -111,7 +58,7 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, siz
   }
   if (!create && (header_->magic != kMagic || header_->world != static_cast<uint32_t>(worldSize) ||
                   header_->floatsPerRank != floatsPerRank)) {
-    ::munmap(base_, bytes_);
+    detail::unmapSegment(base_, bytes_);
     base_ = nullptr;
     throw IoError(fmt::format("shared memory {}: made for another group ({} ranks, {} floats)", name,
                               header_->world, header_->floatsPerRank));
@@ -123,7 +70,7 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, siz
 
 ShmAllreduce::~ShmAllreduce() {
   if (creator_) unlink();
-  if (base_ != nullptr) ::munmap(base_, bytes_);
+  if (base_ != nullptr) detail::unmapSegment(base_, bytes_);
 }
 
 void ShmAllreduce::unlink() {

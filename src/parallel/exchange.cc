@@ -33,20 +33,6 @@ namespace {
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
-// This rank's machine: COHORT_MACHINE_ID, or host name and boot id.
-std::string machineId(int rank) {
-  if (auto id = env::machineId(rank)) return "id:" + *id;
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  std::string boot;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
-    std::fclose(f);
-  }
-  return std::string(host) + "/" + boot;
-}
-
 std::string get(const comm::Comm& c, const std::string& key) {
   try {
     c.store->wait({key}, c.timeout);
@@ -117,7 +103,7 @@ ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::str
   const std::string prefix = fmt::format("ddp/{}", instance);
 
   // Machines, numbered by their lowest rank (the same on every rank).
-  c.store->set(fmt::format("{}/machine/{}", prefix, c.rank), bytes(machineId(c.jobRank(c.rank))));
+  c.store->set(fmt::format("{}/machine/{}", prefix, c.rank), bytes(comm::machineIdentity(c.jobRank(c.rank))));
   std::map<std::string, int> index;
   std::vector<std::vector<int>> members;
   std::vector<int> machineOf(static_cast<size_t>(c.worldSize));

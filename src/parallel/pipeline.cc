@@ -57,7 +57,12 @@ Pipeline::~Pipeline() = default;
 
 void Pipeline::start() {
   Plan::start();
-  links_ = std::make_unique<detail::StageLink>(mesh_.pipeline);
+  detail::StageLinkOptions lo;
+  lo.sharedMemory = options_.sharedMemory;
+  lo.maxBatch = options_.maxBatch;
+  // 1F1B has at most P micro-batches in flight between two stages.
+  lo.slots = std::min(options_.microBatches, mesh_.stages) + 1;
+  links_ = std::make_unique<detail::StageLink>(mesh_.pipeline, lo);
   // The tied tensors' gradients are summed over the first and last stage of
   // every replica: one group of all of them.
   if (!tied_.empty()) {

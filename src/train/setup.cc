@@ -224,6 +224,11 @@ const security::Key* finalModelKey(const JobConfig& job) {
   return keys != nullptr && job.security.encryption.finalModel ? &keys->current : nullptr;
 }
 
+int64_t evalBatchSize(const JobConfig& job) {
+  if (job.data.eval.kind == DataKind::none) return 0;
+  return job.data.evalBatchSize > 0 ? job.data.evalBatchSize : 2 * job.training.batchSize;
+}
+
 Loaders makeLoaders(const JobConfig& job, const Datasets& data, int dataRank, int dataWorld) {
   const TrainingConfig& tc = job.training;
   Loaders l;
@@ -259,7 +264,7 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, int dataRank, in
     eo.evenSplit = false;
     l.evalSampler = std::make_unique<data::DistributedSampler>(eo);
     data::LoaderOptions el = lo;
-    el.batchSize = job.data.evalBatchSize > 0 ? job.data.evalBatchSize : 2 * tc.batchSize;
+    el.batchSize = evalBatchSize(job);
     el.dropLast = false;
     el.transform = data::Transform::fromConfig(job.data.eval, data.shape, false, "data.eval");
     l.eval = std::make_unique<data::BatchLoader>(data.eval, el);

@@ -101,6 +101,8 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
                                                           : parallel::ScheduleKind::oneFOneB;
     // GPT's token embedding is its output head too: the first and the last stage hold it.
     if (job.model.arch == ModelArch::gpt) po.tied.push_back("transformer.wte.weight");
+    po.sharedMemory = job.distribution.sharedMemory;
+    po.maxBatch = std::max(job.training.batchSize, evalBatchSize(job));
     plan = parallel::pipeline(s.mesh, s.model.model, options, po);
   } else {
     plan = parallel::dataParallel(s.mesh, s.model.model, options);

@@ -1,7 +1,10 @@
 // The shared-memory allreduce between real processes: sums for several world
 // sizes and lengths (0, odd, not a multiple of the ranks' shares), every
 // rank ending with the same bits, and a missing rank named in the timeout;
-// the broadcast from any root, alone and between allreduces.
+// the broadcast from any root, alone and between allreduces. The
+// shared-memory channel between two processes: messages in order through a
+// ring that wraps, a writer held back by a full ring, a size mismatch and a
+// peer that exited named at once.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -11,9 +14,11 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cohort/comm/shm.h"
+#include "cohort/comm/shm_channel.h"
 #include "cohort/core/error.h"
 #include "util/forked.h"
 
@@ -320,6 +325,87 @@ TEST(Shm, OpeningAMissingSegmentNamesIt) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("absent"), std::string::npos) << e.what();
   }
+}
+
+TEST(ShmChannel, MessagesArriveInOrderThroughARingThatWraps) {
+  const std::string name = segmentName("channel");
+  const size_t slot = 1000;
+  ShmChannel writer(name, slot, 3, /*writer=*/true);
+  test::ForkedRanks reader(1, [&](int) {
+    ShmChannel r(name, slot, 3, /*writer=*/false);
+    r.unlink();
+    // Messages of varying sizes, each filled with its number.
+    for (int k = 0; k < 500; ++k) {
+      const size_t n = 1 + static_cast<size_t>(k * 37) % slot;
+      std::vector<unsigned char> got(n);
+      r.read(got.data(), n, std::chrono::seconds(60), "the writer");
+      for (unsigned char c : got) {
+        if (c != static_cast<unsigned char>(k)) return 4;
+      }
+    }
+    return 0;
+  });
+  for (int k = 0; k < 500; ++k) {
+    const size_t n = 1 + static_cast<size_t>(k * 37) % slot;
+    const std::vector<unsigned char> msg(n, static_cast<unsigned char>(k));
+    writer.write(msg.data(), n, std::chrono::seconds(60), "the reader");
+  }
+  EXPECT_EQ(reader.wait()[0], 0);
+}
+
+TEST(ShmChannel, AFullRingHoldsTheWriterAndAnEmptyOneTheReader) {
+  const std::string name = segmentName("full");
+  ShmChannel writer(name, 8, 2, /*writer=*/true);
+  ShmChannel reader(name, 8, 2, /*writer=*/false);
+  reader.unlink();
+  for (int64_t k = 0; k < 2; ++k) writer.write(&k, sizeof(k), std::chrono::seconds(5), "the reader");
+  // Both slots unread: a third message waits (here until its timeout)
+  // rather than overwrite one.
+  const int64_t third = 2;
+  EXPECT_THROW(writer.write(&third, sizeof(third), std::chrono::milliseconds(50), "the reader"), TimeoutError);
+  int64_t v = -1;
+  reader.read(&v, sizeof(v), std::chrono::seconds(5), "the writer");
+  EXPECT_EQ(v, 0);
+  writer.write(&third, sizeof(third), std::chrono::seconds(5), "the reader");
+  for (int64_t k = 1; k < 3; ++k) {
+    reader.read(&v, sizeof(v), std::chrono::seconds(5), "the writer");
+    EXPECT_EQ(v, k);
+  }
+  try {
+    reader.read(&v, sizeof(v), std::chrono::milliseconds(50), "stage 0 (rank 0)");
+    FAIL() << "read from an empty ring";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 0 (rank 0) did not write"), std::string::npos) << e.what();
+  }
+  // A message read with another size than it was written: an error, not garbage.
+  const int32_t small = 7;
+  writer.write(&small, sizeof(small), std::chrono::seconds(5), "the reader");
+  try {
+    reader.read(&v, sizeof(v), std::chrono::seconds(5), "the writer");
+    FAIL() << "read 8 bytes of a 4-byte message";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("4 bytes, 8 expected"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShmChannel, AReaderThatExitedIsNamedAtOnce) {
+  const std::string name = segmentName("exited-reader");
+  ShmChannel writer(name, 8, 1, /*writer=*/true);
+  // The reader opens the ring and leaves without reading.
+  test::ForkedRanks reader(1, [&](int) {
+    ShmChannel r(name, 8, 1, /*writer=*/false);
+    return 0;
+  });
+  const int64_t v = 1;
+  writer.write(&v, sizeof(v), std::chrono::seconds(5), "the reader");
+  try {
+    // A long timeout: the exit must be noticed long before it.
+    writer.write(&v, sizeof(v), std::chrono::minutes(10), "stage 1 (rank 1)");
+    FAIL() << "wrote into a full ring whose reader exited";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 1 (rank 1) (pid"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(reader.wait()[0], 0);
 }
 
 }  // namespace

@@ -105,6 +105,12 @@ Comm subgroup(const Comm& world, const std::string& name, const std::vector<int>
 // thread blocked on its own connection does not block the training thread.
 c10::intrusive_ptr<c10d::Store> openStoreClient(const Comm& comm);
 
+// The identity of the machine job rank `jobRank` runs on (this process):
+// COHORT_MACHINE_ID (tests form several machines on one host with it; a
+// list gives one per rank), or the host name and boot id. Ranks that share
+// memory share it.
+std::string machineIdentity(int jobRank);
+
 // Waits for a collective and turns a c10d failure into CommError naming the
 // operation and this rank.
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const Comm& comm, const char* what);

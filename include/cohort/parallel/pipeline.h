@@ -60,6 +60,11 @@ struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::oneFOneB;
   // Tensors (by name) held by both the first and the last stage.
   std::vector<std::string> tied;
+  // Activations and gradients between stages on one machine through shared
+  // memory, in rings of slots sized for `maxBatch` samples (a larger
+  // micro-batch goes over Gloo); false, or maxBatch 0: Gloo only.
+  bool sharedMemory = true;
+  int64_t maxBatch = 0;
 };
 
 // What a stage measured over its rounds.

@@ -73,6 +73,10 @@ struct Loaders {
 // over the data ranks.
 Loaders makeLoaders(const JobConfig& job, const Datasets& data, int dataRank, int dataWorld);
 
+// The evaluation loader's batch (data.eval_batch_size, or twice the
+// training batch); 0 without evaluation data.
+int64_t evalBatchSize(const JobConfig& job);
+
 // The key model/ files are sealed with (security.encryption.final_model);
 // null: none.
 const security::Key* finalModelKey(const JobConfig& job);
