@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <limits>
+#include <map>
 #include <numeric>
 
 #include "cohort/comm/comm.h"
@@ -23,8 +25,11 @@ std::string splitText(const std::vector<int64_t>& split) { return fmt::format("[
 // Seconds each block takes, forward and backward, for one micro-batch of
 // training.batch_size: each built on its own (the first with the model's
 // input layers, the last with its output layers) and run on what the block
-// before it returned, once to warm up, then the fastest of three timed runs
-// (the least disturbed by whatever else the machine runs).
+// before it returned, after a warm-up run. A busy machine makes a block
+// look slower than it is, so the blocks are timed in three passes, one
+// block after another in each, and a block's time is its fastest; blocks
+// alike (the same parameter shapes: a GPT's inner blocks) take the fastest
+// of theirs. One block is built at a time.
 std::vector<double> measureBlocks(const JobConfig& job, const Datasets& data) {
   ModelConfig mc = job.model;
   if (mc.arch == ModelArch::gpt && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
@@ -32,35 +37,45 @@ std::vector<double> measureBlocks(const JobConfig& job, const Datasets& data) {
   const int64_t blocks = pipelineBlocks(mc);
   const int64_t b = job.training.batchSize;
   const Precision precision = resolvePrecision(job.training.precision, cpuInfo()).precision;
-  at::Tensor x = mc.arch == ModelArch::gpt
-                     ? torch::randint(0, std::max<int64_t>(1, mc.vocabSize), {b, mc.blockSize}, torch::kLong)
-                     : torch::randn({b, data.shape.channels, data.shape.height, data.shape.width});
-  std::vector<double> seconds;
-  for (int64_t k = 0; k < blocks; ++k) {
-    models::ModelPart part;
-    part.firstBlock = k;
-    part.endBlock = k + 1;
-    part.input = k == 0;
-    part.output = k == blocks - 1;
-    part.exact = false;
-    const auto block = models::createModel(mc, {mc.inChannels, data.shape.height, data.shape.width}, part);
-    block->train();
-    at::Tensor out;
-    double took = 0;
-    for (int run = 0; run < 4; ++run) {
-      const at::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(true) : x;
-      const auto start = SteadyClock::now();
-      {
-        AutocastScope autocast(precision, c10::kCPU);
-        out = block->forward(in);
+  const models::InputShape input{mc.inChannels, data.shape.height, data.shape.width};
+  std::vector<double> seconds(static_cast<size_t>(blocks), std::numeric_limits<double>::infinity());
+  std::vector<std::string> kind(static_cast<size_t>(blocks));
+  for (int pass = 0; pass < 3; ++pass) {
+    at::Tensor x = mc.arch == ModelArch::gpt
+                       ? torch::randint(0, std::max<int64_t>(1, mc.vocabSize), {b, mc.blockSize}, torch::kLong)
+                       : torch::randn({b, data.shape.channels, data.shape.height, data.shape.width});
+    for (int64_t k = 0; k < blocks; ++k) {
+      models::ModelPart part;
+      part.firstBlock = k;
+      part.endBlock = k + 1;
+      part.input = k == 0;
+      part.output = k == blocks - 1;
+      part.exact = false;
+      const auto block = models::createModel(mc, input, part);
+      block->train();
+      if (pass == 0) {
+        for (const auto& p : block->parameters()) kind[static_cast<size_t>(k)] += fmt::format("{};", fmt::join(p.sizes(), ","));
       }
-      out.to(at::kFloat).sum().backward();
-      const double t = secondsSince(start);
-      if (run == 1 || (run > 1 && t < took)) took = t;
+      at::Tensor out;
+      for (int run = 0; run < 2; ++run) {
+        const at::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(true) : x;
+        const auto start = SteadyClock::now();
+        {
+          AutocastScope autocast(precision, c10::kCPU);
+          out = block->forward(in);
+        }
+        out.to(at::kFloat).sum().backward();
+        if (run == 1) seconds[static_cast<size_t>(k)] = std::min(seconds[static_cast<size_t>(k)], secondsSince(start));
+      }
+      x = out.detach().to(at::kFloat);
     }
-    seconds.push_back(took);
-    x = out.detach().to(at::kFloat);
   }
+  std::map<std::string, double> fastest;
+  for (int64_t k = 0; k < blocks; ++k) {
+    auto [it, fresh] = fastest.emplace(kind[static_cast<size_t>(k)], seconds[static_cast<size_t>(k)]);
+    if (!fresh) it->second = std::min(it->second, seconds[static_cast<size_t>(k)]);
+  }
+  for (int64_t k = 0; k < blocks; ++k) seconds[static_cast<size_t>(k)] = fastest[kind[static_cast<size_t>(k)]];
   return seconds;
 }
 
