@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <filesystem>
 
 #include "cohort/ckpt/manifest.h"
@@ -136,6 +138,8 @@ int inspectCommand(const std::string& path, bool tensors, std::ostream& out) {
     out << fmt::format("optimizer    {}\n", m.extra["optimizer"].get<std::string>());
   }
   out << "files\n";
+  size_t width = 16;  // the names' column (a pipeline's stage<s>-... are longer)
+  for (const auto& f : m.files) width = std::max(width, f.name.size());
   for (const auto& f : m.files) {
     std::string what;
     try {
@@ -157,7 +161,7 @@ int inspectCommand(const std::string& path, bool tensors, std::ostream& out) {
     } catch (const Error& e) {
       what = fmt::format("unreadable: {}", e.what());
     }
-    out << fmt::format("  {:<16} {:>11}  {}  {}\n", f.name, humanBytes(f.size), f.checksum, what);
+    out << fmt::format("  {:<{}} {:>11}  {}  {}\n", f.name, width, humanBytes(f.size), f.checksum, what);
   }
   return 0;
 }
