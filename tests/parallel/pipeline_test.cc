@@ -55,32 +55,19 @@ class Pipeline : public ::testing::Test {
     ASSERT_EQ(tok.exitCode, 0) << tok.describe();
   }
 
-  // A GPT of 4 blocks, trained for 6 steps of `batch` per micro-batch on
-  // `procs` ranks, with `kv` (--set) on top. Returns model/final.pt.
+  // A GPT of 4 blocks (test::tinyGptYaml), trained for 6 steps of `batch`
+  // per micro-batch on `procs` ranks, with `kv` (--set) on top. Returns
+  // model/final.pt.
   ckpt::StateDict gpt(const std::string& tag, int procs, int batch, std::vector<std::string> kv,
                       const std::map<std::string, std::string>& env = {}, int exitCode = 0) {
-    test::writeText(dir.file(tag + ".yaml"), R"(name: )" + tag + R"(
-model: {arch: gpt, n_layer: 4, n_head: 2, n_embd: 10, block_size: 12}
-data:
-  train: {kind: tokens, path: )" + dir.file("tok/train") + R"(}
-  loader_threads: 1
-distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
-training:
-  epochs: 1
-  max_steps: 6
-  seed: 7
-  log_every: 1
-  optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
-output: {progress: off}
-)");
-    return run(tag, procs, batch, kv, env, exitCode);
+    return run(tag, test::tinyGptYaml(tag, dir.file("tok/train"), 4), procs, batch, kv, env, exitCode);
   }
 
   // ResNet-18 on 32x32 synthetic images, batch `batch` per micro-batch, 4
   // steps. (A small learning rate: BatchNorm over single samples amplifies
   // the rounding of another summation order at larger ones.)
   ckpt::StateDict resnet(const std::string& tag, int procs, int batch, std::vector<std::string> kv) {
-    test::writeText(dir.file(tag + ".yaml"), R"(name: )" + tag + R"(
+    return run(tag, R"(name: )" + tag + R"(
 model: {arch: resnet18, num_classes: 4, small_input: true, memory_format: contiguous}
 data:
   train: {kind: synthetic, size: 64, shape: [3, 32, 32], seed: 3}
@@ -93,20 +80,15 @@ training:
   log_every: 1
   optimizer: {name: sgd, lr: 0.005, momentum: 0.9}
 output: {progress: off}
-)");
-    return run(tag, procs, batch, kv, {}, 0);
+)",
+               procs, batch, kv, {}, 0);
   }
 
-  ckpt::StateDict run(const std::string& tag, int procs, int batch, std::vector<std::string> kv,
-                      const std::map<std::string, std::string>& env, int exitCode) {
-    std::vector<std::string> args{"run", dir.file(tag + ".yaml"), "--procs", std::to_string(procs),
-                                  "--run-dir", dir.file(tag), "--set",
-                                  "training.batch_size=" + std::to_string(batch)};
-    for (const auto& k : kv) {
-      args.push_back("--set");
-      args.push_back(k);
-    }
-    last = test::cohort(args, env);
+  ckpt::StateDict run(const std::string& tag, const std::string& yaml, int procs, int batch,
+                      std::vector<std::string> kv, const std::map<std::string, std::string>& env,
+                      int exitCode) {
+    kv.insert(kv.begin(), "training.batch_size=" + std::to_string(batch));
+    last = test::runJob(dir, tag, yaml, procs, kv, env);
     EXPECT_EQ(last.exitCode, exitCode) << tag << ": " << last.describe();
     if (exitCode != 0 || last.exitCode != 0) return {};
     return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));

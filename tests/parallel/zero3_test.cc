@@ -39,32 +39,10 @@ class ZeroStage3 : public ::testing::Test {
   ckpt::StateDict train(const std::string& tag, int procs, int batch, std::vector<std::string> kv,
                         const std::map<std::string, std::string>& env = {},
                         const std::string& resume = "") {
-    test::writeText(dir.file(tag + ".yaml"), R"(name: )" + tag + R"(
-model: {arch: gpt, n_layer: 2, n_head: 2, n_embd: 10, block_size: 12}
-data:
-  train: {kind: tokens, path: )" + dir.file("tok/train") + R"(}
-  loader_threads: 1
-distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
-training:
-  epochs: 1
-  max_steps: 6
-  seed: 7
-  log_every: 1
-  optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
-output: {progress: off}
-)");
-    std::vector<std::string> args{"run", dir.file(tag + ".yaml"), "--procs", std::to_string(procs),
-                                  "--run-dir", dir.file(tag), "--set",
-                                  "training.batch_size=" + std::to_string(batch)};
-    if (!resume.empty()) {
-      args.push_back("--resume");
-      args.push_back(resume);
-    }
-    for (const auto& k : kv) {
-      args.push_back("--set");
-      args.push_back(k);
-    }
-    auto r = test::cohort(args, env);
+    kv.insert(kv.begin(), "training.batch_size=" + std::to_string(batch));
+    const std::vector<std::string> extra =
+        resume.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--resume", resume};
+    auto r = test::runJob(dir, tag, test::tinyGptYaml(tag, dir.file("tok/train"), 2), procs, kv, env, extra);
     EXPECT_EQ(r.exitCode, 0) << r.describe();
     return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
   }

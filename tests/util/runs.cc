@@ -7,18 +7,43 @@
 
 namespace cohort::test {
 
-ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
-                          const std::vector<std::string>& overrides,
-                          const std::map<std::string, std::string>& env) {
+ProcessResult runJob(const TempDir& dir, const std::string& tag, const std::string& yaml, int procs,
+                     const std::vector<std::string>& overrides,
+                     const std::map<std::string, std::string>& env,
+                     const std::vector<std::string>& extra) {
   const std::string job = dir.file(tag + ".yaml");
-  writeText(job, tinyJobYaml(tag));
+  writeText(job, yaml);
   std::vector<std::string> args{"run", job, "--procs", std::to_string(procs), "--run-dir",
                                 dir.file(tag)};
   for (const auto& o : overrides) {
     args.push_back("--set");
     args.push_back(o);
   }
-  auto r = cohort(args, env);
+  args.insert(args.end(), extra.begin(), extra.end());
+  return cohort(args, env);
+}
+
+std::string tinyGptYaml(const std::string& name, const std::string& tokens, int layers) {
+  return "name: " + name + "\nmodel: {arch: gpt, n_layer: " + std::to_string(layers) +
+         R"(, n_head: 2, n_embd: 10, block_size: 12}
+data:
+  train: {kind: tokens, path: )" + tokens + R"(}
+  loader_threads: 1
+distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
+training:
+  epochs: 1
+  max_steps: 6
+  seed: 7
+  log_every: 1
+  optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
+output: {progress: off}
+)";
+}
+
+ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
+                          const std::vector<std::string>& overrides,
+                          const std::map<std::string, std::string>& env) {
+  auto r = runJob(dir, tag, tinyJobYaml(tag), procs, overrides, env);
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
 }

@@ -12,6 +12,19 @@
 
 namespace cohort::test {
 
+// Writes `yaml` to dir/<tag>.yaml and runs it (`cohort run`) with `procs`
+// ranks into dir/<tag>, each of `overrides` passed as --set, then `extra`
+// arguments (--resume PATH, say); `env` is added to the environment.
+ProcessResult runJob(const TempDir& dir, const std::string& tag, const std::string& yaml, int procs,
+                     const std::vector<std::string>& overrides,
+                     const std::map<std::string, std::string>& env = {},
+                     const std::vector<std::string>& extra = {});
+
+// A small GPT (n_head 2, n_embd 10, block_size 12, `layers` blocks) on the
+// token dataset at `tokens`, AdamW, 6 steps of 1 epoch, one thread per
+// rank, logging every step: the language-model tests' job.
+std::string tinyGptYaml(const std::string& name, const std::string& tokens, int layers);
+
 // Runs tinyJobYaml() with `procs` ranks into dir/<tag> with the given
 // "key=value" overrides (each passed as --set) and returns model/final.pt.
 // Records a test failure if the run does not exit 0. `env` is added to the
