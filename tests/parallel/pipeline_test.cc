@@ -201,6 +201,23 @@ TEST_F(Pipeline, Bf16StagesFollowTheUnsplitModelOnTheSameMicroBatches) {
   EXPECT_GT(test::maxDifference(plain, fp32), 100 * kTolerance) << "bf16 made no difference";
 }
 
+TEST_F(Pipeline, EvaluationPassesThroughTheStagesToTheSameFigures) {
+  // The validation set is scored by the last stage of each replica, on
+  // what the earlier stages pass it, as one process scores it whole.
+  const std::vector<std::string> eval = {"data.eval.kind=tokens", "data.eval.path=" + dir.file("tok/val"),
+                                         "training.max_steps=4"};
+  std::vector<std::string> one = eval, staged = eval;
+  one.push_back("training.accumulate_steps=4");
+  staged.insert(staged.end(), {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"});
+  gpt("eval-one", 1, 3, one);
+  gpt("eval-p2", 2, 3, staged);
+  const auto a = summaryOf(dir, "eval-one")["eval"], b = summaryOf(dir, "eval-p2")["eval"];
+  ASSERT_TRUE(a.contains("loss") && b.contains("loss")) << a.dump() << b.dump();
+  EXPECT_NEAR(a["loss"].get<double>(), b["loss"].get<double>(), 1e-5);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_DOUBLE_EQ(a["top1"].get<double>(), b["top1"].get<double>());
+}
+
 TEST_F(Pipeline, ResNetLayerGroupsAsStagesEqualOneProcess) {
   // BatchNorm normalizes each micro-batch: the reference runs the same
   // micro-batches (batch 1, accumulated), whose grouping 2 replicas keep.

@@ -532,11 +532,25 @@ TEST_F(ServeTest, LimitsAndTheDrainOnSigterm) {
   EXPECT_EQ(tooMany.status, 429) << tooMany.body;
   EXPECT_EQ(server.get("/readyz").status, 200);
 
+  // The drain lasts as long as the held batch takes to run: the probes go
+  // out from before the signal, back to back, so that a busy machine does
+  // not let the server finish and exit before the first of them.
+  Reply readyDraining, draining, healthDraining;
+  std::atomic<bool> signalled{false};
+  std::thread probe([&] {
+    while (!signalled.load()) std::this_thread::yield();
+    do {
+      readyDraining = server.get("/readyz");
+    } while (readyDraining.status == 200);
+    draining = server.post("/v1/predict", body(10));
+    healthDraining = server.get("/healthz");
+  });
   server.process().signal(SIGTERM);
-  ASSERT_TRUE(pollUntil([&] { return server.get("/readyz").status == 503; }));
-  const Reply draining = server.post("/v1/predict", body(10));
+  signalled = true;
+  probe.join();
+  EXPECT_EQ(readyDraining.status, 503) << readyDraining.body;
   EXPECT_EQ(draining.status, 503) << draining.body;
-  EXPECT_EQ(server.get("/healthz").status, 200);
+  EXPECT_EQ(healthDraining.status, 200);
   for (auto& t : held) t.join();
   for (const Reply& r : heldReplies) {
     EXPECT_EQ(r.status, 200) << r.body;
