@@ -6,7 +6,7 @@
 
 namespace cohort::models {
 
-// ZeRO stage 3 (ddp/ddp.h): runs a sharding unit's forward with the unit's
+// ZeRO stage 3 (parallel/ddp.h): runs a sharding unit's forward with the unit's
 // parameters present, which are otherwise held in parts across the ranks.
 class UnitRunner {
  public:
