@@ -255,6 +255,9 @@ void Checkpointer::copy(Job& job, Slot& slot) {
     }
     file.items = std::move(made);
   }
+  // In place: the writer reads the live tensors; the training thread is
+  // released when it has (write()).
+  if (options_.inPlace) return;
   for (const auto& file : job.files) {
     std::vector<TensorRecord> records;
     for (const auto& item : *file.items) {
@@ -365,7 +368,11 @@ void Checkpointer::write(Job& job) {
     if (options_.rank == 0) fs::remove(dir + "/manifest.json", ec);
     const char* base = slots_[static_cast<size_t>(job.slot)]->buffer.get();
     bool paused = false;
-    for (size_t f = 0; f < job.files.size(); ++f) {
+    if (options_.inPlace) {
+      mine = writeInPlace(job);
+      base = nullptr;
+    }
+    for (size_t f = 0; base != nullptr && f < job.files.size(); ++f) {
       std::function<void()> hook;
       if (options_.pauseAtStep && *options_.pauseAtStep == step && !paused) {
         paused = true;
@@ -393,6 +400,54 @@ void Checkpointer::write(Job& job) {
     return;
   }
   commit(job, mine);
+}
+
+std::vector<ManifestFile> Checkpointer::writeInPlace(Job& job) {
+  // Whatever happens, the training thread waiting in waitCopied() goes on
+  // once this returns or throws.
+  struct Release {
+    Checkpointer& c;
+    int64_t seq;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> g(c.mutex_);
+        c.copiedSeq_ = std::max(c.copiedSeq_, seq);
+      }
+      c.cv_.notify_all();
+    }
+  } release{*this, job.seq};
+  const auto start = Clock::now();
+  const std::string dir = options_.dir + "/" + checkpointDirName(job.manifest.step);
+  const Slot& slot = *slots_[static_cast<size_t>(job.slot)];
+  std::vector<ManifestFile> mine;
+  uint64_t bytes = 0;
+  size_t next = 0;
+  for (const auto& file : job.files) {
+    std::vector<TensorRecord> records;
+    std::vector<at::Tensor> keep;  // host, contiguous forms of the tensors
+    for (const auto& item : *file.items) {
+      const void* data = nullptr;
+      if (item.early) {
+        data = slot.early.data() + job.staged[next++];
+      } else {
+        keep.push_back(item.tensor.device().is_cpu() && item.tensor.is_contiguous()
+                           ? item.tensor
+                           : item.tensor.contiguous().to(torch::kCPU));
+        data = keep.back().data_ptr();
+      }
+      records.push_back({item.name, item.tensor.scalar_type(), item.tensor.sizes().vec(), data,
+                         static_cast<uint64_t>(item.tensor.nbytes())});
+    }
+    WrittenFile w = writeTensorFile(dir + "/" + file.name, records, file.meta,
+                                    options_.sealWith ? &*options_.sealWith : nullptr);
+    mine.push_back({w.name, w.size, w.checksum, options_.rank});
+    bytes += w.size;
+    std::lock_guard<std::mutex> g(mutex_);
+    stats_.bytesWritten += w.size;
+  }
+  log::debug("checkpoint step {}: {:.1f} MB written in place in {:.1f} ms", job.manifest.step,
+             bytes / 1e6, 1000 * secondsSince(start));
+  return mine;
 }
 
 void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {

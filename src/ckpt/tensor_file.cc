@@ -259,16 +259,29 @@ void commitTemporary(int fd, const std::string& tmp, const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// Fills dst with bytes [at, at + n) of a file whose bytes [start, start +
+// len) are `src`: the overlap only.
+void copyOverlap(const void* src, uint64_t start, uint64_t len, uint64_t at, uint64_t n, char* dst) {
+  const uint64_t from = std::max(start, at), to = std::min(start + len, at + n);
+  if (from < to) std::memcpy(dst + (from - at), static_cast<const char*>(src) + (from - start), to - from);
+}
+
+}  // namespace
+
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
                             const nlohmann::json& meta, const security::Key* key) {
-  // The file's image in memory, then one atomic write of it.
+  // Streamed from the records' memory through a bounded buffer: writing a
+  // rank's state (ZeRO stage 3, in place) needs no second copy of it.
   const TensorFileLayout l = layoutTensorFile(records, meta, kAlign);
-  std::string image(l.size, '\0');
-  std::memcpy(image.data(), l.header.data(), l.header.size());
-  for (size_t i = 0; i < records.size(); ++i) {
-    if (records[i].nbytes > 0) std::memcpy(image.data() + l.offsets[i], records[i].data, records[i].nbytes);
-  }
-  return writeFileImage(path, image.data(), image.size(), nullptr, key);
+  return writeFileFrom(path, l.size, [&](uint64_t at, uint64_t n, char* dst) {
+    std::memset(dst, 0, n);
+    copyOverlap(l.header.data(), 0, l.header.size(), at, n, dst);
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (records[i].nbytes > 0) copyOverlap(records[i].data, l.offsets[i], records[i].nbytes, at, n, dst);
+    }
+  }, key);
 }
 
 namespace {
@@ -406,7 +419,8 @@ class SealedPipe {
 // The image sealed chunk by chunk, sealing overlapped with writing
 // (SealedPipe); the checksum over what reaches the disk.
 WrittenFile writeSealedImage(const std::string& path, const void* data, uint64_t size,
-                             const std::function<void()>& beforeCommit, const security::Key& key) {
+                             const std::function<void()>& beforeCommit, const security::Key& key,
+                             const FileFill* fill = nullptr) {
   security::Sealer sealer(key, security::sealedLabel(path), size);
   std::string tmp;
   int fd = openTemporary(path, tmp, true);
@@ -424,13 +438,21 @@ WrittenFile writeSealedImage(const std::string& path, const void* data, uint64_t
     h.update(sealer.header().data(), sealer.header().size());
     pipe.commit(sealer.header().size());
     const char* p = static_cast<const char*>(data);
+    std::string plain;  // a chunk's plaintext, when filled rather than in `data`
+    uint64_t at = 0;
     for (uint64_t i = 0; i < sealer.chunks(); ++i) {
       const size_t n = sealer.sealedLength(i);
+      if (fill != nullptr) {
+        plain.resize(sealer.plainLength(i));
+        (*fill)(at, plain.size(), plain.data());
+        at += plain.size();
+        p = plain.data();
+      }
       char* dst = pipe.reserve(n);
       sealer.seal(i, p, dst);
       h.update(dst, n);
       pipe.commit(n);
-      p += sealer.plainLength(i);
+      if (fill == nullptr) p += sealer.plainLength(i);
       if (beforeCommit && i == sealer.chunks() / 2) beforeCommit();  // the test hook, half written
     }
     err = pipe.finish();
@@ -489,6 +511,34 @@ WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t s
       beforeCommit();  // the test hook runs with the file half written
     }
   }
+  commitTemporary(fd, tmp, path);
+  return out;
+}
+
+WrittenFile writeFileFrom(const std::string& path, uint64_t size, const FileFill& fill,
+                          const security::Key* key) {
+  if (key != nullptr) return writeSealedImage(path, nullptr, size, nullptr, *key, &fill);
+  std::string tmp;
+  const int fd = openTemporary(path, tmp, false);
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  WrittenFile out;
+  out.name = fs::path(path).filename().string();
+  out.size = size;
+  Hasher h;
+  std::string buffer(static_cast<size_t>(std::min<uint64_t>(size, uint64_t{8} << 20)), '\0');
+  for (uint64_t at = 0; at < size;) {
+    const uint64_t n = std::min<uint64_t>(size - at, buffer.size());
+    fill(at, n, buffer.data());
+    h.update(buffer.data(), n);
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t w = ::write(fd, buffer.data() + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) abandonWrite(fd, tmp, path, errno);
+      done += static_cast<uint64_t>(w);
+    }
+    at += n;
+  }
+  out.checksum = h.hex();
   commitTemporary(fd, tmp, path);
   return out;
 }

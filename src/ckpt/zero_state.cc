@@ -201,6 +201,41 @@ StateDict stageModel(const std::string& dir, const Manifest& m, int stage) {
   return out;
 }
 
+std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, const Manifest& m,
+                                                     int stage, int world, int rank,
+                                                     const std::vector<std::vector<std::string>>& buckets) {
+  const Stage st = stageOf(dir, m, stage);
+  const nlohmann::json& z = st.zero;
+  if (z.is_null() || !z.value("model_parts", false) || jsonInt<int>(z.value("stage", nlohmann::json(0))) != 3 ||
+      jsonInt<int>(z.value("world_size", nlohmann::json(0))) != world || !z.contains("buckets") ||
+      z["buckets"].size() != buckets.size()) {
+    return std::nullopt;
+  }
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    if (z["buckets"][k].get<std::vector<std::string>>() != buckets[k]) return std::nullopt;
+  }
+  const std::string file = dir + "/" + st.file(modelPartFile(rank));
+  std::map<std::string, at::Tensor> byName;
+  for (auto& [name, t] : readTensorFile(file).tensors) byName[name] = t;
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    int64_t total = 0;
+    for (const auto& [name, n] : members(z, k)) total += n;
+    const int64_t chunk = (total + world - 1) / world;
+    auto it = byName.find(fmt::format("part{}", k));
+    if (it == byName.end() || it->second.numel() != chunk) {
+      throw DataError(fmt::format("{}: 'part{}' is missing or not of {} elements, as extra.zero lays "
+                                  "bucket {} out", file, k, chunk, k));
+    }
+    out.push_back(it->second.flatten());
+  }
+  return out;
+}
+
+StateDict stageModelRest(const std::string& dir, const Manifest& m, int stage) {
+  return readTensorFile(dir + "/" + stageOf(dir, m, stage).file("model.bin")).tensors;
+}
+
 StateDict partsFromWhole(const StateDict& whole, const std::vector<std::string>& names,
                          const std::vector<std::vector<PartSlice>>& parts,
                          const std::vector<int64_t>& sizes, const StateDict& live,

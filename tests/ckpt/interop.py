@@ -2,6 +2,8 @@
 
   interop.py export DIR   torchvision ResNet-18 weights as torch.save writes
                           them, plus an input and PyTorch's logits for it
+  interop.py streamed DIR  loads DIR/streamed.pt (ckpt::StateDictWriter) and
+                          compares it with DIR/streamed_ref.pt
   interop.py check DIR ARCH
                           loads cohort's weights (DIR/cohort_ARCH.pt) into
                           torchvision's model ARCH and compares logits with
@@ -45,6 +47,17 @@ def main():
         diff = (y - io["logits"]).abs().max().item()
         print(f"max |logits difference| = {diff:.3g}")
         return 0 if diff < 1e-4 else 1
+    if mode == "streamed":
+        # A state dict StateDictWriter wrote: every tensor as
+        # DIR/streamed_ref.pt (saveStateDict) holds it, the tied names one storage.
+        state = torch.load(f"{out}/streamed.pt")
+        ref = torch.load(f"{out}/streamed_ref.pt")
+        assert list(state) == list(ref), (list(state), list(ref))
+        for name, t in ref.items():
+            assert state[name].dtype == t.dtype and torch.equal(state[name], t), name
+        assert state["w"].data_ptr() == state["w2"].data_ptr(), "aliases do not share storage"
+        print("ok")
+        return 0
     return 2
 
 

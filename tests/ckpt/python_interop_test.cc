@@ -56,6 +56,27 @@ TEST_F(PythonInterop, TorchvisionWeightsGiveTorchvisionLogits) {
   EXPECT_EQ(fromCheckpoint.size(), ckpt::stateDict(*model).size());
 }
 
+// A state dict written tensor by tensor (ZeRO stage 3's final save) is one
+// torch.load reads, a tied tensor's two names on one storage.
+TEST_F(PythonInterop, AStateDictWrittenTensorByTensorLoadsInPyTorch) {
+  const at::Tensor w = torch::randn({5, 3});
+  const ckpt::StateDict ref = {{"w", w},
+                               {"w2", w},
+                               {"b", torch::randn({3}, torch::kFloat64)},
+                               {"n", torch::tensor(int64_t{1} << 40)},
+                               {"h", torch::randn({2, 2}).to(torch::kBFloat16)}};
+  ckpt::saveStateDict(ref, dir.file("streamed_ref.pt"));
+  ckpt::StateDictWriter out(dir.file("streamed.pt"));
+  out.add("h", ref[4].second);
+  out.add("w", w);
+  out.add("b", ref[2].second);
+  out.add("n", ref[3].second);
+  out.alias("w2", "w");
+  out.finish({"w", "w2", "b", "n", "h"});
+  auto r = test::run({COHORT_PYTHON, script(), "streamed", dir.path()});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+}
+
 TEST_F(PythonInterop, CohortWeightsLoadIntoTorchvision) {
   for (const std::string arch : {"resnet18", "resnet50"}) {
     torch::manual_seed(5);

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "util/process.h"
@@ -45,6 +47,49 @@ TEST(StateDict, SaveAndReadRoundTrip) {
     EXPECT_EQ(out[k].second.scalar_type(), in[k].second.scalar_type()) << in[k].first;
     EXPECT_TRUE(torch::equal(out[k].second, in[k].second)) << in[k].first;
   }
+}
+
+// Tensor by tensor, in the order asked at the end, a second name sharing
+// one storage: what saveStateDict writes, read back the same way.
+TEST(StateDict, WrittenTensorByTensorReadsBackAsSaved) {
+  test::TempDir dir;
+  at::Tensor big = torch::randn({4, 6});
+  const StateDict in = {{"a", torch::randn({2, 3})},
+                        {"view", big.t()},
+                        {"count", torch::tensor(7, torch::kLong)},
+                        {"half", torch::ones({5}, torch::kHalf)},
+                        {"empty", torch::zeros({0, 3})}};
+  {
+    StateDictWriter w(dir.file("s.pt"));
+    for (auto k = in.rbegin(); k != in.rend(); ++k) w.add(k->first, k->second);
+    w.alias("a2", "a");
+    EXPECT_FALSE(std::filesystem::exists(dir.file("s.pt"))) << "visible before finish()";
+    w.finish({"a", "a2", "view", "count", "half", "empty"});
+  }
+  const StateDict out = readStateDict(dir.file("s.pt"));
+  ASSERT_EQ(out.size(), in.size() + 1);
+  EXPECT_EQ(out[1].first, "a2");
+  EXPECT_TRUE(torch::equal(out[1].second, in[0].second));
+  for (size_t k = 0; k < in.size(); ++k) {
+    const auto& got = out[k == 0 ? 0 : k + 1];
+    EXPECT_EQ(got.first, in[k].first);
+    EXPECT_EQ(got.second.scalar_type(), in[k].second.scalar_type()) << in[k].first;
+    EXPECT_TRUE(torch::equal(got.second, in[k].second)) << in[k].first;
+  }
+  // Abandoned (no finish): nothing at the path, no temporary file left.
+  {
+    StateDictWriter w(dir.file("gone.pt"));
+    w.add("a", torch::ones({3}));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("gone.pt")));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp.", 0), std::string::npos) << e.path();
+  }
+  // A name in the order that was never added, or a dtype PyTorch's format has no storage for.
+  StateDictWriter bad(dir.file("bad.pt"));
+  bad.add("a", torch::ones({2}));
+  EXPECT_THROW(bad.finish({"b"}), Error);
+  EXPECT_THROW(bad.add("c", torch::ones({2}, torch::kComplexFloat)), Error);
 }
 
 TEST(StateDict, LoadIsStrictAndNamesTheTensor) {

@@ -67,6 +67,12 @@ struct CheckpointerOptions {
   // Seal every file with this key (AES-256-GCM, cohort/security/sealed.h);
   // none: plain files.
   std::optional<security::Key> sealWith;
+  // No host copy: the writer writes each file straight from the live
+  // tensors (through a buffer of a few MB), and waitCopied() waits until
+  // they are written rather than copied. For a state whose copy would not
+  // fit in memory (ZeRO stage 3 near the limit): forward and backward still
+  // overlap the write; the optimizer step waits for it.
+  bool inPlace = false;
   // Test hook: the writer stops for good in the middle of writing this step.
   std::optional<int64_t> pauseAtStep;
 };
@@ -163,6 +169,7 @@ class Checkpointer {
   void copy(Job& job, Slot& slot);
   void writeLoop();
   void write(Job& job);
+  std::vector<ManifestFile> writeInPlace(Job& job);
   void commit(Job& job, const std::vector<ManifestFile>& mine);
   void applyRetention();
   void pauseForTest(int64_t step);

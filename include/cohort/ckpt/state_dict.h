@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,33 @@ StateDict stateDict(const torch::nn::Module& module);
 // PyTorch cannot load; readStateDict can, with the key installed.
 void saveStateDict(const StateDict& dict, const std::string& path,
                    const security::Key* key = nullptr);
+
+// A state dict written tensor by tensor, in the file format of
+// saveStateDict: each tensor's bytes go to the file when it is added (the
+// caller may free it then), the dict's names at finish(). For a model no
+// process holds whole (ZeRO stage 3's final save). Atomic: nothing is at
+// `path` until finish() returns. With a `key` the file is sealed, which
+// needs the archive in memory: then it is held until finish().
+class StateDictWriter {
+ public:
+  explicit StateDictWriter(std::string path, const security::Key* key = nullptr);
+  ~StateDictWriter();  // without finish(): the temporary file goes
+  StateDictWriter(const StateDictWriter&) = delete;
+  StateDictWriter& operator=(const StateDictWriter&) = delete;
+  // Writes `t` (on any device, any layout: saved contiguous) under `name`.
+  void add(const std::string& name, const at::Tensor& t);
+  // `name` is a second name of `of`, added before (a tied tensor): one
+  // storage, as torch.save writes shared tensors.
+  void alias(const std::string& name, const std::string& of);
+  // The dict, its names in `order` (each added before; empty: the order of
+  // the adds), then the file in place. Throws IoError naming the path,
+  // Error naming a name never added.
+  void finish(const std::vector<std::string>& order = {});
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Reads a state dict saved by torch.save (zip format; an OrderedDict or dict
 // of tensors, or a checkpoint dict holding one under "state_dict" or

@@ -56,7 +56,9 @@ struct WrittenFile {
 
 // Writes the records to `path` atomically (temporary file, fsync, rename,
 // fsync of the directory), with its checksum; sealed with `key` when given
-// (as writeFileImage). Throws IoError naming the path.
+// (as writeFileImage). Streamed from the records' memory through a buffer
+// of a few MB (no image of the file in memory). Throws IoError naming the
+// path.
 WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRecord>& records,
                             const nlohmann::json& meta, const security::Key* key = nullptr);
 
@@ -69,6 +71,12 @@ WrittenFile writeTensorFile(const std::string& path, const std::vector<TensorRec
 WrittenFile writeFileImage(const std::string& path, const void* data, uint64_t size,
                            const std::function<void()>& beforeCommit = nullptr,
                            const security::Key* key = nullptr);
+
+// A file streamed rather than held whole: fill(at, n, dst) puts bytes
+// [at, at + n) of it at dst. Written as writeFileImage (buffered).
+using FileFill = std::function<void(uint64_t at, uint64_t n, char* dst)>;
+WrittenFile writeFileFrom(const std::string& path, uint64_t size, const FileFill& fill,
+                          const security::Key* key = nullptr);
 
 struct TensorFile {
   nlohmann::json meta;

@@ -16,6 +16,7 @@
 // other, each in its memory order (its strides), padded to a multiple of N;
 // rank r's part<k> is elements [r c, (r+1) c) with c = padded / N.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,18 @@ StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int sta
 // pipeline); null without ZeRO.
 nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int stage);
 StateDict stageModel(const std::string& dir, const Manifest& m, int stage);
+
+// ZeRO stage 3 resumed in the same cut: rank `rank`'s parameter parts of
+// stage `stage` (its model-<rank>.bin), one per bucket of `buckets` (each
+// bucket's parameter names in its order), when the checkpoint was written
+// at stage 3 by `world` ranks (of the stage) with those buckets; nullopt
+// for any other layout. Reads that one file: no step holds the model.
+// Throws DataError naming the file when a part is missing or of another size.
+std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, const Manifest& m,
+                                                     int stage, int world, int rank,
+                                                     const std::vector<std::vector<std::string>>& buckets);
+// The stage's model.bin: what is not a parameter part at stage 3.
+StateDict stageModelRest(const std::string& dir, const Manifest& m, int stage);
 
 // One part of a layout: which runs of which parameters' elements (in their
 // memory order) it holds, and where in the part.

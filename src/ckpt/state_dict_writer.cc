@@ -1,0 +1,248 @@
+// ckpt::StateDictWriter: torch.save's zip archive written tensor by tensor.
+//
+// The archive (as torch.save writes it): data/<key> holds each storage's
+// bytes, data.pkl a pickle (protocol 2) of a dict name -> tensor, each
+// tensor torch._utils._rebuild_tensor_v2(storage, offset, size, stride,
+// requires_grad, backward_hooks) with the storage a persistent id
+// ("storage", torch.<Type>Storage, key, "cpu", numel), and version.
+
+#include <caffe2/serialize/inline_container.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/security/sealed.h"
+
+namespace fs = std::filesystem;
+
+namespace cohort::ckpt {
+
+namespace {
+
+// Python's name for the storage class of a dtype.
+const char* storageClass(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "FloatStorage";
+    case at::kDouble: return "DoubleStorage";
+    case at::kHalf: return "HalfStorage";
+    case at::kBFloat16: return "BFloat16Storage";
+    case at::kLong: return "LongStorage";
+    case at::kInt: return "IntStorage";
+    case at::kShort: return "ShortStorage";
+    case at::kChar: return "CharStorage";
+    case at::kByte: return "ByteStorage";
+    case at::kBool: return "BoolStorage";
+    default:
+      throw Error(fmt::format("a state dict cannot hold tensors of {}", c10::toString(t)));
+  }
+}
+
+// Pickle protocol 2 opcodes for a dict of tensors.
+class Pickle {
+ public:
+  Pickle() { out_ += "\x80\x02"; }
+  void mark() { out_ += '('; }
+  void tuple() { out_ += 't'; }
+  void emptyTuple() { out_ += ')'; }
+  void reduce() { out_ += 'R'; }
+  void setItems() { out_ += 'u'; }
+  void emptyDict() { out_ += '}'; }
+  void persistentId() { out_ += 'Q'; }
+  void boolean(bool v) { out_ += v ? '\x88' : '\x89'; }
+  void stop() { out_ += '.'; }
+  void global(const std::string& module, const std::string& name) { out_ += "c" + module + "\n" + name + "\n"; }
+  void string(const std::string& s) {
+    out_ += 'X';
+    const uint32_t n = static_cast<uint32_t>(s.size());
+    out_.append(reinterpret_cast<const char*>(&n), 4);  // little-endian (x86, arm64)
+    out_ += s;
+  }
+  void integer(int64_t v) {
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+      out_ += 'J';
+      const int32_t x = static_cast<int32_t>(v);
+      out_.append(reinterpret_cast<const char*>(&x), 4);
+    } else {
+      out_ += '\x8a';  // LONG1: n bytes, little-endian two's complement
+      out_ += static_cast<char>(8);
+      out_.append(reinterpret_cast<const char*>(&v), 8);
+    }
+  }
+  const std::string& bytes() const { return out_; }
+
+ private:
+  std::string out_;
+};
+
+struct Entry {
+  std::string key;  // its storage's record
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes;
+  int64_t numel = 0;
+};
+
+}  // namespace
+
+struct StateDictWriter::State {
+  std::string path, tmp;
+  int fd = -1;
+  const security::Key* key = nullptr;
+  std::string memory;  // the archive, when sealed
+  int error = 0;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
+  std::map<std::string, Entry> entries;
+  std::vector<std::string> order;
+  int64_t nextKey = 0;
+  bool finished = false;
+};
+
+StateDictWriter::StateDictWriter(std::string path, const security::Key* key)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.path = std::move(path);
+  s.key = key;
+  const fs::path target(s.path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir.string(), ec.message()));
+  if (key == nullptr) {
+    s.tmp = (dir / (".tmp." + target.filename().string() + "." + std::to_string(getpid()))).string();
+    s.fd = ::open(s.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (s.fd < 0) throw IoError(fmt::format("cannot create {}: {}", s.tmp, std::strerror(errno)));
+  }
+  State* st = &s;
+  s.zip = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([st](const void* data, size_t n) -> size_t {
+    if (st->fd < 0) {
+      st->memory.append(static_cast<const char*>(data), n);
+      return n;
+    }
+    const char* p = static_cast<const char*>(data);
+    size_t left = n;
+    while (left > 0) {
+      const ssize_t w = ::write(st->fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        st->error = errno;
+        return 0;  // the writer then fails the record
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  });
+}
+
+StateDictWriter::~StateDictWriter() {
+  State& s = *state_;
+  if (s.finished) return;
+  s.zip.reset();  // its destructor may still write: into the file that goes next
+  if (s.fd >= 0) {
+    ::close(s.fd);
+    ::unlink(s.tmp.c_str());
+  }
+}
+
+void StateDictWriter::add(const std::string& name, const at::Tensor& t) {
+  State& s = *state_;
+  if (s.entries.count(name) != 0) throw Error(fmt::format("{}: '{}' added twice", s.path, name));
+  const at::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  Entry e{std::to_string(s.nextKey++), c.scalar_type(), c.sizes().vec(), c.numel()};
+  storageClass(e.dtype);  // refuses a dtype the format has no storage for
+  try {
+    s.zip->writeRecord("data/" + e.key, c.data_ptr(), c.nbytes());
+  } catch (const c10::Error& err) {
+    throw IoError(fmt::format("cannot write {}: {}", s.path,
+                              s.error != 0 ? std::strerror(s.error) : err.what_without_backtrace()));
+  }
+  s.entries.emplace(name, std::move(e));
+  s.order.push_back(name);
+}
+
+void StateDictWriter::alias(const std::string& name, const std::string& of) {
+  State& s = *state_;
+  auto it = s.entries.find(of);
+  if (it == s.entries.end()) throw Error(fmt::format("{}: '{}' is an alias of '{}', never added", s.path, name, of));
+  s.entries.emplace(name, it->second);
+  s.order.push_back(name);
+}
+
+void StateDictWriter::finish(const std::vector<std::string>& order) {
+  State& s = *state_;
+  const std::vector<std::string>& names = order.empty() ? s.order : order;
+  if (names.size() != s.order.size()) {
+    throw Error(fmt::format("{}: {} names in the order given, {} tensors added", s.path, names.size(), s.order.size()));
+  }
+  Pickle p;
+  p.emptyDict();
+  p.mark();
+  for (const std::string& name : names) {
+    auto it = s.entries.find(name);
+    if (it == s.entries.end()) throw Error(fmt::format("{}: '{}' was never added", s.path, name));
+    const Entry& e = it->second;
+    p.string(name);
+    p.global("torch._utils", "_rebuild_tensor_v2");
+    p.mark();
+    p.mark();
+    p.string("storage");
+    p.global("torch", storageClass(e.dtype));
+    p.string(e.key);
+    p.string("cpu");
+    p.integer(e.numel);
+    p.tuple();
+    p.persistentId();
+    p.integer(0);
+    p.mark();
+    for (int64_t v : e.sizes) p.integer(v);
+    p.tuple();
+    p.mark();
+    int64_t stride = 1;
+    std::vector<int64_t> strides(e.sizes.size());
+    for (size_t d = e.sizes.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= std::max<int64_t>(e.sizes[d], 1);
+    }
+    for (int64_t v : strides) p.integer(v);
+    p.tuple();
+    p.boolean(false);
+    p.global("collections", "OrderedDict");
+    p.emptyTuple();
+    p.reduce();
+    p.tuple();
+    p.reduce();
+  }
+  p.setItems();
+  p.stop();
+  try {
+    s.zip->writeRecord("data.pkl", p.bytes().data(), p.bytes().size());
+    s.zip->writeEndOfFile();
+  } catch (const c10::Error& err) {
+    throw IoError(fmt::format("cannot write {}: {}", s.path,
+                              s.error != 0 ? std::strerror(s.error) : err.what_without_backtrace()));
+  }
+  s.zip.reset();
+  if (s.fd < 0) {
+    writeFileAtomic(s.path, security::sealBytes(*s.key, security::sealedLabel(s.path), s.memory.data(), s.memory.size()));
+    s.finished = true;
+    return;
+  }
+  const int fd = s.fd;
+  s.fd = -1;
+  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(s.tmp.c_str(), s.path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(s.tmp.c_str());
+    throw IoError(fmt::format("cannot write {}: {}", s.path, std::strerror(err)));
+  }
+  s.finished = true;
+}
+
+}  // namespace cohort::ckpt
