@@ -127,7 +127,11 @@ void recordShapes(const nn::Module& unit, const std::string& prefix, std::vector
 // every parameter of the whole model in order.
 class TransformerImpl : public nn::Module {
  public:
-  TransformerImpl(const GptOptions& o, const ModelPart& part, std::vector<ParamShape>& built) {
+  // With part.sink, the kept blocks' parameters are released as soon as a
+  // block is built; `constants` keeps those the initialization below does
+  // not draw (the LayerNorms').
+  TransformerImpl(const GptOptions& o, const ModelPart& part, std::vector<ParamShape>& built,
+                  std::map<std::string, at::Tensor>& constants) {
     const bool exact = part.exact;
     auto unit = [&](const std::string& name, bool keep, auto make) {
       if (!keep && !exact) return decltype(make())(nullptr);
@@ -146,6 +150,13 @@ class TransformerImpl : public nn::Module {
       Block block(o);
       if (exact) recordShapes(*block, fmt::format("transformer.h.{}.", i), built);
       if (!keep) continue;  // dropped here, before the next block is built
+      if (part.sink != nullptr) {
+        for (const auto& p : block->named_parameters()) {
+          const std::string name = fmt::format("transformer.h.{}.{}", i, p.key());
+          if (name.find(".ln_") != std::string::npos) constants.emplace(name, p.value().detach().clone());
+          releaseStorage(p.value());
+        }
+      }
       blocks.push_back(h->register_module(std::to_string(i), block));
       blockIndex.push_back(i);
     }
@@ -170,7 +181,8 @@ class Gpt : public Model {
   Gpt(const GptOptions& o, const ModelPart& part)
       : blockSize_(o.blockSize), nEmbd_(o.nEmbd), recompute_(o.recompute), part_(part) {
     std::vector<ParamShape> built;
-    transformer_ = register_module("transformer", Transformer(o, part, built));
+    std::map<std::string, at::Tensor> constants;
+    transformer_ = register_module("transformer", Transformer(o, part, built, constants));
     // GPT-2's initialization over the whole model's parameters in order;
     // the projections into the residual stream are scaled down with depth.
     // What this part does not keep is drawn into a scratch tensor of the
@@ -183,21 +195,45 @@ class Gpt : public Model {
       built.clear();
       for (auto& [name, t] : kept) built.push_back({name, t.sizes().vec()});
     }
+    // With a sink, each kept block's values are made here, in the same
+    // order and from the same draws, handed over whole and dropped.
+    std::string unit;
+    ckpt::StateDict values;
+    auto handOver = [&] {
+      if (!values.empty()) part.sink->take(unit, std::move(values));
+      values.clear();
+    };
     for (const ParamShape& p : built) {
       const std::string& name = p.name;
-      if (name.find(".ln_") != std::string::npos) continue;  // ones and zeros already
       auto it = kept.find(name);
+      const bool streamed = part.sink != nullptr && it != kept.end() && name.rfind("transformer.h.", 0) == 0;
+      at::Tensor value = streamed ? at::Tensor() : (it != kept.end() ? it->second : at::Tensor());
+      if (streamed && !part.sink->wantsValues()) continue;
+      if (streamed) {
+        const std::string of = name.substr(0, name.find('.', std::string("transformer.h.").size()));
+        if (of != unit) handOver();
+        unit = of;
+      }
+      if (name.find(".ln_") != std::string::npos) {  // ones and zeros already
+        if (streamed) values.emplace_back(name, constants.at(name));
+        continue;
+      }
+      if (streamed) {
+        value = at::empty(p.sizes);
+        values.emplace_back(name, value);
+      }
       if (endsWith(name, ".bias")) {
-        if (it != kept.end()) it->second.zero_();
+        if (value.defined()) value.zero_();
         continue;
       }
       const double std = endsWith(name, "c_proj.weight") ? residualStd : 0.02;
-      if (it != kept.end()) {
-        it->second.normal_(0.0, std);
+      if (value.defined()) {
+        value.normal_(0.0, std);
       } else {
         at::empty(p.sizes).normal_(0.0, std);
       }
     }
+    if (part.sink != nullptr && part.sink->wantsValues()) handOver();
   }
 
   // ZeRO stage 3 gathers one block at a time.

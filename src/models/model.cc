@@ -86,6 +86,21 @@ std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& 
   return model;
 }
 
+void releaseStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void allocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+bool hasStorage(const at::Tensor& t) { return t.storage().nbytes() > 0 || t.numel() == 0; }
+
 ckpt::StateDict publishedStateDict(const Model& model) {
   ckpt::StateDict dict = ckpt::stateDict(model);
   for (const auto& [alias, name] : model.tiedNames()) {

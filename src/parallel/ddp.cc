@@ -16,6 +16,7 @@
 #include "cohort/core/error.h"
 #include "parallel/detail/exchange.h"
 #include "parallel/detail/gloo_sum.h"
+#include "parallel/detail/unit_memory.h"
 #include "cohort/comm/wait.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/log.h"
@@ -120,7 +121,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       // Allocated when the bucket's first gradient arrives (a hook on each
       // parameter; at stage 3 when the unit's backward begins) and freed
       // once exchanged; never touched before, so it holds no memory yet.
-      b.flat = torch::empty({total}, params_[b.params.front()].tensor.options());
+      b.flat = detail::unitBuffer(total, params_[b.params.front()].tensor.options());
     } else {
       b.flat = torch::zeros({total}, params_[b.params.front()].tensor.options());
     }
@@ -145,7 +146,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     // Counted as allocated (and at stage 3 the parameters too) until
     // released: the gradients now, the parameters when broadcastState()
     // shards them; the staging area is held for good.
-    unitElements_ = totalFloats_ * (options_.zeroStage == 3 ? 2 : 1) + (stagingInSharedMemory_ ? largest : 0);
+    int64_t cut = 0;  // parameters of parts cut beforehand: never held whole here
+    for (const Bucket& b : buckets_) cut += b.preset != nullptr ? b.padded : 0;
+    unitElements_ = totalFloats_ * (options_.zeroStage == 3 ? 2 : 1) - cut +
+                    (stagingInSharedMemory_ ? largest : 0);
     for (size_t k = 0; k < buckets_.size(); ++k) releaseGradients(k);
     stats_.unitPeakElements = unitElements_;  // from here on: what training holds
     // Held between uses: this rank's part of the gradients (stage 3: and
@@ -154,6 +158,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     if (options_.zeroStage == 3) stats_.parameterElements = totalFloats_ / comm_.worldSize;
   } else if (options_.zeroStage == 3) {
     unitElements_ = totalFloats_;  // one rank: the parameters, until sharded
+    for (const Bucket& b : buckets_) unitElements_ -= b.preset != nullptr ? b.padded : 0;
   }
   for (const at::Tensor& t : optimizerParameters()) stats_.optimizerElements += t.numel();
 
@@ -284,7 +289,11 @@ std::exception_ptr DistributedDataParallel::waitAll(
 
 void DistributedDataParallel::broadcastState() {
   std::vector<at::Tensor> state;
-  for (const Param& p : params_) state.push_back(p.tensor);
+  // Parts cut beforehand are every rank's own already (built from the same
+  // seed, or read from the same file; the caller checks they agree).
+  for (const Param& p : params_) {
+    if (buckets_[p.bucket].preset == nullptr) state.push_back(p.tensor);
+  }
   for (const auto& f : frozen_) state.push_back(f);
   for (const auto& b : buffers_) state.push_back(b);
   comm::broadcast(comm_, state, 0, "broadcast of the initial parameters");

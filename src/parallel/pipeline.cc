@@ -242,12 +242,12 @@ at::Tensor Pipeline::evalForward(const at::Tensor& input, MicroBatchOps& ops) {
   return {};
 }
 
-ckpt::StateDict Pipeline::collect(const Publish& publish) {
+void Pipeline::visitCollected(const Publish& publish, const Visit& visit) {
   const int64_t call = collects_++;
   // Replica 0's stages hold the model (gathered, at ZeRO stage 3); stage 0
-  // there is the job's rank 0, which puts the stages' tensors together in
-  // order, each name once.
-  if (mesh_.replica != 0) return {};
+  // there is the job's rank 0, which visits the stages' tensors in order,
+  // each name once, one received tensor at a time.
+  if (mesh_.replica != 0) return;
   const ckpt::StateDict mine = publish(*model_);
   const comm::Comm& pipe = mesh_.pipeline;
   auto key = [&](int stage) { return fmt::format("pipeline-collect/{}/{}", call, stage); };
@@ -259,11 +259,13 @@ ckpt::StateDict Pipeline::collect(const Publish& publish) {
     pipe.store->set(key(mesh_.stage), bytesOf(list.dump()));
     for (const auto& [name, t] : mine) links_->sendTensor(t.detach().cpu().contiguous(), 0);
     links_->drain();
-    return {};
+    return;
   }
-  ckpt::StateDict whole = mine;
   std::set<std::string> names;
-  for (const auto& [name, t] : whole) names.insert(name);
+  for (const auto& [name, t] : mine) {
+    names.insert(name);
+    visit(name, t);
+  }
   for (int s = 1; s < mesh_.stages; ++s) {
     std::vector<uint8_t> raw;
     try {
@@ -280,10 +282,9 @@ ckpt::StateDict Pipeline::collect(const Publish& publish) {
                                   static_cast<at::ScalarType>(item["dtype"].get<int>()));
       links_->recvTensor(t, s);
       const std::string name = item["name"];
-      if (names.insert(name).second) whole.emplace_back(name, t);
+      if (names.insert(name).second) visit(name, t);
     }
   }
-  return whole;
 }
 
 PipelineStats Pipeline::stats() const {

@@ -103,8 +103,14 @@ CheckpointRole Plan::checkpointRole() const {
 void Plan::gatherForSave() { engine_->gatherAllParameters(/*root=*/0); }
 
 ckpt::StateDict Plan::collect(const Publish& publish) {
-  if (mesh_.world.rank != 0) return {};
-  return publish(*model_);
+  ckpt::StateDict whole;
+  visitCollected(publish, [&](const std::string& name, const at::Tensor& t) { whole.emplace_back(name, t); });
+  return whole;
+}
+
+void Plan::visitCollected(const Publish& publish, const Visit& visit) {
+  if (mesh_.world.rank != 0) return;
+  for (const auto& [name, t] : publish(*model_)) visit(name, t);
 }
 
 void Plan::releaseParameters() { engine_->releaseParameters(); }

@@ -14,6 +14,7 @@
 #include "cohort/parallel/ddp.h"
 #include "cohort/monitor/timeline.h"
 #include "parallel/detail/exchange.h"
+#include "parallel/detail/unit_memory.h"
 
 namespace cohort::parallel {
 
@@ -42,11 +43,14 @@ void DistributedDataParallel::setUpParts() {
       // Stage 3 writes every element below (the padding too) before the
       // parameters' old storage goes, one bucket at a time: at no point
       // is the model held twice.
-      b.weights = options_.zeroStage == 3 ? torch::empty({b.padded}, options)
+      b.weights = options_.zeroStage == 3 ? detail::unitBuffer(b.padded, options)
                                           : torch::zeros({b.padded}, options);
     }
     // Each parameter's data moves into the flat buffer, in the layout of
     // its gradient's slot (so element i of a part is element i of both).
+    // A bucket cut already (DdpOptions::presharded): its parameters become
+    // views of `weights` without reading them, and `weights` is released
+    // before it was ever touched.
     int64_t offset = 0;
     for (size_t k : b.params) {
       Param& p = params_[k];
@@ -55,12 +59,25 @@ void DistributedDataParallel::setUpParts() {
       at::Tensor view = p.tensor.is_non_overlapping_and_dense()
                             ? slot.as_strided(p.tensor.sizes(), p.tensor.strides())
                             : slot.view(p.tensor.sizes());
-      view.copy_(p.tensor);
+      if (b.preset == nullptr) view.copy_(p.tensor);
       p.tensor.set_data(view);
       offset += n;
     }
-    if (offset < b.padded) b.weights.narrow(0, offset, b.padded - offset).zero_();
-    b.part = partOf(b.weights, b.padded, comm_.worldSize, comm_.rank).detach();
+    if (b.preset != nullptr) {
+      const at::Tensor& cut = b.preset->part;
+      if (cut.numel() != b.padded / comm_.worldSize || cut.scalar_type() != options.dtype().toScalarType()) {
+        throw Error(fmt::format("ZeRO stage 3: a part cut beforehand holds {} {} elements, the "
+                                "engine's {} {}",
+                                cut.numel(), c10::toString(cut.scalar_type()), b.padded / comm_.worldSize,
+                                c10::toString(options.dtype().toScalarType())));
+      }
+      b.part = cut.detach().to(options.device());
+      models::releaseStorage(b.weights);
+      b.weightsLive = false;
+    } else {
+      if (offset < b.padded) b.weights.narrow(0, offset, b.padded - offset).zero_();
+      b.part = partOf(b.weights, b.padded, comm_.worldSize, comm_.rank).detach();
+    }
     if (unitsInSharedMemory_) {
       // The only copy between uses, in this rank's region, where the other
       // ranks gather it from.
@@ -71,7 +88,7 @@ void DistributedDataParallel::setUpParts() {
     } else if (options_.zeroStage == 3) {
       // The part is the only copy between uses; on more than one rank its
       // gradient is a buffer of its own, summed into from every micro-step.
-      b.part = b.part.clone();
+      if (b.preset == nullptr) b.part = b.part.clone();
     }
     b.part.set_requires_grad(true);
     b.part.mutable_grad() = shardedGradients_
@@ -131,7 +148,7 @@ void DistributedDataParallel::launchReduceScatter(size_t k) {
   // Gloo in LibTorch 1.13 has no reduce-scatter: an all-to-all sends part j
   // of the bucket to rank j (the bytes of a ring reduce-scatter), and each
   // rank sums the N copies of its part it received, in rank order.
-  b.received = at::empty({b.padded}, b.flat.options());
+  b.received = detail::unitBuffer(b.padded, b.flat.options());
   noteUnitElements(b.padded);
   std::vector<int64_t> equalParts;
   b.work = comm_.pg->alltoall_base(b.received, b.flat, equalParts, equalParts);

@@ -25,20 +25,8 @@ namespace cohort::parallel {
 
 namespace {
 
-// The storage under `t` (and every view of it) given back, or allocated
-// again (uninitialized) for t.numel() elements.
-void freeStorage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-
-void allocateStorage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
+using models::allocateStorage;
+using models::releaseStorage;
 
 // Buckets 0 .. n-1 are the model's units, the last one in forward order
 // first; the whole-model bucket, if any, comes after them.
@@ -115,12 +103,44 @@ void DistributedDataParallel::bucketByUnit() {
     if (!members[i].empty()) unitBucket_[i] = add(std::move(members[i]));
   }
   if (!members[units].empty()) wholeBucket_ = add(std::move(members[units]));
+  for (size_t i = 0; i <= units; ++i) {
+    const int k = i < units ? unitBucket_[i] : wholeBucket_;
+    auto it = options_.presharded.find(i < units ? options_.units[i] : std::string());
+    if (k < 0 || it == options_.presharded.end()) continue;
+    Bucket& b = buckets_[static_cast<size_t>(k)];
+    std::vector<std::string> names;
+    for (auto p = b.params.rbegin(); p != b.params.rend(); ++p) names.push_back(params_[*p].name);
+    if (names != it->second.names) {
+      throw Error(fmt::format("ZeRO stage 3: the part cut of unit '{}' holds [{}], its bucket [{}]",
+                              it->first, fmt::join(it->second.names, ", "), fmt::join(names, ", ")));
+    }
+    b.preset = &it->second;
+  }
   runner_ = std::make_shared<Runner>(*this);
   for (const Bucket& b : buckets_) {
     int64_t n = 0;
     for (size_t k : b.params) n += params_[k].tensor.numel();
     stats_.largestUnitElements = std::max(stats_.largestUnitElements, n);
   }
+}
+
+at::Tensor cutUnit(const std::vector<std::pair<std::string, at::Tensor>>& values, int parts,
+                   int index) {
+  torch::NoGradGuard noGrad;
+  int64_t total = 0;
+  for (const auto& [name, t] : values) total += t.numel();
+  const int64_t padded = (total + parts - 1) / parts * parts, chunk = padded / parts;
+  COHORT_ASSERT(!values.empty() && index >= 0 && index < parts, "cutUnit");
+  at::Tensor flat = torch::zeros({padded}, values.front().second.options());
+  int64_t offset = 0;
+  for (auto v = values.rbegin(); v != values.rend(); ++v) {
+    const at::Tensor& t = v->second;
+    at::Tensor slot = flat.narrow(0, offset, t.numel());
+    (t.is_non_overlapping_and_dense() ? slot.as_strided(t.sizes(), t.strides()) : slot.view(t.sizes()))
+        .copy_(t);
+    offset += t.numel();
+  }
+  return flat.narrow(0, chunk * index, chunk).clone();
 }
 
 models::UnitRunner* DistributedDataParallel::unitRunner() { return runner_.get(); }
@@ -130,6 +150,7 @@ void DistributedDataParallel::shardParameters() {
   const int64_t world = comm_.worldSize;
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];
+    if (b.preset != nullptr) continue;  // cut already, its weights released
     b.part.detach().copy_(b.weights.narrow(0, b.padded / world * comm_.rank, b.padded / world));
     releaseWeights(k);
   }
@@ -241,7 +262,7 @@ void DistributedDataParallel::releaseWeights(size_t k) {
     comm::wait(work, comm_, "parameter gather (ZeRO stage 3)");
   }
   if (!b.weightsLive) return;
-  freeStorage(b.weights);
+  releaseStorage(b.weights);
   noteUnitElements(-b.padded);
   b.weightsLive = false;
 }
@@ -258,7 +279,7 @@ void DistributedDataParallel::allocateGradients(size_t k) {
 void DistributedDataParallel::releaseGradients(size_t k) {
   Bucket& b = buckets_[k];
   if (!b.flatLive) return;
-  freeStorage(b.flat);
+  releaseStorage(b.flat);
   noteUnitElements(-b.padded);
   b.flatLive = false;
 }
@@ -316,32 +337,32 @@ void DistributedDataParallel::endMicroStep() {
 }
 
 void DistributedDataParallel::gatherAllParameters(int root) {
+  for (size_t k = 0; k < buckets_.size(); ++k) gatherBucket(root, k);
+}
+
+void DistributedDataParallel::gatherBucket(int root, size_t k) {
   if (options_.zeroStage < 3) return;
   if (unitsInSharedMemory_ || comm_.worldSize == 1) {
     // Copies from the segment: only `root` makes them.
-    if (comm_.rank != root) return;
-    for (size_t k = 0; k < buckets_.size(); ++k) gatherNow(k);
+    if (comm_.rank == root) gatherNow(k);
     return;
   }
   // A Gloo gather to `root`: the other ranks send their parts and allocate
   // nothing.
   torch::NoGradGuard noGrad;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = buckets_[k];
-    std::vector<at::Tensor> in{b.part.detach()};
-    std::vector<std::vector<at::Tensor>> out;
-    if (comm_.rank == root) {
-      if (!b.weightsLive) allocateWeights(k);
-      b.weightsLive = true;
-      const int64_t chunk = b.padded / comm_.worldSize;
-      out.emplace_back();
-      for (int r = 0; r < comm_.worldSize; ++r) out[0].push_back(b.weights.narrow(0, chunk * r, chunk));
-    }
-    c10d::GatherOptions options;
-    options.rootRank = root;
-    works.push_back(comm_.pg->gather(out, in, options));
+  Bucket& b = buckets_[k];
+  std::vector<at::Tensor> in{b.part.detach()};
+  std::vector<std::vector<at::Tensor>> out;
+  if (comm_.rank == root) {
+    if (!b.weightsLive) allocateWeights(k);
+    b.weightsLive = true;
+    const int64_t chunk = b.padded / comm_.worldSize;
+    out.emplace_back();
+    for (int r = 0; r < comm_.worldSize; ++r) out[0].push_back(b.weights.narrow(0, chunk * r, chunk));
   }
+  c10d::GatherOptions options;
+  options.rootRank = root;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works{comm_.pg->gather(out, in, options)};
   if (std::exception_ptr failure = waitAll(std::move(works), "parameter gather for the final save")) {
     std::rethrow_exception(failure);
   }
@@ -350,6 +371,10 @@ void DistributedDataParallel::gatherAllParameters(int root) {
 void DistributedDataParallel::releaseParameters() {
   if (options_.zeroStage < 3) return;
   for (size_t k = 0; k < buckets_.size(); ++k) releaseWeights(k);
+}
+
+void DistributedDataParallel::releaseBucket(size_t k) {
+  if (options_.zeroStage == 3) releaseWeights(k);
 }
 
 }  // namespace cohort::parallel

@@ -140,6 +140,44 @@ TEST(ModelParts, AStateDictIsCutToWhatAPartHolds) {
   EXPECT_NO_THROW(loadWeights(*last, mine, "whole.pt"));
 }
 
+// Keeps what a model built unit by unit hands over.
+struct Collect : UnitSink {
+  void take(const std::string& unit, std::vector<std::pair<std::string, at::Tensor>> values) override {
+    units.push_back(unit);
+    for (auto& [name, t] : values) got.emplace(name, t);
+  }
+  std::vector<std::string> units;
+  std::map<std::string, at::Tensor> got;
+};
+
+// ZeRO stage 3's build: every block's values go to the sink, one block at a
+// time and bitwise the whole model's of the seed; the model keeps those
+// parameters without storage and the rest with their values; a pipeline
+// stage's blocks likewise.
+TEST(ModelParts, BuiltUnitByUnitTheBlocksGoToTheSinkWithTheWholeModelsValues) {
+  for (const std::vector<int64_t>& split : {std::vector<int64_t>{4}, {1, 3}}) {
+    SCOPED_TRACE(::testing::PrintToString(split));
+    torch::manual_seed(5);
+    auto whole = createModel(gptConfig(), {});
+    std::map<std::string, at::Tensor> expected;
+    for (const auto& [name, t] : ckpt::stateDict(*whole)) expected.emplace(name, t);
+    ModelPart part = partsOf(split).back();
+    if (split.size() == 1) part = ModelPart{};
+    Collect sink;
+    part.sink = &sink;
+    torch::manual_seed(5);
+    auto built = createModel(gptConfig(), {}, part);
+    EXPECT_EQ(sink.units, built->shardingUnits());
+    for (const auto& [name, t] : ckpt::stateDict(*built)) {
+      const bool inUnit = name.rfind("transformer.h.", 0) == 0;
+      EXPECT_EQ(hasStorage(t), !inUnit) << name;
+      const at::Tensor value = inUnit ? sink.got.at(name) : t;
+      EXPECT_TRUE(torch::equal(value, expected.at(name))) << name;
+    }
+    EXPECT_EQ(sink.got.size(), static_cast<size_t>(split.back()) * 12) << "a block has 12 parameters";
+  }
+}
+
 TEST(ModelParts, OnlyModelsWithBlocksCanBeBuiltInParts) {
   ModelConfig cnn;
   cnn.arch = ModelArch::simpleCnn;

@@ -86,6 +86,11 @@ struct ModelPart {
   // kept). false: only the part is built, from the generator as it is (to
   // time a block, not to train it).
   bool exact = true;
+  // Where the sharding units' parameters go as they are built (ZeRO stage
+  // 3; UnitSink): the model holds no more than one unit's values at any
+  // time, and keeps those parameters without storage. Needs `exact`.
+  // Ignored by models without units (their one unit is the whole model).
+  UnitSink* sink = nullptr;
   bool whole() const { return firstBlock == 0 && endBlock < 0 && input && output; }
   // Whether block `b` of `blocks` is in the part.
   bool holds(int64_t b, int64_t blocks) const {

@@ -52,6 +52,7 @@
 
 #include <cstdint>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -74,6 +75,20 @@ struct ExchangePlan;
 }
 
 namespace cohort::parallel {
+
+// ZeRO stage 3: this rank's part of one unit, cut as the engine cuts it
+// (cutUnit), and the unit's parameter names in the model's order.
+struct UnitPart {
+  std::vector<std::string> names;
+  at::Tensor part;
+};
+
+// The unit of `values` (parameters in the model's order, each in its
+// parameter's memory layout) as stage 3 cuts it: laid one after the other
+// in the bucket's order (the reverse of the model's), each in memory order,
+// zero-padded to a multiple of `parts`; part `index` of that, a copy.
+at::Tensor cutUnit(const std::vector<std::pair<std::string, at::Tensor>>& values, int parts,
+                   int index);
 
 struct DdpOptions {
   double bucketCapMb = 25;
@@ -116,6 +131,12 @@ struct DdpOptions {
   // sharded, only broadcast with the state (a pipeline's tied tensors,
   // whose gradients the pipeline sums itself).
   std::vector<std::string> exclude;
+  // Stage 3: units whose part the caller cut already (a model built unit by
+  // unit, parallel/unit_parts.h), by unit name ("" for the parameters
+  // outside every unit). Their parameters come without storage (or with
+  // values the part supersedes): they are neither read, broadcast nor held
+  // whole here.
+  std::map<std::string, UnitPart> presharded;
 };
 
 // How gradients travel between ranks.
@@ -227,6 +248,10 @@ class DistributedDataParallel {
   // Collective; nothing to do at other stages.
   void gatherAllParameters(int root);
   void releaseParameters();
+  // The same for bucket k alone (bucketParameterNames()[k]), so that the
+  // root holds one unit at a time (the final save, streamed).
+  void gatherBucket(int root, size_t k);
+  void releaseBucket(size_t k);
 
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucketParameterNames() const;
@@ -262,6 +287,8 @@ class DistributedDataParallel {
     // allocated now, and the gather that is filling `weights`.
     bool weightsLive = true;
     bool flatLive = true;
+    // Its part came cut (DdpOptions::presharded): nothing to copy, send or cut.
+    const UnitPart* preset = nullptr;
     c10::intrusive_ptr<c10d::Work> gather;
     // The timeline (output.timeline): when the allreduce was launched, and
     // when it completed (microseconds since the epoch, set by Gloo's thread).

@@ -106,7 +106,7 @@ class Pipeline : public Plan {
   void scaleGradients(double factor) override;
   void zeroGrad() override;
   at::Tensor evalForward(const at::Tensor& input, MicroBatchOps& ops) override;
-  ckpt::StateDict collect(const Publish& publish) override;
+  void visitCollected(const Publish& publish, const Visit& visit) override;
 
   const PipelineOptions& options() const { return options_; }
   PipelineStats stats() const;
@@ -116,7 +116,7 @@ class Pipeline : public Plan {
  private:
   PipelineOptions options_;
   std::unique_ptr<detail::StageLink> links_;
-  int64_t collects_ = 0;  // collect() calls so far: each has its own store keys
+  int64_t collects_ = 0;  // visitCollected() calls so far: each has its own store keys
   // The tied tensors this stage holds (first and last stage), and the group
   // of every first- and last-stage rank their gradients are summed over.
   std::vector<std::pair<std::string, at::Tensor>> tied_;

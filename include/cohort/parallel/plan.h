@@ -141,7 +141,13 @@ class Plan {
   // embedding) once. Empty on the other ranks. Both are collective.
   using Publish = std::function<ckpt::StateDict(const models::Model&)>;
   virtual void gatherForSave();
-  virtual ckpt::StateDict collect(const Publish& publish);
+  ckpt::StateDict collect(const Publish& publish);
+  // collect(), tensor by tensor: on the job's rank 0, `visit` sees each
+  // tensor of the whole model once, in order; one received from another
+  // stage is dropped after its visit, so rank 0 holds no more than its own
+  // part and one tensor (model/final.pt written as it arrives).
+  using Visit = std::function<void(const std::string& name, const at::Tensor& t)>;
+  virtual void visitCollected(const Publish& publish, const Visit& visit);
   void releaseParameters();
 
  protected:
