@@ -69,6 +69,10 @@ std::optional<uint64_t> readKey(const std::string& file, const std::string& key)
 
 }  // namespace
 
+uint64_t residentBytes(const std::string& root) {
+  return readKey(root + "/proc/self/status", "VmRSS:").value_or(0) * 1024;
+}
+
 Limit processLimit(const std::string& root) {
   Limit out;
   if (auto kb = readKey(root + "/proc/meminfo", "MemTotal:")) {

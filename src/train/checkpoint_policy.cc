@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <set>
 
 #include "cohort/ckpt/held_state.h"
@@ -14,6 +15,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/memory_limit.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
@@ -57,7 +59,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
   co.dir = ckpt::checkpointDir(job, runDir);
   co.rank = rank_;
   co.worldSize = world_;
-  co.maxInFlight = static_cast<int>(cc.maxInFlight);
+  co.maxInFlight = std::max<int>(1, static_cast<int>(cc.maxInFlight));
   co.whenBehind = cc.whenBehind;
   co.onError = cc.onError;
   co.keepLast = cc.keepLast;
@@ -74,14 +76,15 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
     co.sealWith = keys->current;
     co.manifestExtra["encryption"] = {{"algorithm", "AES-256-GCM"}, {"key_id", keys->current.id}};
   }
-  checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);
+  // What one snapshot copies: the model (the stage's data rank 0; at ZeRO
+  // stage 3 all but the trainable parameters, of which every rank writes
+  // its parts), and optimizer state of about one (sgd) or two (adamw)
+  // copies of what the optimizer steps (with ZeRO, this rank's part), plus
+  // room for headers and alignment.
+  uint64_t bytes = 0;
   if (role_.writesShared || sharded_) {
-    // Model (the stage's data rank 0; at ZeRO stage 3 all but the trainable
-    // parameters, of which every rank writes its parts), and optimizer state
-    // of about one (sgd) or two (adamw) copies of what the optimizer steps
-    // (with ZeRO, this rank's part), plus room for headers and alignment.
     const bool partsOfParameters = job.distribution.zero == 3;
-    uint64_t bytes = 0, params = 0;
+    uint64_t params = 0;
     if (role_.writesShared) {
       for (const auto& [n, t] : models::trainedState(model)) {
         if (!(partsOfParameters && t.requires_grad())) bytes += t.nbytes();
@@ -93,8 +96,30 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
     const uint64_t copies =
         (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) + (partsOfParameters ? 1 : 0);
     bytes += params * copies + (uint64_t{8} << 20);
-    checkpointer_->reserve(bytes);
   }
+  // In place when the copies would leave less than 40% of the rank's
+  // share for activations and transient buffers: what the process holds
+  // now, the optimizer state its first step allocates, and the copies.
+  co.inPlace = cc.maxInFlight == 0;
+  const memory::Limit limit = memory::processLimit();
+  const double share = limit.bytes > 0 ? double(limit.bytes) / std::max(1, comm.localWorldSize) : 0;
+  uint64_t stepped = 0;  // elements the optimizer steps; its state is allocated at its first step
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) stepped += p.nbytes();
+  }
+  const double pendingState = optimizer.state().empty()
+      ? double(stepped) * (job.training.optimizer.name == OptimizerKind::adamw ? 2 : 1) : 0.0;
+  const double projected = double(memory::residentBytes()) + pendingState;
+  if (!co.inPlace && share > 0 && projected + double(bytes) * double(co.maxInFlight) > 0.6 * share) {
+    co.inPlace = true;
+    log::info("checkpoints are written in place (no host copy): a copy of {:.0f} MB beside the {:.0f} MB "
+              "this rank holds with its optimizer state would leave less than 40% of its {:.0f} MB "
+              "({}); the optimizer step after a checkpoint waits for its write",
+              double(bytes) / (1 << 20), projected / (1 << 20), share / (1 << 20), limit.source);
+  }
+
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);
+  if (bytes > 0 && !co.inPlace) checkpointer_->reserve(bytes);
 }
 
 void CheckpointPolicy::writeParametersInParts(const parallel::DistributedDataParallel& ddp) {

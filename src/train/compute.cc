@@ -27,6 +27,7 @@ namespace cohort::train {
 namespace {
 
 std::atomic<bool> keepingFreedMemory{false};
+std::atomic<bool> mappingLargeBlocks{false};
 
 // "CPU capability usage: AVX2" in LibTorch's build description: the only
 // public report of the kernels its dispatcher chose for this CPU.
@@ -62,6 +63,15 @@ void applyCompute(const JobConfig& job, int localRanks) {
     throw ConfigError("compute.allocator: keep: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
+  // A fixed threshold also stops glibc's dynamic one, which would move
+  // blocks freed once onto the heap for good.
+  if (job.compute.allocator == Allocator::map) {
+    if (mallopt(M_MMAP_THRESHOLD, 1 << 20) != 1) {
+      throw ConfigError("compute.allocator: map: glibc refused mallopt(); set compute.allocator: "
+                        "system to run with its defaults");
+    }
+    mappingLargeBlocks = true;
+  }
   const OneDnn dnn = job.compute.onednn;
   if (dnn == OneDnn::on && !at::hasMKLDNN()) {
     throw ConfigError("compute.onednn: on, but this LibTorch was built without oneDNN (MKL-DNN); "
@@ -76,7 +86,7 @@ ComputeState observeCompute() {
   s.kernels = kernelCapability();
   s.intraOpThreads = at::get_num_threads();
   s.interOpThreads = at::get_num_interop_threads();
-  s.allocator = keepingFreedMemory ? "keep" : "system";
+  s.allocator = keepingFreedMemory ? "keep" : mappingLargeBlocks ? "map" : "system";
   s.onednn = at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
   s.observers = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
   s.anomalyMode = torch::autograd::AnomalyMode::is_enabled();

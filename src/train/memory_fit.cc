@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -19,7 +20,7 @@ std::string ranks(int n) { return fmt::format("{} rank{}", n, n == 1 ? "" : "s")
 
 StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
                       const std::vector<std::string>& units, const OptimizerConfig& optimizer,
-                      double bucketCapMb) {
+                      double bucketCapMb, bool byUnit) {
   std::set<const void*> seen;
   std::map<std::string, double> unitElements;  // "" for the parameters outside every unit
   double elements = 0, fixed = 0;  // trainable; frozen weights and buffers (whole on every rank)
@@ -50,17 +51,21 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
   b.parameters = 4 * fixed + 4 * elements / (stage == 3 ? n : 1);
   b.gradients = 4 * elements / (shardedGradients ? n : 1);
   b.optimizer = 4 * copies * elements / (stage > 0 ? n : 1);
+  double largest = 0;
+  for (const auto& [name, e] : unitElements) largest = std::max(largest, e);
+  b.fixed = 4 * fixed;
+  b.shardable = 4 * elements * (2 + copies);
+  b.stage3Unit = 2 * 4 * largest;
   if (stage == 3) {
     // A unit's parameters and gradients are whole while it runs.
-    double largest = 0;
-    for (const auto& [name, e] : unitElements) largest = std::max(largest, e);
-    b.unit = 2 * 4 * largest;
+    b.unit = b.stage3Unit;
   } else if (shardedGradients) {
     // Stage 2: a bucket filling while the one before is exchanged.
     b.unit = 2 * std::min(bucketCapMb * (1 << 20), 4 * elements);
   }
-  // Every rank builds the model whole before it is cut into parts.
-  b.wholeModel = 4 * (fixed + elements);
+  // Every rank builds the model whole before it is cut into parts, unless
+  // it builds it unit by unit (parts and one unit: less than training holds).
+  b.wholeModel = byUnit ? 0 : 4 * (fixed + elements);
   return b;
 }
 
@@ -77,13 +82,28 @@ std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, i
                     : fmt::format(", full gradient buckets in flight {}", mb(need.unit)),
       mb(static_cast<double>(limit.bytes)), limit.source, ranks(localRanks), mb(share));
   if (need.total() > share) {
+    // What would fit: stage 3 on enough ranks of this share each.
+    const double room = share - need.fixed - need.stage3Unit;
+    std::string fits;
+    if (room > 0) {
+      const int ranksNeeded = std::max(1, static_cast<int>(std::ceil(need.shardable / room)));
+      fits = fmt::format("distribution.zero: 3 on at least {} (each with {}: {} of parameters, "
+                         "gradients and optimizer state apiece) would fit; ",
+                         ranks(ranksNeeded), mb(share), mb(need.shardable / ranksNeeded));
+      if (stage < 3) {
+        fits += fmt::format("stage 3 on these {} would need {} per rank; ", ranks(worldSize),
+                            mb(need.fixed + need.shardable / worldSize + need.stage3Unit));
+      }
+    } else {
+      fits = fmt::format("even one unit's parameters and gradients ({}) with the frozen weights and "
+                         "buffers ({}) take the {} a rank has, whatever the ranks; ",
+                         mb(need.stage3Unit), mb(need.fixed), mb(share));
+    }
     throw ConfigError(fmt::format(
         "rank {}: the training state does not fit in memory: it needs at least {} per rank ({}), "
-        "before activations and LibTorch itself. {}",
-        rank, mb(need.total()), held,
-        stage < 3 ? "distribution.zero: 3 divides the parameters, gradients and optimizer state "
-                    "by the number of ranks, and ranks on other machines divide them further"
-                  : "More ranks (on other machines) divide it further; or give the job more memory"));
+        "before activations and LibTorch itself. {}or give each rank more memory "
+        "(model.recompute: blocks shrinks the activations, not this state)",
+        rank, mb(need.total()), held, fits));
   }
   if (need.total() > 0.8 * share) {
     return fmt::format("rank {}: the training state takes {} of the {} per rank this machine "

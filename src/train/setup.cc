@@ -22,6 +22,7 @@
 #include "cohort/train/precision.h"
 #include "cohort/train/trainer.h"
 #include "core/detail/json_int.h"
+#include "train/detail/units.h"
 
 namespace cohort::train::detail {
 
@@ -97,14 +98,9 @@ Datasets openDatasets(const JobConfig& job) {
   return d;
 }
 
-ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
-                      const std::string& resumeFrom, const models::ModelPart& part, int stage) {
+ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data) {
   const data::SampleShape& shape = data.shape;
-  ModelSetup s;
-  // Identical initialization everywhere (rank 0's is broadcast anyway).
-  torch::manual_seed(static_cast<uint64_t>(job.training.seed));
-  ModelConfig& mc = s.config;
-  mc = job.model;
+  ModelConfig mc = job.model;
   if (mc.arch == ModelArch::gpt) {
     if (mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
     if (mc.vocabSize < data.vocabSize) {
@@ -119,8 +115,31 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     }
   }
   if (mc.arch == ModelArch::torchscript && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
-  s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, part);
+  return mc;
+}
+
+ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
+                      const std::string& resumeFrom, const models::ModelPart& part, int stage) {
+  const data::SampleShape& shape = data.shape;
+  ModelSetup s;
+  // Identical initialization everywhere (rank 0's is broadcast anyway).
+  torch::manual_seed(static_cast<uint64_t>(job.training.seed));
+  ModelConfig& mc = s.config;
+  mc = resolveModelConfig(job, data);
+  models::ModelPart built = part;
+  if (buildsByUnit(job)) {
+    s.units = std::make_shared<parallel::UnitParts>(comm.worldSize, comm.rank);
+    built.sink = s.units.get();
+  }
+  s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, built);
   models::Model& model = *s.model;
+  if (s.units) {
+    // No broadcast sends these: every rank drew them from the same seed.
+    comm::checkAgreement(comm, "initial parameters (built unit by unit, ZeRO stage 3)", s.units->digest());
+    log::info("ZeRO stage 3: built the model unit by unit: {} units, the largest {:.1f} MB; this rank "
+              "keeps {:.1f} MB of their parameters",
+              s.units->units(), double(s.units->largestUnitBytes()) / 1e6, double(s.units->partBytes()) / 1e6);
+  }
   if (mc.arch == ModelArch::torchscript) probeScriptedModel(model, mc, data);
   const bool lora = mc.lora.rank > 0;
   s.trainable = models::parameterCount(model);
@@ -153,10 +172,18 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
     ckpt::StateDict weights = ckpt::readStateDict(mc.initFrom);
     if (!part.whole()) weights = models::partOfStateDict(model, std::move(weights));
-    models::loadWeights(model, std::move(weights), mc.initFrom);
+    if (s.units) {
+      loadByUnit(model, *s.units, std::move(weights), mc.initFrom);
+    } else {
+      models::loadWeights(model, std::move(weights), mc.initFrom);
+    }
     log::info("initialized from {}", mc.initFrom);
   }
-  if (!resumeFrom.empty()) {
+  if (!resumeFrom.empty() && s.units) {
+    std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
+    if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");
+    resumeByUnit(model, *s.units, resumeFrom, ckpt::readManifest(resumeFrom), stage, comm, tied);
+  } else if (!resumeFrom.empty()) {
     // model.bin (a pipeline stage's file), with ZeRO stage 3's parameter
     // parts put back together.
     ckpt::loadStateDict(models::trainedState(model),

@@ -24,6 +24,7 @@
 #include "train/detail/memory_fit.h"
 #include "train/detail/optimizer_cut.h"
 #include "train/detail/stages.h"
+#include "train/detail/units.h"
 #include "cohort/parallel/pipeline.h"
 
 namespace cohort::train::detail {
@@ -77,6 +78,35 @@ void checkFrozenBase(const TrainState& s) {
       digest.empty() ? "none" : digest, s.model.frozenDigest.empty() ? "none" : s.model.frozenDigest));
 }
 
+// Whether the state this rank will hold of `model` (its part, or the
+// shapes of it) fits its memory share (checkStateFits: throws ConfigError,
+// or returns a warning).
+std::string checkFits(const TrainState& s, const models::Model& model, bool byUnit) {
+  const JobConfig& job = s.job;
+  const std::vector<std::string> units = job.distribution.zero == 3 ? model.shardingUnits()
+                                                                     : std::vector<std::string>{};
+  const StateBytes need = stateBytes(model, job.distribution.zero, s.mesh.replicas, units,
+                                    job.training.optimizer, job.distribution.bucketCapMb, byUnit);
+  return checkStateFits(need, memory::processLimit(), s.comm.localWorldSize, s.comm.rank,
+                        s.comm.worldSize, job.distribution.zero);
+}
+
+// A model built unit by unit is checked before it is built, from its
+// shapes alone (no values made), so that a state that cannot fit allocates
+// nothing.
+void checkFitBeforeBuild(const TrainState& s, const models::ModelPart& part) {
+  struct Shapes : models::UnitSink {
+    void take(const std::string&, std::vector<std::pair<std::string, at::Tensor>>) override {}
+    bool wantsValues() const override { return false; }
+  } shapes;
+  models::ModelPart p = part;
+  p.sink = &shapes;
+  p.exact = false;
+  const ModelConfig mc = resolveModelConfig(s.job, s.datasets);
+  const auto model = models::createModel(mc, {mc.inChannels, s.datasets.shape.height, s.datasets.shape.width}, p);
+  checkFits(s, *model, true);
+}
+
 // The parallel plan over this rank's part of the model, after checking
 // that the state it will hold can fit (before gradients and optimizer state
 // exist: a state that cannot fit is a configuration error now, not an OOM
@@ -86,11 +116,8 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
   models::Model& model = *s.model.model;
   parallel::DdpOptions options = ddpOptions(job);
   if (job.distribution.zero == 3) options.units = model.shardingUnits();
-  const comm::Comm& comm = s.comm;
-  const std::string tight = checkStateFits(
-      stateBytes(model, job.distribution.zero, s.mesh.replicas, options.units,
-                 job.training.optimizer, options.bucketCapMb),
-      memory::processLimit(), comm.localWorldSize, comm.rank, comm.worldSize, job.distribution.zero);
+  if (s.model.units) options.presharded = s.model.units->release();
+  const std::string tight = checkFits(s, model, s.model.units != nullptr);
   if (!tight.empty()) log::warn("{}", tight);
   std::unique_ptr<parallel::Plan> plan;
   if (s.mesh.pipelined()) {
@@ -275,6 +302,7 @@ void setUp(TrainState& s) {
   s.resumed = readResume(job, s.comm, s.runDir, s.options.resumeFrom);
   s.split = resolveSplit(job, s.datasets, s.mesh, s.resumed, s.options.resumeFrom);
   const models::ModelPart part = partOf(s.split, s.mesh.stage);
+  if (buildsByUnit(job)) checkFitBeforeBuild(s, part);
   s.model = buildModel(job, s.datasets, s.mesh.data, s.options.resumeFrom, part, s.mesh.stage);
   if (s.mesh.pipelined()) logStage(s, part);
   if (s.resumed) checkFrozenBase(s);

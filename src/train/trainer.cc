@@ -14,7 +14,9 @@
 
 #include <sys/resource.h>
 
+#include <map>
 #include <optional>
+#include <set>
 
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/comm/wait.h"
@@ -262,6 +264,49 @@ void recordStages(TrainState& s, double peakMb) {
   }
 }
 
+// model/final.pt at ZeRO stage 3 without a pipeline: rank 0 gathers one
+// unit at a time and writes it before the next (ckpt::StateDictWriter), so
+// no process holds the model.
+void saveFinalByUnit(TrainState& s) {
+  parallel::DistributedDataParallel& engine = s.plan->engine();
+  const models::Model& model = s.plan->model();
+  const bool root = s.comm.rank == 0;
+  std::optional<ckpt::StateDictWriter> out;
+  if (root) out.emplace(s.runDir.finalModel(), finalModelKey(s.job));
+  std::map<std::string, at::Tensor> byName;
+  for (const auto& [name, t] : ckpt::stateDict(model)) byName.emplace(name, t);
+  std::set<std::string> written;
+  const auto buckets = engine.bucketParameterNames();
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    engine.gatherBucket(0, k);
+    if (root) {
+      for (const std::string& name : buckets[k]) {
+        out->add(name, byName.at(name));
+        written.insert(name);
+      }
+    }
+    engine.releaseBucket(k);
+  }
+  if (!root) return;
+  std::map<std::string, std::string> aliases;
+  for (const auto& [alias, name] : model.tiedNames()) aliases.emplace(alias, name);
+  std::vector<std::string> order;
+  for (const auto& [name, t] : models::publishedStateDict(model)) {
+    order.push_back(name);
+    if (written.count(name) != 0) continue;
+    if (auto a = aliases.find(name); a != aliases.end()) {
+      out->alias(name, a->second);
+    } else {
+      out->add(name, t);
+    }
+    written.insert(name);
+  }
+  out->finish(order);
+  struct rusage usage {};
+  const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
+  log::info("saved {} (one unit at a time); peak resident {:.0f} MB", s.runDir.finalModel(), peak);
+}
+
 // model/final.pt (rank 0): the whole model, or with model.lora the
 // adapters (and, on request, the merged model).
 void saveFinalModel(TrainState& s) {
@@ -269,6 +314,10 @@ void saveFinalModel(TrainState& s) {
   parallel::Plan& plan = *s.plan;
   const RunDir& runDir = s.runDir;
   plan.syncBuffers();  // the saved BatchNorm statistics are rank 0's, as during training
+  if (s.model.units && !s.mesh.pipelined()) {
+    saveFinalByUnit(s);
+    return;
+  }
   // ZeRO stage 3: the parameters are gathered on rank 0 for the save.
   plan.gatherForSave();
   const security::Key* key = finalModelKey(job);
@@ -287,9 +336,14 @@ void saveFinalModel(TrainState& s) {
       }
     }
   } else {
-    const ckpt::StateDict whole = plan.collect(models::publishedStateDict);
-    if (s.comm.rank == 0) {
-      ckpt::saveStateDict(whole, runDir.finalModel(), key);
+    // Written as the tensors arrive: rank 0 holds its own part and one
+    // tensor of another stage, never a second copy of the model.
+    std::optional<ckpt::StateDictWriter> out;
+    if (s.comm.rank == 0) out.emplace(runDir.finalModel(), key);
+    plan.visitCollected(models::publishedStateDict,
+                        [&](const std::string& name, const at::Tensor& t) { out->add(name, t); });
+    if (out) {
+      out->finish();
       log::info("saved {}", runDir.finalModel());
     }
   }

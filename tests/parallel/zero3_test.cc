@@ -86,6 +86,8 @@ TEST_F(ZeroStage3, BlocksGatheredOneAtATimeEqualOneProcessWithTheGlobalBatch) {
     EXPECT_NE(text.find("ZeRO stage 3: parameters gathered in 3 units (2 of the model's blocks"),
               std::string::npos)
         << text;
+    // No rank built the model whole: its blocks went to their parts one at a time.
+    EXPECT_NE(text.find("ZeRO stage 3: built the model unit by unit: 2 units"), std::string::npos) << text;
     const bool gloo = std::string(v.tag) == "three";
     EXPECT_NE(text.find(gloo ? "gradient exchange: Gloo" : "gradient exchange: shared memory"),
               std::string::npos)
@@ -107,6 +109,14 @@ TEST_F(ZeroStage3, BlocksGatheredOneAtATimeEqualOneProcessWithTheGlobalBatch) {
   }
   // The comparison can fail: clipping at 0.5 changes these weights.
   EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+
+  // model.init_from read into the parts (each unit cut from the file's
+  // tensors): the same as one process starting from the file.
+  const std::string from = "model.init_from=" + dir.file("single/model/final.pt");
+  auto fromOne = train("from-one", 1, 12, {from});
+  auto fromParts = train("from-parts", 2, 6, {from, "distribution.zero=3"});
+  EXPECT_LT(test::maxDifference(fromOne, fromParts), kTolerance);
+  EXPECT_GT(test::maxDifference(fromOne, reference), 100 * kTolerance) << "init_from made no difference";
 }
 
 TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRank) {
@@ -118,6 +128,16 @@ TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRa
   EXPECT_EQ(test::maxDifference(whole, restarted), 0.0);
   const std::string text = log("restarted", 1);
   EXPECT_NE(text.find("resumed from " + dir.file("restarted/checkpoints/step-")), std::string::npos) << text;
+  // Each rank read its own parts: the checkpoint was cut as this run cuts.
+  EXPECT_NE(text.find("resumed this rank's parameter parts from"), std::string::npos) << text;
+  // Checkpoints written straight from the training state (no host copy):
+  // the same resume, the same end.
+  std::vector<std::string> inPlace = kv;
+  inPlace.push_back("checkpoint.max_in_flight=0");
+  auto direct = train("in-place", 2, 4, inPlace, {{"COHORT_FAULT", "kill@rank1:step7"}});
+  EXPECT_EQ(test::maxDifference(whole, direct), 0.0);
+  EXPECT_NE(log("in-place", 1).find("resumed this rank's parameter parts from"), std::string::npos)
+      << log("in-place", 1);
 
   // Each rank wrote its parts of the parameters, and model.bin the rest
   // (this GPT has no buffers: nothing); `cohort ckpt consolidate` puts the

@@ -6,11 +6,9 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
 
+#include "util/cgroup.h"
 #include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/process.h"
@@ -18,40 +16,20 @@
 namespace cohort {
 namespace {
 
-namespace fs = std::filesystem;
 
 class ZeroLimit : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root, to make a memory cgroup";
-    if (fs::exists("/sys/fs/cgroup/memory/memory.limit_in_bytes")) {
-      group_ = fmt::format("/sys/fs/cgroup/memory/cohort-test-{}", ::getpid());
-      limitFile_ = "memory.limit_in_bytes";
-    } else if (fs::exists("/sys/fs/cgroup/cgroup.controllers")) {
-      group_ = fmt::format("/sys/fs/cgroup/cohort-test-{}", ::getpid());
-      limitFile_ = "memory.max";
-    } else {
-      GTEST_SKIP() << "no memory cgroup under /sys/fs/cgroup";
-    }
-    std::error_code ec;
-    if (!fs::create_directory(group_, ec) || !fs::exists(group_ + "/" + limitFile_)) {
-      fs::remove(group_, ec);
-      group_.clear();
-      GTEST_SKIP() << "cannot make a memory cgroup here: " << ec.message();
-    }
+    if (!group_.unavailable().empty()) GTEST_SKIP() << group_.unavailable();
     test::writeText(dir.file("corpus.txt"), test::corpus(6'000));
     auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
     ASSERT_EQ(tok.exitCode, 0) << tok.describe();
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!group_.empty()) fs::remove(group_, ec);  // empty: every process of the job has ended
   }
 
   // One rank training a GPT of 50M parameters (AdamW: 772 MB of state
   // unsharded) inside the cgroup, limited to `limitMb`.
   test::ProcessResult train(const std::string& tag, int limitMb, int zero) {
-    std::ofstream(group_ + "/" + limitFile_) << (static_cast<int64_t>(limitMb) << 20);
+    group_.setLimit(static_cast<int64_t>(limitMb) << 20);
     test::writeText(dir.file(tag + ".yaml"), R"(name: )" + tag + R"(
 model: {arch: gpt, n_layer: 16, n_head: 8, n_embd: 512, block_size: 64}
 data:
@@ -67,11 +45,10 @@ training:
 checkpoint: {enabled: false}
 output: {progress: off, save_final: false}
 )");
-    return test::run({"/bin/sh", "-c", "echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"", "sh", group_,
-                      test::cohortBin(), "run", dir.file(tag + ".yaml"), "--run-dir", dir.file(tag)});
+    return test::run(group_.wrap({test::cohortBin(), "run", dir.file(tag + ".yaml"), "--run-dir", dir.file(tag)}));
   }
 
-  std::string group_, limitFile_;
+  test::MemoryCgroup group_{"zero-limit"};
   test::TempDir dir;
 };
 
@@ -81,7 +58,7 @@ TEST_F(ZeroLimit, AStateThatCannotFitEvenAtStage3IsRefusedAndAnOutOfMemoryKillIs
   EXPECT_EQ(refused.exitCode, 2) << refused.describe();
   const std::string said = refused.out + refused.err;
   for (const std::string want : {std::string("rank 0: the training state does not fit in memory"),
-                                 std::string("ZeRO stage 3 on 1 rank"), group_ + "/" + limitFile_}) {
+                                 std::string("ZeRO stage 3 on 1 rank"), group_.limitFile()}) {
     EXPECT_NE(said.find(want), std::string::npos) << want << "\n" << refused.describe();
   }
   // 772 MB fits the check under 800, but the run needs more: the kernel

@@ -103,6 +103,10 @@ TEST(MemoryFit, EachStageHoldsItsShareAndTooLittleMemoryIsAConfigurationError) {
   EXPECT_DOUBLE_EQ(s3.optimizer, p);
   EXPECT_DOUBLE_EQ(s3.unit, 2 * 4 * 220.0);  // h1, the largest unit
   EXPECT_DOUBLE_EQ(s3.wholeModel, frozen + p);
+  // Built unit by unit, no step holds the model whole.
+  EXPECT_DOUBLE_EQ(train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw, cap, true).wholeModel, 0);
+  EXPECT_DOUBLE_EQ(s3.shardable, 4 * p);
+  EXPECT_DOUBLE_EQ(s3.fixed, frozen);
   // Sharded over many ranks, the model as built is what bounds it.
   const train::detail::StateBytes wide{10, 10, 10, 10, 100};
   EXPECT_DOUBLE_EQ(wide.total(), 100);
@@ -115,13 +119,22 @@ TEST(MemoryFit, EachStageHoldsItsShareAndTooLittleMemoryIsAConfigurationError) {
   EXPECT_NE(train::detail::checkStateFits({150, 150, 150, 0}, limit, 2, 0, 2, 0).find("activations may not fit"),
             std::string::npos);
   try {
-    train::detail::checkStateFits({200, 200, 200, 0}, limit, 2, 1, 4, 3);
+    // 2400 bytes to shard, 500 per rank: 5 ranks would fit.
+    train::detail::checkStateFits({200, 200, 200, 0, 0, 0, 2400, 0}, limit, 2, 1, 4, 3);
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     const std::string what = e.what();
-    for (const char* want : {"rank 1:", "ZeRO stage 3 on 4 ranks", "/sys/fs/cgroup/job/memory.max", "More ranks"}) {
+    for (const char* want : {"rank 1:", "ZeRO stage 3 on 4 ranks", "/sys/fs/cgroup/job/memory.max",
+                             "distribution.zero: 3 on at least 5 ranks"}) {
       EXPECT_NE(what.find(want), std::string::npos) << want << " in: " << what;
     }
+  }
+  try {
+    // A unit alone takes more than a rank has: no number of ranks helps.
+    train::detail::checkStateFits({200, 200, 200, 0, 0, 0, 2400, 600}, limit, 2, 0, 4, 0);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("whatever the ranks"), std::string::npos) << e.what();
   }
 }
 

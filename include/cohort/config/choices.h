@@ -27,7 +27,7 @@ enum class OnCorrupt { skip, fail };
 enum class Backend { gloo, nccl };
 enum class GradCompression { none, fp16, bf16 };
 enum class BatchPolicy { keepGlobal, keepPerRank };
-enum class Allocator { keep, system };
+enum class Allocator { keep, system, map };
 enum class OneDnn { automatic, on, off };
 enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, cosine, step };
@@ -94,7 +94,8 @@ struct ChoiceNames<GradCompression> {
 };
 template <>
 struct ChoiceNames<Allocator> {
-  static constexpr ChoiceTable<Allocator, 2> table{{{Allocator::keep, "keep"}, {Allocator::system, "system"}}};
+  static constexpr ChoiceTable<Allocator, 3> table{
+      {{Allocator::keep, "keep"}, {Allocator::system, "system"}, {Allocator::map, "map"}}};
 };
 template <>
 struct ChoiceNames<OneDnn> {

@@ -160,7 +160,7 @@ struct ElasticConfig {
 
 // How a rank drives LibTorch on the CPU (docs/performance.md).
 struct ComputeConfig {
-  Allocator allocator = Allocator::keep;  // system: glibc returns freed memory to the kernel
+  Allocator allocator = Allocator::keep;  // system: glibc's defaults; map: blocks of 1 MB and more mapped and given back
   OneDnn onednn = OneDnn::automatic;    // convolutions through oneDNN
 };
 

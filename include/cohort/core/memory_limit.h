@@ -21,6 +21,10 @@ struct Limit {
 
 Limit processLimit(const std::string& root = "");
 
+// This process's resident memory now (/proc/self/status VmRSS); 0 when
+// unreadable.
+uint64_t residentBytes(const std::string& root = "");
+
 // Processes the OOM killer has killed in this process's memory cgroup
 // (v2 memory.events "oom_kill", v1 memory.oom_control "oom_kill"); nullopt
 // when the cgroup does not say.

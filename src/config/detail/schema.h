@@ -433,8 +433,10 @@ void describe(V& v, CheckpointConfig& c) {
           "Also keep every checkpoint whose step is a multiple of this; 0: none.", atLeast(0));
   v.field("max_in_flight", c.maxInFlight,
           "Snapshots held in host memory at once (each the size of the model and optimizer "
-          "state).",
-          between(1, 64));
+          "state); 0: none, each checkpoint is written straight from the training state and the "
+          "optimizer step after it waits for the write (also chosen, with a log line, when a "
+          "copy would not fit in the rank's memory).",
+          between(0, 64));
   v.field("when_behind", c.whenBehind,
           "When every snapshot buffer is still being written: skip this checkpoint (warning) or "
           "wait for a buffer.");
@@ -484,7 +486,9 @@ void describe(V& v, ComputeConfig& c) {
   v.field("allocator", c.allocator,
           "keep: freed memory stays in the rank for the next step (glibc neither trims the heap "
           "nor maps large blocks); system: glibc's defaults, which return it to the kernel and "
-          "fault it back in every step.");
+          "fault it back in every step; map: every block of 1 MB or more is mapped and given back "
+          "when freed, so no hole of the heap stays resident (the least memory, for ZeRO stage 3 "
+          "near the limit; slower, measured in docs/zero.md).");
   v.field("onednn", c.onednn,
           "Convolutions and their gradients through oneDNN (on) or LibTorch's own kernels (off); "
           "auto: on when LibTorch has oneDNN.");

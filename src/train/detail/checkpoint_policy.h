@@ -41,6 +41,9 @@ class CheckpointPolicy {
   // is taken and stop requests end the rank at once (StopProtocol).
   // The files are those `plan` gives this rank (parallel::CheckpointRole),
   // of the model part it holds.
+  // A snapshot copy that would leave too little of the rank's memory share
+  // is not taken: checkpoints are then written in place (as with
+  // checkpoint.max_in_flight: 0).
   CheckpointPolicy(const JobConfig& job, const parallel::Plan& plan, const RunDir& runDir,
                    torch::optim::Optimizer& optimizer, const std::vector<std::string>& paramNames,
                    const StepPlan& steps);

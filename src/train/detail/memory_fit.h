@@ -24,6 +24,11 @@ struct StateBytes {
   // whole; stage 2, the gradient buckets in flight; wholeModel: the model as
   // built, before it is cut into parts.
   double parameters = 0, gradients = 0, optimizer = 0, unit = 0, wholeModel = 0;
+  // What a rank would hold at stage 3 on any number of ranks: `fixed`
+  // (frozen weights, buffers) + `shardable` (parameters, gradients and
+  // optimizer state of all ranks) / ranks + `stage3Unit` (one unit's
+  // parameters and gradients, whole).
+  double fixed = 0, shardable = 0, stage3Unit = 0;
   double total() const { return std::max(parameters + gradients + optimizer + unit, wholeModel); }
 };
 
@@ -35,9 +40,11 @@ struct StateBytes {
 // them, at stage 2 two buckets of `bucketCapMb`. Computed before the engine
 // allocates anything, so that a state that cannot fit fails before it is
 // half built.
+// `byUnit`: the model is built unit by unit (train/detail/units.h), so no
+// step holds it whole.
 StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
                       const std::vector<std::string>& units, const OptimizerConfig& optimizer,
-                      double bucketCapMb);
+                      double bucketCapMb, bool byUnit = false);
 
 // Throws ConfigError naming the rank, the stage, the bytes and the limit's
 // source when `need` exceeds the limit's share of one of `localRanks`;

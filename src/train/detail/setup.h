@@ -15,6 +15,7 @@
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
 #include "cohort/parallel/ddp.h"
+#include "cohort/parallel/unit_parts.h"
 #include "cohort/models/model.h"
 #include "cohort/security/keys.h"
 #include "cohort/train/compute.h"
@@ -40,12 +41,20 @@ struct ModelSetup {
   int64_t parameters = 0;
   int64_t trainable = 0;    // parameters that train (with model.lora: the adapters')
   std::string frozenDigest;  // model.lora: models::frozenDigest
+  // ZeRO stage 3 built unit by unit (buildsByUnit): this rank's parts,
+  // for the engine (DdpOptions::presharded); null otherwise.
+  std::shared_ptr<parallel::UnitParts> units;
 };
+
+// job.model with in_channels (images) or vocab_size (tokens) from the data;
+// throws ConfigError when they disagree.
+ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data);
 
 // Builds this rank's `part` of the model (the whole model without a
 // pipeline), seeded with training.seed so every rank starts alike; checks
 // that every rank of `peers` (the ranks that hold the same part) built the
-// same tensors (CommError otherwise); loads the part's tensors of
+// same tensors (CommError otherwise; unit by unit, the same values too);
+// loads the part's tensors of
 // <resumeFrom> (ckpt::stageModel), or else of model.init_from (both with
 // model.lora, which this attaches); moves it to the device, resolves
 // training.precision for this CPU and chooses its memory format in that

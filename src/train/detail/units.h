@@ -1,0 +1,40 @@
+#pragma once
+
+// ZeRO stage 3 without the whole model in any process (docs/zero.md, "Built,
+// loaded and saved unit by unit"): which jobs build their model unit by
+// unit, and how a unit-built model takes weights from a file.
+
+#include <memory>
+#include <string>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/comm/comm.h"
+#include "cohort/config/job.h"
+#include "cohort/models/model.h"
+#include "cohort/parallel/unit_parts.h"
+
+namespace cohort::train::detail {
+
+// ZeRO stage 3 on a model with sharding units (the GPT), without LoRA (whose
+// frozen weights are loaded whole).
+bool buildsByUnit(const JobConfig& job);
+
+// Puts `dict` (tensors of the model, or of its pipeline part, by name; a
+// tied tensor's second name dropped) into a unit-built model: each unit
+// `units` holds is cut again from its tensors, the rest is loaded into the
+// model strictly. Throws DataError naming `origin` and the tensor.
+void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
+                const std::string& origin);
+
+// A resume of a unit-built model: with the checkpoint cut alike (stage 3,
+// the same ranks and units), this rank's parts straight from its own file
+// and model.bin's other tensors; otherwise the stage's model put together
+// from every part once, then cut (loadByUnit). `peers`: the ranks sharing
+// the parts; `tied`: parameters kept out of the buckets (a pipeline's tied
+// embedding).
+void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::string& dir,
+                  const ckpt::Manifest& m, int stage, const comm::Comm& peers,
+                  const std::vector<std::string>& tied);
+
+}  // namespace cohort::train::detail

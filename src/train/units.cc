@@ -1,0 +1,129 @@
+// Loading weights into a model built unit by unit (train/detail/units.h).
+
+#include "train/detail/units.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "cohort/ckpt/zero_state.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+
+namespace cohort::train::detail {
+
+namespace {
+
+// The unit a parameter belongs to (the first whose name prefixes it), or "".
+std::string unitOf(const std::vector<std::string>& units, const std::string& name) {
+  for (const auto& u : units) {
+    if (name.rfind(u + ".", 0) == 0) return u;
+  }
+  return "";
+}
+
+// Each unit's trainable parameters, by unit ("" for those outside every
+// unit, but for `tied`), in the model's order.
+std::map<std::string, ckpt::StateDict> parametersByUnit(const models::Model& model,
+                                                        const std::vector<std::string>& tied) {
+  const std::vector<std::string> units = model.shardingUnits();
+  std::map<std::string, ckpt::StateDict> out;
+  std::set<const void*> seen;
+  for (const auto& p : model.named_parameters()) {
+    if (!p.value().requires_grad() || !seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+    if (std::find(tied.begin(), tied.end(), p.key()) != tied.end()) continue;
+    out[unitOf(units, p.key())].emplace_back(p.key(), p.value());
+  }
+  return out;
+}
+
+// The model's tensors but those the units' parts hold.
+ckpt::StateDict outsideParts(const models::Model& model, const std::set<std::string>& inParts) {
+  ckpt::StateDict out;
+  for (auto& [name, t] : ckpt::stateDict(model)) {
+    if (inParts.count(name) == 0) out.emplace_back(name, t);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool buildsByUnit(const JobConfig& job) {
+  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt && job.model.lora.rank == 0;
+}
+
+void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
+                const std::string& origin) {
+  for (const auto& [alias, name] : model.tiedNames()) {
+    dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == alias; }),
+               dict.end());
+  }
+  std::map<std::string, at::Tensor> byName(dict.begin(), dict.end());
+  std::set<std::string> inParts;
+  for (auto& [unit, params] : parametersByUnit(model, {})) {
+    if (unit.empty() || !units.holds(unit)) continue;
+    ckpt::StateDict values;
+    for (const auto& [name, live] : params) {
+      auto it = byName.find(name);
+      if (it == byName.end()) throw DataError(fmt::format("{}: '{}' is missing", origin, name));
+      if (!it->second.sizes().equals(live.sizes())) {
+        throw DataError(fmt::format("{}: '{}' has shape [{}], the model's is [{}]", origin, name,
+                                    fmt::join(it->second.sizes(), ", "), fmt::join(live.sizes(), ", ")));
+      }
+      // In the parameter's layout, as the engine cuts it.
+      at::Tensor v = at::empty_strided(live.sizes(), live.strides(), live.options());
+      v.copy_(it->second);
+      values.emplace_back(name, v);
+      inParts.insert(name);
+      byName.erase(it);
+    }
+    units.take(unit, std::move(values));
+  }
+  dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return inParts.count(e.first) > 0; }),
+             dict.end());
+  ckpt::loadStateDict(outsideParts(model, inParts), dict, origin);
+}
+
+void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::string& dir,
+                  const ckpt::Manifest& m, int stage, const comm::Comm& peers,
+                  const std::vector<std::string>& tied) {
+  const std::map<std::string, ckpt::StateDict> byUnit = parametersByUnit(model, tied);
+  // The engine's buckets: the last unit first, the parameters outside the
+  // units last; each bucket's parameters in the reverse of the model's order.
+  std::vector<std::string> order;
+  for (const auto& u : model.shardingUnits()) {
+    if (byUnit.count(u) != 0) order.insert(order.begin(), u);
+  }
+  if (byUnit.count("") != 0) order.push_back("");
+  std::vector<std::vector<std::string>> buckets;
+  for (const auto& u : order) {
+    buckets.emplace_back();
+    const ckpt::StateDict& params = byUnit.at(u);
+    for (auto p = params.rbegin(); p != params.rend(); ++p) buckets.back().push_back(p->first);
+  }
+  const auto parts = ckpt::ownModelParts(dir, m, stage, peers.worldSize, peers.rank, buckets);
+  if (!parts) {
+    log::info("resuming from {}, cut otherwise than this run: the parameters are put together once "
+              "and cut again", dir);
+    loadByUnit(model, units, ckpt::stageModel(dir, m, stage), dir);
+    return;
+  }
+  std::set<std::string> inParts;
+  for (size_t k = 0; k < order.size(); ++k) {
+    parallel::UnitPart part;
+    for (const auto& [name, t] : byUnit.at(order[k])) {
+      part.names.push_back(name);
+      inParts.insert(name);
+    }
+    part.part = (*parts)[k];
+    units.put(order[k], std::move(part));
+  }
+  ckpt::loadStateDict(outsideParts(model, inParts), ckpt::stageModelRest(dir, m, stage),
+                      dir + "/model.bin");
+  log::info("resumed this rank's parameter parts from {} (cut alike): no step held the model", dir);
+}
+
+}  // namespace cohort::train::detail
