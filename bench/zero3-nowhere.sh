@@ -1,0 +1,89 @@
+#!/bin/sh
+# bench/zero3-nowhere.sh: a GPT whose float32 parameters and AdamW state are
+# at least twice one rank's memory limit trains on 4 ranks (docs/zero.md,
+# "Built, loaded and saved unit by unit").
+#
+#   ./bench/zero3-nowhere.sh [N_LAYER] [LIMIT_MIB] [STEPS]   # as root; default 78 1400 6
+#
+# The model of tests/parallel/zero3_memory_test.cc (n_embd 512, heads of 64,
+# block_size 32, the byte tokenizer: N_LAYER 78 is 246.0M parameters, 2816
+# MiB with AdamW's state) on 4 ranks started as `cohort worker`, 4 machines
+# of one rank each, every rank in a memory cgroup of its own limited to
+# LIMIT_MIB (cgroup v1 or v2). Two layouts: ZeRO stage 3, and 4 pipeline
+# stages (8 micro-batches of 1); batch 1 x 32 tokens per rank, STEPS steps,
+# a checkpoint every 2, compute.allocator: map. Prints the CPU, each rank's
+# peak resident memory (its log's figure) against the limit, steps/s of the
+# steps after the first, and each run's exit.
+set -eu
+cd "$(dirname "$0")/.."
+layers="${1:-78}"
+limit_mib="${2:-1400}"
+steps="${3:-6}"
+bin="${COHORT_BIN:-build/cli/cohort}"
+if [ -d /sys/fs/cgroup/memory ]; then
+  base=/sys/fs/cgroup/memory; limit_file=memory.limit_in_bytes
+elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  base=/sys/fs/cgroup; limit_file=memory.max
+else
+  echo "zero3-nowhere.sh: no memory cgroup here (/sys/fs/cgroup)" >&2
+  exit 2
+fi
+out=$(mktemp -d /tmp/cohort-zero3-nowhere.XXXXXX)
+cleanup() {
+  for r in 0 1 2 3; do rmdir "$base/cohort-zero3-nowhere.$$.$r" 2>/dev/null || true; done
+  rm -rf "$out"
+}
+trap cleanup EXIT
+for r in 0 1 2 3; do
+  mkdir "$base/cohort-zero3-nowhere.$$.$r"
+  echo $((limit_mib * 1048576)) > "$base/cohort-zero3-nowhere.$$.$r/$limit_file"
+done
+sed -n 1,3000p README.md docs/*.md > "$out/corpus.txt"
+"$bin" data tokenize "$out/corpus.txt" "$out/tok" --no-progress >/dev/null
+
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores;" \
+     "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_tile)$' | tr '\n' ' ')"
+echo "model: n_layer $layers, n_embd 512; limit $limit_mib MiB per rank; $steps steps"
+
+# run TAG DISTRIBUTION: the 4 ranks, each in its cgroup; prints the figures.
+run() {
+  tag=$1
+  cat > "$out/$tag.yaml" <<EOF
+name: $tag
+model: {arch: gpt, n_layer: $layers, n_head: 8, n_embd: 512, block_size: 32}
+data:
+  train: {kind: tokens, path: $out/tok/train}
+  loader_threads: 1
+distribution: $2
+training: {max_steps: $steps, batch_size: 1, precision: fp32, log_every: 1, optimizer: {name: adamw, lr: 0.0003}}
+checkpoint: {every_steps: 2, every_epochs: 0, when_behind: wait}
+output: {progress: off}
+compute: {allocator: map}
+EOF
+  port=$((20000 + $$ % 20000))
+  pids=""
+  for r in 0 1 2 3; do
+    RANK=$r WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    COHORT_MACHINE_ID=machine-$r sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh \
+      "$base/cohort-zero3-nowhere.$$.$r" "$bin" worker "$out/$tag.yaml" --run-dir "$out/$tag" \
+      > "$out/$tag-$r.out" 2>&1 &
+    pids="$pids $!"
+  done
+  r=0
+  for p in $pids; do
+    code=0
+    wait "$p" || code=$?
+    peak=$(grep -o 'peak resident [0-9]*' "$out/$tag/logs/rank-$r.log" 2>/dev/null | awk '{print $3}' | sort -n | tail -1)
+    echo "$tag rank $r: exit $code, peak resident ${peak:-?} MiB of $limit_mib"
+    r=$((r + 1))
+  done
+  python3 - "$out/$tag/metrics.jsonl" "$tag" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
+times = [r["time"] for r in rows if "time" in r and "loss" in r]
+if len(times) > 2:
+    print(f"{sys.argv[2]}: {(len(times) - 2) / (times[-1] - times[1]):.3f} steps/s (steps 2..{len(times)})")
+EOF
+}
+run zero3 "{zero: 3, threads_per_rank: 1, max_restarts: 0}"
+run pipeline "{threads_per_rank: 1, max_restarts: 0, pipeline: {stages: 4, micro_batches: 8}}"
