@@ -10,7 +10,7 @@
 # MiB with AdamW's state) on 4 ranks started as `cohort worker`, 4 machines
 # of one rank each, every rank in a memory cgroup of its own limited to
 # LIMIT_MIB (cgroup v1 or v2). Two layouts: ZeRO stage 3, and 4 pipeline
-# stages (8 micro-batches of 1); batch 1 x 32 tokens per rank, STEPS steps,
+# stages (8 micro-batches of 1, split auto); batch 1 x 32 tokens per rank, STEPS steps,
 # a checkpoint every 2, compute.allocator: map. Prints the CPU, each rank's
 # peak resident memory (its log's figure) against the limit, steps/s of the
 # steps after the first, and each run's exit.

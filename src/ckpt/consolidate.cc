@@ -61,13 +61,23 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
     return 2;
   }
   const Manifest m = readManifest(dir);
-  const StateDict model = checkpointModel(dir, m);
-  saveStateDict(model, modelOut);
+  // Tensor by tensor into the file, one ZeRO-3 bucket put together at a
+  // time: the model is never held whole here.
+  size_t tensors = 0;
+  std::vector<std::string> order;
+  {
+    StateDictWriter writer(modelOut);
+    order = visitCheckpointModel(dir, m, [&](const std::string& name, const at::Tensor& t) {
+      writer.add(name, t);
+      ++tensors;
+    });
+    writer.finish(order);
+  }
   out << fmt::format("{}: step {}, written by {} ranks{}\n", dir, m.step, m.worldSize,
                      m.extra.contains("zero")
                          ? fmt::format(" at ZeRO stage {}", jsonInt(m.extra["zero"], "stage", 0))
                          : std::string());
-  out << fmt::format("wrote the model ({} tensors) to {}\n", model.size(), modelOut);
+  out << fmt::format("wrote the model ({} tensors) to {}\n", tensors, modelOut);
   if (optimizerOut.empty()) return 0;
 
   const JobConfig job = loadJobFromString(m.extra.value("job", std::string()),
@@ -80,7 +90,7 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
   std::map<std::string, at::Tensor> byName(whole.begin(), whole.end());
   GenericDict state = dictOf(c10::IntType::get());
   int64_t index = 0;
-  for (const auto& [name, t] : model) {
+  for (const std::string& name : order) {
     if (withState.count(name) == 0) continue;
     GenericDict s = dictOf(c10::StringType::get());
     for (const char* kind : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {

@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -59,22 +60,34 @@ void saveStateDict(const StateDict& dict, const std::string& path, const securit
   }
 }
 
-StateDict readStateDict(const std::string& path) {
+namespace {
+
+// A torch.save archive opened for reading: its data.pkl, and its records
+// read on demand.
+struct Archive {
+  std::string path;
+  std::unique_ptr<std::istringstream> plain;  // an encrypted file, opened in memory
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  std::string pickled;
+};
+
+std::unique_ptr<Archive> openArchive(const std::string& path) {
+  auto a = std::make_unique<Archive>();
+  a->path = path;
   // An encrypted file is opened in memory with the installed keyring.
-  std::unique_ptr<std::istringstream> plain;
   if (security::isSealedFile(path)) {
-    plain = std::make_unique<std::istringstream>(security::readSealedFile(path, security::installedKeyring()));
+    a->plain = std::make_unique<std::istringstream>(security::readSealedFile(path, security::installedKeyring()));
   }
   {
     std::ifstream file;
-    if (!plain) {
+    if (!a->plain) {
       file.open(path, std::ios::binary);
       if (!file) throw DataError(fmt::format("{}: cannot open", path));
     }
-    std::istream& in = plain ? static_cast<std::istream&>(*plain) : file;
+    std::istream& in = a->plain ? static_cast<std::istream&>(*a->plain) : file;
     char magic[2] = {0, 0};
     in.read(magic, 2);
-    if (plain) plain->seekg(0);
+    if (a->plain) a->plain->seekg(0);
     if (in.gcount() != 2 || magic[0] != 'P' || magic[1] != 'K') {
       throw DataError(fmt::format(
           "{}: not a zip-format PyTorch file (save it with torch.save in PyTorch >= 1.6 and "
@@ -82,48 +95,54 @@ StateDict readStateDict(const std::string& path) {
           path));
     }
   }
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
-  std::string pickled;
   try {
-    reader = plain ? std::make_unique<caffe2::serialize::PyTorchStreamReader>(plain.get())
-                   : std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
-    if (!reader->hasRecord("data.pkl")) {
+    a->reader = a->plain ? std::make_unique<caffe2::serialize::PyTorchStreamReader>(a->plain.get())
+                         : std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    if (!a->reader->hasRecord("data.pkl")) {
       throw DataError(fmt::format("{}: no data.pkl in the archive: not a torch.save file", path));
     }
-    auto [ptr, size] = reader->getRecord("data.pkl");
-    pickled.assign(static_cast<const char*>(ptr.get()), size);
+    auto [ptr, size] = a->reader->getRecord("data.pkl");
+    a->pickled.assign(static_cast<const char*>(ptr.get()), size);
   } catch (const c10::Error& e) {
     throw DataError(fmt::format("{}: corrupt PyTorch archive: {}", path, e.what_without_backtrace()));
   }
+  return a;
+}
 
-  auto loadStorage = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
-    const std::string record = "data/" + key;
-    if (!reader->hasRecord(record)) {
-      throw DataError(fmt::format("{}: storage {} missing from the archive", path, record));
+// Storage `key` of the archive: numel elements of dtype, read now.
+at::Tensor readStorage(Archive& a, const std::string& key, at::ScalarType dtype, int64_t numel) {
+  const std::string& path = a.path;
+  const std::string record = "data/" + key;
+  if (!a.reader->hasRecord(record)) {
+    throw DataError(fmt::format("{}: storage {} missing from the archive", path, record));
+  }
+  try {
+    auto [ptr, size] = a.reader->getRecord(record);
+    const size_t element = c10::elementSize(dtype);
+    if (numel < 0 || static_cast<uint64_t>(numel) > size / element) {
+      throw DataError(fmt::format("{}: storage {} claims {} elements but holds {} bytes", path,
+                                  record, numel, size));
     }
-    try {
-      auto [ptr, size] = reader->getRecord(record);
-      const size_t element = c10::elementSize(dtype);
-      if (numel < 0 || static_cast<uint64_t>(numel) > size / element) {
-        throw DataError(fmt::format("{}: storage {} claims {} elements but holds {} bytes", path,
-                                    record, numel, size));
-      }
-      const size_t expected = static_cast<size_t>(numel) * element;
-      if (size != expected) {
-        throw DataError(fmt::format("{}: storage {} holds {} bytes, expected {}", path, record,
-                                    size, expected));
-      }
-      at::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
-      if (size > 0) std::memcpy(t.data_ptr(), ptr.get(), size);
-      return t;
-    } catch (const c10::Error& e) {
-      throw DataError(fmt::format("{}: cannot read {}: {}", path, record, e.what_without_backtrace()));
+    const size_t expected = static_cast<size_t>(numel) * element;
+    if (size != expected) {
+      throw DataError(fmt::format("{}: storage {} holds {} bytes, expected {}", path, record,
+                                  size, expected));
     }
-  };
+    at::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+    if (size > 0) std::memcpy(t.data_ptr(), ptr.get(), size);
+    return t;
+  } catch (const c10::Error& e) {
+    throw DataError(fmt::format("{}: cannot read {}: {}", path, record, e.what_without_backtrace()));
+  }
+}
 
+// Unpickles the archive's dict of tensors (loading each storage with
+// `load`) and returns it.
+StateDict unpickleTensors(const Archive& a, const detail::StorageLoader& load) {
+  const std::string& path = a.path;
   detail::ValuePtr root;
   try {
-    root = detail::unpickle(pickled, loadStorage, path);
+    root = detail::unpickle(a.pickled, load, path);
   } catch (const c10::Error& e) {
     throw DataError(fmt::format("{}: malformed state dict: {}", path, e.what_without_backtrace()));
   }
@@ -154,6 +173,71 @@ StateDict readStateDict(const std::string& path) {
   StateDict out;
   for (const auto& [k, v] : dict->entries) out.emplace_back(k->s, v->tensor);
   return out;
+}
+
+}  // namespace
+
+StateDict readStateDict(const std::string& path) {
+  const std::unique_ptr<Archive> a = openArchive(path);
+  return unpickleTensors(*a, [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    return readStorage(*a, key, dtype, numel);
+  });
+}
+
+struct LazyStateDict::State {
+  std::unique_ptr<Archive> archive;
+  StateDict entries;
+  struct Source {
+    std::string key;
+    at::ScalarType dtype;
+    int64_t numel;
+  };
+  std::map<const c10::StorageImpl*, Source> sources;
+};
+
+LazyStateDict::LazyStateDict(const std::string& path) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.archive = openArchive(path);
+  // Each storage is made with its size and no data: views of it can be
+  // cut (their bounds are checked) and its data read on demand.
+  s.entries = unpickleTensors(*s.archive, [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    if (numel < 0) throw DataError(fmt::format("{}: storage {} claims {} elements", path, key, numel));
+    const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
+                         /*allocator=*/nullptr, /*resizable=*/false);
+    s.sources.emplace(storage.unsafeGetStorageImpl(), State::Source{key, dtype, numel});
+    return torch::empty({0}, torch::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
+  });
+}
+
+LazyStateDict::~LazyStateDict() = default;
+
+const StateDict& LazyStateDict::entries() const { return state_->entries; }
+
+at::Tensor LazyStateDict::load(const std::string& name) {
+  State& s = *state_;
+  for (const auto& [n, t] : s.entries) {
+    if (n != name) continue;
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (impl->data_ptr().get() == nullptr && impl->nbytes() > 0) {
+      const State::Source& src = s.sources.at(impl);
+      at::Tensor data;
+      try {
+        data = readStorage(*s.archive, src.key, src.dtype, src.numel);
+      } catch (const DataError& e) {
+        throw DataError(fmt::format("{} (tensor '{}')", e.what(), name));
+      }
+      impl->set_data_ptr_noswap(std::move(data.storage().unsafeGetStorageImpl()->data_ptr()));
+    }
+    return t;
+  }
+  throw DataError(fmt::format("{}: no tensor '{}'", s.archive->path, name));
+}
+
+void LazyStateDict::drop(const std::string& name) {
+  for (const auto& [n, t] : state_->entries) {
+    if (n == name) t.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  }
 }
 
 void loadStateDict(torch::nn::Module& module, const StateDict& dict, const std::string& origin) {

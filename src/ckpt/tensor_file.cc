@@ -550,6 +550,19 @@ std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::js
   return p.tensors;
 }
 
+void visitTensorFile(const std::string& path, const std::function<bool(const TensorInfo&)>& wanted,
+                     const std::function<void(const std::string&, at::Tensor)>& visit) {
+  const Source src(path);
+  const Parsed p = parseHeader(src, path);
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    const TensorInfo& info = p.tensors[i];
+    if (wanted && !wanted(info)) continue;
+    at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
+    src.read(t.data_ptr(), info.nbytes, p.offsets[i]);
+    visit(info.name, std::move(t));
+  }
+}
+
 TensorFile readTensorFile(const std::string& path) {
   const Source src(path);
   Parsed p = parseHeader(src, path);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -94,14 +95,33 @@ std::vector<std::pair<std::string, int64_t>> members(const nlohmann::json& z, si
   return out;
 }
 
-// Bucket k's `key` from every rank's parts, cut back into its parameters
-// (in their shapes and strides), appended to `whole` as "<name><suffix>".
+// Bucket k of layout `z` cut into `world` parts: each part's elements.
+int64_t chunkOf(const nlohmann::json& z, size_t k, int world) {
+  int64_t total = 0;
+  for (const auto& m : members(z, k)) total += m.second;
+  return (total + world - 1) / world;
+}
+
+// Bucket k's parts (one per rank, in rank order) cut back into its
+// parameters (in their shapes and strides), appended to `whole` as
+// "<name><suffix>".
+void unpackPieces(const nlohmann::json& z, size_t k, const std::vector<at::Tensor>& pieces,
+                  const std::string& suffix, StateDict& whole) {
+  const at::Tensor flat = torch::cat(pieces);
+  int64_t offset = 0;
+  for (const auto& [name, n] : members(z, k)) {
+    const auto& info = z["params"].at(name);
+    at::Tensor t = at::empty_strided(ints(info["shape"]), ints(info["strides"]), flat.options());
+    memoryOrder(t).copy_(flat.narrow(0, offset, n));
+    whole.emplace_back(name + suffix, t);
+    offset += n;
+  }
+}
+
+// Bucket k's `key` from every rank's parts, cut back into its parameters.
 void unpackBucket(const Parts& p, size_t k, const std::string& key, const std::string& suffix,
                   StateDict& whole) {
-  const auto params = members(p.z, k);
-  int64_t total = 0;
-  for (const auto& m : params) total += m.second;
-  const int64_t chunk = (total + p.world - 1) / p.world;
+  const int64_t chunk = chunkOf(p.z, k, p.world);
   std::vector<at::Tensor> pieces;
   for (int r = 0; r < p.world; ++r) {
     const auto& mine = p.byRank[static_cast<size_t>(r)];
@@ -112,15 +132,7 @@ void unpackBucket(const Parts& p, size_t k, const std::string& key, const std::s
     }
     pieces.push_back(it->second.flatten());
   }
-  const at::Tensor flat = torch::cat(pieces);
-  int64_t offset = 0;
-  for (const auto& [name, n] : params) {
-    const auto& info = p.z["params"].at(name);
-    at::Tensor t = at::empty_strided(ints(info["shape"]), ints(info["strides"]), flat.options());
-    memoryOrder(t).copy_(flat.narrow(0, offset, n));
-    whole.emplace_back(name + suffix, t);
-    offset += n;
-  }
+  unpackPieces(p.z, k, pieces, suffix, whole);
 }
 
 // The stages' dicts as one, each name once (the first stage's of a tensor
@@ -230,6 +242,64 @@ std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, con
     out.push_back(it->second.flatten());
   }
   return out;
+}
+
+std::vector<std::string> visitCheckpointModel(const std::string& dir, const Manifest& m,
+                                              const TensorVisit& visit) {
+  std::vector<std::string> order;
+  std::set<std::string> seen;
+  auto once = [&](const std::string& name, const at::Tensor& t) {
+    if (seen.insert(name).second) visit(name, t);
+  };
+  for (int s = 0; s < stagesOf(m); ++s) {
+    const Stage st = stageOf(dir, m, s);
+    std::vector<std::string> names;  // this stage's, in its model's order
+    visitTensorFile(dir + "/" + st.file("model.bin"), {}, [&](const std::string& name, at::Tensor t) {
+      names.push_back(name);
+      once(name, t);
+    });
+    const nlohmann::json& z = st.zero;
+    if (!z.is_null() && z.value("model_parts", false)) {
+      if (!z.contains("world_size") || !z.contains("buckets") || !z.contains("params")) {
+        throw DataError(fmt::format("{}/manifest.json: extra.zero lacks world_size, buckets or params "
+                                    "(written by an older cohort?)", dir));
+      }
+      const int world = jsonInt<int>(z["world_size"]);
+      // One bucket at a time: its part from every rank's file, put together.
+      for (size_t k = 0; k < z["buckets"].size(); ++k) {
+        const std::string key = fmt::format("part{}", k);
+        const int64_t chunk = chunkOf(z, k, world);
+        std::vector<at::Tensor> pieces;
+        for (int r = 0; r < world; ++r) {
+          const std::string file = dir + "/" + st.file(modelPartFile(r));
+          at::Tensor piece;
+          visitTensorFile(file, [&](const TensorInfo& i) { return i.name == key; },
+                          [&](const std::string&, at::Tensor t) { piece = std::move(t); });
+          if (!piece.defined() || piece.numel() != chunk) {
+            throw DataError(fmt::format("{}: '{}' is missing or not of {} elements, as extra.zero "
+                                        "lays bucket {} out", file, key, chunk, k));
+          }
+          pieces.push_back(piece.flatten());
+        }
+        StateDict params;
+        unpackPieces(z, k, pieces, "", params);
+        pieces.clear();
+        for (auto& [name, t] : params) once(name, t);
+      }
+      names.clear();
+      for (const auto& name : z.value("model_order", nlohmann::json::array())) {
+        names.push_back(name.get<std::string>());
+      }
+    }
+    for (auto& name : names) {
+      if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+    }
+  }
+  if (order.size() != seen.size()) {
+    throw DataError(fmt::format("{}: model.bin and the parameter parts hold {} tensors, "
+                                "extra.zero.model_order names {}", dir, seen.size(), order.size()));
+  }
+  return order;
 }
 
 StateDict stageModelRest(const std::string& dir, const Manifest& m, int stage) {

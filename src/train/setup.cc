@@ -169,14 +169,22 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     comm::checkAgreement(comm, "model (names and shapes of its tensors)",
                          fmt::format("{} tensors, {} values, digest {}", tensors, values, h.hex()));
   }
-  if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
-    ckpt::StateDict weights = ckpt::readStateDict(mc.initFrom);
+  if (!lora && !mc.initFrom.empty() && resumeFrom.empty() && s.units) {
+    // One unit's tensors read at a time.
+    ckpt::LazyStateDict file(mc.initFrom);
+    ckpt::StateDict weights = file.entries();
     if (!part.whole()) weights = models::partOfStateDict(model, std::move(weights));
-    if (s.units) {
-      loadByUnit(model, *s.units, std::move(weights), mc.initFrom);
-    } else {
-      models::loadWeights(model, std::move(weights), mc.initFrom);
-    }
+    loadByUnit(model, *s.units, std::move(weights), mc.initFrom, &file);
+    log::info("initialized from {}, one unit at a time", mc.initFrom);
+  } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty() && !part.whole()) {
+    // A pipeline stage reads its own tensors only.
+    ckpt::LazyStateDict file(mc.initFrom);
+    ckpt::StateDict weights = models::partOfStateDict(model, file.entries());
+    for (auto& [name, t] : weights) t = file.load(name);
+    models::loadWeights(model, std::move(weights), mc.initFrom);
+    log::info("initialized from {} (this stage's tensors)", mc.initFrom);
+  } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
+    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
   if (!resumeFrom.empty() && s.units) {

@@ -56,7 +56,10 @@ bool buildsByUnit(const JobConfig& job) {
 }
 
 void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
-                const std::string& origin) {
+                const std::string& origin, ckpt::LazyStateDict* lazy) {
+  // With `lazy`, dict's tensors have no data: each is read just before it
+  // is used and given back after, one unit at a time.
+  auto data = [&](const std::string& name, const at::Tensor& t) { return lazy ? lazy->load(name) : t; };
   for (const auto& [alias, name] : model.tiedNames()) {
     dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == alias; }),
                dict.end());
@@ -75,7 +78,8 @@ void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDic
       }
       // In the parameter's layout, as the engine cuts it.
       at::Tensor v = at::empty_strided(live.sizes(), live.strides(), live.options());
-      v.copy_(it->second);
+      v.copy_(data(name, it->second));
+      if (lazy) lazy->drop(name);
       values.emplace_back(name, v);
       inParts.insert(name);
       byName.erase(it);
@@ -84,6 +88,7 @@ void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDic
   }
   dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return inParts.count(e.first) > 0; }),
              dict.end());
+  for (auto& [name, t] : dict) t = data(name, t);
   ckpt::loadStateDict(outsideParts(model, inParts), dict, origin);
 }
 

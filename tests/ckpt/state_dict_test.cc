@@ -92,6 +92,28 @@ TEST(StateDict, WrittenTensorByTensorReadsBackAsSaved) {
   EXPECT_THROW(bad.add("c", torch::ones({2}, torch::kComplexFloat)), Error);
 }
 
+// Read lazily: names and shapes at once, each tensor's data when asked,
+// given back when dropped; the values are readStateDict's.
+TEST(StateDict, ReadLazilyEachTensorsDataComesWhenAsked) {
+  test::TempDir dir;
+  const at::Tensor big = torch::randn({4, 6});
+  const StateDict in = {{"a", torch::randn({2, 3})}, {"view", big.t()}, {"n", torch::tensor(int64_t{5})}};
+  saveStateDict(in, dir.file("x.pt"));
+  LazyStateDict lazy(dir.file("x.pt"));
+  ASSERT_EQ(lazy.entries().size(), in.size());
+  for (size_t k = 0; k < in.size(); ++k) {
+    EXPECT_EQ(lazy.entries()[k].first, in[k].first);
+    EXPECT_EQ(lazy.entries()[k].second.sizes(), in[k].second.sizes());
+    EXPECT_EQ(lazy.entries()[k].second.storage().data_ptr().get(), nullptr) << "read before asked";
+  }
+  for (const auto& [name, t] : in) {
+    EXPECT_TRUE(torch::equal(lazy.load(name), t)) << name;
+    lazy.drop(name);
+    EXPECT_EQ(lazy.entries().front().second.storage().data_ptr().get(), nullptr);
+  }
+  EXPECT_THROW(lazy.load("missing"), DataError);
+}
+
 TEST(StateDict, LoadIsStrictAndNamesTheTensor) {
   test::TempDir dir;
   Tiny a, b;

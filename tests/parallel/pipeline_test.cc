@@ -199,6 +199,16 @@ TEST_F(Pipeline, Bf16StagesFollowTheUnsplitModelOnTheSameMicroBatches) {
   EXPECT_LT(test::maxDifference(plain, staged), kTolerance);
   auto fp32 = gpt("fp32", 1, 3, {"training.accumulate_steps=4"});
   EXPECT_GT(test::maxDifference(plain, fp32), 100 * kTolerance) << "bf16 made no difference";
+
+  // model.init_from: each stage reads its own tensors of the file, and
+  // starts where one process starting from it starts.
+  const std::string from = "model.init_from=" + dir.file("fp32/model/final.pt");
+  auto fromOne = gpt("from-one", 1, 3, {from, "training.accumulate_steps=4"});
+  auto fromStages = gpt("from-p2", 2, 3,
+                        {from, "distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"});
+  EXPECT_LT(test::maxDifference(fromOne, fromStages), kTolerance);
+  EXPECT_GT(test::maxDifference(fromOne, fp32), 100 * kTolerance) << "init_from made no difference";
+  EXPECT_NE(log("from-p2", 1).find("(this stage's tensors)"), std::string::npos) << log("from-p2", 1);
 }
 
 TEST_F(Pipeline, EvaluationPassesThroughTheStagesToTheSameFigures) {

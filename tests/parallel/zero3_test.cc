@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 #include <filesystem>
@@ -117,6 +118,21 @@ TEST_F(ZeroStage3, BlocksGatheredOneAtATimeEqualOneProcessWithTheGlobalBatch) {
   auto fromParts = train("from-parts", 2, 6, {from, "distribution.zero=3"});
   EXPECT_LT(test::maxDifference(fromOne, fromParts), kTolerance);
   EXPECT_GT(test::maxDifference(fromOne, reference), 100 * kTolerance) << "init_from made no difference";
+  EXPECT_NE(log("from-parts", 1).find("one unit at a time"), std::string::npos) << log("from-parts", 1);
+
+  // A block's tensor of another shape: exit 2 naming the file and the
+  // tensor, before anything trains.
+  ckpt::StateDict bad = fromOne;
+  for (auto& [name, t] : bad) {
+    if (name == "transformer.h.1.mlp.c_fc.weight") t = torch::zeros({3, 3});
+  }
+  ckpt::saveStateDict(bad, dir.file("bad.pt"));
+  auto r = test::runJob(dir, "bad", test::tinyGptYaml("bad", dir.file("tok/train"), 2), 2,
+                        {"training.batch_size=6", "distribution.zero=3", "model.init_from=" + dir.file("bad.pt")});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  for (const std::string& want : {dir.file("bad.pt"), std::string("transformer.h.1.mlp.c_fc.weight")}) {
+    EXPECT_NE((r.out + r.err).find(want), std::string::npos) << want << "\n" << r.describe();
+  }
 }
 
 TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRank) {

@@ -68,6 +68,29 @@ class StateDictWriter {
 // the file and what is wrong.
 StateDict readStateDict(const std::string& path);
 
+// readStateDict() without the data: each tensor's name, dtype and shape,
+// its data read by load() and given back by drop(), so that a file of a
+// model no process holds whole is read one unit at a time (ZeRO stage 3's
+// model.init_from). Tensors sharing a storage share the reads. Throws as
+// readStateDict.
+class LazyStateDict {
+ public:
+  explicit LazyStateDict(const std::string& path);
+  ~LazyStateDict();
+  LazyStateDict(const LazyStateDict&) = delete;
+  LazyStateDict& operator=(const LazyStateDict&) = delete;
+  // Every tensor, without data until load()ed: read only their metadata.
+  const StateDict& entries() const;
+  // The tensor `name` with its data read (DataError naming the file and
+  // storage when it is missing or truncated).
+  at::Tensor load(const std::string& name);
+  void drop(const std::string& name);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // Copies `dict` into the module's parameters and buffers, strictly: throws
 // DataError naming the first missing, unexpected or shape-mismatching
 // tensor, with `origin` (the file) in the message.

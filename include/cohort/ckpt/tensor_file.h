@@ -90,6 +90,12 @@ struct TensorFile {
 TensorFile readTensorFile(const std::string& path);
 
 // The header only: meta and each tensor's name, dtype and shape.
+struct TensorInfo;
+// The tensors `wanted` accepts (all, when empty), read one at a time and
+// handed to `visit`, which may drop each: the file is never held whole
+// (but for a sealed one, decrypted in memory). Throws as readTensorFile.
+void visitTensorFile(const std::string& path, const std::function<bool(const TensorInfo&)>& wanted,
+                     const std::function<void(const std::string&, at::Tensor)>& visit);
 struct TensorInfo {
   std::string name;
   std::string dtype;

@@ -16,6 +16,7 @@
 // other, each in its memory order (its strides), padded to a multiple of N;
 // rank r's part<k> is elements [r c, (r+1) c) with c = padded / N.
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,15 @@ StateDict stageModel(const std::string& dir, const Manifest& m, int stage);
 std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, const Manifest& m,
                                                      int stage, int world, int rank,
                                                      const std::vector<std::vector<std::string>>& buckets);
+// checkpointModel() one tensor at a time: `visit` sees model.bin's tensors,
+// then each ZeRO-3 bucket's parameters put together from every rank's part
+// (read one part at a time), each stage in turn, a name two stages hold
+// once; what it is given may be dropped, so no more than one bucket is
+// held (`cohort ckpt consolidate`). Returns every name in the model's order.
+using TensorVisit = std::function<void(const std::string& name, const at::Tensor& t)>;
+std::vector<std::string> visitCheckpointModel(const std::string& dir, const Manifest& m,
+                                              const TensorVisit& visit);
+
 // The stage's model.bin: what is not a parameter part at stage 3.
 StateDict stageModelRest(const std::string& dir, const Manifest& m, int stage);
 

@@ -24,8 +24,10 @@ bool buildsByUnit(const JobConfig& job);
 // tied tensor's second name dropped) into a unit-built model: each unit
 // `units` holds is cut again from its tensors, the rest is loaded into the
 // model strictly. Throws DataError naming `origin` and the tensor.
+// With `lazy`, `dict` holds its entries() (no data), read one unit at a
+// time: model.init_from is never held whole.
 void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
-                const std::string& origin);
+                const std::string& origin, ckpt::LazyStateDict* lazy = nullptr);
 
 // A resume of a unit-built model: with the checkpoint cut alike (stage 3,
 // the same ranks and units), this rank's parts straight from its own file
