@@ -9,12 +9,12 @@
 #include <set>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tools.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
-#include "cohort/core/file.h"
 #include "core/detail/json_int.h"
 
 namespace cohort::ckpt {
@@ -82,24 +82,37 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
 
   const JobConfig job = loadJobFromString(m.extra.value("job", std::string()),
                                           dir + "/manifest.json (extra.job)", {});
-  const StateDict whole = wholeOptimizerState(dir, m);
-  std::set<std::string> withState;
-  for (const auto& [name, t] : whole) withState.insert(name.substr(0, name.rfind('.')));
+  // Each parameter's state read from its stage (the first that holds it)
+  // and written at once: one bucket of a sharded state is held at a time.
+  std::vector<std::unique_ptr<StageTensors>> stages;
+  std::map<std::string, std::pair<size_t, std::set<std::string>>> kinds;  // parameter: stage, kinds
+  for (int s = 0; s == 0 || s < stages.front()->stages(); ++s) {
+    stages.push_back(std::make_unique<StageTensors>(dir, m, s));
+    for (const std::string& name : stages.back()->optimizerNames()) {
+      const size_t dot = name.rfind('.');
+      auto& [stage, held] = kinds.try_emplace(name.substr(0, dot), stages.size() - 1, std::set<std::string>()).first->second;
+      if (stage == stages.size() - 1) held.insert(name.substr(dot + 1));
+    }
+  }
   // Parameters in the model's order, as torch.optim numbers
   // model.parameters(); buffers and frozen weights have no state.
-  std::map<std::string, at::Tensor> byName(whole.begin(), whole.end());
+  StateDictWriter writer(optimizerOut);
   GenericDict state = dictOf(c10::IntType::get());
   int64_t index = 0;
   for (const std::string& name : order) {
-    if (withState.count(name) == 0) continue;
+    auto it = kinds.find(name);
+    if (it == kinds.end()) continue;
+    StageTensors& from = *stages[it->second.first];
     GenericDict s = dictOf(c10::StringType::get());
     for (const char* kind : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
-      auto it = byName.find(name + "." + kind);
-      if (it != byName.end()) s.insert(kind, it->second.contiguous());
+      if (it->second.second.count(kind) != 0) {
+        s.insert(kind, writer.add(name + "." + kind, from.optimizerState(name + "." + kind)));
+      }
     }
     // torch.optim 1.13's AdamW counts steps in a float32 scalar tensor.
-    if (auto it = byName.find(name + ".step"); it != byName.end()) {
-      s.insert("step", torch::tensor(static_cast<float>(it->second.item<int64_t>())));
+    if (it->second.second.count("step") != 0) {
+      const int64_t step = from.optimizerState(name + ".step").item<int64_t>();
+      s.insert("step", writer.add(name + ".step", torch::tensor(static_cast<float>(step))));
     }
     state.insert(index++, std::move(s));
   }
@@ -108,17 +121,16 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
                        "momentum)\n", dir, choiceName(job.training.optimizer.name));
     return 2;
   }
-  if (static_cast<size_t>(index) != withState.size()) {
+  if (static_cast<size_t>(index) != kinds.size()) {
     throw DataError(fmt::format("{}: the optimizer state names {} parameters, model.bin holds {} "
-                                "of them", dir, withState.size(), index));
+                                "of them", dir, kinds.size(), index));
   }
   GenericDict top = dictOf(c10::StringType::get());
   top.insert("state", state);
   c10::impl::GenericList groups(c10::AnyType::get());
   groups.push_back(paramGroup(job.training.optimizer, m.extra.value("lr", job.training.optimizer.lr), index));
   top.insert("param_groups", groups);
-  const std::vector<char> bytes = torch::pickle_save(top);
-  writeFileAtomic(optimizerOut, bytes.data(), bytes.size());
+  writer.finishValue(c10::IValue(top));
   out << fmt::format("wrote the {} state of {} parameters to {}\n",
                      choiceName(job.training.optimizer.name), index, optimizerOut);
   return 0;

@@ -3,6 +3,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <c10/util/strides.h>
 #include <torch/torch.h>
 
 #include <cstring>
@@ -184,6 +185,15 @@ StateDict readStateDict(const std::string& path) {
   });
 }
 
+at::Tensor withoutData(c10::IntArrayRef shape, at::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return torch::empty({0}, torch::TensorOptions().dtype(dtype)).set_(storage, 0, shape, c10::contiguous_strides(shape));
+}
+
 struct LazyStateDict::State {
   std::unique_ptr<Archive> archive;
   StateDict entries;
@@ -202,11 +212,9 @@ LazyStateDict::LazyStateDict(const std::string& path) : state_(std::make_unique<
   // cut (their bounds are checked) and its data read on demand.
   s.entries = unpickleTensors(*s.archive, [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
     if (numel < 0) throw DataError(fmt::format("{}: storage {} claims {} elements", path, key, numel));
-    const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
-                         /*allocator=*/nullptr, /*resizable=*/false);
-    s.sources.emplace(storage.unsafeGetStorageImpl(), State::Source{key, dtype, numel});
-    return torch::empty({0}, torch::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
+    at::Tensor t = withoutData({numel}, dtype);
+    s.sources.emplace(t.storage().unsafeGetStorageImpl(), State::Source{key, dtype, numel});
+    return t;
   });
 }
 

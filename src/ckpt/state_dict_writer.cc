@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "cohort/ckpt/state_dict.h"
@@ -59,6 +60,15 @@ class Pickle {
   void persistentId() { out_ += 'Q'; }
   void boolean(bool v) { out_ += v ? '\x88' : '\x89'; }
   void stop() { out_ += '.'; }
+  void none() { out_ += 'N'; }
+  void emptyList() { out_ += ']'; }
+  void appends() { out_ += 'e'; }
+  void real(double v) {  // BINFLOAT: 8 bytes, big-endian
+    out_ += 'G';
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, 8);
+    for (int i = 7; i >= 0; --i) out_ += static_cast<char>((bits >> (8 * i)) & 0xff);
+  }
   void global(const std::string& module, const std::string& name) { out_ += "c" + module + "\n" + name + "\n"; }
   void string(const std::string& s) {
     out_ += 'X';
@@ -90,6 +100,39 @@ struct Entry {
   int64_t numel = 0;
 };
 
+// torch._utils._rebuild_tensor_v2 of entry e's storage, contiguous.
+void rebuild(Pickle& p, const Entry& e) {
+  p.global("torch._utils", "_rebuild_tensor_v2");
+  p.mark();
+  p.mark();
+  p.string("storage");
+  p.global("torch", storageClass(e.dtype));
+  p.string(e.key);
+  p.string("cpu");
+  p.integer(e.numel);
+  p.tuple();
+  p.persistentId();
+  p.integer(0);
+  p.mark();
+  for (int64_t v : e.sizes) p.integer(v);
+  p.tuple();
+  p.mark();
+  int64_t stride = 1;
+  std::vector<int64_t> strides(e.sizes.size());
+  for (size_t d = e.sizes.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(e.sizes[d], 1);
+  }
+  for (int64_t v : strides) p.integer(v);
+  p.tuple();
+  p.boolean(false);
+  p.global("collections", "OrderedDict");
+  p.emptyTuple();
+  p.reduce();
+  p.tuple();
+  p.reduce();
+}
+
 }  // namespace
 
 struct StateDictWriter::State {
@@ -100,6 +143,7 @@ struct StateDictWriter::State {
   int error = 0;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
   std::map<std::string, Entry> entries;
+  std::map<const c10::TensorImpl*, std::string> standIns;  // add()'s results: their names
   std::vector<std::string> order;
   int64_t nextKey = 0;
   bool finished = false;
@@ -152,7 +196,7 @@ StateDictWriter::~StateDictWriter() {
   }
 }
 
-void StateDictWriter::add(const std::string& name, const at::Tensor& t) {
+at::Tensor StateDictWriter::add(const std::string& name, const at::Tensor& t) {
   State& s = *state_;
   if (s.entries.count(name) != 0) throw Error(fmt::format("{}: '{}' added twice", s.path, name));
   const at::Tensor c = t.detach().to(torch::kCPU).contiguous();
@@ -164,8 +208,11 @@ void StateDictWriter::add(const std::string& name, const at::Tensor& t) {
     throw IoError(fmt::format("cannot write {}: {}", s.path,
                               s.error != 0 ? std::strerror(s.error) : err.what_without_backtrace()));
   }
+  at::Tensor standIn = withoutData(e.sizes, e.dtype);
+  s.standIns.emplace(standIn.unsafeGetTensorImpl(), name);
   s.entries.emplace(name, std::move(e));
   s.order.push_back(name);
+  return standIn;
 }
 
 void StateDictWriter::alias(const std::string& name, const std::string& of) {
@@ -188,42 +235,66 @@ void StateDictWriter::finish(const std::vector<std::string>& order) {
   for (const std::string& name : names) {
     auto it = s.entries.find(name);
     if (it == s.entries.end()) throw Error(fmt::format("{}: '{}' was never added", s.path, name));
-    const Entry& e = it->second;
     p.string(name);
-    p.global("torch._utils", "_rebuild_tensor_v2");
-    p.mark();
-    p.mark();
-    p.string("storage");
-    p.global("torch", storageClass(e.dtype));
-    p.string(e.key);
-    p.string("cpu");
-    p.integer(e.numel);
-    p.tuple();
-    p.persistentId();
-    p.integer(0);
-    p.mark();
-    for (int64_t v : e.sizes) p.integer(v);
-    p.tuple();
-    p.mark();
-    int64_t stride = 1;
-    std::vector<int64_t> strides(e.sizes.size());
-    for (size_t d = e.sizes.size(); d-- > 0;) {
-      strides[d] = stride;
-      stride *= std::max<int64_t>(e.sizes[d], 1);
-    }
-    for (int64_t v : strides) p.integer(v);
-    p.tuple();
-    p.boolean(false);
-    p.global("collections", "OrderedDict");
-    p.emptyTuple();
-    p.reduce();
-    p.tuple();
-    p.reduce();
+    rebuild(p, it->second);
   }
   p.setItems();
   p.stop();
+  close(p.bytes());
+}
+
+void StateDictWriter::finishValue(const c10::IValue& root) {
+  State& s = *state_;
+  Pickle p;
+  std::function<void(const c10::IValue&)> put = [&](const c10::IValue& v) {
+    if (v.isNone()) {
+      p.none();
+    } else if (v.isBool()) {
+      p.boolean(v.toBool());
+    } else if (v.isInt()) {
+      p.integer(v.toInt());
+    } else if (v.isDouble()) {
+      p.real(v.toDouble());
+    } else if (v.isString()) {
+      p.string(v.toStringRef());
+    } else if (v.isTuple()) {
+      const auto& items = v.toTupleRef().elements();
+      if (items.empty()) return p.emptyTuple();
+      p.mark();
+      for (const auto& i : items) put(i);
+      p.tuple();
+    } else if (v.isList()) {
+      p.emptyList();
+      if (v.toListRef().empty()) return;
+      p.mark();
+      for (const auto& i : v.toListRef()) put(i);
+      p.appends();
+    } else if (v.isGenericDict()) {
+      p.emptyDict();
+      if (v.toGenericDict().empty()) return;
+      p.mark();
+      for (const auto& e : v.toGenericDict()) {
+        put(e.key());
+        put(e.value());
+      }
+      p.setItems();
+    } else if (v.isTensor()) {
+      auto it = s.standIns.find(v.toTensor().unsafeGetTensorImpl());
+      if (it == s.standIns.end()) throw Error(fmt::format("{}: a tensor that add() did not return", s.path));
+      rebuild(p, s.entries.at(it->second));
+    } else {
+      throw Error(fmt::format("{}: a value of type {} cannot be written", s.path, v.tagKind()));
+    }
+  };
+  put(root);
+  p.stop();
+  close(p.bytes());
+}
+
+void StateDictWriter::close(const std::string& pickle) {
+  State& s = *state_;
   try {
-    s.zip->writeRecord("data.pkl", p.bytes().data(), p.bytes().size());
+    s.zip->writeRecord("data.pkl", pickle.data(), pickle.size());
     s.zip->writeEndOfFile();
   } catch (const c10::Error& err) {
     throw IoError(fmt::format("cannot write {}: {}", s.path,

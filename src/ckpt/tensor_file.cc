@@ -543,38 +543,59 @@ WrittenFile writeFileFrom(const std::string& path, uint64_t size, const FileFill
   return out;
 }
 
+struct TensorFileReader::State {
+  State(const std::string& path) : src(path), parsed(parseHeader(src, path)), path(path) {
+    for (size_t i = 0; i < parsed.tensors.size(); ++i) index.emplace(parsed.tensors[i].name, i);
+  }
+  Source src;
+  Parsed parsed;
+  std::string path;
+  std::map<std::string, size_t> index;
+};
+
+TensorFileReader::TensorFileReader(const std::string& path) : state_(std::make_unique<State>(path)) {}
+TensorFileReader::~TensorFileReader() = default;
+TensorFileReader::TensorFileReader(TensorFileReader&&) noexcept = default;
+TensorFileReader& TensorFileReader::operator=(TensorFileReader&&) noexcept = default;
+const std::string& TensorFileReader::path() const { return state_->path; }
+const nlohmann::json& TensorFileReader::meta() const { return state_->parsed.meta; }
+const std::vector<TensorInfo>& TensorFileReader::tensors() const { return state_->parsed.tensors; }
+bool TensorFileReader::has(const std::string& name) const { return state_->index.count(name) != 0; }
+
+at::Tensor TensorFileReader::read(const std::string& name) const {
+  auto it = state_->index.find(name);
+  if (it == state_->index.end()) throw DataError(fmt::format("{}: no tensor '{}'", state_->path, name));
+  return read(it->second);
+}
+
+at::Tensor TensorFileReader::read(size_t index) const {
+  const TensorInfo& info = state_->parsed.tensors.at(index);
+  at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
+  state_->src.read(t.data_ptr(), info.nbytes, state_->parsed.offsets[index]);
+  return t;
+}
+
 std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::json* meta) {
-  const Source src(path);
-  Parsed p = parseHeader(src, path);
-  if (meta) *meta = std::move(p.meta);
-  return p.tensors;
+  TensorFileReader f(path);
+  if (meta) *meta = f.meta();
+  return f.tensors();
 }
 
 void visitTensorFile(const std::string& path, const std::function<bool(const TensorInfo&)>& wanted,
                      const std::function<void(const std::string&, at::Tensor)>& visit) {
-  const Source src(path);
-  const Parsed p = parseHeader(src, path);
-  for (size_t i = 0; i < p.tensors.size(); ++i) {
-    const TensorInfo& info = p.tensors[i];
-    if (wanted && !wanted(info)) continue;
-    at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
-    src.read(t.data_ptr(), info.nbytes, p.offsets[i]);
-    visit(info.name, std::move(t));
+  const TensorFileReader f(path);
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    if (wanted && !wanted(f.tensors()[i])) continue;
+    visit(f.tensors()[i].name, f.read(i));
   }
 }
 
 TensorFile readTensorFile(const std::string& path) {
-  const Source src(path);
-  Parsed p = parseHeader(src, path);
-  TensorFile f;
-  f.meta = std::move(p.meta);
-  for (size_t i = 0; i < p.tensors.size(); ++i) {
-    const TensorInfo& info = p.tensors[i];
-    at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
-    src.read(t.data_ptr(), info.nbytes, p.offsets[i]);
-    f.tensors.emplace_back(info.name, std::move(t));
-  }
-  return f;
+  const TensorFileReader f(path);
+  TensorFile out;
+  out.meta = f.meta();
+  for (size_t i = 0; i < f.tensors().size(); ++i) out.tensors.emplace_back(f.tensors()[i].name, f.read(i));
+  return out;
 }
 
 }  // namespace cohort::ckpt

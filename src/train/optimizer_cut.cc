@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "cohort/ckpt/rank_state.h"
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/core/log.h"
@@ -54,10 +55,12 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
     loadOptimizerState(optimizer, names, ckpt::readTensorFile(file).tensors, file);
     return;
   }
-  const ckpt::StateDict whole = ckpt::wholeOptimizerState(dir, m);
   if (!sharded) {
-    loadOptimizerState(optimizer, names, whole, dir);
+    loadOptimizerState(optimizer, names, ckpt::stageOptimizerState(dir, m, role.stage), dir);
   } else {
+    // This stage's state read one bucket of the checkpoint's layout at a
+    // time: a rank keeping a part of the state never holds it whole.
+    ckpt::StageTensors checkpoint(dir, m, role.stage);
     std::vector<std::vector<ckpt::PartSlice>> parts;
     for (const auto& slices : ddp.optimizerSlices()) {
       parts.emplace_back();
@@ -66,7 +69,8 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
     std::vector<int64_t> sizes;
     for (const at::Tensor& t : ddp.optimizerParameters()) sizes.push_back(t.numel());
     loadOptimizerState(optimizer, names,
-                       ckpt::partsFromWhole(whole, names, parts, sizes,
+                       ckpt::partsFromWhole([&](const std::string& name) { return checkpoint.optimizerState(name); },
+                                            names, parts, sizes,
                                             models::trainableParameters(model), dir),
                        dir);
   }

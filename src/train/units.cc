@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -56,7 +57,7 @@ bool buildsByUnit(const JobConfig& job) {
 }
 
 void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
-                const std::string& origin, ckpt::LazyStateDict* lazy) {
+                const std::string& origin, ckpt::TensorSource* lazy) {
   // With `lazy`, dict's tensors have no data: each is read just before it
   // is used and given back after, one unit at a time.
   auto data = [&](const std::string& name, const at::Tensor& t) { return lazy ? lazy->load(name) : t; };
@@ -111,9 +112,11 @@ void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::s
   }
   const auto parts = ckpt::ownModelParts(dir, m, stage, peers.worldSize, peers.rank, buckets);
   if (!parts) {
-    log::info("resuming from {}, cut otherwise than this run: the parameters are put together once "
-              "and cut again", dir);
-    loadByUnit(model, units, ckpt::stageModel(dir, m, stage), dir);
+    // Each unit's parameters put together from the checkpoint's layout
+    // (one of its buckets at a time) and cut again.
+    ckpt::StageTensors checkpoint(dir, m, stage);
+    loadByUnit(model, units, checkpoint.entries(), dir, &checkpoint);
+    log::info("resumed from {}, cut otherwise than this run: one unit at a time", dir);
     return;
   }
   std::set<std::string> inParts;

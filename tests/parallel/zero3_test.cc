@@ -4,7 +4,7 @@
 // N ranks end with the parameters of one process with the global batch,
 // with recomputation and accumulation too; a killed rank resumes from a
 // stage-3 checkpoint exactly, and the checkpoint loads at stage 0 on
-// another world size.
+// another world size, and at stage 3 on another, unit by unit.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -188,6 +188,18 @@ TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRa
   RecordProperty("stage3_resumed_on_one_rank_at_stage0", fmt::format("{:.3g}", diff));
   EXPECT_NE(log("one", 0).find("optimizer state re-cut: ZeRO stage 3 on 2 ranks"), std::string::npos)
       << log("one", 0);
+
+  // Four ranks at stage 3 with the same global batch, the model built unit
+  // by unit: each unit's parameters and optimizer state are put together
+  // from the two ranks' parts and cut in four, one unit at a time.
+  auto four = train("four", 4, 2, {"distribution.zero=3", "training.max_steps=9"}, {}, step3);
+  const double fourDiff = test::maxDifference(whole, four);
+  EXPECT_LT(fourDiff, kTolerance);
+  RecordProperty("stage3_two_ranks_resumed_on_four", fmt::format("{:.3g}", fourDiff));
+  for (const char* said : {"cut otherwise than this run: one unit at a time",
+                           "optimizer state re-cut: ZeRO stage 3 on 2 ranks in 3 buckets in the checkpoint, ZeRO stage 3 on 4 ranks"}) {
+    EXPECT_NE(log("four", 3).find(said), std::string::npos) << said << "\n" << log("four", 3);
+  }
 }
 
 }  // namespace

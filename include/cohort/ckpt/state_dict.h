@@ -12,6 +12,10 @@
 
 #include "cohort/security/keys.h"
 
+namespace c10 {
+struct IValue;
+}
+
 namespace torch::nn {
 class Module;
 }
@@ -46,7 +50,8 @@ class StateDictWriter {
   StateDictWriter(const StateDictWriter&) = delete;
   StateDictWriter& operator=(const StateDictWriter&) = delete;
   // Writes `t` (on any device, any layout: saved contiguous) under `name`.
-  void add(const std::string& name, const at::Tensor& t);
+  // Returns a stand-in of its shape without data, for finishValue().
+  at::Tensor add(const std::string& name, const at::Tensor& t);
   // `name` is a second name of `of`, added before (a tied tensor): one
   // storage, as torch.save writes shared tensors.
   void alias(const std::string& name, const std::string& of);
@@ -54,8 +59,13 @@ class StateDictWriter {
   // the adds), then the file in place. Throws IoError naming the path,
   // Error naming a name never added.
   void finish(const std::vector<std::string>& order = {});
+  // Or any value instead of that dict: None, bools, ints, floats, strings,
+  // tuples, lists and dicts of them, and add()'s stand-ins for the tensors
+  // (torch.optim's state_dict(), written one parameter's state at a time).
+  void finishValue(const c10::IValue& root);
 
  private:
+  void close(const std::string& pickle);
   struct State;
   std::unique_ptr<State> state_;
 };
@@ -68,23 +78,35 @@ class StateDictWriter {
 // the file and what is wrong.
 StateDict readStateDict(const std::string& path);
 
-// readStateDict() without the data: each tensor's name, dtype and shape,
-// its data read by load() and given back by drop(), so that a file of a
-// model no process holds whole is read one unit at a time (ZeRO stage 3's
-// model.init_from). Tensors sharing a storage share the reads. Throws as
-// readStateDict.
-class LazyStateDict {
+// Tensors read one at a time: every tensor's name, dtype and shape first
+// (entries(), without data), then each one's data when load()ed, given back
+// by drop(), so that a model no process holds whole is read one unit at a
+// time (ZeRO stage 3's model.init_from and resume, docs/zero.md).
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual const StateDict& entries() const = 0;
+  // The tensor `name` with its data read (DataError naming the file and
+  // tensor when it is missing or truncated).
+  virtual at::Tensor load(const std::string& name) = 0;
+  virtual void drop(const std::string& name) = 0;
+};
+
+// A tensor of `shape` and `dtype` whose storage has its size and no data:
+// an entry of a TensorSource (views of it can be cut, their bounds checked).
+at::Tensor withoutData(c10::IntArrayRef shape, at::ScalarType dtype);
+
+// readStateDict() as a TensorSource. Tensors sharing a storage share the
+// reads. Throws as readStateDict.
+class LazyStateDict : public TensorSource {
  public:
   explicit LazyStateDict(const std::string& path);
-  ~LazyStateDict();
+  ~LazyStateDict() override;
   LazyStateDict(const LazyStateDict&) = delete;
   LazyStateDict& operator=(const LazyStateDict&) = delete;
-  // Every tensor, without data until load()ed: read only their metadata.
-  const StateDict& entries() const;
-  // The tensor `name` with its data read (DataError naming the file and
-  // storage when it is missing or truncated).
-  at::Tensor load(const std::string& name);
-  void drop(const std::string& name);
+  const StateDict& entries() const override;
+  at::Tensor load(const std::string& name) override;
+  void drop(const std::string& name) override;
 
  private:
   struct State;

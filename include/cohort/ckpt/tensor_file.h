@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -103,6 +104,30 @@ struct TensorInfo {
   uint64_t nbytes = 0;
 };
 std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::json* meta = nullptr);
+
+// A tensor file opened once, its tensors read by name when asked (a
+// checkpoint read one unit at a time: ckpt::StageTensors). The header is
+// checked on opening; a sealed file is decrypted in memory then. Throws as
+// readTensorFile.
+class TensorFileReader {
+ public:
+  explicit TensorFileReader(const std::string& path);
+  ~TensorFileReader();
+  TensorFileReader(TensorFileReader&&) noexcept;
+  TensorFileReader& operator=(TensorFileReader&&) noexcept;
+  const std::string& path() const;
+  const nlohmann::json& meta() const;
+  const std::vector<TensorInfo>& tensors() const;  // in file order
+  bool has(const std::string& name) const;
+  // Tensor `name`, read now; DataError naming the file and tensor when the
+  // file has none of that name.
+  at::Tensor read(const std::string& name) const;
+  at::Tensor read(size_t index) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // "float32", "int64", ... and back; throws DataError for an unknown name.
 std::string dtypeName(c10::ScalarType t);

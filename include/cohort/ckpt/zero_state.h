@@ -86,12 +86,15 @@ struct PartSlice {
 };
 
 // The state of parts "<name>.<kind>" (names[k] for part k, of parts[k]'s
-// slices and sizes[k] elements) cut from `whole` (wholeOptimizerState), with
+// slices and sizes[k] elements) cut from `whole`, which gives one tensor of
+// the unsharded state by name (wholeOptimizerState's names; undefined when
+// the checkpoint has none: StageTensors::optimizerState), with
 // each parameter's elements in the memory order of `live` (this run's
 // parameters by name, for their strides). A part's step count is that of
 // its first parameter. Throws DataError naming `origin` when a parameter's
 // state is missing or of another shape.
-StateDict partsFromWhole(const StateDict& whole, const std::vector<std::string>& names,
+using StateLookup = std::function<at::Tensor(const std::string& name)>;
+StateDict partsFromWhole(const StateLookup& whole, const std::vector<std::string>& names,
                          const std::vector<std::vector<PartSlice>>& parts,
                          const std::vector<int64_t>& sizes, const StateDict& live,
                          const std::string& origin);

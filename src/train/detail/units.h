@@ -25,14 +25,14 @@ bool buildsByUnit(const JobConfig& job);
 // `units` holds is cut again from its tensors, the rest is loaded into the
 // model strictly. Throws DataError naming `origin` and the tensor.
 // With `lazy`, `dict` holds its entries() (no data), read one unit at a
-// time: model.init_from is never held whole.
+// time: model.init_from or a checkpoint is never held whole.
 void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
-                const std::string& origin, ckpt::LazyStateDict* lazy = nullptr);
+                const std::string& origin, ckpt::TensorSource* lazy = nullptr);
 
 // A resume of a unit-built model: with the checkpoint cut alike (stage 3,
 // the same ranks and units), this rank's parts straight from its own file
-// and model.bin's other tensors; otherwise the stage's model put together
-// from every part once, then cut (loadByUnit). `peers`: the ranks sharing
+// and model.bin's other tensors; otherwise each unit put together from the
+// checkpoint's layout in turn and cut again (loadByUnit over StageTensors). `peers`: the ranks sharing
 // the parts; `tied`: parameters kept out of the buckets (a pipeline's tied
 // embedding).
 void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::string& dir,

@@ -1,0 +1,73 @@
+#pragma once
+
+// One pipeline stage of a checkpoint (the whole model without a pipeline),
+// read one tensor at a time whatever way its run cut it (docs/zero.md,
+// "Built, loaded and saved unit by unit"): model.bin's tensors by name, a
+// ZeRO stage 3 parameter from its bucket's part in every rank's file, and
+// the optimizer state of optimizer.bin or of every rank's parts. A bucket
+// is put together once and kept until the next one is asked for, so that
+// reading a sharded checkpoint in its buckets' order holds one bucket (one
+// unit) besides what the caller keeps. Each file is opened once (a sealed
+// one decrypted in memory then, docs/security.md).
+//
+// The layout is checkpoint extra.zero (zero_state.h describes it).
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/tensor_file.h"
+
+namespace cohort::ckpt {
+
+struct Manifest;
+
+class StageTensors : public TensorSource {
+ public:
+  // Reads the manifest's layout and model.bin's header; throws DataError
+  // naming manifest.json or the file when the layout does not hold together.
+  StageTensors(const std::string& dir, const Manifest& m, int stage);
+  ~StageTensors() override;
+
+  // The stage's model tensors in the model's order (extra.zero.model_order
+  // at stage 3, else model.bin's), without data.
+  const StateDict& entries() const override;
+  at::Tensor load(const std::string& name) override;
+  void drop(const std::string& name) override;
+
+  // Every optimizer state tensor the checkpoint holds for this stage, as
+  // an unsharded run names it ("<param>.exp_avg", "<param>.step", ...), in
+  // the order the files hold them (by bucket at ZeRO).
+  std::vector<std::string> optimizerNames();
+  // One of those, read now (bucket by bucket as load()); undefined when the
+  // checkpoint holds no such state.
+  at::Tensor optimizerState(const std::string& name);
+
+  // extra.zero of this stage (null without ZeRO) and its files' names.
+  const nlohmann::json& zero() const;
+  std::string file(const std::string& name) const;
+  int stages() const { return stages_; }  // of the checkpoint's pipeline (1: none)
+  // The elements of bucket k of the layout (before padding).
+  int64_t bucketElements(size_t k) const;
+
+ private:
+  struct Bucketed;
+  const TensorFileReader& reader(const std::string& name);
+  // Bucket k of `files` (one per rank) put together into `cache`.
+  void unpack(Bucketed& b, size_t k);
+
+  std::string dir_;
+  int stage_ = 0;
+  int stages_ = 1;
+  nlohmann::json zero_;
+  StateDict entries_;
+  std::map<std::string, size_t> bucketOf_;  // a parameter of a part: its bucket
+  std::map<std::string, std::unique_ptr<TensorFileReader>> readers_;
+  std::unique_ptr<Bucketed> model_, optimizer_;
+};
+
+}  // namespace cohort::ckpt

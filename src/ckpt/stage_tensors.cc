@@ -1,0 +1,213 @@
+#include "cohort/ckpt/stage_tensors.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <limits>
+
+#include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/rank_state.h"
+#include "ckpt/detail/parts.h"
+#include "cohort/core/error.h"
+#include "core/detail/json_int.h"
+
+namespace cohort::ckpt {
+
+namespace {
+
+using detail::kElementKinds;
+using detail::memoryOrder;
+
+std::vector<int64_t> ints(const nlohmann::json& j) { return jsonInts<int64_t>(j); }
+
+// Bucket k's parameters: (name, elements).
+std::vector<std::pair<std::string, int64_t>> members(const nlohmann::json& z, size_t k) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& name : z["buckets"][k]) {
+    int64_t n = 1;
+    for (int64_t s : ints(z["params"].at(name.get<std::string>())["shape"])) n *= s;
+    out.emplace_back(name.get<std::string>(), n);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Files of parts, one per rank, and the bucket last put together from them.
+struct StageTensors::Bucketed {
+  std::function<std::string(int)> file;  // rank r's file name
+  bool optimizer = false;
+  size_t cached = std::numeric_limits<size_t>::max();
+  std::map<std::string, at::Tensor> cache;
+};
+
+StageTensors::StageTensors(const std::string& dir, const Manifest& m, int stage) : dir_(dir), stage_(stage) {
+  if (m.extra.contains("pipeline")) stages_ = jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1)));
+  if (stages_ == 1) {
+    if (m.extra.contains("zero")) zero_ = m.extra["zero"];
+  } else {
+    const nlohmann::json& layouts = m.extra["pipeline"].value("stage_zero", nlohmann::json());
+    if (layouts.is_array()) {
+      if (stage >= static_cast<int>(layouts.size())) {
+        throw DataError(fmt::format("{}/manifest.json: extra.pipeline.stage_zero has no stage {}", dir, stage));
+      }
+      zero_ = layouts[static_cast<size_t>(stage)];
+    }
+  }
+  if (!zero_.is_null() && (!zero_.contains("world_size") || !zero_.contains("buckets") || !zero_.contains("params"))) {
+    throw DataError(fmt::format("{}/manifest.json: extra.zero lacks world_size, buckets or params "
+                                "(written by an older cohort?)", dir));
+  }
+  if (!zero_.is_null()) {
+    for (size_t k = 0; k < zero_["buckets"].size(); ++k) {
+      for (const auto& [name, n] : members(zero_, k)) bucketOf_[name] = k;
+    }
+    optimizer_ = std::make_unique<Bucketed>();
+    optimizer_->file = [this](int r) { return file(optimizerFile(true, r)); };
+    optimizer_->optimizer = true;
+  }
+  const TensorFileReader& rest = reader(file("model.bin"));
+  if (zero_.is_null() || !zero_.value("model_parts", false)) {
+    for (const TensorInfo& i : rest.tensors()) entries_.emplace_back(i.name, withoutData(i.shape, dtypeFromName(i.dtype)));
+    return;  // the parameters are in model.bin
+  }
+  model_ = std::make_unique<Bucketed>();
+  model_->file = [this](int r) { return file(modelPartFile(r)); };
+  std::map<std::string, at::ScalarType> partType;
+  for (const TensorInfo& i : reader(model_->file(0)).tensors()) partType[i.name] = dtypeFromName(i.dtype);
+  for (const auto& entry : zero_.value("model_order", nlohmann::json::array())) {
+    const std::string name = entry.get<std::string>();
+    if (rest.has(name)) {
+      const TensorInfo* info = nullptr;
+      for (const TensorInfo& i : rest.tensors()) {
+        if (i.name == name) info = &i;
+      }
+      entries_.emplace_back(name, withoutData(info->shape, dtypeFromName(info->dtype)));
+    } else if (auto b = bucketOf_.find(name); b != bucketOf_.end()) {
+      auto t = partType.find(fmt::format("part{}", b->second));
+      entries_.emplace_back(name, withoutData(ints(zero_["params"].at(name)["shape"]),
+                                              t == partType.end() ? at::kFloat : t->second));
+    } else {
+      throw DataError(fmt::format("{}: '{}' is in neither {} nor the parameter parts "
+                                  "(extra.zero.model_order)", dir, name, file("model.bin")));
+    }
+  }
+  if (entries_.size() != rest.tensors().size() + bucketOf_.size()) {
+    throw DataError(fmt::format("{}: {} and the parameter parts hold {} tensors, extra.zero.model_order "
+                                "names {}", dir, file("model.bin"), rest.tensors().size() + bucketOf_.size(),
+                                entries_.size()));
+  }
+}
+
+StageTensors::~StageTensors() = default;
+
+const StateDict& StageTensors::entries() const { return entries_; }
+const nlohmann::json& StageTensors::zero() const { return zero_; }
+std::string StageTensors::file(const std::string& name) const { return stageFile(stage_, stages_, name); }
+
+int64_t StageTensors::bucketElements(size_t k) const {
+  int64_t total = 0;
+  for (const auto& m : members(zero_, k)) total += m.second;
+  return total;
+}
+
+const TensorFileReader& StageTensors::reader(const std::string& name) {
+  auto& r = readers_[name];
+  if (!r) r = std::make_unique<TensorFileReader>(dir_ + "/" + name);
+  return *r;
+}
+
+void StageTensors::unpack(Bucketed& b, size_t k) {
+  if (b.cached == k) return;
+  b.cache.clear();
+  b.cached = std::numeric_limits<size_t>::max();
+  const int world = jsonInt<int>(zero_["world_size"]);
+  const int64_t chunk = (bucketElements(k) + world - 1) / world;
+  const std::string part = fmt::format("part{}", k);
+  std::vector<std::string> suffixes;
+  if (!b.optimizer) suffixes.push_back("");
+  for (const char* kind : kElementKinds) {
+    if (b.optimizer && reader(b.file(0)).has(part + "." + kind)) suffixes.push_back(std::string(".") + kind);
+  }
+  for (const std::string& suffix : suffixes) {
+    const std::string key = part + suffix;
+    std::vector<at::Tensor> pieces;
+    for (int r = 0; r < world; ++r) {
+      const TensorFileReader& f = reader(b.file(r));
+      at::Tensor piece = f.has(key) ? f.read(key) : at::Tensor();
+      if (!piece.defined() || piece.numel() != chunk) {
+        throw DataError(fmt::format("{}: '{}' is missing or not of {} elements, as extra.zero lays bucket {} out",
+                                    f.path(), key, chunk, k));
+      }
+      pieces.push_back(piece.flatten());
+    }
+    const at::Tensor flat = torch::cat(pieces);
+    pieces.clear();
+    int64_t offset = 0;
+    for (const auto& [name, n] : members(zero_, k)) {
+      const auto& info = zero_["params"].at(name);
+      at::Tensor t = at::empty_strided(ints(info["shape"]), ints(info["strides"]), flat.options());
+      memoryOrder(t).copy_(flat.narrow(0, offset, n));
+      b.cache[name + suffix] = t;
+      offset += n;
+    }
+  }
+  if (b.optimizer && reader(b.file(0)).has(part + ".step")) {
+    const at::Tensor step = reader(b.file(0)).read(part + ".step");
+    for (const auto& [name, n] : members(zero_, k)) b.cache[name + ".step"] = step.clone();
+  }
+  b.cached = k;
+}
+
+at::Tensor StageTensors::load(const std::string& name) {
+  auto b = model_ ? bucketOf_.find(name) : bucketOf_.end();
+  if (b == bucketOf_.end()) return reader(file("model.bin")).read(name);
+  unpack(*model_, b->second);
+  auto it = model_->cache.find(name);
+  if (it == model_->cache.end()) {  // dropped: put the bucket together again
+    model_->cached = std::numeric_limits<size_t>::max();
+    unpack(*model_, b->second);
+    it = model_->cache.find(name);
+  }
+  return it->second;
+}
+
+void StageTensors::drop(const std::string& name) {
+  if (model_) model_->cache.erase(name);
+}
+
+std::vector<std::string> StageTensors::optimizerNames() {
+  std::vector<std::string> out;
+  if (zero_.is_null()) {
+    for (const TensorInfo& i : reader(file(optimizerFile(false, 0))).tensors()) out.push_back(i.name);
+    return out;
+  }
+  const TensorFileReader& first = reader(optimizer_->file(0));
+  for (size_t k = 0; k < zero_["buckets"].size(); ++k) {
+    const std::string part = fmt::format("part{}", k);
+    for (const char* kind : kElementKinds) {
+      if (!first.has(part + "." + kind)) continue;
+      for (const auto& [name, n] : members(zero_, k)) out.push_back(name + "." + kind);
+    }
+    if (first.has(part + ".step")) {
+      for (const auto& [name, n] : members(zero_, k)) out.push_back(name + ".step");
+    }
+  }
+  return out;
+}
+
+at::Tensor StageTensors::optimizerState(const std::string& name) {
+  if (zero_.is_null()) {
+    const TensorFileReader& f = reader(file(optimizerFile(false, 0)));
+    return f.has(name) ? f.read(name) : at::Tensor();
+  }
+  const size_t dot = name.rfind('.');
+  auto b = dot == std::string::npos ? bucketOf_.end() : bucketOf_.find(name.substr(0, dot));
+  if (b == bucketOf_.end()) return {};
+  unpack(*optimizer_, b->second);
+  auto it = optimizer_->cache.find(name);
+  return it == optimizer_->cache.end() ? at::Tensor() : it->second;
+}
+
+}  // namespace cohort::ckpt
