@@ -45,10 +45,6 @@ StateDict merged(const std::string& dir, const Manifest& m,
 
 }  // namespace
 
-StateDict wholeOptimizerState(const std::string& dir, const Manifest& m) {
-  return merged(dir, m, stageOptimizerState);
-}
-
 StateDict checkpointModel(const std::string& dir, const Manifest& m) {
   return merged(dir, m, stageModel);
 }

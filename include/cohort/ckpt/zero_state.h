@@ -29,14 +29,6 @@ namespace cohort::ckpt {
 
 struct Manifest;
 
-// The optimizer state of the checkpoint at `dir` (manifest `m`) as
-// train::optimizerState() names it for an unsharded run: "<param>.step",
-// "<param>.exp_avg", "<param>.exp_avg_sq" (adamw) or
-// "<param>.momentum_buffer" (sgd), each of its parameter's shape. Reads
-// every part file of a sharded checkpoint. Throws DataError naming the file
-// that is missing or does not fit the layout.
-StateDict wholeOptimizerState(const std::string& dir, const Manifest& m);
-
 // The model's tensors in the checkpoint at `dir`: model.bin's, and with
 // extra.zero.model_parts (stage 3) the trainable parameters put back
 // together from every rank's parts (modelPartFile: "part<k>", bucket k's
@@ -46,9 +38,14 @@ StateDict checkpointModel(const std::string& dir, const Manifest& m);
 
 // The same for one stage of a pipelined checkpoint (extra.pipeline: its
 // files "stage<s>-...", its layout extra.pipeline.stage_zero[s]); stage 0 of
-// a checkpoint without a pipeline is the whole. The two functions above put
-// every stage's together, a tensor two stages hold (the tied embedding)
-// once, in stage order.
+// a checkpoint without a pipeline is the whole. checkpointModel puts every
+// stage's together, a tensor two stages hold (the tied embedding) once, in
+// stage order. stageOptimizerState: the stage's optimizer state as
+// train::optimizerState() names it for an unsharded run ("<param>.step",
+// "<param>.exp_avg", "<param>.exp_avg_sq" for adamw,
+// "<param>.momentum_buffer" for sgd), each of its parameter's shape.
+// All of them read through StageTensors (stage_tensors.h), which reads one
+// tensor or bucket at a time.
 StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage);
 // The ZeRO layout stage `stage` was written with (extra.zero without a
 // pipeline); null without ZeRO.
@@ -64,11 +61,11 @@ StateDict stageModel(const std::string& dir, const Manifest& m, int stage);
 std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, const Manifest& m,
                                                      int stage, int world, int rank,
                                                      const std::vector<std::vector<std::string>>& buckets);
-// checkpointModel() one tensor at a time: `visit` sees model.bin's tensors,
-// then each ZeRO-3 bucket's parameters put together from every rank's part
-// (read one part at a time), each stage in turn, a name two stages hold
-// once; what it is given may be dropped, so no more than one bucket is
-// held (`cohort ckpt consolidate`). Returns every name in the model's order.
+// checkpointModel() one tensor at a time: `visit` sees each stage's model
+// tensors in the model's order, a ZeRO-3 bucket's parameters put together
+// from every rank's part, a name two stages hold once; what it is given
+// may be dropped, so no more than one bucket is held (`cohort ckpt
+// consolidate`). Returns every name in the model's order.
 using TensorVisit = std::function<void(const std::string& name, const at::Tensor& t)>;
 std::vector<std::string> visitCheckpointModel(const std::string& dir, const Manifest& m,
                                               const TensorVisit& visit);
@@ -87,7 +84,7 @@ struct PartSlice {
 
 // The state of parts "<name>.<kind>" (names[k] for part k, of parts[k]'s
 // slices and sizes[k] elements) cut from `whole`, which gives one tensor of
-// the unsharded state by name (wholeOptimizerState's names; undefined when
+// the unsharded state by name (stageOptimizerState's names; undefined when
 // the checkpoint has none: StageTensors::optimizerState), with
 // each parameter's elements in the memory order of `live` (this run's
 // parameters by name, for their strides). A part's step count is that of
