@@ -11,7 +11,10 @@
 # of one rank each, every rank in a memory cgroup of its own limited to
 # LIMIT_MIB (cgroup v1 or v2). Two layouts: ZeRO stage 3, and 4 pipeline
 # stages (8 micro-batches of 1, split auto); batch 1 x 32 tokens per rank, STEPS steps,
-# a checkpoint every 2, compute.allocator: map. Prints the CPU, each rank's
+# a checkpoint every 2, compute.allocator: map. Then 5 ranks, each in a cgroup
+# of the same limit, go on at stage 3 from the stage-3 run's newest
+# checkpoint for 2 more steps: a checkpoint cut otherwise than the run, read
+# one unit at a time. Prints the CPU, each rank's
 # peak resident memory (its log's figure) against the limit, steps/s of the
 # steps after the first, and each run's exit.
 set -eu
@@ -30,11 +33,11 @@ else
 fi
 out=$(mktemp -d /tmp/cohort-zero3-nowhere.XXXXXX)
 cleanup() {
-  for r in 0 1 2 3; do rmdir "$base/cohort-zero3-nowhere.$$.$r" 2>/dev/null || true; done
+  for r in 0 1 2 3 4; do rmdir "$base/cohort-zero3-nowhere.$$.$r" 2>/dev/null || true; done
   rm -rf "$out"
 }
 trap cleanup EXIT
-for r in 0 1 2 3; do
+for r in 0 1 2 3 4; do
   mkdir "$base/cohort-zero3-nowhere.$$.$r"
   echo $((limit_mib * 1048576)) > "$base/cohort-zero3-nowhere.$$.$r/$limit_file"
 done
@@ -45,9 +48,13 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'),
      "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_tile)$' | tr '\n' ' ')"
 echo "model: n_layer $layers, n_embd 512; limit $limit_mib MiB per rank; $steps steps"
 
-# run TAG DISTRIBUTION: the 4 ranks, each in its cgroup; prints the figures.
+# run TAG DISTRIBUTION [RANKS [STEPS [RESUME]]]: the ranks (4), each in its
+# cgroup; prints the figures.
 run() {
   tag=$1
+  ranks=${3:-4}
+  total=${4:-$steps}
+  resume=${5:-}
   cat > "$out/$tag.yaml" <<EOF
 name: $tag
 model: {arch: gpt, n_layer: $layers, n_head: 8, n_embd: 512, block_size: 32}
@@ -55,17 +62,18 @@ data:
   train: {kind: tokens, path: $out/tok/train}
   loader_threads: 1
 distribution: $2
-training: {max_steps: $steps, batch_size: 1, precision: fp32, log_every: 1, optimizer: {name: adamw, lr: 0.0003}}
+training: {max_steps: $total, batch_size: 1, precision: fp32, log_every: 1, optimizer: {name: adamw, lr: 0.0003}}
 checkpoint: {every_steps: 2, every_epochs: 0, when_behind: wait}
 output: {progress: off}
 compute: {allocator: map}
 EOF
   port=$((20000 + $$ % 20000))
   pids=""
-  for r in 0 1 2 3; do
-    RANK=$r WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  for r in $(seq 0 $((ranks - 1))); do
+    RANK=$r WORLD_SIZE=$ranks LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     COHORT_MACHINE_ID=machine-$r sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh \
       "$base/cohort-zero3-nowhere.$$.$r" "$bin" worker "$out/$tag.yaml" --run-dir "$out/$tag" \
+      ${resume:+--resume "$resume"} \
       > "$out/$tag-$r.out" 2>&1 &
     pids="$pids $!"
   done
@@ -75,6 +83,7 @@ EOF
     wait "$p" || code=$?
     peak=$(grep -o 'peak resident [0-9]*' "$out/$tag/logs/rank-$r.log" 2>/dev/null | awk '{print $3}' | sort -n | tail -1)
     echo "$tag rank $r: exit $code, peak resident ${peak:-?} MiB of $limit_mib"
+    grep -o 'cut otherwise than this run: one unit at a time' "$out/$tag/logs/rank-$r.log" 2>/dev/null | head -1 || true
     r=$((r + 1))
   done
   python3 - "$out/$tag/metrics.jsonl" "$tag" <<'EOF'
@@ -87,3 +96,5 @@ EOF
 }
 run zero3 "{zero: 3, threads_per_rank: 1, max_restarts: 0}"
 run pipeline "{threads_per_rank: 1, max_restarts: 0, pipeline: {stages: 4, micro_batches: 8}}"
+newest=$(ls -d "$out"/zero3/checkpoints/step-* | sort -t- -k2 -n | tail -1)
+run zero3-on-5 "{zero: 3, threads_per_rank: 1, max_restarts: 0}" 5 $((steps + 2)) "$newest"
