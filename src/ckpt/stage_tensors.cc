@@ -210,4 +210,23 @@ at::Tensor StageTensors::optimizerState(const std::string& name) {
   return it == optimizer_->cache.end() ? at::Tensor() : it->second;
 }
 
+CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) {
+  for (int s = 0; s == 0 || s < stages_.front()->stages(); ++s) {
+    stages_.push_back(std::make_unique<StageTensors>(dir, m, s));
+    for (const auto& [name, t] : stages_.back()->entries()) {
+      if (stageOf_.emplace(name, stages_.size() - 1).second) entries_.emplace_back(name, t);
+    }
+  }
+}
+
+at::Tensor CheckpointTensors::load(const std::string& name) {
+  auto it = stageOf_.find(name);
+  if (it == stageOf_.end()) return stages_.front()->load(name);  // its error names the file
+  return stages_[it->second]->load(name);
+}
+
+void CheckpointTensors::drop(const std::string& name) {
+  if (auto it = stageOf_.find(name); it != stageOf_.end()) stages_[it->second]->drop(name);
+}
+
 }  // namespace cohort::ckpt

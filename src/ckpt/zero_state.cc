@@ -98,18 +98,14 @@ std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, con
 
 std::vector<std::string> visitCheckpointModel(const std::string& dir, const Manifest& m,
                                               const TensorVisit& visit) {
+  // In the model's order, which is the buckets' in reverse: one bucket
+  // put together at a time.
+  CheckpointTensors all(dir, m);
   std::vector<std::string> order;
-  std::set<std::string> seen;
-  for (int s = 0; s < stagesOf(m); ++s) {
-    StageTensors st(dir, m, s);
-    // In the model's order, which is the buckets' in reverse: one bucket
-    // put together at a time.
-    for (const auto& [name, t] : st.entries()) {
-      if (!seen.insert(name).second) continue;
-      order.push_back(name);
-      visit(name, st.load(name));
-      st.drop(name);
-    }
+  for (const auto& [name, t] : all.entries()) {
+    order.push_back(name);
+    visit(name, all.load(name));
+    all.drop(name);
   }
   return order;
 }

@@ -9,6 +9,8 @@
 #include <filesystem>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/resume.h"
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
@@ -18,8 +20,11 @@
 #include "cohort/data/shard_source.h"
 #include "cohort/data/tokens.h"
 #include "cohort/data/transform.h"
+#include "cohort/models/gpt.h"
 #include "cohort/models/lora.h"
+#include "cohort/models/unit_runner.h"
 #include "cohort/storage/storage.h"
+#include "cohort/train/compute.h"
 #include "cohort/train/generate.h"
 
 namespace cohort::serve {
@@ -116,9 +121,72 @@ void describeInput(ModelInfo& info, const JobConfig& job) {
                         : std::max(shape.height, shape.width);
 }
 
+// The trained tensors MODEL names as a TensorSource, checked against the
+// names and shapes of the model `mc` builds (built without values, as a
+// ZeRO-3 fit check builds it): t.weights and t.info.weights.
+void openWeights(TrainedModel& t, const ModelConfig& mc, const std::string& path) {
+  std::error_code ec;
+  std::string from = path;
+  if (!t.runDir.empty() && fs::equivalent(path, t.runDir, ec)) {
+    const RunDir run{t.runDir};
+    from = run.finalModel();
+    if (!fs::is_regular_file(from, ec)) {
+      auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(t.job, run));
+      if (!point) {
+        throw DataError(fmt::format("{}: no trained weights (neither model/final.pt nor a valid checkpoint)",
+                                    t.runDir));
+      }
+      from = point->path;
+    }
+  }
+  if (fs::is_directory(from, ec)) {
+    if (!fs::is_regular_file(fs::path(from) / "manifest.json", ec)) {
+      throw UsageError(fmt::format("{}: neither a run directory nor a checkpoint (no manifest.json)", from));
+    }
+    t.weights = std::make_shared<ckpt::CheckpointTensors>(from, ckpt::readManifest(from));
+    t.info.weights = from == path ? path : from + "/model.bin";
+  } else {
+    if (!fs::is_regular_file(from, ec)) throw UsageError(fmt::format("{}: no such file or directory", from));
+    t.weights = std::make_shared<ckpt::LazyStateDict>(from);
+    t.info.weights = from;
+  }
+  // Each block is built and dropped, and each tensor read and dropped:
+  // from glibc's heap their holes would stay resident (about the model's
+  // size in all), mapped they are given back.
+  train::mapLargeBlocks();
+  struct Shapes : models::UnitSink {
+    void take(const std::string&, std::vector<std::pair<std::string, at::Tensor>>) override {}
+    bool wantsValues() const override { return false; }
+  } shapes;
+  models::ModelPart part;
+  part.sink = &shapes;
+  part.exact = false;
+  const auto shaped = models::createModel(mc, {t.info.channels, t.info.height, t.info.width}, part);
+  std::map<std::string, at::Tensor> given;
+  for (const auto& [name, e] : t.weights->entries()) {
+    if (name != models::kTiedHeadName) given.emplace(name, e);
+  }
+  for (const auto& [name, want] : models::publishedStateDict(*shaped)) {
+    if (name == models::kTiedHeadName) continue;
+    auto it = given.find(name);
+    if (it == given.end()) {
+      throw DataError(fmt::format("{}: missing tensor '{}' that the model needs", t.info.weights, name));
+    }
+    if (!it->second.sizes().equals(want.sizes())) {
+      throw DataError(fmt::format("{}: tensor '{}' has shape [{}], the model's is [{}]", t.info.weights, name,
+                                  fmt::join(it->second.sizes(), ", "), fmt::join(want.sizes(), ", ")));
+    }
+    given.erase(it);
+  }
+  if (!given.empty()) {
+    throw DataError(fmt::format("{}: unexpected tensor '{}': the model has no such parameter or buffer",
+                                t.info.weights, given.begin()->first));
+  }
+}
+
 }  // namespace
 
-TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPath) {
+TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPath, bool weightsOnly) {
   TrainedModel t;
   std::error_code ec;
   if (!fs::exists(model, ec)) throw UsageError(fmt::format("{}: no such file or directory", model));
@@ -149,6 +217,10 @@ TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPa
   // The contiguous layout: what every runtime an export goes to expects,
   // and serving's batches are small.
   mc.memoryFormat = MemoryLayout::contiguous;
+  if (weightsOnly && mc.arch == ModelArch::gpt && mc.lora.rank == 0) {
+    openWeights(t, mc, model);
+    return t;
+  }
   t.model = models::createModel(mc, {info.channels, info.height, info.width});
   info.weights = loadWeightsFrom(*t.model, t.job, model, t.runDir);
   t.model->eval();

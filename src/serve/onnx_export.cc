@@ -12,11 +12,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <limits>
 #include <set>
 
 #include "cohort/core/error.h"
-#include "cohort/core/file.h"
+#include "cohort/models/gpt.h"
 #include "cohort/core/version.h"
 #include "serve/detail/exporters.h"
 #include "serve/detail/graph_ops.h"
@@ -32,7 +34,10 @@ std::vector<int64_t> onnxDims(const at::Tensor& t) { return {t.sizes().begin(), 
 
 class OnnxOps : public Ops {
  public:
-  OnnxOps(const Weights& weights, onnx::Graph& graph) : Ops(weights), graph_(graph) {}
+  // `source`: where the trained tensors' values are read as the file is
+  // written (the weights then have shapes only); else from `weights`.
+  OnnxOps(const Weights& weights, onnx::Graph& graph, ckpt::TensorSource* source)
+      : Ops(weights), graph_(graph), source_(source) {}
 
   std::string normalize(const std::string& x, const std::vector<double>& mean,
                         const std::vector<double>& std) override {
@@ -175,7 +180,10 @@ class OnnxOps : public Ops {
     return graph_.nodes.back().outputs;
   }
 
-  // The trained tensor `name` as an initializer (once).
+  // The trained tensor `name` as an initializer (once), its float32 bytes
+  // copied as the file is written: from the model's tensor, or read from
+  // the source when the first of them is asked for and given back after
+  // the last, so that one tensor is held at a time.
   std::string init(const std::string& name) {
     if (added_.insert(name).second) {
       const at::Tensor& t = weight(name);
@@ -183,7 +191,22 @@ class OnnxOps : public Ops {
       out.name = name;
       out.type = onnx::DataType::kFloat;
       out.dims = onnxDims(t);
-      out.raw.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
+      out.size = static_cast<uint64_t>(t.numel()) * sizeof(float);
+      if (source_ == nullptr) {
+        out.fill = [t](uint64_t at, uint64_t n, char* dst) {
+          std::memcpy(dst, static_cast<const char*>(t.data_ptr()) + at, n);
+        };
+      } else {
+        auto held = std::make_shared<at::Tensor>();
+        out.fill = [source = source_, name, held, size = out.size](uint64_t at, uint64_t n, char* dst) {
+          if (!held->defined()) *held = source->load(name).to(torch::kFloat).contiguous();
+          std::memcpy(dst, static_cast<const char*>(held->data_ptr()) + at, n);
+          if (at + n == size) {
+            held->reset();
+            source->drop(name);
+          }
+        };
+      }
       graph_.initializers.push_back(std::move(out));
     }
     return name;
@@ -219,6 +242,7 @@ class OnnxOps : public Ops {
   }
 
   onnx::Graph& graph_;
+  ckpt::TensorSource* source_;
   std::set<std::string> added_;
   std::string positions_, future_;  // of the token input, for the causal mask
 };
@@ -228,14 +252,21 @@ onnx::Dim onnxBatchDim(int64_t batch) { return batch > 0 ? onnx::Dim{batch, ""} 
 }  // namespace
 
 void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::string& path) {
-  const Weights weights = exportWeights(*m.model);
+  Weights weights;
+  if (m.model) {
+    weights = exportWeights(*m.model);
+  } else {
+    for (const auto& [name, t] : m.weights->entries()) {
+      if (name != models::kTiedHeadName) weights.emplace(name, t);
+    }
+  }
   onnx::Model model;
   model.opset = opset;
   model.producerVersion = version();
   model.docString = fmt::format("{} trained by cohort ({})", m.info.arch, m.info.weights);
   onnx::Graph& g = model.graph;
   g.name = m.info.arch;
-  OnnxOps ops(weights, g);
+  OnnxOps ops(weights, g, m.model ? nullptr : m.weights.get());
   const ModelInfo& info = m.info;
   if (info.tokens) {
     g.inputs.push_back({"tokens", onnx::DataType::kInt64, {onnxBatchDim(batch), {0, "time"}}});
@@ -253,7 +284,7 @@ void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::s
     if (out == logits) out = "logits";
   }
   size_t bytes = 0;
-  for (const auto& t : g.initializers) bytes += t.raw.size();
+  for (const auto& t : g.initializers) bytes += t.fill ? t.size : t.raw.size();
   // A protobuf message is at most 2 GiB; larger models would need ONNX's
   // external data files, which cohort does not write.
   if (bytes > (size_t{2000} << 20)) {
@@ -263,7 +294,7 @@ void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::s
                     m.info.weights, bytes >> 20));
   }
   model.metadata = {{kInfoMetadataKey, info.toJson().dump()}, {"opset", std::to_string(opset)}};
-  writeFileAtomic(path, onnx::serialize(model));
+  onnx::writeModel(model, path);
 }
 
 }  // namespace cohort::serve::detail

@@ -43,6 +43,12 @@ std::string kernelCapability() {
 
 }  // namespace
 
+bool mapLargeBlocks() {
+  const bool ok = mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1;
+  if (ok) mappingLargeBlocks = true;
+  return ok;
+}
+
 bool keepFreedMemory() {
   // M_MMAP_MAX 0: large blocks come from the heap too, and are reused once
   // freed; M_TRIM_THRESHOLD at its maximum: the top of the heap is never
@@ -63,14 +69,9 @@ void applyCompute(const JobConfig& job, int localRanks) {
     throw ConfigError("compute.allocator: keep: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
-  // A fixed threshold also stops glibc's dynamic one, which would move
-  // blocks freed once onto the heap for good.
-  if (job.compute.allocator == Allocator::map) {
-    if (mallopt(M_MMAP_THRESHOLD, 1 << 20) != 1) {
-      throw ConfigError("compute.allocator: map: glibc refused mallopt(); set compute.allocator: "
-                        "system to run with its defaults");
-    }
-    mappingLargeBlocks = true;
+  if (job.compute.allocator == Allocator::map && !mapLargeBlocks()) {
+    throw ConfigError("compute.allocator: map: glibc refused mallopt(); set compute.allocator: "
+                      "system to run with its defaults");
   }
   const OneDnn dnn = job.compute.onednn;
   if (dnn == OneDnn::on && !at::hasMKLDNN()) {

@@ -4,7 +4,8 @@
 // N ranks end with the parameters of one process with the global batch,
 // with recomputation and accumulation too; a killed rank resumes from a
 // stage-3 checkpoint exactly, and the checkpoint loads at stage 0 on
-// another world size, and at stage 3 on another, unit by unit.
+// another world size, and at stage 3 on another, unit by unit; ONNX
+// exports of the checkpoint and of final.pt hold the same tensors.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <regex>
 
 #include "cohort/ckpt/state_dict.h"
+#include "test_paths.h"
 #include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/process.h"
@@ -170,6 +172,27 @@ TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRa
   consolidated.emplace_back("lm_head.weight", consolidated.front().second);
   EXPECT_EQ(consolidated.front().first, "transformer.wte.weight");
   EXPECT_EQ(test::maxDifference(whole, consolidated), 0.0);
+  // `cohort export --format onnx` of the checkpoint reads its parts one
+  // bucket at a time and writes the same tensors as the export of
+  // final.pt; ONNX's checker accepts both.
+  for (const auto& [from, to] : {std::pair{step9, "step9.onnx"}, std::pair{dir.file("whole/model/final.pt"), "final.onnx"}}) {
+    const auto e = test::cohort({"export", from, "--format", "onnx", "--out", dir.file(to)});
+    ASSERT_EQ(e.exitCode, 0) << e.describe();
+  }
+  const auto same = test::run({COHORT_PYTHON, "-c", R"(
+import sys, onnx
+from onnx import numpy_helper
+def tensors(path):
+    m = onnx.load(path)
+    onnx.checker.check_model(m, full_check=True)
+    return {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+assert all((a[k] == b[k]).all() for k in a)
+print(len(a))
+)", dir.file("step9.onnx"), dir.file("final.onnx")});
+  EXPECT_EQ(same.exitCode, 0) << same.describe();
+
   // A rank's parts missing: an error naming the file, nothing written.
   std::filesystem::copy(step9, dir.file("broken"), std::filesystem::copy_options::recursive);
   std::filesystem::remove(dir.file("broken/model-1.bin"));

@@ -70,4 +70,20 @@ class StageTensors : public TensorSource {
   std::unique_ptr<Bucketed> model_, optimizer_;
 };
 
+// Every stage of a checkpoint as one TensorSource: each stage's model
+// tensors in stage order, a name two stages hold (a pipeline's tied
+// embedding) taken from the first (checkpointModel() one tensor at a time).
+class CheckpointTensors : public TensorSource {
+ public:
+  CheckpointTensors(const std::string& dir, const Manifest& m);
+  const StateDict& entries() const override { return entries_; }
+  at::Tensor load(const std::string& name) override;
+  void drop(const std::string& name) override;
+
+ private:
+  std::vector<std::unique_ptr<StageTensors>> stages_;
+  StateDict entries_;
+  std::map<std::string, size_t> stageOf_;
+};
+
 }  // namespace cohort::ckpt

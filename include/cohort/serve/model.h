@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/ckpt/state_dict.h"
 #include "cohort/config/job.h"
 #include "cohort/data/image.h"
 #include "cohort/models/model.h"
@@ -63,12 +64,15 @@ struct ModelInfo {
   std::string className(int64_t label) const;
 };
 
-// A model of cohort's zoo with its trained weights, in eval mode.
+// A model of cohort's zoo with its trained weights, in eval mode; or,
+// loaded with `weightsOnly`, its trained tensors alone, read one at a time
+// and the model not built (an ONNX export of a model no process holds).
 struct TrainedModel {
   JobConfig job;
   std::string runDir;  // "" for a weights file given with --job outside a run directory
   ModelInfo info;
-  std::shared_ptr<models::Model> model;
+  std::shared_ptr<models::Model> model;     // null with `weights`
+  std::shared_ptr<ckpt::TensorSource> weights;
 };
 
 // Loads MODEL (a run directory, a weights file or a checkpoint directory;
@@ -76,7 +80,11 @@ struct TrainedModel {
 // and class names come from the job's training data (its manifest, or the
 // header of its IDX file). Throws UsageError (no job found, not cohort's
 // zoo) or DataError (no weights, unreadable files) naming the path.
-TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPath = "");
+// `weightsOnly`: for a GPT without LoRA, the trained tensors (their names
+// and shapes checked against the model's, built without values) as
+// `weights` instead of a built model; other models are built as without it.
+TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPath = "",
+                              bool weightsOnly = false);
 
 // Raw pixels (float, 0..255) -> the input the network was trained on:
 // / 255, then (x - mean) / std per channel. `info` must be an image model's.

@@ -53,6 +53,12 @@ void applyCompute(const JobConfig& job, int localRanks);
 // faulting fresh zeroed ones in. Idempotent; returns false if glibc refused.
 bool keepFreedMemory();
 
+// compute.allocator: map. Blocks of 1 MB and more are mapped from the
+// kernel and given back when freed (a fixed threshold also stops glibc's
+// dynamic one, which would move blocks freed once onto the heap for good,
+// where their holes stay resident). Returns false if glibc refused.
+bool mapLargeBlocks();
+
 // model.memory_format: channels_last or contiguous as the job says; auto:
 // every rank times a few forward+backward passes of `model` in each layout
 // on a random batch of `batch` samples; the mean of all ranks' times decides

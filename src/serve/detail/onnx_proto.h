@@ -8,9 +8,12 @@
 // the wire format of these messages is small and stable (tags, varints,
 // length-delimited fields), so these plain structs and ~150 lines encode
 // them without a code generator or a runtime dependency. Nothing here
-// includes LibTorch: tensors arrive as raw little-endian bytes.
+// includes LibTorch: tensors arrive as raw little-endian bytes, or as a
+// size and a function that gives them when the file is written, so that
+// the trained tensors are read one at a time and never held together.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +29,11 @@ struct Tensor {
   DataType type = DataType::kFloat;
   std::vector<int64_t> dims;
   std::string raw;  // little-endian values, row-major
+  // Or, when `fill` is set, `size` bytes that fill(at, n, dst) puts at dst
+  // (bytes [at, at + n), asked for in order) while the file is written.
+  using Fill = std::function<void(uint64_t at, uint64_t n, char* dst)>;
+  uint64_t size = 0;
+  Fill fill;
 
   static Tensor floats(std::string name, std::vector<int64_t> dims, const std::vector<float>& values);
   static Tensor int64s(std::string name, std::vector<int64_t> dims, const std::vector<int64_t>& values);
@@ -86,5 +94,10 @@ struct Model {
 
 // The ModelProto's bytes.
 std::string serialize(const Model& model);
+
+// The same written to `path` (atomically), the initializers' bytes asked of
+// their `fill` as the file is written: no image of the file in memory.
+// Throws IoError naming the path.
+void writeModel(const Model& model, const std::string& path);
 
 }  // namespace cohort::serve::detail::onnx
