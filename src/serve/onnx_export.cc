@@ -13,10 +13,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <limits>
 #include <set>
 
+#include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
 #include "cohort/core/version.h"
@@ -294,7 +296,16 @@ void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::s
                     m.info.weights, bytes >> 20));
   }
   model.metadata = {{kInfoMetadataKey, info.toJson().dump()}, {"opset", std::to_string(opset)}};
-  onnx::writeModel(model, path);
+  // Streamed into the file: the initializers' bytes are read as they are
+  // written, one tensor at a time.
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(target.parent_path(), ec);
+    if (ec) throw IoError(fmt::format("cannot create directory {}: {}", target.parent_path().string(), ec.message()));
+  }
+  const onnx::Encoded encoded(model);
+  ckpt::writeFileFrom(path, encoded.size(), [&](uint64_t at, uint64_t n, char* dst) { encoded.copy(at, n, dst); });
 }
 
 }  // namespace cohort::serve::detail

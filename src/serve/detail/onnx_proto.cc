@@ -2,12 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
-
-#include <fmt/format.h>
-
-#include "cohort/ckpt/tensor_file.h"
-#include "cohort/core/error.h"
 
 namespace cohort::serve::detail::onnx {
 
@@ -259,15 +253,13 @@ std::string serialize(const Model& m) {
   return out;
 }
 
-void writeModel(const Model& m, const std::string& path) {
-  const std::filesystem::path target(path);
-  if (target.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(target.parent_path(), ec);
-    if (ec) throw IoError(fmt::format("cannot create directory {}: {}", target.parent_path().string(), ec.message()));
-  }
-  const Encoder e = encode(m);
-  ckpt::writeFileFrom(path, e.size(), [&](uint64_t at, uint64_t n, char* dst) { e.copy(at, n, dst); });
-}
+struct Encoded::State {
+  Encoder e;
+};
+
+Encoded::Encoded(const Model& model) : state_(std::make_unique<State>(State{encode(model)})) {}
+Encoded::~Encoded() = default;
+uint64_t Encoded::size() const { return state_->e.size(); }
+void Encoded::copy(uint64_t at, uint64_t n, char* dst) const { state_->e.copy(at, n, dst); }
 
 }  // namespace cohort::serve::detail::onnx

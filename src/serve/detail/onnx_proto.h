@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,9 +96,19 @@ struct Model {
 // The ModelProto's bytes.
 std::string serialize(const Model& model);
 
-// The same written to `path` (atomically), the initializers' bytes asked of
-// their `fill` as the file is written: no image of the file in memory.
-// Throws IoError naming the path.
-void writeModel(const Model& model, const std::string& path);
+// The same without an image of it in memory: its size, and bytes
+// [at, at + n) copied out on demand (asked in order), the initializers'
+// asked of their `fill` then (a file writer streams it: writeOnnx).
+class Encoded {
+ public:
+  explicit Encoded(const Model& model);
+  ~Encoded();
+  uint64_t size() const;
+  void copy(uint64_t at, uint64_t n, char* dst) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace cohort::serve::detail::onnx
