@@ -74,8 +74,11 @@ StageTensors::StageTensors(const std::string& dir, const Manifest& m, int stage)
   }
   model_ = std::make_unique<Bucketed>();
   model_->file = [this](int r) { return file(modelPartFile(r)); };
-  std::map<std::string, at::ScalarType> partType;
-  for (const TensorInfo& i : reader(model_->file(0)).tensors()) partType[i.name] = dtypeFromName(i.dtype);
+  // The parts' files are opened when a bucket is first asked for (a
+  // sealed one is decrypted whole then): a same-cut resume reads only its
+  // own (ownModelParts) and opens none of the others here. The entries of
+  // parameters in parts are float32, as every trained parameter is; what
+  // load() returns has the part's own type.
   for (const auto& entry : zero_.value("model_order", nlohmann::json::array())) {
     const std::string name = entry.get<std::string>();
     if (rest.has(name)) {
@@ -85,9 +88,7 @@ StageTensors::StageTensors(const std::string& dir, const Manifest& m, int stage)
       }
       entries_.emplace_back(name, withoutData(info->shape, dtypeFromName(info->dtype)));
     } else if (auto b = bucketOf_.find(name); b != bucketOf_.end()) {
-      auto t = partType.find(fmt::format("part{}", b->second));
-      entries_.emplace_back(name, withoutData(ints(zero_["params"].at(name)["shape"]),
-                                              t == partType.end() ? at::kFloat : t->second));
+      entries_.emplace_back(name, withoutData(ints(zero_["params"].at(name)["shape"]), at::kFloat));
     } else {
       throw DataError(fmt::format("{}: '{}' is in neither {} nor the parameter parts "
                                   "(extra.zero.model_order)", dir, name, file("model.bin")));
