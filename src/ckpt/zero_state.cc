@@ -23,30 +23,13 @@ namespace {
 using detail::kElementKinds;
 using detail::memoryOrder;
 
-int stagesOf(const Manifest& m) {
-  return m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
-}
-
-// The stages' dicts as one, each name once (the first stage's of a tensor
-// two stages hold), in stage order.
-StateDict merged(const std::string& dir, const Manifest& m,
-                 StateDict (*one)(const std::string&, const Manifest&, int)) {
-  const int stages = stagesOf(m);
-  if (stages == 1) return one(dir, m, 0);
-  StateDict all;
-  std::set<std::string> names;
-  for (int s = 0; s < stages; ++s) {
-    for (auto& [name, t] : one(dir, m, s)) {
-      if (names.insert(name).second) all.emplace_back(name, t);
-    }
-  }
-  return all;
-}
-
 }  // namespace
 
 StateDict checkpointModel(const std::string& dir, const Manifest& m) {
-  return merged(dir, m, stageModel);
+  CheckpointTensors all(dir, m);
+  StateDict out;
+  for (const auto& [name, t] : all.entries()) out.emplace_back(name, all.load(name));
+  return out;
 }
 
 nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int stage) {

@@ -154,10 +154,7 @@ void openWeights(TrainedModel& t, const ModelConfig& mc, const std::string& path
   // from glibc's heap their holes would stay resident (about the model's
   // size in all), mapped they are given back.
   train::mapLargeBlocks();
-  struct Shapes : models::UnitSink {
-    void take(const std::string&, std::vector<std::pair<std::string, at::Tensor>>) override {}
-    bool wantsValues() const override { return false; }
-  } shapes;
+  models::ShapesOnly shapes;
   models::ModelPart part;
   part.sink = &shapes;
   part.exact = false;

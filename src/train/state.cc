@@ -95,10 +95,7 @@ std::string checkFits(const TrainState& s, const models::Model& model, bool byUn
 // shapes alone (no values made), so that a state that cannot fit allocates
 // nothing.
 void checkFitBeforeBuild(const TrainState& s, const models::ModelPart& part) {
-  struct Shapes : models::UnitSink {
-    void take(const std::string&, std::vector<std::pair<std::string, at::Tensor>>) override {}
-    bool wantsValues() const override { return false; }
-  } shapes;
+  models::ShapesOnly shapes;
   models::ModelPart p = part;
   p.sink = &shapes;
   p.exact = false;

@@ -36,6 +36,14 @@ class UnitSink {
   virtual bool wantsValues() const { return true; }
 };
 
+// A sink for a model built for its shapes alone (a fit check, an export):
+// no values are made, nothing is kept.
+class ShapesOnly : public UnitSink {
+ public:
+  void take(const std::string&, std::vector<std::pair<std::string, at::Tensor>>) override {}
+  bool wantsValues() const override { return false; }
+};
+
 // The storage under `t` (and every view of it) given back: the tensor
 // keeps its sizes and strides, and must not be read until
 // allocateStorage() gives it storage again (uninitialized, t.numel()
