@@ -18,6 +18,7 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/core/fd.h"
 #include "cohort/security/sealed.h"
 #include "core/detail/json_int.h"
 
@@ -58,25 +59,6 @@ void readExactly(int fd, void* out, uint64_t size, uint64_t offset, const std::s
   }
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-
- private:
-  int fd_;
-};
-
 struct Parsed {
   nlohmann::json meta;
   std::vector<TensorInfo> tensors;
@@ -111,7 +93,7 @@ class Source {
 
  private:
   std::string path_;
-  Fd fd_;
+  UniqueFd fd_;
   uint64_t size_ = 0;
   bool sealed_ = false;
   std::string plain_;
@@ -253,7 +235,7 @@ void commitTemporary(int fd, const std::string& tmp, const std::string& path) {
   }
   const fs::path target(path);
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() >= 0) ::fsync(dfd.get());
 }
 

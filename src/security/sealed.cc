@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "cohort/core/error.h"
+#include "cohort/core/fd.h"
 
 namespace cohort::security {
 namespace {
@@ -59,18 +60,6 @@ struct Ctx {
   }
   ~Ctx() { EVP_CIPHER_CTX_free(ctx); }
   EVP_CIPHER_CTX* ctx;
-};
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
 };
 
 void readAt(int fd, char* out, uint64_t size, uint64_t offset, const std::string& path) {
@@ -263,7 +252,7 @@ class Opener {
 
  private:
   std::string path_, label_;
-  Fd fd_;
+  UniqueFd fd_;
   Layout layout_;
   std::string buffer_;
   const Key* key_ = nullptr;
@@ -283,7 +272,7 @@ bool isSealed(const void* head, size_t size) {
 }
 
 bool isSealedFile(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   char head[sizeof kMagic];
   return fd.get() >= 0 && ::pread(fd.get(), head, sizeof head, 0) == static_cast<ssize_t>(sizeof head) &&
          isSealed(head, sizeof head);

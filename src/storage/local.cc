@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "cohort/core/fd.h"
 #include "cohort/core/file.h"
 #include "storage/detail/backends.h"
 
@@ -26,17 +27,6 @@ constexpr size_t kCopyChunk = 1 << 20;
   throw StorageError(fmt::format("{} {}: {}", what, path, std::strerror(err)),
                      err == ENOENT ? 404 : 0, false);
 }
-
-// Closes a descriptor on every path out.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
 
 void writeAll(int fd, const char* p, size_t n, const std::string& path) {
   while (n > 0) {
@@ -53,12 +43,12 @@ void writeAll(int fd, const char* p, size_t n, const std::string& path) {
 // Copies `from` into `toFd`, reporting the bytes copied so far.
 void copyInto(const std::string& from, int toFd, const std::string& to,
               const std::function<void(int64_t)>& progress) {
-  Fd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
-  if (in.fd < 0) fail("cannot open", from, errno);
+  UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
+  if (in.get() < 0) fail("cannot open", from, errno);
   std::string buf(kCopyChunk, '\0');
   int64_t done = 0;
   while (true) {
-    const ssize_t n = ::read(in.fd, buf.data(), buf.size());
+    const ssize_t n = ::read(in.get(), buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
       fail("cannot read", from, errno);
@@ -96,12 +86,12 @@ class LocalStorage final : public Storage {
 
   std::string readRange(const std::string& name, int64_t offset, int64_t length) override {
     const std::string p = path(name);
-    Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.fd < 0) fail("cannot open", p, errno);
+    UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) fail("cannot open", p, errno);
     std::string out(static_cast<size_t>(length), '\0');
     int64_t got = 0;
     while (got < length) {
-      const ssize_t n = ::pread(fd.fd, out.data() + got, static_cast<size_t>(length - got),
+      const ssize_t n = ::pread(fd.get(), out.data() + got, static_cast<size_t>(length - got),
                                 static_cast<off_t>(offset + got));
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -120,9 +110,9 @@ class LocalStorage final : public Storage {
 
   void readToFile(const std::string& name, const std::string& localPath,
                   const std::function<void(int64_t)>& progress) override {
-    Fd out(::open(localPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (out.fd < 0) fail("cannot create", localPath, errno);
-    copyInto(path(name), out.fd, localPath, progress);
+    UniqueFd out(::open(localPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (out.get() < 0) fail("cannot create", localPath, errno);
+    copyInto(path(name), out.get(), localPath, progress);
   }
 
   void writeFromFile(const std::string& name, const std::string& localPath) override {
@@ -139,10 +129,10 @@ class LocalStorage final : public Storage {
                                  std::to_string(::getpid()) + "." + std::to_string(counter_++)))
             .string();
     try {
-      Fd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (out.fd < 0) fail("cannot create", tmp, errno);
-      copyInto(localPath, out.fd, tmp, {});
-      if (::fsync(out.fd) != 0) fail("cannot sync", tmp, errno);
+      UniqueFd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (out.get() < 0) fail("cannot create", tmp, errno);
+      copyInto(localPath, out.get(), tmp, {});
+      if (::fsync(out.get()) != 0) fail("cannot sync", tmp, errno);
     } catch (...) {
       ::unlink(tmp.c_str());
       throw;
@@ -152,8 +142,8 @@ class LocalStorage final : public Storage {
       ::unlink(tmp.c_str());
       fail("cannot rename into", target.string(), err);
     }
-    Fd dir(::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir.fd >= 0) ::fsync(dir.fd);
+    UniqueFd dir(::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir.get() >= 0) ::fsync(dir.get());
   }
 
   void writeBytes(const std::string& name, const std::string& data) override {
