@@ -7,14 +7,10 @@
 // ("storage", torch.<Type>Storage, key, "cpu", numel), and version.
 
 #include <caffe2/serialize/inline_container.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <map>
 
@@ -22,8 +18,6 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/security/sealed.h"
-
-namespace fs = std::filesystem;
 
 namespace cohort::ckpt {
 
@@ -136,17 +130,16 @@ void rebuild(Pickle& p, const Entry& e) {
 }  // namespace
 
 struct StateDictWriter::State {
-  std::string path, tmp;
-  int fd = -1;
+  std::string path;
+  std::unique_ptr<AtomicFile> file;  // null when sealed
   const security::Key* key = nullptr;
   std::string memory;  // the archive, when sealed
-  int error = 0;
+  std::string error;   // of the last write into the file
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
   std::map<std::string, Entry> entries;
   std::map<const c10::TensorImpl*, std::string> standIns;  // add()'s results: their names
   std::vector<std::string> order;
   int64_t nextKey = 0;
-  bool finished = false;
 };
 
 StateDictWriter::StateDictWriter(std::string path, const security::Key* key)
@@ -154,46 +147,26 @@ StateDictWriter::StateDictWriter(std::string path, const security::Key* key)
   State& s = *state_;
   s.path = std::move(path);
   s.key = key;
-  const fs::path target(s.path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir.string(), ec.message()));
-  if (key == nullptr) {
-    s.tmp = (dir / (".tmp." + target.filename().string() + "." + std::to_string(getpid()))).string();
-    s.fd = ::open(s.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (s.fd < 0) throw IoError(fmt::format("cannot create {}: {}", s.tmp, std::strerror(errno)));
-  }
+  if (key == nullptr) s.file = std::make_unique<AtomicFile>(s.path);
   State* st = &s;
   s.zip = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([st](const void* data, size_t n) -> size_t {
-    if (st->fd < 0) {
+    if (!st->file) {
       st->memory.append(static_cast<const char*>(data), n);
       return n;
     }
-    const char* p = static_cast<const char*>(data);
-    size_t left = n;
-    while (left > 0) {
-      const ssize_t w = ::write(st->fd, p, left);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        st->error = errno;
-        return 0;  // the writer then fails the record
-      }
-      p += w;
-      left -= static_cast<size_t>(w);
+    try {
+      st->file->write(data, n);
+    } catch (const IoError& e) {
+      st->error = e.what();
+      return 0;  // the writer then fails the record
     }
     return n;
   });
 }
 
 StateDictWriter::~StateDictWriter() {
-  State& s = *state_;
-  if (s.finished) return;
-  s.zip.reset();  // its destructor may still write: into the file that goes next
-  if (s.fd >= 0) {
-    ::close(s.fd);
-    ::unlink(s.tmp.c_str());
-  }
+  // Its destructor may still write: into the temporary file, which goes next.
+  state_->zip.reset();
 }
 
 at::Tensor StateDictWriter::add(const std::string& name, const at::Tensor& t) {
@@ -205,8 +178,8 @@ at::Tensor StateDictWriter::add(const std::string& name, const at::Tensor& t) {
   try {
     s.zip->writeRecord("data/" + e.key, c.data_ptr(), c.nbytes());
   } catch (const c10::Error& err) {
-    throw IoError(fmt::format("cannot write {}: {}", s.path,
-                              s.error != 0 ? std::strerror(s.error) : err.what_without_backtrace()));
+    throw IoError(s.error.empty() ? fmt::format("cannot write {}: {}", s.path, err.what_without_backtrace())
+                                  : s.error);
   }
   at::Tensor standIn = withoutData(e.sizes, e.dtype);
   s.standIns.emplace(standIn.unsafeGetTensorImpl(), name);
@@ -297,23 +270,15 @@ void StateDictWriter::close(const std::string& pickle) {
     s.zip->writeRecord("data.pkl", pickle.data(), pickle.size());
     s.zip->writeEndOfFile();
   } catch (const c10::Error& err) {
-    throw IoError(fmt::format("cannot write {}: {}", s.path,
-                              s.error != 0 ? std::strerror(s.error) : err.what_without_backtrace()));
+    throw IoError(s.error.empty() ? fmt::format("cannot write {}: {}", s.path, err.what_without_backtrace())
+                                  : s.error);
   }
   s.zip.reset();
-  if (s.fd < 0) {
+  if (!s.file) {
     writeFileAtomic(s.path, security::sealBytes(*s.key, security::sealedLabel(s.path), s.memory.data(), s.memory.size()));
-    s.finished = true;
     return;
   }
-  const int fd = s.fd;
-  s.fd = -1;
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(s.tmp.c_str(), s.path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(s.tmp.c_str());
-    throw IoError(fmt::format("cannot write {}: {}", s.path, std::strerror(err)));
-  }
-  s.finished = true;
+  s.file->commit();
 }
 
 }  // namespace cohort::ckpt

@@ -21,48 +21,66 @@ namespace {
 
 }  // namespace
 
-void writeFileAtomic(const std::string& path, const void* data, size_t size) {
-  const fs::path target(path);
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  const fs::path target(path_);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir.string(), ec.message()));
+  dir_ = dir.string();
+  tmp_ = (dir / (".tmp." + target.filename().string() + "." + std::to_string(getpid()))).string();
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create", tmp_, errno);
+}
 
-  const std::string tmp =
-      (dir / (".tmp." + target.filename().string() + "." + std::to_string(getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create", tmp, errno);
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t size) {
+  if (fd_ < 0) throw IoError(fmt::format("cannot write {}: already closed", path_));
   const char* p = static_cast<const char*>(data);
   size_t left = size;
   while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
+    const ssize_t n = ::write(fd_, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("cannot write", path, err);
+      fail("cannot write", path_, errno);
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
+}
+
+void AtomicFile::commit() {
+  if (fd_ < 0) throw IoError(fmt::format("cannot write {}: already closed", path_));
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0) {
-    int err = errno;
+    const int err = errno;
     ::close(fd);
-    ::unlink(tmp.c_str());
-    fail("cannot sync", path, err);
+    ::unlink(tmp_.c_str());
+    fail("cannot sync", path_, err);
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot rename into", path, err);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    fail("cannot rename into", path_, err);
   }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void writeFileAtomic(const std::string& path, const void* data, size_t size) {
+  AtomicFile file(path);
+  file.write(data, size);
+  file.commit();
 }
 
 }  // namespace cohort

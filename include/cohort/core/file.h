@@ -16,4 +16,24 @@ inline void writeFileAtomic(const std::string& path, const std::string& text) {
   writeFileAtomic(path, text.data(), text.size());
 }
 
+// The same for a file written piece by piece (a stream no copy of which is
+// held): a temporary file in the path's directory (created), appended to,
+// and put in place by commit() as above. Destroyed without commit(), the
+// temporary file goes. Throws IoError naming the path.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t size);
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, dir_, tmp_;
+  int fd_ = -1;
+};
+
 }  // namespace cohort
