@@ -14,7 +14,8 @@
 # a checkpoint every 2, compute.allocator: map. Then 5 ranks, each in a cgroup
 # of the same limit, go on at stage 3 from the stage-3 run's newest
 # checkpoint for 2 more steps: a checkpoint cut otherwise than the run, read
-# one unit at a time. Prints the CPU, each rank's
+# one unit at a time. Then the zero3 run is exported (ONNX, TorchScript) in
+# a cgroup of EXPORT_MIB (400). Prints the CPU, each rank's
 # peak resident memory (its log's figure) against the limit, steps/s of the
 # steps after the first, and each run's exit.
 set -eu
@@ -98,3 +99,20 @@ run zero3 "{zero: 3, threads_per_rank: 1, max_restarts: 0}"
 run pipeline "{threads_per_rank: 1, max_restarts: 0, pipeline: {stages: 4, micro_batches: 8}}"
 newest=$(ls -d "$out"/zero3/checkpoints/step-* | sort -t- -k2 -n | tail -1)
 run zero3-on-5 "{zero: 3, threads_per_rank: 1, max_restarts: 0}" 5 $((steps + 2)) "$newest"
+
+# The zero3 run exported in rank 0's cgroup at EXPORT_MIB (default 400, less
+# than half the float32 parameters): each format's exit, peak resident
+# memory (GNU time's maximum resident set size) and seconds.
+export_mib="${EXPORT_MIB:-400}"
+echo $((export_mib * 1048576)) > "$base/cohort-zero3-nowhere.$$.0/$limit_file"
+for format in onnx torchscript; do
+  code=0
+  sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$base/cohort-zero3-nowhere.$$.0" \
+    /usr/bin/time -v "$bin" export "$out/zero3" --format "$format" --out "$out/export.$format" \
+    > "$out/export-$format.out" 2>&1 || code=$?
+  rss=$(awk -F': ' '/Maximum resident set size/ {print int($2 / 1024)}' "$out/export-$format.out")
+  secs=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$out/export-$format.out")
+  size=$(du -m "$out/export.$format" 2>/dev/null | cut -f1)
+  echo "export $format: exit $code, peak resident ${rss:-?} MiB of $export_mib, ${size:-?} MiB written, $secs"
+  rm -f "$out/export.$format"
+done

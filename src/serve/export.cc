@@ -58,9 +58,10 @@ std::string exportShapeText(const ModelInfo& info, bool input, int64_t batch) {
 
 int exportCommand(const ExportOptions& options, std::ostream& out) {
   validateExport(options);
-  // ONNX needs only the trained tensors' shapes to describe the graph, and
-  // their values one at a time as the file is written: a GPT is not built.
-  const TrainedModel m = loadTrainedModel(options.model, options.job, options.format == "onnx");
+  // Either format needs only the trained tensors' shapes to describe the
+  // graph, and their values one at a time as the file is written (TorchScript
+  // through a mapped file, script_export.cc): a GPT is not built.
+  const TrainedModel m = loadTrainedModel(options.model, options.job, /*weightsOnly=*/true);
   if (options.format == "onnx" && m.job.model.arch == ModelArch::torchscript) {
     throw UsageError(fmt::format(
         "{}: model.arch torchscript (a module of your own): ONNX export covers cohort's built-in "

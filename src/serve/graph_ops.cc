@@ -16,11 +16,15 @@ Weights exportWeights(const models::Model& model) {
   Weights out;
   for (const auto& [name, t] : dict) {
     if (name == models::kTiedHeadName) continue;  // the head is transformer.wte.weight
-    at::Tensor w = t.detach().to(torch::kCPU);
-    if (w.is_floating_point()) w = w.to(torch::kFloat);
-    out.emplace(name, w.contiguous());
+    out.emplace(name, exportTensor(t));
   }
   return out;
+}
+
+at::Tensor exportTensor(const at::Tensor& t) {
+  at::Tensor w = t.detach().to(torch::kCPU);
+  if (w.is_floating_point()) w = w.to(torch::kFloat);
+  return w.contiguous();
 }
 
 const at::Tensor& Ops::weight(const std::string& name) const {

@@ -163,7 +163,9 @@ void openWeights(TrainedModel& t, const ModelConfig& mc, const std::string& path
   for (const auto& [name, e] : t.weights->entries()) {
     if (name != models::kTiedHeadName) given.emplace(name, e);
   }
+  for (const auto& b : shaped->named_buffers()) t.buffers.insert(b.key());
   for (const auto& [name, want] : models::publishedStateDict(*shaped)) {
+    t.order.push_back(name);
     if (name == models::kTiedHeadName) continue;
     auto it = given.find(name);
     if (it == given.end()) {

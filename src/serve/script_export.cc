@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -23,7 +24,9 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <vector>
 
+#include "cohort/ckpt/mapped_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
@@ -202,21 +205,32 @@ std::string scriptClassName(ModelArch arch) {
   }
 }
 
-void saveScript(torch::jit::Module& module, const ModelInfo& info, const std::string& path) {
+// Streamed into the file (no image of it in memory); the pages of a mapped
+// tensor are given back once written out.
+void saveScript(const torch::jit::Module& module, const ModelInfo& info, const std::string& path,
+                const ckpt::MappedTensors* mapped) {
   const torch::jit::ExtraFilesMap extra{{kInfoExtraFile, info.toJson().dump()}};
-  std::ostringstream bytes;
+  // A temporary name, fsync and rename: a reader never sees half a module.
+  AtomicFile file(path);
+  std::string error;
+  const auto writer = [&](const void* data, size_t n) -> size_t {
+    try {
+      file.write(data, n);
+    } catch (const IoError& e) {
+      error = e.what();
+      return 0;  // the serializer then fails
+    }
+    if (mapped != nullptr) mapped->release(data, n);
+    return n;
+  };
   try {
-    module.save(bytes, extra);
+    torch::jit::ExportModule(module, writer, extra);
   } catch (const c10::Error& e) {
+    if (!error.empty()) throw IoError(error);
     throw IoError(
         fmt::format("{}: cannot write the TorchScript module: {}", path, e.what_without_backtrace()));
   }
-  std::error_code ec;
-  const std::filesystem::path target(path);
-  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
-  // A unique temporary name, fsync and rename: a reader never sees half a
-  // module, and two exports to one place do not collide.
-  writeFileAtomic(path, bytes.str());
+  file.commit();
 }
 
 // arch torchscript: the user's module with the trained tensors, wrapped.
@@ -248,17 +262,36 @@ torch::jit::Module wrapUserModule(const TrainedModel& m) {
 void writeTorchScript(const TrainedModel& m, const std::string& path) {
   torch::NoGradGuard noGrad;
   torch::jit::Module module;
+  std::unique_ptr<ckpt::MappedTensors> mapped;
   if (m.job.model.arch == ModelArch::torchscript) {
     module = wrapUserModule(m);
   } else {
-    const Weights weights = exportWeights(*m.model);
-    std::set<std::string> buffers;
-    for (const auto& b : m.model->named_buffers()) buffers.insert(b.key());
+    Weights weights;
+    std::vector<std::string> order = m.order;
+    std::set<std::string> buffers = m.buffers;
+    if (m.model) {
+      weights = exportWeights(*m.model);
+      order.clear();
+      for (const auto& entry : ckpt::stateDict(*m.model)) order.push_back(entry.first);
+      for (const auto& b : m.model->named_buffers()) buffers.insert(b.key());
+    } else {
+      // A model no process holds: its tensors are read one at a time into a
+      // file beside the module's, which the module's tensors map.
+      std::vector<std::string> names;
+      for (const auto& name : order) {
+        if (name != models::kTiedHeadName) names.push_back(name);
+      }
+      const std::filesystem::path target(path);
+      mapped = std::make_unique<ckpt::MappedTensors>(
+          *m.weights, names, target.has_parent_path() ? target.parent_path().string() : std::string("."),
+          exportTensor);
+      weights = mapped->tensors();
+    }
     ScriptTree tree;
-    for (const auto& entry : ckpt::stateDict(*m.model)) {
-      const auto it = weights.find(entry.first);
-      if (it == weights.end()) continue;  // a LoRA adapter, merged into its layer
-      std::vector<std::string> parts = scriptNameParts(entry.first);
+    for (const auto& name : order) {
+      const auto it = weights.find(name);
+      if (it == weights.end()) continue;  // a LoRA adapter, merged into its layer; the tied head
+      std::vector<std::string> parts = scriptNameParts(name);
       ScriptTree* node = &tree;
       for (size_t i = 0; i + 1 < parts.size(); ++i) node = &node->child(parts[i]);
       node->tensors.emplace_back(parts.back(), it->second);
@@ -272,7 +305,7 @@ void writeTorchScript(const TrainedModel& m, const std::string& path) {
         fmt::format("def forward(self, {}: Tensor) -> Tensor:\n{}    return {}\n", input, ops.body(), out));
   }
   module.eval();
-  saveScript(module, m.info, path);
+  saveScript(module, m.info, path, mapped.get());
 }
 
 }  // namespace cohort::serve::detail

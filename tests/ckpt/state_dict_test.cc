@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "cohort/ckpt/mapped_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "util/process.h"
@@ -112,6 +113,48 @@ TEST(StateDict, ReadLazilyEachTensorsDataComesWhenAsked) {
     EXPECT_EQ(lazy.entries().front().second.storage().data_ptr().get(), nullptr);
   }
   EXPECT_THROW(lazy.load("missing"), DataError);
+}
+
+// Spilled and mapped (an export of a model no process holds): each tensor
+// read, converted and dropped before the next is read; the views hold the
+// values, also after release() gave their pages back; the file has no name.
+TEST(StateDict, MappedTensorsReadOneAtATimeAndHoldTheValues) {
+  test::TempDir dir;
+  const StateDict in = {{"a", torch::randn({300, 7})},
+                        {"b", torch::randn({5}, torch::kDouble)},
+                        {"n", torch::tensor(int64_t{5})},
+                        {"empty", torch::zeros({0, 3})},
+                        {"big", torch::randn({4096 * 3 + 5})}};
+  saveStateDict(in, dir.file("x.pt"));
+  struct Counting : TensorSource {
+    explicit Counting(const std::string& path) : lazy(path) {}
+    const StateDict& entries() const override { return lazy.entries(); }
+    at::Tensor load(const std::string& name) override {
+      maxHeld = std::max(maxHeld, ++held);
+      return lazy.load(name);
+    }
+    void drop(const std::string& name) override {
+      --held;
+      lazy.drop(name);
+    }
+    LazyStateDict lazy;
+    int held = 0, maxHeld = 0;
+  } source(dir.file("x.pt"));
+  const auto toFloat = [](const at::Tensor& t) { return t.is_floating_point() ? t.to(torch::kFloat) : t; };
+  MappedTensors mapped(source, {"a", "b", "n", "empty", "big"}, dir.file("spill"), toFloat);
+  EXPECT_EQ(source.held, 0);
+  EXPECT_EQ(source.maxHeld, 1);
+  ASSERT_EQ(mapped.tensors().size(), in.size());
+  for (const auto& [name, t] : in) {
+    const at::Tensor& got = mapped.tensors().at(name);
+    EXPECT_TRUE(torch::equal(got, toFloat(t))) << name;
+  }
+  const at::Tensor& big = mapped.tensors().at("big");
+  mapped.release(big.data_ptr(), big.nbytes());
+  mapped.release(in[0].second.data_ptr(), in[0].second.nbytes());  // outside the map: ignored
+  EXPECT_TRUE(torch::equal(big, in[4].second)) << "read again from the file";
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("spill")));
+  EXPECT_THROW(MappedTensors(source, {"missing"}, dir.file("spill"), toFloat), DataError);
 }
 
 TEST(StateDict, LoadIsStrictAndNamesTheTensor) {

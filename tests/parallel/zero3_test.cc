@@ -4,8 +4,9 @@
 // N ranks end with the parameters of one process with the global batch,
 // with recomputation and accumulation too; a killed rank resumes from a
 // stage-3 checkpoint exactly, and the checkpoint loads at stage 0 on
-// another world size, and at stage 3 on another, unit by unit; ONNX
-// exports of the checkpoint and of final.pt hold the same tensors.
+// another world size, and at stage 3 on another, unit by unit; the
+// exports of the checkpoint and of final.pt (ONNX and TorchScript) hold the
+// same tensors.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -175,22 +176,32 @@ TEST_F(ZeroStage3, AKilledRankResumesExactlyAndTheCheckpointLoadsAtStage0OnOneRa
   // `cohort export --format onnx` of the checkpoint reads its parts one
   // bucket at a time and writes the same tensors as the export of
   // final.pt; ONNX's checker accepts both.
-  for (const auto& [from, to] : {std::pair{step9, "step9.onnx"}, std::pair{dir.file("whole/model/final.pt"), "final.onnx"}}) {
-    const auto e = test::cohort({"export", from, "--format", "onnx", "--out", dir.file(to)});
-    ASSERT_EQ(e.exitCode, 0) << e.describe();
+  // So does --format torchscript (through a mapped file): torch.jit.load
+  // finds the ONNX initializers' values under the same names.
+  for (const auto& [from, to] : {std::pair{step9, "step9"}, std::pair{dir.file("whole/model/final.pt"), "final"}}) {
+    for (const char* format : {"onnx", "torchscript"}) {
+      const auto e = test::cohort({"export", from, "--format", format, "--out", dir.file(std::string(to) + "." + format)});
+      ASSERT_EQ(e.exitCode, 0) << e.describe();
+    }
   }
   const auto same = test::run({COHORT_PYTHON, "-c", R"(
-import sys, onnx
+import sys, onnx, torch
 from onnx import numpy_helper
 def tensors(path):
     m = onnx.load(path)
     onnx.checker.check_model(m, full_check=True)
     return {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+def script(path):
+    return {k: v.numpy() for k, v in torch.jit.load(path).state_dict().items()}
+a, b = tensors(sys.argv[1] + ".onnx"), tensors(sys.argv[2] + ".onnx")
 assert sorted(a) == sorted(b), (sorted(a), sorted(b))
 assert all((a[k] == b[k]).all() for k in a)
+for path in sys.argv[1:]:
+    s = script(path + ".torchscript")
+    assert sorted(s) == sorted(k for k in a if k.startswith("transformer.")), (sorted(s), sorted(a))
+    assert all((s[k] == a[k]).all() for k in s), path
 print(len(a))
-)", dir.file("step9.onnx"), dir.file("final.onnx")});
+)", dir.file("step9"), dir.file("final")});
   EXPECT_EQ(same.exitCode, 0) << same.describe();
 
   // A rank's parts missing: an error naming the file, nothing written.

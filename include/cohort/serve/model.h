@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,13 +67,17 @@ struct ModelInfo {
 
 // A model of cohort's zoo with its trained weights, in eval mode; or,
 // loaded with `weightsOnly`, its trained tensors alone, read one at a time
-// and the model not built (an ONNX export of a model no process holds).
+// and the model not built (an export of a model no process holds).
 struct TrainedModel {
   JobConfig job;
   std::string runDir;  // "" for a weights file given with --job outside a run directory
   ModelInfo info;
   std::shared_ptr<models::Model> model;     // null with `weights`
   std::shared_ptr<ckpt::TensorSource> weights;
+  // With `weights`: the model's state-dict names in its order (tied second
+  // names too), and those of them that are buffers.
+  std::vector<std::string> order;
+  std::set<std::string> buffers;
 };
 
 // Loads MODEL (a run directory, a weights file or a checkpoint directory;

@@ -26,6 +26,8 @@ namespace cohort::serve::detail {
 // of tied tensors.
 using Weights = std::map<std::string, at::Tensor>;
 Weights exportWeights(const models::Model& model);
+// One of them as it is exported: on the CPU, float32 if floating, contiguous.
+at::Tensor exportTensor(const at::Tensor& t);
 
 class Ops {
  public:
