@@ -252,12 +252,15 @@ void loadStateDict(torch::nn::Module& module, const StateDict& dict, const std::
   loadStateDict(stateDict(module), dict, origin);
 }
 
-void loadStateDict(const StateDict& targets, const StateDict& dict, const std::string& origin) {
-  StateDict own = targets;
+namespace {
+
+// Throws DataError unless `dict` has exactly the names of `targets`, each
+// of its shape.
+void checkStateDict(const StateDict& targets, const StateDict& dict, const std::string& origin) {
   std::map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : dict) given[name] = &t;
   std::set<std::string> known;
-  for (const auto& [name, t] : own) {
+  for (const auto& [name, t] : targets) {
     known.insert(name);
     auto it = given.find(name);
     if (it == given.end()) {
@@ -276,8 +279,28 @@ void loadStateDict(const StateDict& targets, const StateDict& dict, const std::s
                                   origin, name, shapeText(t.sizes())));
     }
   }
+}
+
+}  // namespace
+
+void loadStateDict(const StateDict& targets, const StateDict& dict, const std::string& origin) {
+  checkStateDict(targets, dict, origin);
+  std::map<std::string, const at::Tensor*> given;
+  for (const auto& [name, t] : dict) given[name] = &t;
   torch::NoGradGuard g;
+  StateDict own = targets;
   for (auto& [name, t] : own) t.copy_(*given[name]);
+}
+
+void loadStateDict(const StateDict& targets, TensorSource& source, const StateDict& entries,
+                   const std::string& origin) {
+  checkStateDict(targets, entries, origin);
+  torch::NoGradGuard g;
+  StateDict own = targets;
+  for (auto& [name, t] : own) {
+    t.copy_(source.load(name));
+    source.drop(name);
+  }
 }
 
 }  // namespace cohort::ckpt

@@ -25,13 +25,6 @@ using detail::memoryOrder;
 
 }  // namespace
 
-StateDict checkpointModel(const std::string& dir, const Manifest& m) {
-  CheckpointTensors all(dir, m);
-  StateDict out;
-  for (const auto& [name, t] : all.entries()) out.emplace_back(name, all.load(name));
-  return out;
-}
-
 nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int stage) {
   return StageTensors(dir, m, stage).zero();
 }

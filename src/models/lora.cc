@@ -107,7 +107,10 @@ LoraSummary attachLora(Model& model, const LoraConfig& config) {
 }
 
 LoraSummary loadFrozenBase(Model& model, const ModelConfig& config) {
-  if (!config.initFrom.empty()) loadWeights(model, ckpt::readStateDict(config.initFrom), config.initFrom);
+  if (!config.initFrom.empty()) {
+    ckpt::LazyStateDict file(config.initFrom);  // one tensor at a time: no second copy of the base
+    loadWeights(model, file, config.initFrom);
+  }
   return attachLora(model, config.lora);
 }
 

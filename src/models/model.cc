@@ -114,12 +114,22 @@ ckpt::StateDict publishedStateDict(const Model& model) {
   return dict;
 }
 
-void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin) {
+ckpt::StateDict withoutTiedNames(const Model& model, ckpt::StateDict dict) {
   for (const auto& [alias, name] : model.tiedNames()) {
     dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == alias; }),
                dict.end());
   }
-  ckpt::loadStateDict(model, dict, origin);
+  return dict;
+}
+
+void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin) {
+  ckpt::loadStateDict(model, withoutTiedNames(model, std::move(dict)), origin);
+}
+
+void loadWeights(Model& model, ckpt::TensorSource& source, const std::string& origin, bool part) {
+  const ckpt::StateDict entries =
+      withoutTiedNames(model, part ? partOfStateDict(model, source.entries()) : source.entries());
+  ckpt::loadStateDict(ckpt::stateDict(model), source, entries, origin);
 }
 
 ckpt::StateDict partOfStateDict(const Model& part, ckpt::StateDict dict) {

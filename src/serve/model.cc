@@ -12,7 +12,6 @@
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
-#include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/core/run_dir.h"
@@ -70,13 +69,15 @@ std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const st
       }
       base = train::loadLoraBase(model, job, RunDir{runDir});
     }
-    ckpt::loadStateDict(models::trainedState(model), ckpt::checkpointModel(path, manifest), path + "/model.bin");
+    ckpt::CheckpointTensors checkpoint(path, manifest);  // one tensor at a time
+    ckpt::loadStateDict(models::trainedState(model), checkpoint, checkpoint.entries(), path + "/model.bin");
     if (base.empty()) return path;
     train::checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), path, base);
     return base + " + " + path;
   }
   if (!fs::is_regular_file(path, ec)) throw UsageError(fmt::format("{}: no such file or directory", path));
-  models::loadWeights(model, ckpt::readStateDict(path), path);
+  ckpt::LazyStateDict file(path);  // one tensor at a time: no second copy of the model
+  models::loadWeights(model, file, path);
   return path;
 }
 

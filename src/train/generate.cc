@@ -12,8 +12,8 @@
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/resume.h"
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
-#include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/core/run_dir.h"
@@ -71,7 +71,8 @@ std::string recordedLoraDigest(const RunDir& runDir) {
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir) {
   std::error_code ec;
   if (fs::is_regular_file(runDir.finalModel(), ec)) {
-    models::loadWeights(model, ckpt::readStateDict(runDir.finalModel()), runDir.finalModel());
+    ckpt::LazyStateDict file(runDir.finalModel());  // one tensor at a time
+    models::loadWeights(model, file, runDir.finalModel());
     return runDir.finalModel();
   }
   std::string base;
@@ -88,7 +89,8 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
   if (auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, runDir))) {
     const std::string file = point->path + "/model.bin";
     const ckpt::Manifest manifest = ckpt::readManifest(point->path);
-    ckpt::loadStateDict(models::trainedState(model), ckpt::checkpointModel(point->path, manifest), file);
+    ckpt::CheckpointTensors checkpoint(point->path, manifest);  // one tensor at a time
+    ckpt::loadStateDict(models::trainedState(model), checkpoint, checkpoint.entries(), file);
     if (!lora) return file;
     checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), point->path, base);
     return base + " + " + file;

@@ -177,14 +177,13 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     loadByUnit(model, *s.units, std::move(weights), mc.initFrom, &file);
     log::info("initialized from {}, one unit at a time", mc.initFrom);
   } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty() && !part.whole()) {
-    // A pipeline stage reads its own tensors only.
+    // A pipeline stage reads its own tensors only, one at a time.
     ckpt::LazyStateDict file(mc.initFrom);
-    ckpt::StateDict weights = models::partOfStateDict(model, file.entries());
-    for (auto& [name, t] : weights) t = file.load(name);
-    models::loadWeights(model, std::move(weights), mc.initFrom);
+    models::loadWeights(model, file, mc.initFrom, /*part=*/true);
     log::info("initialized from {} (this stage's tensors)", mc.initFrom);
   } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
-    models::loadWeights(model, ckpt::readStateDict(mc.initFrom), mc.initFrom);
+    ckpt::LazyStateDict file(mc.initFrom);  // one tensor at a time: no second copy of the model
+    models::loadWeights(model, file, mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
   if (!resumeFrom.empty() && s.units) {

@@ -61,10 +61,7 @@ void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDic
   // With `lazy`, dict's tensors have no data: each is read just before it
   // is used and given back after, one unit at a time.
   auto data = [&](const std::string& name, const at::Tensor& t) { return lazy ? lazy->load(name) : t; };
-  for (const auto& [alias, name] : model.tiedNames()) {
-    dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == alias; }),
-               dict.end());
-  }
+  dict = models::withoutTiedNames(model, std::move(dict));
   std::map<std::string, at::Tensor> byName(dict.begin(), dict.end());
   std::set<std::string> inParts;
   for (auto& [unit, params] : parametersByUnit(model, {})) {

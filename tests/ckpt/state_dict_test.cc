@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "cohort/ckpt/mapped_tensors.h"
@@ -115,6 +116,53 @@ TEST(StateDict, ReadLazilyEachTensorsDataComesWhenAsked) {
   EXPECT_THROW(lazy.load("missing"), DataError);
 }
 
+// A LazyStateDict that counts the tensors loaded and not yet dropped.
+struct Counting : TensorSource {
+  explicit Counting(const std::string& path) : lazy(path) {}
+  const StateDict& entries() const override { return lazy.entries(); }
+  at::Tensor load(const std::string& name) override {
+    ++loads;
+    maxHeld = std::max(maxHeld, ++held);
+    return lazy.load(name);
+  }
+  void drop(const std::string& name) override {
+    --held;
+    lazy.drop(name);
+  }
+  LazyStateDict lazy;
+  int held = 0, maxHeld = 0, loads = 0;
+};
+
+// Loaded from a TensorSource (model.init_from, a checkpoint): checked whole
+// before any read, then one tensor read, copied and dropped at a time.
+TEST(StateDict, LoadedFromASourceOneTensorAtATime) {
+  test::TempDir dir;
+  Tiny from;
+  saveStateDict(stateDict(from), dir.file("x.pt"));
+  Tiny into;
+  {
+    Counting source(dir.file("x.pt"));
+    loadStateDict(stateDict(into), source, source.entries(), dir.file("x.pt"));
+    EXPECT_EQ(source.maxHeld, 1);
+    EXPECT_EQ(source.held, 0);
+  }
+  for (const auto& [name, t] : stateDict(from)) {
+    auto got = stateDict(into);
+    const auto it = std::find_if(got.begin(), got.end(), [&](const auto& e) { return e.first == name; });
+    ASSERT_NE(it, got.end()) << name;
+    EXPECT_TRUE(torch::equal(it->second, t)) << name;
+  }
+  // A tensor the model does not have: refused before anything is read.
+  StateDict extra = stateDict(from);
+  extra.emplace_back("fc.extra", torch::ones({2}));
+  saveStateDict(extra, dir.file("extra.pt"));
+  Counting bad(dir.file("extra.pt"));
+  const std::string error =
+      test::errorOf<DataError>([&] { loadStateDict(stateDict(into), bad, bad.entries(), dir.file("extra.pt")); });
+  EXPECT_NE(error.find(dir.file("extra.pt") + ": unexpected tensor 'fc.extra'"), std::string::npos) << error;
+  EXPECT_EQ(bad.loads, 0);
+}
+
 // Spilled and mapped (an export of a model no process holds): each tensor
 // read, converted and dropped before the next is read; the views hold the
 // values, also after release() gave their pages back; the file has no name.
@@ -126,20 +174,7 @@ TEST(StateDict, MappedTensorsReadOneAtATimeAndHoldTheValues) {
                         {"empty", torch::zeros({0, 3})},
                         {"big", torch::randn({4096 * 3 + 5})}};
   saveStateDict(in, dir.file("x.pt"));
-  struct Counting : TensorSource {
-    explicit Counting(const std::string& path) : lazy(path) {}
-    const StateDict& entries() const override { return lazy.entries(); }
-    at::Tensor load(const std::string& name) override {
-      maxHeld = std::max(maxHeld, ++held);
-      return lazy.load(name);
-    }
-    void drop(const std::string& name) override {
-      --held;
-      lazy.drop(name);
-    }
-    LazyStateDict lazy;
-    int held = 0, maxHeld = 0;
-  } source(dir.file("x.pt"));
+  Counting source(dir.file("x.pt"));
   const auto toFloat = [](const at::Tensor& t) { return t.is_floating_point() ? t.to(torch::kFloat) : t; };
   MappedTensors mapped(source, {"a", "b", "n", "empty", "big"}, dir.file("spill"), toFloat);
   EXPECT_EQ(source.held, 0);

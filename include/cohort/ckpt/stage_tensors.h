@@ -72,7 +72,8 @@ class StageTensors : public TensorSource {
 
 // Every stage of a checkpoint as one TensorSource: each stage's model
 // tensors in stage order, a name two stages hold (a pipeline's tied
-// embedding) taken from the first (checkpointModel() one tensor at a time).
+// embedding) taken from the first: the checkpoint's model, read one tensor
+// at a time.
 class CheckpointTensors : public TensorSource {
  public:
   CheckpointTensors(const std::string& dir, const Manifest& m);

@@ -121,4 +121,11 @@ void loadStateDict(torch::nn::Module& module, const StateDict& dict, const std::
 // The same into `targets`, tensors of a module (a part of its state dict).
 void loadStateDict(const StateDict& targets, const StateDict& dict, const std::string& origin);
 
+// The same from `source`, checked against `entries` (source.entries(), or
+// those of them meant for `targets`) before anything is read; then each
+// tensor is read, copied and dropped before the next: no second copy of
+// what `targets` holds.
+void loadStateDict(const StateDict& targets, TensorSource& source, const StateDict& entries,
+                   const std::string& origin);
+
 }  // namespace cohort::ckpt

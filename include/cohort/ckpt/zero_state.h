@@ -29,18 +29,15 @@ namespace cohort::ckpt {
 
 struct Manifest;
 
-// The model's tensors in the checkpoint at `dir`: model.bin's, and with
+// The model's tensors of one stage of the checkpoint at `dir` (extra.pipeline:
+// its files "stage<s>-...", its layout extra.pipeline.stage_zero[s]; stage 0
+// of a checkpoint without a pipeline is the whole): model.bin's, and with
 // extra.zero.model_parts (stage 3) the trainable parameters put back
 // together from every rank's parts (modelPartFile: "part<k>", bucket k's
 // parameter part), in the model's order (extra.zero.model_order). Throws
 // DataError naming the file that is missing or does not fit the layout.
-StateDict checkpointModel(const std::string& dir, const Manifest& m);
-
-// The same for one stage of a pipelined checkpoint (extra.pipeline: its
-// files "stage<s>-...", its layout extra.pipeline.stage_zero[s]); stage 0 of
-// a checkpoint without a pipeline is the whole. checkpointModel puts every
-// stage's together, a tensor two stages hold (the tied embedding) once, in
-// stage order. stageOptimizerState: the stage's optimizer state as
+// Every stage at once, one tensor at a time: CheckpointTensors
+// (stage_tensors.h). stageOptimizerState: the stage's optimizer state as
 // train::optimizerState() names it for an unsharded run ("<param>.step",
 // "<param>.exp_avg", "<param>.exp_avg_sq" for adamw,
 // "<param>.momentum_buffer" for sgd), each of its parameter's shape.
@@ -61,7 +58,7 @@ StateDict stageModel(const std::string& dir, const Manifest& m, int stage);
 std::optional<std::vector<at::Tensor>> ownModelParts(const std::string& dir, const Manifest& m,
                                                      int stage, int world, int rank,
                                                      const std::vector<std::vector<std::string>>& buckets);
-// checkpointModel() one tensor at a time: `visit` sees each stage's model
+// Every stage's model tensors one at a time: `visit` sees each stage's model
 // tensors in the model's order, a ZeRO-3 bucket's parameters put together
 // from every rank's part, a name two stages hold once; what it is given
 // may be dropped, so no more than one bucket is held (`cohort ckpt

@@ -112,10 +112,18 @@ std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& 
 // ckpt::stateDict plus the second names of tied tensors. model/final.pt.
 ckpt::StateDict publishedStateDict(const Model& model);
 
+// `dict` without the second names of the model's tied tensors.
+ckpt::StateDict withoutTiedNames(const Model& model, ckpt::StateDict dict);
+
 // Loads a state dict into the model strictly (ckpt::loadStateDict), after
 // dropping the second names of tied tensors, which a published state dict
 // or PyTorch's holds. Throws DataError naming `origin`.
 void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin);
+// The same read one tensor at a time from `source` (a ckpt::LazyStateDict
+// of model.init_from): the model and one tensor, not a second copy of the
+// model. `part`: the model is a part of the one `source` holds
+// (partOfStateDict), and only its own tensors are read.
+void loadWeights(Model& model, ckpt::TensorSource& source, const std::string& origin, bool part = false);
 
 // The entries of `dict` (a whole model's state dict) that `part` holds, by
 // name (with the second names of its tied tensors), for loadWeights: the

@@ -70,7 +70,7 @@ class CheckpointPolicy {
   // distribution.zero 3: the parameters are held in parts, and each rank
   // writes its parts (ckpt::modelPartFile) as it does its optimizer state;
   // model.bin holds the rest of the model, and extra.zero says how to put
-  // it together (ckpt::checkpointModel). Call after recordZero.
+  // it together (ckpt::CheckpointTensors). Call after recordZero.
   void writeParametersInParts(const parallel::DistributedDataParallel& ddp);
   // The ZeRO layout recorded (with writeParametersInParts's additions);
   // null without ZeRO.
