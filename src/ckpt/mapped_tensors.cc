@@ -8,7 +8,9 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
@@ -90,8 +92,14 @@ MappedTensors::MappedTensors(TensorSource& source, const std::vector<std::string
     }
     base_ = static_cast<char*>(m);
   }
-  for (auto& [name, p] : placed) {
-    tensors_.emplace(name, torch::from_blob(base_ + p.offset, p.sizes, torch::TensorOptions().dtype(p.dtype)));
+  try {
+    for (auto& [name, p] : placed) {
+      tensors_.emplace(name, torch::from_blob(base_ + p.offset, p.sizes, torch::TensorOptions().dtype(p.dtype)));
+    }
+  } catch (...) {
+    tensors_.clear();
+    if (base_ != nullptr) ::munmap(base_, size_);
+    throw;
   }
 }
 

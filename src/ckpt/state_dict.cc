@@ -295,10 +295,11 @@ void loadStateDict(const StateDict& targets, const StateDict& dict, const std::s
 void loadStateDict(const StateDict& targets, TensorSource& source, const StateDict& entries,
                    const std::string& origin) {
   checkStateDict(targets, entries, origin);
+  std::map<std::string, at::Tensor> into(targets.begin(), targets.end());
   torch::NoGradGuard g;
-  StateDict own = targets;
-  for (auto& [name, t] : own) {
-    t.copy_(source.load(name));
+  // In the source's order: a checkpoint puts one bucket together at a time.
+  for (const auto& [name, t] : entries) {
+    into.at(name).copy_(source.load(name));
     source.drop(name);
   }
 }

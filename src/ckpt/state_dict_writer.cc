@@ -154,11 +154,14 @@ StateDictWriter::StateDictWriter(std::string path, const security::Key* key)
       st->memory.append(static_cast<const char*>(data), n);
       return n;
     }
+    // After a failed write the rest is only counted: the zip writer would
+    // throw on a short write, and its destructor writes again (a throw
+    // there ends the process). add() and close() throw the error instead.
+    if (!st->error.empty()) return n;
     try {
       st->file->write(data, n);
-    } catch (const IoError& e) {
+    } catch (const std::exception& e) {
       st->error = e.what();
-      return 0;  // the writer then fails the record
     }
     return n;
   });
@@ -181,6 +184,7 @@ at::Tensor StateDictWriter::add(const std::string& name, const at::Tensor& t) {
     throw IoError(s.error.empty() ? fmt::format("cannot write {}: {}", s.path, err.what_without_backtrace())
                                   : s.error);
   }
+  if (!s.error.empty()) throw IoError(s.error);
   at::Tensor standIn = withoutData(e.sizes, e.dtype);
   s.standIns.emplace(standIn.unsafeGetTensorImpl(), name);
   s.entries.emplace(name, std::move(e));
@@ -274,6 +278,7 @@ void StateDictWriter::close(const std::string& pickle) {
                                   : s.error);
   }
   s.zip.reset();
+  if (!s.error.empty()) throw IoError(s.error);
   if (!s.file) {
     writeFileAtomic(s.path, security::sealBytes(*s.key, security::sealedLabel(s.path), s.memory.data(), s.memory.size()));
     return;

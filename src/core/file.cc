@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
@@ -28,8 +30,10 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir.string(), ec.message()));
   dir_ = dir.string();
-  tmp_ = (dir / (".tmp." + target.filename().string() + "." + std::to_string(getpid()))).string();
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Unique in this process too: two writers of one path never share a file.
+  static std::atomic<uint64_t> next{0};
+  tmp_ = (dir / fmt::format(".tmp.{}.{}.{}", target.filename().string(), getpid(), next++)).string();
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create", tmp_, errno);
 }
 
@@ -64,7 +68,11 @@ void AtomicFile::commit() {
     ::unlink(tmp_.c_str());
     fail("cannot sync", path_, err);
   }
-  ::close(fd);
+  if (::close(fd) != 0) {  // a write error the file system reports late
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    fail("cannot write", path_, err);
+  }
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());

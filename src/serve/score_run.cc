@@ -14,6 +14,7 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
 
 namespace cohort::serve::detail {
 
@@ -161,48 +162,8 @@ int64_t keptLines(const std::string& path, int64_t begin, int64_t count) {
   return kept;
 }
 
-namespace {
-
-class TempOutput {
- public:
-  explicit TempOutput(const std::string& out) : out_(out) {
-    const fs::path target(out);
-    tmp_ = (target.parent_path() / (".tmp." + target.filename().string() + "." + std::to_string(getpid())))
-               .string();
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail("cannot create", tmp_);
-  }
-  ~TempOutput() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  void write(const std::string& s) { writeAll(fd_, s, tmp_); }
-  void commit() {
-    if (::fsync(fd_) != 0) fail("cannot sync", tmp_);
-    ::close(fd_);
-    fd_ = -1;
-    if (::rename(tmp_.c_str(), out_.c_str()) != 0) fail("cannot rename into", out_);
-    committed_ = true;
-    const int dir = ::open(fs::path(out_).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-      ::fsync(dir);
-      ::close(dir);
-    }
-  }
-
- private:
-  [[noreturn]] static void fail(const char* what, const std::string& path) {
-    throw IoError(fmt::format("{} {}: {}", what, path, std::strerror(errno)));
-  }
-  std::string out_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-}  // namespace
-
 int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record) {
-  TempOutput out(paths.out);
+  AtomicFile out(paths.out);  // complete or absent
   int64_t errors = 0;
   std::string buffer;
   for (int r = 0; r < record.procs; ++r) {
@@ -219,7 +180,7 @@ int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record) {
       buffer += '\n';
       ++index;
       if (buffer.size() >= (1u << 20)) {
-        out.write(buffer);
+        out.write(buffer.data(), buffer.size());
         buffer.clear();
       }
     }
@@ -228,7 +189,7 @@ int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record) {
                                   paths.part(r), index - begin, end - begin, r, begin, end - 1));
     }
   }
-  out.write(buffer);
+  out.write(buffer.data(), buffer.size());
   out.commit();
   return errors;
 }

@@ -14,6 +14,8 @@
 // forward normalizes the pixels and calls it (attribute "net").
 
 #include <fmt/format.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/script.h>
@@ -30,6 +32,7 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
+#include "cohort/core/log.h"
 #include "serve/detail/exporters.h"
 #include "serve/detail/graph_ops.h"
 
@@ -213,12 +216,17 @@ void saveScript(const torch::jit::Module& module, const ModelInfo& info, const s
   // A temporary name, fsync and rename: a reader never sees half a module.
   AtomicFile file(path);
   std::string error;
+  // After a failed write the rest is only counted: LibTorch's zip writer
+  // fails on a short write by throwing, and its destructor writes again
+  // while that unwinds, which would end the process. The error is thrown
+  // here once the serializer has returned; the temporary file goes.
   const auto writer = [&](const void* data, size_t n) -> size_t {
+    if (!error.empty()) return n;
     try {
       file.write(data, n);
-    } catch (const IoError& e) {
+    } catch (const std::exception& e) {
       error = e.what();
-      return 0;  // the serializer then fails
+      return n;
     }
     if (mapped != nullptr) mapped->release(data, n);
     return n;
@@ -230,6 +238,7 @@ void saveScript(const torch::jit::Module& module, const ModelInfo& info, const s
     throw IoError(
         fmt::format("{}: cannot write the TorchScript module: {}", path, e.what_without_backtrace()));
   }
+  if (!error.empty()) throw IoError(error);
   file.commit();
 }
 
@@ -257,12 +266,33 @@ torch::jit::Module wrapUserModule(const TrainedModel& m) {
   return root;
 }
 
+bool onTmpfs(const std::string& dir) {
+  struct statfs fs {};
+  return ::statfs(dir.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+}
+
+// Where the tensors are spilled: beside the output, unless that is memory
+// (tmpfs), where the spilled pages could not be given back: /var/tmp then.
+std::string spillDirectory(const std::string& path) {
+  const std::filesystem::path target(path);
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : std::string(".");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!onTmpfs(dir)) return dir;
+  if (!onTmpfs("/var/tmp")) {
+    log::info("export: {} is in memory (tmpfs): the tensors are spilled to /var/tmp instead", dir);
+    return "/var/tmp";
+  }
+  log::warn("export: {} and /var/tmp are in memory (tmpfs): the spilled tensors stay resident", dir);
+  return dir;
+}
+
 }  // namespace
 
 void writeTorchScript(const TrainedModel& m, const std::string& path) {
   torch::NoGradGuard noGrad;
+  std::unique_ptr<ckpt::MappedTensors> mapped;  // outlives the module, which holds views of it
   torch::jit::Module module;
-  std::unique_ptr<ckpt::MappedTensors> mapped;
   if (m.job.model.arch == ModelArch::torchscript) {
     module = wrapUserModule(m);
   } else {
@@ -281,10 +311,7 @@ void writeTorchScript(const TrainedModel& m, const std::string& path) {
       for (const auto& name : order) {
         if (name != models::kTiedHeadName) names.push_back(name);
       }
-      const std::filesystem::path target(path);
-      mapped = std::make_unique<ckpt::MappedTensors>(
-          *m.weights, names, target.has_parent_path() ? target.parent_path().string() : std::string("."),
-          exportTensor);
+      mapped = std::make_unique<ckpt::MappedTensors>(*m.weights, names, spillDirectory(path), exportTensor);
       weights = mapped->tensors();
     }
     ScriptTree tree;

@@ -29,15 +29,16 @@ namespace cohort::ckpt {
 
 struct Manifest;
 
-// The model's tensors of one stage of the checkpoint at `dir` (extra.pipeline:
-// its files "stage<s>-...", its layout extra.pipeline.stage_zero[s]; stage 0
-// of a checkpoint without a pipeline is the whole): model.bin's, and with
-// extra.zero.model_parts (stage 3) the trainable parameters put back
-// together from every rank's parts (modelPartFile: "part<k>", bucket k's
-// parameter part), in the model's order (extra.zero.model_order). Throws
-// DataError naming the file that is missing or does not fit the layout.
-// Every stage at once, one tensor at a time: CheckpointTensors
-// (stage_tensors.h). stageOptimizerState: the stage's optimizer state as
+// Of one stage of the checkpoint at `dir` (extra.pipeline: its files
+// "stage<s>-...", its layout extra.pipeline.stage_zero[s]; stage 0 of a
+// checkpoint without a pipeline is the whole). stageModel: its model's
+// tensors, model.bin's and with extra.zero.model_parts (stage 3) the
+// trainable parameters put back together from every rank's parts
+// (modelPartFile: "part<k>", bucket k's parameter part), in the model's
+// order (extra.zero.model_order); every stage's at once, one tensor at a
+// time, is CheckpointTensors (stage_tensors.h). Each throws DataError
+// naming the file that is missing or does not fit the layout.
+// stageOptimizerState: the stage's optimizer state as
 // train::optimizerState() names it for an unsharded run ("<param>.step",
 // "<param>.exp_avg", "<param>.exp_avg_sq" for adamw,
 // "<param>.momentum_buffer" for sgd), each of its parameter's shape.
