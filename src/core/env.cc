@@ -1,6 +1,7 @@
 #include "cohort/core/env.h"
 
 #include <fmt/format.h>
+#include <dlfcn.h>
 #include <sched.h>
 
 #include <cstdlib>
@@ -227,6 +228,20 @@ std::optional<std::string> storeToken() { return get(kStoreTokenVar); }
 std::optional<std::string> serveToken() { return get(kServeTokenVar); }
 std::optional<std::string> urlCredentials() { return get(kUrlCredentialsVar); }
 std::optional<std::string> namedVariable(const std::string& name) { return get(name.c_str()); }
+
+MallocInfo servingMalloc() {
+  // The first object in the global scope that defines malloc: a preloaded
+  // library comes before libc.
+  Dl_info info{};
+  void* symbol = dlsym(RTLD_DEFAULT, "malloc");
+  if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return {"other", "?"};
+  const std::string library = info.dli_fname;
+  const std::string base = library.substr(library.rfind('/') + 1);
+  for (const char* name : {"tcmalloc", "jemalloc"}) {
+    if (base.rfind(std::string("lib") + name, 0) == 0) return {name, library};
+  }
+  return {base.rfind("libc.so", 0) == 0 || base.rfind("libc-", 0) == 0 ? "glibc" : "other", library};
+}
 
 int availableCores() {
   cpu_set_t set;

@@ -65,11 +65,14 @@ void applyCompute(const JobConfig& job, int localRanks) {
   // Once set (or once LibTorch has started its pool) it cannot change: a
   // second call in the same process throws.
   if (at::get_num_interop_threads() != 1) at::set_num_interop_threads(1);
-  if (job.compute.allocator == Allocator::keep && !keepFreedMemory()) {
+  // mallopt() tunes glibc's malloc: with tcmalloc or jemalloc preloaded it
+  // does not apply (observeCompute reports which one serves).
+  const bool glibc = env::servingMalloc().name == "glibc";
+  if (glibc && job.compute.allocator == Allocator::keep && !keepFreedMemory()) {
     throw ConfigError("compute.allocator: keep: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
-  if (job.compute.allocator == Allocator::map && !mapLargeBlocks()) {
+  if (glibc && job.compute.allocator == Allocator::map && !mapLargeBlocks()) {
     throw ConfigError("compute.allocator: map: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
@@ -88,6 +91,9 @@ ComputeState observeCompute() {
   s.intraOpThreads = at::get_num_threads();
   s.interOpThreads = at::get_num_interop_threads();
   s.allocator = keepingFreedMemory ? "keep" : mappingLargeBlocks ? "map" : "system";
+  const env::MallocInfo m = env::servingMalloc();
+  s.mallocName = m.name;
+  s.mallocLibrary = m.library;
   s.onednn = at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
   s.observers = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
   s.anomalyMode = torch::autograd::AnomalyMode::is_enabled();
@@ -97,9 +103,9 @@ ComputeState observeCompute() {
 
 std::string describe(const ComputeState& s) {
   return fmt::format(
-      "compute: {} intra-op thread(s), {} inter-op; allocator {}; oneDNN {}; LibTorch kernels {}; "
+      "compute: {} intra-op thread(s), {} inter-op; allocator {} ({}); oneDNN {}; LibTorch kernels {}; "
       "memory format {} ({}); profiler observers {}; anomaly detection {}; CPU {}",
-      s.intraOpThreads, s.interOpThreads, s.allocator, s.onednn ? "on" : "off", s.kernels,
+      s.intraOpThreads, s.interOpThreads, s.allocator, s.mallocName, s.onednn ? "on" : "off", s.kernels,
       s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
       s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", cohort::describe(s.cpu));
 }
@@ -111,6 +117,8 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"intra_op_threads", s.intraOpThreads},
                         {"inter_op_threads", s.interOpThreads},
                         {"allocator", s.allocator},
+                        {"malloc", s.mallocName},
+                        {"malloc_library", s.mallocLibrary},
                         {"onednn", s.onednn},
                         {"memory_format", s.memoryFormat},
                         {"memory_format_reason", s.memoryFormatReason},

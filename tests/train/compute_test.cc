@@ -137,7 +137,7 @@ TEST(Compute, TheJobFileOverridesEveryChoice) {
   EXPECT_EQ(c["intra_op_threads"], 2);
   // Every rank logs the same state (rank 1's log is its own process's).
   const std::string log = test::readText(dir.file("overrides/logs/rank-1.log"));
-  EXPECT_NE(log.find("allocator system; oneDNN off;"), std::string::npos) << log;
+  EXPECT_NE(log.find("allocator system (glibc); oneDNN off;"), std::string::npos) << log;
   EXPECT_NE(log.find("memory format contiguous"), std::string::npos) << log;
 }
 

@@ -115,4 +115,13 @@ std::optional<std::string> namedVariable(const std::string& name);
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 
+// The allocator whose malloc this process calls: "glibc", or "tcmalloc" or
+// "jemalloc" when one is preloaded (LD_PRELOAD, as PyTorch's CPU launcher
+// does), else "other"; and the file it comes from.
+struct MallocInfo {
+  std::string name;
+  std::string library;
+};
+MallocInfo servingMalloc();
+
 }  // namespace cohort::env

@@ -29,7 +29,9 @@ struct ComputeState {
   std::string kernels;       // LibTorch's CPU kernels: DEFAULT, AVX2 or AVX512
   int intraOpThreads = 0;
   int interOpThreads = 0;
-  std::string allocator;     // keep | system (as applied by applyCompute)
+  std::string allocator;     // keep | map | system (as applied by applyCompute)
+  std::string mallocName;    // glibc | tcmalloc | jemalloc | other: what serves malloc (env::servingMalloc)
+  std::string mallocLibrary;
   bool onednn = false;       // convolutions through oneDNN
   std::string memoryFormat;  // channels_last | contiguous (after chooseMemoryFormat)
   std::string memoryFormatReason;
@@ -42,7 +44,8 @@ struct ComputeState {
 
 // Sets the intra-op threads (distribution.threads_per_rank, 0: cores /
 // `localRanks`), one inter-op thread, the allocator policy
-// (compute.allocator) and oneDNN's use (compute.onednn). Logs nothing;
+// (compute.allocator: glibc's; with another allocator preloaded it is left
+// alone) and oneDNN's use (compute.onednn). Logs nothing;
 // observeCompute() tells. Throws ConfigError for onednn: on when LibTorch was
 // built without it.
 void applyCompute(const JobConfig& job, int localRanks);
