@@ -16,7 +16,12 @@
 // cohort's per-step breakdown (summary.json's phase_ms_per_step, rank 0).
 //
 //   cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] [--repeat N]
-//                    [--isa avx2] [--zero S]
+//                    [--isa avx2] [--zero S] [--allocator glibc|tcmalloc|jemalloc]
+// --allocator starts both sides with that allocator preloaded (glibc: none)
+// and OMP_NUM_THREADS at the run's threads (bench/launch_env.py, as
+// PyTorch's CPU launcher would); without it each side starts as by default.
+// Either way a pair whose sides report another allocator or other thread
+// counts stops the benchmark (bench/launch_env.h).
 // --zero S also runs cohort's 2 ranks at distribution.zero S, right after
 // the ceiling's runs, and prints its efficiency against that ceiling.
 // --isa avx2 runs both sides as on a CPU without AVX-512: LibTorch's kernels
@@ -36,6 +41,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "launch_env.h"
 #include "run_rate.h"
 #include "test_paths.h"
 #include "util/jobs.h"
@@ -61,6 +67,7 @@ struct CohortResult {
 CohortResult readRun(const std::string& run);
 
 std::atomic<int> runs{0};  // each run its own directory
+std::string allocator;     // --allocator: both sides' (bench/launch_env.py); "" none
 
 // Writes the job; with `tag`, a second copy can run at the same time.
 CohortResult runCohort(const test::TempDir& dir, const Config& c, int procs, const std::string& tag = "") {
@@ -84,7 +91,7 @@ output: {{progress: off, save_final: false}}
                                    c.warmup));
   const std::string run = dir.file(fmt::format("run-{}-{}x{}{}-{}", c.arch, procs, c.threads, tag, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
-                           {}, std::chrono::minutes(60));
+                           bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
   if (r.exitCode != 0) {
     std::cerr << "cohort run failed:\n" << r.describe() << "\n";
     std::exit(1);
@@ -111,7 +118,7 @@ nlohmann::json runPytorch(const Config& c, int procs) {
                             "--warmup", std::to_string(c.warmup), "--threads",
                             std::to_string(c.threads), "--port",
                             std::to_string(test::freePort())},
-                           {}, std::chrono::minutes(60));
+                           bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
   if (r.exitCode != 0) {
     std::cerr << "PyTorch peer failed:\n" << r.describe() << "\n";
     std::exit(1);
@@ -143,7 +150,10 @@ nlohmann::json rowJson(const Row& r) {
           {"cohort_memory_format", r.cohort.compute.value("memory_format", "")},
           {"cohort_kernels", r.cohort.compute.value("kernels", "")},
           {"cohort_phase_ms", r.cohort.phases},
-          {"pytorch_phase_ms", r.torch["phase_ms"]}};
+          {"pytorch_phase_ms", r.torch["phase_ms"]},
+          {"allocator", allocator.empty() ? "each side's default" : allocator},
+          {"cohort_malloc", r.cohort.compute.value("malloc", "")},
+          {"pytorch_launch", r.torch.value("launch", nlohmann::json())}};
 }
 
 // cohort and PyTorch alternately, `repeat` times: the summed rates' ratio,
@@ -153,6 +163,8 @@ Row sideBySide(const test::TempDir& dir, const Config& c, int procs, int repeat)
   for (int k = 0; k < repeat; ++k) {
     CohortResult co = runCohort(dir, c, procs);
     nlohmann::json pt = runPytorch(c, procs);
+    bench::requireSameLaunch(co.compute, pt.value("launch", nlohmann::json()),
+                             fmt::format("{} {} ranks x {} threads", c.arch, procs, c.threads));
     const double ptIps = pt["images_per_s"].get<double>();
     r.cohortIps += co.imagesPerS / repeat;
     r.torchIps += ptIps / repeat;
@@ -166,7 +178,18 @@ Row sideBySide(const test::TempDir& dir, const Config& c, int procs, int repeat)
 
 }  // namespace
 
+int runBench(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return runBench(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}
+
+int runBench(int argc, char** argv) {
   std::string only;
   double scale = 1;
   int repeat = 2;
@@ -181,6 +204,8 @@ int main(int argc, char** argv) {
       repeat = std::max(1, std::atoi(argv[i + 1]));
     } else if (a == "--zero") {
       zero = std::atoi(argv[i + 1]);
+    } else if (a == "--allocator") {
+      allocator = argv[i + 1];
     } else if (a == "--isa" && std::string(argv[i + 1]) == "avx2") {
       // Inherited by both sides' processes.
       setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
@@ -189,7 +214,7 @@ int main(int argc, char** argv) {
       setenv("OPENBLAS_CORETYPE", "Haswell", 1);
     } else {
       std::cerr << "usage: cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] "
-                   "[--repeat N] [--isa avx2] [--zero S]\n";
+                   "[--repeat N] [--isa avx2] [--zero S] [--allocator glibc|tcmalloc|jemalloc]\n";
       return 2;
     }
   }

@@ -19,6 +19,11 @@
 // phase_ms_per_step, rank 0) beside PyTorch's.
 //
 //   cohort_bench_gpt [--repeat N] [--steps-scale F] [--only fp32|bf16]
+//                    [--allocator glibc|tcmalloc|jemalloc]
+// --allocator starts both sides with that allocator preloaded (glibc: none)
+// and OMP_NUM_THREADS at the run's threads (bench/launch_env.py); without it
+// each side starts as by default. Either way a pair whose sides report
+// another allocator or other thread counts stops it (bench/launch_env.h).
 
 #include <fmt/format.h>
 
@@ -34,6 +39,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "launch_env.h"
 #include "run_rate.h"
 #include "test_paths.h"
 #include "util/jobs.h"
@@ -119,7 +125,8 @@ CohortResult readRun(const std::string& run) {
           s.value("compute", nlohmann::json::object())};
 }
 
-int runs = 0;  // each run its own directory
+int runs = 0;            // each run its own directory
+std::string allocator;   // --allocator: both sides' (bench/launch_env.py); "" none
 
 CohortResult runCohort(const test::TempDir& dir, const Data& data, const Config& c, int procs) {
   const std::string job = dir.file(fmt::format("gpt-{}-{}x{}.yaml", c.precision, procs, c.threads));
@@ -146,7 +153,7 @@ output: {{progress: off, save_final: false}}
                                    c.warmup, c.precision));
   const std::string run = dir.file(fmt::format("run-{}-{}x{}-{}", c.precision, procs, c.threads, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
-                           {}, std::chrono::minutes(60));
+                           bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
   if (r.exitCode != 0) throw BenchFailure("cohort run failed:\n" + r.describe());
   return readRun(run);
 }
@@ -159,7 +166,7 @@ nlohmann::json runPytorch(const Data& data, const Config& c, int procs) {
        "--batch", std::to_string(kBatch), "--world", std::to_string(procs), "--steps",
        std::to_string(c.steps), "--warmup", std::to_string(c.warmup), "--threads",
        std::to_string(c.threads), "--precision", c.precision, "--port", std::to_string(test::freePort())},
-      {}, std::chrono::minutes(60));
+      bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
   const auto at = r.out.rfind("{\"peer\"");
   if (r.exitCode != 0 || at == std::string::npos) {
     throw BenchFailure("PyTorch peer failed:\n" + r.describe());
@@ -195,7 +202,10 @@ nlohmann::json rowJson(const Row& r, const Data& data) {
           {"cohort_kernels", r.cohort.compute.value("kernels", "")},
           {"cohort_phase_ms", r.cohort.phases},
           {"pytorch_phase_ms", r.torch["phase_ms"]},
-          {"torch", r.torch.value("torch", "")}};
+          {"torch", r.torch.value("torch", "")},
+          {"allocator", allocator.empty() ? "each side's default" : allocator},
+          {"cohort_malloc", r.cohort.compute.value("malloc", "")},
+          {"pytorch_launch", r.torch.value("launch", nlohmann::json())}};
 }
 
 // cohort and PyTorch alternately, `repeat` times: the mean rates' ratio, and
@@ -205,6 +215,8 @@ Row sideBySide(const test::TempDir& dir, const Data& data, const Config& c, int 
   for (int k = 0; k < repeat; ++k) {
     CohortResult co = runCohort(dir, data, c, procs);
     nlohmann::json pt = runPytorch(data, c, procs);
+    bench::requireSameLaunch(co.compute, pt.value("launch", nlohmann::json()),
+                             fmt::format("{} {} ranks x {} threads", c.precision, procs, c.threads));
     const double ptTps = pt["tokens_per_s"].get<double>();
     r.cohortTps += co.tokensPerS / repeat;
     r.torchTps += ptTps / repeat;
@@ -308,8 +320,11 @@ int main(int argc, char** argv) {
       scale = std::atof(v.c_str());
     } else if (a == "--repeat" && !v.empty()) {
       repeat = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--allocator" && !v.empty()) {
+      allocator = v;
     } else {
-      std::cerr << "usage: cohort_bench_gpt [--repeat N] [--steps-scale F] [--only fp32|bf16]\n";
+      std::cerr << "usage: cohort_bench_gpt [--repeat N] [--steps-scale F] [--only fp32|bf16] "
+                   "[--allocator glibc|tcmalloc|jemalloc]\n";
       return 2;
     }
   }

@@ -8,10 +8,15 @@
 // undone), LibTorch and PyTorch alternating --repeat times:
 //   allocator system   glibc's defaults
 //             keep     freed memory kept (cohort's compute.allocator: keep)
+//             tcmalloc, jemalloc   preloaded on both sides, as PyTorch's CPU
+//                      launcher does (bench/launch_env.py)
 //   grads     none     gradients undefined before backward (set_to_none)
 //             keep     gradients kept and added into (PyTorch 1.13's zero_grad())
 //             bucket   gradients are views into one flat tensor zeroed each
 //                      step, as cohort's DDP engine keeps them (LibTorch only)
+// Both sides start with bench/launch_env.py's environment for the allocator
+// and threads, and a pair whose sides report another allocator or other
+// thread counts stops the benchmark (bench/launch_env.h).
 // Prints the CPU, then images/s and minor page faults per step.
 //
 //   cohort_bench_step [--arch resnet18] [--size 32] [--batch 32] [--threads 1]
@@ -30,6 +35,8 @@
 
 #include "test_paths.h"
 #include "cohort/core/cpu.h"
+#include "cohort/core/env.h"
+#include "launch_env.h"
 #include "cohort/models/model.h"
 #include "cohort/train/compute.h"
 #include "util/process.h"
@@ -55,6 +62,7 @@ long minorFaults() {
 int runChild(const Options& o) {
   if (o.allocator == "keep" && !train::keepFreedMemory()) return 3;
   at::set_num_threads(o.threads);
+  at::set_num_interop_threads(1);  // as cohort's ranks, and the peer
   torch::manual_seed(0);
   ModelConfig mc;
   mc.arch = choiceFromName<ModelArch>(o.arch).value();
@@ -98,7 +106,10 @@ int runChild(const Options& o) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << nlohmann::json{{"peer", "libtorch_step"},
                               {"images_per_s", o.batch * o.steps / s},
-                              {"faults_per_step", double(minorFaults() - faults) / o.steps}}
+                              {"faults_per_step", double(minorFaults() - faults) / o.steps},
+                              {"malloc", env::servingMalloc().name},
+                              {"intra_op_threads", at::get_num_threads()},
+                              {"inter_op_threads", at::get_num_interop_threads()}}
                    .dump()
             << std::endl;
   return 0;
@@ -153,21 +164,37 @@ int main(int argc, char** argv) {
                            "grads", "LibTorch img/s", "faults/step", "PyTorch img/s", "faults/step",
                            "ratio");
   std::vector<nlohmann::json> lines;
-  for (const std::string allocator : {"system", "keep"}) {
+  for (const std::string allocator : {"system", "keep", "tcmalloc", "jemalloc"}) {
+    // glibc's policy (mallopt) for system and keep; a preloaded allocator otherwise.
+    const bool glibc = allocator == "system" || allocator == "keep";
+    const std::string policy = glibc ? allocator : "system";
+    std::map<std::string, std::string> env;
+    try {
+      env = bench::launchEnvironment(glibc ? "glibc" : allocator, o.threads);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 1;
+    }
     for (const std::string grads : {"none", "keep", "bucket"}) {
       double lt = 0, pt = 0, ltFaults = 0, ptFaults = 0;
       const bool peer = grads != "bucket";
       for (int k = 0; k < o.repeat; ++k) {
         auto args = common(o);
-        args.insert(args.begin(), {argv[0], "--child", "--grads", grads, "--allocator", allocator});
-        const auto c = lastJson(test::run(args, {}, std::chrono::minutes(30)), "LibTorch loop");
+        args.insert(args.begin(), {argv[0], "--child", "--grads", grads, "--allocator", policy});
+        const auto c = lastJson(test::run(args, env, std::chrono::minutes(30)), "LibTorch loop");
         lt += c["images_per_s"].get<double>() / o.repeat;
         ltFaults += c["faults_per_step"].get<double>() / o.repeat;
         if (!peer) continue;
         auto pargs = common(o);
         pargs.insert(pargs.begin(), {COHORT_PYTHON, std::string(COHORT_SOURCE_DIR) + "/bench/peers/step.py",
-                                     "--grads", grads, "--allocator", allocator});
-        const auto p = lastJson(test::run(pargs, {}, std::chrono::minutes(30)), "PyTorch loop");
+                                     "--grads", grads, "--allocator", policy});
+        const auto p = lastJson(test::run(pargs, env, std::chrono::minutes(30)), "PyTorch loop");
+        try {
+          bench::requireSameLaunch(c, p.value("launch", nlohmann::json()), allocator + " " + grads);
+        } catch (const std::exception& e) {
+          std::cerr << e.what() << "\n";
+          return 1;
+        }
         pt += p["images_per_s"].get<double>() / o.repeat;
         ptFaults += p["faults_per_step"].get<double>() / o.repeat;
       }

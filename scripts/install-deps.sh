@@ -13,6 +13,7 @@ libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 dataset-fashion-mnist bible-kjv bible-kjv-text
 python3 python3-torch python3-torchvision python3-protobuf python3-onnx wrk time
+libtcmalloc-minimal4 libjemalloc2
 clang libclang-rt-14-dev
 etcd-client iproute2"
 

@@ -17,11 +17,13 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-from ddp_harness import init_rank, spawn, timed_steps
+from ddp_harness import add_launch_arguments, init_rank, spawn, timed_steps
 
 
 def run(rank, args, out):
-    init_rank(rank, args)
+    launch = init_rank(rank, args, out)
+    if launch is None:
+        return
     model = getattr(torchvision.models, args.arch)(num_classes=args.classes)
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
@@ -37,6 +39,7 @@ def run(rank, args, out):
             "step_ms": 1000 * elapsed / args.steps,
             "phase_ms": phase_ms,
             "torch": torch.__version__,
+            "launch": launch,
         })
     dist.destroy_process_group()
 
@@ -48,7 +51,7 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--world", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    add_launch_arguments(p)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--bucket-mb", type=float, default=25)

@@ -3,7 +3,10 @@ group, the timed training loop with its phases, and spawning the ranks.
 
 A peer defines `rank(rank, args, out)`, which calls `init_rank`, builds its
 model, optimizer and fixed batch, times `timed_steps` and (rank 0)
-`out.put`s its result dict; its main calls `spawn(rank, args)`.
+`out.put`s its result dict with init_rank's report under "launch"; its main
+calls `spawn(rank, args)`. With args.report_only, init_rank puts the report
+alone (rank 0) and returns None: the rank stops there (the harness's test
+of what a peer is started with, bench/launch_env.py).
 """
 import json
 import os
@@ -15,14 +18,34 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import launch_env  # noqa: E402
 
-def init_rank(rank, args):
-    """args.threads intra-op threads, gloo on 127.0.0.1:args.port, seed 0."""
+
+def add_launch_arguments(parser):
+    """--threads and --report-only, which every peer takes."""
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true",
+                        help="print what the peer runs with (allocator, threads) and stop")
+
+
+def init_rank(rank, args, out):
+    """args.threads intra-op threads and one inter-op (as cohort's ranks),
+    checked against what the harness expects (launch_env.verify); gloo on
+    127.0.0.1:args.port, seed 0. Returns the launch report, or None with
+    args.report_only (rank 0 has put it)."""
     torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    launch = launch_env.verify(torch)
+    if args.report_only:
+        if rank == 0:
+            out.put({"peer": os.path.basename(sys.argv[0]), "launch": launch})
+        return None
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(args.port)
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
     torch.manual_seed(0)
+    return launch
 
 
 def timed_steps(loss_fn, optimizer, warmup, steps):

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from ddp_harness import init_rank, spawn, timed_steps
+from ddp_harness import add_launch_arguments, init_rank, spawn, timed_steps
 
 
 class LayerNorm(nn.Module):
@@ -151,7 +151,9 @@ def check(a):
 
 
 def ddp_rank(rank, a, out):
-    init_rank(rank, a)
+    launch = init_rank(rank, a, out)
+    if launch is None:
+        return
     model = GPT(a)
     # The causal masks are constant buffers, the same on every rank, and bool:
     # gloo cannot broadcast them (DDP's sync at wrap time fails "Invalid
@@ -180,6 +182,7 @@ def ddp_rank(rank, a, out):
             "step_ms": 1000 * elapsed / a.steps,
             "phase_ms": phase_ms,
             "precision": a.precision, "torch": torch.__version__,
+            "launch": launch,
         })
     dist.destroy_process_group()
 
@@ -195,7 +198,7 @@ def main():
     d = modes.add_parser("ddp")
     d.add_argument("--batch", type=int, default=16)
     d.add_argument("--world", type=int, default=1)
-    d.add_argument("--threads", type=int, default=1)
+    add_launch_arguments(d)
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--warmup", type=int, default=5)
     d.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")

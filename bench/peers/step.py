@@ -15,8 +15,13 @@ JSON line: images/s and minor page faults per step.
 import argparse
 import ctypes
 import json
+import os
 import resource
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import launch_env  # noqa: E402
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
@@ -31,6 +36,8 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--grads", choices=["none", "keep"], default="none")
     p.add_argument("--allocator", choices=["system", "keep"], default="system")
+    p.add_argument("--report-only", action="store_true",
+                   help="print what the peer runs with (allocator, threads) and stop")
     args = p.parse_args()
     if args.allocator == "keep":
         libc = ctypes.CDLL("libc.so.6")
@@ -38,6 +45,11 @@ def main():
     import torch
     import torchvision
     torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    launch = launch_env.verify(torch)  # exits 3 when not started as the harness says
+    if args.report_only:
+        print(json.dumps({"peer": "pytorch_step", "launch": launch}), flush=True)
+        return
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.arch)(num_classes=1000)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -55,7 +67,7 @@ def main():
     elapsed = time.perf_counter() - start
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     print(json.dumps({"peer": "pytorch_step", "images_per_s": args.batch * args.steps / elapsed,
-                      "faults_per_step": faults / args.steps}), flush=True)
+                      "faults_per_step": faults / args.steps, "launch": launch}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+#pragma once
+
+// The environment both sides of a comparison start with: bench/launch_env.py
+// gives it for an allocator and a thread count (the preload PyTorch's CPU
+// launcher would set, OMP_NUM_THREADS, and what the peer must find), and
+// the two sides' reports are held to it (tests/bench/launch_env_test.cc
+// checks that they report what they were started with).
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "test_paths.h"
+#include "util/process.h"
+
+namespace cohort::bench {
+
+// launch_env.py's variables for `allocator` (glibc, tcmalloc or jemalloc)
+// and `threads`; none for an empty `allocator` (each side starts as it
+// would by default: the untuned comparison). Throws std::runtime_error
+// with launch_env.py's message when it refuses.
+inline std::map<std::string, std::string> launchEnvironment(const std::string& allocator, int threads) {
+  if (allocator.empty()) return {};
+  const auto r = test::run({COHORT_PYTHON, std::string(COHORT_SOURCE_DIR) + "/bench/launch_env.py", "env",
+                            allocator, std::to_string(threads)});
+  if (r.exitCode != 0) throw std::runtime_error("bench/launch_env.py failed:\n" + r.describe());
+  std::map<std::string, std::string> env;
+  const nlohmann::json vars = nlohmann::json::parse(r.out);
+  for (auto it = vars.begin(); it != vars.end(); ++it) env[it.key()] = it.value().get<std::string>();
+  return env;
+}
+
+// Throws std::runtime_error naming the difference unless cohort's side
+// (summary.json's "compute") and the peer's ("launch") ran with the same
+// allocator and intra- and inter-op threads: a figure of unlike sides is
+// not printed.
+inline void requireSameLaunch(const nlohmann::json& cohortCompute, const nlohmann::json& peerLaunch,
+                              const std::string& what) {
+  for (const char* key : {"malloc", "intra_op_threads", "inter_op_threads"}) {
+    const nlohmann::json a = cohortCompute.value(key, nlohmann::json()), b = peerLaunch.value(key, nlohmann::json());
+    if (a != b) {
+      throw std::runtime_error(what + ": the sides ran differently: " + key + " " + a.dump() + " (cohort) against " +
+                               b.dump() + " (peer)");
+    }
+  }
+}
+
+}  // namespace cohort::bench

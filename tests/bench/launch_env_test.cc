@@ -1,0 +1,115 @@
+// The benchmarks' own check that both sides of a comparison run alike
+// (bench/launch_env.py, docs/benchmarks.md): started with the environment
+// launch_env.py gives for an allocator and a thread count, the PyTorch peers
+// (ddp.py, gpt.py, step.py, asked only for their report) and a real cohort
+// run report the same allocator serving malloc and the same intra- and
+// inter-op threads; a peer started otherwise (the preload missing, another
+// thread count) exits 3 naming the setting, so the benchmark fails instead
+// of printing a figure. Real processes; nothing is timed.
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "test_paths.h"
+#include "util/jobs.h"
+#include "util/process.h"
+
+namespace cohort {
+namespace {
+
+std::string script(const std::string& name) { return test::sourceDir() + "/bench/" + name; }
+
+// launch_env.py's variables for `allocator` and `threads`.
+std::map<std::string, std::string> environmentFor(const std::string& allocator, int threads) {
+  const auto r = test::run({COHORT_PYTHON, script("launch_env.py"), "env", allocator, std::to_string(threads)});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  std::map<std::string, std::string> env;
+  if (r.exitCode != 0) return env;
+  const nlohmann::json vars = nlohmann::json::parse(r.out);
+  for (auto it = vars.begin(); it != vars.end(); ++it) env[it.key()] = it.value().get<std::string>();
+  return env;
+}
+
+// The "launch" report of a peer's JSON line; null when it failed.
+nlohmann::json peerReport(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  const auto r = test::run(argv, env, std::chrono::minutes(3));
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  const auto at = r.out.rfind("{\"peer\"");
+  if (r.exitCode != 0 || at == std::string::npos) return nullptr;
+  return nlohmann::json::parse(r.out.substr(at)).value("launch", nlohmann::json());
+}
+
+std::vector<std::vector<std::string>> peers(int threads) {
+  const std::string t = std::to_string(threads);
+  return {{COHORT_PYTHON, script("peers/ddp.py"), "--report-only", "--world", "2", "--threads", t},
+          {COHORT_PYTHON, script("peers/gpt.py"), "ddp", "--report-only", "--threads", t},
+          {COHORT_PYTHON, script("peers/step.py"), "--report-only", "--threads", t}};
+}
+
+class LaunchEnv : public ::testing::TestWithParam<std::pair<std::string, int>> {};
+
+TEST_P(LaunchEnv, EverySideReportsTheAllocatorAndThreadsItWasStartedWith) {
+  const auto [allocator, threads] = GetParam();
+  const auto env = environmentFor(allocator, threads);
+  ASSERT_FALSE(env.empty());
+  for (const auto& argv : peers(threads)) {
+    SCOPED_TRACE(argv[1]);
+    const nlohmann::json launch = peerReport(argv, env);
+    ASSERT_TRUE(launch.is_object());
+    EXPECT_EQ(launch["malloc"], allocator) << launch.dump();
+    EXPECT_EQ(launch["intra_op_threads"], threads) << launch.dump();
+    EXPECT_EQ(launch["inter_op_threads"], 1) << launch.dump();
+  }
+  // cohort's side, 2 ranks: summary.json's compute says the same.
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("launch"));
+  const auto r = test::cohort({"run", job, "--procs", "2", "--run-dir", dir.file("run"), "--set",
+                               "training.max_steps=2", "--set",
+                               "distribution.threads_per_rank=" + std::to_string(threads)},
+                              env);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  std::ifstream in(dir.file("run/summary.json"));
+  const nlohmann::json compute = nlohmann::json::parse(in).value("compute", nlohmann::json::object());
+  EXPECT_EQ(compute["malloc"], allocator) << compute.dump();
+  EXPECT_EQ(compute["intra_op_threads"], threads) << compute.dump();
+  EXPECT_EQ(compute["inter_op_threads"], 1) << compute.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(Allocators, LaunchEnv,
+                         ::testing::Values(std::pair{std::string("glibc"), 1}, std::pair{std::string("tcmalloc"), 2},
+                                           std::pair{std::string("jemalloc"), 1}),
+                         [](const auto& info) { return info.param.first; });
+
+TEST(LaunchEnvCheck, APeerStartedOtherwiseExits3NamingTheSetting) {
+  // The preload taken away from what the harness says.
+  auto env = environmentFor("tcmalloc", 1);
+  ASSERT_FALSE(env.empty());
+  env["LD_PRELOAD"] = "";
+  for (const auto& argv : peers(1)) {
+    const auto r = test::run(argv, env, std::chrono::minutes(3));
+    EXPECT_NE(r.exitCode, 0) << r.describe();
+    EXPECT_NE(r.err.find("malloc is 'glibc', the benchmark expects 'tcmalloc'"), std::string::npos)
+        << r.describe();
+    EXPECT_EQ(r.out.find("{\"peer\""), std::string::npos) << "a report despite the difference";
+  }
+  // Another thread count than the harness says.
+  const auto two = environmentFor("glibc", 2);
+  for (const auto& argv : peers(1)) {
+    const auto r = test::run(argv, two, std::chrono::minutes(3));
+    EXPECT_NE(r.exitCode, 0) << r.describe();
+    EXPECT_NE(r.err.find("intra_op_threads is 1, the benchmark expects 2"), std::string::npos) << r.describe();
+  }
+  // An allocator launch_env.py does not know.
+  const auto bad = test::run({COHORT_PYTHON, script("launch_env.py"), "env", "mimalloc", "1"});
+  EXPECT_NE(bad.exitCode, 0);
+  EXPECT_NE(bad.err.find("allocator 'mimalloc'"), std::string::npos) << bad.describe();
+}
+
+}  // namespace
+}  // namespace cohort
