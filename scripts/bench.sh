@@ -87,7 +87,8 @@ md.append("\n### One rank's step: plain LibTorch against plain PyTorch\n")
 md.append("`./build/bench/cohort_bench_step`: ResNet-18, 32 px, batch 32, 1 thread, SGD with momentum, no cohort "
           "trainer; each line a fresh process per side, 2 runs each. grads none: set_to_none; keep: added into "
           "(PyTorch 1.13's zero_grad()); bucket: views into one flat tensor, as cohort's DDP keeps them. "
-          "allocator keep: cohort's `compute.allocator: keep`.\n")
+          "allocator keep: cohort's `compute.allocator: keep`; tcmalloc, jemalloc: preloaded on both sides "
+          "(`bench/launch_env.py`).\n")
 md.append("| allocator | grads | LibTorch img/s | faults/step | PyTorch img/s | faults/step |")
 md.append("|---|---|---|---|---|---|")
 for j in lines(f"{out}/step.txt"):
@@ -95,7 +96,9 @@ for j in lines(f"{out}/step.txt"):
     md.append(f"| {j['allocator']} | {j['grads']} | {j['libtorch_images_per_s']:.1f} | {j['libtorch_faults_per_step']:.0f} | {pt} |")
 md.append("\n### DDP training throughput, cohort against PyTorch's DDP\n")
 md.append("`./build/bench/cohort_bench_ddp`: synthetic data, SGD with momentum; "
-          "PyTorch: `bench/peers/ddp.py` (torchvision's models, gloo, its defaults). One rank first (no "
+          "PyTorch: `bench/peers/ddp.py` (torchvision's models, gloo, the same intra-op threads and one inter-op "
+          "thread as cohort; both sides on glibc's malloc, cohort with `compute.allocator: keep`, the peer with "
+          "glibc's defaults: `cohort_bench_ddp --allocator tcmalloc` starts both on tcmalloc). One rank first (no "
           "communication: how a rank drives LibTorch), cohort and PyTorch alternating twice: the ratio of the mean "
           "rates, and in brackets the lowest and highest ratio of one pair. Weak-scaling efficiency = "
           "2-rank images/s / (2 x 1-rank images/s); its ceiling here is two 1-rank cohort runs at once, with no "
