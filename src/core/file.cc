@@ -34,6 +34,12 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   static std::atomic<uint64_t> next{0};
   tmp_ = (dir / fmt::format(".tmp.{}.{}.{}", target.filename().string(), getpid(), next++)).string();
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0 && errno == EEXIST) {
+    // Left by a process that ended before its commit and had this pid (a
+    // restarted container reuses them): no writer of ours has it open.
+    ::unlink(tmp_.c_str());
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  }
   if (fd_ < 0) fail("cannot create", tmp_, errno);
 }
 

@@ -1,5 +1,7 @@
 #include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 
 #include "cohort/ckpt/mapped_tensors.h"
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/core/file.h"
 #include "cohort/core/error.h"
 #include "util/process.h"
 #include "util/errors.h"
@@ -92,6 +95,16 @@ TEST(StateDict, WrittenTensorByTensorReadsBackAsSaved) {
   bad.add("a", torch::ones({2}));
   EXPECT_THROW(bad.finish({"b"}), Error);
   EXPECT_THROW(bad.add("c", torch::ones({2}, torch::kComplexFloat)), Error);
+}
+
+// A process that had this pid (a restarted container reuses them) and ended
+// before its commit left temporary files under the names this one picks:
+// they are replaced, not an error.
+TEST(StateDict, AnAtomicWriteReplacesTheTemporaryFileOfAnEndedProcess) {
+  test::TempDir dir;
+  for (int n = 0; n < 2000; ++n) test::writeText(dir.file(fmt::format(".tmp.x.json.{}.{}", ::getpid(), n)), "stale");
+  writeFileAtomic(dir.file("x.json"), std::string("fresh"));
+  EXPECT_EQ(test::readText(dir.file("x.json")), "fresh");
 }
 
 // Read lazily: names and shapes at once, each tensor's data when asked,
