@@ -17,9 +17,12 @@
 //
 //   cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] [--repeat N]
 //                    [--isa avx2] [--zero S] [--allocator glibc|tcmalloc|jemalloc]
-// --allocator starts both sides with that allocator preloaded (glibc: none)
-// and OMP_NUM_THREADS at the run's threads (bench/launch_env.py, as
-// PyTorch's CPU launcher would); without it each side starts as by default.
+// --allocator starts both sides with that allocator preloaded (glibc: none,
+// and cohort on glibc's defaults too: compute.allocator: system) and the
+// peer with OMP_NUM_THREADS at the run's threads (bench/launch_env.py, as
+// PyTorch's CPU launcher would; cohort's ranks set theirs from
+// threads_per_rank); without it each side starts as by default, cohort with
+// compute.allocator: keep.
 // Either way a pair whose sides report another allocator or other thread
 // counts stops the benchmark (bench/launch_env.h).
 // --zero S also runs cohort's 2 ranks at distribution.zero S, right after
@@ -69,6 +72,11 @@ CohortResult readRun(const std::string& run);
 std::atomic<int> runs{0};  // each run its own directory
 std::string allocator;     // --allocator: both sides' (bench/launch_env.py); "" none
 
+// compute.allocator of cohort's side: glibc's defaults, as the peer's, when
+// both run on glibc by --allocator glibc; cohort's default otherwise (a
+// preloaded allocator ignores it).
+std::string cohortAllocatorPolicy() { return allocator == "glibc" ? "system" : "keep"; }
+
 // Writes the job; with `tag`, a second copy can run at the same time.
 CohortResult runCohort(const test::TempDir& dir, const Config& c, int procs, const std::string& tag = "") {
   const std::string job = dir.file(fmt::format("{}-{}x{}{}.yaml", c.arch, procs, c.threads, tag));
@@ -86,9 +94,10 @@ training:
   optimizer: {{name: sgd, lr: 0.01, momentum: 0.9}}
 checkpoint: {{enabled: false}}
 output: {{progress: off, save_final: false}}
+compute: {{allocator: {}}}
 )", c.arch, (c.warmup + c.steps) * c.batch * procs, c.size, c.size, c.threads,
                                    c.zero, c.warmup + c.steps, c.batch,
-                                   c.warmup));
+                                   c.warmup, cohortAllocatorPolicy()));
   const std::string run = dir.file(fmt::format("run-{}-{}x{}{}-{}", c.arch, procs, c.threads, tag, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
                            bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
@@ -261,9 +270,22 @@ int runBench(int argc, char** argv) {
     Row two = sideBySide(dir, c, 2, 1);
     // The ceiling: two 1-rank runs at once, no communication at all.
     CohortResult a, b;
-    std::thread other([&] { b = runCohort(dir, c, 1, "-b"); });
-    a = runCohort(dir, c, 1, "-a");
+    std::exception_ptr failed;  // rethrown here: a throw inside the thread would end the process
+    std::thread other([&] {
+      try {
+        b = runCohort(dir, c, 1, "-b");
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    });
+    try {
+      a = runCohort(dir, c, 1, "-a");
+    } catch (...) {
+      other.join();
+      throw;
+    }
     other.join();
+    if (failed) std::rethrow_exception(failed);
     const double ceiling = (a.imagesPerS + b.imagesPerS) / (2 * one->cohortIps);
     const double effC = two.cohortIps / (2 * one->cohortIps);
     const double effT = two.torchIps / (2 * one->torchIps);

@@ -20,9 +20,11 @@
 //
 //   cohort_bench_gpt [--repeat N] [--steps-scale F] [--only fp32|bf16]
 //                    [--allocator glibc|tcmalloc|jemalloc]
-// --allocator starts both sides with that allocator preloaded (glibc: none)
-// and OMP_NUM_THREADS at the run's threads (bench/launch_env.py); without it
-// each side starts as by default. Either way a pair whose sides report
+// --allocator starts both sides with that allocator preloaded (glibc: none,
+// and cohort on glibc's defaults too: compute.allocator: system) and the
+// peer with OMP_NUM_THREADS at the run's threads (bench/launch_env.py;
+// cohort's ranks set theirs from threads_per_rank); without it each side
+// starts as by default, cohort with compute.allocator: keep. Either way a pair whose sides report
 // another allocator or other thread counts stops it (bench/launch_env.h).
 
 #include <fmt/format.h>
@@ -149,8 +151,9 @@ training:
   schedule: {{name: constant}}
 checkpoint: {{enabled: false}}
 output: {{progress: off, save_final: false}}
+compute: {{allocator: {}}}
 )", kLayers, kHeads, kEmbd, kBlock, data.train, c.threads, c.warmup + c.steps, kBatch,
-                                   c.warmup, c.precision));
+                                   c.warmup, c.precision, allocator == "glibc" ? "system" : "keep"));
   const std::string run = dir.file(fmt::format("run-{}-{}x{}-{}", c.precision, procs, c.threads, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
                            bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));

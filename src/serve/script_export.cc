@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/script.h>
@@ -279,7 +280,7 @@ std::string spillDirectory(const std::string& path) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (!onTmpfs(dir)) return dir;
-  if (!onTmpfs("/var/tmp")) {
+  if (!onTmpfs("/var/tmp") && ::access("/var/tmp", W_OK) == 0) {
     log::info("export: {} is in memory (tmpfs): the tensors are spilled to /var/tmp instead", dir);
     return "/var/tmp";
   }

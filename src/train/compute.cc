@@ -66,13 +66,15 @@ void applyCompute(const JobConfig& job, int localRanks) {
   // second call in the same process throws.
   if (at::get_num_interop_threads() != 1) at::set_num_interop_threads(1);
   // mallopt() tunes glibc's malloc: with tcmalloc or jemalloc preloaded it
-  // does not apply (observeCompute reports which one serves).
-  const bool glibc = env::servingMalloc().name == "glibc";
-  if (glibc && job.compute.allocator == Allocator::keep && !keepFreedMemory()) {
+  // does not apply (observeCompute reports which one serves); anything else
+  // (glibc, a sanitizer's) is asked as before.
+  const std::string serving = env::servingMalloc().name;
+  const bool tunable = serving != "tcmalloc" && serving != "jemalloc";
+  if (tunable && job.compute.allocator == Allocator::keep && !keepFreedMemory()) {
     throw ConfigError("compute.allocator: keep: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
-  if (glibc && job.compute.allocator == Allocator::map && !mapLargeBlocks()) {
+  if (tunable && job.compute.allocator == Allocator::map && !mapLargeBlocks()) {
     throw ConfigError("compute.allocator: map: glibc refused mallopt(); set compute.allocator: "
                       "system to run with its defaults");
   }
