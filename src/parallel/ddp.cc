@@ -33,7 +33,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     const bool excluded = std::find(options_.exclude.begin(), options_.exclude.end(), p.key()) !=
                           options_.exclude.end();
     if (!p.value().requires_grad() || excluded) {
-      frozen_.push_back(p.value());
+      if (!excluded && options_.zeroStage == 3 && options_.shardFrozen) {
+        Param frozen;
+        frozen.name = p.key();
+        frozen.tensor = p.value();
+        frozenParams_.push_back(std::move(frozen));
+      } else {
+        frozen_.push_back(p.value());
+      }
       continue;
     }
     Param param;
@@ -86,12 +93,23 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     totalFloats_ += b.padded;
     largest = std::max(largest, b.padded);
   }
+  for (Bucket& b : frozenBuckets_) {
+    int64_t total = 0;
+    for (size_t k : b.params) {
+      const at::Tensor& t = frozenParams_[k].tensor;
+      floatOnCpu = floatOnCpu && t.scalar_type() == at::kFloat && t.device().is_cpu();
+      total += t.numel();
+    }
+    b.padded = (total + parts - 1) / parts * parts;
+    frozenFloats_ += b.padded;
+  }
   // With ZeRO on one machine the flat parameters are in the segment too,
   // so that the parts are gathered there. Stage 1: the gradients, then the
   // parameters. Stage 2: the parameters, then one bucket's staging area for
   // the reduce-scatter (the gradients are this rank's own, and freed once
-  // exchanged). Stage 3: this rank's parts, then the staging area.
-  setUpExchange(options_.zeroStage == 3   ? totalFloats_ / parts + largest
+  // exchanged). Stage 3: this rank's parts, then the staging area, then
+  // its parts of the frozen parameters.
+  setUpExchange(options_.zeroStage == 3   ? totalFloats_ / parts + largest + frozenFloats_ / parts
                 : options_.zeroStage == 2 ? totalFloats_ + largest
                 : options_.zeroStage == 1 ? 2 * totalFloats_
                                           : totalFloats_,
@@ -160,6 +178,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     unitElements_ = totalFloats_;  // one rank: the parameters, until sharded
     for (const Bucket& b : buckets_) unitElements_ -= b.preset != nullptr ? b.padded : 0;
   }
+  if (!frozenBuckets_.empty()) setUpFrozenParts(stagingShmOffset_ + static_cast<size_t>(largest));
   for (const at::Tensor& t : optimizerParameters()) stats_.optimizerElements += t.numel();
 
   // The accumulator of a leaf is held only weakly by the tensor: keep it
@@ -257,6 +276,9 @@ DistributedDataParallel::~DistributedDataParallel() {
     if (b.work) works.push_back(b.work);
     if (b.gather) works.push_back(b.gather);
   }
+  for (Bucket& b : frozenBuckets_) {
+    if (b.gather) works.push_back(b.gather);
+  }
   waitAll(std::move(works));
 }
 
@@ -295,6 +317,9 @@ void DistributedDataParallel::broadcastState() {
     if (buckets_[p.bucket].preset == nullptr) state.push_back(p.tensor);
   }
   for (const auto& f : frozen_) state.push_back(f);
+  for (const Param& p : frozenParams_) {
+    if (frozenBuckets_[p.bucket].preset == nullptr) state.push_back(p.tensor);
+  }
   for (const auto& b : buffers_) state.push_back(b);
   comm::broadcast(comm_, state, 0, "broadcast of the initial parameters");
   if (options_.zeroStage == 3) shardParameters();
@@ -410,6 +435,7 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
 }
 
 void DistributedDataParallel::finishGradients() {
+  releaseAllFrozen();  // backward is over
   if (!sync_) return;
   finishExchange(/*count=*/true);
 }

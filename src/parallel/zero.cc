@@ -85,6 +85,7 @@ void DistributedDataParallel::setUpParts() {
       at::Tensor part = torch::from_blob(shm_->region() + b.shmOffset, {b.padded / comm_.worldSize},
                                          [keep](void*) mutable { keep.reset(); }, options);
       b.part = part.copy_(b.part);
+      if (b.preset != nullptr) b.preset->part = at::Tensor();  // the segment holds it now
     } else if (options_.zeroStage == 3) {
       // The part is the only copy between uses; on more than one rank its
       // gradient is a buffer of its own, summed into from every micro-step.
@@ -144,7 +145,7 @@ void DistributedDataParallel::launchReduceScatter(size_t k) {
   // bucket without gradients in this step sends zeros).
   completeLaunched();
   allocateGradients(k);
-  if (options_.zeroStage == 3) releaseWeights(k);  // its gradients are all in: its parameters are done with
+  if (options_.zeroStage == 3) releaseWeights(b);  // its gradients are all in: its parameters are done with
   // Gloo in LibTorch 1.13 has no reduce-scatter: an all-to-all sends part j
   // of the bucket to rank j (the bytes of a ring reduce-scatter), and each
   // rank sums the N copies of its part it received, in rank order.

@@ -47,80 +47,109 @@ class DistributedDataParallel::Runner : public models::UnitRunner {
 };
 
 // Identity in forward; in backward, before any of the unit's own nodes
-// (they all lie behind its output), gathers the unit's parameters and
-// allocates its gradient bucket.
+// (they all lie behind its output), gathers the unit's parameters (and
+// frozen ones) and allocates its gradient bucket.
 struct DistributedDataParallel::BeforeBackward
     : public torch::autograd::Function<DistributedDataParallel::BeforeBackward> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y,
-                            int64_t engine, int64_t bucket) {
+                            int64_t engine, int64_t unit) {
     ctx->saved_data["engine"] = engine;
-    ctx->saved_data["bucket"] = bucket;
+    ctx->saved_data["unit"] = unit;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* ddp = reinterpret_cast<DistributedDataParallel*>(ctx->saved_data["engine"].toInt());
-    ddp->beforeBackward(static_cast<size_t>(ctx->saved_data["bucket"].toInt()));
+    ddp->beforeBackward(static_cast<int>(ctx->saved_data["unit"].toInt()));
     return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
 
-void DistributedDataParallel::bucketByUnit() {
+std::vector<int> DistributedDataParallel::bucketUnits(const std::vector<Param>& params,
+                                                      std::vector<Bucket>& out,
+                                                      std::map<std::string, UnitPart>& presharded) {
   const size_t units = options_.units.size();
   // members[units]: the parameters outside every unit.
   std::vector<std::vector<size_t>> members(units + 1);
-  for (size_t k = params_.size(); k-- > 0;) {
+  for (size_t k = params.size(); k-- > 0;) {
     size_t u = units;
     for (size_t i = 0; i < units; ++i) {
-      if (params_[k].name.rfind(options_.units[i] + ".", 0) == 0) {
+      if (params[k].name.rfind(options_.units[i] + ".", 0) == 0) {
         u = i;
         break;
       }
     }
     members[u].push_back(k);
   }
-  auto add = [&](std::vector<size_t> params) {
-    const at::Tensor& first = params_[params.front()].tensor;
-    for (size_t k : params) {
-      const at::Tensor& t = params_[k].tensor;
+  auto add = [&](std::vector<size_t> indices) {
+    const at::Tensor& first = params[indices.front()].tensor;
+    for (size_t k : indices) {
+      const at::Tensor& t = params[k].tensor;
       if (t.scalar_type() != first.scalar_type() || t.device() != first.device()) {
         throw ConfigError(fmt::format(
             "distribution.zero: stage 3 gathers a unit's parameters in one buffer, but '{}' is {} "
             "on {} and '{}' is {} on {}",
-            params_[params.front()].name, c10::toString(first.scalar_type()), first.device().str(),
-            params_[k].name, c10::toString(t.scalar_type()), t.device().str()));
+            params[indices.front()].name, c10::toString(first.scalar_type()), first.device().str(),
+            params[k].name, c10::toString(t.scalar_type()), t.device().str()));
       }
-      params_[k].bucket = buckets_.size();
     }
-    buckets_.emplace_back();
-    buckets_.back().params = std::move(params);
-    return static_cast<int>(buckets_.size() - 1);
+    out.emplace_back();
+    out.back().params = std::move(indices);
+    return static_cast<int>(out.size() - 1);
   };
   // In the order backward completes them: the last unit first, the
   // parameters outside the units (the embeddings, used first) last.
-  unitBucket_.assign(units, -1);
+  std::vector<int> of(units + 1, -1);
   for (size_t i = units; i-- > 0;) {
-    if (!members[i].empty()) unitBucket_[i] = add(std::move(members[i]));
+    if (!members[i].empty()) of[i] = add(std::move(members[i]));
   }
-  if (!members[units].empty()) wholeBucket_ = add(std::move(members[units]));
+  if (!members[units].empty()) of[units] = add(std::move(members[units]));
   for (size_t i = 0; i <= units; ++i) {
-    const int k = i < units ? unitBucket_[i] : wholeBucket_;
-    auto it = options_.presharded.find(i < units ? options_.units[i] : std::string());
-    if (k < 0 || it == options_.presharded.end()) continue;
-    Bucket& b = buckets_[static_cast<size_t>(k)];
+    auto it = presharded.find(i < units ? options_.units[i] : std::string());
+    if (of[i] < 0 || it == presharded.end()) continue;
+    Bucket& b = out[static_cast<size_t>(of[i])];
     std::vector<std::string> names;
-    for (auto p = b.params.rbegin(); p != b.params.rend(); ++p) names.push_back(params_[*p].name);
+    for (auto p = b.params.rbegin(); p != b.params.rend(); ++p) names.push_back(params[*p].name);
     if (names != it->second.names) {
       throw Error(fmt::format("ZeRO stage 3: the part cut of unit '{}' holds [{}], its bucket [{}]",
                               it->first, fmt::join(it->second.names, ", "), fmt::join(names, ", ")));
     }
     b.preset = &it->second;
   }
+  return of;
+}
+
+void DistributedDataParallel::bucketByUnit() {
+  std::vector<int> of = bucketUnits(params_, buckets_, options_.presharded);
+  wholeBucket_ = of.back();
+  of.pop_back();
+  unitBucket_ = std::move(of);
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    for (size_t p : buckets_[k].params) params_[p].bucket = k;
+  }
+  if (options_.shardFrozen) {
+    std::vector<int> frozen = bucketUnits(frozenParams_, frozenBuckets_, options_.frozenPresharded);
+    frozenWhole_ = frozen.back();
+    frozen.pop_back();
+    frozenBucket_ = std::move(frozen);
+    for (size_t k = 0; k < frozenBuckets_.size(); ++k) {
+      for (size_t p : frozenBuckets_[k].params) frozenParams_[p].bucket = k;
+    }
+  }
   runner_ = std::make_shared<Runner>(*this);
-  for (const Bucket& b : buckets_) {
+  // A unit's trainable and frozen parameters are gathered together.
+  auto elements = [](const std::vector<Param>& params, const std::vector<Bucket>& list, int k) {
     int64_t n = 0;
-    for (size_t k : b.params) n += params_[k].tensor.numel();
-    stats_.largestUnitElements = std::max(stats_.largestUnitElements, n);
+    if (k >= 0) {
+      for (size_t p : list[static_cast<size_t>(k)].params) n += params[p].tensor.numel();
+    }
+    return n;
+  };
+  for (int u = -1; u < static_cast<int>(unitBucket_.size()); ++u) {
+    const int k = u < 0 ? wholeBucket_ : unitBucket_[static_cast<size_t>(u)];
+    stats_.largestUnitElements = std::max(
+        stats_.largestUnitElements, elements(params_, buckets_, k) +
+                                        elements(frozenParams_, frozenBuckets_, frozenOfUnit(u)));
   }
 }
 
@@ -152,7 +181,12 @@ void DistributedDataParallel::shardParameters() {
     Bucket& b = buckets_[k];
     if (b.preset != nullptr) continue;  // cut already, its weights released
     b.part.detach().copy_(b.weights.narrow(0, b.padded / world * comm_.rank, b.padded / world));
-    releaseWeights(k);
+    releaseWeights(b);
+  }
+  for (Bucket& b : frozenBuckets_) {
+    if (b.preset != nullptr) continue;
+    b.part.copy_(b.weights.narrow(0, b.padded / world * comm_.rank, b.padded / world));
+    releaseWeights(b);
   }
   if (unitsInSharedMemory_) {
     comm::CollectiveWait waiting("barrier after sharding the parameters (ZeRO stage 3)");
@@ -166,12 +200,11 @@ void DistributedDataParallel::noteUnitElements(int64_t delta) {
   stats_.unitPeakElements = std::max(stats_.unitPeakElements, unitElements_);
 }
 
-void DistributedDataParallel::launchGather(size_t k) {
-  Bucket& b = buckets_[k];
+void DistributedDataParallel::launchGather(Bucket& b) {
   // On shared memory a gather is a copy: done when needed, not ahead.
   if (b.weightsLive || b.gather || unitsInSharedMemory_) return;
   torch::NoGradGuard noGrad;
-  allocateWeights(k);
+  allocateWeights(b);
   if (comm_.worldSize == 1) {
     b.weights.copy_(b.part.detach());
     b.weightsLive = true;
@@ -184,13 +217,12 @@ void DistributedDataParallel::launchGather(size_t k) {
   b.gather = comm_.pg->allgather(out, in);
 }
 
-void DistributedDataParallel::gatherNow(size_t k) {
+void DistributedDataParallel::gatherNow(Bucket& b) {
   if (unitsInSharedMemory_) {
-    gatherFromSharedMemory(k);
+    gatherFromSharedMemory(b);
     return;
   }
-  launchGather(k);
-  Bucket& b = buckets_[k];
+  launchGather(b);
   if (b.gather) {
     auto work = std::move(b.gather);
     b.gather.reset();
@@ -199,11 +231,10 @@ void DistributedDataParallel::gatherNow(size_t k) {
   b.weightsLive = true;
 }
 
-void DistributedDataParallel::gatherFromSharedMemory(size_t k) {
-  Bucket& b = buckets_[k];
+void DistributedDataParallel::gatherFromSharedMemory(Bucket& b) {
   if (b.weightsLive) return;
   torch::NoGradGuard noGrad;
-  allocateWeights(k);
+  allocateWeights(b);
   // Every part was written before the barrier that ended the step (or the
   // sharding), and nothing writes one before every rank's last reduce-scatter
   // of the next step: read in place, no barrier.
@@ -223,7 +254,7 @@ void DistributedDataParallel::reduceScatterInStaging(size_t k) {
   torch::NoGradGuard noGrad;
   Bucket& b = buckets_[k];
   allocateGradients(k);  // a bucket without gradients in this step sends zeros
-  if (options_.zeroStage == 3) releaseWeights(k);  // its gradients are all in: its parameters are done with
+  if (options_.zeroStage == 3) releaseWeights(b);  // its gradients are all in: its parameters are done with
   const auto start = std::chrono::steady_clock::now();
   const auto wallStart = monitor::Timeline::Clock::now();
   // The bucket's gradients go to the staging area (reused by every bucket:
@@ -247,14 +278,12 @@ void DistributedDataParallel::reduceScatterInStaging(size_t k) {
   }
 }
 
-void DistributedDataParallel::allocateWeights(size_t k) {
-  Bucket& b = buckets_[k];
+void DistributedDataParallel::allocateWeights(Bucket& b) {
   allocateStorage(b.weights);
   noteUnitElements(b.padded);
 }
 
-void DistributedDataParallel::releaseWeights(size_t k) {
-  Bucket& b = buckets_[k];
+void DistributedDataParallel::releaseWeights(Bucket& b) {
   if (b.gather) {
     // Never free what a collective is still writing.
     auto work = std::move(b.gather);
@@ -284,39 +313,65 @@ void DistributedDataParallel::releaseGradients(size_t k) {
   b.flatLive = false;
 }
 
-void DistributedDataParallel::beforeBackward(size_t k) {
+void DistributedDataParallel::beforeBackward(int unit) {
   monitor::TimelineSpan span("gather a unit for backward (ZeRO stage 3)", "comm");
-  gatherNow(k);
-  allocateGradients(k);
-  // Backward reaches the units in bucket order, after the whole-model one.
-  const int next = static_cast<int>(k) == wholeBucket_ ? 0 : static_cast<int>(k) + 1;
-  if (next < unitBuckets(buckets_.size(), wholeBucket_)) launchGather(static_cast<size_t>(next));
+  const bool whole = unit == models::UnitRunner::kWholeModel;
+  // Backward has left the units after this one: their frozen parameters
+  // are done with (each unit's gradient reaches the one before it only
+  // once all of the unit's nodes that read them ran).
+  for (size_t u = whole ? unitBucket_.size() : static_cast<size_t>(unit) + 1; u < unitBucket_.size(); ++u) {
+    if (frozenBucket_.size() > u && frozenBucket_[u] >= 0) releaseWeights(frozenBuckets_[static_cast<size_t>(frozenBucket_[u])]);
+  }
+  const int k = whole ? wholeBucket_ : unitBucket_[static_cast<size_t>(unit)];
+  if (k >= 0) {
+    gatherNow(buckets_[static_cast<size_t>(k)]);
+    allocateGradients(static_cast<size_t>(k));
+    // Backward reaches the units in bucket order, after the whole-model one.
+    const int next = k == wholeBucket_ ? 0 : k + 1;
+    if (next < unitBuckets(buckets_.size(), wholeBucket_)) launchGather(buckets_[static_cast<size_t>(next)]);
+  }
+  const int f = frozenOfUnit(unit);
+  if (f >= 0) {
+    gatherNow(frozenBuckets_[static_cast<size_t>(f)]);
+    const int next = f == frozenWhole_ ? 0 : f + 1;
+    if (next < unitBuckets(frozenBuckets_.size(), frozenWhole_)) launchGather(frozenBuckets_[static_cast<size_t>(next)]);
+  }
 }
 
 at::Tensor DistributedDataParallel::Runner::run(int unit, const Forward& f, const at::Tensor& x) {
   DistributedDataParallel& d = ddp_;
-  const int k = unit == kWholeModel ? d.wholeBucket_
-                : unit >= 0 && static_cast<size_t>(unit) < d.unitBucket_.size() ? d.unitBucket_[unit]
-                                                                                : -1;
-  if (k < 0) return f(x);
-  {
-    monitor::TimelineSpan span("gather a unit for forward (ZeRO stage 3)", "comm");
-    d.gatherNow(static_cast<size_t>(k));
-    // Forward reaches the units in the reverse of bucket order, after the
-    // whole-model one.
-    const int next = k == d.wholeBucket_ ? unitBuckets(d.buckets_.size(), d.wholeBucket_) - 1 : k - 1;
-    if (next >= 0) d.launchGather(static_cast<size_t>(next));
-  }
+  const bool whole = unit == kWholeModel;
+  if (!whole && (unit < 0 || static_cast<size_t>(unit) >= d.unitBucket_.size())) return f(x);
+  const int k = whole ? d.wholeBucket_ : d.unitBucket_[static_cast<size_t>(unit)];
+  const int fz = d.frozenOfUnit(unit);
+  if (k < 0 && fz < 0) return f(x);
+  // Forward reaches the units in the reverse of bucket order, after the
+  // whole-model one; the next one's gather is launched now.
+  auto gather = [](DistributedDataParallel& e, std::vector<Bucket>& list, int at, int wholeAt) {
+    if (at < 0) return;
+    e.gatherNow(list[static_cast<size_t>(at)]);
+    const int next = at == wholeAt ? unitBuckets(list.size(), wholeAt) - 1 : at - 1;
+    if (next >= 0) e.launchGather(list[static_cast<size_t>(next)]);
+  };
+  auto release = [&] {
+    if (k >= 0) d.releaseWeights(d.buckets_[static_cast<size_t>(k)]);
+    if (fz >= 0) d.releaseWeights(d.frozenBuckets_[static_cast<size_t>(fz)]);
+  };
   at::Tensor y;
   try {
+    {
+      monitor::TimelineSpan span("gather a unit for forward (ZeRO stage 3)", "comm");
+      gather(d, d.buckets_, k, d.wholeBucket_);
+      gather(d, d.frozenBuckets_, fz, d.frozenWhole_);
+    }
     y = f(x);
   } catch (...) {
-    d.releaseWeights(static_cast<size_t>(k));
+    release();
     throw;
   }
-  d.releaseWeights(static_cast<size_t>(k));
+  release();
   if (torch::GradMode::is_enabled() && y.requires_grad()) {
-    y = BeforeBackward::apply(y, reinterpret_cast<int64_t>(&d), static_cast<int64_t>(k));
+    y = BeforeBackward::apply(y, reinterpret_cast<int64_t>(&d), static_cast<int64_t>(unit));
   }
   return y;
 }
@@ -333,6 +388,7 @@ void DistributedDataParallel::completeLaunched() {
 }
 
 void DistributedDataParallel::endMicroStep() {
+  releaseAllFrozen();
   if (shardedGradients_ && !sync_) finishExchange(/*count=*/false);
 }
 
@@ -342,19 +398,22 @@ void DistributedDataParallel::gatherAllParameters(int root) {
 
 void DistributedDataParallel::gatherBucket(int root, size_t k) {
   if (options_.zeroStage < 3) return;
+  gatherToRoot(buckets_[k], root);
+}
+
+void DistributedDataParallel::gatherToRoot(Bucket& b, int root) {
   if (unitsInSharedMemory_ || comm_.worldSize == 1) {
     // Copies from the segment: only `root` makes them.
-    if (comm_.rank == root) gatherNow(k);
+    if (comm_.rank == root) gatherNow(b);
     return;
   }
   // A Gloo gather to `root`: the other ranks send their parts and allocate
   // nothing.
   torch::NoGradGuard noGrad;
-  Bucket& b = buckets_[k];
   std::vector<at::Tensor> in{b.part.detach()};
   std::vector<std::vector<at::Tensor>> out;
   if (comm_.rank == root) {
-    if (!b.weightsLive) allocateWeights(k);
+    if (!b.weightsLive) allocateWeights(b);
     b.weightsLive = true;
     const int64_t chunk = b.padded / comm_.worldSize;
     out.emplace_back();
@@ -363,18 +422,19 @@ void DistributedDataParallel::gatherBucket(int root, size_t k) {
   c10d::GatherOptions options;
   options.rootRank = root;
   std::vector<c10::intrusive_ptr<c10d::Work>> works{comm_.pg->gather(out, in, options)};
-  if (std::exception_ptr failure = waitAll(std::move(works), "parameter gather for the final save")) {
+  if (std::exception_ptr failure = waitAll(std::move(works), "parameter gather for a save")) {
     std::rethrow_exception(failure);
   }
 }
 
 void DistributedDataParallel::releaseParameters() {
   if (options_.zeroStage < 3) return;
-  for (size_t k = 0; k < buckets_.size(); ++k) releaseWeights(k);
+  for (Bucket& b : buckets_) releaseWeights(b);
+  releaseAllFrozen();
 }
 
 void DistributedDataParallel::releaseBucket(size_t k) {
-  if (options_.zeroStage == 3) releaseWeights(k);
+  if (options_.zeroStage == 3) releaseWeights(buckets_[k]);
 }
 
 }  // namespace cohort::parallel

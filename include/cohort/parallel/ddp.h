@@ -137,6 +137,14 @@ struct DdpOptions {
   // values the part supersedes): they are neither read, broadcast nor held
   // whole here.
   std::map<std::string, UnitPart> presharded;
+  // Stage 3: the parameters without gradients (model.lora's frozen base)
+  // are held in parts too, bucketed by unit beside the trainable ones:
+  // gathered with their unit around its forward and its backward and
+  // released after, never exchanged, stepped or checkpointed. Those not
+  // set here stay whole on every rank. `frozenPresharded`: their units cut
+  // already, as `presharded`.
+  bool shardFrozen = false;
+  std::map<std::string, UnitPart> frozenPresharded;
 };
 
 // How gradients travel between ranks.
@@ -171,6 +179,9 @@ struct DdpStats {
   // this rank held at once, besides its parts.
   int64_t largestUnitElements = 0;
   int64_t unitPeakElements = 0;
+  // Stage 3 with DdpOptions::shardFrozen: the elements of this rank's parts
+  // of the frozen parameters (with padding).
+  int64_t frozenElements = 0;
 };
 
 class DistributedDataParallel {
@@ -255,6 +266,18 @@ class DistributedDataParallel {
 
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucketParameterNames() const;
+
+  // Stage 3 with DdpOptions::shardFrozen (zero3_frozen.cc): the frozen
+  // parameters' buckets, one per unit that has any, the last unit first and
+  // those outside every unit last; names in bucket order (as
+  // bucketParameterNames()).
+  std::vector<std::vector<std::string>> frozenBucketNames() const;
+  // The frozen bucket of trainable bucket k's unit, or -1.
+  int frozenBucketOf(size_t k) const;
+  // Frozen bucket k's parameters gathered on `root` (on every rank when
+  // root < 0) until releaseFrozen(k). Collective.
+  void gatherFrozen(int root, size_t k);
+  void releaseFrozen(size_t k);
   DdpStats stats() const;
 
  private:
@@ -288,7 +311,7 @@ class DistributedDataParallel {
     bool weightsLive = true;
     bool flatLive = true;
     // Its part came cut (DdpOptions::presharded): nothing to copy, send or cut.
-    const UnitPart* preset = nullptr;
+    UnitPart* preset = nullptr;  // its tensor dropped once copied to the segment
     c10::intrusive_ptr<c10d::Work> gather;
     // The timeline (output.timeline): when the allreduce was launched, and
     // when it completed (microseconds since the epoch, set by Gloo's thread).
@@ -315,19 +338,21 @@ class DistributedDataParallel {
   // and the completion of every launched reduce-scatter.
   void bucketByUnit();
   void shardParameters();
-  void launchGather(size_t k);
-  void gatherNow(size_t k);
-  void allocateWeights(size_t k);  // storage for bucket k's parameters (not yet filled)
-  void releaseWeights(size_t k);
+  void launchGather(Bucket& b);
+  void gatherNow(Bucket& b);
+  void allocateWeights(Bucket& b);  // storage for b's parameters (not yet filled)
+  void releaseWeights(Bucket& b);
+  // b's parameters gathered on `root` alone: the other ranks send.
+  void gatherToRoot(Bucket& b, int root);
   void allocateGradients(size_t k);
   void releaseGradients(size_t k);
-  void beforeBackward(size_t k);
+  void beforeBackward(int unit);  // a shardingUnits() index, or UnitRunner::kWholeModel
   void completeLaunched();
   void finishExchange(bool count);
   // Stage 3 on shared memory: bucket k's parameters copied from every
   // rank's part in the segment; its gradients summed through the staging
   // area into this rank's part gradient (synchronous).
-  void gatherFromSharedMemory(size_t k);
+  void gatherFromSharedMemory(Bucket& b);
   void reduceScatterInStaging(size_t k);
   bool unitsInSharedMemory_ = false;
   // Stages 2, 3 on more than one rank: a bucket's full gradients exist only
@@ -347,6 +372,25 @@ class DistributedDataParallel {
   int64_t unitElements_ = 0;
   std::vector<int> unitBucket_;  // shardingUnits() index -> bucket (-1: none)
   int wholeBucket_ = -1;         // the bucket of the parameters outside every unit
+  // Buckets `members` (indices into `params`, in registration order) by
+  // unit into `out`: the last unit first, the whole-model one last; their
+  // parts cut already from `presharded`. Returns the bucket of each unit
+  // (-1: none), and of the whole model's last.
+  std::vector<int> bucketUnits(const std::vector<Param>& params, std::vector<Bucket>& out,
+                               std::map<std::string, UnitPart>& presharded);
+  // DdpOptions::shardFrozen (zero3_frozen.cc): the frozen parameters, by
+  // unit as the trainable ones, in buckets of their own; their flat
+  // buffers and parts (in the segment after the staging area, on shared
+  // memory); and the release of every unit's that is gathered.
+  void setUpFrozenParts(size_t shmOffset);
+  void releaseAllFrozen();
+  // The frozen bucket of unit `unit` (kWholeModel: outside every unit), or -1.
+  int frozenOfUnit(int unit) const;
+  std::vector<Param> frozenParams_;
+  std::vector<Bucket> frozenBuckets_;
+  std::vector<int> frozenBucket_;  // shardingUnits() index -> frozen bucket (-1: none)
+  int frozenWhole_ = -1;
+  int64_t frozenFloats_ = 0;       // of every frozen bucket, with padding
   // Decides the exchange with every rank (detail/exchange.h) and logs it.
   void setUpExchange(int64_t totalFloats, bool floatOnCpu);
   // The shared-memory sum of bucket k inside backward; whether it is finite.
