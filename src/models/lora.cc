@@ -60,11 +60,11 @@ bool matches(const std::string& layer, const std::string& target) {
   return false;
 }
 
-bool isAdapterTensor(const std::string& name) {
+}  // namespace
+
+bool isAdapterName(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
-
-}  // namespace
 
 LoraSummary attachLora(Model& model, const LoraConfig& config) {
   std::vector<std::pair<std::string, std::shared_ptr<AdaptableLinearImpl>>> layers;
@@ -99,7 +99,7 @@ LoraSummary attachLora(Model& model, const LoraConfig& config) {
     s.layers.push_back(name);
   }
   for (auto& p : model.named_parameters()) {
-    const bool adapter = isAdapterTensor(p.key());
+    const bool adapter = isAdapterName(p.key());
     p.value().set_requires_grad(adapter);
     (adapter ? s.trainable : s.frozen) += p.value().numel();
   }
@@ -116,7 +116,7 @@ LoraSummary loadFrozenBase(Model& model, const ModelConfig& config) {
 
 bool hasAdapters(const torch::nn::Module& model) {
   for (const auto& p : model.named_parameters()) {
-    if (isAdapterTensor(p.key())) return true;
+    if (isAdapterName(p.key())) return true;
   }
   return false;
 }
@@ -128,7 +128,7 @@ ckpt::StateDict trainedState(const Model& model) {
   for (const auto& b : model.buffers()) buffers.insert(b.unsafeGetTensorImpl());
   ckpt::StateDict out;
   for (auto& [name, t] : all) {
-    if (isAdapterTensor(name) || buffers.count(t.unsafeGetTensorImpl())) out.emplace_back(name, t);
+    if (isAdapterName(name) || buffers.count(t.unsafeGetTensorImpl())) out.emplace_back(name, t);
   }
   return out;
 }
@@ -144,7 +144,7 @@ std::vector<std::pair<std::string, at::Tensor>> trainableParameters(const Model&
 ckpt::StateDict adapterStateDict(const Model& model) {
   ckpt::StateDict out;
   for (auto& [name, t] : ckpt::stateDict(model)) {
-    if (isAdapterTensor(name)) out.emplace_back(name, t);
+    if (isAdapterName(name)) out.emplace_back(name, t);
   }
   return out;
 }
@@ -152,7 +152,7 @@ ckpt::StateDict adapterStateDict(const Model& model) {
 ckpt::StateDict frozenStateDict(const Model& model) {
   ckpt::StateDict out;
   for (auto& [name, t] : publishedStateDict(model)) {
-    if (!isAdapterTensor(name)) out.emplace_back(name, t);
+    if (!isAdapterName(name)) out.emplace_back(name, t);
   }
   return out;
 }
@@ -166,22 +166,25 @@ ckpt::StateDict mergedStateDict(const Model& model) {
   }
   ckpt::StateDict out;
   for (auto& [name, t] : publishedStateDict(model)) {
-    if (isAdapterTensor(name)) continue;
+    if (isAdapterName(name)) continue;
     auto it = merged.find(name);
     out.emplace_back(name, it == merged.end() ? t : it->second);
   }
   return out;
 }
 
+void FrozenDigest::add(const std::string& name, const at::Tensor& value) {
+  const at::Tensor t = value.detach().to(at::kCPU).contiguous();
+  hash_.update(name.data(), name.size());
+  hash_.update(t.data_ptr(), t.nbytes());
+}
+
 std::string frozenDigest(const Model& model) {
-  Hasher h;
+  FrozenDigest d;
   for (const auto& p : model.named_parameters()) {
-    if (p.value().requires_grad()) continue;
-    const at::Tensor t = p.value().detach().to(at::kCPU).contiguous();
-    h.update(p.key().data(), p.key().size());
-    h.update(t.data_ptr(), t.nbytes());
+    if (!p.value().requires_grad()) d.add(p.key(), p.value());
   }
-  return h.hex();
+  return d.hex();
 }
 
 }  // namespace cohort::models

@@ -22,16 +22,19 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
                       const std::vector<std::string>& units, const OptimizerConfig& optimizer,
                       double bucketCapMb, bool byUnit) {
   std::set<const void*> seen;
-  std::map<std::string, double> unitElements;  // "" for the parameters outside every unit
-  double elements = 0, fixed = 0;  // trainable; frozen weights and buffers (whole on every rank)
+  // Per unit ("" for the parameters outside every unit): trainable, frozen.
+  std::map<std::string, std::pair<double, double>> unitElements;
+  double elements = 0, fixed = 0;  // trainable; what every rank holds whole (buffers, frozen weights)
+  double frozen = 0;               // frozen weights held in parts (byUnit)
   for (const auto& p : model.named_parameters()) {
     if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
     const double n = static_cast<double>(p.value().numel());
-    if (!p.value().requires_grad()) {
+    const bool trains = p.value().requires_grad();
+    if (!trains && !(byUnit && stage == 3)) {
       fixed += n;
       continue;
     }
-    elements += n;
+    (trains ? elements : frozen) += n;
     std::string unit;
     for (const std::string& u : units) {
       if (p.key().rfind(u + ".", 0) == 0) {
@@ -39,7 +42,7 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
         break;
       }
     }
-    unitElements[unit] += n;
+    (trains ? unitElements[unit].first : unitElements[unit].second) += n;
   }
   for (const auto& b : model.buffers()) {
     if (b.is_floating_point() && seen.insert(b.unsafeGetTensorImpl()).second) fixed += static_cast<double>(b.numel());
@@ -48,14 +51,14 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
   const double n = std::max(1, world);
   const bool shardedGradients = stage >= 2 && world > 1;
   StateBytes b;
-  b.parameters = 4 * fixed + 4 * elements / (stage == 3 ? n : 1);
+  b.parameters = 4 * fixed + 4 * (elements + frozen) / (stage == 3 ? n : 1);
   b.gradients = 4 * elements / (shardedGradients ? n : 1);
   b.optimizer = 4 * copies * elements / (stage > 0 ? n : 1);
-  double largest = 0;
-  for (const auto& [name, e] : unitElements) largest = std::max(largest, e);
+  double largest = 0;  // a unit's parameters and gradients, and its frozen weights
+  for (const auto& [name, e] : unitElements) largest = std::max(largest, 2 * e.first + e.second);
   b.fixed = 4 * fixed;
-  b.shardable = 4 * elements * (2 + copies);
-  b.stage3Unit = 2 * 4 * largest;
+  b.shardable = 4 * elements * (2 + copies) + 4 * frozen;
+  b.stage3Unit = 4 * largest;
   if (stage == 3) {
     // A unit's parameters and gradients are whole while it runs.
     b.unit = b.stage3Unit;
@@ -65,7 +68,7 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
   }
   // Every rank builds the model whole before it is cut into parts, unless
   // it builds it unit by unit (parts and one unit: less than training holds).
-  b.wholeModel = byUnit ? 0 : 4 * (fixed + elements);
+  b.wholeModel = byUnit ? 0 : 4 * (fixed + elements + frozen);
   return b;
 }
 

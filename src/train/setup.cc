@@ -149,8 +149,23 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     if (mc.initFrom.empty()) {
       log::warn("model.lora without model.init_from: the adapters train beside frozen random weights");
     }
-    const models::LoraSummary ls = models::loadFrozenBase(model, mc);
-    if (!mc.initFrom.empty()) log::info("initialized from {} (frozen)", mc.initFrom);
+    models::LoraSummary ls;
+    if (s.units) {
+      // ZeRO stage 3: the base is kept in parts as it was built, and
+      // model.init_from read into them one unit at a time; the adapters
+      // then train beside it, built whole (they are small).
+      if (!mc.initFrom.empty()) {
+        ckpt::LazyStateDict file(mc.initFrom);
+        loadByUnit(model, *s.units, file.entries(), mc.initFrom, &file);
+      }
+      s.frozenUnits = std::move(s.units);
+      ls = models::attachLora(model, mc.lora);
+    } else {
+      ls = models::loadFrozenBase(model, mc);
+    }
+    if (!mc.initFrom.empty()) {
+      log::info("initialized from {} (frozen{})", mc.initFrom, s.frozenUnits ? ", one unit at a time" : "");
+    }
     s.trainable = ls.trainable;
     log::info("LoRA rank {} (alpha {}) on {} layers: {} parameters train, {} are frozen", mc.lora.rank,
               mc.lora.alpha, ls.layers.size(), ls.trainable, ls.frozen);
@@ -217,7 +232,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   log::info("{}", describe(s.compute));
   s.parameters = models::parameterCount(model);
   log::info("model {}: {} parameters", choiceName(mc.arch), s.parameters);
-  if (lora) s.frozenDigest = models::frozenDigest(model);
+  if (lora && !s.frozenUnits) s.frozenDigest = models::frozenDigest(model);
   return s;
 }
 

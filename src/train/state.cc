@@ -16,6 +16,7 @@
 #include "cohort/core/log.h"
 #include "cohort/health/health.h"
 #include "cohort/models/lora.h"
+#include "train/detail/unit_writes.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/metrics.h"
 #include "cohort/security/keys.h"
@@ -56,15 +57,28 @@ std::optional<ckpt::Manifest> readResume(const JobConfig& job, const comm::Comm&
 // base the adapters were trained beside: at every fresh start (a run
 // directory used again gets this run's), and on a resume (checked against
 // the checkpoint's digest already) when it is missing.
-void saveFrozenBase(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-                    const models::Model& model, bool resuming) {
+// At ZeRO stage 3 the base is in parts (ModelSetup::frozenUnits): every
+// rank takes part, and rank 0 writes it one unit at a time.
+void saveFrozenBase(const TrainState& s) {
+  const JobConfig& job = s.job;
+  const comm::Comm& comm = s.comm;
+  const RunDir& runDir = s.runDir;
+  if (job.model.lora.rank == 0 || !job.model.initFrom.empty()) return;
   std::error_code ec;
-  if (comm.rank != 0 || job.model.lora.rank == 0 || !job.model.initFrom.empty() ||
-      (resuming && std::filesystem::exists(runDir.frozenBase(), ec))) {
-    return;
+  const bool write = !s.resumed || !std::filesystem::exists(runDir.frozenBase(), ec);
+  if (s.model.frozenUnits) {
+    if (comm::shareFromRoot(comm, "write model/base.pt", write ? "yes" : "no") != "yes") return;
+    UnitWrite base;
+    base.keep = [](const std::string& name) { return !models::isAdapterName(name); };
+    base.value = [](const std::string&, const at::Tensor& t) { return t; };
+    writeByUnit(s.plan->engine(), s.plan->model(), comm.rank, runDir.frozenBase(), finalModelKey(job), base);
+  } else if (comm.rank == 0 && write) {
+    ckpt::saveStateDict(models::frozenStateDict(*s.model.model), runDir.frozenBase(), finalModelKey(job));
   }
-  ckpt::saveStateDict(models::frozenStateDict(model), runDir.frozenBase(), finalModelKey(job));
-  log::info("saved {} (the frozen weights: model.lora without model.init_from)", runDir.frozenBase());
+  if (comm.rank == 0 && write) {
+    log::info("saved {} (the frozen weights: model.lora without model.init_from{})", runDir.frozenBase(),
+              s.model.frozenUnits ? ", one unit at a time" : "");
+  }
 }
 
 // A LoRA checkpoint continues only beside the frozen weights it was trained on.
@@ -101,6 +115,7 @@ void checkFitBeforeBuild(const TrainState& s, const models::ModelPart& part) {
   p.exact = false;
   const ModelConfig mc = resolveModelConfig(s.job, s.datasets);
   const auto model = models::createModel(mc, {mc.inChannels, s.datasets.shape.height, s.datasets.shape.width}, p);
+  if (mc.lora.rank > 0) models::attachLora(*model, mc.lora);  // what trains, and what is frozen
   checkFits(s, *model, true);
 }
 
@@ -114,7 +129,11 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
   parallel::DdpOptions options = ddpOptions(job);
   if (job.distribution.zero == 3) options.units = model.shardingUnits();
   if (s.model.units) options.presharded = s.model.units->release();
-  const std::string tight = checkFits(s, model, s.model.units != nullptr);
+  if (s.model.frozenUnits) {
+    options.shardFrozen = true;
+    options.frozenPresharded = s.model.frozenUnits->release();
+  }
+  const std::string tight = checkFits(s, model, s.model.units != nullptr || s.model.frozenUnits != nullptr);
   if (!tight.empty()) log::warn("{}", tight);
   std::unique_ptr<parallel::Plan> plan;
   if (s.mesh.pipelined()) {
@@ -302,10 +321,16 @@ void setUp(TrainState& s) {
   if (buildsByUnit(job)) checkFitBeforeBuild(s, part);
   s.model = buildModel(job, s.datasets, s.mesh.data, s.options.resumeFrom, part, s.mesh.stage);
   if (s.mesh.pipelined()) logStage(s, part);
-  if (s.resumed) checkFrozenBase(s);
-  // Before the plan: at ZeRO stage 3 it shards the parameters.
-  saveFrozenBase(job, s.comm, s.runDir, *s.model.model, s.resumed.has_value());
+  if (s.resumed && !s.model.frozenUnits) checkFrozenBase(s);
+  // Before the plan, which shards the parameters at ZeRO stage 3 (with
+  // the base in parts already, after it).
+  if (!s.model.frozenUnits) saveFrozenBase(s);
   s.plan = makePlan(s);
+  if (s.model.frozenUnits) {
+    s.model.frozenDigest = frozenDigestByUnit(s.plan->engine(), s.plan->model());
+    if (s.resumed) checkFrozenBase(s);
+    saveFrozenBase(s);
+  }
   // Dropout differs per rank, as each rank sees different samples.
   torch::manual_seed(static_cast<uint64_t>(tc.seed) * 1000003ull +
                      static_cast<uint64_t>(s.comm.rank) + 1);

@@ -39,6 +39,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   if (s.memory.zeroStage == 3) {
     j["memory"]["largest_unit_mb"] = double(s.memory.largestUnitBytes) / (1 << 20);
     j["memory"]["unit_peak_mb"] = double(s.memory.unitPeakBytes) / (1 << 20);
+    if (s.memory.frozenBytes > 0) j["memory"]["frozen_mb"] = double(s.memory.frozenBytes) / (1 << 20);
   }
   if (!s.stages.empty()) {
     nlohmann::json stages = nlohmann::json::array();

@@ -32,6 +32,7 @@
 #include "train/detail/evaluate.h"
 #include "train/detail/stages.h"
 #include "train/detail/state.h"
+#include "train/detail/unit_writes.h"
 #include "cohort/parallel/pipeline.h"
 
 namespace cohort::train {
@@ -195,6 +196,7 @@ double recordMemory(TrainState& s) {
   mem.optimizerStateBytes = optimizerStateBytes(*s.optimizer);
   mem.largestUnitBytes = ds.largestUnitElements * 4;
   mem.unitPeakBytes = ds.unitPeakElements * 4;
+  mem.frozenBytes = ds.frozenElements * 4;
   struct rusage usage {};
   const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
   log::info("memory held: parameters {:.1f} MB, gradients {:.1f} MB, optimizer state {:.1f} MB "
@@ -203,8 +205,11 @@ double recordMemory(TrainState& s) {
             double(mem.optimizerStateBytes) / (1 << 20), mem.zeroStage, peak);
   if (mem.zeroStage == 3) {
     log::info("ZeRO stage 3: at most {:.1f} MB of gathered units at once (parameters, full "
-              "gradients, reduce-scatter buffers); the largest unit is {:.1f} MB",
-              double(mem.unitPeakBytes) / (1 << 20), double(mem.largestUnitBytes) / (1 << 20));
+              "gradients, reduce-scatter buffers); the largest unit is {:.1f} MB{}",
+              double(mem.unitPeakBytes) / (1 << 20), double(mem.largestUnitBytes) / (1 << 20),
+              mem.frozenBytes > 0 ? fmt::format("; this rank's parts of the frozen base {:.1f} MB",
+                                                double(mem.frozenBytes) / (1 << 20))
+                                  : std::string());
   } else if (mem.zeroStage == 2 && s.mesh.replicas > 1) {
     log::info("ZeRO stage 2: at most {:.1f} MB of full gradients and reduce-scatter buffers at "
               "once, besides this rank's part",
@@ -265,46 +270,42 @@ void recordStages(TrainState& s, double peakMb) {
 }
 
 // model/final.pt at ZeRO stage 3 without a pipeline: rank 0 gathers one
-// unit at a time and writes it before the next (ckpt::StateDictWriter), so
-// no process holds the model.
+// unit at a time and writes it before the next (writeByUnit), so no
+// process holds the model.
 void saveFinalByUnit(TrainState& s) {
-  parallel::DistributedDataParallel& engine = s.plan->engine();
+  UnitWrite all;
+  all.keep = [](const std::string&) { return true; };
+  all.value = [](const std::string&, const at::Tensor& t) { return t; };
+  const double peak = writeByUnit(s.plan->engine(), s.plan->model(), s.comm.rank, s.runDir.finalModel(),
+                                  finalModelKey(s.job), all);
+  if (s.comm.rank == 0) {
+    log::info("saved {} (one unit at a time); peak resident {:.0f} MB", s.runDir.finalModel(), peak);
+  }
+}
+
+// With model.lora at ZeRO stage 3 (the base held in parts): model/final.pt
+// with each adapter merged into its layer's weight, as mergedStateDict,
+// one unit at a time: a unit's adapters and frozen weights are gathered
+// together.
+void saveMergedByUnit(TrainState& s) {
   const models::Model& model = s.plan->model();
-  const bool root = s.comm.rank == 0;
-  std::optional<ckpt::StateDictWriter> out;
-  if (root) out.emplace(s.runDir.finalModel(), finalModelKey(s.job));
-  std::map<std::string, at::Tensor> byName;
-  for (const auto& [name, t] : ckpt::stateDict(model)) byName.emplace(name, t);
-  std::set<std::string> written;
-  const auto buckets = engine.bucketParameterNames();
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    engine.gatherBucket(0, k);
-    if (root) {
-      for (const std::string& name : buckets[k]) {
-        out->add(name, byName.at(name));
-        written.insert(name);
-      }
-    }
-    engine.releaseBucket(k);
+  std::map<std::string, std::shared_ptr<models::AdaptableLinearImpl>> adapted;
+  for (const auto& m : model.named_modules("", /*include_self=*/false)) {
+    auto l = std::dynamic_pointer_cast<models::AdaptableLinearImpl>(m.value());
+    if (l && l->adapted()) adapted.emplace(m.key() + ".weight", l);
   }
-  if (!root) return;
-  std::map<std::string, std::string> aliases;
-  for (const auto& [alias, name] : model.tiedNames()) aliases.emplace(alias, name);
-  std::vector<std::string> order;
-  for (const auto& [name, t] : models::publishedStateDict(model)) {
-    order.push_back(name);
-    if (written.count(name) != 0) continue;
-    if (auto a = aliases.find(name); a != aliases.end()) {
-      out->alias(name, a->second);
-    } else {
-      out->add(name, t);
-    }
-    written.insert(name);
+  UnitWrite merged;
+  merged.keep = [](const std::string& name) { return !models::isAdapterName(name); };
+  merged.value = [&](const std::string& name, const at::Tensor& t) {
+    auto it = adapted.find(name);
+    return it == adapted.end() ? t : it->second->mergedWeight();
+  };
+  const double peak = writeByUnit(s.plan->engine(), model, s.comm.rank, s.runDir.finalModel(),
+                                  finalModelKey(s.job), merged);
+  if (s.comm.rank == 0) {
+    log::info("saved {} (adapters merged, one unit at a time); peak resident {:.0f} MB",
+              s.runDir.finalModel(), peak);
   }
-  out->finish(order);
-  struct rusage usage {};
-  const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
-  log::info("saved {} (one unit at a time); peak resident {:.0f} MB", s.runDir.finalModel(), peak);
 }
 
 // model/final.pt (rank 0): the whole model, or with model.lora the
@@ -322,13 +323,16 @@ void saveFinalModel(TrainState& s) {
   plan.gatherForSave();
   const security::Key* key = finalModelKey(job);
   if (models::hasAdapters(plan.model())) {
-    if (s.comm.rank == 0) s.summary.loraBaseDigest = models::frozenDigest(plan.model());  // as before training
+    if (s.comm.rank == 0) s.summary.loraBaseDigest = s.model.frozenDigest;  // the base never trains
     const ckpt::StateDict adapters = plan.collect(models::adapterStateDict);
     if (s.comm.rank == 0) {
       ckpt::saveStateDict(adapters, runDir.adapters(), key);
       log::info("saved {}", runDir.adapters());
     }
-    if (job.output.mergeLora) {
+    if (job.output.mergeLora && s.model.frozenUnits) {
+      plan.releaseParameters();
+      saveMergedByUnit(s);
+    } else if (job.output.mergeLora) {
       const ckpt::StateDict merged = plan.collect(models::mergedStateDict);
       if (s.comm.rank == 0) {
         ckpt::saveStateDict(merged, runDir.finalModel(), key);

@@ -53,7 +53,7 @@ ckpt::StateDict outsideParts(const models::Model& model, const std::set<std::str
 }  // namespace
 
 bool buildsByUnit(const JobConfig& job) {
-  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt && job.model.lora.rank == 0;
+  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt;
 }
 
 void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,

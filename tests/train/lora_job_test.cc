@@ -60,14 +60,16 @@ class LoraJob : public ::testing::Test {
 
   // A random GPT whose token embedding (and so the tied head) is 5x GPT-2's
   // scale: adapters on it can move the logits far enough to learn.
-  void writeBase(uint64_t seed) {
+  void writeBase(uint64_t seed, int64_t layers = 1, const std::string& name = "base.pt") {
     torch::manual_seed(seed);
-    auto base = models::createGpt(gptOptions());
+    models::GptOptions o = gptOptions();
+    o.nLayer = layers;
+    auto base = models::createGpt(o);
     {
       torch::NoGradGuard g;
       base->named_parameters()["transformer.wte.weight"].mul_(5.0);
     }
-    ckpt::saveStateDict(models::publishedStateDict(*base), dir.file("base.pt"));
+    ckpt::saveStateDict(models::publishedStateDict(*base), dir.file(name));
   }
 
   // Mean next-byte loss of `model` on the held-out tail of
@@ -292,6 +294,96 @@ TEST_F(LoraJob, WithoutInitFromTheRandomFrozenBaseIsKeptAndChecked) {
   EXPECT_NE(missing.exitCode, 0) << missing.describe();
   EXPECT_NE(missing.err.find("model.lora without model.init_from, and no " + kept), std::string::npos)
       << missing.err;
+}
+
+// At ZeRO stage 3 the base is built, loaded and held in parts beside the
+// adapters (docs/zero.md): the same training as at stage 0, the same
+// digest of the frozen weights, the merged final.pt and base.pt written
+// one unit at a time; a killed rank resumes to bitwise the same adapters,
+// and a stage-0 checkpoint goes on at stage 3.
+TEST_F(LoraJob, AtStageThreeTheBaseIsHeldInPartsAndTrainsAsAtStageZero) {
+  // Three blocks: units gathered ahead, and released behind, in both passes.
+  writeBase(13, 3, "base3.pt");
+  const std::vector<std::string> deep{"--set", "model.n_layer=3", "--set", "model.init_from=" + dir.file("base3.pt")};
+  std::vector<std::string> common{"--set", "training.max_steps=12", "--set", "output.merge_lora=true"};
+  common.insert(common.end(), deep.begin(), deep.end());
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = common;
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  };
+  auto zero0 = run("zero0", common);
+  ASSERT_EQ(zero0.exitCode, 0) << zero0.describe();
+  auto zero3 = run("zero3", with({"--set", "distribution.zero=3"}));
+  ASSERT_EQ(zero3.exitCode, 0) << zero3.describe();
+  EXPECT_NE(zero3.err.find("(frozen, one unit at a time)"), std::string::npos) << zero3.err;
+  EXPECT_NE(zero3.err.find("(adapters merged, one unit at a time)"), std::string::npos) << zero3.err;
+  // Over Gloo (no shared memory) the same.
+  auto gloo = run("gloo", with({"--set", "distribution.zero=3", "--set", "distribution.shared_memory=false"}));
+  ASSERT_EQ(gloo.exitCode, 0) << gloo.describe();
+  EXPECT_LT(test::maxDifference(ckpt::readStateDict(dir.file("zero3/model/final.pt")),
+                                ckpt::readStateDict(dir.file("gloo/model/final.pt"))),
+            1e-4);
+
+  const auto s0 = nlohmann::json::parse(test::readText(dir.file("zero0/summary.json")));
+  const auto s3 = nlohmann::json::parse(test::readText(dir.file("zero3/summary.json")));
+  // The digest taken as the parts were gathered is the whole base's.
+  EXPECT_EQ(s3["lora_base_digest"], s0["lora_base_digest"]);
+  // Each of the 2 ranks holds half of the frozen base (and padding).
+  const double frozen = s3["parameters"].get<double>() - s3["trainable_parameters"].get<double>();
+  ASSERT_TRUE(s3["memory"].contains("frozen_mb")) << s3.dump(2);
+  EXPECT_NEAR(s3["memory"]["frozen_mb"].get<double>(), frozen * 4 / 2 / (1 << 20), 0.01) << s3.dump(2);
+
+  // The same training: the adapters and the merged model agree to float
+  // sums taken in another order.
+  EXPECT_LT(test::maxDifference(ckpt::readStateDict(dir.file("zero0/model/adapters.pt")),
+                                ckpt::readStateDict(dir.file("zero3/model/adapters.pt"))),
+            1e-4);
+  const ckpt::StateDict merged0 = ckpt::readStateDict(dir.file("zero0/model/final.pt"));
+  const ckpt::StateDict merged3 = ckpt::readStateDict(dir.file("zero3/model/final.pt"));
+  ASSERT_EQ(merged3.size(), merged0.size());
+  for (size_t k = 0; k < merged0.size(); ++k) EXPECT_EQ(merged3[k].first, merged0[k].first);
+  EXPECT_LT(test::maxDifference(merged0, merged3), 1e-4);
+
+  // A rank killed at stage 3 resumes to bitwise the same adapters.
+  auto killed = run("killed", with({"--set", "distribution.zero=3"}), {{"COHORT_FAULT", "kill@rank1:step7"}});
+  ASSERT_EQ(killed.exitCode, 0) << killed.describe();
+  EXPECT_EQ(nlohmann::json::parse(test::readText(dir.file("killed/summary.json")))["restart_count"], 1);
+  EXPECT_EQ(test::maxDifference(ckpt::readStateDict(dir.file("zero3/model/adapters.pt")),
+                                ckpt::readStateDict(dir.file("killed/model/adapters.pt"))),
+            0.0);
+
+  // A stage-0 checkpoint goes on at stage 3 (its digest is the same).
+  auto on = run("on", with({"--set", "training.max_steps=15", "--set", "distribution.zero=3", "--resume",
+                            dir.file("zero0/checkpoints/step-12")}));
+  EXPECT_EQ(on.exitCode, 0) << on.describe();
+
+  // Without model.init_from the random base is made unit by unit from the
+  // same draws, and written one unit at a time: base.pt is stage 0's.
+  auto random0 = run("random0", {"--set", "model.n_layer=3", "--set", "model.init_from=", "--set",
+                                 "training.max_steps=3"});
+  ASSERT_EQ(random0.exitCode, 0) << random0.describe();
+  auto random3 = run("random3", {"--set", "model.n_layer=3", "--set", "model.init_from=", "--set",
+                                 "training.max_steps=3", "--set", "distribution.zero=3"});
+  ASSERT_EQ(random3.exitCode, 0) << random3.describe();
+  EXPECT_EQ(test::maxDifference(ckpt::readStateDict(dir.file("random0/model/base.pt")),
+                                ckpt::readStateDict(dir.file("random3/model/base.pt"))),
+            0.0);
+  EXPECT_EQ(nlohmann::json::parse(test::readText(dir.file("random3/summary.json")))["lora_base_digest"],
+            nlohmann::json::parse(test::readText(dir.file("random0/summary.json")))["lora_base_digest"]);
+
+  // Resuming at stage 3 over other frozen weights is refused, as at stage 0.
+  writeBase(14, 3, "base3.pt");
+  auto other = run("other3", with({"--set", "training.max_steps=15", "--set", "distribution.zero=3", "--resume",
+                                   dir.file("zero3/checkpoints/step-12")}));
+  EXPECT_EQ(other.exitCode, 2) << other.describe();
+  EXPECT_NE(other.err.find("its LoRA adapters were trained on other frozen weights"), std::string::npos)
+      << other.err;
+
+  // A base of other shapes: exit 2 naming the file and the tensor, at start.
+  auto bad = run("bad", {"--set", "distribution.zero=3", "--set", "model.n_layer=2"});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
+  EXPECT_NE(bad.err.find(dir.file("base.pt") + ": 'transformer."), std::string::npos) << bad.err;
 }
 
 TEST_F(LoraJob, MistakesExit2NamingTheKey) {

@@ -105,6 +105,15 @@ TEST(MemoryFit, EachStageHoldsItsShareAndTooLittleMemoryIsAConfigurationError) {
   EXPECT_DOUBLE_EQ(s3.wholeModel, frozen + p);
   // Built unit by unit, no step holds the model whole.
   EXPECT_DOUBLE_EQ(train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw, cap, true).wholeModel, 0);
+  {
+    // Built unit by unit, the frozen weights (outside the units here) are
+    // held in parts too, and gathered whole with their unit.
+    auto parts = train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw, cap, true);
+    EXPECT_DOUBLE_EQ(parts.parameters, (frozen + p) / 2);
+    EXPECT_DOUBLE_EQ(parts.fixed, 0);
+    EXPECT_DOUBLE_EQ(parts.shardable, 4 * p + frozen);
+    EXPECT_DOUBLE_EQ(parts.unit, frozen + 2 * 4 * 42.0);  // the head and the frozen tensor, outside the units
+  }
   EXPECT_DOUBLE_EQ(s3.shardable, 4 * p);
   EXPECT_DOUBLE_EQ(s3.fixed, frozen);
   // Sharded over many ranks, the model as built is what bounds it.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/core/checksum.h"
 #include "cohort/config/job.h"
 #include "cohort/models/model.h"
 
@@ -65,6 +66,9 @@ LoraSummary attachLora(Model& model, const LoraConfig& config);
 // here.
 LoraSummary loadFrozenBase(Model& model, const ModelConfig& config);
 
+// Whether `name` is an adapter's tensor (lora_A or lora_B of a layer).
+bool isAdapterName(const std::string& name);
+
 // Whether the model carries adapters.
 bool hasAdapters(const torch::nn::Module& model);
 
@@ -93,5 +97,17 @@ ckpt::StateDict mergedStateDict(const Model& model);
 // A digest of the frozen parameters' values. A checkpoint of adapters
 // records it, so that resuming over other base weights is refused.
 std::string frozenDigest(const Model& model);
+
+// frozenDigest() fed one parameter at a time: the model's parameters
+// without gradients, in named_parameters() order (a model held in parts
+// gathers each in turn).
+class FrozenDigest {
+ public:
+  void add(const std::string& name, const at::Tensor& value);
+  std::string hex() const { return hash_.hex(); }
+
+ private:
+  Hasher hash_;
+};
 
 }  // namespace cohort::models

@@ -69,6 +69,8 @@ struct TrainSummary {
     // gathered units (parameters, full gradients, receive buffers) held at once.
     int64_t largestUnitBytes = 0;
     int64_t unitPeakBytes = 0;
+    // Stage 3 with model.lora: this rank's parts of the frozen base.
+    int64_t frozenBytes = 0;
   } memory;
   // A pipeline (distribution.pipeline): what each stage of data replica 0
   // measured, in stage order; empty without one.

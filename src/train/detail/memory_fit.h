@@ -25,9 +25,9 @@ struct StateBytes {
   // built, before it is cut into parts.
   double parameters = 0, gradients = 0, optimizer = 0, unit = 0, wholeModel = 0;
   // What a rank would hold at stage 3 on any number of ranks: `fixed`
-  // (frozen weights, buffers) + `shardable` (parameters, gradients and
-  // optimizer state of all ranks) / ranks + `stage3Unit` (one unit's
-  // parameters and gradients, whole).
+  // (buffers, and frozen weights unless built by unit) + `shardable`
+  // (parameters, gradients and optimizer state of all ranks) / ranks +
+  // `stage3Unit` (one unit's parameters and gradients, whole).
   double fixed = 0, shardable = 0, stage3Unit = 0;
   double total() const { return std::max(parameters + gradients + optimizer + unit, wholeModel); }
 };
@@ -41,7 +41,8 @@ struct StateBytes {
 // allocates anything, so that a state that cannot fit fails before it is
 // half built.
 // `byUnit`: the model is built unit by unit (train/detail/units.h), so no
-// step holds it whole.
+// step holds it whole, and its frozen weights (model.lora's base) are held
+// in parts as the trainable ones, gathered with their unit.
 StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
                       const std::vector<std::string>& units, const OptimizerConfig& optimizer,
                       double bucketCapMb, bool byUnit = false);

@@ -40,10 +40,15 @@ struct ModelSetup {
   Precision precision = Precision::fp32;  // training.precision resolved: fp32, bf16 or fp16
   int64_t parameters = 0;
   int64_t trainable = 0;    // parameters that train (with model.lora: the adapters')
-  std::string frozenDigest;  // model.lora: models::frozenDigest
+  // model.lora: models::frozenDigest (with frozenUnits, empty until the
+  // plan can gather them: frozenDigestByUnit).
+  std::string frozenDigest;
   // ZeRO stage 3 built unit by unit (buildsByUnit): this rank's parts,
-  // for the engine (DdpOptions::presharded); null otherwise.
+  // for the engine (DdpOptions::presharded); null otherwise. With
+  // model.lora, the frozen base's parts instead (frozenUnits, for
+  // DdpOptions::frozenPresharded), and the adapters are built whole.
   std::shared_ptr<parallel::UnitParts> units;
+  std::shared_ptr<parallel::UnitParts> frozenUnits;
 };
 
 // job.model with in_channels (images) or vocab_size (tokens) from the data;

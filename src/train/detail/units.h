@@ -16,8 +16,8 @@
 
 namespace cohort::train::detail {
 
-// ZeRO stage 3 on a model with sharding units (the GPT), without LoRA (whose
-// frozen weights are loaded whole).
+// ZeRO stage 3 on a model with sharding units (the GPT; with model.lora its
+// frozen base is built and loaded unit by unit, the adapters whole).
 bool buildsByUnit(const JobConfig& job);
 
 // Puts `dict` (tensors of the model, or of its pipeline part, by name; a
