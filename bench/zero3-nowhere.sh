@@ -15,7 +15,10 @@
 # of the same limit, go on at stage 3 from the stage-3 run's newest
 # checkpoint for 2 more steps: a checkpoint cut otherwise than the run, read
 # one unit at a time. Then the zero3 run is exported (ONNX, TorchScript) in
-# a cgroup of EXPORT_MIB (400). Prints the CPU, each rank's
+# a cgroup of EXPORT_MIB (400). Then LoRA (rank 8 on attn, the merged
+# final.pt saved) adapts the zero3 run's final.pt as its frozen base on 4
+# ranks at stage 3, each in a cgroup of LORA_MIB (700, less than the base's
+# 939 MiB of float32). Prints the CPU, each rank's
 # peak resident memory (its log's figure) against the limit, steps/s of the
 # steps after the first, and each run's exit.
 set -eu
@@ -49,23 +52,25 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'),
      "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_tile)$' | tr '\n' ' ')"
 echo "model: n_layer $layers, n_embd 512; limit $limit_mib MiB per rank; $steps steps"
 
-# run TAG DISTRIBUTION [RANKS [STEPS [RESUME]]]: the ranks (4), each in its
-# cgroup; prints the figures.
+# run TAG DISTRIBUTION [RANKS [STEPS [RESUME [MODEL_KEYS [OUTPUT_KEYS]]]]]:
+# the ranks (4), each in its cgroup; prints the figures.
 run() {
   tag=$1
   ranks=${3:-4}
   total=${4:-$steps}
   resume=${5:-}
+  model_more=${6:-}
+  output_more=${7:-}
   cat > "$out/$tag.yaml" <<EOF
 name: $tag
-model: {arch: gpt, n_layer: $layers, n_head: 8, n_embd: 512, block_size: 32}
+model: {arch: gpt, n_layer: $layers, n_head: 8, n_embd: 512, block_size: 32$model_more}
 data:
   train: {kind: tokens, path: $out/tok/train}
   loader_threads: 1
 distribution: $2
 training: {max_steps: $total, batch_size: 1, precision: fp32, log_every: 1, optimizer: {name: adamw, lr: 0.0003}}
 checkpoint: {every_steps: 2, every_epochs: 0, when_behind: wait}
-output: {progress: off}
+output: {progress: off$output_more}
 compute: {allocator: map}
 EOF
   port=$((20000 + $$ % 20000))
@@ -83,7 +88,7 @@ EOF
     code=0
     wait "$p" || code=$?
     peak=$(grep -o 'peak resident [0-9]*' "$out/$tag/logs/rank-$r.log" 2>/dev/null | awk '{print $3}' | sort -n | tail -1)
-    echo "$tag rank $r: exit $code, peak resident ${peak:-?} MiB of $limit_mib"
+    echo "$tag rank $r: exit $code, peak resident ${peak:-?} MiB of $(($(cat "$base/cohort-zero3-nowhere.$$.$r/$limit_file") / 1048576))"
     grep -o 'cut otherwise than this run: one unit at a time' "$out/$tag/logs/rank-$r.log" 2>/dev/null | head -1 || true
     r=$((r + 1))
   done
@@ -116,3 +121,10 @@ for format in onnx torchscript; do
   echo "export $format: exit $code, peak resident ${rss:-?} MiB of $export_mib, ${size:-?} MiB written, $secs"
   rm -f "$out/export.$format"
 done
+
+# LoRA over the zero3 run's final.pt, at LORA_MIB per rank.
+lora_mib="${LORA_MIB:-700}"
+for r in 0 1 2 3; do echo $((lora_mib * 1048576)) > "$base/cohort-zero3-nowhere.$$.$r/$limit_file"; done
+run lora "{zero: 3, threads_per_rank: 1, max_restarts: 0}" 4 "$steps" "" \
+  ", init_from: $out/zero3/model/final.pt, lora: {rank: 8, targets: [attn]}" ", merge_lora: true"
+grep -o '[0-9]* parameters train, [0-9]* are frozen' "$out/lora/logs/rank-0.log" | head -1

@@ -8,7 +8,8 @@
 // below the limit (the kernel would have killed it otherwise). A limit even
 // that layout cannot meet is refused with exit 2 before the model is built.
 // `cohort export` (ONNX and TorchScript) writes the trained model within a limit of
-// less than half its parameters.
+// less than half its parameters, and LoRA adapts it (as a frozen base) on 4
+// ranks each limited to less than the base.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -81,7 +82,7 @@ compute: {allocator: map}
   // checkpoint is committed (its manifest written), so that there is one
   // to resume from whatever the machine's speed.
   std::vector<test::ProcessResult> ranks(const std::string& yaml, const std::string& runDir, int64_t limitMb,
-                                         bool killAfterCommit = false) {
+                                         bool killAfterCommit = false, const std::vector<std::string>& sets = {}) {
     const std::string port = std::to_string(test::freePort());
     std::vector<std::unique_ptr<test::Process>> procs;
     for (int r = 0; r < kRanks; ++r) {
@@ -91,8 +92,9 @@ compute: {allocator: map}
           {"LOCAL_RANK", "0"},               {"LOCAL_WORLD_SIZE", "1"},
           {"MASTER_ADDR", "127.0.0.1"},      {"MASTER_PORT", port},
           {"COHORT_MACHINE_ID", fmt::format("machine-{}", r)}};
-      procs.push_back(std::make_unique<test::Process>(
-          groups_[static_cast<size_t>(r)]->wrap({test::cohortBin(), "worker", yaml, "--run-dir", runDir}), env));
+      std::vector<std::string> args{test::cohortBin(), "worker", yaml, "--run-dir", runDir};
+      args.insert(args.end(), sets.begin(), sets.end());
+      procs.push_back(std::make_unique<test::Process>(groups_[static_cast<size_t>(r)]->wrap(args), env));
     }
     if (killAfterCommit) {
       const std::string manifest = runDir + "/checkpoints/step-2/manifest.json";
@@ -213,6 +215,49 @@ compute: {allocator: map}
     }
   }
 
+  // LoRA over the trained model (its final.pt as model.init_from) at stage
+  // 3 on 4 ranks, each limited to less than the frozen base's float32
+  // weights: the base is built, read and held in parts, so the adapters
+  // train; adapters.pt and the merged final.pt (written one unit at a
+  // time) are saved, and PyTorch loads the latter whole.
+  void adaptUnderALimit(const std::string& tag, int64_t limitMb) {
+    const std::string yaml = job("lora", "{zero: 3, threads_per_rank: 1, max_restarts: 0}");
+    const std::string runDir = dir.file("lora"), base = dir.file(tag + "/model/final.pt");
+    const auto r = ranks(yaml, runDir, limitMb, false,
+                         {"--set", "model.init_from=" + base, "--set", "model.lora.rank=8", "--set",
+                          "model.lora.targets=[attn]", "--set", "output.merge_lora=true", "--set",
+                          "training.max_steps=2", "--set", "checkpoint.enabled=false"});
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const auto& p = r[static_cast<size_t>(rank)];
+      ASSERT_EQ(p.exitCode, 0) << "rank " << rank << ": " << p.describe() << log(runDir, rank);
+      const std::string text = log(runDir, rank);
+      EXPECT_NE(text.find("(frozen, one unit at a time)"), std::string::npos) << text;
+      const double peak = peakMb(text);
+      EXPECT_GT(peak, 0) << text;
+      EXPECT_LT(peak, limitMb) << text;
+      RecordProperty(fmt::format("lora_rank{}_peak_resident_mb", rank), fmt::format("{:.0f}", peak));
+      std::printf("lora: rank %d peak resident %.0f MiB of its %lld MiB\n", rank, peak,
+                  static_cast<long long>(limitMb));
+    }
+    const std::string text = log(runDir, 0);
+    EXPECT_NE(text.find("(adapters merged, one unit at a time)"), std::string::npos) << text;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, std::regex("([0-9]+) parameters train, ([0-9]+) are frozen"))) << text;
+    const double frozenMb = std::stod(m[2].str()) * 4 / (1 << 20);
+    EXPECT_GT(frozenMb, limitMb) << "the frozen base must not fit one rank";
+    std::printf("lora: %s parameters train beside %.0f MiB of frozen float32 weights\n", m[1].str().c_str(),
+                frozenMb);
+    RecordProperty("lora_frozen_mb", fmt::format("{:.0f}", frozenMb));
+    const auto py = test::run({COHORT_PYTHON, "-c",
+                               "import sys, torch\n"
+                               "d = torch.load(sys.argv[1])\n"
+                               "assert not any('lora_' in k for k in d)\n"
+                               "assert all(torch.isfinite(t).all() for t in d.values())\n"
+                               "print(len(d))\n",
+                               runDir + "/model/final.pt"});
+    ASSERT_EQ(py.exitCode, 0) << py.describe();
+  }
+
   std::vector<std::unique_ptr<test::MemoryCgroup>> groups_;
   test::TempDir dir;
 };
@@ -225,6 +270,7 @@ TEST_F(WholeModelNowhere, TwiceALimitTrainsAtZeroStage3OnFourRanksAndResumesAfte
   EXPECT_NE(text.find("checkpoints are written in place"), std::string::npos) << text;
   EXPECT_NE(text.find("one unit at a time"), std::string::npos) << text;
   exportUnderALimit("zero3", 400);
+  adaptUnderALimit("zero3", 700);
 }
 
 TEST_F(WholeModelNowhere, TwiceALimitTrainsOnFourPipelineStagesAndResumesAfterAKill) {
