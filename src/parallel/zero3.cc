@@ -285,10 +285,13 @@ void DistributedDataParallel::allocateWeights(Bucket& b) {
 
 void DistributedDataParallel::releaseWeights(Bucket& b) {
   if (b.gather) {
-    // Never free what a collective is still writing.
+    // Never free what a collective is still writing. A gather launched
+    // ahead and never used (a unit backward did not reach) holds its
+    // storage all the same: freed below.
     auto work = std::move(b.gather);
     b.gather.reset();
     comm::wait(work, comm_, "parameter gather (ZeRO stage 3)");
+    b.weightsLive = true;
   }
   if (!b.weightsLive) return;
   releaseStorage(b.weights);

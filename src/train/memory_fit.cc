@@ -54,8 +54,16 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
   b.parameters = 4 * fixed + 4 * (elements + frozen) / (stage == 3 ? n : 1);
   b.gradients = 4 * elements / (shardedGradients ? n : 1);
   b.optimizer = 4 * copies * elements / (stage > 0 ? n : 1);
-  double largest = 0;  // a unit's parameters and gradients, and its frozen weights
-  for (const auto& [name, e] : unitElements) largest = std::max(largest, 2 * e.first + e.second);
+  // A unit's parameters and gradients, and its frozen weights, whole while
+  // it runs, inside the parameters outside every unit (gathered around the
+  // whole forward and backward).
+  double largest = 0;
+  for (const auto& [name, e] : unitElements) {
+    if (!name.empty()) largest = std::max(largest, 2 * e.first + e.second);
+  }
+  if (auto outside = unitElements.find(""); outside != unitElements.end()) {
+    largest += 2 * outside->second.first + outside->second.second;
+  }
   b.fixed = 4 * fixed;
   b.shardable = 4 * elements * (2 + copies) + 4 * frozen;
   b.stage3Unit = 4 * largest;

@@ -36,7 +36,8 @@ double writeByUnit(parallel::DistributedDataParallel& engine, const models::Mode
   std::vector<bool> frozenDone(frozen.size(), false);
   for (size_t k = 0; k < buckets.size(); ++k) {
     const int f = engine.frozenBucketOf(k);
-    engine.gatherBucket(0, k);
+    const bool own = what.trainable;
+    if (own) engine.gatherBucket(0, k);
     if (f >= 0) engine.gatherFrozen(0, static_cast<size_t>(f));
     write(buckets[k]);
     if (f >= 0) {
@@ -44,7 +45,7 @@ double writeByUnit(parallel::DistributedDataParallel& engine, const models::Mode
       engine.releaseFrozen(static_cast<size_t>(f));
       frozenDone[static_cast<size_t>(f)] = true;
     }
-    engine.releaseBucket(k);
+    if (own) engine.releaseBucket(k);
   }
   for (size_t f = 0; f < frozen.size(); ++f) {
     if (frozenDone[f]) continue;

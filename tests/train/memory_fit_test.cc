@@ -101,7 +101,7 @@ TEST(MemoryFit, EachStageHoldsItsShareAndTooLittleMemoryIsAConfigurationError) {
   auto s3 = train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw, cap);
   EXPECT_DOUBLE_EQ(s3.parameters, frozen + p / 2);
   EXPECT_DOUBLE_EQ(s3.optimizer, p);
-  EXPECT_DOUBLE_EQ(s3.unit, 2 * 4 * 220.0);  // h1, the largest unit
+  EXPECT_DOUBLE_EQ(s3.unit, 2 * 4 * (220.0 + 42.0));  // h1, the largest unit, inside the head's
   EXPECT_DOUBLE_EQ(s3.wholeModel, frozen + p);
   // Built unit by unit, no step holds the model whole.
   EXPECT_DOUBLE_EQ(train::detail::stateBytes(model, 3, 2, {"h0", "h1"}, adamw, cap, true).wholeModel, 0);
@@ -112,7 +112,8 @@ TEST(MemoryFit, EachStageHoldsItsShareAndTooLittleMemoryIsAConfigurationError) {
     EXPECT_DOUBLE_EQ(parts.parameters, (frozen + p) / 2);
     EXPECT_DOUBLE_EQ(parts.fixed, 0);
     EXPECT_DOUBLE_EQ(parts.shardable, 4 * p + frozen);
-    EXPECT_DOUBLE_EQ(parts.unit, frozen + 2 * 4 * 42.0);  // the head and the frozen tensor, outside the units
+    // h1 inside the head and the frozen tensor (outside the units).
+    EXPECT_DOUBLE_EQ(parts.unit, frozen + 2 * 4 * 42.0 + 2 * 4 * 220.0);
   }
   EXPECT_DOUBLE_EQ(s3.shardable, 4 * p);
   EXPECT_DOUBLE_EQ(s3.fixed, frozen);

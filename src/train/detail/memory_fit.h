@@ -27,7 +27,8 @@ struct StateBytes {
   // What a rank would hold at stage 3 on any number of ranks: `fixed`
   // (buffers, and frozen weights unless built by unit) + `shardable`
   // (parameters, gradients and optimizer state of all ranks) / ranks +
-  // `stage3Unit` (one unit's parameters and gradients, whole).
+  // `stage3Unit` (one unit's parameters and gradients, whole, with those
+  // outside every unit).
   double fixed = 0, shardable = 0, stage3Unit = 0;
   double total() const { return std::max(parameters + gradients + optimizer + unit, wholeModel); }
 };

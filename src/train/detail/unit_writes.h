@@ -23,6 +23,9 @@ namespace cohort::train::detail {
 struct UnitWrite {
   std::function<bool(const std::string&)> keep;
   std::function<at::Tensor(const std::string&, const at::Tensor&)> value;
+  // Whether each unit's trainable bucket is gathered with it: false when
+  // neither `keep` nor `value` reads a trainable parameter (model/base.pt).
+  bool trainable = true;
 };
 
 // Writes `path` on `rank` 0 in the published state dict's order: each
