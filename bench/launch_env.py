@@ -9,6 +9,7 @@ preloads tcmalloc or jemalloc and sets OMP_NUM_THREADS. On Debian its search
 libraries, so this module sets what it would:
 
     launch_env.py env ALLOCATOR THREADS   # JSON: the variables to start a side with
+    launch_env.py run ALLOCATOR THREADS COMMAND...   # COMMAND started with them
     launch_env.py report                  # JSON: what this process runs with
 
 ALLOCATOR is glibc (none preloaded), tcmalloc (libtcmalloc-minimal4) or
@@ -108,14 +109,29 @@ def verify(torch):
     return got
 
 
+def run(allocator, threads, command):
+    """Replaces this process with `command` under environment(): a variable
+    given empty is unset."""
+    env = dict(os.environ)
+    for key, value in environment(allocator, threads).items():
+        if value:
+            env[key] = value
+        else:
+            env.pop(key, None)
+    os.execvpe(command[0], command, env)
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "env":
         print(json.dumps(environment(sys.argv[2], int(sys.argv[3]))))
         return 0
+    if len(sys.argv) >= 5 and sys.argv[1] == "run":
+        run(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     if len(sys.argv) == 2 and sys.argv[1] == "report":
         print(json.dumps(report()))
         return 0
-    print("usage: launch_env.py env glibc|tcmalloc|jemalloc THREADS | launch_env.py report", file=sys.stderr)
+    print("usage: launch_env.py env|run glibc|tcmalloc|jemalloc THREADS [COMMAND...] | launch_env.py report",
+          file=sys.stderr)
     return 2
 
 

@@ -1,7 +1,8 @@
 // The benchmarks' own check that both sides of a comparison run alike
 // (bench/launch_env.py, docs/benchmarks.md): started with the environment
-// launch_env.py gives for an allocator and a thread count, the PyTorch peers
-// (ddp.py, gpt.py, step.py, asked only for their report) and a real cohort
+// launch_env.py gives for an allocator and a thread count (or through its
+// `run`), the PyTorch peers (ddp.py, gpt.py, step.py, fashion_mnist.py,
+// asked only for their report) and a real cohort
 // run report the same allocator serving malloc and the same intra- and
 // inter-op threads; a peer started otherwise (the preload missing, another
 // thread count) exits 3 naming the setting, so the benchmark fails instead
@@ -48,7 +49,8 @@ std::vector<std::vector<std::string>> peers(int threads) {
   const std::string t = std::to_string(threads);
   return {{COHORT_PYTHON, script("peers/ddp.py"), "--report-only", "--world", "2", "--threads", t},
           {COHORT_PYTHON, script("peers/gpt.py"), "ddp", "--report-only", "--threads", t},
-          {COHORT_PYTHON, script("peers/step.py"), "--report-only", "--threads", t}};
+          {COHORT_PYTHON, script("peers/step.py"), "--report-only", "--threads", t},
+          {COHORT_PYTHON, script("peers/fashion_mnist.py"), "--report-only", "--threads", t}};
 }
 
 class LaunchEnv : public ::testing::TestWithParam<std::pair<std::string, int>> {};
@@ -64,6 +66,17 @@ TEST_P(LaunchEnv, EverySideReportsTheAllocatorAndThreadsItWasStartedWith) {
     EXPECT_EQ(launch["malloc"], allocator) << launch.dump();
     EXPECT_EQ(launch["intra_op_threads"], threads) << launch.dump();
     EXPECT_EQ(launch["inter_op_threads"], 1) << launch.dump();
+  }
+  // `launch_env.py run` (what scripts/bench.sh starts a side with) gives
+  // the same from an environment without them.
+  {
+    const nlohmann::json launch =
+        peerReport({COHORT_PYTHON, script("launch_env.py"), "run", allocator, std::to_string(threads), COHORT_PYTHON,
+                    script("peers/fashion_mnist.py"), "--report-only", "--threads", std::to_string(threads)},
+                   {{"LD_PRELOAD", ""}, {"OMP_NUM_THREADS", ""}, {"COHORT_BENCH_EXPECT", ""}});
+    ASSERT_TRUE(launch.is_object());
+    EXPECT_EQ(launch["malloc"], allocator) << launch.dump();
+    EXPECT_EQ(launch["intra_op_threads"], threads) << launch.dump();
   }
   // cohort's side, 2 ranks: summary.json's compute says the same.
   test::TempDir dir;
