@@ -13,10 +13,13 @@ interleaved, --repeats rounds of them, the median kept.
   cohort, batched   cohort serve --max-batch 32 --max-delay-ms D
   onnxruntime-node  bench/peers/ort_server.js, one session.run per request
   torchscript       bench/peers/ts_server.py, one forward per request
+  torchscript, batched   the same with its batching queue: up to 32 requests
+                    per forward, waiting at most D ms (as TorchServe's
+                    batch_size and max_batch_delay): the tuned peer
 
 Two bodies: the image as a JPEG (cohort decodes it with its own decoder and
 the eval transform) for cohort's two modes, and as JSON pixels
-({"inputs": [[C][H][W]]}) for all four, since the peers have no decoder.
+({"inputs": [[C][H][W]]}) for all of them, since the peers have no decoder.
 Each server's model uses --threads intra-op threads (default: all cores).
 
 Printed: requests/s, p50 and p99 latency (wrk's), errors, and the issue's
@@ -176,6 +179,8 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
             else:
                 cmd = [SYSTEM_PYTHON, os.path.join(ROOT, "bench/peers/ts_server.py"), ts, str(port),
                        str(args.threads)]
+                if kind == "torchscript, batched":
+                    cmd += ["32", str(args.max_delay_ms)]
             # TMPDIR: ONNX Runtime's telemetry leaves an empty mat-debug-<pid>.log there.
             p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, kind + ".log"), "w"),
                                  env=dict(os.environ, TMPDIR=work))
@@ -185,12 +190,13 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
 
         levels = [int(c) for c in args.concurrency.split(",")]
         plan = [("cohort, batch 1", "jpeg"), ("cohort, batched", "jpeg"), ("cohort, batch 1", "json"),
-                ("cohort, batched", "json"), ("onnxruntime-node", "json"), ("torchscript", "json")]
+                ("cohort, batched", "json"), ("onnxruntime-node", "json"), ("torchscript", "json"),
+                ("torchscript, batched", "json")]
         # Every server runs from the start (an idle one takes no CPU), and the
         # measurements are interleaved: on a shared machine whose speed drifts,
         # each configuration sees the same drift.
         ports = {kind: start(kind)[1] for kind in ["cohort, batch 1", "cohort, batched", "onnxruntime-node",
-                                                   "torchscript"]}
+                                                   "torchscript", "torchscript, batched"]}
         bodies = {"jpeg": (jpeg, "image/jpeg"), "json": (js, "application/json")}
         for server, body in plan:
             wrk(ports[server], bodies[body][0], bodies[body][1], 2, 3, script)  # warm-up
@@ -204,7 +210,7 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
             for (server, body), rs in runs.items():
                 r = sorted(rs, key=lambda x: x["rps"])[len(rs) // 2]
                 results[(server, body, c)] = r
-                print("%-17s %-4s c=%-3d %8.1f req/s  p50 %8.1f ms  p99 %8.1f ms  errors %d  (req/s of %d runs: %s)" %
+                print("%-20s %-4s c=%-3d %8.1f req/s  p50 %8.1f ms  p99 %8.1f ms  errors %d  (req/s of %d runs: %s)" %
                       (server, body, c, r["rps"], r["p50_ms"], r["p99_ms"], r["errors"], len(rs),
                        " ".join("%.1f" % x["rps"] for x in rs)), flush=True)
         print()
@@ -216,6 +222,12 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
                 print("%s: at c=32 batched/batch-1 throughput %.2fx (target >= 3x); batched p99 %.0f ms = "
                       "%.1fx the single-request latency %.1f ms (target < 4x)" %
                       (body, bb["rps"] / b1["rps"], bb["p99_ms"], bb["p99_ms"] / one["p50_ms"], one["p50_ms"]))
+        tb = results.get(("torchscript, batched", "json", 32))
+        cb = results.get(("cohort, batched", "json", 32))
+        if tb and cb:
+            print("json at c=32: cohort batched %.1f req/s against the batching TorchScript peer's %.1f: %.2fx; "
+                  "p99 %.0f ms against %.0f ms" % (cb["rps"], tb["rps"], cb["rps"] / tb["rps"], cb["p99_ms"],
+                                                   tb["p99_ms"]))
         print(json.dumps({"|".join(map(str, k)): v for k, v in results.items()}))
     finally:
         for p in procs:
