@@ -28,6 +28,22 @@ at::Tensor partOf(const at::Tensor& flat, int64_t padded, int parts, int rank) {
 
 }  // namespace
 
+int64_t DistributedDataParallel::moveIntoWeights(Bucket& b, std::vector<Param>& params) {
+  int64_t offset = 0;
+  for (size_t k : b.params) {
+    Param& p = params[k];
+    const int64_t n = p.tensor.numel();
+    at::Tensor slot = b.weights.narrow(0, offset, n);
+    at::Tensor view = p.tensor.is_non_overlapping_and_dense()
+                          ? slot.as_strided(p.tensor.sizes(), p.tensor.strides())
+                          : slot.view(p.tensor.sizes());
+    if (b.preset == nullptr) view.copy_(p.tensor);
+    p.tensor.set_data(view);
+    offset += n;
+  }
+  return offset;
+}
+
 void DistributedDataParallel::setUpParts() {
   torch::NoGradGuard noGrad;
   const bool inShm =
@@ -51,18 +67,7 @@ void DistributedDataParallel::setUpParts() {
     // A bucket cut already (DdpOptions::presharded): its parameters become
     // views of `weights` without reading them, and `weights` is released
     // before it was ever touched.
-    int64_t offset = 0;
-    for (size_t k : b.params) {
-      Param& p = params_[k];
-      const int64_t n = p.tensor.numel();
-      at::Tensor slot = b.weights.narrow(0, offset, n);
-      at::Tensor view = p.tensor.is_non_overlapping_and_dense()
-                            ? slot.as_strided(p.tensor.sizes(), p.tensor.strides())
-                            : slot.view(p.tensor.sizes());
-      if (b.preset == nullptr) view.copy_(p.tensor);
-      p.tensor.set_data(view);
-      offset += n;
-    }
+    const int64_t offset = moveIntoWeights(b, params_);
     if (b.preset != nullptr) {
       const at::Tensor& cut = b.preset->part;
       if (cut.numel() != b.padded / comm_.worldSize || cut.scalar_type() != options.dtype().toScalarType()) {

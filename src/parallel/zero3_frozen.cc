@@ -25,18 +25,7 @@ void DistributedDataParallel::setUpFrozenParts(size_t shmOffset) {
     // As the trainable buckets (setUpParts): each parameter becomes a view
     // of the flat buffer, its values copied there unless the part came cut.
     b.weights = detail::unitBuffer(b.padded, options);
-    int64_t offset = 0;
-    for (size_t k : b.params) {
-      Param& p = frozenParams_[k];
-      const int64_t n = p.tensor.numel();
-      at::Tensor slot = b.weights.narrow(0, offset, n);
-      at::Tensor view = p.tensor.is_non_overlapping_and_dense()
-                            ? slot.as_strided(p.tensor.sizes(), p.tensor.strides())
-                            : slot.view(p.tensor.sizes());
-      if (b.preset == nullptr) view.copy_(p.tensor);
-      p.tensor.set_data(view);
-      offset += n;
-    }
+    const int64_t offset = moveIntoWeights(b, frozenParams_);
     at::Tensor own;
     if (b.preset != nullptr) {
       own = b.preset->part;

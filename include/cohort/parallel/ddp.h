@@ -328,6 +328,10 @@ class DistributedDataParallel {
   // ZeRO (zero.cc): the flat parameters and this rank's parts; stage 2's
   // reduce-scatter of bucket k, and its completion after the wait.
   void setUpParts();
+  // Each of b's parameters (indices into `params`) becomes a view of
+  // b.weights in its memory layout, its values copied there unless b's part
+  // came cut; returns the elements they take.
+  int64_t moveIntoWeights(Bucket& b, std::vector<Param>& params);
   void launchReduceScatter(size_t k);
   void completeReduceScatter(size_t k);
   // This rank's part of bucket b's gradients (all of them at stage 0).
