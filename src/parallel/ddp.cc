@@ -81,28 +81,25 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   const int64_t parts = options_.zeroStage > 0 ? comm_.worldSize : 1;
   torch::NoGradGuard noGrad;
   bool floatOnCpu = true;
-  int64_t largest = 0;
-  for (Bucket& b : buckets_) {
-    int64_t total = 0;
-    for (size_t k : b.params) {
-      const at::Tensor& t = params_[k].tensor;
-      floatOnCpu = floatOnCpu && t.scalar_type() == at::kFloat && t.device().is_cpu();
-      total += t.numel();
+  int64_t largest = 0;  // of the trainable buckets
+  // Pads each of `list`'s buckets; returns their floats in all.
+  auto pad = [&](std::vector<Bucket>& list, const std::vector<Param>& params, bool trainable) {
+    int64_t all = 0;
+    for (Bucket& b : list) {
+      int64_t total = 0;
+      for (size_t k : b.params) {
+        const at::Tensor& t = params[k].tensor;
+        floatOnCpu = floatOnCpu && t.scalar_type() == at::kFloat && t.device().is_cpu();
+        total += t.numel();
+      }
+      b.padded = (total + parts - 1) / parts * parts;
+      all += b.padded;
+      if (trainable) largest = std::max(largest, b.padded);
     }
-    b.padded = (total + parts - 1) / parts * parts;
-    totalFloats_ += b.padded;
-    largest = std::max(largest, b.padded);
-  }
-  for (Bucket& b : frozenBuckets_) {
-    int64_t total = 0;
-    for (size_t k : b.params) {
-      const at::Tensor& t = frozenParams_[k].tensor;
-      floatOnCpu = floatOnCpu && t.scalar_type() == at::kFloat && t.device().is_cpu();
-      total += t.numel();
-    }
-    b.padded = (total + parts - 1) / parts * parts;
-    frozenFloats_ += b.padded;
-  }
+    return all;
+  };
+  totalFloats_ = pad(buckets_, params_, true);
+  frozenFloats_ = pad(frozenBuckets_, frozenParams_, false);
   // With ZeRO on one machine the flat parameters are in the segment too,
   // so that the parts are gathered there. Stage 1: the gradients, then the
   // parameters. Stage 2: the parameters, then one bucket's staging area for
