@@ -5,7 +5,7 @@
 //       asynchronous checkpoints, from the trainer's own accounting),
 //   (b) a plain synchronous save of the same state: LibTorch's torch::save
 //       of the tensors, then fsync, median of 3; and, side by side, PyTorch's
-//       torch.save + fsync (bench/peers/checkpoint_save.py, Debian's python3),
+//       torch.save + fsync (bench/peers/checkpoint_save.py, under COHORT_PYTHON),
 //   (c) (b) / (a), for both baselines,
 //   (d) training throughput with a checkpoint requested every step vs none,
 //       for both when_behind policies, and with one every 5 steps,
@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_paths.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/cpu.h"
@@ -243,11 +244,10 @@ int main(int argc, char** argv) {
   fs::permissions(keyFile, fs::perms::owner_read | fs::perms::owner_write);
   std::cout << fmt::format("(b) torch::save + fsync of {:.0f} MB: {:.1f} ms (median of 3)\n",
                            bytes / 1e6, 1000 * plain);
-  // PyTorch's own torch.save, side by side, when Debian's python3-torch is there.
+  // PyTorch's own torch.save, side by side, when COHORT_PYTHON has torch.
   double peer = 0;
-  const std::string script = fs::path(argv[0]).parent_path().parent_path().parent_path().string() +
-                             "/bench/peers/checkpoint_save.py";
-  const std::string peerCmd = fmt::format("/usr/bin/python3 '{}' '{}' 2>/dev/null", script, dir);
+  const std::string script = std::string(COHORT_SOURCE_DIR) + "/bench/peers/checkpoint_save.py";
+  const std::string peerCmd = fmt::format("'{}' '{}' '{}' 2>/dev/null", COHORT_PYTHON, script, dir);
   if (FILE* p = popen(peerCmd.c_str(), "r")) {
     double ms = 0, size = 0;
     if (std::fscanf(p, "%lf %lf", &ms, &size) == 2) peer = ms / 1000;
