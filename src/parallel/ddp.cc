@@ -553,13 +553,18 @@ void DistributedDataParallel::resetReadiness() {
   nextLaunch_ = 0;
 }
 
-std::vector<std::vector<std::string>> DistributedDataParallel::bucketParameterNames() const {
+std::vector<std::vector<std::string>> DistributedDataParallel::namesOf(const std::vector<Bucket>& list,
+                                                                       const std::vector<Param>& params) {
   std::vector<std::vector<std::string>> out;
-  for (const Bucket& b : buckets_) {
+  for (const Bucket& b : list) {
     out.emplace_back();
-    for (size_t k : b.params) out.back().push_back(params_[k].name);
+    for (size_t k : b.params) out.back().push_back(params[k].name);
   }
   return out;
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucketParameterNames() const {
+  return namesOf(buckets_, params_);
 }
 
 DdpStats DistributedDataParallel::stats() const {

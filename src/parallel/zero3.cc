@@ -65,9 +65,9 @@ struct DistributedDataParallel::BeforeBackward
   }
 };
 
-std::vector<int> DistributedDataParallel::bucketUnits(const std::vector<Param>& params,
-                                                      std::vector<Bucket>& out,
-                                                      std::map<std::string, UnitPart>& presharded) {
+int DistributedDataParallel::bucketUnits(std::vector<Param>& params, std::vector<Bucket>& out,
+                                         std::map<std::string, UnitPart>& presharded,
+                                         std::vector<int>& unitBuckets) {
   const size_t units = options_.units.size();
   // members[units]: the parameters outside every unit.
   std::vector<std::vector<size_t>> members(units + 1);
@@ -116,25 +116,19 @@ std::vector<int> DistributedDataParallel::bucketUnits(const std::vector<Param>& 
     }
     b.preset = &it->second;
   }
-  return of;
+  for (size_t k = 0; k < out.size(); ++k) {
+    for (size_t p : out[k].params) params[p].bucket = k;
+  }
+  const int whole = of.back();
+  of.pop_back();
+  unitBuckets = std::move(of);
+  return whole;
 }
 
 void DistributedDataParallel::bucketByUnit() {
-  std::vector<int> of = bucketUnits(params_, buckets_, options_.presharded);
-  wholeBucket_ = of.back();
-  of.pop_back();
-  unitBucket_ = std::move(of);
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    for (size_t p : buckets_[k].params) params_[p].bucket = k;
-  }
+  wholeBucket_ = bucketUnits(params_, buckets_, options_.presharded, unitBucket_);
   if (options_.shardFrozen) {
-    std::vector<int> frozen = bucketUnits(frozenParams_, frozenBuckets_, options_.frozenPresharded);
-    frozenWhole_ = frozen.back();
-    frozen.pop_back();
-    frozenBucket_ = std::move(frozen);
-    for (size_t k = 0; k < frozenBuckets_.size(); ++k) {
-      for (size_t p : frozenBuckets_[k].params) frozenParams_[p].bucket = k;
-    }
+    frozenWhole_ = bucketUnits(frozenParams_, frozenBuckets_, options_.frozenPresharded, frozenBucket_);
   }
   runner_ = std::make_shared<Runner>(*this);
   // A unit's trainable and frozen parameters are gathered together.

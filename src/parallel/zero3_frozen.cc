@@ -71,12 +71,7 @@ void DistributedDataParallel::releaseAllFrozen() {
 }
 
 std::vector<std::vector<std::string>> DistributedDataParallel::frozenBucketNames() const {
-  std::vector<std::vector<std::string>> out;
-  for (const Bucket& b : frozenBuckets_) {
-    out.emplace_back();
-    for (size_t k : b.params) out.back().push_back(frozenParams_[k].name);
-  }
-  return out;
+  return namesOf(frozenBuckets_, frozenParams_);
 }
 
 int DistributedDataParallel::frozenBucketOf(size_t k) const {

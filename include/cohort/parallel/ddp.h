@@ -376,12 +376,15 @@ class DistributedDataParallel {
   int64_t unitElements_ = 0;
   std::vector<int> unitBucket_;  // shardingUnits() index -> bucket (-1: none)
   int wholeBucket_ = -1;         // the bucket of the parameters outside every unit
-  // Buckets `members` (indices into `params`, in registration order) by
-  // unit into `out`: the last unit first, the whole-model one last; their
-  // parts cut already from `presharded`. Returns the bucket of each unit
-  // (-1: none), and of the whole model's last.
-  std::vector<int> bucketUnits(const std::vector<Param>& params, std::vector<Bucket>& out,
-                               std::map<std::string, UnitPart>& presharded);
+  // Buckets `params` (in registration order) by unit into `out`: the last
+  // unit first, the whole-model one last; their parts cut already from
+  // `presharded`; each parameter told its bucket. Sets `unitBuckets` to the
+  // bucket of each unit (-1: none) and returns the whole model's (or -1).
+  int bucketUnits(std::vector<Param>& params, std::vector<Bucket>& out,
+                  std::map<std::string, UnitPart>& presharded, std::vector<int>& unitBuckets);
+  // The parameter names of each of `list`'s buckets (indices into `params`).
+  static std::vector<std::vector<std::string>> namesOf(const std::vector<Bucket>& list,
+                                                       const std::vector<Param>& params);
   // DdpOptions::shardFrozen (zero3_frozen.cc): the frozen parameters, by
   // unit as the trainable ones, in buckets of their own; their flat
   // buffers and parts (in the segment after the staging area, on shared
