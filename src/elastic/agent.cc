@@ -260,6 +260,12 @@ int Agent::rounds(const std::string& prefix) {
         log::info("job '{}' completed", jobId_);
         return 0;
       case RoundEnd::closed:
+        // Another node saw its ranks finish first and closed the job: when
+        // it completed, node 0 still writes the job's elastic summary.
+        if (fatalCode_ == 0) {
+          events_->add({{"event", "completed"}, {"round", r.round}});
+          if (r.nodeRank == 0) events_->writeSummary();
+        }
         kv_->release();
         log::info("job '{}' ended elsewhere (exit code {})", jobId_, fatalCode_);
         return fatalCode_;
