@@ -6,7 +6,8 @@
 //   cohort   `cohort run` of a synthetic job; images/s over the metrics
 //            windows after the first (warm-up) one;
 //   PyTorch  bench/peers/ddp.py (torchvision's model, gloo DDP, a fixed
-//            batch), timed after the same warm-up.
+//            batch, in the memory format cohort's run of the pair chose),
+//            timed after the same warm-up.
 // First the CPU (model and the instruction sets kernels are chosen by), then
 // one rank per model at 1 and at 2 intra-op threads, cohort and PyTorch
 // alternating --repeat times (the ratio of the mean rates, and the lowest
@@ -120,12 +121,15 @@ CohortResult readRun(const std::string& run) {
           s.value("compute", nlohmann::json::object())};
 }
 
-nlohmann::json runPytorch(const Config& c, int procs) {
+// `layout`: the memory format cohort's run of the pair chose (its
+// model.memory_format: auto), so that both sides convolve in one layout.
+nlohmann::json runPytorch(const Config& c, int procs, const std::string& layout) {
   const auto r = test::run({COHORT_PYTHON, std::string(COHORT_SOURCE_DIR) + "/bench/peers/ddp.py", "--arch",
                             c.arch, "--size", std::to_string(c.size), "--batch", std::to_string(c.batch),
                             "--world", std::to_string(procs), "--steps", std::to_string(c.steps),
                             "--warmup", std::to_string(c.warmup), "--threads",
-                            std::to_string(c.threads), "--port",
+                            std::to_string(c.threads), "--memory-format",
+                            layout == "channels_last" ? layout : "contiguous", "--port",
                             std::to_string(test::freePort())},
                            bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
   if (r.exitCode != 0) {
@@ -157,6 +161,7 @@ nlohmann::json rowJson(const Row& r) {
           {"ratio_min", r.ratioMin},
           {"ratio_max", r.ratioMax},
           {"cohort_memory_format", r.cohort.compute.value("memory_format", "")},
+          {"pytorch_memory_format", r.torch.value("memory_format", "")},
           {"cohort_kernels", r.cohort.compute.value("kernels", "")},
           {"cohort_phase_ms", r.cohort.phases},
           {"pytorch_phase_ms", r.torch["phase_ms"]},
@@ -171,7 +176,7 @@ Row sideBySide(const test::TempDir& dir, const Config& c, int procs, int repeat)
   Row r{c, procs, 0, 0, 1e300, 0, {}, {}};
   for (int k = 0; k < repeat; ++k) {
     CohortResult co = runCohort(dir, c, procs);
-    nlohmann::json pt = runPytorch(c, procs);
+    nlohmann::json pt = runPytorch(c, procs, co.compute.value("memory_format", ""));
     bench::requireSameLaunch(co.compute, pt.value("launch", nlohmann::json()),
                              fmt::format("{} {} ranks x {} threads", c.arch, procs, c.threads));
     const double ptIps = pt["images_per_s"].get<double>();
