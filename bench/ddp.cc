@@ -11,8 +11,8 @@
 // First the CPU (model and the instruction sets kernels are chosen by), then
 // one rank per model at 1 and at 2 intra-op threads, cohort and PyTorch
 // alternating --repeat times (the ratio of the mean rates, and the lowest
-// and highest ratio of one pair), then 2 ranks x 1 thread with weak-scaling
-// efficiency (2-rank images/s / (2 x 1-rank images/s)) and its ceiling on
+// and highest ratio of one pair), then 2 ranks x 1 thread (alternating as
+// often) with weak-scaling efficiency (2-rank images/s / (2 x 1-rank images/s)) and its ceiling on
 // this machine (two 1-rank runs at once, no communication at all), then
 // cohort's per-step breakdown (summary.json's phase_ms_per_step, rank 0).
 //
@@ -41,7 +41,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cohort/core/cpu.h"
@@ -240,16 +239,17 @@ int runBench(int argc, char** argv) {
   std::vector<Config> configs = {{"resnet18", 32, 32, 10, 40}, {"resnet50", 64, 8, 3, 15}};
   test::TempDir dir;
   std::vector<Row> rows;
-  std::cout << fmt::format("{:<9} {:>3} {:>5} {:>7} | {:>12} {:>9} {:>7} {:>13} | {:>10} {:>11} {:>9}\n",
+  std::cout << fmt::format("{:<9} {:>3} {:>5} {:>7} | {:>12} {:>9} {:>7} {:>13} | {:>10} {:>11} {:>9} {:>6}\n",
                            "model", "px", "ranks", "threads", "cohort img/s", "PyTorch", "ratio",
-                           "(one pair)", "eff cohort", "eff PyTorch", "no comm");
+                           "(one pair)", "eff cohort", "eff PyTorch", "no comm", "of it");
   auto print = [](const Row& r, double effC, double effT, double ceiling) {
     std::cout << fmt::format(
         "{:<9} {:>3} {:>5} {:>7} | {:>12.1f} {:>9.1f} {:>6.2f}x {:>5.2f}-{:<5.2f}x |", r.c.arch,
         r.c.size, r.procs, r.c.threads, r.cohortIps, r.torchIps, r.cohortIps / r.torchIps,
         r.ratioMin, r.ratioMax);
     if (r.procs > 1) {
-      std::cout << fmt::format(" {:>9.1f}% {:>10.1f}% {:>8.1f}%", 100 * effC, 100 * effT, 100 * ceiling);
+      std::cout << fmt::format(" {:>9.1f}% {:>10.1f}% {:>8.1f}% {:>6.3f}", 100 * effC, 100 * effT,
+                               100 * ceiling, effC / ceiling);
     }
     std::cout << std::endl;
   };
@@ -272,25 +272,10 @@ int runBench(int argc, char** argv) {
     for (const Row& r : rows) {
       if (r.c.arch == c.arch && r.c.threads == 1) one = &r;
     }
-    Row two = sideBySide(dir, c, 2, 1);
+    Row two = sideBySide(dir, c, 2, repeat);
     // The ceiling: two 1-rank runs at once, no communication at all.
-    CohortResult a, b;
-    std::exception_ptr failed;  // rethrown here: a throw inside the thread would end the process
-    std::thread other([&] {
-      try {
-        b = runCohort(dir, c, 1, "-b");
-      } catch (...) {
-        failed = std::current_exception();
-      }
-    });
-    try {
-      a = runCohort(dir, c, 1, "-a");
-    } catch (...) {
-      other.join();
-      throw;
-    }
-    other.join();
-    if (failed) std::rethrow_exception(failed);
+    std::atomic<int> tag{0};
+    const auto [a, b] = bench::together([&] { return runCohort(dir, c, 1, fmt::format("-{}", tag++)); });
     const double ceiling = (a.imagesPerS + b.imagesPerS) / (2 * one->cohortIps);
     const double effC = two.cohortIps / (2 * one->cohortIps);
     const double effT = two.torchIps / (2 * one->torchIps);
@@ -299,6 +284,7 @@ int runBench(int argc, char** argv) {
     j["cohort_efficiency"] = effC;
     j["pytorch_efficiency"] = effT;
     j["independent_efficiency"] = ceiling;
+    j["efficiency_of_ceiling"] = effC / ceiling;
     if (zero > 0) {
       Config z = c;
       z.zero = zero;

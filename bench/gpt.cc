@@ -13,8 +13,10 @@
 // First the CPU (bf16 runs native kernels only with avx512_bf16 or
 // amx_bf16), then per precision one rank x 1 thread, cohort and PyTorch
 // alternating --repeat times (the ratio of the mean rates, and the lowest
-// and highest ratio of one pair), then 2 ranks x 1 thread with weak-scaling
-// efficiency (2-rank tokens/s / (2 x 1-rank tokens/s)); then each side's
+// and highest ratio of one pair), then 2 ranks x 1 thread, alternating as
+// often, with weak-scaling efficiency (2-rank tokens/s / (2 x 1-rank
+// tokens/s)) and its ceiling on this machine (two 1-rank runs at once, no
+// communication at all); then each side's
 // bf16/fp32 speed-up, and cohort's per-step breakdown (summary.json's
 // phase_ms_per_step, rank 0) beside PyTorch's.
 //
@@ -30,6 +32,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -127,11 +130,13 @@ CohortResult readRun(const std::string& run) {
           s.value("compute", nlohmann::json::object())};
 }
 
-int runs = 0;            // each run its own directory
+std::atomic<int> runs{0};  // each run its own directory
 std::string allocator;   // --allocator: both sides' (bench/launch_env.py); "" none
 
-CohortResult runCohort(const test::TempDir& dir, const Data& data, const Config& c, int procs) {
-  const std::string job = dir.file(fmt::format("gpt-{}-{}x{}.yaml", c.precision, procs, c.threads));
+// With `tag`, a second copy can run at the same time.
+CohortResult runCohort(const test::TempDir& dir, const Data& data, const Config& c, int procs,
+                       const std::string& tag = "") {
+  const std::string job = dir.file(fmt::format("gpt-{}-{}x{}{}.yaml", c.precision, procs, c.threads, tag));
   // log_every = warmup and steps a multiple of it: the first window is the
   // warm-up, the others are equal.
   test::writeText(job, fmt::format(R"(name: bench-gpt
@@ -154,7 +159,8 @@ output: {{progress: off, save_final: false}}
 compute: {{allocator: {}}}
 )", kLayers, kHeads, kEmbd, kBlock, data.train, c.threads, c.warmup + c.steps, kBatch,
                                    c.warmup, c.precision, allocator == "glibc" ? "system" : "keep"));
-  const std::string run = dir.file(fmt::format("run-{}-{}x{}-{}", c.precision, procs, c.threads, runs++));
+  const std::string run =
+      dir.file(fmt::format("run-{}-{}x{}{}-{}", c.precision, procs, c.threads, tag, runs++));
   const auto r = test::run({COHORT_BIN, "run", job, "--procs", std::to_string(procs), "--run-dir", run},
                            bench::launchEnvironment(allocator, c.threads), std::chrono::minutes(60));
   if (r.exitCode != 0) throw BenchFailure("cohort run failed:\n" + r.describe());
@@ -244,14 +250,17 @@ int runBench(const std::string& only, double scale, int repeat) {
   std::cout << fmt::format(
       "model: GPT {} layers x {} heads, n_embd {}, block {}, vocab {}; batch {} windows per rank\n\n",
       kLayers, kHeads, kEmbd, kBlock, data.vocab, kBatch);
-  std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12} {:>9} {:>7} {:>13} | {:>10} {:>11}\n", "precision",
-                           "ranks", "threads", "cohort tok/s", "PyTorch", "ratio", "(one pair)",
-                           "eff cohort", "eff PyTorch");
-  auto print = [](const Row& r, double effC, double effT) {
+  std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12} {:>9} {:>7} {:>13} | {:>10} {:>11} {:>9} {:>6}\n",
+                           "precision", "ranks", "threads", "cohort tok/s", "PyTorch", "ratio", "(one pair)",
+                           "eff cohort", "eff PyTorch", "no comm", "of it");
+  auto print = [](const Row& r, double effC, double effT, double ceiling) {
     std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12.0f} {:>9.0f} {:>6.2f}x {:>5.2f}-{:<5.2f}x |",
                              r.c.precision, r.procs, r.c.threads, r.cohortTps, r.torchTps,
                              r.cohortTps / r.torchTps, r.ratioMin, r.ratioMax);
-    if (r.procs > 1) std::cout << fmt::format(" {:>9.1f}% {:>10.1f}%", 100 * effC, 100 * effT);
+    if (r.procs > 1) {
+      std::cout << fmt::format(" {:>9.1f}% {:>10.1f}% {:>8.1f}% {:>6.3f}", 100 * effC, 100 * effT,
+                               100 * ceiling, effC / ceiling);
+    }
     std::cout << std::endl;
   };
   std::vector<Row> ones, twos;  // per precision run
@@ -262,17 +271,24 @@ int runBench(const std::string& only, double scale, int repeat) {
     // A whole number of log_every (= warmup) windows.
     c.steps = c.warmup * std::max(1, static_cast<int>(std::lround(c.steps * scale / c.warmup)));
     ones.push_back(sideBySide(dir, data, c, 1, repeat));
-    print(ones.back(), 0, 0);
+    print(ones.back(), 0, 0, 0);
     lines.push_back(rowJson(ones.back(), data));
-    twos.push_back(sideBySide(dir, data, c, 2, 1));
+    twos.push_back(sideBySide(dir, data, c, 2, repeat));
     const Row& one = ones.back();
     const Row& two = twos.back();
+    // The ceiling: two 1-rank runs at once, no communication at all.
+    std::atomic<int> tag{0};
+    const auto [a, b] =
+        bench::together([&] { return runCohort(dir, data, c, 1, fmt::format("-{}", tag++)); });
+    const double ceiling = (a.tokensPerS + b.tokensPerS) / (2 * one.cohortTps);
     const double effC = two.cohortTps / (2 * one.cohortTps);
     const double effT = two.torchTps / (2 * one.torchTps);
-    print(two, effC, effT);
+    print(two, effC, effT, ceiling);
     nlohmann::json j = rowJson(two, data);
     j["cohort_efficiency"] = effC;
     j["pytorch_efficiency"] = effT;
+    j["independent_efficiency"] = ceiling;
+    j["efficiency_of_ceiling"] = effC / ceiling;
     lines.push_back(j);
   }
   nlohmann::json speedup;

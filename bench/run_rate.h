@@ -3,7 +3,10 @@
 // The training rate of a `cohort run`, as the side-by-side benchmarks
 // (ddp.cc, gpt.cc) read it from the run's metrics.jsonl.
 
+#include <exception>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "util/jobs.h"
@@ -33,6 +36,31 @@ inline std::vector<double> windowRates(const std::string& run, const std::string
     windows.push_back(j[field].get<double>());
   }
   return windows;
+}
+
+// run() twice at the same time (two 1-rank runs: the no-communication
+// ceiling of a 2-rank run on this machine); both results, or the first
+// exception either threw, after both have ended.
+template <typename Run>
+auto together(Run run) {
+  decltype(run()) a, b;
+  std::exception_ptr failed;  // rethrown here: a throw inside the thread would end the process
+  std::thread other([&] {
+    try {
+      b = run();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  try {
+    a = run();
+  } catch (...) {
+    other.join();
+    throw;
+  }
+  other.join();
+  if (failed) std::rethrow_exception(failed);
+  return std::make_pair(std::move(a), std::move(b));
 }
 
 }  // namespace cohort::bench
