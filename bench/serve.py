@@ -12,6 +12,8 @@ interleaved, --repeats rounds of them, the median kept.
   cohort, batch 1   cohort serve --max-batch 1 (one forward per request)
   cohort, batched   cohort serve --max-batch 32 --max-delay-ms D
   onnxruntime-node  bench/peers/ort_server.js, one session.run per request
+  onnxruntime-node, batched   the same with its batching queue: up to 32
+                    requests per session.run, waiting at most D ms
   torchscript       bench/peers/ts_server.py, one forward per request
   torchscript, batched   the same with its batching queue: up to 32 requests
                     per forward, waiting at most D ms (as TorchServe's
@@ -173,9 +175,11 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
                 cmd = [COHORT, "serve", run, "--port", str(port), "--max-batch", batch, "--max-delay-ms",
                        str(args.max_delay_ms), "--compute-threads", str(args.threads), "--threads", "40",
                        "--max-concurrency", "1000", "--max-queue", "1000"]
-            elif kind == "onnxruntime-node":
+            elif kind.startswith("onnxruntime-node"):
                 cmd = ["node", os.path.join(ROOT, "bench/peers/ort_server.js"), onnx, str(port),
                        str(args.threads)]
+                if kind == "onnxruntime-node, batched":
+                    cmd += ["32", str(args.max_delay_ms)]
             else:
                 cmd = [SYSTEM_PYTHON, os.path.join(ROOT, "bench/peers/ts_server.py"), ts, str(port),
                        str(args.threads)]
@@ -190,13 +194,14 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
 
         levels = [int(c) for c in args.concurrency.split(",")]
         plan = [("cohort, batch 1", "jpeg"), ("cohort, batched", "jpeg"), ("cohort, batch 1", "json"),
-                ("cohort, batched", "json"), ("onnxruntime-node", "json"), ("torchscript", "json"),
-                ("torchscript, batched", "json")]
+                ("cohort, batched", "json"), ("onnxruntime-node", "json"), ("onnxruntime-node, batched", "json"),
+                ("torchscript", "json"), ("torchscript, batched", "json")]
         # Every server runs from the start (an idle one takes no CPU), and the
         # measurements are interleaved: on a shared machine whose speed drifts,
         # each configuration sees the same drift.
         ports = {kind: start(kind)[1] for kind in ["cohort, batch 1", "cohort, batched", "onnxruntime-node",
-                                                   "torchscript", "torchscript, batched"]}
+                                                   "onnxruntime-node, batched", "torchscript",
+                                                   "torchscript, batched"]}
         bodies = {"jpeg": (jpeg, "image/jpeg"), "json": (js, "application/json")}
         for server, body in plan:
             wrk(ports[server], bodies[body][0], bodies[body][1], 2, 3, script)  # warm-up
@@ -222,12 +227,13 @@ json.dump({"inputs": [[[[p[x, y][c] for x in range(s)] for y in range(s)] for c 
                 print("%s: at c=32 batched/batch-1 throughput %.2fx (target >= 3x); batched p99 %.0f ms = "
                       "%.1fx the single-request latency %.1f ms (target < 4x)" %
                       (body, bb["rps"] / b1["rps"], bb["p99_ms"], bb["p99_ms"] / one["p50_ms"], one["p50_ms"]))
-        tb = results.get(("torchscript, batched", "json", 32))
         cb = results.get(("cohort, batched", "json", 32))
-        if tb and cb:
-            print("json at c=32: cohort batched %.1f req/s against the batching TorchScript peer's %.1f: %.2fx; "
-                  "p99 %.0f ms against %.0f ms" % (cb["rps"], tb["rps"], cb["rps"] / tb["rps"], cb["p99_ms"],
-                                                   tb["p99_ms"]))
+        for peer in ("torchscript, batched", "onnxruntime-node, batched"):
+            tb = results.get((peer, "json", 32))
+            if tb and cb:
+                print("json at c=32: cohort batched %.1f req/s against the %s peer's %.1f: %.2fx; "
+                      "p99 %.0f ms against %.0f ms" % (cb["rps"], peer, tb["rps"], cb["rps"] / tb["rps"],
+                                                       cb["p99_ms"], tb["p99_ms"]))
         print(json.dumps({"|".join(map(str, k)): v for k, v in results.items()}))
     finally:
         for p in procs:

@@ -8,12 +8,19 @@
 #   2. one rank's step in plain LibTorch against plain PyTorch, under each
 #      allocator policy and gradient hand-over (bench/step.cc)
 #   3. DDP throughput, ResNet-18/32 px and ResNet-50/64 px: 1 rank at 1 and
-#      2 threads first, then 2 ranks with weak scaling, cohort against
-#      PyTorch's DDP, with the per-step breakdown (bench/ddp.cc)
-#   4. time to 0.91 test top-1 on Fashion-MNIST: examples/fashion-mnist.yaml
-#      at 2 ranks against PyTorch's DDP at 2 ranks, both untuned and both on
-#      tcmalloc (bench/peers/fashion_mnist.py)
-# Prints the CPU and its features first. Takes about 30 minutes on 2 cores. Assumes nothing else runs meanwhile.
+#      2 threads first, then 2 ranks with weak scaling and its ceiling (two
+#      1-rank runs at once), cohort against PyTorch's DDP, with the per-step
+#      breakdown (bench/ddp.cc)
+#   4. GPT throughput, the example's model in fp32 and bf16, the same rows
+#      against PyTorch's DDP with autocast (bench/gpt.cc)
+#   5. time to 0.91 test top-1 on Fashion-MNIST: examples/fashion-mnist.yaml
+#      at 2 ranks against PyTorch's DDP at 2 ranks (bench/peers/fashion_mnist.py)
+# 3-5 run twice: untuned, each side as a default user starts it (cohort's
+# compute.allocator: keep, PyTorch on glibc's malloc), and tuned, both sides
+# on tcmalloc with the same threads as PyTorch's CPU launcher starts it
+# (bench/launch_env.py). Pairs alternate, twice each.
+# Prints the CPU and its features first. Takes about 80 minutes on 2 cores.
+# Assumes nothing else runs meanwhile.
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/build.sh -DCOHORT_BUILD_BENCH=ON >/dev/null
@@ -30,8 +37,14 @@ echo "cohort bench: allreduce" >&2
 ./build/bench/cohort_bench_allreduce >"$out/allreduce.txt"
 echo "cohort bench: one rank's step, LibTorch against PyTorch" >&2
 ./build/bench/cohort_bench_step >"$out/step.txt"
-echo "cohort bench: DDP throughput" >&2
-./build/bench/cohort_bench_ddp >"$out/ddp.txt"
+for alloc in default tcmalloc; do
+  flag=""
+  [ "$alloc" = default ] || flag="--allocator $alloc"
+  echo "cohort bench: DDP throughput (allocator $alloc)" >&2
+  ./build/bench/cohort_bench_ddp $flag >"$out/ddp-$alloc.txt"
+  echo "cohort bench: GPT throughput (allocator $alloc)" >&2
+  ./build/bench/cohort_bench_gpt $flag >"$out/gpt-$alloc.txt"
+done
 
 # Time to 0.91 on Fashion-MNIST, twice: as a default user runs each side
 # (cohort's own allocator policy, PyTorch on glibc's malloc), then both on
@@ -59,7 +72,7 @@ out = sys.argv[1]
 def lines(path):
     return [json.loads(l) for l in open(path) if l.startswith("{")]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-cpu_json = next((j for j in lines(f"{out}/ddp.txt") if j.get("bench") == "cpu"), {})
+cpu_json = next((j for j in lines(f"{out}/ddp-tcmalloc.txt") if j.get("bench") == "cpu"), {})
 features = " ".join(cpu_json.get("features", [])) or "?" 
 torch_version = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
                                capture_output=True, text=True).stdout.strip()
@@ -103,36 +116,71 @@ md.append("|---|---|---|---|---|---|")
 for j in lines(f"{out}/step.txt"):
     pt = f"{j['pytorch_images_per_s']:.1f} | {j['pytorch_faults_per_step']:.0f}" if j["pytorch_images_per_s"] else "- | -"
     md.append(f"| {j['allocator']} | {j['grads']} | {j['libtorch_images_per_s']:.1f} | {j['libtorch_faults_per_step']:.0f} | {pt} |")
+LAUNCHES = (("tcmalloc", "tuned"), ("default", "untuned"))
+def rows(bench, name):
+    """{launch: [rows]} of one bench's two runs."""
+    return {alloc: [j for j in lines(f"{out}/{name}-{alloc}.txt") if j.get("bench") == bench] for alloc, _ in LAUNCHES}
+def ratio_cell(j):
+    return f"**{j['ratio']:.2f}x** ({j['ratio_min']:.2f}-{j['ratio_max']:.2f})"
+def scaling_cells(j):
+    if j["ranks"] == 1:
+        return "| | | |"
+    return (f"| {100*j['cohort_efficiency']:.1f}% / {100*j['pytorch_efficiency']:.1f}% | "
+            f"{100*j['independent_efficiency']:.1f}% | **{j['efficiency_of_ceiling']:.3f}** |")
+def phase_rows(label_of, runs):
+    md.append("| launch | row | data wait | forward | backward | exposed comm | (share of step) | optimizer | PyTorch forward / backward / optimizer |")
+    md.append("|---|---|---|---|---|---|---|---|---|")
+    for alloc, launch in LAUNCHES:
+        for j in runs[alloc]:
+            p = j["cohort_phase_ms"]; t = j["pytorch_phase_ms"]
+            total = sum(p.get(k, 0) for k in ("data_wait", "forward", "backward", "exposed_comm", "optimizer"))
+            md.append(f"| {launch} | {label_of(j)} | {p.get('data_wait',0):.1f} | {p.get('forward',0):.1f} | "
+                      f"{p.get('backward',0):.1f} | {p.get('exposed_comm',0):.1f} | "
+                      f"{100*p.get('exposed_comm',0)/total if total else 0:.1f}% | {p.get('optimizer',0):.1f} | "
+                      f"{t['forward']:.1f} / {t['backward']:.1f} / {t['optimizer']:.1f} |")
 md.append("\n### DDP training throughput, cohort against PyTorch's DDP\n")
-md.append("`./build/bench/cohort_bench_ddp`: synthetic data, SGD with momentum; "
-          "PyTorch: `bench/peers/ddp.py` (torchvision's models, gloo, the same intra-op threads and one inter-op "
-          "thread as cohort; both sides on glibc's malloc, cohort with `compute.allocator: keep`, the peer with "
-          "glibc's defaults: `cohort_bench_ddp --allocator tcmalloc` starts both on tcmalloc). One rank first (no "
-          "communication: how a rank drives LibTorch), cohort and PyTorch alternating twice: the ratio of the mean "
-          "rates, and in brackets the lowest and highest ratio of one pair. Weak-scaling efficiency = "
-          "2-rank images/s / (2 x 1-rank images/s); its ceiling here is two 1-rank cohort runs at once, with no "
-          "communication at all.\n")
-md.append("| model | px | batch/rank | ranks x threads | cohort layout | cohort img/s | PyTorch img/s | **cohort / PyTorch** | cohort efficiency | PyTorch efficiency | ceiling (no communication) |")
-md.append("|---|---|---|---|---|---|---|---|---|---|---|")
-ddp = [j for j in lines(f"{out}/ddp.txt") if j.get("bench") == "ddp"]
-for j in ddp:
-    head = (f"| {j['arch']} | {j['size']} | {j['batch']} | {j['ranks']} x {j['threads']} | {j['cohort_memory_format']} | "
-            f"{j['cohort_images_per_s']:.1f} | {j['pytorch_images_per_s']:.1f} | ")
-    if j['ranks'] == 2:
-        md.append(head + f"**{j['ratio']:.2f}x** | {100*j['cohort_efficiency']:.1f}% | "
-                  f"{100*j['pytorch_efficiency']:.1f}% | {100*j['independent_efficiency']:.1f}% |")
-    else:
-        md.append(head + f"**{j['ratio']:.2f}x** ({j['ratio_min']:.2f}-{j['ratio_max']:.2f}) | | | |")
-md.append("\nPer-step breakdown, ms (cohort: rank 0's `phase_ms_per_step`; exposed communication is the "
-          "exchange not hidden under backward; PyTorch's backward includes its allreduce wait):\n")
-md.append("| model | ranks x threads | data wait | forward | backward | exposed comm | (share of step) | optimizer | PyTorch forward / backward / optimizer |")
+md.append("`./build/bench/cohort_bench_ddp` (untuned) and `./build/bench/cohort_bench_ddp --allocator tcmalloc` "
+          "(tuned): synthetic data, SGD with momentum; PyTorch: `bench/peers/ddp.py` (torchvision's models, gloo, "
+          "the same intra-op threads and one inter-op thread as cohort, in the memory format cohort chose). "
+          "Untuned: cohort with `compute.allocator: keep`, the peer on glibc's malloc, as each starts by default. "
+          "Tuned: both on tcmalloc with OMP_NUM_THREADS at the run's threads, as PyTorch's CPU launcher starts it "
+          "(`bench/launch_env.py`). cohort and PyTorch alternate twice per row: the ratio of the mean rates, in "
+          "brackets the lowest and highest ratio of one pair. Weak-scaling efficiency = 2-rank images/s / "
+          "(2 x 1-rank images/s); its ceiling here is two 1-rank cohort runs at once, with no communication; "
+          "'of the ceiling' = cohort's efficiency / the ceiling.\n")
+md.append("| launch | model | px | batch/rank | ranks x threads | layout | cohort img/s | PyTorch img/s | **cohort / PyTorch** | efficiency cohort / PyTorch | ceiling | of the ceiling |")
+md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+ddp = rows("ddp", "ddp")
+for alloc, launch in LAUNCHES:
+    for j in ddp[alloc]:
+        md.append(f"| {launch} | {j['arch']} | {j['size']} | {j['batch']} | {j['ranks']} x {j['threads']} | "
+                  f"{j['cohort_memory_format']} | {j['cohort_images_per_s']:.1f} | {j['pytorch_images_per_s']:.1f} | "
+                  f"{ratio_cell(j)} " + scaling_cells(j))
+md.append("\nPer-step breakdown, ms (cohort: rank 0's `phase_ms_per_step`, last run of the row; exposed "
+          "communication is the exchange not hidden under backward; PyTorch's backward includes its allreduce wait):\n")
+phase_rows(lambda j: f"{j['arch']} {j['ranks']} x {j['threads']}", ddp)
+md.append("\n### GPT training throughput, cohort against PyTorch's DDP\n")
+md.append("`./build/bench/cohort_bench_gpt` (untuned) and `--allocator tcmalloc` (tuned), launched as above: "
+          "examples/gpt-kjv.yaml's model (4 layers x 4 heads, 128 wide, block 256), 16 windows per rank, AdamW, "
+          "1 thread per rank; PyTorch: `bench/peers/gpt.py ddp` (nanoGPT's module, gloo DDP, "
+          "`torch.autocast(\"cpu\", torch.bfloat16)` for bf16, the loss in float32 as cohort's). "
+          + ("bf16 runs native kernels on this CPU." if "avx512_bf16" in features or "amx_bf16" in features
+             else "This CPU has neither avx512_bf16 nor amx_bf16: bf16 is emulated in float32 arithmetic on both sides, "
+                  "so its rows compare emulation, not bf16 kernels.") + "\n")
+md.append("| launch | precision | ranks x threads | cohort tokens/s | PyTorch tokens/s | **cohort / PyTorch** | efficiency cohort / PyTorch | ceiling | of the ceiling |")
 md.append("|---|---|---|---|---|---|---|---|---|")
-for j in ddp:
-    p = j["cohort_phase_ms"]; t = j["pytorch_phase_ms"]
-    total = sum(p.get(k, 0) for k in ("data_wait", "forward", "backward", "exposed_comm", "optimizer"))
-    md.append(f"| {j['arch']} | {j['ranks']} x {j['threads']} | {p.get('data_wait',0):.1f} | {p.get('forward',0):.1f} | "
-              f"{p.get('backward',0):.1f} | {p.get('exposed_comm',0):.1f} | {100*p.get('exposed_comm',0)/total if total else 0:.1f}% | "
-              f"{p.get('optimizer',0):.1f} | {t['forward']:.1f} / {t['backward']:.1f} / {t['optimizer']:.1f} |")
+gpt = rows("gpt", "gpt")
+for alloc, launch in LAUNCHES:
+    for j in gpt[alloc]:
+        md.append(f"| {launch} | {j['precision']} | {j['ranks']} x {j['threads']} | {j['cohort_tokens_per_s']:,.0f} | "
+                  f"{j['pytorch_tokens_per_s']:,.0f} | {ratio_cell(j)} " + scaling_cells(j))
+for alloc, launch in LAUNCHES:
+    s = next((j for j in lines(f"{out}/gpt-{alloc}.txt") if j.get("bench") == "gpt_bf16_speedup"), None)
+    if s:
+        md.append(f"\nbf16 / fp32 tokens/s, {launch}: cohort {s['cohort_1_rank']:.2f}x at 1 rank, "
+                  f"{s['cohort_2_ranks']:.2f}x at 2; PyTorch {s['pytorch_1_rank']:.2f}x and {s['pytorch_2_ranks']:.2f}x.")
+md.append("\nPer-step breakdown, ms (as above; PyTorch's forward includes the loss):\n")
+phase_rows(lambda j: f"{j['precision']} {j['ranks']} x {j['threads']}", gpt)
 md.append("\n### Time to 0.91 test top-1 on Fashion-MNIST\n")
 md.append("cohort: `cohort run examples/fashion-mnist.yaml` (2 ranks x 1 thread, global batch 128, channels-last), "
           "seconds from launch to each evaluation. PyTorch: `bench/peers/fashion_mnist.py`, PyTorch's DDP over gloo "
