@@ -211,7 +211,17 @@ TEST_F(LoraJob, AdaptersAloneTrainAreCheckpointedAndMergeIntoTheFrozenBase) {
   withAdapters->eval();
   const at::Tensor tokens = torch::randint(0, 256, {4, 32}, torch::kLong);
   torch::NoGradGuard g;
-  EXPECT_TRUE(torch::allclose(plain->forward(tokens), withAdapters->forward(tokens), 1e-5, 1e-5));
+  // Within float32's rounding of (W + s B A) x against W x + s B (A x),
+  // carried through every block and softmax (about 1e-5 of logits near 4),
+  // and far below what the adapters change: the base alone is compared too.
+  auto baseOnly = models::createGpt(gptOptions());
+  models::loadWeights(*baseOnly, ckpt::readStateDict(dir.file("base.pt")), "base.pt");
+  baseOnly->eval();
+  const at::Tensor merged_out = plain->forward(tokens), adapted_out = withAdapters->forward(tokens);
+  EXPECT_TRUE(torch::allclose(merged_out, adapted_out, 1e-4, 1e-4))
+      << (merged_out - adapted_out).abs().max().item<double>();
+  const double byAdapters = (baseOnly->forward(tokens) - adapted_out).abs().max().item<double>();
+  EXPECT_GT(byAdapters, 1e-2) << "the adapters change the logits too little for the comparison to tell";
 }
 
 TEST_F(LoraJob, AKilledRankResumesToBitwiseTheSameAdaptersAndGenerateUsesThem) {
