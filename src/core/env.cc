@@ -195,6 +195,12 @@ std::optional<long> checkpointPauseStep() {
   return *v;
 }
 
+std::optional<long> summaryDelayMs() {
+  auto v = getInt("COHORT_TEST_SUMMARY_DELAY_MS");
+  if (v && *v < 0) throw ConfigError("environment variable COHORT_TEST_SUMMARY_DELAY_MS must be >= 0");
+  return v;
+}
+
 std::optional<std::string> machineId(int rank) {
   auto v = get("COHORT_MACHINE_ID");
   if (!v || v->find(',') == std::string::npos) return v;

@@ -240,6 +240,7 @@ int runWorker(const WorkerOptions& o) {
   }
   comm::barrier(comm, "final barrier");
   if (re.rank == 0) {
+    if (const auto delay = env::summaryDelayMs()) std::this_thread::sleep_for(std::chrono::milliseconds(*delay));
     writeSummary(job, s, runDir, re.worldSize);
     std::string result;
     const bool lm = tokenModel(job);

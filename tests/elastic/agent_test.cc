@@ -201,6 +201,32 @@ TEST_F(AgentTest, SigtermLetsANodeLeaveWhileTheOthersGoOn) {
   EXPECT_EQ(summary()["elastic"].value("nodes_left", 0), 1);
 }
 
+TEST_F(AgentTest, TheSummaryIsWrittenWhenAnotherNodeEndsTheJobFirst) {
+  // Rank 0 (node 0's) waits 2 s after the final barrier before writing
+  // summary.json, so the other node's rank ends first and its agent closes
+  // the job: node 0's agent takes the "ended elsewhere" path and must still
+  // add the job's elastic part to the summary.
+  const std::string job = writeJob(1);
+  auto env = elasticEnv(samples(), 8);
+  env["COHORT_TEST_SUMMARY_DELAY_MS"] = "2000";
+  auto a = startHost(agent("node-a", job, "2:2"), env);
+  auto b = startAgent(agent("node-b", job, "2:2"), env);
+  std::string errs;
+  for (auto* p : {a.get(), b.get()}) {
+    const ProcessResult r = p->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    errs += r.err;
+  }
+  ASSERT_NE(errs.find("ended elsewhere (exit code 0)"), std::string::npos)
+      << "no node saw the job closed by the other: the case is not exercised\n" << errs;
+  expectExact(1);
+  const nlohmann::json s = summary();
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s.value("status", ""), "completed");
+  ASSERT_TRUE(s.contains("elastic")) << s.dump(2);
+  EXPECT_EQ(s["elastic"].value("rounds", 0), 1);
+}
+
 TEST_F(AgentTest, BelowMinTheJobWaitsAndGoesOnWhenANodeComesBack) {
   const std::string job = writeJob(2);
   const auto env = elasticEnv(samples(), 8);

@@ -62,6 +62,11 @@ int restartCount();
 // the middle of writing that step's files, until the process is killed.
 std::optional<long> checkpointPauseStep();
 
+// COHORT_TEST_SUMMARY_DELAY_MS=<ms>: a test hook; rank 0 waits that long
+// after the final barrier before it writes summary.json, so that the other
+// ranks (and nodes) end first, as they may when rank 0 is slow to finish.
+std::optional<long> summaryDelayMs();
+
 // COHORT_MACHINE_ID: which machine this rank is on, as far as the gradient
 // exchange is concerned, instead of its host name and boot id. For
 // containers that share a host but not /dev/shm, and for tests that form
