@@ -40,6 +40,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -175,9 +176,13 @@ Row sideBySide(const test::TempDir& dir, const Config& c, int procs, int repeat)
   Row r{c, procs, 0, 0, 1e300, 0, {}, {}};
   for (int k = 0; k < repeat; ++k) {
     CohortResult co = runCohort(dir, c, procs);
-    nlohmann::json pt = runPytorch(c, procs, co.compute.value("memory_format", ""));
-    bench::requireSameLaunch(co.compute, pt.value("launch", nlohmann::json()),
-                             fmt::format("{} {} ranks x {} threads", c.arch, procs, c.threads));
+    const std::string layout = co.compute.value("memory_format", "");
+    nlohmann::json pt = runPytorch(c, procs, layout);
+    const std::string what = fmt::format("{} {} ranks x {} threads", c.arch, procs, c.threads);
+    bench::requireSameLaunch(co.compute, pt.value("launch", nlohmann::json()), what);
+    if (pt.value("memory_format", "") != (layout == "channels_last" ? layout : "contiguous")) {
+      throw std::runtime_error(what + ": the peer ran in " + pt.value("memory_format", "?") + ", cohort in " + layout);
+    }
     const double ptIps = pt["images_per_s"].get<double>();
     r.cohortIps += co.imagesPerS / repeat;
     r.torchIps += ptIps / repeat;
