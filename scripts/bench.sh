@@ -127,6 +127,15 @@ def scaling_cells(j):
         return "| | | |"
     return (f"| {100*j['cohort_efficiency']:.1f}% / {100*j['pytorch_efficiency']:.1f}% | "
             f"{100*j['independent_efficiency']:.1f}% | **{j['efficiency_of_ceiling']:.3f}** |")
+def throughput_table(runs, heads, lead):
+    """One row per run of `runs` ({launch: rows}): the launch, lead(row)
+    under `heads`, then the ratio and the 2-rank scaling."""
+    md.append("| launch | " + " | ".join(heads) +
+              " | **cohort / PyTorch** | efficiency cohort / PyTorch | ceiling | of the ceiling |")
+    md.append("|---" * (len(heads) + 5) + "|")
+    for alloc, launch in LAUNCHES:
+        for j in runs[alloc]:
+            md.append(f"| {launch} | " + " | ".join(lead(j)) + f" | {ratio_cell(j)} " + scaling_cells(j))
 def phase_rows(label_of, runs):
     md.append("| launch | row | data wait | forward | backward | exposed comm | (share of step) | optimizer | PyTorch forward / backward / optimizer |")
     md.append("|---|---|---|---|---|---|---|---|---|")
@@ -148,14 +157,11 @@ md.append("`./build/bench/cohort_bench_ddp` (untuned) and `./build/bench/cohort_
           "brackets the lowest and highest ratio of one pair. Weak-scaling efficiency = 2-rank images/s / "
           "(2 x 1-rank images/s); its ceiling here is two 1-rank cohort runs at once, with no communication; "
           "'of the ceiling' = cohort's efficiency / the ceiling.\n")
-md.append("| launch | model | px | batch/rank | ranks x threads | layout | cohort img/s | PyTorch img/s | **cohort / PyTorch** | efficiency cohort / PyTorch | ceiling | of the ceiling |")
-md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
 ddp = rows("ddp", "ddp")
-for alloc, launch in LAUNCHES:
-    for j in ddp[alloc]:
-        md.append(f"| {launch} | {j['arch']} | {j['size']} | {j['batch']} | {j['ranks']} x {j['threads']} | "
-                  f"{j['cohort_memory_format']} | {j['cohort_images_per_s']:.1f} | {j['pytorch_images_per_s']:.1f} | "
-                  f"{ratio_cell(j)} " + scaling_cells(j))
+throughput_table(ddp, ["model", "px", "batch/rank", "ranks x threads", "layout", "cohort img/s", "PyTorch img/s"],
+                 lambda j: [j["arch"], str(j["size"]), str(j["batch"]), f"{j['ranks']} x {j['threads']}",
+                            j["cohort_memory_format"], f"{j['cohort_images_per_s']:.1f}",
+                            f"{j['pytorch_images_per_s']:.1f}"])
 md.append("\nPer-step breakdown, ms (cohort: rank 0's `phase_ms_per_step`, last run of the row; exposed "
           "communication is the exchange not hidden under backward; PyTorch's backward includes its allreduce wait):\n")
 phase_rows(lambda j: f"{j['arch']} {j['ranks']} x {j['threads']}", ddp)
@@ -167,13 +173,10 @@ md.append("`./build/bench/cohort_bench_gpt` (untuned) and `--allocator tcmalloc`
           + ("bf16 runs native kernels on this CPU." if "avx512_bf16" in features or "amx_bf16" in features
              else "This CPU has neither avx512_bf16 nor amx_bf16: bf16 is emulated in float32 arithmetic on both sides, "
                   "so its rows compare emulation, not bf16 kernels.") + "\n")
-md.append("| launch | precision | ranks x threads | cohort tokens/s | PyTorch tokens/s | **cohort / PyTorch** | efficiency cohort / PyTorch | ceiling | of the ceiling |")
-md.append("|---|---|---|---|---|---|---|---|---|")
 gpt = rows("gpt", "gpt")
-for alloc, launch in LAUNCHES:
-    for j in gpt[alloc]:
-        md.append(f"| {launch} | {j['precision']} | {j['ranks']} x {j['threads']} | {j['cohort_tokens_per_s']:,.0f} | "
-                  f"{j['pytorch_tokens_per_s']:,.0f} | {ratio_cell(j)} " + scaling_cells(j))
+throughput_table(gpt, ["precision", "ranks x threads", "cohort tokens/s", "PyTorch tokens/s"],
+                 lambda j: [j["precision"], f"{j['ranks']} x {j['threads']}", f"{j['cohort_tokens_per_s']:,.0f}",
+                            f"{j['pytorch_tokens_per_s']:,.0f}"])
 for alloc, launch in LAUNCHES:
     s = next((j for j in lines(f"{out}/gpt-{alloc}.txt") if j.get("bench") == "gpt_bf16_speedup"), None)
     if s:
