@@ -71,12 +71,15 @@ class CausalSelfAttentionImpl : public nn::Module {
   }
 
  private:
-  // [t, t] of `o`'s float dtype and device: 0 where a position may attend,
-  // -inf where it may not; made once per length, dtype and device.
+  // [t, t] of `o`'s dtype and device (the residual stream's: float32 under
+  // autocast, which casts it with the product's other inputs): 0 where a
+  // position may attend, -inf where it may not; made once per length,
+  // dtype and device.
   at::Tensor futureBias(int64_t t, const at::TensorOptions& o) {
-    const auto dtype = o.dtype().toScalarType() == torch::kDouble ? torch::kDouble : torch::kFloat;
-    if (!bias_.defined() || bias_.size(0) != t || bias_.scalar_type() != dtype || bias_.device() != o.device()) {
-      bias_ = torch::full({t, t}, -std::numeric_limits<double>::infinity(), o.dtype(dtype)).triu(1);
+    if (!bias_.defined() || bias_.size(0) != t || bias_.dtype() != o.dtype() || bias_.device() != o.device()) {
+      bias_ = torch::full({t, t}, -std::numeric_limits<double>::infinity(),
+                          torch::TensorOptions().dtype(o.dtype()).device(o.device()))
+                  .triu(1);
     }
     return bias_;
   }
