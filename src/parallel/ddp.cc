@@ -16,6 +16,7 @@
 #include "cohort/core/error.h"
 #include "parallel/detail/exchange.h"
 #include "parallel/detail/gloo_sum.h"
+#include "parallel/detail/grad_copy.h"
 #include "parallel/detail/unit_memory.h"
 #include "cohort/comm/wait.h"
 #include "cohort/monitor/timeline.h"
@@ -324,6 +325,9 @@ void DistributedDataParallel::broadcastState() {
 
 bool DistributedDataParallel::gradientsFinite() const {
   if (finiteAfterExchange_) return *finiteAfterExchange_;
+  // One rank: the buckets hold what the copies checked.
+  if (comm_.worldSize == 1 && checkedGradients_ == params_.size()) return checkedFinite_;
+  ++finitenessPasses_;
   torch::NoGradGuard noGrad;
   bool finite = true;
   for (const Bucket& b : buckets_) {
@@ -355,32 +359,46 @@ void DistributedDataParallel::setSyncGradients(bool sync) {
 
 void DistributedDataParallel::onGradReady(size_t index) {
   std::lock_guard<std::mutex> g(mutex_);
-  if (!sync_ && !shardedGradients_) return;
   Param& p = params_[index];
+  if (!sync_ && !shardedGradients_) {
+    // An inner micro-step: into the bucket all the same, where the next
+    // micro-steps add theirs (not a second copy of the gradients).
+    settleGradient(p);
+    return;
+  }
   if (p.ready) {
     throw Error(fmt::format(
         "rank {}: the gradient of '{}' became ready twice in one step (backward ran twice "
         "without finishGradients())",
         comm_.rank, p.name));
   }
-  // Something (a zero_grad that sets .grad to None, a user) replaced the
-  // gradient: put it back into the bucket.
-  at::Tensor& grad = p.tensor.mutable_grad();
-  if (!grad.defined() || !grad.is_same(p.gradView)) {
-    torch::NoGradGuard noGrad;
-    // No gradient came in (the pre-hook did not run): the bucket may still be unallocated.
-    if (shardedGradients_) allocateGradients(p.bucket);
-    if (grad.defined()) {
-      p.gradView.copy_(grad);
-    } else {
-      p.gradView.zero_();
-    }
-    grad = p.gradView;
-  }
+  settleGradient(p);
   p.ready = true;
   Bucket& b = buckets_[p.bucket];
   COHORT_ASSERT(b.pending > 0, "bucket ", p.bucket, " over-counted");
   if (--b.pending == 0) launchReadyBuckets(/*fromHook=*/true);
+}
+
+void DistributedDataParallel::settleGradient(Param& p) {
+  // Below stage 2 zeroGrad() dropped the gradient and autograd made a
+  // fresh one; otherwise something (a zero_grad that sets .grad to None, a
+  // user) replaced it. Accumulated in place: already there.
+  at::Tensor& grad = p.tensor.mutable_grad();
+  if (grad.defined() && grad.is_same(p.gradView)) return;
+  torch::NoGradGuard noGrad;
+  // No gradient came in (the pre-hook did not run): the bucket may still be unallocated.
+  if (shardedGradients_) allocateGradients(p.bucket);
+  std::optional<bool> finite = true;
+  if (grad.defined()) {
+    finite = detail::copyCheckingFinite(p.gradView, grad);
+  } else {
+    p.gradView.zero_();
+  }
+  if (finite && sync_) {  // an inner micro-step's check says nothing of the sum
+    ++checkedGradients_;
+    checkedFinite_ = checkedFinite_ && *finite;
+  }
+  grad = p.gradView;
 }
 
 bool DistributedDataParallel::sumInSharedMemory(size_t k) {
@@ -450,6 +468,7 @@ void DistributedDataParallel::finishExchange(bool count) {
       Param& p = params_[k];
       if (p.ready) continue;
       if (firstUnused.empty()) firstUnused = p.name;
+      settleGradient(p);
       p.ready = true;
       --b.pending;
     }
@@ -534,10 +553,18 @@ void DistributedDataParallel::traceCompletion(Bucket& b) {
 
 void DistributedDataParallel::zeroGrad() {
   finiteAfterExchange_.reset();
+  checkedGradients_ = 0;
+  checkedFinite_ = true;
   torch::NoGradGuard noGrad;
+  if (!shardedGradients_) {
+    // Each slot is overwritten by the next backward's gradient, or zeroed
+    // when the parameter gets none (settleGradient).
+    for (Param& p : params_) p.tensor.mutable_grad() = at::Tensor();
+    return;
+  }
   for (Bucket& b : buckets_) {
     if (b.flatLive) b.flat.zero_();
-    if (shardedGradients_) b.part.mutable_grad().zero_();
+    b.part.mutable_grad().zero_();
   }
   for (Param& p : params_) {
     at::Tensor& grad = p.tensor.mutable_grad();
@@ -569,7 +596,9 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucketParameterNa
 
 DdpStats DistributedDataParallel::stats() const {
   std::lock_guard<std::mutex> g(mutex_);
-  return stats_;
+  DdpStats s = stats_;
+  s.finitenessPasses = finitenessPasses_;
+  return s;
 }
 
 }  // namespace cohort::parallel

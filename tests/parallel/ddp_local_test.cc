@@ -6,8 +6,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include "cohort/core/error.h"
 #include "cohort/parallel/ddp.h"
+#include "parallel/detail/grad_copy.h"
 
 namespace cohort::parallel {
 namespace {
@@ -80,7 +84,102 @@ TEST(DdpLocal, GradientsMatchPlainAutogradAndLaunchDuringBackward) {
   EXPECT_EQ(s.syncs, 1);
 
   ddp.zeroGrad();
-  for (const auto& t : net->parameters()) EXPECT_EQ(t.grad().abs().sum().item<float>(), 0.0f);
+  for (const auto& t : net->parameters()) EXPECT_FALSE(t.grad().defined()) << "zeroGrad dropped no gradient";
+}
+
+// After zeroGrad the next backward's gradients replace the last ones (a
+// copy into each bucket slot, not a sum onto them) and live in the bucket.
+TEST(DdpLocal, TheNextBackwardFillsTheBucketsWithItsOwnGradients) {
+  torch::manual_seed(4);
+  auto net = std::make_shared<Net>();
+  auto plain = std::make_shared<Net>();
+  {
+    torch::NoGradGuard g;
+    auto src = net->parameters(), dst = plain->parameters();
+    for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
+  }
+  DistributedDataParallel ddp(net, soloComm(), options(1000, false));
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x = torch::randn({5, 4});
+    ddp.setSyncGradients(true);
+    net->forward(x).pow(2).sum().backward();
+    ddp.finishGradients();
+    plain->zero_grad();
+    plain->forward(x).pow(2).sum().backward();
+    const auto* base = static_cast<const char*>(net->b->bias.grad().data_ptr());
+    auto p = net->parameters(), q = plain->parameters();
+    for (size_t k = 0; k < p.size(); ++k) {
+      EXPECT_TRUE(torch::equal(p[k].grad(), q[k].grad())) << "step " << step << ", parameter " << k;
+      const auto* at = static_cast<const char*>(p[k].grad().data_ptr());
+      EXPECT_TRUE(at >= base && at < base + (3 + 24 + 8 + 32) * sizeof(float))
+          << "step " << step << ": parameter " << k << "'s gradient left the bucket";
+    }
+    ddp.zeroGrad();
+  }
+}
+
+// On one rank the copies into the buckets check every element: a NaN or
+// Inf anywhere is found without another pass over the buckets, and the
+// verdict is fresh each step.
+TEST(DdpLocal, OneRankFindsANonFiniteGradientInTheCopyIntoItsBucket) {
+  torch::manual_seed(5);
+  auto net = std::make_shared<Net>();
+  DistributedDataParallel ddp(net, soloComm(), options(1e-9, false));
+  // Step 0 accumulates into the buckets as built (unchecked); then a NaN,
+  // +Inf and -Inf in one element of a.weight's gradient; then none.
+  const float poison[] = {0.0f, std::nanf(""), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), 0.0f};
+  for (int step = 0; step < 5; ++step) {
+    const float bad = poison[step];
+    auto hook = net->a->weight.register_hook([bad](const at::Tensor& g) {
+      at::Tensor out = g.clone();
+      out.view(-1)[7] = bad;
+      return out;
+    });
+    ddp.setSyncGradients(true);
+    net->forward(torch::randn({3, 4})).sum().backward();
+    ddp.finishGradients();
+    const bool expectFinite = std::isfinite(bad);
+    EXPECT_EQ(ddp.gradientsFinite(), expectFinite) << "step " << step;
+    net->a->weight.remove_hook(hook);
+    ddp.zeroGrad();
+  }
+  EXPECT_EQ(ddp.stats().finitenessPasses, 1) << "only the first step should read the buckets again";
+}
+
+// The copy's check, over more elements than one chunk of the parallel loop
+// takes: each kind of non-finite value in the first, a middle and the last
+// element is found; the largest finite floats are not; a copy it cannot
+// check says so and still copies.
+TEST(GradCopy, EveryNonFiniteElementIsFoundWhereverItIs) {
+  const int64_t n = (1 << 17) + 3;
+  const at::Tensor base = torch::randn({n});
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (const int64_t where : {int64_t{0}, n / 2, n - 1}) {
+      at::Tensor src = base.clone();
+      src[where] = bad;
+      at::Tensor dst = torch::zeros({n});
+      EXPECT_EQ(detail::copyCheckingFinite(dst, src), std::optional<bool>(false)) << bad << " at " << where;
+      EXPECT_TRUE(torch::equal(dst.isnan(), src.isnan()));
+    }
+  }
+  at::Tensor src = base.clone();
+  src[0] = std::numeric_limits<float>::max();
+  src[n - 1] = -std::numeric_limits<float>::max();
+  src[1] = std::numeric_limits<float>::denorm_min();
+  at::Tensor dst = torch::zeros({n});
+  EXPECT_EQ(detail::copyCheckingFinite(dst, src), std::optional<bool>(true));
+  EXPECT_TRUE(torch::equal(dst, src));
+  // Channels-last on both sides: checked; the layouts differ: copied only.
+  at::Tensor img = torch::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor same = torch::empty_like(img);
+  EXPECT_EQ(detail::copyCheckingFinite(same, img), std::optional<bool>(true));
+  EXPECT_TRUE(torch::equal(same, img));
+  at::Tensor other = torch::empty({2, 3, 4, 5});
+  img[1][2][3][4] = std::nanf("");
+  EXPECT_EQ(detail::copyCheckingFinite(other, img), std::nullopt);
+  EXPECT_TRUE(torch::equal(other.isnan(), img.isnan()));
 }
 
 TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
@@ -94,6 +193,10 @@ TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
   EXPECT_EQ(ddp.stats().syncs, 0);
   EXPECT_EQ(ddp.stats().launchedDuringBackward, 0);
   at::Tensor once = net->a->weight.grad().clone();
+  // Already in the bucket (a.weight is its last): no second copy of the
+  // gradients through the micro-steps.
+  const auto* base = static_cast<const char*>(net->b->bias.grad().data_ptr());
+  EXPECT_EQ(static_cast<const char*>(net->a->weight.grad().data_ptr()), base + (3 + 24 + 8) * sizeof(float));
   ddp.setSyncGradients(true);
   net->forward(x).sum().backward();
   ddp.finishGradients();
@@ -118,14 +221,23 @@ TEST(DdpLocal, UnusedParameterIsAnErrorNamingIt) {
 TEST(DdpLocal, UnusedParameterAllowedUnderTheFlag) {
   auto net = std::make_shared<Net>(true);
   DistributedDataParallel ddp(net, soloComm(), options(1e-9, true));
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < 3; ++step) {
+    // Step 1 uses the extra layer: at step 2 its slot must hold zeros, not
+    // step 1's gradient.
     ddp.setSyncGradients(true);
-    net->forward(torch::randn({2, 4})).sum().backward();
+    at::Tensor loss = net->forward(torch::randn({2, 4})).sum();
+    if (step == 1) loss = loss + net->unused->forward(torch::randn({1, 2})).sum();
+    loss.backward();
     ddp.finishGradients();
+    const float size = net->unused->weight.grad().abs().sum().item<float>();
+    if (step == 1) {
+      EXPECT_GT(size, 0.0f);
+    } else {
+      EXPECT_EQ(size, 0.0f) << "step " << step;
+    }
     ddp.zeroGrad();
   }
-  EXPECT_EQ(net->unused->weight.grad().abs().sum().item<float>(), 0.0f);
-  EXPECT_EQ(ddp.stats().syncs, 2);
+  EXPECT_EQ(ddp.stats().syncs, 3);
   EXPECT_GT(ddp.stats().launchedAtFinish, 0);
 }
 
@@ -137,8 +249,9 @@ TEST(DdpLocal, ReplacedGradientIsPutBackIntoItsBucket) {
   net->forward(torch::randn({3, 4})).sum().backward();
   ddp.finishGradients();
   EXPECT_GT(net->a->weight.grad().abs().sum().item<float>(), 0.0f);
-  ddp.zeroGrad();
-  EXPECT_EQ(net->a->weight.grad().abs().sum().item<float>(), 0.0f);
+  const auto* bucket = static_cast<const char*>(net->b->bias.grad().data_ptr());
+  const auto* at = static_cast<const char*>(net->a->weight.grad().data_ptr());
+  EXPECT_TRUE(at >= bucket && at < bucket + (3 + 24 + 8 + 32) * sizeof(float));
 }
 
 // Channels-last weights (what model.memory_format gives convolutions): each

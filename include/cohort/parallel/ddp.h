@@ -161,6 +161,9 @@ struct DdpStats {
   int64_t syncs = 0;                  // finishGradients calls that exchanged gradients
   int64_t launchedDuringBackward = 0; // bucket allreduces started from hooks
   int64_t launchedAtFinish = 0;       // started by finishGradients (unused parameters)
+  // gradientsFinite() calls that read the buckets again (the exchange or
+  // the copies into the buckets had not checked every element).
+  int64_t finitenessPasses = 0;
   bool sharedMemory = false;          // buckets are exchanged through shared memory
   Exchange exchange = Exchange::none;
   int machines = 1;                   // machines the ranks span (by their machine identity)
@@ -212,12 +215,19 @@ class DistributedDataParallel {
   void finishGradients();
   // After finishGradients: whether every gradient is finite (no NaN or
   // Inf); the same answer on every rank. Free after a shared-memory
-  // exchange (its sums checked every element); otherwise one pass over the
-  // buckets, the same on every rank since the exchanged gradients are --
-  // except at ZeRO stage 2 over Gloo, where each rank holds its part's sums
-  // only and the verdict is a collective: every rank must call it.
+  // exchange (its sums checked every element), and on one rank when every
+  // gradient was checked as it was copied into its bucket; otherwise one
+  // pass over the buckets, the same on every rank since the exchanged
+  // gradients are -- except at ZeRO stage 2 over Gloo, where each rank
+  // holds its part's sums only and the verdict is a collective: every rank
+  // must call it.
   bool gradientsFinite() const;
-  // Zeroes every gradient (the buckets).
+  // Drops every gradient for the next backward. Below ZeRO stage 2 the
+  // buckets are not zeroed: autograd hands each parameter a fresh gradient
+  // and the hook copies it into the bucket (where zeroing the bucket and
+  // adding onto it touched it twice more); later micro-steps add to it
+  // there. A parameter without one has its slot zeroed when the exchange
+  // begins. At stages 2 and 3 the buckets are zeroed.
   void zeroGrad();
 
   // What the optimizer steps: the trainable parameters, in registration
@@ -320,6 +330,9 @@ class DistributedDataParallel {
   };
 
   void onGradReady(size_t index);
+  // Puts parameter p's gradient into its bucket slot when autograd left
+  // it elsewhere (a fresh tensor, or none: zeros). mutex_ held.
+  void settleGradient(Param& p);
   void launchReadyBuckets(bool fromHook);  // mutex_ held
   void resetReadiness();                   // mutex_ held
   // Notes the launch of b's Gloo allreduce and, on completion, its time.
@@ -427,6 +440,11 @@ class DistributedDataParallel {
   // the last exchange (unset: gradientsFinite() looks at the buckets).
   bool exchangeFinite_ = true;
   std::optional<bool> finiteAfterExchange_;
+  // Gradients copied into their buckets this step with every element
+  // checked (settleGradient), and whether all of those were finite.
+  size_t checkedGradients_ = 0;
+  bool checkedFinite_ = true;
+  mutable int64_t finitenessPasses_ = 0;
   DdpStats stats_;
 };
 
