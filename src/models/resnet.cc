@@ -46,7 +46,35 @@ ResidualBlock::ResidualBlock(bool bottleneck, int64_t inPlanes, int64_t planes, 
   }
 }
 
+void foldBatchNorm(nn::Conv2d& conv, const nn::BatchNorm2d& bn) {
+  torch::NoGradGuard noGrad;
+  // bn(y) = (y - mean) * gamma / sqrt(var + eps) + beta, per output channel.
+  const at::Tensor scale = bn->running_var.add(bn->options.eps()).rsqrt().mul(bn->weight);
+  at::Tensor shift = bn->bias.sub(bn->running_mean.mul(scale));
+  if (conv->bias.defined()) shift.add_(conv->bias.mul(scale));
+  conv->weight.mul_(scale.view({-1, 1, 1, 1}));  // in place: the weight keeps its layout
+  conv->bias = shift;
+}
+
+void ResidualBlock::fold() {
+  foldBatchNorm(conv1_, bn1_);
+  foldBatchNorm(conv2_, bn2_);
+  if (bottleneck_) foldBatchNorm(conv3_, bn3_);
+  if (downsample_) {
+    nn::Conv2d conv(std::dynamic_pointer_cast<nn::Conv2dImpl>(downsample_->ptr(0)));
+    foldBatchNorm(conv, nn::BatchNorm2d(std::dynamic_pointer_cast<nn::BatchNorm2dImpl>(downsample_->ptr(1))));
+  }
+  folded_ = true;
+}
+
 at::Tensor ResidualBlock::forward(const at::Tensor& x) {
+  if (folded_) {
+    // Inference: the normalizations are in the convolutions; nothing keeps
+    // an activation for backward, so the ReLUs work in place.
+    at::Tensor out = conv2_(conv1_(x).relu_());
+    if (bottleneck_) out = conv3_(out.relu_());
+    return out.add_(downsample_ ? downsample_[0]->as<nn::Conv2d>()->forward(x) : x).relu_();
+  }
   at::Tensor out = torch::relu(bn1_(conv1_(x)));
   out = bn2_(conv2_(out));
   if (bottleneck_) out = bn3_(conv3_(torch::relu(out)));
@@ -144,10 +172,19 @@ ResNet::ResNet(int depth, const ModelConfig& c, const InputShape& in, const Mode
   }
 }
 
+void ResNet::foldForInference() {
+  if (folded_) return;
+  if (part_.input) foldBatchNorm(conv1_, bn1_);
+  for (nn::Sequential& stage : layers_) {
+    for (size_t k = 0; k < stage->size(); ++k) stage->ptr<ResidualBlock>(k)->fold();
+  }
+  folded_ = true;
+}
+
 at::Tensor ResNet::forward(const at::Tensor& input) {
   at::Tensor x = inLayout(input);
   if (part_.input) {
-    x = torch::relu(bn1_(conv1_(x)));
+    x = folded_ ? conv1_(x).relu_() : torch::relu(bn1_(conv1_(x)));
     if (!smallInput_) x = torch::max_pool2d(x, 3, 2, 1);
   } else if (x.dim() != 4) {
     throw DataError(fmt::format("resnet: a stage from layer group {} expects activations [batch, "

@@ -126,6 +126,46 @@ TEST(Models, ChannelsLastComputesTheSameFunction) {
   }
 }
 
+// The BatchNorms folded into the convolutions compute the same function
+// in eval mode, for basic blocks and bottlenecks with their downsampling,
+// the stem of both input sizes, and channels-last weights; and no
+// normalization runs any more (its statistics no longer matter).
+TEST(Models, ResNetFoldedForInferenceComputesTheSameFunction) {
+  for (const char* name : {"resnet18", "resnet50"}) {
+    for (const bool small : {false, true}) {
+      ModelConfig c = arch(name, 10);
+      c.smallInput = small;
+      c.memoryFormat = small ? MemoryLayout::channelsLast : MemoryLayout::contiguous;
+      torch::manual_seed(6);
+      auto m = createModel(c, {3, 40, 40});
+      {
+        // Statistics and affine maps away from identity: a few training
+        // forwards, then random scales and shifts.
+        torch::NoGradGuard g;
+        for (int k = 0; k < 3; ++k) m->forward(torch::randn({4, 3, 40, 40}) * 2 + 1);
+        for (auto& item : m->named_parameters()) {
+          if (item.key().find("bn") != std::string::npos || item.key().find("downsample.1") != std::string::npos) {
+            item.value().uniform_(0.5, 1.5);
+          }
+        }
+      }
+      m->eval();
+      torch::NoGradGuard g;
+      const at::Tensor x = torch::randn({3, 3, 40, 40});
+      const at::Tensor before = m->forward(x);
+      m->foldForInference();
+      m->foldForInference();  // a second call changes nothing
+      const at::Tensor after = m->forward(x);
+      const std::string what = std::string(name) + (small ? " small input" : "");
+      EXPECT_TRUE(torch::allclose(after, before, 1e-4, 1e-4)) << what << ": " << (after - before).abs().max();
+      for (auto& b : m->named_buffers()) {
+        if (b.key().find("running_mean") != std::string::npos) b.value().fill_(1e6);
+      }
+      EXPECT_TRUE(torch::equal(m->forward(x), after)) << what << ": a BatchNorm still ran";
+    }
+  }
+}
+
 TEST(Models, AutoMemoryFormatIsChannelsLastOnlyWhereItIsFaster) {
   EXPECT_TRUE(createModel(arch("simple_cnn", 10), {1, 28, 28})->channelsLast());
   EXPECT_FALSE(createModel(arch("resnet18", 10), {3, 32, 32})->channelsLast());

@@ -43,6 +43,13 @@ class Model : public torch::nn::Module {
   bool channelsLast() const { return channelsLast_; }
   void setChannelsLast(bool on);
 
+  // For inference only (cohort serve, cohort score): folds each BatchNorm
+  // into the convolution before it, from its running statistics, so that
+  // forward() runs no normalization pass. The function is the same up to
+  // float rounding; the model can no longer train, and its parameters no
+  // longer match its state dict. Models without such pairs: nothing.
+  virtual void foldForInference() {}
+
   // Tensors registered once here that PyTorch's module of the same
   // architecture lists under a second name too: (that name, the name here).
   virtual std::vector<std::pair<std::string, std::string>> tiedNames() const { return {}; }
