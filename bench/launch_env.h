@@ -33,11 +33,13 @@ inline std::map<std::string, std::string> launchEnvironment(const std::string& a
 
 // Throws std::runtime_error naming the difference unless cohort's side
 // (summary.json's "compute") and the peer's ("launch") ran with the same
-// allocator and intra- and inter-op threads: a figure of unlike sides is
-// not printed.
+// allocator and intra- and inter-op threads, and, when the peer was started
+// to bind its cores as cohort does (it then reports "bind_cores"), the same
+// binding: a figure of unlike sides is not printed.
 inline void requireSameLaunch(const nlohmann::json& cohortCompute, const nlohmann::json& peerLaunch,
                               const std::string& what) {
-  for (const char* key : {"malloc", "intra_op_threads", "inter_op_threads"}) {
+  for (const char* key : {"malloc", "intra_op_threads", "inter_op_threads", "bind_cores"}) {
+    if (std::string(key) == "bind_cores" && !peerLaunch.contains(key)) continue;  // an untuned peer
     const nlohmann::json a = cohortCompute.value(key, nlohmann::json()), b = peerLaunch.value(key, nlohmann::json());
     if (a != b) {
       throw std::runtime_error(what + ": the sides ran differently: " + key + " " + a.dump() + " (cohort) against " +

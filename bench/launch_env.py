@@ -20,6 +20,11 @@ verify(torch) exits 3 naming the setting when the process runs otherwise,
 so a peer started with another allocator or thread count fails rather than
 gives a figure (tests/bench/launch_env_test.cc). cohort's side reports the
 same in summary.json's "compute" (malloc, intra_op_threads).
+COHORT_BENCH_BIND_CORES=1 in it has each peer rank call bind() before its
+first tensor: held to cores of its own by cohort's rule for
+compute.bind_cores: auto (the ranks' threads fill the cores: rank r takes
+the r-th slice), as PyTorch's CPU launcher binds each instance with numactl;
+the report then says whether it did ("bind_cores"), beside cohort's.
 Only the standard library: the C++ benchmarks call it before starting a side.
 """
 import json
@@ -29,7 +34,8 @@ import sys
 LIBRARIES = {"tcmalloc": "libtcmalloc_minimal.so.4", "jemalloc": "libjemalloc.so.2"}
 # What torch.backends.xeon.run_cpu sets with jemalloc (PyTorch 1.13).
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
-CONTROLLED = ("LD_PRELOAD", "MALLOC_CONF", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+CONTROLLED = ("LD_PRELOAD", "MALLOC_CONF", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+              "COHORT_BENCH_BIND_CORES")
 SEARCH = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
           "/usr/local/lib")
 
@@ -60,7 +66,40 @@ def environment(allocator, threads):
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[key] = str(threads)
     env["COHORT_BENCH_EXPECT"] = json.dumps({"malloc": allocator, "intra_op_threads": threads})
+    env["COHORT_BENCH_BIND_CORES"] = "1"
     return env
+
+
+_bound = False
+
+
+def bind(rank, world, threads):
+    """Under COHORT_BENCH_BIND_CORES=1, holds this thread (and the threads
+    it starts later: call it before torch starts its pool) to rank's slice of
+    the allowed cores when world x threads fill them exactly, as cohort's
+    compute.bind_cores: auto does for its local ranks. Returns whether it
+    bound."""
+    global _bound
+    if os.environ.get("COHORT_BENCH_BIND_CORES") != "1":
+        return False
+    allowed = sorted(os.sched_getaffinity(0))
+    if world * threads != len(allowed):
+        return False
+    os.sched_setaffinity(0, allowed[rank * threads:(rank + 1) * threads])
+    _bound = True
+    return True
+
+
+def describe_cores(cores):
+    """'0-3,6' for {0, 1, 2, 3, 6}, as cohort's summary.json writes them."""
+    cores, out, i = sorted(cores), [], 0
+    while i < len(cores):
+        j = i
+        while j + 1 < len(cores) and cores[j + 1] == cores[j] + 1:
+            j += 1
+        out.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
+        i = j + 1
+    return ",".join(out)
 
 
 def serving_malloc():
@@ -91,6 +130,9 @@ def report(torch=None):
     if torch is not None:
         out["intra_op_threads"] = torch.get_num_threads()
         out["inter_op_threads"] = torch.get_num_interop_threads()
+    out["cores"] = describe_cores(os.sched_getaffinity(0))
+    if os.environ.get("COHORT_BENCH_BIND_CORES") == "1":
+        out["bind_cores"] = _bound
     return out
 
 

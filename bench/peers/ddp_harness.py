@@ -30,10 +30,12 @@ def add_launch_arguments(parser):
 
 
 def init_rank(rank, args, out):
-    """args.threads intra-op threads and one inter-op (as cohort's ranks),
+    """Cores as cohort binds them (launch_env.bind, under the tuned
+    harness), args.threads intra-op threads and one inter-op (as cohort's ranks),
     checked against what the harness expects (launch_env.verify); gloo on
     127.0.0.1:args.port, seed 0. Returns the launch report, or None with
     args.report_only (rank 0 has put it)."""
+    launch_env.bind(rank, args.world, args.threads)  # before torch starts its threads
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     launch = launch_env.verify(torch)

@@ -44,6 +44,7 @@ def main():
         assert libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
     import torch
     import torchvision
+    launch_env.bind(0, 1, args.threads)  # one process: as cohort's one rank
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     launch = launch_env.verify(torch)  # exits 3 when not started as the harness says

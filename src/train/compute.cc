@@ -20,6 +20,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/models/model.h"
+#include "cohort/train/bind_cores.h"
 #include "cohort/train/precision.h"
 
 namespace cohort::train {
@@ -28,6 +29,7 @@ namespace {
 
 std::atomic<bool> keepingFreedMemory{false};
 std::atomic<bool> mappingLargeBlocks{false};
+std::atomic<bool> boundToCores{false};
 
 // "CPU capability usage: AVX2" in LibTorch's build description: the only
 // public report of the kernels its dispatcher chose for this CPU.
@@ -58,9 +60,15 @@ bool keepFreedMemory() {
   return ok;
 }
 
-void applyCompute(const JobConfig& job, int localRanks) {
+void applyCompute(const JobConfig& job, int localRanks, int localRank) {
   int threads = static_cast<int>(job.distribution.threadsPerRank);
   if (threads == 0) threads = std::max(1, env::availableCores() / std::max(1, localRanks));
+  // Before LibTorch starts its threads: they inherit the binding.
+  const std::vector<int> cores = coresOfRank(job.compute.bindCores, allowedCores(), localRank, localRanks, threads);
+  if (!cores.empty()) {
+    bindProcess(cores);
+    boundToCores = true;
+  }
   at::set_num_threads(threads);
   // Once set (or once LibTorch has started its pool) it cannot change: a
   // second call in the same process throws.
@@ -100,16 +108,19 @@ ComputeState observeCompute() {
   s.observers = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
   s.anomalyMode = torch::autograd::AnomalyMode::is_enabled();
   s.gradMode = at::GradMode::is_enabled();
+  s.boundCores = boundToCores;
+  s.cores = describeCores(allowedCores());
   return s;
 }
 
 std::string describe(const ComputeState& s) {
   return fmt::format(
       "compute: {} intra-op thread(s), {} inter-op; allocator {} ({}); oneDNN {}; LibTorch kernels {}; "
-      "memory format {} ({}); profiler observers {}; anomaly detection {}; CPU {}",
+      "memory format {} ({}); profiler observers {}; anomaly detection {}; cores {}{}; CPU {}",
       s.intraOpThreads, s.interOpThreads, s.allocator, s.mallocName, s.onednn ? "on" : "off", s.kernels,
       s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
-      s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", cohort::describe(s.cpu));
+      s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", s.cores,
+      s.boundCores ? " (bound)" : "", cohort::describe(s.cpu));
 }
 
 nlohmann::json toJson(const ComputeState& s) {
@@ -122,6 +133,8 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"malloc", s.mallocName},
                         {"malloc_library", s.mallocLibrary},
                         {"onednn", s.onednn},
+                        {"bind_cores", s.boundCores},
+                        {"cores", s.cores},
                         {"memory_format", s.memoryFormat},
                         {"memory_format_reason", s.memoryFormatReason},
                         {"precision", s.precision},

@@ -135,7 +135,7 @@ int runWorker(const WorkerOptions& o) {
   if (heldDir) elastic::applyBatchPolicy(job, re.worldSize);
 
   // Threads, allocator and oneDNN before the first tensor (docs/performance.md).
-  applyCompute(job, re.localWorldSize);
+  applyCompute(job, re.localWorldSize, re.localRank);
   const int threads = at::get_num_threads();
 
   comm::CommOptions co;

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "cohort/core/env.h"
 #include "test_paths.h"
+#include "launch_env.h"
 #include "util/jobs.h"
 #include "util/process.h"
 
@@ -92,6 +94,15 @@ TEST_P(LaunchEnv, EverySideReportsTheAllocatorAndThreadsItWasStartedWith) {
   EXPECT_EQ(compute["malloc"], allocator) << compute.dump();
   EXPECT_EQ(compute["intra_op_threads"], threads) << compute.dump();
   EXPECT_EQ(compute["inter_op_threads"], 1) << compute.dump();
+  // Cores bound alike: cohort's 2 ranks (compute.bind_cores: auto) and the
+  // DDP peer's 2 ranks, each rank 0 on the same slice, when the ranks'
+  // threads fill the cores; neither otherwise.
+  const bool fill = 2 * threads == env::availableCores();
+  EXPECT_EQ(compute["bind_cores"], fill) << compute.dump();
+  const nlohmann::json ddpPeer = peerReport(peers(threads)[0], env);
+  ASSERT_TRUE(ddpPeer.is_object());
+  EXPECT_EQ(ddpPeer["bind_cores"], fill) << ddpPeer.dump();
+  EXPECT_EQ(ddpPeer["cores"], compute["cores"]) << ddpPeer.dump() << "\n" << compute.dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(Allocators, LaunchEnv,
@@ -117,6 +128,23 @@ TEST(LaunchEnvCheck, APeerStartedOtherwiseExits3NamingTheSetting) {
     const auto r = test::run(argv, two, std::chrono::minutes(3));
     EXPECT_NE(r.exitCode, 0) << r.describe();
     EXPECT_NE(r.err.find("intra_op_threads is 1, the benchmark expects 2"), std::string::npos) << r.describe();
+  }
+  // Left unbound where the harness binds: the benchmark's own check of
+  // the two sides refuses the pair.
+  {
+    nlohmann::json cohortSide = {{"malloc", "tcmalloc"}, {"intra_op_threads", 1}, {"inter_op_threads", 1},
+                                 {"bind_cores", true}};
+    nlohmann::json peer = cohortSide;
+    peer["bind_cores"] = false;
+    try {
+      bench::requireSameLaunch(cohortSide, peer, "resnet18 2 ranks");
+      ADD_FAILURE() << "a peer bound otherwise was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("bind_cores true (cohort) against false (peer)"), std::string::npos)
+          << e.what();
+    }
+    peer.erase("bind_cores");  // an untuned peer (no binding asked of it): not compared
+    EXPECT_NO_THROW(bench::requireSameLaunch(cohortSide, peer, "untuned"));
   }
   // An allocator launch_env.py does not know.
   const auto bad = test::run({COHORT_PYTHON, script("launch_env.py"), "env", "mimalloc", "1"});

@@ -1,6 +1,7 @@
 // What a rank sets up before it computes (src/train/compute.cc) is what
 // docs/performance.md says, and the allocator policy does what it is for.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -10,8 +11,11 @@
 #include <fstream>
 #include <regex>
 
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/train/bind_cores.h"
 #include "cohort/train/compute.h"
+#include "util/errors.h"
 #include "util/jobs.h"
 
 namespace cohort {
@@ -112,7 +116,11 @@ TEST(Compute, StartUpStateIsTheDocumentedOne) {
   ASSERT_FALSE(c.empty());
   for (const auto& [key, value] : documented) {
     ASSERT_TRUE(c.contains(key)) << "summary.json's compute has no " << key;
-    if (key == "memory_format") {
+    if (key == "bind_cores") {
+      // auto: bound exactly when one rank's one thread fills the cores.
+      EXPECT_EQ(c[key], env::availableCores() == 1) << c.dump();
+      EXPECT_FALSE(c["cores"].get<std::string>().empty()) << c.dump();
+    } else if (key == "memory_format") {
       // Measured: either layout, with the times that decided it.
       EXPECT_TRUE(c[key] == "channels_last" || c[key] == "contiguous") << c.dump();
       EXPECT_EQ(c["memory_format_reason"].get<std::string>().rfind(value, 0), 0u) << c.dump();
@@ -149,6 +157,44 @@ TEST(Compute, RanksAgreeOnAMeasuredLayout) {
   const std::string log = test::readText(dir.file("measured/logs/rank-1.log"));
   EXPECT_NE(log.find("memory format " + chosen + " (measured:"), std::string::npos) << log;
   EXPECT_NE(log.find(" per pass, mean of 2 ranks)"), std::string::npos) << log;
+}
+
+TEST(BindCores, EachLocalRankTakesItsSliceWhenTheyFit) {
+  using train::coresOfRank;
+  const std::vector<int> four{0, 1, 2, 3}, odd{1, 3, 5, 7};
+  // auto: only when the ranks' threads fill the cores exactly.
+  EXPECT_EQ(coresOfRank(BindCores::automatic, four, 0, 2, 2), (std::vector<int>{0, 1}));
+  EXPECT_EQ(coresOfRank(BindCores::automatic, four, 1, 2, 2), (std::vector<int>{2, 3}));
+  EXPECT_EQ(coresOfRank(BindCores::automatic, odd, 3, 4, 1), (std::vector<int>{7}));
+  EXPECT_TRUE(coresOfRank(BindCores::automatic, four, 0, 2, 1).empty()) << "spare cores: none bound";
+  EXPECT_TRUE(coresOfRank(BindCores::automatic, four, 0, 2, 4).empty()) << "oversubscribed: none bound";
+  // on: whenever they fit, and refused when they do not.
+  EXPECT_EQ(coresOfRank(BindCores::on, odd, 1, 2, 1), (std::vector<int>{3}));
+  const std::string refused = test::errorOf<ConfigError>([&] { coresOfRank(BindCores::on, four, 0, 3, 2); });
+  for (const char* part : {"compute.bind_cores", "need 6 cores", "0-3"}) {
+    EXPECT_NE(refused.find(part), std::string::npos) << refused;
+  }
+  EXPECT_TRUE(coresOfRank(BindCores::off, four, 0, 4, 1).empty());
+  EXPECT_EQ(train::describeCores({0, 1, 2, 3, 6, 8, 9}), "0-3,6,8-9");
+  EXPECT_EQ(train::describeCores({}), "");
+}
+
+// Two ranks of one thread each, bound: each reports (and its log names)
+// the one core it now runs on, read back from the kernel.
+TEST(BindCores, RanksOfARunAreHeldToCoresOfTheirOwn) {
+  const std::vector<int> allowed = train::allowedCores();
+  if (allowed.size() < 2) GTEST_SKIP() << "one core: nothing to bind two ranks to";
+  test::TempDir dir;
+  const nlohmann::json c =
+      runCompute(dir, "bound", 2, {"compute.bind_cores=on", "distribution.threads_per_rank=1"});
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c["bind_cores"], true);
+  EXPECT_EQ(c["cores"], std::to_string(allowed[0]));
+  const std::string log = test::readText(dir.file("bound/logs/rank-1.log"));
+  EXPECT_NE(log.find(fmt::format("cores {} (bound)", allowed[1])), std::string::npos) << log;
+  const nlohmann::json off = runCompute(dir, "unbound", 2, {"compute.bind_cores=off"});
+  EXPECT_EQ(off["bind_cores"], false);
+  EXPECT_EQ(off["cores"], train::describeCores(allowed));
 }
 
 TEST(Compute, OnednnOnIsRefusedOnlyWithoutOnednn) {

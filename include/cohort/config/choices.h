@@ -29,6 +29,7 @@ enum class GradCompression { none, fp16, bf16 };
 enum class BatchPolicy { keepGlobal, keepPerRank };
 enum class Allocator { keep, system, map };
 enum class OneDnn { automatic, on, off };
+enum class BindCores { automatic, on, off };
 enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, cosine, step };
 enum class OnNonfinite { stop, skip };
@@ -101,6 +102,11 @@ template <>
 struct ChoiceNames<OneDnn> {
   static constexpr ChoiceTable<OneDnn, 3> table{
       {{OneDnn::automatic, "auto"}, {OneDnn::on, "on"}, {OneDnn::off, "off"}}};
+};
+template <>
+struct ChoiceNames<BindCores> {
+  static constexpr ChoiceTable<BindCores, 3> table{
+      {{BindCores::automatic, "auto"}, {BindCores::on, "on"}, {BindCores::off, "off"}}};
 };
 template <>
 struct ChoiceNames<OptimizerKind> {

@@ -162,6 +162,7 @@ struct ElasticConfig {
 struct ComputeConfig {
   Allocator allocator = Allocator::keep;  // system: glibc's defaults; map: blocks of 1 MB and more mapped and given back
   OneDnn onednn = OneDnn::automatic;    // convolutions through oneDNN
+  BindCores bindCores = BindCores::automatic;  // each rank's threads on cores of its own (train/bind_cores.h)
 };
 
 struct OptimizerConfig {

@@ -4,8 +4,8 @@
 // and the state read back from LibTorch so that summary.json records what
 // was in effect (docs/performance.md lists both; a test holds them to it).
 //
-//   applyCompute(job, localRanks)     first thing in a rank, before tensors:
-//                                     threads, allocator, oneDNN
+//   applyCompute(job, localRanks, localRank)  first thing in a rank, before
+//                                     tensors: cores, threads, allocator, oneDNN
 //   chooseMemoryFormat(...)           after the model is built and on its
 //                                     device, before the gradient buckets
 //   observeCompute()                  what LibTorch reports now
@@ -33,6 +33,8 @@ struct ComputeState {
   std::string mallocName;    // glibc | tcmalloc | jemalloc | other: what serves malloc (env::servingMalloc)
   std::string mallocLibrary;
   bool onednn = false;       // convolutions through oneDNN
+  bool boundCores = false;   // compute.bind_cores held this rank to `cores`
+  std::string cores;         // the cores this rank's threads may run on ("0-3")
   std::string memoryFormat;  // channels_last | contiguous (after chooseMemoryFormat)
   std::string memoryFormatReason;
   std::string precision;     // fp32 | bf16 (training.precision resolved)
@@ -42,13 +44,15 @@ struct ComputeState {
   bool gradMode = true;
 };
 
-// Sets the intra-op threads (distribution.threads_per_rank, 0: cores /
-// `localRanks`), one inter-op thread, the allocator policy
+// Binds the process to its cores (compute.bind_cores, train/bind_cores.h:
+// local rank `localRank` of `localRanks`), then sets the intra-op threads
+// (distribution.threads_per_rank, 0: cores / `localRanks`), one inter-op
+// thread, the allocator policy
 // (compute.allocator: glibc's; with another allocator preloaded it is left
 // alone) and oneDNN's use (compute.onednn). Logs nothing;
 // observeCompute() tells. Throws ConfigError for onednn: on when LibTorch was
 // built without it.
-void applyCompute(const JobConfig& job, int localRanks);
+void applyCompute(const JobConfig& job, int localRanks, int localRank = 0);
 
 // compute.allocator: keep. glibc keeps freed memory instead of returning it
 // to the kernel (no heap trimming, no mmap for large blocks), so that the

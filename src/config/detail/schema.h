@@ -492,6 +492,12 @@ void describe(V& v, ComputeConfig& c) {
   v.field("onednn", c.onednn,
           "Convolutions and their gradients through oneDNN (on) or LibTorch's own kernels (off); "
           "auto: on when LibTorch has oneDNN.");
+  v.field("bind_cores", c.bindCores,
+          "Hold each rank's threads to cores of its own (consecutive slices of the cores the "
+          "process may use, distribution.threads_per_rank each, by local rank), as PyTorch's CPU "
+          "launcher and DeepSpeed's --bind_cores_to_rank do; auto: when the machine's ranks x "
+          "threads equal its cores, so that spare cores stay free for data loading; on: always "
+          "(refused when they need more cores than there are); off: the scheduler places them.");
 }
 
 template <class V>
