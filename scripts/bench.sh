@@ -17,8 +17,9 @@
 #      at 2 ranks against PyTorch's DDP at 2 ranks (bench/peers/fashion_mnist.py)
 # 3-5 run twice: untuned, each side as a default user starts it (cohort's
 # compute.allocator: keep, PyTorch on glibc's malloc), and tuned, both sides
-# on tcmalloc with the same threads as PyTorch's CPU launcher starts it
-# (bench/launch_env.py). Pairs alternate, twice each.
+# on tcmalloc with the same threads and each rank bound to cores of its own
+# as PyTorch's CPU launcher starts it (bench/launch_env.py). Pairs
+# alternate, twice each.
 # Prints the CPU and its features first. Takes about 80 minutes on 2 cores.
 # Assumes nothing else runs meanwhile.
 set -eu
@@ -151,9 +152,10 @@ md.append("\n### DDP training throughput, cohort against PyTorch's DDP\n")
 md.append("`./build/bench/cohort_bench_ddp` (untuned) and `./build/bench/cohort_bench_ddp --allocator tcmalloc` "
           "(tuned): synthetic data, SGD with momentum; PyTorch: `bench/peers/ddp.py` (torchvision's models, gloo, "
           "the same intra-op threads and one inter-op thread as cohort, in the memory format cohort chose). "
-          "Untuned: cohort with `compute.allocator: keep`, the peer on glibc's malloc, as each starts by default. "
-          "Tuned: both on tcmalloc with OMP_NUM_THREADS at the run's threads, as PyTorch's CPU launcher starts it "
-          "(`bench/launch_env.py`). cohort and PyTorch alternate twice per row: the ratio of the mean rates, in "
+          "Untuned: cohort with `compute.allocator: keep` and `compute.bind_cores: auto`, the peer on glibc's malloc and unbound, as each starts by default. "
+          "Tuned: both on tcmalloc with OMP_NUM_THREADS at the run's threads and, when the ranks' threads fill "
+          "the cores, each rank bound to its own (cohort's `compute.bind_cores: auto`, the peer by the same rule), "
+          "as PyTorch's CPU launcher starts it (`bench/launch_env.py`). cohort and PyTorch alternate twice per row: the ratio of the mean rates, in "
           "brackets the lowest and highest ratio of one pair. Weak-scaling efficiency = 2-rank images/s / "
           "(2 x 1-rank images/s); its ceiling here is two 1-rank cohort runs at once, with no communication; "
           "'of the ceiling' = cohort's efficiency / the ceiling.\n")
