@@ -44,6 +44,13 @@ struct Net : torch::nn::Module {
   torch::nn::Linear a{nullptr}, b{nullptr}, unused{nullptr};
 };
 
+// `to` takes `from`'s parameter values (the same architecture).
+void copyParameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard g;
+  auto src = from.parameters(), dst = to.parameters();
+  for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
+}
+
 TEST(DdpLocal, BucketsInReverseRegistrationOrderWithinTheCap) {
   auto net = std::make_shared<Net>();
   DistributedDataParallel tiny(net, soloComm(), options(1e-9, false));
@@ -64,11 +71,7 @@ TEST(DdpLocal, GradientsMatchPlainAutogradAndLaunchDuringBackward) {
   torch::manual_seed(1);
   auto net = std::make_shared<Net>();
   auto plain = std::make_shared<Net>();
-  {
-    torch::NoGradGuard g;
-    auto src = net->parameters(), dst = plain->parameters();
-    for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
-  }
+  copyParameters(*net, *plain);
   DistributedDataParallel ddp(net, soloComm(), options(1e-9, false));
   at::Tensor x = torch::randn({5, 4});
   ddp.setSyncGradients(true);
@@ -93,11 +96,7 @@ TEST(DdpLocal, TheNextBackwardFillsTheBucketsWithItsOwnGradients) {
   torch::manual_seed(4);
   auto net = std::make_shared<Net>();
   auto plain = std::make_shared<Net>();
-  {
-    torch::NoGradGuard g;
-    auto src = net->parameters(), dst = plain->parameters();
-    for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
-  }
+  copyParameters(*net, *plain);
   DistributedDataParallel ddp(net, soloComm(), options(1000, false));
   for (int step = 0; step < 3; ++step) {
     at::Tensor x = torch::randn({5, 4});
@@ -270,10 +269,9 @@ TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
   torch::manual_seed(3);
   auto net = std::make_shared<ConvNet>();
   auto plain = std::make_shared<ConvNet>();
+  copyParameters(*net, *plain);
   {
     torch::NoGradGuard g;
-    auto src = net->parameters(), dst = plain->parameters();
-    for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
     net->conv->weight.set_data(net->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
   }
   ASSERT_FALSE(net->conv->weight.is_contiguous());
