@@ -7,19 +7,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cohort/core/dense_floats.h"
+
 namespace cohort::parallel::detail {
 
 std::optional<bool> copyCheckingFinite(at::Tensor& dst, const at::Tensor& src) {
-  const bool checkable = dst.scalar_type() == at::kFloat && src.scalar_type() == at::kFloat &&
-                         dst.device().is_cpu() && src.device().is_cpu() &&
-                         dst.is_non_overlapping_and_dense() && dst.sizes() == src.sizes() &&
-                         dst.strides() == src.strides();
-  if (!checkable) {
+  if (!denseFloatTwins(dst, src)) {
     dst.copy_(src);
     return std::nullopt;
   }
-  // Dense with equal strides: both are the same permutation of one block
-  // of memory, element for element. A float is NaN or Inf exactly when its
+  // Element k of one beside element k of the other. A float is NaN or Inf exactly when its
   // exponent bits are all ones: the largest exponent seen tells.
   constexpr uint32_t kExponent = 0x7f800000u;
   float* const out = dst.data_ptr<float>();

@@ -8,6 +8,7 @@
 
 #include <map>
 
+#include "cohort/core/dense_floats.h"
 #include "cohort/core/error.h"
 
 namespace cohort::train {
@@ -52,17 +53,11 @@ class FusedSgd final : public torch::optim::SGD {
   }
 
  private:
-  static bool fusable(const at::Tensor& p, const at::Tensor& g) {
-    return p.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat && p.device().is_cpu() &&
-           g.device().is_cpu() && p.is_non_overlapping_and_dense() && g.sizes() == p.sizes() &&
-           g.strides() == p.strides();
-  }
-
   static void update(at::Tensor& p, const at::Tensor& grad, torch::optim::SGDParamState* s,
                      const torch::optim::SGDOptions& o) {
     const double momentum = o.momentum();
     const bool hasBuffer = s != nullptr && s->momentum_buffer().defined();
-    if (!fusable(p, grad)) {
+    if (!denseFloatTwins(p, grad)) {
       at::Tensor d = o.weight_decay() != 0 ? grad.add(p, o.weight_decay()) : grad;
       if (momentum != 0) {
         if (!hasBuffer) {
