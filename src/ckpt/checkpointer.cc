@@ -17,6 +17,7 @@
 #include "cohort/core/time.h"
 #include "cohort/core/log.h"
 #include "cohort/monitor/timeline.h"
+#include "cohort/core/text.h"
 #include "core/detail/json_int.h"
 
 namespace fs = std::filesystem;
@@ -43,7 +44,6 @@ std::string statusKey(int64_t step, int rank) {
   return fmt::format("ckpt/step-{}/rank-{}", step, rank);
 }
 
-std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
 // Another rank skipped the checkpoint (its writer was behind): not a failure.
 struct Skipped : std::runtime_error {

@@ -195,13 +195,4 @@ std::vector<std::string> retentionVictims(const std::vector<CheckpointDir>& dirs
   return victims;
 }
 
-std::string utcNow() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace cohort::ckpt

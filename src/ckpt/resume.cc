@@ -10,6 +10,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/storage/storage.h"
+#include "cohort/core/time.h"
 
 namespace fs = std::filesystem;
 

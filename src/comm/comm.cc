@@ -20,6 +20,7 @@
 #include "cohort/comm/wait.h"
 #include "cohort/core/log.h"
 #include "cohort/core/net.h"
+#include "cohort/core/text.h"
 #include "comm/detail/store_client.h"
 
 namespace cohort::comm {
@@ -59,7 +60,6 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> glooOptions(const std::strin
   return opts;
 }
 
-std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 }  // namespace

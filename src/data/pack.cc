@@ -29,6 +29,7 @@
 #include "cohort/data/shard.h"
 #include "cohort/data/shard_source.h"
 #include "cohort/data/tokens.h"
+#include "cohort/core/time.h"
 #include "data/detail/destination.h"
 
 namespace cohort::data {
@@ -327,7 +328,7 @@ PackResult pack(const std::string& src, const std::string& dst, const PackOption
                                 }),
                  m.shards.end());
   if (m.shards.empty()) throw DataError(fmt::format("{}: none of its files is a readable image", src));
-  m.created = ckpt::utcNow();
+  m.created = utcNow();
   out.writeManifest(datasetManifestJson(m));
   PackResult r;
   r.manifest = std::move(m);

@@ -14,6 +14,7 @@
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
 #include "cohort/data/tokens.h"
+#include "cohort/core/time.h"
 #include "data/detail/destination.h"
 
 namespace cohort::data {
@@ -73,7 +74,7 @@ class TokenDatasetWriter {
 
   DatasetManifest finish() {
     if (file_) close();
-    m_.created = ckpt::utcNow();
+    m_.created = utcNow();
     out_.writeManifest(datasetManifestJson(m_));
     return m_;
   }

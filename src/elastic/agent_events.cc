@@ -9,6 +9,7 @@
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/monitor/prometheus.h"
+#include "cohort/core/time.h"
 
 namespace cohort::elastic::detail {
 
@@ -31,7 +32,7 @@ void AgentEvents::add(nlohmann::json event) {
     if (kind == "reform" || kind == "failure") ++reforms_;
     if (kind == "failure") ++failures_;
   }
-  event["time"] = ckpt::utcNow();
+  event["time"] = utcNow();
   event["node"] = node_;
   std::ofstream out(path_, std::ios::app);
   out << event.dump() << "\n";

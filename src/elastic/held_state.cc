@@ -17,6 +17,7 @@
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
+#include "cohort/core/text.h"
 
 namespace cohort::elastic {
 namespace {
@@ -29,7 +30,6 @@ struct Holding {
   int leader = 0;           // the node's lowest rank
 };
 
-std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
 std::string readWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

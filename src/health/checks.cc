@@ -23,6 +23,8 @@
 #include "cohort/comm/comm.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/net.h"
+#include "cohort/core/fd.h"
 #include "health/detail/json.h"
 
 namespace cohort::health {
@@ -32,12 +34,6 @@ using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::string hostName() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) return "unknown";
-  return host;
 }
 
 std::string message(const std::exception& e) {
@@ -76,7 +72,6 @@ class TempFile {
  public:
   explicit TempFile(std::string path) : path_(std::move(path)) {}
   ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
     if (created_) ::unlink(path_.c_str());
   }
   TempFile(const TempFile&) = delete;
@@ -86,34 +81,33 @@ class TempFile {
   void create(bool& direct) {
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
     direct = true;
-    fd_ = ::open(path_.c_str(), flags | O_DIRECT, 0600);
-    if (fd_ < 0 && errno == EINVAL) {  // tmpfs and some others refuse O_DIRECT
+    fd_.reset(::open(path_.c_str(), flags | O_DIRECT, 0600));
+    if (!fd_.valid() && errno == EINVAL) {  // tmpfs and some others refuse O_DIRECT
       direct = false;
-      fd_ = ::open(path_.c_str(), flags, 0600);
+      fd_.reset(::open(path_.c_str(), flags, 0600));
     }
-    if (fd_ < 0) throw IoError(fmt::format("cannot create {}: {}", path_, std::strerror(errno)));
+    if (!fd_.valid()) throw IoError(fmt::format("cannot create {}: {}", path_, std::strerror(errno)));
     created_ = true;
   }
   // Buffered writes from now on.
   void dropDirect() {
-    const int fl = ::fcntl(fd_, F_GETFL);
-    if (fl < 0 || ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) < 0) {
+    const int fl = ::fcntl(fd_.get(), F_GETFL);
+    if (fl < 0 || ::fcntl(fd_.get(), F_SETFL, fl & ~O_DIRECT) < 0) {
       throw IoError(fmt::format("cannot write {}: fcntl: {}", path_, std::strerror(errno)));
     }
   }
   void closeChecked() {
-    const int fd = fd_;
-    fd_ = -1;
+    const int fd = fd_.release();
     if (::close(fd) != 0) {
       throw IoError(fmt::format("cannot close {}: {}", path_, std::strerror(errno)));
     }
   }
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   bool created_ = false;
 };
 

@@ -15,6 +15,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
+#include "cohort/core/net.h"
 #include "monitor/detail/crc32c.h"
 #include "monitor/detail/utf8.h"
 
@@ -70,12 +71,6 @@ void putBytes(std::string& out, uint32_t field, const std::string& bytes) {
   putKey(out, field, kLengthDelimited);
   putVarint(out, bytes.size());
   out += bytes;
-}
-
-std::string hostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
 }
 
 std::atomic<int> writersOpened{0};

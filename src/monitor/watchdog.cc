@@ -14,19 +14,10 @@
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/time.h"
+#include "cohort/core/net.h"
 #include "core/detail/json_int.h"
 
 namespace cohort::monitor {
-namespace {
-
-std::string hostName() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
-}  // namespace
-
 std::string encodeHeartbeat(const Heartbeat& h) {
   nlohmann::json j = {{"rank", h.rank},       {"step", h.step},
                       {"phase", h.phase},     {"phase_s", h.phaseSeconds},

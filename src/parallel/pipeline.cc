@@ -14,6 +14,7 @@
 #include "cohort/models/lora.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
+#include "cohort/core/text.h"
 #include "parallel/detail/stage_link.h"
 
 namespace cohort::parallel {
@@ -40,7 +41,6 @@ DdpOptions excluding(DdpOptions options, const std::vector<std::pair<std::string
   return options;
 }
 
-std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
 

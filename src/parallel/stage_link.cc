@@ -7,6 +7,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
+#include "cohort/core/text.h"
 
 #include <unistd.h>
 
@@ -23,7 +24,6 @@ constexpr int kTensorTag = 4;
 // A sample's dimensions in a header: [count, sizes...].
 constexpr int64_t kMaxDims = 8;
 
-std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 std::string textOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 int64_t elements(const std::vector<int64_t>& shape) {

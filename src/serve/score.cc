@@ -34,6 +34,7 @@
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
 #include "cohort/serve/model.h"
+#include "cohort/core/fd.h"
 #include "serve/detail/score_data.h"
 #include "serve/detail/score_rank.h"
 #include "serve/detail/score_run.h"
@@ -81,22 +82,18 @@ class RunLock {
  public:
   explicit RunLock(const detail::ScorePaths& paths)
       : fd_(::open(paths.lock().c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ < 0) {
+    if (!fd_.valid()) {
       throw UsageError(
           fmt::format("--out {}: cannot create {}: {}", paths.out, paths.lock(), std::strerror(errno)));
     }
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd_);
+    if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
       throw UsageError(fmt::format("--out {}: another `cohort score` is writing it ({} is locked)", paths.out,
                                    paths.lock()));
     }
   }
-  ~RunLock() { ::close(fd_); }
-  RunLock(const RunLock&) = delete;
-  RunLock& operator=(const RunLock&) = delete;
 
  private:
-  int fd_;
+  UniqueFd fd_;
 };
 
 // Creates OUT.run/ (or checks the record in it) and locks it. Returns the

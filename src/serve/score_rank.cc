@@ -21,6 +21,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/serve/model.h"
+#include "cohort/core/fd.h"
 #include "serve/detail/score_data.h"
 #include "serve/detail/score_run.h"
 
@@ -46,19 +47,16 @@ Json lineStart(int64_t index, const ScoreItem& item) {
 // Appends whole batches of lines to a part file.
 class PartWriter {
  public:
-  explicit PartWriter(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  explicit PartWriter(const std::string& path)
+      : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+    if (!fd_.valid()) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
   }
-  ~PartWriter() { ::close(fd_); }
-  PartWriter(const PartWriter&) = delete;
-  PartWriter& operator=(const PartWriter&) = delete;
   // One write per batch: a kill leaves at most this batch torn.
-  void append(const std::string& lines) { writeAll(fd_, lines, path_); }
+  void append(const std::string& lines) { writeAll(fd_.get(), lines, path_); }
 
  private:
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
 // The lines of images [begin, end): one forward over the decodable ones.

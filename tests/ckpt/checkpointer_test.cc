@@ -17,6 +17,7 @@
 #include "cohort/monitor/metrics.h"
 #include "cohort/security/keys.h"
 #include "cohort/train/optimizer.h"
+#include "cohort/core/time.h"
 #include "util/jobs.h"
 #include "util/process.h"
 #include "util/errors.h"
@@ -84,7 +85,7 @@ ckpt::Manifest manifestFor(int64_t step) {
   m.samplesInEpoch = 80;
   m.worldSize = 2;
   m.jobHash = "abc";
-  m.created = ckpt::utcNow();
+  m.created = utcNow();
   return m;
 }
 

@@ -10,6 +10,7 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/core/time.h"
 #include "util/azurite.h"
 #include "util/process.h"
 

@@ -72,7 +72,4 @@ std::vector<std::string> retentionVictims(const std::vector<CheckpointDir>& dirs
                                           const std::vector<bool>& valid, int64_t keepLast,
                                           int64_t keepEvery);
 
-// Current UTC time as ISO 8601 ("2026-11-21T22:31:18Z").
-std::string utcNow();
-
 }  // namespace cohort::ckpt

@@ -17,6 +17,11 @@ class UniqueFd {
 
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
+  // Closes the descriptor held (if any) and holds `fd`.
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
   // The descriptor, no longer closed by this object.
   int release() {
     const int f = fd_;

@@ -4,10 +4,14 @@
 // job values, dataset manifests). ASCII only: these are protocol and
 // configuration words, not user text.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace cohort {
+
+// The bytes of `s`: what a store value holds.
+inline std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
 // `s` with A-Z turned into a-z.
 inline std::string lowerAscii(std::string s) {

@@ -4,6 +4,8 @@
 // monotonic clock that durations are measured with.
 
 #include <chrono>
+#include <ctime>
+#include <string>
 
 namespace cohort {
 
@@ -11,6 +13,12 @@ namespace cohort {
 inline double unixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+// `t` in UTC, as strftime's `format` writes it.
+std::string formatUtc(std::time_t t, const char* format);
+
+// Now in UTC as ISO 8601 ("2026-11-21T22:31:18Z"): manifests, events, records.
+std::string utcNow();
 
 // The clock of every measured duration (phases, blocking, waits).
 using SteadyClock = std::chrono::steady_clock;
