@@ -50,6 +50,10 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> glooOptions(const std::strin
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(interface));
     } else if (isLoopbackAddress(masterAddr)) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else if (const auto local = localAddressTowards(masterAddr, 0); local && !isLoopbackAddress(*local)) {
+      // The address this machine reaches rank 0's store from: the network
+      // the job's machines share, whatever the host name resolves to.
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(*local));
     } else {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }

@@ -1,11 +1,41 @@
 #include "cohort/core/net.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include "cohort/core/fd.h"
 
 namespace cohort {
 
 bool isLoopbackAddress(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+std::optional<std::string> localAddressTowards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port > 0 ? port : 9);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0) return std::nullopt;
+  std::optional<std::string> out;
+  for (addrinfo* a = found; a != nullptr && !out; a = a->ai_next) {
+    // A datagram socket's connect() only picks the route and the source address.
+    UniqueFd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid() || ::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = local.ss_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    if (::inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) out = text;
+  }
+  ::freeaddrinfo(found);
+  return out;
 }
 
 std::string hostName() {

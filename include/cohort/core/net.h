@@ -3,6 +3,7 @@
 // Addresses, as the servers cohort runs decide whether to ask for a token,
 // and this machine's name.
 
+#include <optional>
 #include <string>
 
 namespace cohort {
@@ -10,6 +11,11 @@ namespace cohort {
 // True for 127.0.0.0/8, ::1 (bracketed or not) and "localhost": addresses
 // only this machine reaches.
 bool isLoopbackAddress(const std::string& host);
+
+// The address of this machine that packets to `host` leave from (the route
+// the kernel picks; nothing is sent), or nullopt when `host` does not resolve
+// or no route reaches it.
+std::optional<std::string> localAddressTowards(const std::string& host, int port);
 
 // This machine's host name (gethostname); "unknown" when it has none.
 std::string hostName();
