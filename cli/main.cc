@@ -12,6 +12,8 @@
 //   cohort score MODEL --data DATA --out predictions.jsonl [--procs N]
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
 //   cohort logs RUN_DIR [--rank r] [--follow]
+//   cohort submit JOB.yaml --slurm|--k8s [--sweep key=v1,v2 ...] [--nodes N] [--time T] ...
+//   cohort runs DIR | status RUN_DIR | cancel RUN_DIR
 //   cohort help [COMMAND] | cohort --version
 //
 // Exit codes: 0 success; 2 bad input (job file, data, arguments); 1 a failure
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cluster.h"
 #include "cohort/ckpt/tools.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
@@ -148,6 +151,8 @@ struct Cli {
   cohort::health::HealthCommandOptions healthOptions;
   cohort::monitor::LogsOptions logsOptions;
   std::string helpTopic;
+  // submit, runs, status, cancel
+  cohort::cli::ClusterCommands cluster;
 
   void addTraining(CLI::App& app);
   void addCkpt(CLI::App& app);
@@ -438,7 +443,7 @@ int Cli::showHelp(CLI::App& app, int argc) const {
     }
     if (!helpTopic.empty()) {
       for (CLI::App* sub : {run, worker, validate, ckpt, data, generate, exportCmd, serveCmd, scoreCmd,
-                            logs, health}) {
+                            logs, health, cluster.submit, cluster.runs, cluster.status, cluster.cancel}) {
         if (sub->get_name() == helpTopic) {
           std::cout << sub->help();
           return 0;
@@ -446,7 +451,7 @@ int Cli::showHelp(CLI::App& app, int argc) const {
       }
       std::cerr << "cohort: no help on '" << helpTopic
                 << "' (try: run, worker, validate, ckpt, data, generate, export, serve, score, logs, "
-                   "health, job)\n";
+                   "health, submit, runs, status, cancel, job)\n";
       return 2;
     }
     std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -517,6 +522,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
   if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
   if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
+  if (auto code = cluster.dispatch()) return *code;
   if (*run) {
     cohort::launch::LaunchOptions o;
     o.jobPath = jobPath;
@@ -574,6 +580,7 @@ int main(int argc, char** argv) {
   cli.addData(app);
   cli.addHealthLogsHelp(app);
   cli.addDeploy(app);
+  cli.cluster.add(app);
 
   try {
     app.parse(argc, argv);

@@ -126,6 +126,9 @@ RankEnv detectRankEnv() {
   }
 
   auto addr = get("MASTER_ADDR");
+  // Under srun without MASTER_ADDR: the node srun ran on, which is the first
+  // of the allocation and holds rank 0 (`cohort submit --slurm`'s script).
+  if (!addr && r.source == "slurm") addr = get("SLURM_LAUNCH_NODE_IPADDR");
   auto port = getInt("MASTER_PORT");
   if (addr) r.masterAddr = *addr;
   if (port) {
@@ -258,6 +261,15 @@ int availableCores() {
   }
   unsigned hc = std::thread::hardware_concurrency();
   return hc > 0 ? static_cast<int>(hc) : 1;
+}
+
+std::optional<int> slurmCpusPerTask() {
+  if (!get("SLURM_STEP_ID")) return std::nullopt;
+  const auto n = getInt("SLURM_CPUS_PER_TASK");
+  if (n && *n < 1) {
+    throw ConfigError(fmt::format("environment variable SLURM_CPUS_PER_TASK: {} is not a CPU count", *n));
+  }
+  return n;
 }
 
 }  // namespace cohort::env

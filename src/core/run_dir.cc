@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cohort/core/error.h"
+#include "cohort/core/time.h"
 
 namespace fs = std::filesystem;
 
@@ -29,22 +30,22 @@ RunDir openRunDir(const std::string& path) {
   return d;
 }
 
-RunDir createDefaultRunDir(const std::string& outputDir, const std::string& jobName) {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+std::string createStampedDir(const std::string& outputDir, const std::string& prefix) {
+  const std::string stamp = formatUtc(std::time(nullptr), "%Y%m%dT%H%M%SZ");
   makeDirs(outputDir);
-  const std::string base = fmt::format("{}/{}-{}", outputDir, jobName, stamp);
+  const std::string base = fmt::format("{}/{}-{}", outputDir, prefix, stamp);
   for (int k = 1; k < 1000; ++k) {
     const std::string candidate = k == 1 ? base : fmt::format("{}-{}", base, k);
     std::error_code ec;
     // create_directory returns false when it exists: try the next suffix.
-    if (fs::create_directory(candidate, ec)) return openRunDir(candidate);
+    if (fs::create_directory(candidate, ec)) return fs::absolute(candidate).lexically_normal().string();
     if (ec) throw IoError(fmt::format("cannot create directory {}: {}", candidate, ec.message()));
   }
-  throw IoError(fmt::format("cannot create a run directory under {}", outputDir));
+  throw IoError(fmt::format("cannot create a directory {}-... under {}", prefix, outputDir));
+}
+
+RunDir createDefaultRunDir(const std::string& outputDir, const std::string& jobName) {
+  return openRunDir(createStampedDir(outputDir, jobName));
 }
 
 }  // namespace cohort

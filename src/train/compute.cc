@@ -62,6 +62,8 @@ bool keepFreedMemory() {
 
 void applyCompute(const JobConfig& job, int localRanks, int localRank) {
   int threads = static_cast<int>(job.distribution.threadsPerRank);
+  // srun's --cpus-per-task is this rank's share already.
+  if (threads == 0) threads = env::slurmCpusPerTask().value_or(0);
   if (threads == 0) threads = std::max(1, env::availableCores() / std::max(1, localRanks));
   // Before LibTorch starts its threads: they inherit the binding.
   const std::vector<int> cores = coresOfRank(job.compute.bindCores, allowedCores(), localRank, localRanks, threads);

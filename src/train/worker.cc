@@ -34,7 +34,8 @@ namespace cohort::train {
 namespace {
 
 // SIGINT/SIGTERM are blocked in every thread and taken by this thread. A
-// SIGTERM while the training loop can checkpoint becomes a stop request;
+// SIGTERM (or SIGUSR2, Slurm's time-limit warning) while the training loop
+// can checkpoint becomes a stop request;
 // anything else logs, flushes and ends the process. Nothing a rank writes is
 // left torn: outputs are written atomically.
 //
@@ -79,13 +80,22 @@ void installSignalThread(bool elastic) {
         }
         continue;
       }
-      if (sig == SIGUSR1 || sig == SIGUSR2) continue;  // not under an agent: nothing asks for it
-      if (sig == SIGTERM && stop.graceful.load()) {
+      if (sig == SIGUSR1) continue;  // not under an agent: nothing asks for it
+      if (sig == SIGUSR2 && !stop.graceful.load()) {
+        // Slurm's warning before the time limit, before training started:
+        // nothing to checkpoint yet; the SIGTERM at the limit ends the rank.
+        log::warn("received SIGUSR2 (the time limit is near) before training started");
+        continue;
+      }
+      if ((sig == SIGTERM || sig == SIGUSR2) && stop.graceful.load()) {
         // The launcher may forward the SIGTERM its process group already
         // delivered: a repeated one changes nothing. SIGINT stops at once.
+        // SIGUSR2 is what `cohort submit --slurm` asks Slurm to send before
+        // the time limit (docs/slurm.md).
         if (stop.signal.exchange(sig) == 0) {
-          log::warn("received SIGTERM: finishing this step, then writing a checkpoint and "
-                    "stopping (SIGINT stops at once)");
+          log::warn("received {}: finishing this step, then writing a checkpoint and "
+                    "stopping (SIGINT stops at once)",
+                    sig == SIGTERM ? "SIGTERM" : "SIGUSR2 (the time limit is near)");
         }
         continue;
       }

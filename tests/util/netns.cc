@@ -77,6 +77,10 @@ std::string TestNetwork::bridgeAddress() const { return subnet_ + ".1"; }
 
 std::vector<std::string> TestNetwork::on(int host) const { return {kIp, "netns", "exec", ns(host)}; }
 
+std::vector<std::string> TestNetwork::enter(int host) const {
+  return {"/usr/bin/nsenter", "--net=/var/run/netns/" + ns(host)};
+}
+
 void TestNetwork::cut(int host) { ip({"link", "set", hostSide(host), "down"}); }
 
 }  // namespace cohort::test

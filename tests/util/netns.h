@@ -26,6 +26,10 @@ class TestNetwork {
   std::string bridgeAddress() const;     // this namespace's address on the bridge
   // The command prefix that runs a program on `host`.
   std::vector<std::string> on(int host) const;
+  // The same through nsenter: only the network changes (`ip netns exec`
+  // also mounts a sysfs of its own, without /sys/fs/cgroup, which a slurmd
+  // needs).
+  std::vector<std::string> enter(int host) const;
   // Cuts host's link to the bridge: no packet passes, no connection is
   // reset.
   void cut(int host);

@@ -120,6 +120,11 @@ std::optional<std::string> namedVariable(const std::string& name);
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 
+// A task of an srun step asked for `--cpus-per-task`: SLURM_CPUS_PER_TASK
+// when SLURM_STEP_ID is set too (a batch script's own environment has the
+// first, not the second). The rank's intra-op threads default to it.
+std::optional<int> slurmCpusPerTask();
+
 // The allocator whose malloc this process calls: "glibc", or "tcmalloc" or
 // "jemalloc" when one is preloaded (LD_PRELOAD, as PyTorch's CPU launcher
 // does), else "other"; and the file it comes from.

@@ -36,6 +36,11 @@ struct RunDir {
 // name. Throws IoError.
 RunDir createDefaultRunDir(const std::string& outputDir, const std::string& jobName);
 
+// Creates `<outputDir>/<prefix>-<UTC time>` (numeric suffix if it exists)
+// and returns its absolute path: a run directory's name, or a sweep's.
+// Throws IoError.
+std::string createStampedDir(const std::string& outputDir, const std::string& prefix);
+
 // Creates `path` (and logs/, model/) if missing. Throws IoError.
 RunDir openRunDir(const std::string& path);
 

@@ -1,0 +1,49 @@
+#pragma once
+
+// What `cohort submit --slurm` hands to Slurm: an sbatch script, written
+// into the run directory so a user can read and adapt it.
+//
+// The script asks for the nodes, tasks, CPUs and GPUs of the job, starts one
+// `cohort worker` per task with srun, and asks Slurm for SIGUSR2
+// `warnSeconds` before the time limit (docs/slurm.md says why that signal).
+// A rank that gets it finishes its step, writes a checkpoint and exits 75;
+// with `requeue`, the script then puts the job back in the queue and the next
+// start resumes from that checkpoint in the same run directory.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cohort::cluster {
+
+struct SlurmRequest {
+  std::string jobName;
+  int64_t nodes = 1;
+  int64_t tasksPerNode = 1;
+  int64_t cpusPerTask = 0;  // 0: not asked for (Slurm's default)
+  int64_t gpusPerNode = 0;
+  std::string partition;    // empty: the cluster's default
+  std::string time;         // Slurm's time format ("30", "2:00:00", "1-0"); empty: default
+  std::string account;
+  bool requeue = false;
+  int64_t warnSeconds = 120;  // SIGUSR2 this long before the time limit
+  int64_t masterPort = 0;     // 0: 20000 + job id mod 20000
+  int64_t maxRestarts = 3;    // srun again after a failed attempt, this many times
+  std::string cohortBinary;   // absolute path
+  // One run directory per array task; one entry: no array.
+  std::vector<std::string> runDirs;
+  std::string outputFile;     // sbatch --output (%j, %A, %a allowed)
+};
+
+// The script's text. Throws UsageError for a request Slurm could not take
+// (no run directory, fewer than one node or task).
+std::string sbatchScript(const SlurmRequest& request);
+
+// The job id `sbatch --parsable` printed ("1234" or "1234;cluster").
+// Throws Error when there is none.
+std::string parseSubmittedJobId(const std::string& sbatchOutput);
+
+// A word for a shell script: single-quoted unless it needs no quoting.
+std::string shellQuote(const std::string& word);
+
+}  // namespace cohort::cluster

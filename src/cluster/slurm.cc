@@ -1,0 +1,124 @@
+#include "cohort/cluster/slurm.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+
+#include "cohort/core/error.h"
+#include "cohort/core/exit_codes.h"
+
+namespace cohort::cluster {
+
+std::string shellQuote(const std::string& word) {
+  bool plain = !word.empty();
+  for (const char c : word) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string("/._-+=:,@%").find(c) != std::string::npos);
+  }
+  if (plain) return word;
+  std::string q = "'";
+  for (const char c : word) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string parseSubmittedJobId(const std::string& out) {
+  std::string line = out.substr(0, out.find('\n'));
+  line = line.substr(0, line.find(';'));
+  const auto b = line.find_first_not_of(" \t\r");
+  const auto e = line.find_last_not_of(" \t\r");
+  if (b != std::string::npos) line = line.substr(b, e - b + 1);
+  bool digits = !line.empty();
+  for (const char c : line) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+  if (!digits) throw Error(fmt::format("sbatch printed no job id: '{}'", out));
+  return line;
+}
+
+std::string sbatchScript(const SlurmRequest& r) {
+  if (r.runDirs.empty()) throw UsageError("a Slurm job needs a run directory");
+  if (r.nodes < 1) throw UsageError(fmt::format("--nodes must be >= 1, got {}", r.nodes));
+  if (r.tasksPerNode < 1) {
+    throw UsageError(fmt::format("distribution.procs_per_node must be >= 1, got {}", r.tasksPerNode));
+  }
+  const bool array = r.runDirs.size() > 1;
+  std::string s = "#!/bin/bash\n";
+  s += fmt::format(
+      "# Written by `cohort submit --slurm` for job '{}'. Submit it again with `sbatch {}`;\n"
+      "# adapt it freely (docs/slurm.md explains every line).\n",
+      r.jobName, "<this file>");
+  auto opt = [&s](const std::string& line) { s += "#SBATCH " + line + "\n"; };
+  opt("--job-name=" + r.jobName);
+  opt(fmt::format("--nodes={}", r.nodes));
+  opt(fmt::format("--ntasks-per-node={}", r.tasksPerNode));
+  if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", r.cpusPerTask));
+  if (r.gpusPerNode > 0) opt(fmt::format("--gpus-per-node={}", r.gpusPerNode));
+  if (!r.partition.empty()) opt("--partition=" + r.partition);
+  if (!r.time.empty()) opt("--time=" + r.time);
+  if (!r.account.empty()) opt("--account=" + r.account);
+  // The ranks, not this script, get the warning: they checkpoint and exit 75.
+  opt(fmt::format("--signal=USR2@{}", r.warnSeconds));
+  opt(r.requeue ? "--requeue" : "--no-requeue");
+  opt("--open-mode=append");
+  opt("--output=" + r.outputFile);
+  if (array) opt(fmt::format("--array=0-{}", r.runDirs.size() - 1));
+  s += "\nset -u\n";
+  s += "cohort=" + shellQuote(r.cohortBinary) + "\n";
+  if (array) {
+    s += "# One run directory per array task: the sweep's points.\n";
+    s += "run_dirs=(\n";
+    for (const auto& d : r.runDirs) s += "  " + shellQuote(d) + "\n";
+    s += ")\n";
+    s += "run_dir=${run_dirs[$SLURM_ARRAY_TASK_ID]}\n";
+  } else {
+    s += "run_dir=" + shellQuote(r.runDirs.front()) + "\n";
+  }
+  s += "# Rank 0 hosts the rendezvous store on the first node, where srun runs\n"
+       "# (the ranks read its address from SLURM_LAUNCH_NODE_IPADDR).\n";
+  if (r.masterPort > 0) {
+    s += fmt::format("export MASTER_PORT={}\n", r.masterPort);
+  } else {
+    s += "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n";
+  }
+  s += "requeue=" + std::string(r.requeue ? "1" : "0") + "\n";
+  s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
+  s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
+       "run directory $run_dir\"\n";
+  s += "\n# Like `cohort run`: a failed attempt starts every rank again, resuming from\n"
+       "# the newest checkpoint, at most distribution.max_restarts times.\n";
+  s += "attempt=0\n";
+  s += "while :; do\n";
+  // --wait: once one task ends, the others get this long to end on their own
+  // (a stop after a checkpoint ends every rank within stop_timeout_s).
+  std::string srun = "srun --wait=120";
+  if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", r.cpusPerTask);
+  s += "  " + srun + " \"$cohort\" worker \"$run_dir/job.yaml\" --run-dir \"$run_dir\"\n";
+  s += "  code=$?\n";
+  s += fmt::format(
+      "  case $code in\n"
+      "    0) exit 0 ;;\n"
+      "    {0})\n"
+      "      # Stopped after a checkpoint (time limit, preemption). Back into the queue:\n"
+      "      # the next start resumes from it.\n"
+      "      if [ \"$requeue\" = 1 ]; then\n"
+      "        if command -v scontrol > /dev/null; then\n"
+      "          echo \"cohort: stopped after a checkpoint; requeueing Slurm job $SLURM_JOB_ID\"\n"
+      "          scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "        else\n"
+      "          echo \"cohort: stopped after a checkpoint; no scontrol on this node: the job is requeued \"\\\n"
+      "               \"only where slurm.conf has RequeueExit={0} (or resubmit this script)\"\n"
+      "        fi\n"
+      "      fi\n"
+      "      exit {0} ;;\n"
+      "    2|3|5) exit $code ;;  # bad input, divergence, failed health check: would fail again\n"
+      "  esac\n",
+      kExitStoppedAfterCheckpoint);
+  s += "  if [ \"$attempt\" -ge \"$max_restarts\" ]; then\n"
+       "    echo \"cohort: giving up after $attempt restarts (distribution.max_restarts); srun exited $code\"\n"
+       "    exit $code\n"
+       "  fi\n"
+       "  attempt=$((attempt + 1))\n"
+       "  echo \"cohort: restart $attempt of at most $max_restarts (srun exited $code)\"\n"
+       "  export COHORT_RESTART_COUNT=$attempt\n"
+       "done\n";
+  return s;
+}
+
+}  // namespace cohort::cluster

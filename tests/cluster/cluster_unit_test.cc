@@ -1,0 +1,219 @@
+// The pieces of `cohort submit` and `cohort runs` that need no scheduler:
+// the sbatch script, sweeps, the Kubernetes manifest, run records and what
+// a run directory says of its state.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "cohort/cluster/k8s.h"
+#include "cohort/cluster/record.h"
+#include "cohort/cluster/runs.h"
+#include "cohort/cluster/slurm.h"
+#include "cohort/cluster/sweep.h"
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+#include "util/process.h"
+
+namespace cohort::cluster {
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+SlurmRequest request() {
+  SlurmRequest r;
+  r.jobName = "tiny";
+  r.nodes = 2;
+  r.tasksPerNode = 4;
+  r.cpusPerTask = 3;
+  r.cohortBinary = "/opt/cohort bin/cohort";
+  r.runDirs = {"/runs/tiny"};
+  r.outputFile = "/runs/tiny/slurm-%j.out";
+  return r;
+}
+
+TEST(SbatchScript, AsksForTheJobsShapeAndTheWarningSignal) {
+  SlurmRequest r = request();
+  r.partition = "gpu";
+  r.time = "2:00:00";
+  r.account = "ml";
+  r.gpusPerNode = 8;
+  r.warnSeconds = 150;
+  const std::string s = sbatchScript(r);
+  for (const char* line : {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=4\n", "#SBATCH --cpus-per-task=3\n",
+                           "#SBATCH --gpus-per-node=8\n", "#SBATCH --partition=gpu\n", "#SBATCH --time=2:00:00\n",
+                           "#SBATCH --account=ml\n", "#SBATCH --signal=USR2@150\n", "#SBATCH --no-requeue\n",
+                           "#SBATCH --output=/runs/tiny/slurm-%j.out\n"}) {
+    EXPECT_TRUE(has(s, line)) << line << "\n" << s;
+  }
+  EXPECT_FALSE(has(s, "--array")) << s;
+  // A path with a space is quoted; srun repeats --cpus-per-task (22.05 reads it no longer).
+  EXPECT_TRUE(has(s, "cohort='/opt/cohort bin/cohort'")) << s;
+  EXPECT_TRUE(has(s, "srun --wait=120 --cpus-per-task=3 \"$cohort\" worker \"$run_dir/job.yaml\"")) << s;
+  EXPECT_TRUE(has(s, "requeue=0\n")) << s;
+}
+
+TEST(SbatchScript, RequeueAndArrays) {
+  SlurmRequest r = request();
+  r.requeue = true;
+  r.runDirs = {"/s/0-lr=0.1", "/s/1-lr=0.2", "/s/2-lr=0.3"};
+  const std::string s = sbatchScript(r);
+  EXPECT_TRUE(has(s, "#SBATCH --requeue\n")) << s;
+  EXPECT_TRUE(has(s, "#SBATCH --array=0-2\n")) << s;
+  EXPECT_TRUE(has(s, "run_dir=${run_dirs[$SLURM_ARRAY_TASK_ID]}")) << s;
+  EXPECT_TRUE(has(s, "  /s/1-lr=0.2\n")) << s;
+  EXPECT_TRUE(has(s, "scontrol requeue \"$SLURM_JOB_ID\"")) << s;
+  EXPECT_TRUE(has(s, "RequeueExit=75")) << s;
+}
+
+TEST(SbatchScript, IsValidBash) {
+  SlurmRequest r = request();
+  r.requeue = true;
+  r.runDirs = {"/s/a", "/s/it's"};
+  test::TempDir dir;
+  test::writeText(dir.file("s.sh"), sbatchScript(r));
+  const auto res = test::run({"/bin/bash", "-n", dir.file("s.sh")});
+  EXPECT_EQ(res.exitCode, 0) << res.describe();
+}
+
+TEST(SbatchScript, RefusesWhatSlurmCouldNotTake) {
+  SlurmRequest r = request();
+  r.runDirs.clear();
+  EXPECT_THROW(sbatchScript(r), UsageError);
+  r = request();
+  r.nodes = 0;
+  EXPECT_THROW(sbatchScript(r), UsageError);
+}
+
+TEST(SbatchScript, ParsesTheJobId) {
+  EXPECT_EQ(parseSubmittedJobId("1234\n"), "1234");
+  EXPECT_EQ(parseSubmittedJobId("77;cluster\n"), "77");
+  EXPECT_THROW(parseSubmittedJobId("sbatch: error: no\n"), Error);
+  EXPECT_THROW(parseSubmittedJobId(""), Error);
+}
+
+TEST(Sweep, SpansTheProductFirstAxisSlowest) {
+  const auto axes = parseSweeps({"training.optimizer.lr=0.05,0.1", "training.batch_size=8,16,32"});
+  const auto points = sweepPoints(axes);
+  ASSERT_EQ(points.size(), 6u);
+  EXPECT_EQ(points[0].overrides, (std::vector<std::string>{"training.optimizer.lr=0.05", "training.batch_size=8"}));
+  EXPECT_EQ(points[5].overrides, (std::vector<std::string>{"training.optimizer.lr=0.1", "training.batch_size=32"}));
+  EXPECT_EQ(points[1].label, "lr=0.05,batch_size=16");
+  EXPECT_EQ(sweepPoints({}).size(), 1u);
+  EXPECT_EQ(sweepPoints(parseSweeps({"model.arch=a/b"}))[0].label, "arch=a_b");
+}
+
+TEST(Sweep, RefusesMalformedOptions) {
+  for (const char* bad : {"training.optimizer.lr", "=1,2", "training.optimizer.lr=0.1,,0.2", "a.b="}) {
+    EXPECT_THROW(parseSweeps({bad}), UsageError) << bad;
+  }
+  EXPECT_THROW(parseSweeps({"a.b=1", "a.b=2"}), UsageError);
+}
+
+TEST(K8s, AnIndexedJobOfOnePodPerRank) {
+  K8sRequest k;
+  k.name = "Tiny_Job";
+  k.image = "registry/cohort:1";
+  k.ranks = 4;
+  k.runDir = "/runs/tiny";
+  k.gpusPerRank = 1;
+  const std::string m = k8sManifest(k);
+  EXPECT_TRUE(has(m, "completionMode: Indexed")) << m;
+  EXPECT_TRUE(has(m, "completions: 4")) << m;
+  EXPECT_TRUE(has(m, "batch.kubernetes.io/job-completion-index")) << m;
+  EXPECT_TRUE(has(m, "value: tiny-job-0.tiny-job")) << m;
+  EXPECT_TRUE(has(m, "nvidia.com/gpu: \"1\"")) << m;
+  EXPECT_TRUE(has(m, "image: registry/cohort:1")) << m;
+  EXPECT_EQ(dnsLabel("--A..b--"), "a--b");
+  EXPECT_EQ(dnsLabel("___"), "cohort");
+}
+
+TEST(Record, RoundTripsAndNamesABadFile) {
+  test::TempDir dir;
+  SlurmRecord r{"4242", 2, "/x/submit.sbatch", "2026-11-28T10:00:00Z", {"training.optimizer.lr=0.1"}};
+  writeSlurmRecord(dir.path(), r);
+  const auto back = readSlurmRecord(dir.path());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->ref(), "4242_2");
+  EXPECT_EQ(back->overrides, r.overrides);
+  EXPECT_FALSE(readSlurmRecord(dir.file("none")));
+  test::writeText(slurmRecordPath(dir.path()), "{\"script\": 1}");
+  try {
+    readSlurmRecord(dir.path());
+    FAIL() << "a record without a job id was read";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(has(e.what(), slurmRecordPath(dir.path()))) << e.what();
+  }
+}
+
+// A run directory as a run leaves it: job.yaml, logs, metrics, maybe a summary.
+void fakeRun(const std::string& dir, bool completed, bool checkpoint) {
+  std::filesystem::create_directories(dir + "/logs");
+  test::writeText(dir + "/job.yaml", "name: tiny\nmodel:\n  arch: simple_cnn\n");
+  test::writeText(dir + "/logs/rank-0.log", "2026-11-28 10:00:00.000 info [rank 0/1] started\n");
+  test::writeText(dir + "/metrics.jsonl",
+                  "{\"event\":\"train\",\"step\":10,\"loss\":0.9}\n"
+                  "{\"event\":\"eval\",\"step\":10,\"top1\":0.61,\"loss\":1.1}\n"
+                  "{\"event\":\"train\",\"step\":20,\"loss\":0.5}\n"
+                  "{\"event\":\"eval\",\"step\":20,\"top1\":0.58,\"loss\":1.0}\n"
+                  "{\"event\":\"train\",\"st");  // torn by a kill
+  if (completed) {
+    test::writeText(dir + "/summary.json", "{\"job\":\"tiny\",\"status\":\"completed\",\"steps\":24,\"wall_time_s\":75}");
+  }
+  if (checkpoint) {
+    std::filesystem::create_directories(dir + "/checkpoints/step-20");
+    test::writeText(dir + "/checkpoints/step-20/manifest.json", "{}");
+    std::filesystem::create_directories(dir + "/checkpoints/step-30");  // never committed
+  }
+}
+
+TEST(Runs, StateStepBestAndTimeFromTheRunDirectory) {
+  test::TempDir dir;
+  fakeRun(dir.file("done"), true, false);
+  fakeRun(dir.file("sweep/0-lr=0.1"), false, true);
+  const auto runs = findRuns(dir.path());
+  ASSERT_EQ(runs.size(), 2u);
+  const RunInfo done = describeRun(runs[0], false);
+  EXPECT_EQ(done.job, "tiny");
+  EXPECT_EQ(done.state, "completed");
+  EXPECT_EQ(done.step, 24);
+  EXPECT_EQ(done.best, "top1 0.6100");
+  EXPECT_EQ(done.seconds, 75);
+  // Its log was just written: running; the newest committed checkpoint is 20.
+  const RunInfo live = describeRun(runs[1], false);
+  EXPECT_EQ(live.state, "running");
+  EXPECT_EQ(live.step, 20);
+  EXPECT_EQ(live.checkpointStep, 20);
+  // An hour later with no change: interrupted (it can resume).
+  const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::hours(1);
+  std::filesystem::last_write_time(runs[1] + "/logs/rank-0.log", old);
+  EXPECT_EQ(describeRun(runs[1], false).state, "interrupted");
+  std::ostringstream out;
+  EXPECT_EQ(printRuns(dir.path(), out, false), 0);
+  EXPECT_TRUE(has(out.str(), "sweep/0-lr=0.1")) << out.str();
+  EXPECT_TRUE(has(out.str(), "1m15s")) << out.str();
+  EXPECT_THROW(findRuns(dir.file("missing")), DataError);
+}
+
+TEST(SlurmEnvironment, RankZerosAddressAndTheTasksCpus) {
+  ::setenv("SLURM_PROCID", "1", 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3", 1);
+  ::setenv("SLURM_CPUS_PER_TASK", "3", 1);
+  auto r = env::detectRankEnv();
+  EXPECT_EQ(r.masterAddr, "10.1.2.3");
+  EXPECT_FALSE(env::slurmCpusPerTask());  // the batch script, not a task of a step
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  EXPECT_EQ(env::slurmCpusPerTask(), 3);
+  ::setenv("MASTER_ADDR", "10.9.9.9", 1);
+  EXPECT_EQ(env::detectRankEnv().masterAddr, "10.9.9.9");
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_CPUS_PER_TASK",
+                        "SLURM_STEP_ID", "MASTER_ADDR"}) {
+    ::unsetenv(v);
+  }
+}
+
+}  // namespace
+}  // namespace cohort::cluster

@@ -1,0 +1,260 @@
+// `cohort submit --slurm` against a real Slurm (util/slurm.h): a job runs to
+// the end on one node and across two, a requeue mid-run resumes from the
+// checkpoint to the same weights as an uninterrupted run, the time limit's
+// warning makes the ranks checkpoint and the job exit 75, a sweep is a job
+// array of run directories, a node taken down mid-job ends in a requeue and
+// completion, and Slurm's refusal submits nothing.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cohort/ckpt/state_dict.h"
+#include "util/jobs.h"
+#include "util/runs.h"
+#include "util/slurm.h"
+
+namespace cohort {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Polls `ready` every 250 ms for at most `limit`.
+template <typename F>
+bool waitFor(F ready, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(250ms);
+  }
+  return true;
+}
+
+nlohmann::json summaryOf(const std::string& run) {
+  std::error_code ec;
+  if (!fs::exists(run + "/summary.json", ec)) return nlohmann::json::object();
+  auto j = nlohmann::json::parse(test::readText(run + "/summary.json"), nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+bool completed(const std::string& run) { return summaryOf(run).value("status", "") == "completed"; }
+
+// The newest committed checkpoint step under run/checkpoints (-1: none).
+int64_t newestCheckpoint(const std::string& run) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && fs::exists(e.path() / "manifest.json", ec)) {
+      newest = std::max<int64_t>(newest, std::stoll(name.substr(5)));
+    }
+  }
+  return newest;
+}
+
+// The tiny job, `epochs` epochs of 12 steps, a checkpoint every 3 steps.
+std::string tinyJob(const test::TempDir& dir, int epochs) {
+  const std::string path = dir.file("job.yaml");
+  test::writeText(path, test::tinyJobYaml("tiny") + "checkpoint:\n  every_steps: 3\n  when_behind: wait\n");
+  std::string yaml = test::readText(path);
+  const auto at = yaml.find("  epochs: 1");
+  yaml.replace(at, 11, "  epochs: " + std::to_string(epochs));
+  test::writeText(path, yaml);
+  return path;
+}
+
+class SlurmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = test::SlurmCluster::unavailable(nodes());
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  virtual int nodes() const { return 1; }
+
+  // `cohort submit JOB --slurm args...` against `cluster`; the Slurm job id.
+  std::string submit(const test::SlurmCluster& cluster, const std::vector<std::string>& args,
+                     const std::map<std::string, std::string>& extraEnv = {}) {
+    auto env = cluster.env();
+    env.insert(extraEnv.begin(), extraEnv.end());
+    std::vector<std::string> argv{"submit"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--slurm");
+    const auto r = test::cohort(argv, env, 2min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    const auto at = r.out.find("submitted Slurm job ");
+    if (at == std::string::npos) return "";
+    std::string rest = r.out.substr(at + 20);
+    if (rest.rfind("array ", 0) == 0) rest = rest.substr(6);
+    return rest.substr(0, rest.find_first_of(" \n"));
+  }
+
+  // Waits until Slurm forgets nothing of the job's running: a final state.
+  std::string finalState(const test::SlurmCluster& cluster, const std::string& id, std::chrono::seconds limit) {
+    std::string state;
+    waitFor(
+        [&] {
+          state = cluster.jobField(id, "JobState");
+          return state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT" ||
+                 state == "NODE_FAIL";
+        },
+        limit);
+    return state;
+  }
+};
+
+TEST_F(SlurmTest, OneNodeRunsToTheEndAndIsTrackedByItsRunDirectory) {
+  test::SlurmCluster cluster(1);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 1);
+  const std::string run = dir.file("run");
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--set", "distribution.procs_per_node=2"});
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(finalState(cluster, id, 180s), "COMPLETED") << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  const auto summary = summaryOf(run);
+  EXPECT_EQ(summary.value("status", ""), "completed") << summary.dump();
+  EXPECT_EQ(summary.value("world_size", 0), 2);
+  EXPECT_TRUE(has(test::readText(run + "/logs/rank-1.log"), "rank 1/2 started by slurm"));
+  // status, runs and logs find the job from the run directory alone.
+  const auto status = test::cohort({"status", run}, cluster.env());
+  ASSERT_EQ(status.exitCode, 0) << status.describe();
+  EXPECT_TRUE(has(status.out, "state       completed")) << status.out;
+  EXPECT_TRUE(has(status.out, "slurm       job " + id + ": COMPLETED")) << status.out;
+  const auto runs = test::cohort({"runs", dir.path()}, cluster.env());
+  EXPECT_TRUE(has(runs.out, "completed")) << runs.out;
+  EXPECT_TRUE(has(runs.out, " " + id)) << runs.out;
+  const auto logs = test::cohort({"logs", run, "--rank", "1"}, cluster.env());
+  EXPECT_EQ(logs.exitCode, 0) << logs.describe();
+  EXPECT_TRUE(has(logs.out, "[rank 1/2]")) << logs.out;
+}
+
+TEST_F(SlurmTest, ARefusedJobLeavesNothing) {
+  test::SlurmCluster cluster(1);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 1);
+  auto r = test::cohort({"submit", job, "--slurm", "--run-dir", dir.file("run"), "--partition", "nosuch"},
+                        cluster.env());
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_TRUE(has(r.err, "Slurm refused the job")) << r.err;
+  EXPECT_TRUE(has(r.err, "nosuch") || has(r.err, "partition")) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("run")));
+  EXPECT_TRUE(cluster.client({"/usr/bin/squeue", "-h"}).out.empty());
+}
+
+TEST_F(SlurmTest, ARequeueMidRunResumesToTheWeightsOfAnUninterruptedRun) {
+  test::SlurmCluster cluster(1);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 3);
+  const std::string run = dir.file("run");
+  // A slow forward keeps the job running while the test requeues it.
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue"},
+                                {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(waitFor([&] { return newestCheckpoint(run) >= 6; }, 120s)) << cluster.showJob(id);
+  auto r = cluster.client({"/usr/bin/scontrol", "requeue", id});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ASSERT_TRUE(waitFor([&] { return completed(run); }, 240s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
+  const auto summary = summaryOf(run);
+  ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump();
+  EXPECT_GE(summary["resumed_from"].value("step", 0), 6) << summary.dump();
+  // The same job under `cohort run`, never interrupted.
+  const auto straight = test::cohort({"run", job, "--run-dir", dir.file("straight")});
+  ASSERT_EQ(straight.exitCode, 0) << straight.describe();
+  const auto a = ckpt::readStateDict(run + "/model/final.pt");
+  const auto b = ckpt::readStateDict(dir.file("straight/model/final.pt"));
+  EXPECT_EQ(test::maxDifference(a, b), 0.0);
+}
+
+TEST_F(SlurmTest, TheTimeLimitsWarningCheckpointsAndExits75) {
+  test::SlurmCluster cluster(1);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 20);
+  const std::string run = dir.file("run");
+  // One minute, SIGUSR2 at most 50 s before it (Slurm checks about every
+  // 30 s, so it comes 10-40 s in); the slow forward makes the job need far
+  // more than a minute.
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--time", "1", "--signal-seconds", "50"},
+                                {{"COHORT_FAULT", "slow300@rank0:step1:always"}});
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(finalState(cluster, id, 150s), "FAILED") << cluster.showJob(id);
+  EXPECT_EQ(cluster.jobField(id, "ExitCode"), "75:0") << cluster.showJob(id);
+  const std::string log = test::readText(run + "/logs/rank-0.log");
+  EXPECT_TRUE(has(log, "received SIGUSR2 (the time limit is near)")) << log;
+  EXPECT_EQ(summaryOf(run).value("status", ""), "stopped");
+  EXPECT_GE(newestCheckpoint(run), 1);
+  EXPECT_EQ(newestCheckpoint(run), summaryOf(run).value("steps", -2)) << summaryOf(run).dump();
+}
+
+TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
+  test::SlurmCluster cluster(1);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 1);
+  const std::string sweep = dir.file("sweep");
+  const std::string id = submit(cluster, {job, "--run-dir", sweep, "--sweep", "training.optimizer.lr=0.02,0.05,0.1"});
+  ASSERT_FALSE(id.empty());
+  const std::vector<std::string> runs = {sweep + "/0-lr=0.02", sweep + "/1-lr=0.05", sweep + "/2-lr=0.1"};
+  ASSERT_TRUE(waitFor([&] { return completed(runs[0]) && completed(runs[1]) && completed(runs[2]); }, 240s))
+      << cluster.client({"/usr/bin/squeue", "-t", "all"}).out;
+  EXPECT_TRUE(has(test::readText(runs[2] + "/job.yaml"), "lr: 0.1"));
+  const auto list = test::cohort({"runs", sweep}, cluster.env());
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(has(list.out, id + "_" + std::to_string(i))) << list.out;
+  size_t done = 0;
+  for (size_t at = 0; (at = list.out.find("completed", at)) != std::string::npos; at += 9) ++done;
+  EXPECT_EQ(done, 3u) << list.out;
+  // Different learning rates, different weights.
+  EXPECT_GT(test::maxDifference(ckpt::readStateDict(runs[0] + "/model/final.pt"),
+                                ckpt::readStateDict(runs[2] + "/model/final.pt")),
+            0.0);
+}
+
+class SlurmTwoNodes : public SlurmTest {
+ protected:
+  int nodes() const override { return 2; }
+};
+
+TEST_F(SlurmTwoNodes, TwoNodesTrainAsCohortRunDoes) {
+  test::SlurmCluster cluster(2);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 1);
+  const std::string run = dir.file("run");
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--nodes", "2"});
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(finalState(cluster, id, 180s), "COMPLETED") << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_EQ(cluster.jobField(id, "NodeList"), "n[1-2]");
+  EXPECT_EQ(summaryOf(run).value("world_size", 0), 2);
+  const auto local = test::cohort({"run", job, "--run-dir", dir.file("local"), "--procs", "2"});
+  ASSERT_EQ(local.exitCode, 0) << local.describe();
+  EXPECT_LT(test::maxDifference(ckpt::readStateDict(run + "/model/final.pt"),
+                                ckpt::readStateDict(dir.file("local/model/final.pt"))),
+            1e-6);
+}
+
+TEST_F(SlurmTwoNodes, ANodeTakenDownMidJobEndsInARequeueAndCompletion) {
+  test::SlurmCluster cluster(2);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 3);
+  const std::string run = dir.file("run");
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue"},
+                                {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(waitFor([&] { return newestCheckpoint(run) >= 6; }, 120s)) << cluster.showJob(id);
+  const std::string node = cluster.jobField(id, "NodeList");
+  ASSERT_TRUE(node == "n1" || node == "n2") << cluster.showJob(id);
+  auto r = cluster.client({"/usr/bin/scontrol", "update", "nodename=" + node, "state=down", "reason=cohort-test"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ASSERT_TRUE(waitFor([&] { return completed(run); }, 240s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
+  EXPECT_NE(cluster.jobField(id, "NodeList"), node) << cluster.showJob(id);
+  EXPECT_GE(summaryOf(run)["resumed_from"].value("step", 0), 6) << summaryOf(run).dump();
+}
+
+}  // namespace
+}  // namespace cohort
