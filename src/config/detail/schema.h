@@ -223,7 +223,8 @@ void describe(V& v, DistributionConfig& c) {
           between(0, 65535));
   v.field("interface", c.interface,
           "Network interface (e.g. eth0) or local address the collectives use; empty: loopback "
-          "when master_addr is a loopback address, else this host's name.");
+          "when master_addr is a loopback address, else the address this machine reaches "
+          "master_addr from.");
   v.field("timeout_s", c.timeoutS, "Timeout of rendezvous and of each collective, in seconds.",
           between(1, 7 * 86400));
   v.field("bucket_cap_mb", c.bucketCapMb, "Gradient bucket size in MiB.", Rule{0.0, 1 << 20, true});
