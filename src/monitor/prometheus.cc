@@ -2,21 +2,17 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
-#include <openssl/crypto.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <mutex>
-#include <thread>
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "cohort/core/net.h"
+#include "core/detail/http_server.h"
 
 namespace cohort::monitor {
 namespace {
@@ -62,10 +58,6 @@ std::string formatValue(double v) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
-}
-
-std::string bracketed(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
 
 }  // namespace
@@ -173,12 +165,9 @@ void MetricsServerConfig::validate() const {
   if (port < 0 || port > 65535) {
     throw ConfigError(fmt::format("metrics endpoint: port {} is outside [0, 65535]", port));
   }
-  if (token.empty() && !isLoopbackAddress(host)) {
-    throw ConfigError(fmt::format(
-        "metrics endpoint: listening on {} (beyond this machine's loopback) needs a token: set "
-        "output.metrics_token_file (Prometheus sends it with authorization.credentials_file)",
-        host));
-  }
+  http::requireTokenBeyondLoopback(
+      "metrics endpoint", host, token,
+      "set output.metrics_token_file (Prometheus sends it with authorization.credentials_file)");
   if (tlsCert.empty() != tlsKey.empty()) {
     throw ConfigError("metrics endpoint: https needs both output.metrics_tls_cert and metrics_tls_key");
   }
@@ -189,11 +178,8 @@ struct MetricsServer::Impl {
   Render render;
   std::mutex renderMutex;  // render never runs concurrently with itself
   std::unique_ptr<httplib::Server> owned;  // Server, or SSLServer for https
-  std::thread thread;
+  std::unique_ptr<http::Listener> listener;
   std::atomic<int> port{0};
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool finished = false;  // the server thread returned from listen_after_bind
   bool started = false;
 };
 
@@ -208,7 +194,7 @@ MetricsServer::~MetricsServer() { stop(); }
 int MetricsServer::port() const { return impl_->port.load(); }
 
 std::string MetricsServer::address() const {
-  return bracketed(impl_->config.host) + ":" +
+  return http::bracketed(impl_->config.host) + ":" +
          std::to_string(impl_->port.load() != 0 ? impl_->port.load() : impl_->config.port);
 }
 
@@ -232,12 +218,7 @@ void MetricsServer::start() {
   if (!s.config.token.empty()) {
     // Checked before routing, in constant time, for every path.
     s.owned->set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
-      const std::string expected = "Bearer " + s.config.token;
-      const std::string given = req.get_header_value("Authorization");
-      if (given.size() == expected.size() &&
-          CRYPTO_memcmp(given.data(), expected.data(), given.size()) == 0) {
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
+      if (http::bearerMatches(req, s.config.token)) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 401;
       res.set_header("WWW-Authenticate", "Bearer");
       res.set_content("missing or wrong bearer token\n", "text/plain; charset=utf-8");
@@ -270,61 +251,18 @@ void MetricsServer::start() {
   s.owned->set_keep_alive_timeout(1);
   s.owned->set_read_timeout(1, 0);
   s.owned->set_write_timeout(2, 0);
-  // cpp-httplib sets SO_REUSEPORT by default, which lets a second server bind
-  // a port in use and take half its scrapes; SO_REUSEADDR alone only allows
-  // rebinding over connections in TIME_WAIT.
-  s.owned->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-
-  int bound = -1;
-  if (s.config.port == 0) {
-    bound = s.owned->bind_to_any_port(s.config.host);
-  } else if (s.owned->bind_to_port(s.config.host, s.config.port)) {
-    bound = s.config.port;
-  }
-  if (bound <= 0) {
-    throw CommError(fmt::format(
-        "metrics endpoint: cannot listen on {}:{}: the port is in use, or the address is not "
-        "one of this machine's",
-        bracketed(s.config.host), s.config.port));
-  }
-  s.port = bound;
-  s.thread = std::thread([&s] {
-    s.owned->listen_after_bind();
-    std::lock_guard<std::mutex> g(s.mutex);
-    s.finished = true;
-    s.cv.notify_all();
-  });
+  s.port = http::bindHardened(*s.owned, "metrics endpoint", s.config.host, s.config.port);
+  s.listener = std::make_unique<http::Listener>(*s.owned);
   // The socket listens already (connections queue in the backlog); wait for
   // the accept loop so that stop() can end it.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  std::unique_lock<std::mutex> lock(s.mutex);
-  while (!s.finished && !s.owned->is_running() && std::chrono::steady_clock::now() < deadline) {
-    s.cv.wait_for(lock, std::chrono::milliseconds(1));
-  }
-  if (s.finished || !s.owned->is_running()) {
-    lock.unlock();
+  if (!s.listener->waitRunning(std::chrono::seconds(10))) {
     stop();
     throw CommError(fmt::format("metrics endpoint {}: the server did not start", address()));
   }
 }
 
 void MetricsServer::stop() {
-  Impl& s = *impl_;
-  if (!s.thread.joinable()) return;
-  {
-    std::unique_lock<std::mutex> lock(s.mutex);
-    // stop() closes the listening socket; called once, while the accept loop
-    // runs (start() waited for it).
-    if (!s.finished) s.owned->stop();
-    if (!s.cv.wait_for(lock, std::chrono::seconds(10), [&s] { return s.finished; })) {
-      log::warn("metrics endpoint {}: the server thread is still busy after 10 s; waiting for it",
-                address());
-    }
-  }
-  s.thread.join();
+  if (impl_->listener) impl_->listener->stop();
 }
 
 }  // namespace cohort::monitor

@@ -34,6 +34,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
+#include "cohort/models/gpt.h"
 #include "serve/detail/exporters.h"
 #include "serve/detail/graph_ops.h"
 

@@ -6,8 +6,6 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
-#include <openssl/crypto.h>
-#include <sys/socket.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -20,10 +18,10 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
-#include "cohort/core/net.h"
 #include "cohort/core/signals.h"
 #include "cohort/security/keys.h"
 #include "cohort/serve/model.h"
+#include "core/detail/http_server.h"
 #include "serve/detail/batcher.h"
 #include "serve/detail/handlers.h"
 #include "serve/detail/request.h"
@@ -57,17 +55,9 @@ void validate(const ServeOptions& o) {
 std::string bearerToken(const ServeOptions& o) {
   std::string token = o.tokenFile.empty() ? env::serveToken().value_or("")
                                           : security::readSecretFile(o.tokenFile, "--token-file");
-  if (!isLoopbackAddress(o.host) && token.empty()) {
-    throw UsageError(fmt::format(
-        "cohort serve: listening on {} (beyond this machine's loopback) needs a bearer token: "
-        "--token-file FILE (mode 0600) or ${}",
-        o.host, env::kServeTokenVar));
-  }
+  http::requireTokenBeyondLoopback("cohort serve", o.host, token,
+                                   fmt::format("--token-file FILE (mode 0600) or ${}", env::kServeTokenVar));
   return token;
-}
-
-std::string bracketed(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
 
 // When this worker thread took the request it is answering: set before
@@ -77,17 +67,10 @@ std::string bracketed(const std::string& host) {
 // sees the reset value and records no latency rather than a stale one.
 thread_local std::optional<std::chrono::steady_clock::time_point> requestStart;
 
-bool authorized(const httplib::Request& req, const std::string& token) {
-  const std::string expected = "Bearer " + token;
-  const std::string given = req.get_header_value("Authorization");
-  return given.size() == expected.size() &&
-         CRYPTO_memcmp(given.data(), expected.data(), given.size()) == 0;
-}
-
 void configure(httplib::Server& server, detail::ServeState& state, const std::string& token) {
   server.set_pre_routing_handler([&token](const httplib::Request& req, httplib::Response& res) {
     requestStart = std::chrono::steady_clock::now();
-    if (token.empty() || req.path == "/healthz" || req.path == "/readyz" || authorized(req, token)) {
+    if (token.empty() || req.path == "/healthz" || req.path == "/readyz" || http::bearerMatches(req, token)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     res.status = 401;
@@ -137,55 +120,8 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
   server.set_tcp_nodelay(true);
   server.set_read_timeout(10, 0);
   server.set_write_timeout(10, 0);
-  // SO_REUSEADDR without httplib's default SO_REUSEPORT: a second server
-  // must not bind a port in use.
-  server.set_socket_options([&state](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    state.listenSocket = sock;
-  });
   detail::addRoutes(server, state);
 }
-
-// The accept loop's thread. Whatever way serveCommand leaves (a port file
-// that cannot be written throws), the destructor stops the server and joins
-// the thread: a joinable std::thread destroyed would std::terminate.
-class Listener {
- public:
-  explicit Listener(httplib::Server& server)
-      : server_(server), thread_([this] {
-          server_.listen_after_bind();
-          returned_ = true;
-        }) {}
-  ~Listener() { stop(); }
-
-  // Stops the server and joins the thread; blocks until the workers have
-  // answered what they hold. Idempotent.
-  void stop() {
-    if (!thread_.joinable()) return;
-    // Server::stop() does nothing before the accept loop runs: wait until it
-    // runs (it does at once) or has returned.
-    while (!server_.is_running() && !returned_.load()) std::this_thread::yield();
-    server_.stop();
-    thread_.join();
-  }
-  Listener(const Listener&) = delete;
-  Listener& operator=(const Listener&) = delete;
-
-  // Waits (at most `limit`) for the accept loop; true once it runs.
-  bool waitRunning(std::chrono::milliseconds limit) const {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!server_.is_running() && !returned_.load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return server_.is_running() && !returned_.load();
-  }
-
- private:
-  httplib::Server& server_;
-  std::atomic<bool> returned_{false};
-  std::thread thread_;  // last: started once the flags exist
-};
 
 }  // namespace
 
@@ -210,24 +146,12 @@ int serveCommand(const ServeOptions& o) {
 
   httplib::Server server;
   configure(server, state, token);
-  int port = -1;
-  if (o.port == 0) {
-    port = server.bind_to_any_port(o.host);
-  } else if (server.bind_to_port(o.host, o.port)) {
-    port = o.port;
-  }
-  if (port <= 0) {
-    throw CommError(fmt::format("cohort serve: cannot listen on {}:{}: the port is in use, or the address "
-                                "is not one of this machine's",
-                                bracketed(o.host), o.port));
-  }
-  // cpp-httplib listens with a backlog of 5: a burst of clients beyond it
-  // saw connections dropped. Listening again on the bound socket raises it.
-  if (state.listenSocket >= 0) ::listen(state.listenSocket, SOMAXCONN);
-  Listener listener(server);
+  const int port = http::bindHardened(server, "cohort serve", o.host, o.port);
+  // Whatever way serveCommand leaves, the listener stops and joins.
+  http::Listener listener(server);
   // The port file says "accepting": wait for the accept loop (bounded).
   if (!listener.waitRunning(std::chrono::seconds(10))) {
-    throw CommError(fmt::format("cohort serve: the accept loop on {}:{} did not start", bracketed(o.host), port));
+    throw CommError(fmt::format("cohort serve: the accept loop on {}:{} did not start", http::bracketed(o.host), port));
   }
   if (!o.portFile.empty()) {
     try {
@@ -240,9 +164,9 @@ int serveCommand(const ServeOptions& o) {
                                        : fmt::format("{}, {}x{}x{}, {} classes", info.arch, info.channels,
                                                      info.height, info.width, info.numClasses);
   log::info("serve: {} ({}) at http://{}:{}; batches of up to {} within {} ms; {} HTTP threads{}",
-            o.model, what, bracketed(o.host), port, o.maxBatch, o.maxDelayMs, o.threads,
+            o.model, what, http::bracketed(o.host), port, o.maxBatch, o.maxDelayMs, o.threads,
             token.empty() ? "" : "; bearer token required");
-  std::cout << "listening on http://" << bracketed(o.host) << ":" << port << std::endl;
+  std::cout << "listening on http://" << http::bracketed(o.host) << ":" << port << std::endl;
 
   int sig = 0;
   while (sig == 0) sig = signals.wait(std::chrono::milliseconds(500));

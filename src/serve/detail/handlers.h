@@ -25,7 +25,6 @@ struct ServeState {
   // The drain limit (--drain-seconds) passed: work still waiting for the
   // model gets 503 (a stream its {"error"} line) at its next check.
   std::atomic<bool> stopping{false};
-  int listenSocket = -1;  // the bound socket (server.cc raises its backlog)
 };
 
 // Registers the routes on `server`. Every handler answers errors as JSON
