@@ -341,25 +341,10 @@ void Agent::startRanks(const Round& r, const std::string& storeHostPort) {
 
 void Agent::stopRanks(milliseconds grace, int sig, bool kill) {
   if (!ranks_) return;
-  if (sig != 0) ranks_->signalAll(sig);
-  const auto killAt = Clock::now() + grace;
-  bool killed = false;
-  for (;;) {
-    ranks_->reap([](const Child&) {});
-    if (!ranks_->anyRunning()) return;
-    if (!kill && Clock::now() >= killAt) return;
-    if (!killed && Clock::now() >= killAt) {
-      ranks_->killAll();
-      killed = true;
-    }
-    if (killed && Clock::now() >= killAt + std::chrono::seconds(10)) {
-      for (const auto& c : ranks_->abandon()) {
-        log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank, c.pid);
-      }
-      return;
-    }
-    signals_->wait(milliseconds(20));
-  }
+  ranks_->stop(sig, grace, kill);
+  launch::Supervisor::Watch w;
+  w.wait = [this](milliseconds poll) { signals_->wait(poll); };
+  ranks_->watch(w);
 }
 
 RoundEnd Agent::runRound(const Round& r) {

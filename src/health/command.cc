@@ -20,7 +20,6 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
@@ -117,33 +116,29 @@ int healthCommand(const HealthCommandOptions& o) {
   const auto deadline = Clock::now() + limit;
   std::optional<launch::Supervisor::Child> cause;
   bool timedOut = false;
-  for (;;) {
-    const auto lost = ranks.reap([&](const launch::Supervisor::Child& c) {
-      const bool clean = WIFEXITED(c.status) && (WEXITSTATUS(c.status) == 0 || WEXITSTATUS(c.status) == 1);
-      if (clean) return;
-      log::debug("rank {} (pid {}) {}", c.rank, c.pid, launch::describeStatus(c.status));
-      if (!cause) {
-        cause = c;
-        ranks.killAll();  // nothing to save: the checks are simply stopped
-      }
-    });
-    if (!lost.empty() && !cause) {
-      for (const auto& c : ranks.children()) {
-        if (c.rank != lost.front()) continue;
-        cause = c;
-        cause->status = -1;  // could not be waited for
-      }
-      ranks.killAll();
+  const auto now = std::chrono::milliseconds(0);
+  launch::Supervisor::Watch w;
+  w.ended = [&](const launch::Supervisor::Child& c) {
+    const bool clean = WIFEXITED(c.status) && (WEXITSTATUS(c.status) == 0 || WEXITSTATUS(c.status) == 1);
+    if (clean) return;
+    log::debug("rank {} (pid {}) {}", c.rank, c.pid, launch::describeStatus(c.status));
+    if (!cause) {
+      cause = c;
+      ranks.stop(SIGKILL, now);  // nothing to save: the checks are simply stopped
     }
-    if (!ranks.anyRunning()) break;
-    if (Clock::now() >= deadline && !timedOut) {
-      timedOut = true;
-      log::error("the health checks did not finish within {} s; stopping every rank",
-                 limit.count());
-      ranks.killAll();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  };
+  w.lost = [&](int rank) {
+    if (cause) return;
+    cause = launch::Supervisor::Child{rank, -1, false, false, -1};  // could not be waited for
+    ranks.stop(SIGKILL, now);
+  };
+  w.tick = [&] {
+    if (Clock::now() < deadline || timedOut) return;
+    timedOut = true;
+    log::error("the health checks did not finish within {} s; stopping every rank", limit.count());
+    ranks.stop(SIGKILL, now);
+  };
+  ranks.watch(w);
   if (timedOut) return 1;
   if (cause) {
     const int st = cause->status;

@@ -38,7 +38,6 @@ extern char** environ;
 namespace cohort::launch {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Child = Supervisor::Child;
 
 bool stoppedAfterCheckpoint(const Child& c) {
@@ -143,29 +142,21 @@ struct AttemptSetup {
 // and say how it ended.
 class AttemptRun {
  public:
-  AttemptRun(const AttemptSetup& s, int attempt) : s_(s), attempt_(attempt), grace_(s.o.termGrace) {}
+  AttemptRun(const AttemptSetup& s, int attempt) : s_(s), attempt_(attempt) {}
   Attempt run();
 
  private:
-  static constexpr Clock::time_point kNever = Clock::time_point::max();
-
   void startRanks();
   // SIGTERM every rank (unless `signal` is false: they are stopping on their
   // own) and SIGKILL what is left `within` from now.
   void stopAll(const char* why, std::chrono::milliseconds within, bool signal = true);
   void ended(const Child& c);
-  // SIGKILL after the grace period; give up on ranks SIGKILL did not end.
-  // Returns false once nothing is left to wait for.
-  bool enforceDeadlines();
   void onSignal(int sig);
   Attempt outcome() const;
 
   const AttemptSetup& s_;
   const int attempt_;
   Supervisor ranks_;
-  Clock::time_point killAt_ = kNever;     // SIGTERM sent: SIGKILL at this time
-  Clock::time_point abandonAt_ = kNever;  // SIGKILL sent: stop waiting at this time
-  std::chrono::milliseconds grace_;
   bool stopping_ = false;
   int interruptSignal_ = 0;
   std::optional<Child> cause_;
@@ -219,10 +210,8 @@ void AttemptRun::startRanks() {
 void AttemptRun::stopAll(const char* why, std::chrono::milliseconds within, bool signal) {
   if (stopping_) return;
   stopping_ = true;
-  grace_ = within;
   log::debug("stopping every rank: {}", why);
-  if (signal) ranks_.signalAll(SIGTERM);
-  killAt_ = Clock::now() + within;
+  ranks_.stop(signal ? SIGTERM : 0, within);
 }
 
 // Keeps the most telling failure as the cause.
@@ -243,35 +232,12 @@ void AttemptRun::ended(const Child& c) {
   }
 }
 
-bool AttemptRun::enforceDeadlines() {
-  const auto now = Clock::now();
-  if (now >= killAt_) {
-    for (const auto& c : ranks_.children()) {
-      if (c.running) {
-        log::warn("rank {} did not stop within {} ms of SIGTERM: sending SIGKILL", c.rank,
-                  grace_.count());
-      }
-    }
-    ranks_.killAll();
-    killAt_ = kNever;
-    abandonAt_ = now + std::chrono::seconds(10);
-  }
-  if (now >= abandonAt_) {
-    // A process stuck in the kernel cannot be reaped; do not wait forever.
-    for (const auto& c : ranks_.abandon()) {
-      log::error("rank {} (pid {}) did not end 10 s after SIGKILL; giving up on it", c.rank, c.pid);
-    }
-    return false;
-  }
-  return true;
-}
-
 void AttemptRun::onSignal(int sig) {
   if (sig != SIGINT && sig != SIGTERM) return;
   const JobConfig& job = s_.job;
   const bool graceful = interruptSignal_ == SIGTERM && job.checkpoint.enabled;
   if (interruptSignal_ != 0 && (sig == SIGINT || !graceful)) {
-    ranks_.killAll();  // a second signal: no more grace
+    ranks_.stop(SIGKILL, std::chrono::milliseconds(0));  // a second signal: no more grace
   } else if (interruptSignal_ != 0) {
     log::debug("SIGTERM again: the ranks are already stopping after a checkpoint");
   } else {
@@ -295,12 +261,12 @@ Attempt AttemptRun::run() {
     ranks_.killAll();  // the Supervisor reaps them
     throw;
   }
-  for (;;) {
-    const auto lost = ranks_.reap([this](const Child& c) { ended(c); });
-    lost_.insert(lost_.end(), lost.begin(), lost.end());
-    if (!ranks_.anyRunning() || !enforceDeadlines()) break;
-    onSignal(s_.signals.wait(std::chrono::milliseconds(100)));
-  }
+  Supervisor::Watch w;
+  w.ended = [this](const Child& c) { ended(c); };
+  w.lost = [this](int rank) { lost_.push_back(rank); };
+  w.wait = [this](std::chrono::milliseconds poll) { onSignal(s_.signals.wait(poll)); };
+  w.poll = std::chrono::milliseconds(100);
+  ranks_.watch(w);
   // A Ctrl-C on the terminal reaches the ranks and the launcher together;
   // take a signal still pending so it is reported, not acted on later.
   for (int sig; (sig = s_.signals.wait(std::chrono::milliseconds(0))) != 0;) {

@@ -1,9 +1,13 @@
 #include "cohort/launch/supervisor.h"
 
+#include <fmt/format.h>
+
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <thread>
 
+#include "cohort/core/log.h"
 #include "cohort/launch/spawn.h"
 
 namespace cohort::launch {
@@ -60,6 +64,63 @@ void Supervisor::killAll() {
     if (!c.running) continue;
     ::kill(c.pid, SIGKILL);
     c.killedByUs = true;
+  }
+  if (abandonAt_ == kNever) abandonAt_ = Clock::now() + kAbandonAfter;
+  killAt_ = kNever;
+}
+
+void Supervisor::stop(int sig, std::chrono::milliseconds grace, bool killAfter) {
+  if (abandonAt_ != kNever) return;  // SIGKILL was sent: only giving up is left
+  if (sig == SIGKILL) {
+    killAll();
+    return;
+  }
+  if (sig != 0) signalAll(sig);
+  stopSignal_ = sig;
+  grace_ = grace;
+  killAfter_ = killAfter;
+  killAt_ = Clock::now() + grace;
+}
+
+bool Supervisor::enforce() {
+  const auto now = Clock::now();
+  if (now >= killAt_) {
+    if (!killAfter_) {
+      killAt_ = kNever;
+      return false;
+    }
+    for (const auto& c : children_) {
+      if (!c.running) continue;
+      log::warn("rank {} did not stop within {} ms{}: sending SIGKILL", c.rank, grace_.count(),
+                stopSignal_ != 0 ? fmt::format(" of SIG{}", sigabbrev_np(stopSignal_)) : std::string());
+    }
+    killAll();
+  }
+  if (now >= abandonAt_) {
+    for (const auto& c : abandon()) {
+      log::error("rank {} (pid {}) did not end {} s after SIGKILL; giving up on it", c.rank, c.pid,
+                 kAbandonAfter.count());
+    }
+    return false;
+  }
+  return true;
+}
+
+void Supervisor::watch(const Watch& w) {
+  for (;;) {
+    const auto lost = reap([&w](const Child& c) {
+      if (w.ended) w.ended(c);
+    });
+    for (int rank : lost) {
+      if (w.lost) w.lost(rank);
+    }
+    if (!anyRunning() || !enforce()) return;
+    if (w.tick) w.tick();
+    if (w.wait) {
+      w.wait(w.poll);
+    } else {
+      std::this_thread::sleep_for(w.poll);
+    }
   }
 }
 

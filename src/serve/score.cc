@@ -26,7 +26,6 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <thread>
 
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
@@ -182,18 +181,22 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
   std::vector<std::pair<std::uintmax_t, Clock::time_point>> progress(
       static_cast<size_t>(o.procs), {std::uintmax_t{0}, Clock::now()});
   std::optional<int> stalled;
-  while (ranks.anyRunning()) {
-    const std::vector<int> lost = ranks.reap([&](const launch::Supervisor::Child& c) {
-      if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) return;
-      if (!failed) {
-        failed = c;
-        ranks.killAll();  // what they finished stays in their parts
-      }
-    });
-    if (!lost.empty() && !failed) {
-      failed = launch::Supervisor::Child{lost.front(), -1, false, false, -1};
-      ranks.killAll();
+  const auto now = std::chrono::milliseconds(0);
+  launch::Supervisor::Watch w;
+  w.ended = [&](const launch::Supervisor::Child& c) {
+    if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) return;
+    if (!failed) {
+      failed = c;
+      ranks.stop(SIGKILL, now);  // what they finished stays in their parts
     }
+  };
+  w.lost = [&](int rank) {
+    if (failed) return;
+    failed = launch::Supervisor::Child{rank, -1, false, false, -1};
+    ranks.stop(SIGKILL, now);
+  };
+  // The stall hook: a rank whose part stops growing for --stall-seconds.
+  w.tick = [&] {
     for (const launch::Supervisor::Child& c : ranks.children()) {
       if (!c.running || failed || o.stallSeconds <= 0) continue;
       std::error_code ec;
@@ -205,11 +208,11 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
       } else if (std::chrono::duration<double>(Clock::now() - since).count() > o.stallSeconds) {
         stalled = c.rank;
         failed = c;
-        ranks.killAll();
+        ranks.stop(SIGKILL, now);
       }
     }
-    if (ranks.anyRunning()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  };
+  ranks.watch(w);
   if (stalled) {
     std::error_code ec;
     const bool started = fs::file_size(paths.part(*stalled), ec) > 0 && !ec;
