@@ -146,6 +146,9 @@ void SlurmCluster::start(const std::string& extraConf) {
       "ReturnToService=1\n"  // a node an administrator took down stays down
 
       "SchedulerType=sched/backfill\n"
+      // A requeued job becomes eligible again while nothing else happens:
+      // look for work every second, not every 30 s (bf_interval).
+      "SchedulerParameters=bf_interval=1\n"
       "SelectType=select/cons_tres\n"
       "SelectTypeParameters=CR_CPU\n"
       "JobCompType=jobcomp/none\n"
