@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "cohort/cluster/record.h"
 #include "cohort/cluster/runs.h"
 #include "cohort/core/error.h"
 
@@ -53,6 +54,24 @@ std::optional<int> ClusterCommands::dispatch() {
   if (*status) return cluster::printStatus(dir, std::cout);
   if (*cancel) return cluster::cancelRun(dir, std::cout);
   return std::nullopt;
+}
+
+int ClusterCommands::logs(const monitor::LogsOptions& options) {
+  try {
+    return monitor::printLogs(options, std::cout);
+  } catch (const DataError& e) {
+    std::optional<cluster::SlurmRecord> record;
+    try {
+      record = cluster::readSlurmRecord(options.runDir);
+    } catch (const Error&) {
+    }
+    if (!record) throw;
+    const cluster::SlurmState s = cluster::querySlurm(record->ref());
+    const std::string where = s.state.empty() ? "no longer known to Slurm"
+                                              : s.state + (s.reason.empty() ? "" : " (" + s.reason + ")");
+    throw DataError(std::string(e.what()) + "; its Slurm job " + record->ref() + " is " + where +
+                    ": Slurm's own output is in slurm-*.out beside the logs");
+  }
 }
 
 }  // namespace cohort::cli

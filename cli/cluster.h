@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cohort/cluster/submit.h"
+#include "cohort/monitor/logs.h"
 
 namespace cohort::cli {
 
@@ -20,6 +21,8 @@ struct ClusterCommands {
   void add(CLI::App& app);
   // The exit code of the command parsed, or nullopt when it is none of these.
   std::optional<int> dispatch();
+  // `cohort logs`: a submitted run without logs yet says where its Slurm job is.
+  static int logs(const monitor::LogsOptions& options);
 };
 
 }  // namespace cohort::cli

@@ -521,7 +521,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*scoreCmd) return cohort::serve::scoreCommand(scoreOptions);
   if (*dataInspect) return cohort::data::inspectCommand(dataPath, inspectRecords, so, std::cout);
   if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
-  if (*logs) return cohort::monitor::printLogs(logsOptions, std::cout);
+  if (*logs) return cohort::cli::ClusterCommands::logs(logsOptions);
   if (auto code = cluster.dispatch()) return *code;
   if (*run) {
     cohort::launch::LaunchOptions o;

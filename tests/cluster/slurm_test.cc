@@ -3,7 +3,8 @@
 // checkpoint to the same weights as an uninterrupted run, the time limit's
 // warning makes the ranks checkpoint and the job exit 75, a sweep is a job
 // array of run directories, a node taken down mid-job ends in a requeue and
-// completion, and Slurm's refusal submits nothing.
+// completion, a pending job is tracked and cancelled by its run directory,
+// and Slurm's refusal submits nothing.
 
 #include <gtest/gtest.h>
 
@@ -142,7 +143,36 @@ TEST_F(SlurmTest, ARefusedJobLeavesNothing) {
   EXPECT_TRUE(has(r.err, "Slurm refused the job")) << r.err;
   EXPECT_TRUE(has(r.err, "nosuch") || has(r.err, "partition")) << r.err;
   EXPECT_FALSE(fs::exists(dir.file("run")));
+  r = test::cohort({"submit", job, "--slurm", "--run-dir", dir.file("run"), "--time", "soon"}, cluster.env());
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_TRUE(has(r.err, "Slurm refused the job")) << r.err;
+  EXPECT_TRUE(has(r.err, "time")) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("run")));
   EXPECT_TRUE(cluster.client({"/usr/bin/squeue", "-h"}).out.empty());
+}
+
+TEST_F(SlurmTest, APendingJobIsTrackedAndCancelledByItsRunDirectory) {
+  test::SlurmCluster cluster(1);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 1);
+  const std::string run = dir.file("run");
+  // The only node drained: the job waits.
+  ASSERT_EQ(cluster.client({"/usr/bin/scontrol", "update", "nodename=n1", "state=drain", "reason=cohort-test"}).exitCode,
+            0);
+  const std::string id = submit(cluster, {job, "--run-dir", run});
+  ASSERT_FALSE(id.empty());
+  const auto status = test::cohort({"status", run}, cluster.env());
+  ASSERT_EQ(status.exitCode, 0) << status.describe();
+  EXPECT_TRUE(has(status.out, "state       pending")) << status.out;
+  const auto logs = test::cohort({"logs", run}, cluster.env());
+  EXPECT_EQ(logs.exitCode, 2) << logs.describe();
+  EXPECT_TRUE(has(logs.err, "its Slurm job " + id + " is PENDING")) << logs.err;
+  const auto cancel = test::cohort({"cancel", run}, cluster.env());
+  ASSERT_EQ(cancel.exitCode, 0) << cancel.describe();
+  EXPECT_TRUE(has(cancel.out, "cancelled Slurm job " + id)) << cancel.out;
+  EXPECT_EQ(finalState(cluster, id, 30s), "CANCELLED") << cluster.showJob(id);
+  const auto after = test::cohort({"runs", dir.path()}, cluster.env());
+  EXPECT_TRUE(has(after.out, "cancelled")) << after.out;
 }
 
 TEST_F(SlurmTest, ARequeueMidRunResumesToTheWeightsOfAnUninterruptedRun) {
