@@ -40,7 +40,7 @@
 #include "cohort/data/pack.h"
 #include "cohort/data/tokens.h"
 #include "cohort/elastic/agent.h"
-#include "cohort/launch/launcher.h"
+#include "cohort/run/launcher.h"
 #include "cohort/health/health.h"
 #include "cohort/monitor/logs.h"
 #include "cohort/security/sealed.h"
@@ -524,7 +524,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*logs) return cohort::cli::ClusterCommands::logs(logsOptions);
   if (auto code = cluster.dispatch()) return *code;
   if (*run) {
-    cohort::launch::LaunchOptions o;
+    cohort::run::LaunchOptions o;
     o.jobPath = jobPath;
     o.overrides = overrides;
     if (timeline) o.overrides.push_back("output.timeline=true");
@@ -533,7 +533,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
     o.procs = procs;
     o.resume = resume;
     o.newRun = newRun;
-    return cohort::launch::runLauncher(o);
+    return cohort::run::runLauncher(o);
   }
   if (*agent) {
     cohort::elastic::AgentOptions& o = agentOptions;

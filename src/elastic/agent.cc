@@ -30,7 +30,7 @@
 #include "cohort/elastic/batch_policy.h"
 #include "cohort/elastic/kv.h"
 #include "cohort/elastic/rendezvous.h"
-#include "cohort/launch/run_metrics.h"
+#include "cohort/run/run_metrics.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
 #include "cohort/security/keys.h"
@@ -161,7 +161,7 @@ int Agent::run() {
   // output.metrics_port: this node's elastic counts for Prometheus.
   std::unique_ptr<monitor::MetricsServer> metrics;
   if (job_.output.metricsPort > 0) {
-    metrics = std::make_unique<monitor::MetricsServer>(launch::metricsServerConfig(job_.output),
+    metrics = std::make_unique<monitor::MetricsServer>(run::metricsServerConfig(job_.output),
                                                        [this] { return events_->render(); });
     metrics->start();
     log::info("Prometheus metrics of this node at {}/metrics", metrics->address());

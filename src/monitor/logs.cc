@@ -139,7 +139,7 @@ class Source {
   LineState lines_;
 };
 
-// What the launcher writes when a run is over (src/launch/launcher.cc):
+// What the launcher writes when a run is over (src/run/launcher.cc):
 // success ends with summary.json instead.
 bool launcherLineEndsRun(const std::string& line) {
   if (line.empty()) return false;

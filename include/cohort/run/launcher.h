@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace cohort::launch {
+namespace cohort::run {
 
 struct LaunchOptions {
   std::string jobPath;
@@ -40,4 +40,4 @@ struct LaunchOptions {
 // ConfigError/DataError for a bad job before any rank starts.
 int runLauncher(const LaunchOptions& options);
 
-}  // namespace cohort::launch
+}  // namespace cohort::run

@@ -1,4 +1,4 @@
-#include "cohort/launch/run_metrics.h"
+#include "cohort/run/run_metrics.h"
 
 #include "cohort/security/keys.h"
 
@@ -17,7 +17,7 @@
 #include "cohort/monitor/watchdog.h"
 #include "cohort/core/time.h"
 
-namespace cohort::launch {
+namespace cohort::run {
 namespace fs = std::filesystem;
 namespace {
 
@@ -159,4 +159,4 @@ monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o) {
   return c;
 }
 
-}  // namespace cohort::launch
+}  // namespace cohort::run

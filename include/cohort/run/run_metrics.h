@@ -18,7 +18,7 @@ namespace cohort::comm {
 struct HostedStore;
 }
 
-namespace cohort::launch {
+namespace cohort::run {
 
 class RunMetrics {
  public:
@@ -42,4 +42,4 @@ class RunMetrics {
 // the token is read from its file. Throws ConfigError for an unreadable one.
 monitor::MetricsServerConfig metricsServerConfig(const OutputConfig& o);
 
-}  // namespace cohort::launch
+}  // namespace cohort::run

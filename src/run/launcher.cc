@@ -1,4 +1,4 @@
-#include "cohort/launch/launcher.h"
+#include "cohort/run/launcher.h"
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -26,16 +26,22 @@
 #include "cohort/core/log.h"
 #include "cohort/core/memory_limit.h"
 #include "cohort/core/run_dir.h"
-#include "cohort/launch/run_metrics.h"
 #include "cohort/monitor/prometheus.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
+#include "cohort/run/run_metrics.h"
 #include "cohort/core/signals.h"
 #include "cohort/security/keys.h"
 
 extern char** environ;
 
-namespace cohort::launch {
+namespace cohort::run {
+
+using launch::describeStatus;
+using launch::rankEnvironment;
+using launch::selfExecutable;
+using launch::Supervisor;
+
 namespace {
 
 using Child = Supervisor::Child;
@@ -422,4 +428,4 @@ int runLauncher(const LaunchOptions& o) {
   }
 }
 
-}  // namespace cohort::launch
+}  // namespace cohort::run
