@@ -119,44 +119,39 @@ std::string jobName(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// The first line a Slurm client printed, split at '|'; nullopt when the
+// client is not installed, failed or printed nothing.
+std::optional<std::vector<std::string>> firstLine(const std::vector<std::string>& argv) {
+  if (!findOnPath(argv[0])) return std::nullopt;
+  const auto r = runCommand(argv, kAsk);
+  const std::string line = trimSpace(r.out.substr(0, r.out.find('\n')));
+  if (r.exitCode != 0 || line.empty()) return std::nullopt;
+  std::vector<std::string> fields;
+  for (size_t start = 0;;) {
+    const size_t bar = line.find('|', start);
+    fields.push_back(line.substr(start, bar == std::string::npos ? std::string::npos : bar - start));
+    if (bar == std::string::npos) return fields;
+    start = bar + 1;
+  }
+}
+
+}  // namespace
+
 SlurmState querySlurm(const std::string& ref) {
   SlurmState s;
-  if (findOnPath("squeue")) {
-    const auto r = runCommand({"squeue", "-h", "-t", "all", "-j", ref, "-o", "%T|%M|%r"}, kAsk);
-    const std::string line = trimSpace(r.out.substr(0, r.out.find('\n')));
-    if (r.exitCode == 0 && !line.empty()) {
-      const auto a = line.find('|'), b = line.find('|', a + 1);
-      s.state = line.substr(0, a);
-      s.elapsed = line.substr(a + 1, b - a - 1);
-      s.reason = line.substr(b + 1);
-      if (s.reason == "None") s.reason.clear();
-      s.from = "squeue";
-      return s;
-    }
-  }
-  if (findOnPath("sacct")) {
-    const auto r = runCommand({"sacct", "-n", "-P", "-X", "-j", ref, "-o", "State,ExitCode,Elapsed"}, kAsk);
-    const std::string line = trimSpace(r.out.substr(0, r.out.find('\n')));
-    if (r.exitCode == 0 && !line.empty()) {
-      const auto a = line.find('|'), b = line.find('|', a + 1);
-      s.state = line.substr(0, line.find(' '));  // "CANCELLED by 0"
-      s.state = s.state.substr(0, std::min(s.state.size(), a));
-      s.reason = "exit code " + line.substr(a + 1, b - a - 1);
-      s.elapsed = line.substr(b + 1);
-      s.from = "sacct";
-      return s;
-    }
-  }
-  if (findOnPath("scontrol")) {
-    const auto r = runCommand({"scontrol", "-o", "show", "job", ref}, kAsk);
-    const std::string line = trimSpace(r.out.substr(0, r.out.find('\n')));
-    if (r.exitCode == 0 && !line.empty()) {
-      s.state = field(line, "JobState");
-      const std::string reason = field(line, "Reason");
-      s.reason = reason == "None" || reason.empty() ? "exit code " + field(line, "ExitCode") : reason;
-      s.elapsed = field(line, "RunTime");
-      s.from = "scontrol";
-    }
+  if (const auto f = firstLine({"squeue", "-h", "-t", "all", "-j", ref, "-o", "%T|%M|%r"}); f && f->size() == 3) {
+    s = {(*f)[0], (*f)[2] == "None" ? "" : (*f)[2], (*f)[1], "squeue"};
+  } else if (const auto g = firstLine({"sacct", "-n", "-P", "-X", "-j", ref, "-o", "State,ExitCode,Elapsed"});
+             g && g->size() == 3) {
+    // "CANCELLED by 0": the state is the first word.
+    s = {(*g)[0].substr(0, (*g)[0].find(' ')), "exit code " + (*g)[1], (*g)[2], "sacct"};
+  } else if (const auto h = firstLine({"scontrol", "-o", "show", "job", ref})) {
+    const std::string line = fmt::format("{}", fmt::join(*h, "|"));  // a '|' in a path
+    const std::string reason = field(line, "Reason");
+    s = {field(line, "JobState"), reason == "None" || reason.empty() ? "exit code " + field(line, "ExitCode") : reason,
+         field(line, "RunTime"), "scontrol"};
   }
   return s;
 }

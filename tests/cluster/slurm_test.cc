@@ -94,6 +94,29 @@ class SlurmTest : public ::testing::Test {
     return rest.substr(0, rest.find_first_of(" \n"));
   }
 
+  // A 3-epoch job with --requeue, slowed so that it still runs once its
+  // checkpoint of step 6 is committed; returns the job id then ("" if not).
+  std::string submitRequeueable(const test::SlurmCluster& cluster, const std::string& job, const std::string& run) {
+    const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue"},
+                                  {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
+    if (id.empty() || !waitFor([&] { return newestCheckpoint(run) >= 6; }, 120s)) {
+      ADD_FAILURE() << "no checkpoint of step 6: " << cluster.showJob(id);
+      return "";
+    }
+    return id;
+  }
+
+  // The job was requeued once, ran to the end and resumed from step 6 or later.
+  void expectCompletedAfterOneRequeue(const test::SlurmCluster& cluster, const std::string& id,
+                                      const std::string& run) {
+    ASSERT_TRUE(waitFor([&] { return completed(run); }, 240s))
+        << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+    EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
+    const auto summary = summaryOf(run);
+    ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump();
+    EXPECT_GE(summary["resumed_from"].value("step", 0), 6) << summary.dump();
+  }
+
   // Waits until Slurm forgets nothing of the job's running: a final state.
   std::string finalState(const test::SlurmCluster& cluster, const std::string& id, std::chrono::seconds limit) {
     std::string state;
@@ -180,19 +203,11 @@ TEST_F(SlurmTest, ARequeueMidRunResumesToTheWeightsOfAnUninterruptedRun) {
   test::TempDir dir;
   const std::string job = tinyJob(dir, 3);
   const std::string run = dir.file("run");
-  // A slow forward keeps the job running while the test requeues it.
-  const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue"},
-                                {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
+  const std::string id = submitRequeueable(cluster, job, run);
   ASSERT_FALSE(id.empty());
-  ASSERT_TRUE(waitFor([&] { return newestCheckpoint(run) >= 6; }, 120s)) << cluster.showJob(id);
   auto r = cluster.client({"/usr/bin/scontrol", "requeue", id});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
-  ASSERT_TRUE(waitFor([&] { return completed(run); }, 240s))
-      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
-  EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
-  const auto summary = summaryOf(run);
-  ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump();
-  EXPECT_GE(summary["resumed_from"].value("step", 0), 6) << summary.dump();
+  expectCompletedAfterOneRequeue(cluster, id, run);
   // The same job under `cohort run`, never interrupted.
   const auto straight = test::cohort({"run", job, "--run-dir", dir.file("straight")});
   ASSERT_EQ(straight.exitCode, 0) << straight.describe();
@@ -271,19 +286,14 @@ TEST_F(SlurmTwoNodes, ANodeTakenDownMidJobEndsInARequeueAndCompletion) {
   test::TempDir dir;
   const std::string job = tinyJob(dir, 3);
   const std::string run = dir.file("run");
-  const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue"},
-                                {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
+  const std::string id = submitRequeueable(cluster, job, run);
   ASSERT_FALSE(id.empty());
-  ASSERT_TRUE(waitFor([&] { return newestCheckpoint(run) >= 6; }, 120s)) << cluster.showJob(id);
   const std::string node = cluster.jobField(id, "NodeList");
   ASSERT_TRUE(node == "n1" || node == "n2") << cluster.showJob(id);
   auto r = cluster.client({"/usr/bin/scontrol", "update", "nodename=" + node, "state=down", "reason=cohort-test"});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
-  ASSERT_TRUE(waitFor([&] { return completed(run); }, 240s))
-      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
-  EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
+  expectCompletedAfterOneRequeue(cluster, id, run);
   EXPECT_NE(cluster.jobField(id, "NodeList"), node) << cluster.showJob(id);
-  EXPECT_GE(summaryOf(run)["resumed_from"].value("step", 0), 6) << summaryOf(run).dump();
 }
 
 }  // namespace
