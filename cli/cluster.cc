@@ -5,6 +5,7 @@
 #include "cohort/cluster/record.h"
 #include "cohort/cluster/runs.h"
 #include "cohort/core/error.h"
+#include "cohort/core/net.h"
 
 namespace cohort::cli {
 
@@ -42,6 +43,9 @@ void ClusterCommands::add(CLI::App& app) {
   status->add_option("run_dir", dir, "Run directory (or a sweep's)")->required();
   cancel = app.add_subcommand("cancel", "Cancel a submitted run's Slurm job (its ranks checkpoint and stop)");
   cancel->add_option("run_dir", dir, "Run directory (or a sweep's: the whole array)")->required();
+  // For the batch script `submit --slurm` writes: the store's port on the first node.
+  freePort = app.add_subcommand("free-port", "Print a TCP port free on this machine now");
+  freePort->group("");
 }
 
 std::optional<int> ClusterCommands::dispatch() {
@@ -53,6 +57,10 @@ std::optional<int> ClusterCommands::dispatch() {
   if (*runs) return cluster::printRuns(dir, std::cout, !noSlurm);
   if (*status) return cluster::printStatus(dir, std::cout);
   if (*cancel) return cluster::cancelRun(dir, std::cout);
+  if (*freePort) {
+    std::cout << freeTcpPort() << "\n";
+    return 0;
+  }
   return std::nullopt;
 }
 

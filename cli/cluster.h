@@ -13,7 +13,7 @@
 namespace cohort::cli {
 
 struct ClusterCommands {
-  CLI::App *submit = nullptr, *runs = nullptr, *status = nullptr, *cancel = nullptr;
+  CLI::App *submit = nullptr, *runs = nullptr, *status = nullptr, *cancel = nullptr, *freePort = nullptr;
   cluster::SubmitOptions submitOptions;
   bool slurm = false, k8s = false, noSlurm = false;
   std::string dir;

@@ -70,13 +70,6 @@ std::string sbatchScript(const SlurmRequest& r) {
   } else {
     s += "run_dir=" + shellQuote(r.runDirs.front()) + "\n";
   }
-  s += "# Rank 0 hosts the rendezvous store on the first node, where srun runs\n"
-       "# (the ranks read its address from SLURM_LAUNCH_NODE_IPADDR).\n";
-  if (r.masterPort > 0) {
-    s += fmt::format("export MASTER_PORT={}\n", r.masterPort);
-  } else {
-    s += "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n";
-  }
   s += "requeue=" + std::string(r.requeue ? "1" : "0") + "\n";
   s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
   s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
@@ -85,6 +78,15 @@ std::string sbatchScript(const SlurmRequest& r) {
        "# the newest checkpoint, at most distribution.max_restarts times.\n";
   s += "attempt=0\n";
   s += "while :; do\n";
+  s += "  # Rank 0 hosts the rendezvous store on this node, the first of the\n"
+       "  # allocation, where srun runs (the ranks read its address from\n"
+       "  # SLURM_LAUNCH_NODE_IPADDR), on a port free here now.\n";
+  if (r.masterPort > 0) {
+    s += fmt::format("  export MASTER_PORT={}  # distribution.master_port\n", r.masterPort);
+  } else {
+    s += "  MASTER_PORT=$(\"$cohort\" free-port) || exit 1\n"
+         "  export MASTER_PORT\n";
+  }
   // --wait: once one task ends, the others get this long to end on their own
   // (a stop after a checkpoint ends every rank within stop_timeout_s).
   std::string srun = "srun --wait=120";

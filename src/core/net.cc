@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cohort/core/error.h"
 #include "cohort/core/fd.h"
 
 namespace cohort {
@@ -36,6 +37,19 @@ std::optional<std::string> localAddressTowards(const std::string& host, int port
   }
   ::freeaddrinfo(found);
   return out;
+}
+
+int freeTcpPort() {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_port = 0;
+  socklen_t len = sizeof any;
+  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&any), sizeof any) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&any), &len) != 0) {
+    throw IoError("cannot find a free TCP port: no socket could be bound");
+  }
+  return ntohs(any.sin_port);
 }
 
 std::string hostName() {

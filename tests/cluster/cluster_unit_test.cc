@@ -53,6 +53,10 @@ TEST(SbatchScript, AsksForTheJobsShapeAndTheWarningSignal) {
   EXPECT_TRUE(has(s, "cohort='/opt/cohort bin/cohort'")) << s;
   EXPECT_TRUE(has(s, "srun --wait=120 --cpus-per-task=3 \"$cohort\" worker \"$run_dir/job.yaml\"")) << s;
   EXPECT_TRUE(has(s, "requeue=0\n")) << s;
+  // The store's port: free on the first node when each attempt starts.
+  EXPECT_TRUE(has(s, "  MASTER_PORT=$(\"$cohort\" free-port) || exit 1\n  export MASTER_PORT\n")) << s;
+  r.masterPort = 29555;
+  EXPECT_TRUE(has(sbatchScript(r), "  export MASTER_PORT=29555")) << sbatchScript(r);
 }
 
 TEST(SbatchScript, RequeueAndArrays) {

@@ -65,6 +65,14 @@ TEST(Submit, DryRunWritesTheScriptAndOneRunDirectoryPerPoint) {
   EXPECT_FALSE(fs::exists(dir.file("sweep/slurm.json")));  // not submitted
 }
 
+TEST(Submit, FreePortPrintsATcpPort) {
+  const auto r = test::cohort({"free-port"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const int port = std::stoi(r.out);
+  EXPECT_GT(port, 0);
+  EXPECT_LT(port, 65536);
+}
+
 TEST(Submit, K8sPrintsAnIndexedJob) {
   test::TempDir dir;
   test::writeText(dir.file("job.yaml"), test::tinyJobYaml("tiny"));

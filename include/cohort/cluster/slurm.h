@@ -27,7 +27,7 @@ struct SlurmRequest {
   std::string account;
   bool requeue = false;
   int64_t warnSeconds = 120;  // SIGUSR2 this long before the time limit
-  int64_t masterPort = 0;     // 0: 20000 + job id mod 20000
+  int64_t masterPort = 0;     // 0: a port free on the first node (`cohort free-port`)
   int64_t maxRestarts = 3;    // srun again after a failed attempt, this many times
   std::string cohortBinary;   // absolute path
   // One run directory per array task; one entry: no array.

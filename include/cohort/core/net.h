@@ -17,6 +17,10 @@ bool isLoopbackAddress(const std::string& host);
 // or no route reaches it.
 std::optional<std::string> localAddressTowards(const std::string& host, int port);
 
+// A TCP port no socket of this machine holds now (bound on every address,
+// then released), for a server about to start here. Throws IoError.
+int freeTcpPort();
+
 // This machine's host name (gethostname); "unknown" when it has none.
 std::string hostName();
 
