@@ -66,7 +66,6 @@ class Supervisor {
   // reported and no longer waited for. A later call replaces the deadline,
   // unless SIGKILL was sent already.
   void stop(int sig, std::chrono::milliseconds grace, bool killAfter = true);
-  bool stopping() const { return killAt_ != kNever || abandonAt_ != kNever; }
 
   // What watch() calls; every hook may call stop().
   struct Watch {
