@@ -25,17 +25,6 @@ using namespace std::chrono_literals;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// Polls `ready` every 250 ms for at most `limit`.
-template <typename F>
-bool waitFor(F ready, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(250ms);
-  }
-  return true;
-}
-
 nlohmann::json summaryOf(const std::string& run) {
   std::error_code ec;
   if (!fs::exists(run + "/summary.json", ec)) return nlohmann::json::object();
@@ -99,7 +88,7 @@ class SlurmTest : public ::testing::Test {
   std::string submitRequeueable(const test::SlurmCluster& cluster, const std::string& job, const std::string& run) {
     const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue"},
                                   {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
-    if (id.empty() || !waitFor([&] { return newestCheckpoint(run) >= 6; }, 120s)) {
+    if (id.empty() || !test::waitUntil([&] { return newestCheckpoint(run) >= 6; }, 120s)) {
       ADD_FAILURE() << "no checkpoint of step 6: " << cluster.showJob(id);
       return "";
     }
@@ -109,7 +98,7 @@ class SlurmTest : public ::testing::Test {
   // The job was requeued once, ran to the end and resumed from step 6 or later.
   void expectCompletedAfterOneRequeue(const test::SlurmCluster& cluster, const std::string& id,
                                       const std::string& run) {
-    ASSERT_TRUE(waitFor([&] { return completed(run); }, 240s))
+    ASSERT_TRUE(test::waitUntil([&] { return completed(run); }, 240s))
         << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
     EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
     const auto summary = summaryOf(run);
@@ -120,7 +109,7 @@ class SlurmTest : public ::testing::Test {
   // Waits until Slurm forgets nothing of the job's running: a final state.
   std::string finalState(const test::SlurmCluster& cluster, const std::string& id, std::chrono::seconds limit) {
     std::string state;
-    waitFor(
+    test::waitUntil(
         [&] {
           state = cluster.jobField(id, "JobState");
           return state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT" ||
@@ -244,7 +233,7 @@ TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
   const std::string id = submit(cluster, {job, "--run-dir", sweep, "--sweep", "training.optimizer.lr=0.02,0.05,0.1"});
   ASSERT_FALSE(id.empty());
   const std::vector<std::string> runs = {sweep + "/0-lr=0.02", sweep + "/1-lr=0.05", sweep + "/2-lr=0.1"};
-  ASSERT_TRUE(waitFor([&] { return completed(runs[0]) && completed(runs[1]) && completed(runs[2]); }, 240s))
+  ASSERT_TRUE(test::waitUntil([&] { return completed(runs[0]) && completed(runs[1]) && completed(runs[2]); }, 240s))
       << cluster.client({"/usr/bin/squeue", "-t", "all"}).out;
   EXPECT_TRUE(has(test::readText(runs[2] + "/job.yaml"), "lr: 0.1"));
   const auto list = test::cohort({"runs", sweep}, cluster.env());

@@ -75,15 +75,6 @@ std::unique_ptr<Process> startAgent(const AgentSpec& a, const std::map<std::stri
   return std::make_unique<Process>(argv, env);
 }
 
-bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
-}
-
 SampleHistory readSampleLog(const std::string& dir) {
   struct Line {
     int round;

@@ -40,9 +40,6 @@ std::map<std::string, std::string> elasticEnv(const std::string& samplesDir, int
 
 std::unique_ptr<Process> startAgent(const AgentSpec& a, const std::map<std::string, std::string>& env);
 
-// Polls `ready` every 50 ms until it is true or `limit` passes.
-bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds limit);
-
 // What the sample log says (train/detail/faults.h, SampleLog). The state
 // a round went on from ends at the step before the next round's first one:
 // a step applied in a round and at or after that point was lost (done

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <sstream>
 #include <stdexcept>
 
@@ -156,6 +157,15 @@ ProcessResult run(const std::vector<std::string>& argv, const std::map<std::stri
                   std::chrono::milliseconds limit) {
   Process p(argv, env);
   return p.wait(limit);
+}
+
+bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
 }
 
 std::vector<pid_t> processesWithEnv(const std::string& marker) {

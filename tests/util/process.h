@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -53,6 +54,9 @@ class Process {
 ProcessResult run(const std::vector<std::string>& argv,
                   const std::map<std::string, std::string>& env = {},
                   std::chrono::milliseconds limit = std::chrono::minutes(5));
+
+// Polls `ready` every 50 ms until it is true or `limit` passes.
+bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds limit);
 
 // Pids of processes whose environment holds `marker` (NAME=value).
 std::vector<pid_t> processesWithEnv(const std::string& marker);

@@ -27,17 +27,6 @@ std::string shortHostName() {
   return h.substr(0, h.find('.'));
 }
 
-// Polls `ready` every 200 ms for at most `limit`.
-template <typename F>
-bool pollUntil(F ready, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    if (ready()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
-
 }  // namespace
 
 std::string SlurmCluster::unavailable(int nodes) {
@@ -112,7 +101,7 @@ void SlurmCluster::start(const std::string& extraConf) {
                                "--key-file=" + dir_.file("munge.key"), "--log-file=" + dir_.file("log/munged.log"),
                                "--pid-file=" + dir_.file("munged.pid"), "--seed-file=" + dir_.file("munged.seed")},
       daemonEnv);
-  if (!pollUntil([&] { return fs::exists(dir_.file("munge.sock")); }, std::chrono::seconds(20))) {
+  if (!waitUntil([&] { return fs::exists(dir_.file("munge.sock")); }, std::chrono::seconds(20))) {
     throw std::runtime_error("munged did not create its socket:\n" + munged_->stderrSoFar());
   }
 
@@ -179,7 +168,7 @@ void SlurmCluster::start(const std::string& extraConf) {
     }
     slurmds_.push_back(std::make_unique<Process>(argv, daemonEnv));
   }
-  const bool idle = pollUntil(
+  const bool idle = waitUntil(
       [&] {
         const auto r = client({"/usr/bin/sinfo", "-h", "-N", "-o", "%T"});
         if (r.exitCode != 0) return false;
@@ -195,7 +184,7 @@ void SlurmCluster::stop() {
   if (ctld_) {
     // Cancel every job, and give the ranks their time to stop.
     client({"/usr/bin/scancel", "--full", "-u", "root"});
-    pollUntil(
+    waitUntil(
         [&] {
           const auto r = client({"/usr/bin/squeue", "-h", "-o", "%i"});
           return r.exitCode != 0 || r.out.empty();
