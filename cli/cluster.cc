@@ -22,7 +22,12 @@ void ClusterCommands::add(CLI::App& app) {
                      "one run directory per point")
       ->take_all();
   submit->add_option("--run-dir", o.runDir, "Run directory (a sweep: the directory of its runs)");
-  submit->add_option("--nodes", o.nodes, "Machines (overrides distribution.nodes)");
+  submit->add_option("--nodes", o.nodes,
+                     "Machines: N (overrides distribution.nodes), or MIN:MAX for elastic training, "
+                     "one `cohort agent` per node (docs/elastic.md)");
+  submit->add_option("--rdzv", o.rdzv,
+                     "Elastic: the rendezvous on etcd, etcd://HOST:PORT[,HOST:PORT...] (default: "
+                     "cohort's store, hosted by the first node's agent)");
   submit->add_option("--gpus-per-node", o.gpusPerNode, "GPUs to ask for on each machine");
   submit->add_option("--partition", o.partition, "Slurm partition");
   submit->add_option("--time", o.time, "Time limit, in Slurm's format (30, 2:00:00, 1-0)");

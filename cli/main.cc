@@ -36,6 +36,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
+#include "cohort/core/text.h"
 #include "cohort/core/version.h"
 #include "cohort/data/pack.h"
 #include "cohort/data/tokens.h"
@@ -131,6 +132,7 @@ struct Cli {
   CLI::App* agent = nullptr;
   cohort::elastic::AgentOptions agentOptions;
   std::string nnodes;
+  std::string agentOnSigterm = "leave";
   // generate
   CLI::App* generate = nullptr;
   cohort::train::GenerateOptions generateOptions;
@@ -214,6 +216,11 @@ void Cli::addTraining(CLI::App& app) {
                     "Run directory, the same on every node (default: <output.dir>/<name>-<JOB_ID>)");
   agent->add_option("--procs", procs, "Ranks on this node (default: distribution.procs_per_node)")
       ->check(CLI::Range(1, 4096));
+  agent->add_option("--on-sigterm", agentOnSigterm,
+                    "leave: the node leaves and the others go on (a node's preemption); stop: the "
+                    "whole job checkpoints and stops, as on SIGUSR2 (every node signalled at once: "
+                    "Slurm)")
+      ->check(CLI::IsMember({"leave", "stop"}));
 
   worker = app.add_subcommand(
       "worker", "Run one rank (started by `cohort run`, mpirun, srun or a torchrun-style launcher)");
@@ -541,13 +548,11 @@ int Cli::dispatch(CLI::App& app, int argc) {
     o.overrides = overrides;
     o.runDir = runDir;
     o.procs = procs;
-    const size_t colon = nnodes.find(':');
-    try {
-      o.minNodes = std::stoi(nnodes.substr(0, colon));
-      o.maxNodes = colon == std::string::npos ? o.minNodes : std::stoi(nnodes.substr(colon + 1));
-    } catch (const std::exception&) {
-      throw cohort::UsageError(fmt::format("--nnodes {}: expected MIN:MAX or N", nnodes));
-    }
+    const auto range = cohort::parseCountRange(nnodes);
+    if (!range) throw cohort::UsageError(fmt::format("--nnodes {}: expected MIN:MAX or N", nnodes));
+    o.minNodes = static_cast<int>(range->first);
+    o.maxNodes = static_cast<int>(range->second);
+    o.termStopsJob = agentOnSigterm == "stop";
     return cohort::elastic::runAgent(o);
   }
   if (*worker) {

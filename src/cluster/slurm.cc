@@ -32,11 +32,118 @@ std::string parseSubmittedJobId(const std::string& out) {
   return line;
 }
 
+namespace {
+
+// After the ranks: 75 is a stop after a checkpoint (time limit, preemption,
+// scancel), back into the queue when asked for.
+std::string stoppedCase() {
+  return fmt::format(
+      "    {0})\n"
+      "      # Stopped after a checkpoint (time limit, preemption). Back into the queue:\n"
+      "      # the next start resumes from it.\n"
+      "      if [ \"$requeue\" = 1 ]; then\n"
+      "        if command -v scontrol > /dev/null; then\n"
+      "          echo \"cohort: stopped after a checkpoint; requeueing Slurm job $SLURM_JOB_ID\"\n"
+      "          scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "        else\n"
+      "          echo \"cohort: stopped after a checkpoint; no scontrol on this node: the job is requeued \"\\\n"
+      "               \"only where slurm.conf has RequeueExit={0} (or resubmit this script)\"\n"
+      "        fi\n"
+      "      fi\n"
+      "      exit {0} ;;\n",
+      kExitStoppedAfterCheckpoint);
+}
+
+// One `cohort worker` per task, started again after a failed attempt.
+std::string workerSteps(const SlurmRequest& r) {
+  std::string s = "\n# Like `cohort run`: a failed attempt starts every rank again, resuming from\n"
+                  "# the newest checkpoint, at most distribution.max_restarts times.\n";
+  s += "attempt=0\n";
+  s += "while :; do\n";
+  s += "  # Rank 0 hosts the rendezvous store on this node, the first of the\n"
+       "  # allocation, where srun runs (the ranks read its address from\n"
+       "  # SLURM_LAUNCH_NODE_IPADDR), on a port free here now.\n";
+  if (r.masterPort > 0) {
+    s += fmt::format("  export MASTER_PORT={}  # distribution.master_port\n", r.masterPort);
+  } else {
+    s += "  MASTER_PORT=$(\"$cohort\" free-port) || exit 1\n"
+         "  export MASTER_PORT\n";
+  }
+  // --wait: once one task ends, the others get this long to end on their own
+  // (a stop after a checkpoint ends every rank within stop_timeout_s).
+  std::string srun = "srun --wait=120";
+  if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", r.cpusPerTask);
+  s += "  " + srun + " \"$cohort\" worker \"$run_dir/job.yaml\" --run-dir \"$run_dir\"\n";
+  s += "  code=$?\n";
+  s += "  case $code in\n"
+       "    0) exit 0 ;;\n" +
+       stoppedCase() +
+       "    2|3|5) exit $code ;;  # bad input, divergence, failed health check: would fail again\n"
+       "  esac\n";
+  s += "  if [ \"$attempt\" -ge \"$max_restarts\" ]; then\n"
+       "    echo \"cohort: giving up after $attempt restarts (distribution.max_restarts); srun exited $code\"\n"
+       "    exit $code\n"
+       "  fi\n"
+       "  attempt=$((attempt + 1))\n"
+       "  echo \"cohort: restart $attempt of at most $max_restarts (srun exited $code)\"\n"
+       "  export COHORT_RESTART_COUNT=$attempt\n"
+       "done\n";
+  return s;
+}
+
+// One `cohort agent` per node (elastic training).
+std::string agentSteps(const SlurmRequest& r) {
+  std::string s =
+      "\n# One `cohort agent` per node (elastic training, docs/elastic.md). The agents\n"
+      "# form the job from the nodes of this allocation, re-form without a node that\n"
+      "# fails (--no-kill keeps the others running), and start failed ranks again\n"
+      "# themselves, at most distribution.max_restarts times. SIGUSR2 before the time\n"
+      "# limit, and SIGTERM (scancel, preemption), stop the whole job after a checkpoint.\n"
+      "# The rendezvous has a name of its own for each start of the job.\n"
+      "rdzv_id=\"slurm-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}\"\n";
+  const std::string nnodes = fmt::format("{}:{}", r.nodes, r.maxNodes);
+  std::string srun = "srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 --wait=0";
+  if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", r.cpusPerTask * r.tasksPerNode);
+  const std::string agentArgs =
+      fmt::format("--nnodes {} --procs {} --on-sigterm stop", nnodes, r.tasksPerNode);
+  if (r.rdzv.empty()) {
+    s += "# On cohort's store, hosted by the agent on this node (the first of the\n"
+         "# allocation, where srun runs) at a port free here now; every agent reads\n"
+         "# this node's address from srun (SLURM_LAUNCH_NODE_IPADDR).\n"
+         "rdzv_port=$(\"$cohort\" free-port) || exit 1\n";
+    s += srun + " \\\n";
+    s += "  /bin/sh -c 'exec \"$0\" agent \"$1/job.yaml\" --run-dir \"$1\" " + agentArgs +
+         " --rdzv \"store://$SLURM_LAUNCH_NODE_IPADDR:$2/$3\"' \\\n"
+         "  \"$cohort\" \"$run_dir\" \"$rdzv_port\" \"$rdzv_id\"\n";
+  } else {
+    s += srun + " \\\n";
+    s += "  \"$cohort\" agent \"$run_dir/job.yaml\" --run-dir \"$run_dir\" " + agentArgs + " --rdzv " +
+         shellQuote(r.rdzv) + "/\"$rdzv_id\"\n";
+  }
+  s += "code=$?\n";
+  s += "# An agent lost with its node makes srun fail although the others completed\n"
+       "# the job (rank 0 wrote its summary).\n"
+       "if [ \"$code\" != 0 ] && [ \"$code\" != 75 ] && [ -f \"$run_dir/summary.json\" ] &&\n"
+       "   [[ $(< \"$run_dir/summary.json\") == *'\"status\": \"completed\"'* ]]; then\n"
+       "  echo \"cohort: srun exited $code, but the job completed on the others\"\n"
+       "  code=0\n"
+       "fi\n";
+  s += "case $code in\n" + stoppedCase() + "esac\n";
+  s += "exit $code\n";
+  return s;
+}
+
+}  // namespace
+
 std::string sbatchScript(const SlurmRequest& r) {
   if (r.runDirs.empty()) throw UsageError("a Slurm job needs a run directory");
   if (r.nodes < 1) throw UsageError(fmt::format("--nodes must be >= 1, got {}", r.nodes));
   if (r.tasksPerNode < 1) {
     throw UsageError(fmt::format("distribution.procs_per_node must be >= 1, got {}", r.tasksPerNode));
+  }
+  const bool elastic = r.maxNodes > 0;
+  if (elastic && r.maxNodes < r.nodes) {
+    throw UsageError(fmt::format("--nodes {}:{}: MIN must be at most MAX", r.nodes, r.maxNodes));
   }
   const bool array = r.runDirs.size() > 1;
   std::string s = "#!/bin/bash\n";
@@ -46,9 +153,16 @@ std::string sbatchScript(const SlurmRequest& r) {
       r.jobName, "<this file>");
   auto opt = [&s](const std::string& line) { s += "#SBATCH " + line + "\n"; };
   opt("--job-name=" + r.jobName);
-  opt(fmt::format("--nodes={}", r.nodes));
-  opt(fmt::format("--ntasks-per-node={}", r.tasksPerNode));
-  if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", r.cpusPerTask));
+  if (elastic) {
+    opt(r.maxNodes > r.nodes ? fmt::format("--nodes={}-{}", r.nodes, r.maxNodes) : fmt::format("--nodes={}", r.nodes));
+    opt("--ntasks-per-node=1");  // the agent; it starts the node's ranks
+    if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", r.cpusPerTask * r.tasksPerNode));
+    opt("--no-kill");
+  } else {
+    opt(fmt::format("--nodes={}", r.nodes));
+    opt(fmt::format("--ntasks-per-node={}", r.tasksPerNode));
+    if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", r.cpusPerTask));
+  }
   if (r.gpusPerNode > 0) opt(fmt::format("--gpus-per-node={}", r.gpusPerNode));
   if (!r.partition.empty()) opt("--partition=" + r.partition);
   if (!r.time.empty()) opt("--time=" + r.time);
@@ -71,55 +185,10 @@ std::string sbatchScript(const SlurmRequest& r) {
     s += "run_dir=" + shellQuote(r.runDirs.front()) + "\n";
   }
   s += "requeue=" + std::string(r.requeue ? "1" : "0") + "\n";
-  s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
+  if (!elastic) s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
   s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
        "run directory $run_dir\"\n";
-  s += "\n# Like `cohort run`: a failed attempt starts every rank again, resuming from\n"
-       "# the newest checkpoint, at most distribution.max_restarts times.\n";
-  s += "attempt=0\n";
-  s += "while :; do\n";
-  s += "  # Rank 0 hosts the rendezvous store on this node, the first of the\n"
-       "  # allocation, where srun runs (the ranks read its address from\n"
-       "  # SLURM_LAUNCH_NODE_IPADDR), on a port free here now.\n";
-  if (r.masterPort > 0) {
-    s += fmt::format("  export MASTER_PORT={}  # distribution.master_port\n", r.masterPort);
-  } else {
-    s += "  MASTER_PORT=$(\"$cohort\" free-port) || exit 1\n"
-         "  export MASTER_PORT\n";
-  }
-  // --wait: once one task ends, the others get this long to end on their own
-  // (a stop after a checkpoint ends every rank within stop_timeout_s).
-  std::string srun = "srun --wait=120";
-  if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", r.cpusPerTask);
-  s += "  " + srun + " \"$cohort\" worker \"$run_dir/job.yaml\" --run-dir \"$run_dir\"\n";
-  s += "  code=$?\n";
-  s += fmt::format(
-      "  case $code in\n"
-      "    0) exit 0 ;;\n"
-      "    {0})\n"
-      "      # Stopped after a checkpoint (time limit, preemption). Back into the queue:\n"
-      "      # the next start resumes from it.\n"
-      "      if [ \"$requeue\" = 1 ]; then\n"
-      "        if command -v scontrol > /dev/null; then\n"
-      "          echo \"cohort: stopped after a checkpoint; requeueing Slurm job $SLURM_JOB_ID\"\n"
-      "          scontrol requeue \"$SLURM_JOB_ID\"\n"
-      "        else\n"
-      "          echo \"cohort: stopped after a checkpoint; no scontrol on this node: the job is requeued \"\\\n"
-      "               \"only where slurm.conf has RequeueExit={0} (or resubmit this script)\"\n"
-      "        fi\n"
-      "      fi\n"
-      "      exit {0} ;;\n"
-      "    2|3|5) exit $code ;;  # bad input, divergence, failed health check: would fail again\n"
-      "  esac\n",
-      kExitStoppedAfterCheckpoint);
-  s += "  if [ \"$attempt\" -ge \"$max_restarts\" ]; then\n"
-       "    echo \"cohort: giving up after $attempt restarts (distribution.max_restarts); srun exited $code\"\n"
-       "    exit $code\n"
-       "  fi\n"
-       "  attempt=$((attempt + 1))\n"
-       "  echo \"cohort: restart $attempt of at most $max_restarts (srun exited $code)\"\n"
-       "  export COHORT_RESTART_COUNT=$attempt\n"
-       "done\n";
+  s += elastic ? agentSteps(r) : workerSteps(r);
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/core/text.h"
 #include "cohort/core/time.h"
 #include "cohort/launch/spawn.h"
 
@@ -75,7 +76,25 @@ int64_t defaultWarnSeconds(const JobConfig& job) {
 }  // namespace
 
 int runSubmit(const SubmitOptions& o, std::ostream& out) {
-  if (o.nodes < 0) throw UsageError(fmt::format("--nodes must be >= 1, got {}", o.nodes));
+  // --nodes N, or MIN:MAX for elastic training (agents).
+  int64_t nodes = 0, maxNodes = 0;
+  const bool elastic = o.nodes.find(':') != std::string::npos;
+  if (!o.nodes.empty()) {
+    const auto range = parseCountRange(o.nodes);
+    if (!range || range->first < 1 || range->second < range->first) {
+      throw UsageError(fmt::format("--nodes {}: expected N or MIN:MAX, with 1 <= MIN <= MAX", o.nodes));
+    }
+    nodes = range->first;
+    if (elastic) maxNodes = range->second;
+  }
+  if (!o.rdzv.empty() && !elastic) {
+    throw UsageError("--rdzv is for elastic training: give --nodes MIN:MAX too");
+  }
+  if (!o.rdzv.empty() && o.rdzv.rfind("etcd://", 0) != 0) {
+    throw UsageError(fmt::format("--rdzv {}: expected etcd://HOST:PORT[,HOST:PORT...] (the job id is "
+                                 "added per start; without --rdzv the first node's agent hosts it)",
+                                 o.rdzv));
+  }
   if (o.gpusPerNode < 0) throw UsageError(fmt::format("--gpus-per-node must be >= 0, got {}", o.gpusPerNode));
   if (o.warnSeconds < 0) throw UsageError(fmt::format("--signal-seconds must be >= 0, got {}", o.warnSeconds));
   // Every point is checked before anything is made or submitted.
@@ -85,7 +104,7 @@ int runSubmit(const SubmitOptions& o, std::ostream& out) {
     std::vector<std::string> overrides = o.overrides;
     overrides.insert(overrides.end(), p.overrides.begin(), p.overrides.end());
     Point q{loadJob(o.jobPath, overrides), p.overrides, p.label, ""};
-    if (o.nodes > 0) q.job.distribution.nodes = o.nodes;
+    if (nodes > 0) q.job.distribution.nodes = nodes;
     checkRanks(q.job, requestedWorldSize(q.job));
     jobs.push_back(std::move(q));
   }
@@ -93,6 +112,9 @@ int runSubmit(const SubmitOptions& o, std::ostream& out) {
   const bool sweep = jobs.size() > 1;
   if (o.scheduler == Scheduler::k8s && sweep) {
     throw UsageError("--sweep submits a Slurm job array; with --k8s, write one manifest per point");
+  }
+  if (o.scheduler == Scheduler::k8s && elastic) {
+    throw UsageError("--nodes MIN:MAX (elastic agents) is for --slurm; --k8s takes --nodes N");
   }
   std::string sbatch;
   if (o.scheduler == Scheduler::slurm && !o.dryRun) {
@@ -142,6 +164,8 @@ int runSubmit(const SubmitOptions& o, std::ostream& out) {
   SlurmRequest r;
   r.jobName = first.name;
   r.nodes = first.distribution.nodes;
+  r.maxNodes = maxNodes;
+  r.rdzv = o.rdzv;
   r.tasksPerNode = first.distribution.procsPerNode;
   r.cpusPerTask = first.distribution.threadsPerRank;
   r.gpusPerNode = o.gpusPerNode;

@@ -264,7 +264,7 @@ int availableCores() {
 }
 
 std::optional<int> slurmCpusPerTask() {
-  if (!get("SLURM_STEP_ID")) return std::nullopt;
+  if (!get("SLURM_STEP_ID") || elasticStateDir()) return std::nullopt;
   const auto n = getInt("SLURM_CPUS_PER_TASK");
   if (n && *n < 1) {
     throw ConfigError(fmt::format("environment variable SLURM_CPUS_PER_TASK: {} is not a CPU count", *n));

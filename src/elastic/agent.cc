@@ -80,7 +80,7 @@ std::string defaultNodeId() {
 bool failedForGood(int code) { return code == 2 || code == 3 || code == 5; }
 
 // What ended a round for this node.
-enum class RoundEnd { completed, reform, failed, fatal, leave, interrupted, closed };
+enum class RoundEnd { completed, reform, failed, fatal, leave, interrupted, closed, stopped };
 
 class Agent {
  public:
@@ -102,8 +102,21 @@ class Agent {
   void stopRanks(milliseconds grace, int sig, bool kill = true);
   // Ranks ended; their worst cause, for the log.
   void reapRanks(RoundEnd& end, bool& anyRunning);
-  // Fewer than MIN nodes for too long: the newest held state to disk.
+  // Fewer than MIN nodes for too long, or the job stops: the newest held
+  // state to disk.
   void persistHeldState();
+  // Whether `sig` asks the whole job to stop with a checkpoint.
+  bool asksStop(int sig) const { return sig == SIGUSR2 || (sig == SIGTERM && o_.termStopsJob); }
+  // Notes a signal taken: a stop asked, or SIGINT/SIGTERM kept in
+  // pendingSignal_.
+  void noteSignal(int sig);
+  // Takes the signals that arrived, without waiting.
+  void takeSignals();
+  // The job stopped (asksStop) with its ranks' state held rather than
+  // checkpointed (a re-form was under way, or checkpoints are off): the
+  // newest held state goes to disk, the record is closed for every node;
+  // exit 75.
+  int stopJob();
 
   const AgentOptions& o_;
   const JobConfig job_;
@@ -119,9 +132,10 @@ class Agent {
   int failures_ = 0;
   bool leaving_ = false;
   bool reformAsked_ = false;
+  bool stopAsked_ = false;  // SIGUSR2 (or SIGTERM with termStopsJob) came
   int fatalCode_ = 1;
-  int pendingSignal_ = 0;
-  std::vector<std::string> lastMembers_;  // SIGINT or SIGTERM taken while joining
+  int pendingSignal_ = 0;  // SIGINT or SIGTERM taken while joining or stopping ranks
+  std::vector<std::string> lastMembers_;
   std::string cause_;
   Clock::time_point lostAt_{};  // when the last loss was seen (for the figures)
 };
@@ -167,7 +181,7 @@ int Agent::run() {
     log::info("Prometheus metrics of this node at {}/metrics", metrics->address());
   }
 
-  signals_ = std::make_unique<BlockedSignals>(std::initializer_list<int>{SIGCHLD, SIGINT, SIGTERM});
+  signals_ = std::make_unique<BlockedSignals>(std::initializer_list<int>{SIGCHLD, SIGINT, SIGTERM, SIGUSR2});
   kv_ = connectKv(service, ko);
   RendezvousOptions ro;
   ro.prefix = "/cohort/" + jobId_;
@@ -180,10 +194,8 @@ int Agent::run() {
   ro.lastCall = milliseconds(static_cast<int64_t>(job_.elastic.lastCallS * 1000));
   ro.belowMinFor = milliseconds(static_cast<int64_t>(job_.elastic.belowMinTimeoutS * 1000));
   ro.interrupted = [this] {
-    for (int sig; (sig = signals_->wait(milliseconds(0))) != 0;) {
-      if (sig == SIGINT || sig == SIGTERM) pendingSignal_ = sig;
-    }
-    return pendingSignal_ != 0;
+    takeSignals();
+    return pendingSignal_ != 0 || stopAsked_;
   };
   rdzv_ = std::make_unique<Rendezvous>(*kv_, ro);
   log::info("node {} at {} joining job '{}' on {} ({}..{} nodes of {} ranks); run directory {}",
@@ -222,6 +234,7 @@ int Agent::rounds(const std::string& prefix) {
     const auto joinStart = Clock::now();
     const Round r = rdzv_->join();
     if (!r.members.empty()) lastMembers_ = r.members;
+    if (r.status == Round::Status::interrupted && pendingSignal_ == 0) return stopJob();
     if (r.status == Round::Status::interrupted) {
       kv_->release();
       log::info("received {} while waiting to join: node {} leaves", pendingSignal_ == SIGTERM ? "SIGTERM" : "SIGINT", nodeId_);
@@ -251,6 +264,12 @@ int Agent::rounds(const std::string& prefix) {
               r.members.size(), fmt::join(r.members, ", "), r.members.size() * procs_,
               secondsSince(joinStart));
     const RoundEnd end = runRound(r);
+    // A stop asked while the ranks stopped for a re-form (or failed): their
+    // state is held, not checkpointed.
+    takeSignals();
+    if (stopAsked_ && (end == RoundEnd::reform || end == RoundEnd::failed || end == RoundEnd::leave)) {
+      return stopJob();
+    }
     switch (end) {
       case RoundEnd::completed:
         rdzv_->close(0);
@@ -269,6 +288,13 @@ int Agent::rounds(const std::string& prefix) {
         kv_->release();
         log::info("job '{}' ended elsewhere (exit code {})", jobId_, fatalCode_);
         return fatalCode_;
+      case RoundEnd::stopped:
+        // The ranks wrote a checkpoint and stopped: the whole job stops.
+        rdzv_->close(kExitStoppedAfterCheckpoint);
+        events_->add({{"event", "stopped"}, {"round", r.round}});
+        kv_->release();
+        log::warn("the job stopped after a checkpoint; rerun (or requeue) it to resume");
+        return kExitStoppedAfterCheckpoint;
       case RoundEnd::fatal:
         rdzv_->close(fatalCode_);
         kv_->release();
@@ -343,7 +369,7 @@ void Agent::stopRanks(milliseconds grace, int sig, bool kill) {
   if (!ranks_) return;
   ranks_->stop(sig, grace, kill);
   launch::Supervisor::Watch w;
-  w.wait = [this](milliseconds poll) { signals_->wait(poll); };
+  w.wait = [this](milliseconds poll) { noteSignal(signals_->wait(poll)); };
   ranks_->watch(w);
 }
 
@@ -394,7 +420,19 @@ RoundEnd Agent::runRound(const Round& r) {
       stopRanks(milliseconds(2000), SIGKILL);
       return RoundEnd::interrupted;
     }
-    if (sig == SIGTERM && !leaving_) {
+    if (asksStop(sig)) {
+      if (!stopAsked_) {
+        // SIGTERM from the agent: the ranks stop at the next step boundary,
+        // every rank of the job, after a checkpoint (without checkpoints,
+        // holding the state, which then goes to disk).
+        log::warn("received {}: the job stops after this step, with a checkpoint",
+                  sig == SIGUSR2 ? "SIGUSR2 (the time limit is near, or a preemption)" : "SIGTERM");
+        if (!reformAsked_) ranks_->signalAll(job_.checkpoint.enabled ? SIGTERM : SIGUSR2);
+        reformAsked_ = true;
+        cause_ = "the job stops";
+      }
+      stopAsked_ = true;
+    } else if (sig == SIGTERM && !leaving_) {
       leaving_ = true;
       log::warn("received SIGTERM: this node's ranks finish their step and the node leaves");
       ranks_->signalAll(SIGUSR2);
@@ -439,6 +477,11 @@ void Agent::reapRanks(RoundEnd& end, bool& anyRunning) {
   ranks_->reap([&](const Child& c) {
     const int code = WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -1;
     if (code == 0) return;
+    if (code == kExitStoppedAfterCheckpoint) {
+      // Stopped after a checkpoint, as every rank of the round does.
+      if (end == RoundEnd::completed || end == RoundEnd::reform) end = RoundEnd::stopped;
+      return;
+    }
     if (code == kExitStateHeld) {
       if (end == RoundEnd::completed) end = RoundEnd::reform;
       if (cause_.empty()) cause_ = "a rank stopped for a re-form";
@@ -456,6 +499,28 @@ void Agent::reapRanks(RoundEnd& end, bool& anyRunning) {
     log::warn("{}. Its log: {}", what, runDir_.rankLog(c.rank));
   });
   anyRunning = ranks_->anyRunning();
+}
+
+void Agent::noteSignal(int sig) {
+  if (asksStop(sig)) {
+    stopAsked_ = true;
+  } else if (sig == SIGINT || sig == SIGTERM) {
+    pendingSignal_ = sig;
+  }
+}
+
+void Agent::takeSignals() {
+  for (int sig; (sig = signals_->wait(milliseconds(0))) != 0;) noteSignal(sig);
+}
+
+int Agent::stopJob() {
+  log::warn("the job stops: the newest state held goes to the checkpoint directory; rerun (or "
+            "requeue) the job to resume from it");
+  events_->add({{"event", "stopped"}});
+  persistHeldState();
+  rdzv_->close(kExitStoppedAfterCheckpoint);
+  kv_->release();
+  return kExitStoppedAfterCheckpoint;
 }
 
 void Agent::persistHeldState() {

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <thread>
 
@@ -39,9 +40,12 @@ namespace {
 // anything else logs, flushes and ends the process. Nothing a rank writes is
 // left torn: outputs are written atomically.
 //
-// Under `cohort agent` (elastic), SIGUSR2 from the agent and a SIGTERM that
-// reaches the rank directly ask for a re-form: the same stop at a step
-// boundary, with the state held in the node's memory (StopRequest::reform).
+// Under `cohort agent` (elastic), the agent speaks for its ranks: SIGUSR2
+// from it asks for a re-form, the same stop at a step boundary with the
+// state held in the node's memory (StopRequest::reform), and SIGTERM from it
+// for a stop after a checkpoint (the whole job stops: docs/elastic.md).
+// SIGTERM and SIGUSR2 from anyone else (Slurm signals every process of a
+// step) are left to the agent, which gets them too.
 void installSignalThread(bool elastic) {
   sigset_t set;
   sigemptyset(&set);
@@ -52,9 +56,14 @@ void installSignalThread(bool elastic) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread([set, elastic] {
     StopRequest& stop = stopRequest();
+    const pid_t agent = elastic ? ::getppid() : 0;
     for (;;) {
-      int sig = 0;
-      if (sigwait(&set, &sig) != 0) return;
+      siginfo_t info{};
+      const int sig = sigwaitinfo(&set, &info);
+      if (sig < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
       log::setStatusLine("");
       if (elastic && sig == SIGUSR1) {
         // The round broke elsewhere: every collective fails now, and the
@@ -67,7 +76,12 @@ void installSignalThread(bool elastic) {
         comm::abandonCollectives();
         continue;
       }
-      if (elastic && (sig == SIGUSR2 || sig == SIGTERM)) {
+      if (elastic && (sig == SIGUSR2 || sig == SIGTERM) && info.si_pid != agent) {
+        log::info("{} from pid {}: left to the agent (pid {}), which stops this node's ranks",
+                  sig == SIGUSR2 ? "SIGUSR2" : "SIGTERM", info.si_pid, agent);
+        continue;
+      }
+      if (elastic && sig == SIGUSR2) {
         stop.reform = true;
         if (!stop.graceful.load()) {
           // Not training yet: nothing to keep; the agent starts the rank again.

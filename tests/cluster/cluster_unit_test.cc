@@ -15,6 +15,7 @@
 #include "cohort/cluster/sweep.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/text.h"
 #include "util/process.h"
 
 namespace cohort::cluster {
@@ -82,6 +83,41 @@ TEST(SbatchScript, IsValidBash) {
   EXPECT_EQ(res.exitCode, 0) << res.describe();
 }
 
+TEST(SbatchScript, ElasticRunsOneAgentPerNode) {
+  SlurmRequest r = request();
+  r.maxNodes = 4;
+  r.requeue = true;
+  const std::string s = sbatchScript(r);
+  for (const char* line : {"#SBATCH --nodes=2-4\n", "#SBATCH --ntasks-per-node=1\n", "#SBATCH --cpus-per-task=12\n",
+                           "#SBATCH --no-kill\n", "#SBATCH --signal=USR2@120\n", "#SBATCH --requeue\n"}) {
+    EXPECT_TRUE(has(s, line)) << line << "\n" << s;
+  }
+  // The agent shares its task's CPUs among the node's 4 ranks; a name of its
+  // own per start of the job; the first node's address from srun.
+  EXPECT_TRUE(has(s, "srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 --wait=0 --cpus-per-task=12")) << s;
+  EXPECT_TRUE(has(s, "agent \"$1/job.yaml\" --run-dir \"$1\" --nnodes 2:4 --procs 4 --on-sigterm stop")) << s;
+  EXPECT_TRUE(has(s, "--rdzv \"store://$SLURM_LAUNCH_NODE_IPADDR:$2/$3\"")) << s;
+  EXPECT_TRUE(has(s, "rdzv_id=\"slurm-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}\"")) << s;
+  EXPECT_TRUE(has(s, "scontrol requeue")) << s;
+  // The agents restart failed ranks; the script does not loop.
+  EXPECT_FALSE(has(s, "max_restarts")) << s;
+  EXPECT_FALSE(has(s, " worker ")) << s;
+  r.rdzv = "etcd://10.0.0.5:2379,10.0.0.6:2379";
+  r.maxNodes = 2;
+  const std::string e = sbatchScript(r);
+  EXPECT_TRUE(has(e, "#SBATCH --nodes=2\n")) << e;
+  EXPECT_TRUE(has(e, "--rdzv etcd://10.0.0.5:2379,10.0.0.6:2379/\"$rdzv_id\"")) << e;
+  EXPECT_FALSE(has(e, "free-port")) << e;
+  test::TempDir dir;
+  for (const std::string& text : {s, e}) {
+    test::writeText(dir.file("s.sh"), text);
+    const auto res = test::run({"/bin/bash", "-n", dir.file("s.sh")});
+    EXPECT_EQ(res.exitCode, 0) << res.describe() << text;
+  }
+  r.nodes = 3;
+  EXPECT_THROW(sbatchScript(r), UsageError);  // MIN above MAX
+}
+
 TEST(SbatchScript, RefusesWhatSlurmCouldNotTake) {
   SlurmRequest r = request();
   r.runDirs.clear();
@@ -89,6 +125,14 @@ TEST(SbatchScript, RefusesWhatSlurmCouldNotTake) {
   r = request();
   r.nodes = 0;
   EXPECT_THROW(sbatchScript(r), UsageError);
+}
+
+TEST(SubmitNodes, CountOrRange) {
+  EXPECT_EQ(parseCountRange("3"), std::make_pair(int64_t{3}, int64_t{3}));
+  EXPECT_EQ(parseCountRange("1:4"), std::make_pair(int64_t{1}, int64_t{4}));
+  for (const char* bad : {"", ":", "1:", ":2", "-1", "1-4", "2:x", "1:2:3", "9999999999"}) {
+    EXPECT_FALSE(parseCountRange(bad).has_value()) << bad;
+  }
 }
 
 TEST(SbatchScript, ParsesTheJobId) {

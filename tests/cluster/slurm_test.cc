@@ -4,9 +4,14 @@
 // warning makes the ranks checkpoint and the job exit 75, a sweep is a job
 // array of run directories, a node taken down mid-job ends in a requeue and
 // completion, a pending job is tracked and cancelled by its run directory,
-// and Slurm's refusal submits nothing.
+// and Slurm's refusal submits nothing. Elastic (one `cohort agent` per
+// node): the agents go on without a node whose agent is killed, and SIGUSR2
+// stops the job with a checkpoint that slurm.conf's RequeueExit=75 requeues
+// with no scontrol on the node.
 
 #include <gtest/gtest.h>
+
+#include <signal.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -248,6 +253,31 @@ TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
             0.0);
 }
 
+TEST_F(SlurmTest, ElasticStopsWithACheckpointThatRequeueExitRequeuesWithoutScontrol) {
+  test::SlurmCluster cluster(1, "RequeueExit=75");
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 3);
+  const std::string run = dir.file("run");
+  // The job's PATH holds srun, not scontrol: as in a container without it.
+  const std::string bin = dir.file("bin");
+  fs::create_directories(bin);
+  for (const char* tool : {"sbatch", "srun"}) fs::create_symlink(std::string("/usr/bin/") + tool, bin + "/" + tool);
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue", "--nodes", "1:1", "--set",
+                                          "distribution.procs_per_node=2"},
+                                {{"COHORT_FAULT", "slow250@rank0:step1:always"}, {"PATH", bin}});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(test::waitUntil([&] { return newestCheckpoint(run) >= 3; }, 120s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  // What Slurm sends before the time limit, or on preemption.
+  ASSERT_EQ(cluster.client({"/usr/bin/scancel", "--signal=USR2", id}).exitCode, 0);
+  expectCompletedAfterOneRequeue(cluster, id, run);
+  const std::string out = test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_TRUE(has(out, "no scontrol on this node")) << out;
+  EXPECT_TRUE(has(out, "received SIGUSR2")) << out;
+  EXPECT_TRUE(has(out, "the job stops")) << out;
+  EXPECT_EQ(summaryOf(run).value("world_size", 0), 2);
+}
+
 class SlurmTwoNodes : public SlurmTest {
  protected:
   int nodes() const override { return 2; }
@@ -283,6 +313,44 @@ TEST_F(SlurmTwoNodes, ANodeTakenDownMidJobEndsInARequeueAndCompletion) {
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   expectCompletedAfterOneRequeue(cluster, id, run);
   EXPECT_NE(cluster.jobField(id, "NodeList"), node) << cluster.showJob(id);
+}
+
+// The agents on the nodes of a MIN:MAX job: one is killed mid-run (its
+// process, as a node's failure ends it), and the other, no longer hearing
+// from it, re-forms alone and completes the job; the script reports it so.
+TEST_F(SlurmTwoNodes, ElasticAgentsGoOnWithoutANodeThatFails) {
+  test::SlurmCluster cluster(2);
+  test::TempDir dir;
+  const std::string job = tinyJob(dir, 3);
+  const std::string run = dir.file("run");
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--nodes", "1:2"},
+                                {{"COHORT_FAULT", "slow250@rank0:step1:always"}});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(test::waitUntil([&] { return newestCheckpoint(run) >= 3; }, 120s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_EQ(cluster.jobField(id, "NodeList"), "n[1-2]") << cluster.showJob(id);
+  // The agent of n2 (not the batch host's, which hosts the rendezvous); its
+  // node id ends in its pid.
+  pid_t victim = 0;
+  std::string survivorLog;
+  for (const auto& e : fs::directory_iterator(run + "/logs")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("agent-", 0) != 0) continue;
+    const std::string text = test::readText(e.path().string());
+    if (has(text, " at " + cluster.address(1) + " joining")) {
+      victim = std::stoi(name.substr(name.rfind('-') + 1));
+    } else {
+      survivorLog = e.path().string();
+    }
+  }
+  ASSERT_GT(victim, 0) << test::readText(run + "/slurm-" + id + ".out");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(finalState(cluster, id, 180s), "COMPLETED") << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_EQ(summaryOf(run).value("status", ""), "completed") << summaryOf(run).dump();
+  const std::string log = test::readText(survivorLog);
+  EXPECT_TRUE(has(log, "lost")) << log;
+  EXPECT_TRUE(has(log, "node 0 of 1")) << log;
+  EXPECT_TRUE(has(test::readText(run + "/slurm-" + id + ".out"), "completed on the others"));
 }
 
 }  // namespace

@@ -65,6 +65,29 @@ TEST(Submit, DryRunWritesTheScriptAndOneRunDirectoryPerPoint) {
   EXPECT_FALSE(fs::exists(dir.file("sweep/slurm.json")));  // not submitted
 }
 
+TEST(Submit, BadNodesOrRendezvousSubmitsNothing) {
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("tiny"));
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nodes", "3:2"}, "--nodes 3:2: expected N or MIN:MAX"},
+      {{"--nodes", "0"}, "--nodes 0: expected N or MIN:MAX"},
+      {{"--nodes", "two"}, "--nodes two: expected N or MIN:MAX"},
+      {{"--rdzv", "etcd://h:2379"}, "--rdzv is for elastic training"},
+      {{"--nodes", "1:2", "--rdzv", "store://h:1"}, "--rdzv store://h:1: expected etcd://"},
+  };
+  for (const auto& [extra, message] : cases) {
+    std::vector<std::string> args = {"submit", dir.file("job.yaml"), "--slurm", "--dry-run", "--run-dir", dir.file("run")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = test::cohort(args);
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_TRUE(has(r.err, message)) << r.err;
+    EXPECT_FALSE(fs::exists(dir.file("run")));
+  }
+  const auto k8s = test::cohort({"submit", dir.file("job.yaml"), "--k8s", "--nodes", "1:2", "--run-dir", dir.file("run")});
+  EXPECT_EQ(k8s.exitCode, 2) << k8s.describe();
+  EXPECT_TRUE(has(k8s.err, "is for --slurm")) << k8s.err;
+}
+
 TEST(Submit, FreePortPrintsATcpPort) {
   const auto r = test::cohort({"free-port"});
   ASSERT_EQ(r.exitCode, 0) << r.describe();

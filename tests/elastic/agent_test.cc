@@ -1,7 +1,8 @@
 // `cohort agent` with real processes on this host (one node per agent, told
 // apart by COHORT_MACHINE_ID, which the agent sets): a late node joins, a
 // node is killed with its ranks, a node leaves on SIGTERM, the job drops
-// below MIN and a node comes back, and bad input. Each asserts the final
+// below MIN and a node comes back, SIGUSR2 stops the job with a checkpoint
+// to resume from, and bad input. Each asserts the final
 // state, that no step was redone (the state came from the survivors'
 // memory) and that every sample of every epoch was trained on exactly once.
 
@@ -258,6 +259,42 @@ TEST_F(AgentTest, BelowMinTooLongWritesACheckpointAndExits75) {
   const int last = stepsLogged();
   EXPECT_TRUE(fs::exists(fmt::format("{}/checkpoints/step-{}/manifest.json", runDir(), last)))
       << "no checkpoint of step " << last << "\n" << r.err;
+}
+
+// SIGUSR2 to one agent (Slurm's warning before the time limit) stops the
+// whole job after a checkpoint of one step on every rank: both agents exit
+// 75. Started again, the agents resume from it and the job ends as if never
+// stopped. A rank leaves a SIGUSR2 that is not its agent's to the agent.
+TEST_F(AgentTest, Sigusr2StopsTheWholeJobWithACheckpointToResumeFrom) {
+  const std::string job = writeJob(2);
+  const auto env = elasticEnv(samples(), 8);
+  auto a = startHost(agent("node-a", job, "2:2"), env);
+  auto b = startAgent(agent("node-b", job, "2:2"), env);
+  ASSERT_TRUE(waitUntil([&] { return stepsLogged() > 60; }, 60s)) << a->stderrSoFar();
+  const std::vector<pid_t> ranksOfB = childrenOf(b->pid());
+  ASSERT_EQ(ranksOfB.size(), 1u);
+  ::kill(ranksOfB.front(), SIGUSR2);  // not from its agent: ignored
+  b->signal(SIGUSR2);
+  std::string errs;
+  for (auto* p : {a.get(), b.get()}) {
+    const ProcessResult r = p->wait(2min);
+    EXPECT_EQ(r.exitCode, 75) << r.describe();
+    errs += r.err;
+  }
+  EXPECT_NE(errs.find("SIGUSR2 from pid"), std::string::npos) << errs;
+  const int last = stepsLogged();
+  ASSERT_TRUE(fs::exists(fmt::format("{}/checkpoints/step-{}/manifest.json", runDir(), last)))
+      << "no checkpoint of step " << last << "\n" << errs;
+  // A new rendezvous (the store went with node-a's agent): the job resumes.
+  rdzv_ = "store://127.0.0.1:" + std::to_string(freePort()) + "/job-" + std::to_string(::getpid());
+  auto a2 = startHost(agent("node-a", job, "2:2"), env);
+  auto b2 = startAgent(agent("node-b", job, "2:2"), env);
+  for (auto* p : {a2.get(), b2.get()}) {
+    const ProcessResult r = p->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+  }
+  expectExact(2);
+  EXPECT_EQ(summary().value("status", ""), "completed");
 }
 
 TEST_F(AgentTest, BadInputIsRefusedWithAClearMessage) {

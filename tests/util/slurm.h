@@ -42,6 +42,8 @@ class SlurmCluster {
   // A field of showJob ("JobState", "ExitCode", "Restarts"); "" if absent.
   std::string jobField(const std::string& id, const std::string& key) const;
   std::string node(int i) const { return "n" + std::to_string(i + 1); }
+  // Node i's address (its network namespace's; 127.0.0.1 for one node).
+  std::string address(int i) const { return net_ ? net_->address(i) : "127.0.0.1"; }
   std::string conf() const { return dir_.file("slurm.conf"); }
   std::string logs() const;  // the daemons' logs, for failure messages
 

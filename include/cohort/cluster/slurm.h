@@ -9,6 +9,12 @@
 // A rank that gets it finishes its step, writes a checkpoint and exits 75;
 // with `requeue`, the script then puts the job back in the queue and the next
 // start resumes from that checkpoint in the same run directory.
+//
+// Elastic (maxNodes > 0): `--nodes=MIN-MAX`, one `cohort agent` per node
+// instead (docs/elastic.md), and `--no-kill`, so a node that fails leaves the
+// others running: its agents re-form without it. The agents restart failed
+// ranks themselves; SIGUSR2 or SIGTERM to them stops the whole job with a
+// checkpoint (exit 75, requeued as above).
 
 #include <cstdint>
 #include <string>
@@ -18,7 +24,9 @@ namespace cohort::cluster {
 
 struct SlurmRequest {
   std::string jobName;
-  int64_t nodes = 1;
+  int64_t nodes = 1;          // elastic: the fewest
+  int64_t maxNodes = 0;       // > 0: elastic, nodes..maxNodes with an agent per node
+  std::string rdzv;           // elastic: etcd://HOST:PORT[,...]; empty: the store of the first node's agent
   int64_t tasksPerNode = 1;
   int64_t cpusPerTask = 0;  // 0: not asked for (Slurm's default)
   int64_t gpusPerNode = 0;

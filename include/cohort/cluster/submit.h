@@ -28,7 +28,10 @@ struct SubmitOptions {
   std::vector<std::string> sweeps;     // --sweep key=v1,v2,...
   Scheduler scheduler = Scheduler::slurm;
   std::string runDir;  // empty: <output.dir>/<name>-<UTC time> (-sweep-<UTC time> for a sweep)
-  int64_t nodes = 0;   // > 0 overrides distribution.nodes
+  // "N" overrides distribution.nodes; "MIN:MAX" is elastic training, one
+  // `cohort agent` per node (slurm.h); empty: distribution.nodes.
+  std::string nodes;
+  std::string rdzv;    // elastic: etcd://HOST:PORT[,...]; empty: the first node's agent hosts it
   int64_t gpusPerNode = 0;
   std::string partition, time, account;
   bool requeue = false;

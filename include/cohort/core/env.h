@@ -122,7 +122,9 @@ int availableCores();
 
 // A task of an srun step asked for `--cpus-per-task`: SLURM_CPUS_PER_TASK
 // when SLURM_STEP_ID is set too (a batch script's own environment has the
-// first, not the second). The rank's intra-op threads default to it.
+// first, not the second). The rank's intra-op threads default to it. Not
+// under `cohort agent` (COHORT_ELASTIC_STATE set): there the task is the
+// agent, whose CPUs its ranks share.
 std::optional<int> slurmCpusPerTask();
 
 // The allocator whose malloc this process calls: "glibc", or "tcmalloc" or

@@ -5,7 +5,9 @@
 // configuration words, not user text.
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -40,6 +42,26 @@ inline std::vector<std::string> splitOn(const std::string& s, char sep) {
     if (end == std::string::npos) return out;
     start = end + 1;
   }
+}
+
+// "N" -> {N, N}, "MIN:MAX" -> {MIN, MAX} (counts of nodes, say); nullopt
+// when `s` is neither (no digits, a sign, anything after them). The caller
+// checks the bounds it needs.
+inline std::optional<std::pair<int64_t, int64_t>> parseCountRange(const std::string& s) {
+  auto number = [](const std::string& t) -> std::optional<int64_t> {
+    if (t.empty() || t.size() > 9) return std::nullopt;
+    int64_t v = 0;
+    for (const char c : t) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  const size_t colon = s.find(':');
+  const auto lo = number(s.substr(0, colon));
+  const auto hi = colon == std::string::npos ? lo : number(s.substr(colon + 1));
+  if (!lo || !hi) return std::nullopt;
+  return std::make_pair(*lo, *hi);
 }
 
 }  // namespace cohort

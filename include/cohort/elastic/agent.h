@@ -15,6 +15,17 @@
 //                          else from the newest checkpoint
 //   SIGTERM to the agent   its ranks stop at the next step boundary, the node
 //                          leaves; the others re-form without it (exit 0)
+//   SIGUSR2 to the agent   the job stops with a checkpoint (Slurm's warning
+//                          before the time limit, a preemption): the agent
+//                          sends its ranks SIGTERM, every rank of the job
+//                          stops at the next step boundary after writing a
+//                          checkpoint (exit 75), and the job ends on every
+//                          node with 75; a rerun resumes from it. (Held
+//                          instead of checkpointed, when checkpoints are off
+//                          or a re-form was under way: the agent writes the
+//                          newest held state to the checkpoint directory.)
+//                          A rank leaves SIGTERM and SIGUSR2 from anyone but
+//                          its agent to the agent.
 //   fewer than MIN nodes   for elastic.below_min_timeout_s: the newest held
 //                          state is written to the checkpoint directory and
 //                          the agent exits 75
@@ -40,6 +51,10 @@ struct AgentOptions {
   std::string runDir;   // empty: <output.dir>/<name>-<JOB_ID> (on a shared file system)
   int procs = 0;        // > 0 overrides distribution.procs_per_node
   std::string executable;  // cohort binary for the ranks; empty: this one
+  // SIGTERM stops the whole job as SIGUSR2 does, instead of this node
+  // leaving: under a scheduler that signals every node at once (Slurm's
+  // scancel and time limit), nobody would be left to go on.
+  bool termStopsJob = false;
 };
 
 // Returns the exit code (see above). Throws ConfigError for a bad job or

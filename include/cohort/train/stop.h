@@ -14,11 +14,12 @@ namespace cohort::train {
 // re-form: the ranks stop at an agreed step boundary as for SIGTERM, but
 // keep their state in the node's memory (elastic.state_dir) instead of a
 // checkpoint on disk, and exit kExitStateHeld; the agent then starts them
-// again at the new size.
+// again at the new size. SIGTERM from the agent is the stop after a
+// checkpoint, as without an agent.
 struct StopRequest {
   std::atomic<int> signal{0};        // the signal received, 0: none
   std::atomic<bool> graceful{false}; // the training loop will stop at a step boundary
-  std::atomic<bool> reform{false};   // the stop is for a re-form (SIGUSR2, or SIGTERM under an agent)
+  std::atomic<bool> reform{false};   // the stop is for a re-form (SIGUSR2 from the agent)
 };
 
 // The process-wide request.
