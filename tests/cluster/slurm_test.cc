@@ -21,6 +21,7 @@
 #include "util/jobs.h"
 #include "util/runs.h"
 #include "util/slurm.h"
+#include "util/skip.h"
 
 namespace cohort {
 namespace {
@@ -67,7 +68,7 @@ class SlurmTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string why = test::SlurmCluster::unavailable(nodes());
-    if (!why.empty()) GTEST_SKIP() << why;
+    if (!why.empty()) COHORT_SKIP(why);
   }
   virtual int nodes() const { return 1; }
 

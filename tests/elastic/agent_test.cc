@@ -19,6 +19,7 @@
 #include "util/etcd.h"
 #include "util/jobs.h"
 #include "util/process.h"
+#include "util/skip.h"
 
 namespace cohort::test {
 namespace {
@@ -334,7 +335,7 @@ TEST_F(AgentTest, BadInputIsRefusedWithAClearMessage) {
 }
 
 TEST_F(AgentTest, EtcdRendezvousAndBatchPolicies) {
-  if (etcdBinary().empty()) GTEST_SKIP() << "etcd is not installed (scripts/install-deps.sh)";
+  if (etcdBinary().empty()) COHORT_SKIP("etcd is not installed (scripts/install-deps.sh)");
   EtcdCluster etcd(1);
   rdzv_ = "etcd://" + etcd.endpoints() + "/policy";
   // keep_global: 2 nodes x batch 8 x 2 micro-steps at the nominal size;

@@ -21,6 +21,7 @@
 #include "util/jobs.h"
 #include "util/netns.h"
 #include "util/process.h"
+#include "util/skip.h"
 
 namespace cohort::test {
 namespace {
@@ -31,8 +32,8 @@ namespace fs = std::filesystem;
 class MultiHostTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (const std::string why = TestNetwork::unavailable(); !why.empty()) GTEST_SKIP() << why;
-    if (etcdBinary().empty()) GTEST_SKIP() << "etcd is not installed (scripts/install-deps.sh)";
+    if (const std::string why = TestNetwork::unavailable(); !why.empty()) COHORT_SKIP(why);
+    if (etcdBinary().empty()) COHORT_SKIP("etcd is not installed (scripts/install-deps.sh)");
     fs::create_directories(dir_.file("samples"));
     fs::create_directories(dir_.file("shm"));
     job_ = dir_.file("job.yaml");

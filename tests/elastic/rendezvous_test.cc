@@ -15,6 +15,7 @@
 #include "cohort/elastic/rendezvous.h"
 #include "util/etcd.h"
 #include "util/process.h"
+#include "util/skip.h"
 
 namespace cohort::elastic {
 namespace {
@@ -57,7 +58,7 @@ class RendezvousTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "etcd") {
-      if (test::etcdBinary().empty()) GTEST_SKIP() << "etcd is not installed (scripts/install-deps.sh)";
+      if (test::etcdBinary().empty()) COHORT_SKIP("etcd is not installed (scripts/install-deps.sh)");
       etcd_ = std::make_unique<EtcdCluster>(1);
       url_ = "etcd://" + etcd_->endpoints();
     } else {
@@ -172,7 +173,7 @@ TEST(RendezvousEtcd, UnreachableEtcdIsAClearErrorWithinRetryFor) {
 }
 
 TEST(RendezvousEtcd, SurvivesLosingTheLeaderOfAThreeMemberCluster) {
-  if (test::etcdBinary().empty()) GTEST_SKIP() << "etcd is not installed (scripts/install-deps.sh)";
+  if (test::etcdBinary().empty()) COHORT_SKIP("etcd is not installed (scripts/install-deps.sh)");
   EtcdCluster etcd(3);
   const std::string url = "etcd://" + etcd.endpoints();
   Node a(url, nodeOptions("node-a", 2, 2));

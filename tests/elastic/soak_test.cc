@@ -15,6 +15,7 @@
 #include "util/etcd.h"
 #include "util/jobs.h"
 #include "util/process.h"
+#include "util/skip.h"
 
 namespace cohort::test {
 namespace {
@@ -39,7 +40,7 @@ std::vector<Change> readSchedule(const std::string& path) {
 }
 
 TEST(ElasticSoak, ElevenChangesFromAScheduleFile) {
-  if (etcdBinary().empty()) GTEST_SKIP() << "etcd is not installed (scripts/install-deps.sh)";
+  if (etcdBinary().empty()) COHORT_SKIP("etcd is not installed (scripts/install-deps.sh)");
   const auto schedule = readSchedule(sourceDir() + "/tests/elastic/soak-schedule.txt");
   ASSERT_GE(schedule.size(), 10u);
   TempDir dir;

@@ -12,6 +12,7 @@
 #include "util/jobs.h"
 #include "util/netns.h"
 #include "util/runs.h"
+#include "util/skip.h"
 
 namespace cohort {
 namespace {
@@ -39,7 +40,7 @@ TEST(Mpirun, TwoRanksUnderOpenMpi) {
 
 TEST(Mpirun, TwoHostsUnderOpenMpi) {
   const std::string why = test::TestNetwork::unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  if (!why.empty()) COHORT_SKIP(why);
   const std::string mpirun = "/usr/bin/mpirun";
   ASSERT_TRUE(std::filesystem::exists(mpirun)) << "OpenMPI is not installed (openmpi-bin)";
   test::TestNetwork net(2);

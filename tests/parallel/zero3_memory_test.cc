@@ -28,6 +28,7 @@
 #include "util/jobs.h"
 #include "util/process.h"
 #include "util/python.h"
+#include "util/skip.h"
 
 namespace cohort {
 namespace {
@@ -49,7 +50,7 @@ class WholeModelNowhere : public ::testing::Test {
   void SetUp() override {
     for (int r = 0; r < kRanks; ++r) {
       groups_.push_back(std::make_unique<test::MemoryCgroup>(fmt::format("rank{}", r)));
-      if (!groups_.back()->unavailable().empty()) GTEST_SKIP() << groups_.back()->unavailable();
+      if (!groups_.back()->unavailable().empty()) COHORT_SKIP(groups_.back()->unavailable());
     }
     test::writeText(dir.file("corpus.txt"), test::corpus(3'000));
     auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});

@@ -12,6 +12,7 @@
 #include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/process.h"
+#include "util/skip.h"
 
 namespace cohort {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 class ZeroLimit : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!group_.unavailable().empty()) GTEST_SKIP() << group_.unavailable();
+    if (!group_.unavailable().empty()) COHORT_SKIP(group_.unavailable());
     test::writeText(dir.file("corpus.txt"), test::corpus(6'000));
     auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
     ASSERT_EQ(tok.exitCode, 0) << tok.describe();
