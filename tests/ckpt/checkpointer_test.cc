@@ -1,12 +1,14 @@
 // The checkpoint pieces in one process: tensor files, manifests and their
 // verification, retention, the asynchronous checkpointer's guarantees, and
-// the optimizer state a resumed run needs.
+// the optimizer state a resumed run needs, and the sealed (encrypted) format
+// as an independent writer reads docs/security.md.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "cohort/ckpt/checkpointer.h"
 #include "cohort/ckpt/manifest.h"
@@ -16,11 +18,13 @@
 #include "cohort/core/error.h"
 #include "cohort/monitor/metrics.h"
 #include "cohort/security/keys.h"
+#include "cohort/security/sealed.h"
 #include "cohort/train/optimizer.h"
 #include "cohort/core/time.h"
 #include "util/jobs.h"
 #include "util/process.h"
 #include "util/errors.h"
+#include "test_paths.h"
 
 namespace cohort {
 namespace {
@@ -35,6 +39,39 @@ void flipByte(const std::string& path, long fromEnd) {
   io.seekp(-fromEnd, std::ios::end);
   c = static_cast<char>(c ^ 0x40);
   io.write(&c, 1);
+}
+
+// fuzz/corpus/sealed holds files sealed by fuzz/make_sealed_seeds.py (Python's
+// cryptography, from the format in docs/security.md): each must open to the
+// plaintext that script sealed, so the document and sealed.cc agree.
+TEST(SealedFormat, AnIndependentWritersSeedsOpenToTheirPlaintext) {
+  const security::Keyring ring{
+      security::parseKey("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", "seed key"),
+      std::nullopt};
+  auto range = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += static_cast<char>(i);
+    return s;
+  };
+  std::string tensors;
+  for (int i = 0; i < 4; ++i) tensors += "cohort tensors";
+  const std::map<std::string, std::string> expected = {{"empty", ""},
+                                                       {"one-chunk", tensors},
+                                                       {"three-chunks", range(200)},
+                                                       {"exact-chunks", std::string(128, 'x')},
+                                                       {"streamed-three-chunks", range(150)}};
+  test::TempDir dir;
+  fs::create_directories(dir.file("step-1"));
+  const std::string path = dir.file("step-1/model.bin");  // the label the seeds were sealed for
+  size_t seen = 0;
+  for (const auto& e : fs::directory_iterator(std::string(COHORT_SOURCE_DIR) + "/fuzz/corpus/sealed")) {
+    const std::string name = e.path().filename().string();
+    ASSERT_TRUE(expected.count(name)) << "a seed this test does not know: " << name;
+    fs::copy_file(e.path(), path, fs::copy_options::overwrite_existing);
+    EXPECT_EQ(security::readSealedFile(path, &ring), expected.at(name)) << name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, expected.size());
 }
 
 TEST(TensorFile, RoundTripsEveryTypeAndShape) {

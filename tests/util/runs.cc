@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "util/jobs.h"
 
 namespace cohort::test {
@@ -53,6 +55,11 @@ double maxDifference(const ckpt::StateDict& a, const ckpt::StateDict& b) {
   double m = 0;
   for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
     EXPECT_EQ(a[k].first, b[k].first);
+    // Tensors of other shapes would broadcast into a small difference.
+    if (a[k].second.sizes() != b[k].second.sizes()) {
+      ADD_FAILURE() << a[k].first << ": shape " << a[k].second.sizes() << " against " << b[k].second.sizes();
+      return std::numeric_limits<double>::infinity();
+    }
     m = std::max(m, (a[k].second.to(torch::kDouble) - b[k].second.to(torch::kDouble))
                         .abs()
                         .max()

@@ -34,7 +34,8 @@ ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
                           const std::map<std::string, std::string>& env = {});
 
 // Largest absolute difference between same-named tensors (in double);
-// records a failure if names or counts differ.
+// records a failure if names, counts or shapes differ (infinity for a
+// shape).
 double maxDifference(const ckpt::StateDict& a, const ckpt::StateDict& b);
 
 }  // namespace cohort::test
