@@ -3,10 +3,15 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <utility>
+
+#include "cohort/models/model.h"
 
 namespace cohort::models {
 namespace {
+
+std::atomic<int64_t> recomputedForwards{0};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -93,6 +98,7 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
       AutocastAs autocast(*r);
       torch::AutoGradMode gradients(true);
       y = r->f(x);
+      recomputedForwards.fetch_add(1, std::memory_order_relaxed);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(rngNow);
     }
@@ -107,6 +113,8 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
 };
 
 }  // namespace
+
+int64_t recomputations() { return recomputedForwards.load(std::memory_order_relaxed); }
 
 at::Tensor recomputed(std::function<at::Tensor(const at::Tensor&)> f, const at::Tensor& x,
                       std::vector<at::Tensor> buffers) {

@@ -63,6 +63,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   }
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
+  j["recomputed_forwards"] = s.recomputedForwards;
   if (s.lossScale > 0) j["loss_scale"] = s.lossScale;
   if (s.phases.steps > 0) {
     const double k = 1000.0 / double(s.phases.steps);

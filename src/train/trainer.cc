@@ -26,6 +26,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/models/lora.h"
+#include "cohort/models/model.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/train/optimizer.h"
@@ -363,6 +364,7 @@ TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   summary.steps = s.step;
   summary.seconds = secondsSince(runStart);
   summary.nonfiniteSkipped = s.runner->skippedSteps();
+  summary.recomputedForwards = models::recomputations();
   summary.lossScale = s.runner->lossScale();
   summary.checkpoints = s.checkpoints->finish();
   recordStages(s, recordMemory(s));

@@ -169,6 +169,14 @@ TEST_F(GptJob, RecomputedBlocksTrainToBitwiseTheSameWeightsOnTwoRanks) {
                            "--set", "training.max_steps=20", "--set", "model.dropout=0.1"});
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     weights[recompute] = ckpt::readStateDict(run + "/model/final.pt");
+    // The setting reached the model: its blocks ran forward again in backward.
+    const auto summary = nlohmann::json::parse(test::readText(run + "/summary.json"));
+    const int64_t again = summary.value("recomputed_forwards", int64_t{-1});
+    if (std::string(recompute) == "none") {
+      EXPECT_EQ(again, 0);
+    } else {
+      EXPECT_GT(again, 0) << summary.dump();
+    }
   }
   ASSERT_EQ(weights["none"].size(), weights["blocks"].size());
   for (size_t k = 0; k < weights["none"].size(); ++k) {

@@ -140,4 +140,9 @@ ckpt::StateDict partOfStateDict(const Model& part, ckpt::StateDict dict);
 // Parameter count (trainable and not), for logs and tests.
 int64_t parameterCount(const torch::nn::Module& module);
 
+// Forwards of model.recompute's parts run again in backward so far, in this
+// process: the summary's recomputed_forwards, which shows the setting reached
+// the model.
+int64_t recomputations();
+
 }  // namespace cohort::models

@@ -41,6 +41,7 @@ struct TrainSummary {
   double dataWaitFrac = 0;  // mean over ranks
   int64_t corruptSkipped = 0;  // undecodable training samples skipped, all ranks
   int64_t nonfiniteSkipped = 0;  // steps whose update was dropped (on_nonfinite: skip, or an overflow)
+  int64_t recomputedForwards = 0;  // rank 0's (model.recompute), models::recomputations
   double lossScale = 0;          // training.loss_scale on: the last scale; 0: off
   int64_t parameters = 0;
   int64_t trainableParameters = 0;  // model.lora: the adapters'; otherwise all
