@@ -154,8 +154,16 @@ std::string sbatchScript(const SlurmRequest& r) {
   auto opt = [&s](const std::string& line) { s += "#SBATCH " + line + "\n"; };
   opt("--job-name=" + r.jobName);
   if (elastic) {
-    opt(r.maxNodes > r.nodes ? fmt::format("--nodes={}-{}", r.nodes, r.maxNodes) : fmt::format("--nodes={}", r.nodes));
-    opt("--ntasks-per-node=1");  // the agent; it starts the node's ranks
+    if (r.maxNodes > r.nodes) {
+      // As many nodes as are free now, up to MAX. No task count: Slurm
+      // would then give no more nodes than tasks (srun below runs one per
+      // node).
+      opt(fmt::format("--nodes={}-{}", r.nodes, r.maxNodes));
+      opt("--spread-job");
+    } else {
+      opt(fmt::format("--nodes={}", r.nodes));
+      opt("--ntasks-per-node=1");  // the agent; it starts the node's ranks
+    }
     if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", r.cpusPerTask * r.tasksPerNode));
     opt("--no-kill");
   } else {

@@ -88,7 +88,9 @@ TEST(SbatchScript, ElasticRunsOneAgentPerNode) {
   r.maxNodes = 4;
   r.requeue = true;
   const std::string s = sbatchScript(r);
-  for (const char* line : {"#SBATCH --nodes=2-4\n", "#SBATCH --ntasks-per-node=1\n", "#SBATCH --cpus-per-task=12\n",
+  // No task count for a range: Slurm would give no more nodes than tasks.
+  EXPECT_FALSE(has(s, "#SBATCH --ntasks")) << s;
+  for (const char* line : {"#SBATCH --nodes=2-4\n", "#SBATCH --spread-job\n", "#SBATCH --cpus-per-task=12\n",
                            "#SBATCH --no-kill\n", "#SBATCH --signal=USR2@120\n", "#SBATCH --requeue\n"}) {
     EXPECT_TRUE(has(s, line)) << line << "\n" << s;
   }
@@ -100,12 +102,13 @@ TEST(SbatchScript, ElasticRunsOneAgentPerNode) {
   EXPECT_TRUE(has(s, "rdzv_id=\"slurm-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}\"")) << s;
   EXPECT_TRUE(has(s, "scontrol requeue")) << s;
   // The agents restart failed ranks; the script does not loop.
-  EXPECT_FALSE(has(s, "max_restarts")) << s;
+  EXPECT_FALSE(has(s, "max_restarts=")) << s;
+  EXPECT_FALSE(has(s, "while :")) << s;
   EXPECT_FALSE(has(s, " worker ")) << s;
   r.rdzv = "etcd://10.0.0.5:2379,10.0.0.6:2379";
   r.maxNodes = 2;
   const std::string e = sbatchScript(r);
-  EXPECT_TRUE(has(e, "#SBATCH --nodes=2\n")) << e;
+  EXPECT_TRUE(has(e, "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n")) << e;
   EXPECT_TRUE(has(e, "--rdzv etcd://10.0.0.5:2379,10.0.0.6:2379/\"$rdzv_id\"")) << e;
   EXPECT_FALSE(has(e, "free-port")) << e;
   test::TempDir dir;

@@ -282,7 +282,9 @@ TEST_F(AgentTest, Sigusr2StopsTheWholeJobWithACheckpointToResumeFrom) {
     EXPECT_EQ(r.exitCode, 75) << r.describe();
     errs += r.err;
   }
-  EXPECT_NE(errs.find("SIGUSR2 from pid"), std::string::npos) << errs;
+  const std::string rank1 = readText(runDir() + "/logs/rank-1.log");
+  EXPECT_NE(rank1.find("SIGUSR2 from pid " + std::to_string(::getpid()) + ": left to the agent"), std::string::npos)
+      << rank1;
   const int last = stepsLogged();
   ASSERT_TRUE(fs::exists(fmt::format("{}/checkpoints/step-{}/manifest.json", runDir(), last)))
       << "no checkpoint of step " << last << "\n" << errs;

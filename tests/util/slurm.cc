@@ -82,6 +82,16 @@ std::string SlurmCluster::logs() const {
   return all;
 }
 
+bool SlurmCluster::runsOn(pid_t pid, int i) const {
+  std::error_code ec1, ec2;
+  const auto ns = [](pid_t p, std::error_code& ec) {
+    return std::filesystem::read_symlink("/proc/" + std::to_string(p) + "/ns/net", ec);
+  };
+  const auto mine = ns(pid, ec1);
+  const auto node = ns(slurmds_.at(static_cast<size_t>(i))->pid(), ec2);
+  return !ec1 && !ec2 && mine == node;
+}
+
 void SlurmCluster::start(const std::string& extraConf) {
   namespace fs = std::filesystem;
   for (const char* d : {"log", "state", "spool"}) fs::create_directories(dir_.file(d));

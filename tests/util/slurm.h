@@ -44,6 +44,9 @@ class SlurmCluster {
   std::string node(int i) const { return "n" + std::to_string(i + 1); }
   // Node i's address (its network namespace's; 127.0.0.1 for one node).
   std::string address(int i) const { return net_ ? net_->address(i) : "127.0.0.1"; }
+  // Whether process `pid` runs on node i: in the network namespace of its
+  // slurmd.
+  bool runsOn(pid_t pid, int i) const;
   std::string conf() const { return dir_.file("slurm.conf"); }
   std::string logs() const;  // the daemons' logs, for failure messages
 
