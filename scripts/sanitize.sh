@@ -64,7 +64,7 @@ if [ "$sanitize" = address,undefined ] && [ -n "$target" ]; then
     'if ./{} > "$0/{}.log" 2>&1; then echo "passed {}"; else echo "FAILED {}"; cat "$0/{}.log"; exit 1; fi' \
     "$logs") || status=$?
 else
-  (cd "$dir" && ctest --output-on-failure --no-tests=error --timeout 900 -j "$(nproc)" "$@") || status=$?
+  (cd "$dir" && ctest --output-on-failure --no-tests=error --timeout 900 -j "$(($(nproc) * 2))" "$@") || status=$?
 fi
 for f in "$reports"/*; do
   [ -e "$f" ] || continue

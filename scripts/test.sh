@@ -37,7 +37,9 @@ fi
 # have no room for compiling them; scripts/bench.sh builds them.
 ./scripts/build.sh -DCOHORT_BUILD_BENCH=OFF
 status=0
-(cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)" "$@") || status=$?
+# Two slots per core: a test takes two, one that mostly waits one
+# (tests/CMakeLists.txt, WAITS).
+(cd build && ctest --output-on-failure --timeout 900 -j "$(($(nproc) * 2))" "$@") || status=$?
 # Then fuzz every parser of outside input for a bounded time (docs/security.md):
 # COHORT_FUZZ_SECONDS per target (default 15; one target per core at a
 # time: about 4 minutes in all with the clang build on 2 cores); 0 skips it.
