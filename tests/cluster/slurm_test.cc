@@ -101,15 +101,16 @@ class SlurmTest : public ::testing::Test {
     return id;
   }
 
-  // The job was requeued once, ran to the end and resumed from step 6 or later.
+  // The job was requeued once, ran to the end and resumed from step
+  // `fromStep` or later.
   void expectCompletedAfterOneRequeue(const test::SlurmCluster& cluster, const std::string& id,
-                                      const std::string& run) {
+                                      const std::string& run, int64_t fromStep = 6) {
     ASSERT_TRUE(test::waitUntil([&] { return completed(run); }, 240s))
         << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
     EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
     const auto summary = summaryOf(run);
     ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump();
-    EXPECT_GE(summary["resumed_from"].value("step", 0), 6) << summary.dump();
+    EXPECT_GE(summary["resumed_from"].value("step", 0), fromStep) << summary.dump();
   }
 
   // Waits until Slurm forgets nothing of the job's running: a final state.
@@ -271,12 +272,7 @@ TEST_F(SlurmTest, ElasticStopsWithACheckpointThatRequeueExitRequeuesWithoutScont
       << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
   // What Slurm sends before the time limit, or on preemption.
   ASSERT_EQ(cluster.client({"/usr/bin/scancel", "--signal=USR2", id}).exitCode, 0);
-  ASSERT_TRUE(test::waitUntil([&] { return completed(run); }, 240s))
-      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
-  EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
-  const auto summary = summaryOf(run);
-  ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump();
-  EXPECT_GE(summary["resumed_from"].value("step", 0), 3) << summary.dump();
+  expectCompletedAfterOneRequeue(cluster, id, run, 3);
   const std::string out = test::readText(run + "/slurm-" + id + ".out");
   EXPECT_TRUE(has(out, "no scontrol on this node")) << out;
   EXPECT_TRUE(has(out, "received SIGUSR2")) << out;
