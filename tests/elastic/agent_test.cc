@@ -75,18 +75,7 @@ class AgentTest : public ::testing::Test {
   }
   int stepsLogged() const { return static_cast<int>(readSampleLog(samples()).lastStep); }
   // Every sample of every epoch exactly once; no step applied twice.
-  void expectExact(int epochs) {
-    const SampleHistory h = readSampleLog(samples());
-    EXPECT_TRUE(h.redone().empty()) << "steps redone: " << h.redone().size() << ", e.g. "
-                                    << (h.redone().empty() ? 0 : h.redone().front());
-    ASSERT_EQ(static_cast<int>(h.timesTrained.size()), epochs);
-    for (const auto& [epoch, times] : h.timesTrained) {
-      EXPECT_EQ(times.size(), 4096u) << "epoch " << epoch << ": samples never trained on";
-      int twice = 0;
-      for (const auto& [id, n] : times) twice += n > 1;
-      EXPECT_EQ(twice, 0) << "epoch " << epoch << ": samples trained on more than once";
-    }
-  }
+  void expectExact(int epochs) { expectExactlyOnce(samples(), epochs); }
   nlohmann::json summary() const {
     std::ifstream in(runDir() + "/summary.json");
     return nlohmann::json::parse(in, nullptr, false);

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <fstream>
 #include <limits>
@@ -150,6 +151,19 @@ std::vector<pid_t> childrenOf(pid_t pid) {
   std::ifstream in(fmt::format("/proc/{}/task/{}/children", pid, pid));
   for (pid_t p; in >> p;) out.push_back(p);
   return out;
+}
+
+void expectExactlyOnce(const std::string& dir, int epochs) {
+  const SampleHistory h = readSampleLog(dir);
+  EXPECT_TRUE(h.redone().empty()) << "steps redone: " << h.redone().size() << ", e.g. "
+                                  << (h.redone().empty() ? 0 : h.redone().front());
+  ASSERT_EQ(static_cast<int>(h.timesTrained.size()), epochs);
+  for (const auto& [epoch, times] : h.timesTrained) {
+    EXPECT_EQ(times.size(), 4096u) << "epoch " << epoch << ": samples never trained on";
+    int twice = 0;
+    for (const auto& [id, n] : times) twice += n > 1;
+    EXPECT_EQ(twice, 0) << "epoch " << epoch << ": samples trained on more than once";
+  }
 }
 
 }  // namespace cohort::test

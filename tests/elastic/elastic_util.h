@@ -54,6 +54,11 @@ struct SampleHistory {
 };
 SampleHistory readSampleLog(const std::string& dir);
 
+// Exactly once: in the sample log at `dir`, `epochs` epochs, each of the 4096
+// samples of each trained on once, and no step applied twice (gtest
+// expectations).
+void expectExactlyOnce(const std::string& dir, int epochs);
+
 // GET http://127.0.0.1:port/metrics: the body, or "" when nothing answers.
 std::string scrapeMetrics(int port);
 
