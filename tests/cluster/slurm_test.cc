@@ -64,6 +64,9 @@ std::string tinyJob(const test::TempDir& dir, int epochs) {
   return path;
 }
 
+// Each test makes its directory before its cluster, so that the cluster (and
+// any job still writing there) is gone before the directory is removed,
+// even when a test ends early.
 class SlurmTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -128,8 +131,8 @@ class SlurmTest : public ::testing::Test {
 };
 
 TEST_F(SlurmTest, OneNodeRunsToTheEndAndIsTrackedByItsRunDirectory) {
-  test::SlurmCluster cluster(1);
   test::TempDir dir;
+  test::SlurmCluster cluster(1);
   const std::string job = tinyJob(dir, 1);
   const std::string run = dir.file("run");
   const std::string id = submit(cluster, {job, "--run-dir", run, "--set", "distribution.procs_per_node=2"});
@@ -153,8 +156,8 @@ TEST_F(SlurmTest, OneNodeRunsToTheEndAndIsTrackedByItsRunDirectory) {
 }
 
 TEST_F(SlurmTest, ARefusedJobLeavesNothing) {
-  test::SlurmCluster cluster(1);
   test::TempDir dir;
+  test::SlurmCluster cluster(1);
   const std::string job = tinyJob(dir, 1);
   auto r = test::cohort({"submit", job, "--slurm", "--run-dir", dir.file("run"), "--partition", "nosuch"},
                         cluster.env());
@@ -171,8 +174,8 @@ TEST_F(SlurmTest, ARefusedJobLeavesNothing) {
 }
 
 TEST_F(SlurmTest, APendingJobIsTrackedAndCancelledByItsRunDirectory) {
-  test::SlurmCluster cluster(1);
   test::TempDir dir;
+  test::SlurmCluster cluster(1);
   const std::string job = tinyJob(dir, 1);
   const std::string run = dir.file("run");
   // The only node drained: the job waits.
@@ -195,8 +198,8 @@ TEST_F(SlurmTest, APendingJobIsTrackedAndCancelledByItsRunDirectory) {
 }
 
 TEST_F(SlurmTest, ARequeueMidRunResumesToTheWeightsOfAnUninterruptedRun) {
-  test::SlurmCluster cluster(1);
   test::TempDir dir;
+  test::SlurmCluster cluster(1);
   const std::string job = tinyJob(dir, 3);
   const std::string run = dir.file("run");
   const std::string id = submitRequeueable(cluster, job, run);
@@ -213,8 +216,8 @@ TEST_F(SlurmTest, ARequeueMidRunResumesToTheWeightsOfAnUninterruptedRun) {
 }
 
 TEST_F(SlurmTest, TheTimeLimitsWarningCheckpointsAndExits75) {
-  test::SlurmCluster cluster(1);
   test::TempDir dir;
+  test::SlurmCluster cluster(1);
   const std::string job = tinyJob(dir, 20);
   const std::string run = dir.file("run");
   // One minute, SIGUSR2 at most 50 s before it (Slurm checks about every
@@ -233,8 +236,8 @@ TEST_F(SlurmTest, TheTimeLimitsWarningCheckpointsAndExits75) {
 }
 
 TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
-  test::SlurmCluster cluster(1);
   test::TempDir dir;
+  test::SlurmCluster cluster(1);
   const std::string job = tinyJob(dir, 1);
   const std::string sweep = dir.file("sweep");
   const std::string id = submit(cluster, {job, "--run-dir", sweep, "--sweep", "training.optimizer.lr=0.02,0.05,0.1"});
@@ -256,8 +259,8 @@ TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
 }
 
 TEST_F(SlurmTest, ElasticStopsWithACheckpointThatRequeueExitRequeuesWithoutScontrol) {
-  test::SlurmCluster cluster(1, "RequeueExit=75");
   test::TempDir dir;
+  test::SlurmCluster cluster(1, "RequeueExit=75");
   const std::string job = tinyJob(dir, 3);
   const std::string run = dir.file("run");
   // The job's PATH holds srun, not scontrol: as in a container without it.
@@ -286,8 +289,8 @@ class SlurmTwoNodes : public SlurmTest {
 };
 
 TEST_F(SlurmTwoNodes, TwoNodesTrainAsCohortRunDoes) {
-  test::SlurmCluster cluster(2);
   test::TempDir dir;
+  test::SlurmCluster cluster(2);
   const std::string job = tinyJob(dir, 1);
   const std::string run = dir.file("run");
   const std::string id = submit(cluster, {job, "--run-dir", run, "--nodes", "2"});
@@ -303,8 +306,8 @@ TEST_F(SlurmTwoNodes, TwoNodesTrainAsCohortRunDoes) {
 }
 
 TEST_F(SlurmTwoNodes, ANodeTakenDownMidJobEndsInARequeueAndCompletion) {
-  test::SlurmCluster cluster(2);
   test::TempDir dir;
+  test::SlurmCluster cluster(2);
   const std::string job = tinyJob(dir, 3);
   const std::string run = dir.file("run");
   const std::string id = submitRequeueable(cluster, job, run);
@@ -321,8 +324,8 @@ TEST_F(SlurmTwoNodes, ANodeTakenDownMidJobEndsInARequeueAndCompletion) {
 // process, as a node's failure ends it), and the other re-forms alone and
 // completes the job; the script reports it so.
 TEST_F(SlurmTwoNodes, ElasticAgentsGoOnWithoutANodeThatFails) {
-  test::SlurmCluster cluster(2);
   test::TempDir dir;
+  test::SlurmCluster cluster(2);
   const std::string job = tinyJob(dir, 3);
   const std::string run = dir.file("run");
   const std::string id = submit(cluster, {job, "--run-dir", run, "--nodes", "1:2"},
