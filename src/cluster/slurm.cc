@@ -34,6 +34,9 @@ std::string parseSubmittedJobId(const std::string& out) {
 
 namespace {
 
+// An elastic job's task is the node's agent: its ranks share its CPUs.
+int64_t agentCpus(const SlurmRequest& r) { return r.cpusPerTask * r.tasksPerNode; }
+
 // After the ranks: 75 is a stop after a checkpoint (time limit, preemption,
 // scancel), back into the queue when asked for.
 std::string stoppedCase() {
@@ -103,7 +106,7 @@ std::string agentSteps(const SlurmRequest& r) {
       "rdzv_id=\"slurm-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}\"\n";
   const std::string nnodes = fmt::format("{}:{}", r.nodes, r.maxNodes);
   std::string srun = "srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 --wait=0";
-  if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", r.cpusPerTask * r.tasksPerNode);
+  if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", agentCpus(r));
   const std::string agentArgs =
       fmt::format("--nnodes {} --procs {} --on-sigterm stop", nnodes, r.tasksPerNode);
   if (r.rdzv.empty()) {
@@ -164,7 +167,7 @@ std::string sbatchScript(const SlurmRequest& r) {
       opt(fmt::format("--nodes={}", r.nodes));
       opt("--ntasks-per-node=1");  // the agent; it starts the node's ranks
     }
-    if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", r.cpusPerTask * r.tasksPerNode));
+    if (r.cpusPerTask > 0) opt(fmt::format("--cpus-per-task={}", agentCpus(r)));
     opt("--no-kill");
   } else {
     opt(fmt::format("--nodes={}", r.nodes));

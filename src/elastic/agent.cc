@@ -112,11 +112,11 @@ class Agent {
   void noteSignal(int sig);
   // Takes the signals that arrived, without waiting.
   void takeSignals();
-  // The job stopped (asksStop) with its ranks' state held rather than
-  // checkpointed (a re-form was under way, or checkpoints are off): the
-  // newest held state goes to disk, the record is closed for every node;
-  // exit 75.
-  int stopJob();
+  // The job stopped (asksStop): the record is closed for every node; exit
+  // 75. `held`: the ranks held their state rather than checkpointing it (a
+  // re-form was under way, or checkpoints are off), so the newest held
+  // state goes to disk first.
+  int stopJob(bool held);
 
   const AgentOptions& o_;
   const JobConfig job_;
@@ -234,7 +234,7 @@ int Agent::rounds(const std::string& prefix) {
     const auto joinStart = Clock::now();
     const Round r = rdzv_->join();
     if (!r.members.empty()) lastMembers_ = r.members;
-    if (r.status == Round::Status::interrupted && pendingSignal_ == 0) return stopJob();
+    if (r.status == Round::Status::interrupted && pendingSignal_ == 0) return stopJob(true);
     if (r.status == Round::Status::interrupted) {
       kv_->release();
       log::info("received {} while waiting to join: node {} leaves", pendingSignal_ == SIGTERM ? "SIGTERM" : "SIGINT", nodeId_);
@@ -268,7 +268,7 @@ int Agent::rounds(const std::string& prefix) {
     // state is held, not checkpointed.
     takeSignals();
     if (stopAsked_ && (end == RoundEnd::reform || end == RoundEnd::failed || end == RoundEnd::leave)) {
-      return stopJob();
+      return stopJob(true);
     }
     switch (end) {
       case RoundEnd::completed:
@@ -290,11 +290,7 @@ int Agent::rounds(const std::string& prefix) {
         return fatalCode_;
       case RoundEnd::stopped:
         // The ranks wrote a checkpoint and stopped: the whole job stops.
-        rdzv_->close(kExitStoppedAfterCheckpoint);
-        events_->add({{"event", "stopped"}, {"round", r.round}});
-        kv_->release();
-        log::warn("the job stopped after a checkpoint; rerun (or requeue) it to resume");
-        return kExitStoppedAfterCheckpoint;
+        return stopJob(false);
       case RoundEnd::fatal:
         rdzv_->close(fatalCode_);
         kv_->release();
@@ -513,11 +509,11 @@ void Agent::takeSignals() {
   for (int sig; (sig = signals_->wait(milliseconds(0))) != 0;) noteSignal(sig);
 }
 
-int Agent::stopJob() {
-  log::warn("the job stops: the newest state held goes to the checkpoint directory; rerun (or "
-            "requeue) the job to resume from it");
+int Agent::stopJob(bool held) {
+  log::warn("the job stopped{}; rerun (or requeue) it to resume",
+            held ? ": the newest state held goes to the checkpoint directory" : " after a checkpoint");
   events_->add({{"event", "stopped"}});
-  persistHeldState();
+  if (held) persistHeldState();
   rdzv_->close(kExitStoppedAfterCheckpoint);
   kv_->release();
   return kExitStoppedAfterCheckpoint;
