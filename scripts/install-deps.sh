@@ -15,7 +15,7 @@ dataset-fashion-mnist bible-kjv bible-kjv-text
 python3 python3-torch python3-torchvision python3-protobuf python3-onnx wrk time
 libtcmalloc-minimal4 libjemalloc2
 clang libclang-rt-14-dev
-etcd-client iproute2
+etcd-client iproute2 nftables
 slurmctld slurmd slurm-client munge"
 
 # Node.js runs Azurite, the blob storage emulator of the storage tests

@@ -80,6 +80,7 @@ SampleHistory readSampleLog(const std::string& dir) {
   struct Line {
     int round;
     int64_t step, epoch;  // epoch -1: "step applied"
+    int64_t ms;
     std::vector<int64_t> ids;
   };
   std::vector<Line> lines;
@@ -90,8 +91,7 @@ SampleHistory readSampleLog(const std::string& dir) {
       for (std::string text; std::getline(in, text);) {
         std::istringstream ss(text);
         Line l;
-        int64_t ms = 0;
-        if (!(ss >> l.round >> l.step >> l.epoch >> ms)) continue;
+        if (!(ss >> l.round >> l.step >> l.epoch >> l.ms)) continue;
         for (int64_t id; ss >> id;) l.ids.push_back(id);
         lines.push_back(std::move(l));
       }
@@ -113,13 +113,19 @@ SampleHistory readSampleLog(const std::string& dir) {
   for (const Line& l : lines) {
     const bool kept = l.step < nextFirst(l.round);  // in the state the job went on with
     if (l.epoch < 0) {
-      if (kept) h.stepsByRound[l.round].insert(l.step);
+      if (kept) {
+        h.stepsByRound[l.round].insert(l.step);
+        AppliedStep& a = h.applied[l.step];
+        a.round = l.round;
+        a.unixMs = a.unixMs == 0 ? l.ms : std::min(a.unixMs, l.ms);
+      }
       if (!kept) h.lost.insert(l.step);
       h.lastStep = std::max(h.lastStep, kept ? l.step : 0);
       continue;
     }
     if (kept) {
       for (int64_t id : l.ids) ++h.timesTrained[l.epoch][id];
+      h.applied[l.step].samples += static_cast<int64_t>(l.ids.size());
     }
   }
   return h;

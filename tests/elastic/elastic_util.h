@@ -45,8 +45,14 @@ std::unique_ptr<Process> startAgent(const AgentSpec& a, const std::map<std::stri
 // a step applied in a round and at or after that point was lost (done
 // again); the samples of a step in progress when a round broke do not
 // count (the step was never completed).
+struct AppliedStep {
+  int round = 0;
+  int64_t unixMs = 0;   // when its first rank applied it
+  int64_t samples = 0;  // trained in it, all ranks
+};
 struct SampleHistory {
   std::map<int, std::set<int64_t>> stepsByRound;          // round -> steps applied and kept
+  std::map<int64_t, AppliedStep> applied;                  // step -> when and how much, kept steps
   std::map<int64_t, std::map<int64_t, int>> timesTrained;  // epoch -> sample -> times, over kept steps
   std::set<int64_t> lost;                                  // steps applied, then done again
   int64_t lastStep = 0;                                    // the last step applied and kept

@@ -43,7 +43,7 @@ TestNetwork::TestNetwork(int hosts) : hosts_(hosts) {
     for (int h = 0; h < hosts; ++h) {
       ip({"netns", "add", ns(h)});
       made_.push_back(h);
-      const std::string inside = fmt::format("cn{}x{}", tag_, h);
+      const std::string inside = innerLink(h);
       ip({"link", "add", hostSide(h), "type", "veth", "peer", "name", inside});
       ip({"link", "set", inside, "netns", ns(h)});
       ip({"link", "set", hostSide(h), "master", "cbr" + tag_});
@@ -71,6 +71,7 @@ void TestNetwork::teardown() {
 }
 
 std::string TestNetwork::ns(int host) const { return fmt::format("cohort-{}-{}", tag_, host); }
+std::string TestNetwork::innerLink(int host) const { return fmt::format("cn{}x{}", tag_, host); }
 std::string TestNetwork::hostSide(int host) const { return fmt::format("cv{}x{}", tag_, host); }
 std::string TestNetwork::address(int host) const { return fmt::format("{}.{}", subnet_, host + 2); }
 std::string TestNetwork::bridgeAddress() const { return subnet_ + ".1"; }

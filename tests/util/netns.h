@@ -34,6 +34,14 @@ class TestNetwork {
   // reset.
   void cut(int host);
 
+  // For the faults of util/netfault.h: host's namespace, its veth inside
+  // it and the veth's other end on the bridge, and the subnet
+  // ("10.X.Y.0/24").
+  std::string namespaceName(int host) const { return ns(host); }
+  std::string innerLink(int host) const;
+  std::string bridgeLink(int host) const { return hostSide(host); }
+  std::string subnet() const { return subnet_ + ".0/24"; }
+
  private:
   void teardown();
   std::string ns(int host) const;

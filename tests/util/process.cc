@@ -100,6 +100,12 @@ void Process::signal(int sig) {
   if (!reaped_) kill(pid_, sig);
 }
 
+bool Process::exited() const {
+  if (reaped_) return true;
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_;
+}
+
 std::vector<pid_t> Process::children() const {
   std::vector<pid_t> out;
   std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");

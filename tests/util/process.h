@@ -33,8 +33,11 @@ class Process {
   Process& operator=(const Process&) = delete;
 
   pid_t pid() const { return pid_; }
-  // Waits up to `limit`; on timeout SIGKILLs the group and sets timedOut.
+  // Waits until `limit` after the process started; past it, SIGKILLs the
+  // group and sets timedOut.
   ProcessResult wait(std::chrono::milliseconds limit);
+  // Whether it has exited (not reaped: wait() collects it).
+  bool exited() const;
   // Output collected so far (drains the pipes without blocking).
   std::string stderrSoFar();
   void signal(int sig);
