@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "cohort/ckpt/tensor_file.h"
+#include "cohort/core/fence.h"
 #include "cohort/core/error.h"
 #include "cohort/core/time.h"
 #include "cohort/core/log.h"
@@ -259,6 +260,7 @@ void Checkpointer::copy(Job& job, Slot& slot) {
   // released when it has (write()).
   if (options_.inPlace) return;
   for (const auto& file : job.files) {
+    fence::check(fmt::format("{} of checkpoint step {}", file.name, job.manifest.step));
     std::vector<TensorRecord> records;
     for (const auto& item : *file.items) {
       records.push_back({item.name, item.tensor.scalar_type(), item.tensor.sizes().vec(), nullptr,
@@ -340,8 +342,15 @@ void Checkpointer::writeLoop() {
 void Checkpointer::pauseForTest(int64_t step) {
   log::warn("checkpoint writer paused while writing step {} (COHORT_TEST_CKPT_PAUSE)", step);
   log::flush();
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_for(lock, std::chrono::minutes(10), [&] { return stop_; });
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto limit = options_.pauseSeconds > 0 ? std::chrono::seconds(options_.pauseSeconds)
+                                                 : std::chrono::seconds(600);
+    cv_.wait_for(lock, limit, [&] { return stop_; });
+  }
+  // What a writer that was frozen meanwhile (a stopped machine) meets first.
+  fence::check(fmt::format("the rest of checkpoint step {}", step));
+  log::info("checkpoint writer goes on with step {}", step);
 }
 
 void Checkpointer::write(Job& job) {
@@ -360,6 +369,7 @@ void Checkpointer::write(Job& job) {
   }
   std::vector<ManifestFile> mine;
   monitor::TimelineSpan span("checkpoint write", "checkpoint", 3);
+  fence::check(fmt::format("checkpoint step {}", step));
   try {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -373,6 +383,7 @@ void Checkpointer::write(Job& job) {
       base = nullptr;
     }
     for (size_t f = 0; base != nullptr && f < job.files.size(); ++f) {
+      fence::check(fmt::format("{} of checkpoint step {}", job.files[f].name, step));
       std::function<void()> hook;
       if (options_.pauseAtStep && *options_.pauseAtStep == step && !paused) {
         paused = true;
@@ -496,6 +507,7 @@ void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
   }
   m.created = utcNow();
   for (const auto& [key, value] : options_.manifestExtra.items()) m.extra[key] = value;
+  fence::check(fmt::format("the manifest of checkpoint step {}", step));
   writeManifest(dir, m);
   {
     std::lock_guard<std::mutex> g(mutex_);
@@ -517,6 +529,7 @@ void Checkpointer::commit(Job& job, const std::vector<ManifestFile>& mine) {
 }
 
 void Checkpointer::applyRetention() {
+  fence::check("retention's deletions of old checkpoints");
   const auto dirs = listCheckpointDirs(options_.dir);
   std::vector<bool> valid;
   for (const auto& d : dirs) valid.push_back(verifyCheckpoint(d.path, false).valid);

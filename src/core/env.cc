@@ -192,10 +192,14 @@ int restartCount() {
   return v.value_or(0);
 }
 
-std::optional<long> checkpointPauseStep() {
-  auto v = getInt("COHORT_TEST_CKPT_PAUSE");
+std::optional<CheckpointPause> checkpointPause() {
+  const auto v = get("COHORT_TEST_CKPT_PAUSE");
   if (!v) return std::nullopt;
-  return *v;
+  const size_t colon = v->find(':');
+  CheckpointPause p;
+  p.step = parseInt("COHORT_TEST_CKPT_PAUSE", v->substr(0, colon));
+  if (colon != std::string::npos) p.seconds = parseInt("COHORT_TEST_CKPT_PAUSE (seconds)", v->substr(colon + 1));
+  return p;
 }
 
 std::optional<long> summaryDelayMs() {
@@ -226,6 +230,7 @@ std::optional<std::string> machineId(int rank) {
 
 std::optional<std::string> elasticStateDir() { return get(kElasticStateVar); }
 std::optional<std::string> nodeAddress() { return get(kNodeAddressVar); }
+std::optional<std::string> nodeId() { return get(kNodeIdVar); }
 std::optional<std::string> sampleLogDir() { return get("COHORT_TEST_SAMPLE_LOG"); }
 
 std::optional<std::string> azureStorageKey() { return get("AZURE_STORAGE_KEY"); }

@@ -21,6 +21,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/exit_codes.h"
+#include "cohort/core/fence.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/core/net.h"
@@ -80,7 +81,9 @@ std::string defaultNodeId() {
 bool failedForGood(int code) { return code == 2 || code == 3 || code == 5; }
 
 // What ended a round for this node.
-enum class RoundEnd { completed, reform, failed, fatal, leave, interrupted, closed, stopped };
+// fenced: the others declared this node lost (its liveness lapsed: cut
+// off, or stopped) and went on without it; its ranks were killed at once.
+enum class RoundEnd { completed, reform, failed, fatal, leave, interrupted, closed, stopped, fenced };
 
 class Agent {
  public:
@@ -105,6 +108,12 @@ class Agent {
   // Fewer than MIN nodes for too long, or the job stops: the newest held
   // state to disk.
   void persistHeldState();
+  // Whether the others declared this node lost in round `r` or later (its
+  // liveness lapsed): its ranks are stale, fenced out of the run.
+  bool fencedOut(const Round& r);
+  // This node was lost: its ranks are killed at once (they write nothing
+  // more, core/fence.h), and the node rejoins.
+  RoundEnd fence(const Round& r, const std::string& why);
   // Whether `sig` asks the whole job to stop with a checkpoint.
   bool asksStop(int sig) const { return sig == SIGUSR2 || (sig == SIGTERM && o_.termStopsJob); }
   // Notes a signal taken: a stop asked, or SIGINT/SIGTERM kept in
@@ -197,6 +206,16 @@ int Agent::run() {
     takeSignals();
     return pendingSignal_ != 0 || stopAsked_;
   };
+  // A node the others lose is fenced out of the run: its ranks, should they
+  // run on (a partition heals, a stopped machine resumes), write nothing
+  // more into it.
+  ro.lost = [this](const std::vector<std::string>& nodes, int64_t round) {
+    for (const std::string& n : nodes) {
+      if (fence::lostIn(runDir_.root, n) >= round) continue;
+      fence::markLost(runDir_.root, n, round);
+      if (n != nodeId_) log::info("node {} fenced out of the run (lost in round {})", n, round);
+    }
+  };
   rdzv_ = std::make_unique<Rendezvous>(*kv_, ro);
   log::info("node {} at {} joining job '{}' on {} ({}..{} nodes of {} ranks); run directory {}",
             nodeId_, address_, jobId_, kv_->describe(), o_.minNodes, o_.maxNodes, procs_,
@@ -263,7 +282,11 @@ int Agent::rounds(const std::string& prefix) {
     log::info("round {}: node {} of {} [{}]; {} ranks; rendezvous took {:.2f} s", r.round, r.nodeRank,
               r.members.size(), fmt::join(r.members, ", "), r.members.size() * procs_,
               secondsSince(joinStart));
-    const RoundEnd end = runRound(r);
+    RoundEnd end = runRound(r);
+    // A rank that failed (or found itself fenced) in a round the others
+    // had gone on from was a consequence of this node's loss, not a
+    // failure of its own.
+    if ((end == RoundEnd::failed || end == RoundEnd::reform) && fencedOut(r)) end = fence(r, cause_);
     // A stop asked while the ranks stopped for a re-form (or failed): their
     // state is held, not checkpointed.
     takeSignals();
@@ -324,6 +347,10 @@ int Agent::rounds(const std::string& prefix) {
         events_->add({{"event", "reform"}, {"round", r.round}, {"cause", cause_}});
         rdzv_->openNext(r, cause_);
         break;
+      case RoundEnd::fenced:
+        events_->add({{"event", "fenced"}, {"round", r.round}, {"cause", cause_}});
+        rdzv_->openNext(r, cause_);
+        break;
     }
     // Our own liveness may have lapsed (a cut link): renew it before joining.
     if (!kv_->alive(aliveKey(prefix, nodeId_))) kv_->keepAlive(aliveKey(prefix, nodeId_), address_);
@@ -350,6 +377,7 @@ void Agent::startRanks(const Round& r, const std::string& storeHostPort) {
     const std::vector<std::pair<std::string, std::string>> extra = {
         {env::kElasticStateVar, stateDir_},
         {env::kNodeAddressVar, address_},
+        {env::kNodeIdVar, nodeId_},
         // Ranks of one node share memory; nodes never do, even on one host.
         {"COHORT_MACHINE_ID", nodeId_},
     };
@@ -443,6 +471,8 @@ RoundEnd Agent::runRound(const Round& r) {
       ranks_->signalAll(SIGUSR2);
       reformAsked_ = true;
       cause_ = "admitting " + c.detail;
+    } else if ((c.kind == Change::Kind::lost || c.kind == Change::Kind::reformed) && fencedOut(r)) {
+      return fence(r, c.kind == Change::Kind::lost ? "its liveness lapsed" : "another node re-formed without it (" + c.detail + ")");
     } else if (c.kind == Change::Kind::lost) {
       lostAt_ = Clock::now();
       cause_ = fmt::format("node(s) {} lost (no liveness for elastic.node_timeout_s)", c.detail);
@@ -478,6 +508,12 @@ void Agent::reapRanks(RoundEnd& end, bool& anyRunning) {
       if (end == RoundEnd::completed || end == RoundEnd::reform) end = RoundEnd::stopped;
       return;
     }
+    if (code == kExitFenced) {
+      // It found this node declared lost before the agent did.
+      if (end == RoundEnd::completed) end = RoundEnd::reform;
+      if (cause_.empty()) cause_ = "a rank found this node fenced";
+      return;
+    }
     if (code == kExitStateHeld) {
       if (end == RoundEnd::completed) end = RoundEnd::reform;
       if (cause_.empty()) cause_ = "a rank stopped for a re-form";
@@ -495,6 +531,24 @@ void Agent::reapRanks(RoundEnd& end, bool& anyRunning) {
     log::warn("{}. Its log: {}", what, runDir_.rankLog(c.rank));
   });
   anyRunning = ranks_->anyRunning();
+}
+
+bool Agent::fencedOut(const Round& r) {
+  return fence::lostIn(runDir_.root, nodeId_) >= r.round ||
+         !kv_->alive(aliveKey(rdzv_->options().prefix, nodeId_));
+}
+
+RoundEnd Agent::fence(const Round& r, const std::string& why) {
+  cause_ = fmt::format("node {} was declared lost in round {} ({}): the others went on without it", nodeId_,
+                       r.round, why);
+  log::warn("{}; its ranks are stopped at once and write nothing more into the run (fenced); the node "
+            "rejoins the job",
+            cause_);
+  // Marked here too, in case this node learns of its loss first: its ranks
+  // are fenced before the signal reaches them.
+  fence::markLost(runDir_.root, nodeId_, r.round);
+  stopRanks(milliseconds(0), SIGKILL);
+  return RoundEnd::fenced;
 }
 
 void Agent::noteSignal(int sig) {
@@ -565,6 +619,16 @@ int runAgent(const AgentOptions& o) {
   }
   if (o.procs < 0) throw UsageError(fmt::format("--procs must be >= 1, got {}", o.procs));
   const std::string jobId = splitRdzvUrl(o.rdzv).second;
+  // Node ids name files in the run directory (logs, events, the fence).
+  bool nodeOk = o.nodeId.size() <= 128 && o.nodeId != "." && o.nodeId != "..";
+  for (char c : o.nodeId) {
+    nodeOk = nodeOk && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  }
+  if (!nodeOk) {
+    throw UsageError(fmt::format("--node-id '{}': a node id is made of letters, digits, '.', '_' and "
+                                 "'-' (at most 128)",
+                                 o.nodeId));
+  }
   JobConfig job = loadJob(o.jobPath, o.overrides);
   if (o.procs > 0) job.distribution.procsPerNode = o.procs;
   // A missing key fails here, before joining.

@@ -134,6 +134,7 @@ Round Rendezvous::join() {
         if (!kv_.alive(aliveKey(o_.prefix, m))) dead.push_back(m);
       }
       if (!dead.empty()) {
+        if (o_.lost) o_.lost(dead, s.round);
         State next;
         next.round = s.round + 1;
         next.jobHash = s.jobHash;
@@ -233,8 +234,10 @@ Change Rendezvous::check(const Round& r) {
     if (!kv_.alive(aliveKey(o_.prefix, m))) lost.push_back(m);
   }
   if (!lost.empty()) {
+    if (o_.lost) o_.lost(lost, r.round);
     c.kind = Change::Kind::lost;
     c.detail = fmt::format("{}", fmt::join(lost, ", "));
+    c.nodes = std::move(lost);
     return c;
   }
   std::vector<std::string> waiting;

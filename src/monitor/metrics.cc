@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cohort/core/error.h"
+#include "cohort/core/fence.h"
 #include "cohort/core/file.h"
 #include "cohort/core/time.h"
 
@@ -32,6 +33,7 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::writeLine(const std::string& json) {
   if (file_ == nullptr) return;
+  fence::check("a metrics record");
   std::fputs(json.c_str(), file_);
   std::fputc('\n', file_);
   if (std::fflush(file_) != 0) {

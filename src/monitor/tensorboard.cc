@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "cohort/core/error.h"
+#include "cohort/core/fence.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/core/net.h"
@@ -153,6 +154,7 @@ void TensorBoardWriter::flush() {
 }
 
 void TensorBoardWriter::writeRecord(const std::string& event) {
+  fence::check("a TensorBoard event");
   std::string header;
   putLittleEndian(header, static_cast<uint64_t>(event.size()));
   putLittleEndian(header, detail::maskedCrc32c(header.data(), 8));

@@ -70,7 +70,10 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
     co.remote = ckpt::openTier(ckpt::remoteCheckpointDir(job, runDir),
                                storage::storageOptions(job.storage));
   }
-  if (auto p = env::checkpointPauseStep()) co.pauseAtStep = *p;
+  if (auto p = env::checkpointPause()) {
+    co.pauseAtStep = p->step;
+    co.pauseSeconds = p->seconds;
+  }
   co.manifestExtra = manifestExtra_;
   if (const security::Keyring* keys = security::installedKeyring()) {
     co.sealWith = keys->current;

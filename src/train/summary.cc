@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/ckpt/resume.h"
+#include "cohort/core/fence.h"
 #include "cohort/core/file.h"
 
 namespace cohort::train {
@@ -111,6 +112,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["outputs"] = {{"job", runDir.jobFile()}, {"metrics", runDir.metrics()},
                   {"logs", runDir.logsDir()}};
   if (job.output.saveFinal) j["outputs"]["model"] = runDir.finalModel();
+  fence::check("summary.json");
   writeFileAtomic(runDir.summary(), j.dump(2) + "\n");
 }
 

@@ -23,6 +23,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/exit_codes.h"
+#include "cohort/core/fence.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/models/lora.h"
@@ -312,6 +313,7 @@ void saveMergedByUnit(TrainState& s) {
 // model/final.pt (rank 0): the whole model, or with model.lora the
 // adapters (and, on request, the merged model).
 void saveFinalModel(TrainState& s) {
+  fence::check("the final model");
   const JobConfig& job = s.job;
   parallel::Plan& plan = *s.plan;
   const RunDir& runDir = s.runDir;

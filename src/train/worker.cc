@@ -13,6 +13,7 @@
 #include "cohort/comm/wait.h"
 #include "cohort/config/load.h"
 #include "cohort/core/env.h"
+#include "cohort/core/fence.h"
 #include "cohort/security/keys.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
@@ -187,6 +188,11 @@ int runWorker(const WorkerOptions& o) {
 
   lo.file = runDir.rankLog(re.rank);
   log::init(lo);
+  // Under `cohort agent`: from here on, a rank whose node the others
+  // declared lost writes nothing more into the run (core/fence.h).
+  if (heldDir) {
+    if (const auto node = env::nodeId()) fence::install(runDir.root, *node, restarts);
+  }
   log::info("cohort worker: {} started by {}, {} threads, store {}:{}", tag,
             re.agentStore ? "cohort run" : re.source, threads, re.masterAddr, re.masterPort);
   // The timeline outlives the watchdog, whose thread may flush it.

@@ -73,8 +73,10 @@ struct CheckpointerOptions {
   // fit in memory (ZeRO stage 3 near the limit): forward and backward still
   // overlap the write; the optimizer step waits for it.
   bool inPlace = false;
-  // Test hook: the writer stops for good in the middle of writing this step.
+  // Test hook: the writer stops in the middle of writing this step, for
+  // good (pauseSeconds 0) or for that long.
   std::optional<int64_t> pauseAtStep;
+  int64_t pauseSeconds = 0;
 };
 
 struct SnapshotItem {

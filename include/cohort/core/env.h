@@ -58,9 +58,14 @@ std::optional<Fault> fault();
 // in the first attempt only.
 int restartCount();
 
-// COHORT_TEST_CKPT_PAUSE=<step>: a test hook; the checkpoint writer stops in
-// the middle of writing that step's files, until the process is killed.
-std::optional<long> checkpointPauseStep();
+// COHORT_TEST_CKPT_PAUSE=<step>[:<seconds>]: a test hook; the checkpoint
+// writer stops in the middle of writing that step's files, until the
+// process is killed (or for that many seconds, then goes on).
+struct CheckpointPause {
+  long step = 0;
+  long seconds = 0;  // 0: until killed
+};
+std::optional<CheckpointPause> checkpointPause();
 
 // COHORT_TEST_SUMMARY_DELAY_MS=<ms>: a test hook; rank 0 waits that long
 // after the final barrier before it writes summary.json, so that the other
@@ -85,6 +90,11 @@ std::optional<std::string> elasticStateDir();
 // agent's --address); Gloo binds it when distribution.interface is empty.
 inline constexpr const char* kNodeAddressVar = "COHORT_NODE_ADDRESS";
 std::optional<std::string> nodeAddress();
+// COHORT_NODE_ID: the node's id in the rendezvous (the agent's --node-id),
+// which the run's fence names when the others declare the node lost
+// (cohort/core/fence.h).
+inline constexpr const char* kNodeIdVar = "COHORT_NODE_ID";
+std::optional<std::string> nodeId();
 // COHORT_TEST_SAMPLE_LOG=<dir>: a test hook; every rank appends the sample
 // ids of each optimizer step it applies to <dir>/samples-<pid>.txt.
 std::optional<std::string> sampleLogDir();

@@ -15,6 +15,12 @@ inline constexpr int kExitStoppedAfterCheckpoint = 75;
 // again at the new size, and they take that state up.
 inline constexpr int kExitStateHeld = 76;
 
+// A rank under `cohort agent` whose node the others declared lost (cut off
+// or stopped for longer than elastic.node_timeout_s) and went on without:
+// it wrote nothing more into the run and stopped (cohort/core/fence.h). Not
+// a failure: its agent rejoins the job.
+inline constexpr int kExitFenced = 77;
+
 // A process ended by signal `sig` reports 128 + sig, as a shell does.
 constexpr int exitCodeForSignal(int sig) { return 128 + sig; }
 

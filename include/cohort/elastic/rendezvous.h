@@ -49,6 +49,10 @@ struct RendezvousOptions {
   std::chrono::milliseconds poll{250};
   // Asked between waits: true makes join() return Status::interrupted.
   std::function<bool()> interrupted;
+  // Told of the members of a round that are no longer alive, whenever
+  // check() or join() finds them (more than once, possibly): the agent
+  // fences them out of the run (cohort/core/fence.h). May throw.
+  std::function<void(const std::vector<std::string>& nodes, int64_t round)> lost;
 };
 
 struct Round {
@@ -66,6 +70,7 @@ struct Change {
   enum class Kind { none, waiting, lost, reformed, closed };
   Kind kind = Kind::none;
   std::string detail;  // which nodes; closed: the exit code
+  std::vector<std::string> nodes;  // lost: which
 };
 
 class Rendezvous {
