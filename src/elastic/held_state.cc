@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "cohort/ckpt/held_state.h"
@@ -30,6 +31,13 @@ struct Holding {
   int leader = 0;           // the node's lowest rank
 };
 
+
+// The round that trained a held step (-1: written before rounds were
+// recorded).
+int64_t roundOf(const ckpt::Manifest& m) {
+  const auto it = m.extra.find("round");
+  return it != m.extra.end() && it->is_number_integer() ? it->get<int64_t>() : -1;
+}
 
 std::string readWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -59,22 +67,36 @@ TakenUp takeUpHeldState(const comm::Comm& comm, const std::string& dir, int64_t 
       bySteps[h.manifest.step].push_back(std::move(h));
     }
   }
-  // 2. The newest step whose files together make a whole checkpoint.
+  // 2. The newest step whose files together make a whole checkpoint. One
+  // step held from two rounds is two histories (a round that went back to
+  // an older checkpoint trained it again, or a node the others lost kept
+  // it): only the newest round's holdings are put together.
   TakenUp out;
-  const std::vector<Holding>* chosen = nullptr;
+  std::optional<std::vector<Holding>> chosen;
   std::map<std::string, std::pair<ckpt::ManifestFile, int>> files;  // name -> file, holder
   for (auto it = bySteps.rbegin(); it != bySteps.rend() && !chosen; ++it) {
     if (it->first < diskStep) break;  // the disk holds a newer one
-    std::map<std::string, std::pair<ckpt::ManifestFile, int>> all;
-    ckpt::Manifest together = it->second.front().manifest;
-    together.files.clear();
+    int64_t newest = -1;
+    for (const Holding& h : it->second) newest = std::max(newest, roundOf(h.manifest));
+    std::vector<Holding> same;
     for (const Holding& h : it->second) {
+      if (roundOf(h.manifest) == newest) same.push_back(h);
+    }
+    if (same.size() < it->second.size() && comm.rank == 0) {
+      log::warn("held state of step {}: {} of {} node(s) hold it from an older round than round {}; "
+                "those are set aside",
+                it->first, it->second.size() - same.size(), it->second.size(), newest);
+    }
+    std::map<std::string, std::pair<ckpt::ManifestFile, int>> all;
+    ckpt::Manifest together = same.front().manifest;
+    together.files.clear();
+    for (const Holding& h : same) {
       for (const auto& f : h.manifest.files) {
         if (all.emplace(f.name, std::make_pair(f, h.leader)).second) together.files.push_back(f);
       }
     }
     if (ckpt::missingFiles(together).empty()) {
-      chosen = &it->second;
+      chosen = std::move(same);
       files = std::move(all);
     } else if (comm.rank == 0) {
       log::info("held state of step {} is not whole across the nodes (a node holding part of it "

@@ -230,6 +230,10 @@ void CheckpointPolicy::hold(int64_t step, int64_t epoch, int64_t micro, double l
   monitor::TimelineSpan span("state held in memory", "checkpoint");
   ckpt::Manifest m = manifestAt(step, epoch, micro, lr);
   for (const auto& [key, value] : manifestExtra_.items()) m.extra[key] = value;
+  // The round that trained the step (a held step is always one of this
+  // round's): the same step held from two rounds is two histories, when a
+  // round went back to an older checkpoint (elastic/held_state.h).
+  m.extra["round"] = env::restartCount();
   // Every node keeps what a checkpoint's rank 0 writes: the lowest rank of
   // each node writes it into the node's directory.
   ckpt::writeHeldState(heldDir_, std::move(m), filesOf(localRank_ == 0), rank_);
