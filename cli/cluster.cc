@@ -26,8 +26,8 @@ void ClusterCommands::add(CLI::App& app) {
                      "Machines: N (overrides distribution.nodes), or MIN:MAX for elastic training, "
                      "one `cohort agent` per node (docs/elastic.md)");
   submit->add_option("--rdzv", o.rdzv,
-                     "Elastic: the rendezvous on etcd, etcd://HOST:PORT[,HOST:PORT...] (default: "
-                     "cohort's store, hosted by the first node's agent)");
+                     "Elastic: the rendezvous on etcd, etcd://HOST:PORT[,HOST:PORT...] or etcds://... "
+                     "over TLS (default: cohort's store, hosted by the first node's agent)");
   submit->add_option("--gpus-per-node", o.gpusPerNode, "GPUs to ask for on each machine");
   submit->add_option("--partition", o.partition, "Slurm partition");
   submit->add_option("--time", o.time, "Time limit, in Slurm's format (30, 2:00:00, 1-0)");

@@ -205,8 +205,9 @@ void Cli::addTraining(CLI::App& app) {
       ->allow_extra_args(false);
   agent->add_option("--nnodes", nnodes, "MIN:MAX nodes (or N: exactly N)")->required();
   agent->add_option("--rdzv", agentOptions.rdzv,
-                    "Rendezvous: etcd://HOST:PORT[,HOST:PORT...]/JOB_ID or store://HOST:PORT/JOB_ID "
-                    "(the agent on HOST hosts the store)")
+                    "Rendezvous: etcd://HOST:PORT[,HOST:PORT...]/JOB_ID, etcds://... (etcd over TLS: "
+                    "elastic.etcd_* in the job) or store://HOST:PORT/JOB_ID (the agent on HOST hosts "
+                    "the store)")
       ->required();
   agent->add_option("--node-id", agentOptions.nodeId, "This node's unique name (default: <host>-<pid>)");
   agent->add_option("--address", agentOptions.address,

@@ -90,9 +90,10 @@ int runSubmit(const SubmitOptions& o, std::ostream& out) {
   if (!o.rdzv.empty() && !elastic) {
     throw UsageError("--rdzv is for elastic training: give --nodes MIN:MAX too");
   }
-  if (!o.rdzv.empty() && o.rdzv.rfind("etcd://", 0) != 0) {
-    throw UsageError(fmt::format("--rdzv {}: expected etcd://HOST:PORT[,HOST:PORT...] (the job id is "
-                                 "added per start; without --rdzv the first node's agent hosts it)",
+  if (!o.rdzv.empty() && o.rdzv.rfind("etcd://", 0) != 0 && o.rdzv.rfind("etcds://", 0) != 0) {
+    throw UsageError(fmt::format("--rdzv {}: expected etcd://HOST:PORT[,HOST:PORT...] or etcds://... "
+                                 "(TLS; the job id is added per start; without --rdzv the first "
+                                 "node's agent hosts it)",
                                  o.rdzv));
   }
   if (o.gpusPerNode < 0) throw UsageError(fmt::format("--gpus-per-node must be >= 0, got {}", o.gpusPerNode));

@@ -166,6 +166,12 @@ std::string jobHash(const JobConfig& job) {
   hashed.elastic.belowMinTimeoutS = defaults.elastic.belowMinTimeoutS;
   hashed.elastic.rdzvTimeoutS = defaults.elastic.rdzvTimeoutS;
   hashed.elastic.stateDir = defaults.elastic.stateDir;
+  // How a node reaches etcd, which may differ per node (its own certificate).
+  hashed.elastic.etcdCaFile = defaults.elastic.etcdCaFile;
+  hashed.elastic.etcdCertFile = defaults.elastic.etcdCertFile;
+  hashed.elastic.etcdKeyFile = defaults.elastic.etcdKeyFile;
+  hashed.elastic.etcdUser = defaults.elastic.etcdUser;
+  hashed.elastic.etcdPasswordFile = defaults.elastic.etcdPasswordFile;
   // How a rank computes, not what: the same training either way.
   hashed.compute = defaults.compute;
   // Which key seals the files is not what is trained: a rotated key resumes.

@@ -503,6 +503,15 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                      dist.zero));
   }
   checkPipeline(job, where);
+  const ElasticConfig& el = job.elastic;
+  for (auto [a, b, keyA, keyB] :
+       {std::tuple<const std::string*, const std::string*, const char*, const char*>{
+            &el.etcdCertFile, &el.etcdKeyFile, "elastic.etcd_cert_file", "elastic.etcd_key_file"},
+        {&el.etcdKeyFile, &el.etcdCertFile, "elastic.etcd_key_file", "elastic.etcd_cert_file"},
+        {&el.etcdUser, &el.etcdPasswordFile, "elastic.etcd_user", "elastic.etcd_password_file"},
+        {&el.etcdPasswordFile, &el.etcdUser, "elastic.etcd_password_file", "elastic.etcd_user"}}) {
+    if (!a->empty() && b->empty()) fail(where(keyA), keyA, fmt::format("needs {} too", keyB));
+  }
   if (job.output.mergeLora && job.model.lora.rank == 0) {
     fail(where("output.merge_lora"), "output.merge_lora", "needs LoRA adapters (model.lora.rank > 0)");
   }

@@ -186,6 +186,12 @@ HttpResponse HttpClient::perform(const HttpRequest& request) {
   } else if (!options_.caFile.empty()) {
     curl_easy_setopt(h, CURLOPT_CAINFO, options_.caFile.c_str());
   }
+  if (!options_.certFile.empty()) {
+    curl_easy_setopt(h, CURLOPT_SSLCERT, options_.certFile.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLCERTTYPE, "PEM");
+    curl_easy_setopt(h, CURLOPT_SSLKEY, options_.keyFile.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
+  }
 
   if (request.method == "GET") {
     curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);

@@ -80,6 +80,24 @@ std::string defaultNodeId() {
 
 bool failedForGood(int code) { return code == 2 || code == 3 || code == 5; }
 
+// elastic.etcd_*: the files checked here (exit 2 when one is missing or a
+// secret is readable by others), read by the client on every connection.
+void setEtcdCredentials(const ElasticConfig& e, KvOptions& ko) {
+  for (auto [path, key] : {std::pair<const std::string*, const char*>{&e.etcdCaFile, "elastic.etcd_ca_file"},
+                           {&e.etcdCertFile, "elastic.etcd_cert_file"}}) {
+    std::error_code ec;
+    if (!path->empty() && !std::filesystem::is_regular_file(*path, ec)) {
+      throw ConfigError(fmt::format("{} {}: no such file", key, *path));
+    }
+  }
+  if (!e.etcdKeyFile.empty()) (void)security::readSecretFile(e.etcdKeyFile, "elastic.etcd_key_file");
+  ko.etcdCaFile = e.etcdCaFile;
+  ko.etcdCertFile = e.etcdCertFile;
+  ko.etcdKeyFile = e.etcdKeyFile;
+  ko.etcdUser = e.etcdUser;
+  if (!e.etcdUser.empty()) ko.etcdPassword = security::readSecretFile(e.etcdPasswordFile, "elastic.etcd_password_file");
+}
+
 // What ended a round for this node.
 // fenced: the others declared this node lost (its liveness lapsed: cut
 // off, or stopped) and went on without it; its ranks were killed at once.
@@ -158,6 +176,7 @@ int Agent::run() {
   ko.retryFor = milliseconds(static_cast<int64_t>(job_.elastic.rdzvTimeoutS * 1000));
   ko.aliveTtl = milliseconds(static_cast<int64_t>(job_.elastic.nodeTimeoutS * 1000));
   ko.storeToken = storeToken_;
+  setEtcdCredentials(job_.elastic, ko);
   const std::string rdzvHost = [&] {
     const std::string rest = service.substr(service.find("://") + 3);
     const std::string first = rest.substr(0, rest.find(','));
@@ -602,7 +621,7 @@ std::pair<std::string, std::string> splitRdzvUrl(const std::string& url) {
   for (char c : id) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
   if (!ok) {
     throw ConfigError(fmt::format(
-        "--rdzv {}: expected etcd://HOST:PORT[,HOST:PORT...]/JOB_ID or store://HOST:PORT/JOB_ID, "
+        "--rdzv {}: expected etcd://HOST:PORT[,HOST:PORT...]/JOB_ID, etcds://... or store://HOST:PORT/JOB_ID, "
         "with a job id of letters, digits, '.', '_' and '-'",
         url));
   }

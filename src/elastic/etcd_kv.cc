@@ -8,7 +8,16 @@
 // Several endpoints (the members of a cluster) are tried in turn: a request
 // that fails with a transient error (no connection, a member without a
 // leader, an overloaded member) moves to the next one, with backoff, for at
-// most KvOptions::retryFor.
+// most KvOptions::retryFor. Each attempt gives up after a quarter of a
+// lease's life, and a member that did not answer at all is avoided for a
+// lease's life: a partitioned member (which refuses nothing, it is silent)
+// would otherwise cost every request, lease renewals among them, its
+// timeout.
+//
+// etcds://: the same over https, with the CA, client certificate and key of
+// KvOptions; with an etcd user, every request carries the token
+// /v3/auth/authenticate gave (asked again when etcd says it is no longer
+// valid).
 
 #include <fmt/format.h>
 
@@ -59,11 +68,36 @@ bool transientBody(const std::string& body) {
 }
 
 struct Retry {};  // thrown inside an attempt: try the next endpoint
+// Thrown inside an attempt: etcd did not authenticate the user.
+struct AuthRefused {
+  int status;
+  std::string body;
+};
+
+// The answer of a member that refused this client's credentials: no retry
+// helps (a TLS alert, an unknown user, a wrong password).
+bool refusedCredentials(const std::string& text) {
+  return text.find("alert") != std::string::npos || text.find("certificate") != std::string::npos ||
+         text.find("authentication failed") != std::string::npos ||
+         text.find("permission denied") != std::string::npos ||
+         text.find("user name is empty") != std::string::npos;
+}
+
+// An expired token, or one older than a change to etcd's users and roles:
+// authenticate again.
+bool staleToken(const std::string& body) {
+  return body.find("invalid auth token") != std::string::npos ||
+         body.find("auth token is expired") != std::string::npos ||
+         body.find("revision of auth store is old") != std::string::npos;
+}
 
 class EtcdKv final : public Kv {
  public:
-  EtcdKv(std::vector<std::string> endpoints, const KvOptions& options)
-      : endpoints_(std::move(endpoints)), options_(options), http_(httpOptions()) {}
+  EtcdKv(std::vector<std::string> endpoints, bool tls, const KvOptions& options)
+      : endpoints_(std::move(endpoints)),
+        scheme_(tls ? "https://" : "http://"),
+        options_(options),
+        http_(httpOptions()) {}
 
   ~EtcdKv() override {
     try {
@@ -74,7 +108,7 @@ class EtcdKv final : public Kv {
   }
 
   std::string describe() const override {
-    return fmt::format("etcd at {}", fmt::join(endpoints_, ","));
+    return fmt::format("etcd at {}{}", fmt::join(endpoints_, ","), scheme_ == "https://" ? " (TLS)" : "");
   }
 
   std::optional<Versioned> get(const std::string& key) override {
@@ -161,16 +195,25 @@ class EtcdKv final : public Kv {
         if (changed) throw Seen{};
       }
     };
-    const size_t e = endpoint_.load();
-    req.url = "http://" + endpoints_[e % endpoints_.size()] + "/v3/watch";
+    bool answered = false;  // the member acknowledged the watch
+    auto sink = req.sink;
+    req.sink = [&, sink](const char* data, size_t n) {
+      answered = true;
+      sink(data, n);
+    };
+    const size_t e = endpointToUse();
+    req.url = scheme_ + endpoints_[e] + "/v3/watch";
+    if (const std::string token = currentToken(); !token.empty()) req.headers = {{"Authorization", token}};
     try {
       const http::HttpResponse resp = http_.perform(req);
       if (resp.status != 200) changed = true;  // let the caller read the key again
     } catch (const Seen&) {
       return true;
     } catch (const http::TransportError& err) {
-      if (err.kind() != http::TransportError::Kind::timeout) {
-        endpoint_.store(e + 1);
+      // A watch that saw no change times out too; one that never heard
+      // from the member is a member not answering.
+      if (err.kind() != http::TransportError::Kind::timeout || !answered) {
+        endpointFailed(e);
         std::this_thread::sleep_for(std::min(timeout, std::chrono::milliseconds(100)));
         return true;  // unknown: read again (with retries) rather than wait blind
       }
@@ -179,10 +222,73 @@ class EtcdKv final : public Kv {
   }
 
  private:
+  // One attempt gives up well within a lease's life.
+  double attemptTimeoutS() const {
+    return std::clamp(std::min(options_.retryFor, options_.aliveTtl / 4).count() / 1000.0, 0.25, 10.0);
+  }
+
+  // The current member, or the next one not avoided (all avoided: the
+  // current one).
+  size_t endpointToUse() {
+    const size_t n = endpoints_.size();
+    const size_t e = endpoint_.load() % n;
+    std::lock_guard<std::mutex> g(avoidMutex_);
+    const auto now = Clock::now();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (e + k) % n;
+      if (avoidUntil_.size() <= i || avoidUntil_[i] <= now) {
+        if (k > 0) endpoint_.store(i);
+        return i;
+      }
+    }
+    return e;
+  }
+
+  // Member `e` did not answer: avoided for a lease's life, and the next
+  // one is used.
+  void endpointFailed(size_t e) {
+    {
+      std::lock_guard<std::mutex> g(avoidMutex_);
+      avoidUntil_.resize(endpoints_.size());
+      avoidUntil_[e] = Clock::now() + std::max(std::chrono::milliseconds(1000), options_.aliveTtl);
+    }
+    size_t expected = e;
+    endpoint_.compare_exchange_strong(expected, (e + 1) % endpoints_.size());
+  }
+
   http::HttpOptions httpOptions() const {
     http::HttpOptions o;
-    o.timeoutS = std::clamp(options_.retryFor.count() / 1000.0, 1.0, 10.0);
+    o.timeoutS = attemptTimeoutS();
+    o.caFile = options_.etcdCaFile;
+    o.certFile = options_.etcdCertFile;
+    o.keyFile = options_.etcdKeyFile;
     return o;
+  }
+
+  std::string currentToken() {
+    std::lock_guard<std::mutex> g(mutex_);
+    return token_;
+  }
+
+  // etcd's own authentication: a token for etcdUser (empty without one).
+  // One attempt at `host`; throws what call() handles.
+  std::string token(const std::string& host) {
+    if (options_.etcdUser.empty()) return "";
+    if (std::string t = currentToken(); !t.empty()) return t;
+    const std::string text = json{{"name", options_.etcdUser}, {"password", options_.etcdPassword}}.dump();
+    http::HttpRequest req;
+    req.method = "POST";
+    req.url = scheme_ + host + "/v3/auth/authenticate";
+    req.body = &text;
+    req.headers = {{"Content-Type", "application/json"}};
+    const http::HttpResponse resp = http_.perform(req);
+    const json r = json::parse(resp.body, nullptr, false);
+    if (resp.status == 200 && r.is_object() && r.contains("token")) {
+      std::lock_guard<std::mutex> g(mutex_);
+      token_ = r["token"].get<std::string>();
+      return token_;
+    }
+    throw AuthRefused{resp.status, resp.body};
   }
 
   // One request, retried on transient failures across the endpoints.
@@ -192,14 +298,17 @@ class EtcdKv final : public Kv {
     auto backoff = std::chrono::milliseconds(50);
     std::string last;
     for (int attempt = 0;; ++attempt) {
-      size_t e = endpoint_.load();
-      const std::string& host = endpoints_[e % endpoints_.size()];
+      const size_t e = endpointToUse();
+      const std::string& host = endpoints_[e];
+      bool silent = false;  // the member did not answer at all
       try {
         http::HttpRequest req;
         req.method = "POST";
-        req.url = "http://" + host + path;
+        req.url = scheme_ + host + path;
         req.body = &text;
         req.headers = {{"Content-Type", "application/json"}};
+        req.totalTimeoutS = attemptTimeoutS();
+        if (const std::string t = token(host); !t.empty()) req.headers.emplace_back("Authorization", t);
         const http::HttpResponse resp = http_.perform(req);
         if (resp.status == 200) {
           const json r = json::parse(resp.body, nullptr, false);
@@ -208,18 +317,42 @@ class EtcdKv final : public Kv {
           throw Retry{};
         }
         last = fmt::format("{}: HTTP {}: {}", host, resp.status, resp.body.substr(0, 300));
-        if (!transientStatus(resp.status) && !transientBody(resp.body)) {
+        if (staleToken(resp.body)) {
+          std::lock_guard<std::mutex> g(mutex_);
+          token_.clear();
+        } else if (!transientStatus(resp.status) && !transientBody(resp.body)) {
+          throw CommError(fmt::format("etcd: cannot {}: {}", what, last));
+        }
+      } catch (const AuthRefused& refused) {
+        last = fmt::format("{}: authenticating as etcd user '{}': HTTP {}: {}", host, options_.etcdUser,
+                           refused.status, refused.body.substr(0, 300));
+        if (!transientStatus(refused.status) && !transientBody(refused.body)) {
           throw CommError(fmt::format("etcd: cannot {}: {}", what, last));
         }
       } catch (const http::TransportError& err) {
         last = fmt::format("{}: {}", host, err.what());
-        if (!err.transient()) throw CommError(fmt::format("etcd: cannot {}: {}", what, last));
+        silent = true;
+        if (!err.transient() || (scheme_ == "https://" && refusedCredentials(err.what()))) {
+          throw CommError(fmt::format("etcd: cannot {}: {}{}", what, last,
+                                      scheme_ == "https://" ? " (does this node present a certificate etcd "
+                                                              "trusts? elastic.etcd_cert_file, etcd_key_file, "
+                                                              "etcd_ca_file)"
+                                                            : ""));
+        }
       } catch (const Retry&) {
       }
-      endpoint_.compare_exchange_strong(e, e + 1);
+      if (silent) {
+        endpointFailed(e);
+      } else {
+        size_t expected = e;  // alive but not serving now: the next one, not avoided
+        endpoint_.compare_exchange_strong(expected, (e + 1) % endpoints_.size());
+      }
       if (Clock::now() + backoff > deadline) {
-        throw CommError(fmt::format("etcd unreachable: cannot {} within {} s ({} attempts; last: {})",
-                                    what, options_.retryFor.count() / 1000.0, attempt + 1, last));
+        // A TLS member answers plain http with nothing at all.
+        const bool plainToTls = scheme_ == "http://" && last.find("Empty reply") != std::string::npos;
+        throw CommError(fmt::format("etcd unreachable: cannot {} within {} s ({} attempts; last: {}){}", what,
+                                    options_.retryFor.count() / 1000.0, attempt + 1, last,
+                                    plainToTls ? " (does etcd serve TLS? then use etcds://)" : ""));
       }
       if (attempt == 0 || attempt % 10 == 0) log::debug("etcd: {} failed ({}); retrying", what, last);
       std::this_thread::sleep_for(backoff);
@@ -246,20 +379,24 @@ class EtcdKv final : public Kv {
   }
 
   const std::vector<std::string> endpoints_;
+  const std::string scheme_;
   const KvOptions options_;
   http::HttpClient http_;
   std::atomic<size_t> endpoint_{0};
+  std::mutex avoidMutex_;
+  std::vector<Clock::time_point> avoidUntil_;  // by endpoint
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::string lease_;
+  std::string token_;  // etcd user's, from /v3/auth/authenticate
   std::thread renewer_;
 };
 
 }  // namespace
 
-std::unique_ptr<Kv> connectEtcd(const std::vector<std::string>& endpoints, const KvOptions& options) {
-  return std::make_unique<EtcdKv>(endpoints, options);
+std::unique_ptr<Kv> connectEtcd(const std::vector<std::string>& endpoints, bool tls, const KvOptions& options) {
+  return std::make_unique<EtcdKv>(endpoints, tls, options);
 }
 
 }  // namespace cohort::elastic::detail

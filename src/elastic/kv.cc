@@ -36,7 +36,12 @@ std::unique_ptr<Kv> connectKv(const std::string& url, const KvOptions& options) 
   const size_t sep = url.find("://");
   const std::string scheme = sep == std::string::npos ? "" : url.substr(0, sep);
   const std::string rest = sep == std::string::npos ? "" : url.substr(sep + 3);
-  if (scheme == "etcd") {
+  if (scheme == "etcd" || scheme == "etcds") {
+    const bool tls = scheme == "etcds";
+    if (!tls && !(options.etcdCaFile.empty() && options.etcdCertFile.empty() && options.etcdUser.empty())) {
+      throw ConfigError(fmt::format(
+          "--rdzv {}: elastic.etcd_* TLS and user settings are for etcd over TLS: use etcds://", url));
+    }
     std::vector<std::string> endpoints;
     for (const std::string& e : splitOn(rest, ',')) {
       const auto [host, port] = hostPort(e, url);
@@ -44,15 +49,15 @@ std::unique_ptr<Kv> connectKv(const std::string& url, const KvOptions& options) 
                                                               : fmt::format("{}:{}", host, port));
     }
     if (endpoints.empty()) throw ConfigError(fmt::format("--rdzv {}: no etcd endpoint", url));
-    return detail::connectEtcd(endpoints, options);
+    return detail::connectEtcd(endpoints, tls, options);
   }
   if (scheme == "store") {
     const auto [host, port] = hostPort(rest, url);
     return detail::connectStoreKv(host, port, options);
   }
   throw ConfigError(fmt::format(
-      "--rdzv {}: unknown rendezvous service (expected etcd://HOST:PORT[,HOST:PORT...]/JOB_ID or "
-      "store://HOST:PORT/JOB_ID)",
+      "--rdzv {}: unknown rendezvous service (expected etcd://HOST:PORT[,HOST:PORT...]/JOB_ID, "
+      "etcds://... (TLS) or store://HOST:PORT/JOB_ID)",
       url));
 }
 

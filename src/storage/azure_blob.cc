@@ -64,7 +64,7 @@ class BlobClient {
       : location_(std::move(location)),
         credentials_(std::move(credentials)),
         options_(options),
-        http_(HttpOptions{options.caFile, options.allowInsecure, options.timeoutS}) {}
+        http_(HttpOptions{options.caFile, options.allowInsecure, options.timeoutS, "", ""}) {}
 
   const BlobLocation& location() const { return location_; }
   const StorageOptions& options() const { return options_; }

@@ -55,7 +55,7 @@ std::string describeError(const std::string& body) {
 class ManagedIdentity final : public TokenSource {
  public:
   explicit ManagedIdentity(IdentityOptions o)
-      : options_(std::move(o)), http_(HttpOptions{"", false, options_.timeoutS}) {}
+      : options_(std::move(o)), http_(HttpOptions{"", false, options_.timeoutS, "", ""}) {}
 
   std::string token() override {
     std::lock_guard<std::mutex> g(mutex_);

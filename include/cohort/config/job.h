@@ -156,6 +156,15 @@ struct ElasticConfig {
   double belowMinTimeoutS = 600;   // fewer than MIN nodes this long: checkpoint and exit 75
   double rdzvTimeoutS = 60;        // retrying an unreachable rendezvous service
   std::string stateDir = "/dev/shm";  // where a node keeps the training state in memory
+  // etcd over TLS (--rdzv etcds://): the CA that signs the members'
+  // certificates (empty: the system's), this node's client certificate and
+  // key (etcd's --client-cert-auth), and an etcd user with its password
+  // (etcd's own authentication).
+  std::string etcdCaFile;
+  std::string etcdCertFile;
+  std::string etcdKeyFile;
+  std::string etcdUser;
+  std::string etcdPasswordFile;
 };
 
 // How a rank drives LibTorch on the CPU (docs/performance.md).

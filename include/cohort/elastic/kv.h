@@ -31,6 +31,13 @@ struct KvOptions {
   std::chrono::milliseconds aliveTtl{10000};  // a key kept alive lasts this long unrenewed
   // The store: its token (cohort/comm/store.h); etcd: unused.
   std::string storeToken;
+  // etcds:// (etcd over TLS): the CA bundle that signs the members'
+  // certificates (empty: the system's); a client certificate and key for
+  // etcd's --client-cert-auth; an etcd user and password for etcd's own
+  // authentication (a token from /v3/auth/authenticate on every request,
+  // asked again when etcd says it expired). Secrets: never logged.
+  std::string etcdCaFile, etcdCertFile, etcdKeyFile;
+  std::string etcdUser, etcdPassword;
 };
 
 class Kv {
@@ -60,9 +67,10 @@ class Kv {
   virtual bool waitChange(const std::string& key, int64_t since, std::chrono::milliseconds timeout) = 0;
 };
 
-// Connects to a rendezvous service: "etcd://HOST:PORT[,HOST:PORT...]" or
-// "store://HOST:PORT" (a trailing "/JOB_ID" is the caller's to split off).
-// Throws ConfigError for a malformed URL.
+// Connects to a rendezvous service: "etcd://HOST:PORT[,HOST:PORT...]",
+// "etcds://..." (the same over TLS) or "store://HOST:PORT" (a trailing
+// "/JOB_ID" is the caller's to split off). Throws ConfigError for a
+// malformed URL, and for TLS options or an etcd user on a plain etcd://.
 std::unique_ptr<Kv> connectKv(const std::string& url, const KvOptions& options);
 
 }  // namespace cohort::elastic

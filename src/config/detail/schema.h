@@ -309,6 +309,18 @@ void describe(V& v, ElasticConfig& c) {
   v.field("state_dir", c.stateDir,
           "Where a node keeps the training state between rounds: a memory file system "
           "(tmpfs), so a re-form reads no disk.");
+  v.field("etcd_ca_file", c.etcdCaFile,
+          "etcd over TLS (--rdzv etcds://...): PEM bundle of the CA that signs the members' "
+          "certificates; empty: the system's (docs/security.md).");
+  v.field("etcd_cert_file", c.etcdCertFile,
+          "etcds://: the PEM client certificate this node presents (for etcd's "
+          "--client-cert-auth); needs etcd_key_file. May differ per node (--set).");
+  v.field("etcd_key_file", c.etcdKeyFile, "etcds://: the private key of etcd_cert_file (mode 0600).");
+  v.field("etcd_user", c.etcdUser,
+          "etcds://: an etcd user to authenticate as (etcd's own authentication, `etcdctl auth "
+          "enable`); needs etcd_password_file.");
+  v.field("etcd_password_file", c.etcdPasswordFile,
+          "etcds://: a file (mode 0600) holding etcd_user's password.");
 }
 
 template <class V>

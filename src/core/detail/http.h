@@ -58,6 +58,9 @@ struct HttpOptions {
   std::string caFile;     // PEM bundle; empty: the system's
   bool insecure = false;  // no certificate verification
   double timeoutS = 60;   // connect, and the longest stretch with no byte moving
+  // A client certificate (PEM) and its key, presented to servers that ask
+  // for one; empty: none.
+  std::string certFile, keyFile;
 };
 
 class HttpClient {

@@ -10,8 +10,9 @@
 
 namespace cohort::elastic::detail {
 
-// etcd's v3 JSON API at each "host:port" (the members of one cluster).
-std::unique_ptr<Kv> connectEtcd(const std::vector<std::string>& endpoints, const KvOptions& options);
+// etcd's v3 JSON API at each "host:port" (the members of one cluster),
+// over https when `tls`.
+std::unique_ptr<Kv> connectEtcd(const std::vector<std::string>& endpoints, bool tls, const KvOptions& options);
 
 // cohort's store at host:port: hosted here (the first agent there) when the
 // address can be bound, else reached as a client.
