@@ -1,9 +1,10 @@
 // Elastic training across test hosts: network namespaces with their own
 // addresses on one bridge (util/netns.h), etcd on the bridge, one `cohort
 // agent` per host. A host's link is cut (no connection is reset: the others
-// notice by its lapsed lease), and a 3-member etcd cluster loses its leader
-// mid-run. Each asserts the final state and that every sample was trained on
-// exactly once.
+// notice by its lapsed lease); a 3-member etcd cluster loses its leader
+// mid-run, and again in the middle of a resize; an etcd member on a host of
+// its own is partitioned (util/netfault.h). Each asserts the final state and
+// that every sample was trained on exactly once.
 // Needs root; skips with the reason otherwise.
 
 #include <gtest/gtest.h>
@@ -17,9 +18,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "cohort/elastic/kv.h"
 #include "elastic/elastic_util.h"
 #include "util/etcd.h"
 #include "util/jobs.h"
+#include "util/netfault.h"
 #include "util/netns.h"
 #include "util/process.h"
 #include "util/skip.h"
@@ -45,8 +48,9 @@ class MultiHostTest : public ::testing::Test {
     e["COHORT_STORE_TOKEN"] = "multihost-test-token-0123456789abcdef";
     return e;
   }
-  std::unique_ptr<Process> agentOn(const TestNetwork& net, int host, const std::string& rdzv) {
-    AgentSpec s{fmt::format("host-{}", host), rdzv, "2:3", job_, dir_.file("run"), net.on(host), {}};
+  std::unique_ptr<Process> agentOn(const TestNetwork& net, int host, const std::string& rdzv,
+                                   const std::vector<std::string>& extra = {}) {
+    AgentSpec s{fmt::format("host-{}", host), rdzv, "2:3", job_, dir_.file("run"), net.on(host), extra};
     return startAgent(s, env());
   }
   int steps() const { return static_cast<int>(readSampleLog(dir_.file("samples")).lastStep); }
@@ -144,6 +148,67 @@ TEST_F(MultiHostTest, LosingEtcdsLeaderMidRunChangesNothing) {
   const SampleHistory h = readSampleLog(dir_.file("samples"));
   EXPECT_EQ(h.stepsByRound.size(), 1u);
   expectExact();
+}
+
+TEST_F(MultiHostTest, LosingEtcdsLeaderDuringAResizeChangesNothing) {
+  TestNetwork net(3);
+  EtcdCluster etcd(3, net.bridgeAddress());
+  const std::string rdzv = "etcd://" + etcd.endpoints() + "/resize";
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int h = 0; h < 2; ++h) agents.push_back(agentOn(net, h, rdzv));
+  ASSERT_TRUE(waitUntil([&] { return steps() > 60; }, 90s)) << agents[0]->stderrSoFar();
+  // A third node asks to join: the moment the record says so, the resize
+  // is under way (the others stop at a step boundary and open a round),
+  // and etcd loses its leader.
+  elastic::KvOptions ko;
+  ko.retryFor = 5000ms;
+  auto kv = elastic::connectKv("etcd://" + etcd.endpoints(), ko);
+  agents.push_back(agentOn(net, 2, rdzv));
+  ASSERT_TRUE(waitUntil([&] {
+    const auto v = kv->get("/cohort/resize/state");
+    return v && v->value.find("host-2") != std::string::npos;
+  }, 60s));
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  etcd.kill(leader);
+  for (auto& a : agents) {
+    const ProcessResult r = a->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+  }
+  const SampleHistory h = readSampleLog(dir_.file("samples"));
+  EXPECT_GE(h.stepsByRound.size(), 2u) << "the third node was never admitted";
+  expectExact();
+}
+
+TEST_F(MultiHostTest, APartitionedEtcdMemberChangesNothing) {
+  // Nodes on hosts 0 and 1; one etcd member on each of hosts 2..4. The
+  // leader's host is cut off for 15 s: the others elect a new one, and the
+  // agents move to a member that answers before any lease lapses.
+  TestNetwork net(5);
+  EtcdCluster etcd({EtcdHost{net.address(2), net.on(2)}, EtcdHost{net.address(3), net.on(3)},
+                    EtcdHost{net.address(4), net.on(4)}});
+  LinkFaults faults(net);
+  const std::string rdzv = "etcd://" + etcd.endpoints() + "/member";
+  // 6 epochs: the job outlasts the partition.
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int h = 0; h < 2; ++h) agents.push_back(agentOn(net, h, rdzv, {"--set", "training.epochs=6"}));
+  ASSERT_TRUE(waitUntil([&] { return steps() > 60; }, 90s)) << agents[0]->stderrSoFar();
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  faults.partition(2 + leader);
+  const int atCut = steps();
+  // Training goes on while the member is cut off.
+  EXPECT_TRUE(waitUntil([&] { return steps() > atCut + 100; }, 60s));
+  std::this_thread::sleep_for(15s);
+  EXPECT_GT(faults.dropped(2 + leader), 0);
+  faults.heal(2 + leader);
+  for (auto& a : agents) {
+    const ProcessResult r = a->wait(3min);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+  }
+  // No node was taken for lost: one round from start to end.
+  EXPECT_EQ(readSampleLog(dir_.file("samples")).stepsByRound.size(), 1u) << agents[0]->stderrSoFar() << agents[1]->stderrSoFar();
+  expectExactlyOnce(dir_.file("samples"), 6);
 }
 
 }  // namespace
