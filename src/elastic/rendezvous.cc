@@ -161,6 +161,9 @@ Round Rendezvous::join() {
         if (m != o_.nodeId && !kv_.alive(aliveKey(o_.prefix, m))) dead.push_back(m);
       }
       if (!dead.empty()) {
+        // They never started ranks in this round; ranks of an earlier one
+        // may still run.
+        if (o_.lost && s.round > 0) o_.lost(dead, s.round - 1);
         for (const auto& m : dead) {
           drop(s.members, m);
           s.addrs.erase(m);

@@ -50,8 +50,9 @@ struct RendezvousOptions {
   // Asked between waits: true makes join() return Status::interrupted.
   std::function<bool()> interrupted;
   // Told of the members of a round that are no longer alive, whenever
-  // check() or join() finds them (more than once, possibly): the agent
-  // fences them out of the run (cohort/core/fence.h). May throw.
+  // check() or join() finds them (more than once, possibly), with the
+  // newest round their ranks may run in: the agent fences them out of the
+  // run (cohort/core/fence.h). May throw.
   std::function<void(const std::vector<std::string>& nodes, int64_t round)> lost;
 };
 
