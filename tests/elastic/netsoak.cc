@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -54,6 +55,12 @@ using SysClock = std::chrono::system_clock;
 
 constexpr int kNodes = 3;  // hosts 0..2 run agents; hosts 3..5 run etcd
 constexpr const char* kJobId = "soak";
+
+// SIGINT or SIGTERM: the soak ends, its test hosts, etcd and agents
+// removed (the destructors run).
+std::atomic<int> gSignal{0};
+extern "C" void onSignal(int sig) { gSignal = sig; }
+struct Interrupted {};
 
 int64_t nowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(SysClock::now().time_since_epoch()).count();
@@ -94,6 +101,9 @@ class Soak {
   // `limit`, restarting an agent that ended unexpectedly.
   bool whole(std::chrono::seconds limit);
   void tendAgents();
+  // Waits `d`, draining the agents' output meanwhile (a full pipe would
+  // stop them); throws Interrupted on SIGINT or SIGTERM.
+  void idle(std::chrono::milliseconds d);
   Fault inject(const std::string& kind);
   void report(double cleanSamplesPerS);
   int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
@@ -156,6 +166,19 @@ uintmax_t Soak::progress() const {
   return total;
 }
 
+void Soak::idle(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  for (;;) {
+    if (gSignal != 0) throw Interrupted{};
+    for (Node& n : nodes_) {
+      if (n.agent) (void)n.agent->stderrSoFar();
+    }
+    const auto left = until - std::chrono::steady_clock::now();
+    if (left <= std::chrono::milliseconds(0)) return;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(left, 200ms));
+  }
+}
+
 void Soak::tendAgents() {
   for (int h = 0; h < kNodes; ++h) {
     Node& n = nodes_[static_cast<size_t>(h)];
@@ -190,7 +213,7 @@ bool Soak::whole(std::chrono::seconds limit) {
     } else {
       seenRound = -1;
     }
-    std::this_thread::sleep_for(200ms);
+    idle(200ms);
   }
   return false;
 }
@@ -233,13 +256,13 @@ Fault Soak::inject(const std::string& kind) {
       faults_.loss(h, 1);
       faults_.rate(h, "50mbit");
     }
-    std::this_thread::sleep_for(between(20, 40));
+    idle(between(20, 40));
     faults_.clear();
   } else if (kind == "partition") {
     const int h = pick(kNodes);
     f.target = nodes_[static_cast<size_t>(h)].id;
     faults_.partition(h);
-    std::this_thread::sleep_for(between(6, 15));
+    idle(between(6, 15));
     faults_.heal(h);
   } else if (kind == "sigstop") {
     const int h = pick(kNodes);
@@ -248,7 +271,7 @@ Fault Soak::inject(const std::string& kind) {
     std::vector<pid_t> pids = {n.agent->pid()};
     for (pid_t r : childrenOf(n.agent->pid())) pids.push_back(r);
     for (pid_t p : pids) ::kill(p, SIGSTOP);
-    std::this_thread::sleep_for(between(6, 15));
+    idle(between(6, 15));
     for (auto it = pids.rbegin(); it != pids.rend(); ++it) ::kill(*it, SIGCONT);
   } else if (kind == "kill-rank") {
     const int h = pick(kNodes);
@@ -263,7 +286,7 @@ Fault Soak::inject(const std::string& kind) {
     n.agent->signal(SIGKILL);
     (void)n.agent->wait(std::chrono::hours(100));
     n.agent.reset();
-    std::this_thread::sleep_for(between(5, 10));  // the others notice, then a new node arrives
+    idle(between(5, 10));  // the others notice, then a new node arrives
     startAgent(h);
     f.target += " (then " + n.id + " joins)";
   } else if (kind == "etcd-leader") {
@@ -271,14 +294,14 @@ Fault Soak::inject(const std::string& kind) {
     f.target = fmt::format("etcd member {}", leader);
     if (leader >= 0) {
       etcd_->kill(leader);
-      std::this_thread::sleep_for(between(5, 10));
+      idle(between(5, 10));
       etcd_->restart(leader);
     }
   } else if (kind == "etcd-partition") {
     const int leader = std::max(0, etcd_->leader());
     f.target = fmt::format("etcd member {} (the leader)", leader);
     faults_.partition(kNodes + leader);
-    std::this_thread::sleep_for(between(10, 20));
+    idle(between(10, 20));
     faults_.heal(kNodes + leader);
   }
   f.endMs = nowMs();
@@ -288,6 +311,8 @@ Fault Soak::inject(const std::string& kind) {
 }
 
 int Soak::run() {
+  // A line at a time, whatever stdout is: a soak is watched as it runs.
+  std::cout << std::unitbuf;
   std::vector<EtcdHost> hosts;
   for (int h = kNodes; h < 2 * kNodes; ++h) hosts.push_back({net_.address(h), net_.on(h)});
   etcd_ = std::make_unique<EtcdCluster>(hosts);
@@ -328,7 +353,7 @@ int Soak::run() {
   while (std::chrono::steady_clock::now() < end) {
     const json s = state();
     if (s.is_object() && s.value("status", "") == "closed") break;
-    std::this_thread::sleep_for(between(5, 15));
+    idle(between(5, 15));
     const std::string kind = kinds[static_cast<size_t>(which(rng_))].first;
     Fault f = inject(kind);
     std::cout << fmt::format("{:>6.1f} min  {:<15} {:<48} {}\n", (f.startMs - startMs_) / 60000.0, kind, f.target,
@@ -340,13 +365,19 @@ int Soak::run() {
   faults_.clear();
   std::cout << "faults over; the job runs to its end\n";
   int failedExits = 0;
+  const auto giveUp = std::chrono::steady_clock::now() + 60min;
+  auto allExited = [&] {
+    for (const Node& n : nodes_) {
+      if (!n.agent->exited()) return false;
+    }
+    return true;
+  };
+  while (!allExited() && std::chrono::steady_clock::now() < giveUp) idle(1s);
   for (int h = 0; h < kNodes; ++h) {
-    for (;;) {
-      Node& n = nodes_[static_cast<size_t>(h)];
-      if (waitUntil([&] { return n.agent->exited(); }, 60min)) break;
-      std::cerr << "agent " << n.id << " still running after an hour\n";
+    if (!nodes_[static_cast<size_t>(h)].agent->exited()) {
+      std::cerr << "agent " << nodes_[static_cast<size_t>(h)].id << " still running after an hour: killed\n";
+      nodes_[static_cast<size_t>(h)].agent->signal(SIGKILL);
       ++failedExits;
-      break;
     }
     const ProcessResult r = nodes_[static_cast<size_t>(h)].agent->wait(std::chrono::hours(100));
     if (r.exitCode != 0) {
@@ -509,9 +540,16 @@ int main(int argc, char** argv) {
     std::cerr << "the soak needs etcd and nftables (scripts/install-deps.sh)\n";
     return 2;
   }
+  struct sigaction sa {};
+  sa.sa_handler = cohort::test::onSignal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
   try {
     cohort::test::Soak soak(o);
     return soak.run();
+  } catch (const cohort::test::Interrupted&) {
+    std::cerr << "soak: interrupted; test hosts, etcd and agents removed\n";
+    return 130;
   } catch (const std::exception& e) {
     std::cerr << "soak: " << e.what() << "\n";
     return 1;

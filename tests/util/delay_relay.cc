@@ -12,9 +12,11 @@
 //
 // F holds the delay in milliseconds and is read again every 50 ms, so a
 // test changes the latency of established connections by rewriting it.
-// "listening on P" on stderr says the relay is ready; "relaying to A:P"
-// follows for every connection. A destination that refuses the connection
-// gets the client's connection reset. Ends when killed.
+// "listening on P" on stderr says the relay is ready; F.relayed holds the
+// number of connections relayed so far (a file, not a line per connection:
+// nothing reads the relay's stderr while it runs, and a full pipe would
+// stop it). A destination that refuses the connection gets the client's
+// connection reset. Ends when killed.
 
 #include <arpa/inet.h>
 #include <linux/netfilter_ipv4.h>
@@ -42,6 +44,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::atomic<int> gDelayMs{0};
+std::atomic<long> gRelayed{0};
 
 // Chunks read from one side, due to be written to the other. Bounded: the
 // reader waits while kMaxQueued bytes are in flight, so a stalled receiver
@@ -152,9 +155,7 @@ void serve(int client, uint32_t mark) {
   }
   timeval none{0, 0};
   ::setsockopt(up, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
-  char to[INET_ADDRSTRLEN] = {0};
-  ::inet_ntop(AF_INET, &dst.sin_addr, to, sizeof(to));
-  std::fprintf(stderr, "relaying to %s:%d\n", to, ntohs(dst.sin_port));
+  ++gRelayed;
   const int one = 1;
   ::setsockopt(up, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -189,10 +190,17 @@ int main(int argc, char** argv) {
   }
   gDelayMs = std::max(0, readDelay(delayFile));
   std::thread([delayFile] {
+    long reported = -1;
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       const int ms = readDelay(delayFile);
       if (ms >= 0) gDelayMs = ms;
+      if (const long n = gRelayed.load(); n != reported) {
+        const std::string tmp = delayFile + ".relayed.tmp";
+        std::ofstream(tmp) << n << "\n";
+        std::rename(tmp.c_str(), (delayFile + ".relayed").c_str());
+        reported = n;
+      }
     }
   }).detach();
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
