@@ -131,6 +131,16 @@ SampleHistory readSampleLog(const std::string& dir) {
   return h;
 }
 
+bool expectAllExitZero(const std::vector<std::unique_ptr<Process>>& agents, std::chrono::milliseconds limit) {
+  bool all = true;
+  for (const auto& a : agents) {
+    const ProcessResult r = a->wait(limit);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    all = all && r.exitCode == 0;
+  }
+  return all;
+}
+
 std::string scrapeMetrics(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

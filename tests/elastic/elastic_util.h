@@ -65,6 +65,10 @@ SampleHistory readSampleLog(const std::string& dir);
 // expectations).
 void expectExactlyOnce(const std::string& dir, int epochs);
 
+// Waits for each of `agents` (at most `limit` after it started) and expects
+// exit 0 (gtest expectations, with the agent's output). True when all did.
+bool expectAllExitZero(const std::vector<std::unique_ptr<Process>>& agents, std::chrono::milliseconds limit);
+
 // GET http://127.0.0.1:port/metrics: the body, or "" when nothing answers.
 std::string scrapeMetrics(int port);
 

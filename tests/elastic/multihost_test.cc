@@ -140,10 +140,7 @@ TEST_F(MultiHostTest, LosingEtcdsLeaderMidRunChangesNothing) {
   const int leader = etcd.leader();
   ASSERT_GE(leader, 0);
   etcd.kill(leader);
-  for (auto& a : agents) {
-    const ProcessResult r = a->wait(3min);
-    EXPECT_EQ(r.exitCode, 0) << r.describe();
-  }
+  expectAllExitZero(agents, 3min);
   // One round from start to end: the election did not disturb training.
   const SampleHistory h = readSampleLog(dir_.file("samples"));
   EXPECT_EQ(h.stepsByRound.size(), 1u);
@@ -171,10 +168,7 @@ TEST_F(MultiHostTest, LosingEtcdsLeaderDuringAResizeChangesNothing) {
   const int leader = etcd.leader();
   ASSERT_GE(leader, 0);
   etcd.kill(leader);
-  for (auto& a : agents) {
-    const ProcessResult r = a->wait(3min);
-    EXPECT_EQ(r.exitCode, 0) << r.describe();
-  }
+  expectAllExitZero(agents, 3min);
   const SampleHistory h = readSampleLog(dir_.file("samples"));
   EXPECT_GE(h.stepsByRound.size(), 2u) << "the third node was never admitted";
   expectExact();
@@ -202,10 +196,7 @@ TEST_F(MultiHostTest, APartitionedEtcdMemberChangesNothing) {
   std::this_thread::sleep_for(15s);
   EXPECT_GT(faults.dropped(2 + leader), 0);
   faults.heal(2 + leader);
-  for (auto& a : agents) {
-    const ProcessResult r = a->wait(3min);
-    EXPECT_EQ(r.exitCode, 0) << r.describe();
-  }
+  expectAllExitZero(agents, 3min);
   // No node was taken for lost: one round from start to end.
   EXPECT_EQ(readSampleLog(dir_.file("samples")).stepsByRound.size(), 1u) << agents[0]->stderrSoFar() << agents[1]->stderrSoFar();
   expectExactlyOnce(dir_.file("samples"), 6);

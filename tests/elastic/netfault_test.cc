@@ -152,15 +152,7 @@ class NetFaultTest : public ::testing::Test {
         }
       }
     }
-    bool ok = true;
-    for (auto& p : ranks) {
-      const ProcessResult res = p->wait(5min);
-      if (res.exitCode != 0) {
-        ADD_FAILURE() << res.describe();
-        ok = false;
-      }
-    }
-    return ok;
+    return expectAllExitZero(ranks, 5min);
   }
 
   // An agent on `host`; its rank 0 (if it has it) `slowMs` slower a step.
@@ -178,15 +170,7 @@ class NetFaultTest : public ::testing::Test {
   bool runElastic(const TestNetwork& net, int hosts, const Run& r, const std::string& rdzv) {
     std::vector<std::unique_ptr<Process>> agents;
     for (int h = 0; h < hosts; ++h) agents.push_back(agentOn(net, h, r, rdzv, "2:3"));
-    bool ok = true;
-    for (auto& a : agents) {
-      const ProcessResult res = a->wait(5min);
-      if (res.exitCode != 0) {
-        ADD_FAILURE() << res.describe();
-        ok = false;
-      }
-    }
-    return ok;
+    return expectAllExitZero(agents, 5min);
   }
 
   static int64_t steps(const Run& r) { return readSampleLog(r.samples).lastStep; }
@@ -251,18 +235,19 @@ TEST_F(NetFaultTest, LossRateAndLatencyLeaveTheWeightsBitwiseTheSame) {
 
 TEST_F(NetFaultTest, APartitionedNodeIsFencedAndRejoinsAtAStepBoundary) {
   // Host 0 is node 0: it hosts the round's store, and its rank 0 commits
-  // checkpoints. Its writer is held in step 100 for 8 s; the partition
-  // begins just after, so the writer resumes while the others, having
-  // declared host 0 lost, go on without it: the fence must stop it.
+  // checkpoints. Its writer is held in step 100 for 10 s; the partition
+  // begins just after and lasts 16 s, so the writer resumes while the
+  // others, having declared host 0 lost, go on without it: the fence must
+  // stop it.
   TestNetwork net(3);
   EtcdCluster etcd(1, net.bridgeAddress());
-  // 4 epochs at about 30 steps a second: the job outlasts the partition.
+  // 5 epochs at about 30 steps a second: the job outlasts the partition.
   // Every checkpoint is kept, so that what was written stays to be seen.
-  const Run r = makeRun("partition", 4, {"checkpoint.keep_last=100"});
+  const Run r = makeRun("partition", 5, {"checkpoint.keep_last=100"});
   const std::string rdzv = "etcd://" + etcd.endpoints() + "/partition";
   LinkFaults faults(net);
   std::vector<std::unique_ptr<Process>> agents;
-  agents.push_back(agentOn(net, 0, r, rdzv, "2:3", {{"COHORT_TEST_CKPT_PAUSE", "100:8"}}, 25));
+  agents.push_back(agentOn(net, 0, r, rdzv, "2:3", {{"COHORT_TEST_CKPT_PAUSE", "100:10"}}, 25));
   for (int h = 1; h < 3; ++h) agents.push_back(agentOn(net, h, r, rdzv, "2:3", {}, 25));
   FileWatch watch(r.runDir);
   ASSERT_TRUE(waitUntil([&] { return steps(r) > 102; }, 120s)) << tail(*agents[0]);
@@ -274,7 +259,7 @@ TEST_F(NetFaultTest, APartitionedNodeIsFencedAndRejoinsAtAStepBoundary) {
   ASSERT_TRUE(waitUntil([&] { return fence::lostIn(r.runDir, "host-0") >= roundAtCut; }, 30s)) << tail(*agents[1]);
   const auto fencedAt = std::chrono::steady_clock::now();
   ASSERT_TRUE(waitUntil([&] { return lastRound(r) > roundAtCut && steps(r) > 130; }, 60s)) << tail(*agents[1]);
-  std::this_thread::sleep_until(cutAt + 12s);
+  std::this_thread::sleep_until(cutAt + 16s);
   faults.heal(0);
   // Healed, host 0 learns it was declared lost, kills its stale ranks and
   // rejoins: a later round with three nodes.
@@ -282,11 +267,8 @@ TEST_F(NetFaultTest, APartitionedNodeIsFencedAndRejoinsAtAStepBoundary) {
   ASSERT_TRUE(waitUntil([&] { return agents[0]->stderrSoFar().find("was declared lost") != std::string::npos; },
                         90s))
       << tail(*agents[0]);
-  for (auto& a : agents) {
-    const ProcessResult res = a->wait(4min);
-    EXPECT_EQ(res.exitCode, 0) << res.describe();
-  }
-  expectExactlyOnce(r.samples, 4);
+  expectAllExitZero(agents, 4min);
+  expectExactlyOnce(r.samples, 5);
   const SampleHistory h = readSampleLog(r.samples);
   EXPECT_GT(h.stepsByRound.rbegin()->first, roundAtHeal) << "host 0 never rejoined";
   // The stale writer met the fence: nothing of step 100 (the others never
@@ -325,10 +307,7 @@ TEST_F(NetFaultTest, AStaticJobWaitsOutAPartitionAndRestartsFromItsNewestState) 
   std::this_thread::sleep_until(cutAt + 12s);
   EXPECT_LE(steps(r), atCut + 1) << "steps were trained below MIN";
   faults.heal(1);
-  for (auto& a : agents) {
-    const ProcessResult res = a->wait(4min);
-    EXPECT_EQ(res.exitCode, 0) << res.describe();
-  }
+  expectAllExitZero(agents, 4min);
   const SampleHistory h = readSampleLog(r.samples);
   EXPECT_GT(h.stepsByRound.rbegin()->first, roundAtCut);
   // The steps after the state resumed from were trained again (none from
@@ -389,10 +368,7 @@ TEST_F(NetFaultTest, AStoppedNodeIsLostAndWritesNothingWhenItResumes) {
       [&] { return rankLogs(r).find("fenced: the other nodes declared this node lost") != std::string::npos; }, 15s);
   ::kill(agent, SIGCONT);
   EXPECT_TRUE(fenced) << "the resumed rank's writer did not meet the fence: " << readText(r.runDir + "/logs/rank-1.log");
-  for (auto& a : agents) {
-    const ProcessResult res = a->wait(4min);
-    EXPECT_EQ(res.exitCode, 0) << res.describe();
-  }
+  expectAllExitZero(agents, 4min);
   expectExactlyOnce(r.samples, 4);
   // Nothing of step 100 (which the others never write again) came into
   // the run from the resumed rank.
