@@ -377,7 +377,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
   };
 
   for (char c : job.name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+    if (!isNameChar(c)) {
       fail(where("name"), "name",
            fmt::format("'{}' may only contain letters, digits, '-', '_' and '.'", job.name));
     }

@@ -27,6 +27,7 @@
 #include "cohort/core/net.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/core/signals.h"
+#include "cohort/core/text.h"
 #include "cohort/core/time.h"
 #include "cohort/elastic/batch_policy.h"
 #include "cohort/elastic/kv.h"
@@ -617,9 +618,7 @@ std::pair<std::string, std::string> splitRdzvUrl(const std::string& url) {
   const size_t scheme = url.find("://");
   const size_t slash = scheme == std::string::npos ? std::string::npos : url.find('/', scheme + 3);
   const std::string id = slash == std::string::npos ? "" : url.substr(slash + 1);
-  bool ok = !id.empty() && id.size() <= 128;
-  for (char c : id) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  if (!ok) {
+  if (!isPortableName(id)) {
     throw ConfigError(fmt::format(
         "--rdzv {}: expected etcd://HOST:PORT[,HOST:PORT...]/JOB_ID, etcds://... or store://HOST:PORT/JOB_ID, "
         "with a job id of letters, digits, '.', '_' and '-'",
@@ -639,11 +638,7 @@ int runAgent(const AgentOptions& o) {
   if (o.procs < 0) throw UsageError(fmt::format("--procs must be >= 1, got {}", o.procs));
   const std::string jobId = splitRdzvUrl(o.rdzv).second;
   // Node ids name files in the run directory (logs, events, the fence).
-  bool nodeOk = o.nodeId.size() <= 128 && o.nodeId != "." && o.nodeId != "..";
-  for (char c : o.nodeId) {
-    nodeOk = nodeOk && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  }
-  if (!nodeOk) {
+  if (!o.nodeId.empty() && !isPortableName(o.nodeId)) {
     throw UsageError(fmt::format("--node-id '{}': a node id is made of letters, digits, '.', '_' and "
                                  "'-' (at most 128)",
                                  o.nodeId));

@@ -281,6 +281,7 @@ class EtcdKv final : public Kv {
     req.url = scheme_ + host + "/v3/auth/authenticate";
     req.body = &text;
     req.headers = {{"Content-Type", "application/json"}};
+    req.totalTimeoutS = attemptTimeoutS();
     const http::HttpResponse resp = http_.perform(req);
     const json r = json::parse(resp.body, nullptr, false);
     if (resp.status == 200 && r.is_object() && r.contains("token")) {

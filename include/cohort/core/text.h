@@ -15,6 +15,22 @@ namespace cohort {
 // The bytes of `s`: what a store value holds.
 inline std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
+// Whether `c` may be in a name that becomes part of a file name or key
+// (a job name, a job id, a node id): a letter, a digit, '.', '_' or '-'.
+inline bool isNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-';
+}
+// A non-empty name of such characters, at most `max` of them, other than
+// "." and "..".
+inline bool isPortableName(const std::string& s, size_t max = 128) {
+  if (s.empty() || s.size() > max || s == "." || s == "..") return false;
+  for (char c : s) {
+    if (!isNameChar(c)) return false;
+  }
+  return true;
+}
+
 // `s` with A-Z turned into a-z.
 inline std::string lowerAscii(std::string s) {
   for (char& c : s) {
