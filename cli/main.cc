@@ -4,10 +4,10 @@
 //   cohort worker JOB.yaml [--set ...] [--run-dir DIR]
 //   cohort validate JOB.yaml [--set ...]
 //   cohort ckpt list|verify|inspect PATH | decrypt FILE OUT --key-file K
-//   cohort ckpt consolidate PATH OUT.pt [--optimizer OPT.pt]
-//   cohort data pack SRC DST | tokenize SRC DST | inspect PATH | verify PATH
-//   cohort generate RUN_DIR --prompt TEXT --tokens N
-//   cohort export MODEL --format onnx|torchscript [--out PATH] [--batch dynamic|N]
+//   cohort ckpt consolidate PATH OUT.pt|OUT.safetensors [--optimizer OPT.pt] [--format pt|safetensors]
+//   cohort data pack SRC DST | tokenize SRC DST [--tokenizer sentencepiece --vocab-size N] | inspect PATH | verify PATH
+//   cohort generate RUN_DIR --prompt TEXT --tokens N [--top-p P] [--stop S] [--no-kv-cache]
+//   cohort export MODEL --format onnx|torchscript|safetensors|huggingface [--out PATH] [--batch dynamic|N]
 //   cohort serve MODEL [--port P] [--host H] [--max-batch B] [--max-delay-ms D] [--threads T]
 //   cohort score MODEL --data DATA --out predictions.jsonl [--procs N]
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
@@ -27,6 +27,9 @@
 
 #include <sys/stat.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -122,7 +125,7 @@ struct Cli {
   std::string ckptPath;
   bool ckptTensors = false;
   std::string decryptOut;
-  std::string consolidateOut, consolidateOptimizer;
+  std::string consolidateOut, consolidateOptimizer, consolidateFormat;
   cohort::security::KeySources keySources;
   // data
   CLI::App *data = nullptr, *dataPack = nullptr, *dataInspect = nullptr, *dataVerify = nullptr,
@@ -136,6 +139,7 @@ struct Cli {
   // generate
   CLI::App* generate = nullptr;
   cohort::train::GenerateOptions generateOptions;
+  bool generateNoCache = false, generateTiming = false;
   std::string dataSrc, dataDst, dataPath;
   cohort::data::PackOptions packOptions;
   cohort::storage::StorageOptions& so = packOptions.storage;
@@ -266,7 +270,10 @@ void Cli::addCkpt(CLI::App& app) {
   ckptConsolidate->add_option("path", ckptPath,
                               "step-<N> directory (or a directory: its newest valid checkpoint)")
       ->required();
-  ckptConsolidate->add_option("out", consolidateOut, "The model's state dict (.pt)")->required();
+  ckptConsolidate->add_option("out", consolidateOut, "The model's state dict (.pt or .safetensors)")->required();
+  ckptConsolidate->add_option("--format", consolidateFormat,
+                              "pt or safetensors (default: safetensors for an OUT ending in .safetensors, else pt)")
+      ->check(CLI::IsMember({"pt", "safetensors"}));
   ckptConsolidate->add_option("--optimizer", consolidateOptimizer,
                               "Also write the optimizer state here (.pt), as torch.optim's "
                               "state_dict(): parameters numbered in the model's order");
@@ -301,7 +308,7 @@ void Cli::addData(CLI::App& app) {
   dataPack->add_option("--name", packOptions.name, "Dataset name (default: SRC's name)");
   dataPack->add_flag("--no-progress", noProgress, "No progress line");
   dataTokenize = data->add_subcommand(
-      "tokenize", "Turn text into token datasets DST/train and DST/val (byte-level tokens)");
+      "tokenize", "Turn text into token datasets DST/train and DST/val (bytes, or a SentencePiece model)");
   dataTokenize->add_option("src", dataSrc,
                            "A text file, a folder of them (read in sorted order), or - for stdin")
       ->required();
@@ -312,6 +319,16 @@ void Cli::addData(CLI::App& app) {
       ->capture_default_str();
   dataTokenize->add_option("--shard-tokens", tokenizeOptions.shardTokens, "Tokens per shard file")
       ->capture_default_str();
+  dataTokenize->add_option("--tokenizer", tokenizeOptions.tokenizer,
+                           "bytes (each byte a token) or sentencepiece (a model trained on the training text, "
+                           "or --tokenizer-model)")
+      ->capture_default_str()->check(CLI::IsMember({"bytes", "sentencepiece"}));
+  dataTokenize->add_option("--vocab-size", tokenizeOptions.vocabSize, "sentencepiece: the vocabulary to train")
+      ->capture_default_str();
+  dataTokenize->add_option("--model-type", tokenizeOptions.modelType, "sentencepiece: bpe or unigram")
+      ->capture_default_str()->check(CLI::IsMember({"bpe", "unigram"}));
+  dataTokenize->add_option("--tokenizer-model", tokenizeOptions.tokenizerModel,
+                           "sentencepiece: an existing model file (.model) instead of training one");
   dataTokenize->add_flag("--no-progress", noProgress, "No progress line");
   dataInspect = data->add_subcommand("inspect", "Show what a packed dataset holds");
   dataInspect->add_option("path", dataPath, "Dataset directory or blob URL")->required();
@@ -355,12 +372,19 @@ void Cli::addHealthLogsHelp(CLI::App& app) {
   generate->add_option("--prompt", generateOptions.prompt, "Text to continue (default: a newline)");
   generate->add_option("--tokens", generateOptions.tokens, "Tokens to generate")->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
-  generate->add_option("--temperature", generateOptions.temperature,
+  generate->add_option("--temperature", generateOptions.sampling.temperature,
                        "Divide the logits by this; 0 (below 1e-4) always takes the most likely token")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  generate->add_option("--top-k", generateOptions.topK, "Sample among the k most likely tokens; 0: all")
+  generate->add_option("--top-k", generateOptions.sampling.topK, "Sample among the k most likely tokens; 0: all")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  generate->add_option("--seed", generateOptions.seed, "Sampling seed")->capture_default_str();
+  generate->add_option("--top-p", generateOptions.sampling.topP,
+                       "Sample among the most likely tokens whose probabilities reach p together; 1: all")
+      ->capture_default_str();
+  generate->add_option("--seed", generateOptions.sampling.seed, "Sampling seed")->capture_default_str();
+  generate->add_option("--stop", generateOptions.stops, "End the text before this string (repeatable)");
+  generate->add_flag("--no-kv-cache", generateNoCache,
+                     "Run the whole window again for every token instead of keeping its keys and values");
+  generate->add_flag("--timing", generateTiming, "Print tokens/s and the first token's latency on stderr");
 
   help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
@@ -370,10 +394,11 @@ void Cli::addHealthLogsHelp(CLI::App& app) {
 void Cli::addDeploy(CLI::App& app) {
   const char* modelHelp =
       "A run directory, a weights file or checkpoint in one, or (serve, score) a TorchScript export";
-  exportCmd = app.add_subcommand("export", "Write a trained model as ONNX or TorchScript for other runtimes");
+  exportCmd = app.add_subcommand("export", "Write a trained model as ONNX, TorchScript, safetensors or Hugging Face's "
+                                           "GPT-2 layout for other runtimes");
   exportCmd->add_option("model", exportOptions.model, modelHelp)->required();
-  exportCmd->add_option("--format", exportOptions.format, "onnx or torchscript")
-      ->required()->check(CLI::IsMember({"onnx", "torchscript"}));
+  exportCmd->add_option("--format", exportOptions.format, "onnx, torchscript, safetensors or huggingface (gpt)")
+      ->required()->check(CLI::IsMember({"onnx", "torchscript", "safetensors", "huggingface"}));
   exportCmd->add_option("--out", exportOptions.out, "Output file (default: beside the weights, in model/)");
   exportCmd->add_option("--batch", exportBatch, "`dynamic` (any batch size) or a fixed batch size")
       ->capture_default_str();
@@ -485,7 +510,13 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*ckptVerify) return cohort::ckpt::verifyCommand(ckptPath, std::cout);
   if (*ckptInspect) return cohort::ckpt::inspectCommand(ckptPath, ckptTensors, std::cout);
   if (*ckptConsolidate) {
-    return cohort::ckpt::consolidateCommand(ckptPath, consolidateOut, consolidateOptimizer, std::cout);
+    const bool safetensors =
+        consolidateFormat == "safetensors" ||
+        (consolidateFormat.empty() && consolidateOut.size() > 12 &&
+         consolidateOut.compare(consolidateOut.size() - 12, 12, ".safetensors") == 0);
+    return cohort::ckpt::consolidateCommand(ckptPath, consolidateOut, consolidateOptimizer, std::cout,
+                                            safetensors ? cohort::WeightsFormat::safetensors
+                                                        : cohort::WeightsFormat::pt);
   }
   if (*dataPack) {
     packOptions.shardBytes = static_cast<int64_t>(shardMb * 1e6);
@@ -506,10 +537,19 @@ int Cli::dispatch(CLI::App& app, int argc) {
     std::cout << "tokenized " << r.files << " file(s): " << r.train.records() << " training and "
               << r.val.records() << " validation tokens (tokenizer " << r.train.tokenizer
               << ", vocabulary " << r.train.vocabSize << ") at "
-              << cohort::storage::redactUrl(dataDst) << "/{train,val}\n";
+              << cohort::storage::redactUrl(dataDst) << "/{train,val}\n"
+              << fmt::format("{:.1f} MB of text in {:.2f} s: {:.0f} tokens/s, {:.2f} bytes per token\n",
+                             (r.train.textBytes + r.val.textBytes) / 1e6, r.seconds,
+                             (r.train.records() + r.val.records()) / std::max(r.seconds, 1e-9),
+                             double(r.train.textBytes + r.val.textBytes) /
+                                 std::max<int64_t>(1, r.train.records() + r.val.records()));
     return 0;
   }
-  if (*generate) return cohort::train::generateCommand(generateOptions, std::cout);
+  if (*generate) {
+    generateOptions.kvCache = !generateNoCache;
+    if (generateTiming) generateOptions.timing = &std::cerr;
+    return cohort::train::generateCommand(generateOptions, std::cout);
+  }
   if (*exportCmd) {
     if (exportBatch != "dynamic") {
       try {

@@ -85,8 +85,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fuzz::require(id >= 0 && id < info.vocabSize, "prompt id " + std::to_string(id) + " was accepted");
       }
       fuzz::require(r.maxTokens >= 0 && r.maxTokens <= kMaxNewTokens, "max_tokens beyond its bound");
-      fuzz::require(std::isfinite(r.temperature) && r.temperature >= 0, "a temperature that cannot sample");
-      fuzz::require(r.topK >= 0 && r.topK <= info.vocabSize, "top_k beyond the vocabulary");
+      fuzz::require(std::isfinite(r.sampling.temperature) && r.sampling.temperature >= 0,
+                    "a temperature that cannot sample");
+      fuzz::require(r.sampling.topK >= 0 && r.sampling.topK <= info.vocabSize, "top_k beyond the vocabulary");
+      fuzz::require(r.sampling.topP > 0 && r.sampling.topP <= 1, "a top_p outside (0, 1]");
+      fuzz::require(r.stops.size() <= 16, "more than 16 stop strings");
+      for (const std::string& stop : r.stops) fuzz::require(!stop.empty() && stop.size() <= 256, "a stop string out of bounds");
     }
   } else {
     // Gray 4x4 (resize 6) or RGB 8x8 (resize 8).

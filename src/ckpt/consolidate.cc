@@ -12,6 +12,7 @@
 #include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tools.h"
+#include "cohort/ckpt/weights.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
@@ -54,7 +55,7 @@ GenericDict paramGroup(const OptimizerConfig& c, double lr, int64_t count) {
 }  // namespace
 
 int consolidateCommand(const std::string& path, const std::string& modelOut,
-                       const std::string& optimizerOut, std::ostream& out) {
+                       const std::string& optimizerOut, std::ostream& out, WeightsFormat format) {
   const std::string dir = findCheckpoint(path);
   if (dir.empty()) {
     out << "no valid checkpoint in " << path << "\n";
@@ -66,18 +67,18 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
   size_t tensors = 0;
   std::vector<std::string> order;
   {
-    StateDictWriter writer(modelOut);
+    const std::unique_ptr<WeightsWriter> writer = openWeightsWriter(modelOut, format);
     order = visitCheckpointModel(dir, m, [&](const std::string& name, const at::Tensor& t) {
-      writer.add(name, t);
+      writer->add(name, t);
       ++tensors;
     });
-    writer.finish(order);
+    writer->finish(order);
   }
   out << fmt::format("{}: step {}, written by {} ranks{}\n", dir, m.step, m.worldSize,
                      m.extra.contains("zero")
                          ? fmt::format(" at ZeRO stage {}", jsonInt(m.extra["zero"], "stage", 0))
                          : std::string());
-  out << fmt::format("wrote the model ({} tensors) to {}\n", tensors, modelOut);
+  out << fmt::format("wrote the model ({} tensors, {}) to {}\n", tensors, choiceName(format), modelOut);
   if (optimizerOut.empty()) return 0;
 
   const JobConfig job = loadJobFromString(m.extra.value("job", std::string()),

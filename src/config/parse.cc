@@ -480,6 +480,15 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
          fmt::format("blocks is for the gpt and ResNet models; {} has no blocks cohort knows of",
                      choiceName(arch)));
   }
+  if (job.output.weightsFormat == WeightsFormat::safetensors && job.security.encryption.finalModel) {
+    fail(where("output.weights_format"), "output.weights_format",
+         "safetensors files cannot be encrypted, and security.encryption.final_model is true: use pt, "
+         "or leave the final weights unencrypted");
+  }
+  if (job.model.activation != Activation::gelu && arch != ModelArch::gpt) {
+    fail(where("model.activation"), "model.activation",
+         fmt::format("is for model.arch gpt, not {}", choiceName(arch)));
+  }
   if (arch == ModelArch::torchscript && job.model.path.empty()) {
     fail(where("model.arch"), "model.path", "model.arch torchscript needs the module's file in model.path");
   }
@@ -525,7 +534,10 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     if (file->empty()) continue;
     fs::path abs = absolutePath(*file);
     std::error_code ec;
-    if (!fs::is_regular_file(abs, ec)) {
+    // A gpt's weights may be a Hugging Face directory (config.json beside them).
+    const bool hfDir = file == &job.model.initFrom && arch == ModelArch::gpt && fs::is_directory(abs, ec) &&
+                       fs::is_regular_file(abs / "config.json", ec);
+    if (!fs::is_regular_file(abs, ec) && !hfDir) {
       throw DataError(fmt::format("{}: {}: file not found: {}", where(key), key, abs.string()));
     }
     *file = abs.string();

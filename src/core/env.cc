@@ -156,6 +156,8 @@ std::vector<std::pair<std::string, std::string>> rankVariables(const RankEnv& r)
 
 std::optional<std::string> logLevel() { return get("COHORT_LOG_LEVEL"); }
 
+std::optional<std::string> sentencePieceLibrary() { return get("COHORT_SPM_LIBRARY"); }
+
 std::optional<Fault> fault() {
   auto v = get("COHORT_FAULT");
   if (!v) return std::nullopt;

@@ -21,6 +21,11 @@ void makeDirs(const std::string& path) {
 
 }  // namespace
 
+std::string RunDir::finalWeights() const {
+  std::error_code ec;
+  return fs::is_regular_file(finalSafetensors(), ec) ? finalSafetensors() : finalModel();
+}
+
 RunDir openRunDir(const std::string& path) {
   RunDir d{fs::absolute(path).lexically_normal().string()};
   while (d.root.size() > 1 && d.root.back() == '/') d.root.pop_back();

@@ -31,6 +31,12 @@ std::string datasetManifestJson(const DatasetManifest& m) {
   if (m.encoding == "tokens") {
     j["tokenizer"] = m.tokenizer;
     j["vocab_size"] = m.vocabSize;
+    j["token_bytes"] = m.tokenBytes;
+    if (!m.tokenizerModel.empty()) {
+      j["tokenizer_model"] = m.tokenizerModel;
+      j["tokenizer_checksum"] = m.tokenizerChecksum;
+    }
+    if (m.textBytes > 0) j["text_bytes"] = m.textBytes;
   }
   j["classes"] = m.classes;
   j["records"] = m.records();
@@ -76,10 +82,30 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
     if (m.encoding == "tokens") {
       m.tokenizer = field("tokenizer").get<std::string>();
       m.vocabSize = jsonInt<int64_t>(field("vocab_size"));
-      if (m.vocabSize < 1 || m.vocabSize > 65536) {
-        throw DataError(fmt::format("{}: vocab_size {} is not in [1, 65536] (tokens are uint16)",
-                                    where, m.vocabSize));
+      m.tokenBytes = j.contains("token_bytes") ? jsonInt<int>(j.at("token_bytes")) : 2;
+      if (m.tokenBytes != 2 && m.tokenBytes != 4) {
+        throw DataError(fmt::format("{}: token_bytes {}: tokens are 2 (uint16) or 4 (uint32) bytes", where,
+                                    m.tokenBytes));
       }
+      const int64_t most = m.tokenBytes == 2 ? 65536 : int64_t{1} << 31;
+      if (m.vocabSize < 1 || m.vocabSize > most) {
+        throw DataError(fmt::format("{}: vocab_size {} is not in [1, {}] (tokens are uint{})", where, m.vocabSize,
+                                    most, 8 * m.tokenBytes));
+      }
+      if (j.contains("tokenizer_model")) {
+        m.tokenizerModel = j.at("tokenizer_model").get<std::string>();
+        m.tokenizerChecksum = field("tokenizer_checksum").get<std::string>();
+        if (m.tokenizerModel.empty() || m.tokenizerModel.find('/') != std::string::npos ||
+            m.tokenizerModel.find("..") != std::string::npos) {
+          throw DataError(fmt::format("{}: tokenizer_model '{}' is not a file name in the dataset", where,
+                                      m.tokenizerModel));
+        }
+      }
+      if (m.tokenizer == "sentencepiece" && m.tokenizerModel.empty()) {
+        throw DataError(fmt::format("{}: tokenizer sentencepiece without its tokenizer_model", where));
+      }
+      m.textBytes = j.contains("text_bytes") ? jsonInt<int64_t>(j.at("text_bytes")) : 0;
+      if (m.textBytes < 0) throw DataError(fmt::format("{}: text_bytes {} is negative", where, m.textBytes));
     }
     if (j.contains("raw_shape")) m.rawShape = jsonInts<int64_t>(j.at("raw_shape"));
     if (m.encoding == "raw" && (m.rawShape.size() != 3 || m.rawShape[0] <= 0 ||

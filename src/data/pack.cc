@@ -342,6 +342,11 @@ int inspectCommand(const std::string& path, int64_t records, const storage::Stor
   const DatasetManifest& m = source.manifest();
   out << fmt::format("dataset  {}\nname     {}\nencoding {}", source.describe(), m.name, m.encoding);
   if (m.encoding == "raw") out << fmt::format(" {}x{}x{}", m.rawShape[0], m.rawShape[1], m.rawShape[2]);
+  if (m.encoding == "tokens") {
+    out << fmt::format("\ntokenizer {}{}, vocab {}, {}-byte ids{}", m.tokenizer,
+                       m.tokenizerModel.empty() ? "" : " (" + m.tokenizerModel + ")", m.vocabSize, m.tokenBytes,
+                       m.textBytes > 0 ? fmt::format(", from {} bytes of text", m.textBytes) : "");
+  }
   out << fmt::format("\nrecords  {}\nbytes    {} ({:.1f} MB)\nshards   {}\nclasses  {}", m.records(),
                      m.bytes(), double(m.bytes()) / 1e6, m.shards.size(), m.classes.size());
   for (size_t c = 0; c < std::min<size_t>(m.classes.size(), 10); ++c) {
@@ -355,14 +360,13 @@ int inspectCommand(const std::string& path, int64_t records, const storage::Stor
   }
   if (records > 0 && !m.shards.empty() && m.encoding == "tokens") {
     const int64_t n = std::min(records, m.shards[0].records);
-    const std::string bytes = source.read(0, kTokenShardHeaderBytes, 2 * n);
+    const std::string bytes = source.read(0, kTokenShardHeaderBytes, m.tokenBytes * n);
     std::vector<int64_t> tokens(static_cast<size_t>(n));
     for (size_t k = 0; k < tokens.size(); ++k) {
-      tokens[k] = int64_t(static_cast<unsigned char>(bytes[2 * k])) |
-                  int64_t(static_cast<unsigned char>(bytes[2 * k + 1])) << 8;
+      tokens[k] = tokenAt(reinterpret_cast<const unsigned char*>(bytes.data()), m.tokenBytes, static_cast<int64_t>(k));
     }
     out << fmt::format("\nfirst {} tokens of {}, decoded:\n{}\n", n, m.shards[0].name,
-                       decodeTokens(m.tokenizer, tokens));
+                       datasetTokenizer(source)->decode(tokens));
   } else if (records > 0 && !m.shards.empty()) {
     out << fmt::format("\nfirst {} records of {}:\n", records, m.shards[0].name);
     const ShardIndex index = readShardIndex(
@@ -386,6 +390,15 @@ int verifyCommand(const std::string& path, bool decode, const storage::StorageOp
   const DatasetManifest& m = source.manifest();
   int problems = 0;
   int64_t undecodable = 0;
+  if (m.encoding == "tokens" && !m.tokenizerModel.empty()) {
+    try {
+      (void)datasetTokenizer(source);
+      out << fmt::format("{}/{}: ok, the tokenizer of these tokens\n", source.describe(), m.tokenizerModel);
+    } catch (const DataError& e) {
+      out << e.what() << "\n";
+      ++problems;
+    }
+  }
   ImageTransform t;
   t.outHeight = t.outWidth = 32;
   t.resizeShorter = 32;
@@ -407,7 +420,7 @@ int verifyCommand(const std::string& path, bool decode, const storage::StorageOp
                                     : source.read(static_cast<int>(s), 0, source.shardBytes(static_cast<int>(s)));
       if (m.encoding == "tokens") {
         checkTokenShard(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), info,
-                        m.vocabSize, where);
+                        m.vocabSize, where, m.tokenBytes);
         out << fmt::format("{}: ok, {} tokens\n", where, info.records);
         continue;
       }

@@ -79,6 +79,20 @@ std::string preadExact(int fd, int64_t offset, int64_t length, const std::string
 
 }  // namespace
 
+std::string ShardSource::readFile(const std::string& name) const {
+  if (!storage_) {
+    const std::string path = localRoot_ + "/" + name;
+    if (!fs::exists(path)) throw DataError(fmt::format("{}: missing (dataset.json names it)", path));
+    return readLocalFile(path);
+  }
+  try {
+    return storage_->readRange(name, 0, storage_->size(name));
+  } catch (const storage::StorageError& e) {
+    if (e.notFound()) throw DataError(fmt::format("{}/{}: missing (dataset.json names it)", describe_, name));
+    throw;
+  }
+}
+
 ShardSource::ShardSource(const std::string& url, const storage::StorageOptions& storageOptions,
                          const CacheConfig& cache)
     : url_(url), storageOptions_(storageOptions), cache_(cache) {

@@ -89,21 +89,23 @@ uint32_t le32(const unsigned char* p) {
 
 }  // namespace
 
-void checkTokenShard(const unsigned char* data, size_t size, const ShardInfo& info,
-                     int64_t vocabSize, const std::string& where) {
-  if (size != static_cast<size_t>(kTokenShardHeaderBytes + 2 * info.records) ||
+void checkTokenShard(const unsigned char* data, size_t size, const ShardInfo& info, int64_t vocabSize,
+                     const std::string& where, int width) {
+  if (size != static_cast<size_t>(kTokenShardHeaderBytes + width * info.records) ||
       std::memcmp(data, kTokenShardMagic, 8) != 0) {
-    throw DataError(fmt::format("{}: not a token shard of {} tokens ({} bytes)", where, info.records,
-                                size));
+    throw DataError(fmt::format("{}: not a token shard of {} tokens of {} bytes ({} bytes)", where, info.records,
+                                width, size));
   }
-  if (le32(data + 8) != kTokenShardVersion) {
-    throw DataError(fmt::format("{}: token shard version {} (this build reads {})", where,
-                                le32(data + 8), kTokenShardVersion));
+  const uint32_t version = width == 2 ? kTokenShardVersion : kTokenShardVersionWide;
+  if (le32(data + 8) != version) {
+    throw DataError(fmt::format("{}: token shard version {}; tokens of {} bytes (dataset.json's token_bytes) "
+                                "are version {}",
+                                where, le32(data + 8), width, version));
   }
   if (vocabSize <= 0) return;
   const unsigned char* p = data + kTokenShardHeaderBytes;
   for (int64_t k = 0; k < info.records; ++k) {
-    const int64_t token = int64_t(p[2 * k]) | int64_t(p[2 * k + 1]) << 8;
+    const int64_t token = tokenAt(p, width, k);
     if (token >= vocabSize) {
       throw DataError(fmt::format("{}: token {} at position {} is not below vocab_size {}", where,
                                   token, k, vocabSize));
@@ -130,6 +132,9 @@ class TokenDataset : public Dataset {
       throw ConfigError(fmt::format("model.block_size: a token window needs at least 2 tokens, got {}",
                                     window_));
     }
+    // The tokens are only what their tokenizer made of the text: a model
+    // file other than the one recorded is refused here, not at generation.
+    if (!m.tokenizerModel.empty()) (void)datasetTokenizer(*source_);
     first_.push_back(0);
     for (const auto& s : m.shards) first_.push_back(first_.back() + s.records);
     const int64_t tokens = first_.back();
@@ -155,6 +160,11 @@ class TokenDataset : public Dataset {
   SampleShape shape() const override { return {1, 1, window_}; }
   SampleKind kind() const override { return SampleKind::tokens; }
   int64_t vocabSize() const override { return source_->manifest().vocabSize; }
+  double bytesPerToken() const override {
+    const DatasetManifest& m = source_->manifest();
+    if (m.textBytes > 0 && first_.back() > 0) return double(m.textBytes) / double(first_.back());
+    return m.tokenizer == kByteTokenizer ? 1.0 : 0.0;  // a dataset from before text_bytes was recorded
+  }
 
   int64_t read(int64_t, float*, uint64_t) const override {
     throw std::logic_error(fmt::format("read of an image from a token dataset: {}", describe()));
@@ -173,9 +183,10 @@ class TokenDataset : public Dataset {
       const ShardBytes& bytes = shardBytes(shard);
       const int64_t at = pos + done - first_[shard];
       const int64_t n = std::min(window_ - done, first_[shard + 1] - (pos + done));
-      const unsigned char* p = bytes.data() + kTokenShardHeaderBytes + 2 * at;
+      const int width = source_->manifest().tokenBytes;
+      const unsigned char* p = bytes.data() + kTokenShardHeaderBytes + width * at;
       for (int64_t k = 0; k < n; ++k) {
-        const int64_t token = int64_t(p[2 * k]) | int64_t(p[2 * k + 1]) << 8;
+        const int64_t token = tokenAt(p, width, k);
         if (token >= vocab) {
           throw DataError(fmt::format("{}/{}: token {} at position {} is not below vocab_size {}",
                                       source_->describe(), source_->manifest().shards[shard].name,
@@ -225,7 +236,7 @@ class TokenDataset : public Dataset {
     } else {
       b = fromCache(static_cast<int>(shard));
     }
-    checkTokenShard(b->data(), b->size(), info, 0, where);
+    checkTokenShard(b->data(), b->size(), info, 0, where, source_->manifest().tokenBytes);
     return b;
   }
 

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +16,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
 #include "cohort/data/tokens.h"
 #include "cohort/core/time.h"
 #include "data/detail/destination.h"
@@ -21,59 +25,55 @@ namespace cohort::data {
 
 namespace fs = std::filesystem;
 
-std::vector<int64_t> encodeText(const std::string& tokenizer, const std::string& text) {
-  if (tokenizer != kByteTokenizer) {
-    throw DataError(fmt::format("tokenizer '{}' is not known to this build (it has: {})", tokenizer,
-                                kByteTokenizer));
-  }
-  std::vector<int64_t> out(text.size());
-  for (size_t i = 0; i < text.size(); ++i) out[i] = static_cast<unsigned char>(text[i]);
-  return out;
-}
-
-std::string decodeTokens(const std::string& tokenizer, const std::vector<int64_t>& tokens) {
-  if (tokenizer != kByteTokenizer) {
-    throw DataError(fmt::format("tokenizer '{}' is not known to this build (it has: {})", tokenizer,
-                                kByteTokenizer));
-  }
-  std::string out(tokens.size(), '\0');
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= kByteVocabSize) {
-      throw DataError(fmt::format("token {} is not a byte", tokens[i]));
-    }
-    out[i] = static_cast<char>(tokens[i]);
-  }
-  return out;
-}
-
 namespace {
 
-// Writes one token dataset: tokens go into shard files of at most
-// `shardTokens` each; finish() writes dataset.json.
+// Writes one token dataset: text goes in (addText), its tokens into shard
+// files of at most `shardTokens` each, `width` bytes per token; finish()
+// writes the tokenizer's model, if it has one, and dataset.json.
 class TokenDatasetWriter {
  public:
   TokenDatasetWriter(const std::string& dst, const std::string& name, const std::string& source,
-                     const TokenizeOptions& options)
-      : out_(dst, options.storage), shardTokens_(options.shardTokens) {
+                     const TokenizeOptions& options, std::shared_ptr<const Tokenizer> tokenizer)
+      : out_(dst, options.storage), shardTokens_(options.shardTokens), tokenizer_(std::move(tokenizer)) {
     m_.name = name;
     m_.encoding = "tokens";
-    m_.tokenizer = kByteTokenizer;
-    m_.vocabSize = kByteVocabSize;
+    m_.tokenizer = tokenizer_->name();
+    m_.vocabSize = tokenizer_->vocabSize();
+    m_.tokenBytes = m_.vocabSize > 65536 ? 4 : 2;
     m_.source = source;
+    bytewise_ = tokenizer_->name() == kByteTokenizer;
   }
 
-  void add(const unsigned char* bytes, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      if (!file_) open();
-      buffer_.push_back(static_cast<char>(bytes[i]));  // byte tokens: the id's low byte,
-      buffer_.push_back('\0');                         // then its high byte
-      if (buffer_.size() >= (1u << 20)) flushBuffer();
-      if (++inShard_ == shardTokens_) close();
+  // The next `n` bytes of the text. A line is encoded once it is whole.
+  void addText(const char* text, size_t n) {
+    m_.textBytes += static_cast<int64_t>(n);
+    if (bytewise_) {
+      for (size_t i = 0; i < n; ++i) addToken(static_cast<unsigned char>(text[i]));
+      return;
     }
+    pending_.append(text, n);
+    const size_t nl = pending_.rfind('\n');
+    if (nl == std::string::npos) return;
+    for (int64_t id : tokenizer_->encode(pending_.substr(0, nl + 1))) addToken(id);
+    pending_.erase(0, nl + 1);
   }
+
+  // Tokens written so far.
+  int64_t tokens() const { return written_; }
 
   DatasetManifest finish() {
+    if (!pending_.empty()) {
+      for (int64_t id : tokenizer_->encode(pending_)) addToken(id);
+      pending_.clear();
+    }
     if (file_) close();
+    if (!tokenizer_->model().empty()) {
+      const std::string path = out_.scratch(kTokenizerModelFile);
+      writeFileAtomic(path, tokenizer_->model());
+      m_.tokenizerModel = kTokenizerModelFile;
+      m_.tokenizerChecksum = checksumHex(checksum(tokenizer_->model().data(), tokenizer_->model().size()));
+      out_.put(kTokenizerModelFile);
+    }
     m_.created = utcNow();
     out_.writeManifest(datasetManifestJson(m_));
     return m_;
@@ -82,13 +82,21 @@ class TokenDatasetWriter {
  private:
   std::string shardName() const { return fmt::format("tokens-{:05d}.bin", m_.shards.size()); }
 
+  void addToken(int64_t id) {
+    if (!file_) open();
+    for (int b = 0; b < m_.tokenBytes; ++b) buffer_.push_back(static_cast<char>((id >> (8 * b)) & 0xff));  // little-endian
+    ++written_;
+    if (buffer_.size() >= (1u << 20)) flushBuffer();
+    if (++inShard_ == shardTokens_) close();
+  }
+
   void open() {
     const std::string path = out_.scratch(shardName());
     file_ = std::make_unique<std::ofstream>(path, std::ios::binary | std::ios::trunc);
     if (!*file_) throw IoError(fmt::format("{}: cannot create", path));
     char header[kTokenShardHeaderBytes] = {};
     std::copy(kTokenShardMagic, kTokenShardMagic + 8, header);
-    header[8] = static_cast<char>(kTokenShardVersion);
+    header[8] = static_cast<char>(m_.tokenBytes == 2 ? kTokenShardVersion : kTokenShardVersionWide);
     header[12] = static_cast<char>(kTokenShardHeaderBytes);
     file_->write(header, sizeof(header));
     inShard_ = 0;
@@ -118,10 +126,12 @@ class TokenDatasetWriter {
 
   detail::Destination out_;
   int64_t shardTokens_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  bool bytewise_ = false;
   DatasetManifest m_;
   std::unique_ptr<std::ofstream> file_;
-  std::string buffer_;
-  int64_t inShard_ = 0;
+  std::string buffer_, pending_;
+  int64_t inShard_ = 0, written_ = 0;
 };
 
 std::vector<std::string> textFiles(const std::string& src) {
@@ -139,6 +149,95 @@ std::vector<std::string> textFiles(const std::string& src) {
 
 }  // namespace
 
+namespace {
+
+// The text of SRC as one stream, read in pieces: files in sorted order, or
+// what standard input held.
+class TextStream {
+ public:
+  TextStream(const std::string& src, std::istream& in) : src_(src) {
+    if (src == "-") {
+      piped_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      total_ = static_cast<int64_t>(piped_.size());
+    } else {
+      files_ = textFiles(src);
+      for (const auto& f : files_) total_ += static_cast<int64_t>(fs::file_size(f));
+    }
+  }
+  int64_t total() const { return total_; }
+  int64_t files() const { return src_ == "-" ? 1 : static_cast<int64_t>(files_.size()); }
+  bool piped() const { return src_ == "-"; }
+
+  // Calls `f(bytes, n)` with the stream's pieces in order until it returns
+  // false. Throws DataError when a file changed since it was measured (the
+  // split was computed for its old size).
+  void read(const std::function<bool(const char*, size_t)>& f) const {
+    if (src_ == "-") {
+      f(piped_.data(), piped_.size());
+      return;
+    }
+    std::vector<char> buf(1 << 20);
+    int64_t seen = 0;
+    for (const auto& file : files_) {
+      std::ifstream is(file, std::ios::binary);
+      if (!is) throw DataError(fmt::format("{}: cannot open", file));
+      while (is) {
+        is.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+        const auto n = static_cast<size_t>(is.gcount());
+        if (n == 0) break;
+        if (seen + static_cast<int64_t>(n) > total_) {
+          throw DataError(fmt::format("{}: changed while being tokenized", file));
+        }
+        seen += static_cast<int64_t>(n);
+        if (!f(buf.data(), n)) return;
+      }
+      if (is.bad()) throw DataError(fmt::format("{}: read failed", file));
+    }
+    if (seen != total_) throw DataError(fmt::format("{}: changed while being tokenized", src_));
+  }
+
+ private:
+  std::string src_;
+  std::vector<std::string> files_;
+  std::string piped_;
+  int64_t total_ = 0;
+};
+
+// The most text a SentencePiece model is trained on: the trainer holds its
+// sentences in memory (and samples 2 million of them).
+constexpr int64_t kMaxTrainingText = int64_t{256} << 20;
+
+std::shared_ptr<const Tokenizer> chooseTokenizer(const TokenizeOptions& o, const TextStream& text,
+                                                 int64_t trainBytes) {
+  if (o.custom) return o.custom;
+  if (o.tokenizer == kByteTokenizer) {
+    if (!o.tokenizerModel.empty()) throw UsageError("--tokenizer-model goes with --tokenizer sentencepiece");
+    return byteTokenizer();
+  }
+  if (o.tokenizer != kSentencePieceTokenizer) {
+    throw UsageError(fmt::format("--tokenizer {}: expected bytes or sentencepiece", o.tokenizer));
+  }
+  if (!o.tokenizerModel.empty()) {
+    std::ifstream in(o.tokenizerModel, std::ios::binary);
+    if (!in) throw DataError(fmt::format("{}: cannot read the tokenizer model", o.tokenizerModel));
+    const std::string model((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return makeTokenizer(kSentencePieceTokenizer, model, o.tokenizerModel);
+  }
+  // Trained on the training part only: the held-out text stays unseen.
+  std::string sample;
+  const int64_t want = std::min(trainBytes, kMaxTrainingText);
+  text.read([&](const char* p, size_t n) {
+    sample.append(p, static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), want - static_cast<int64_t>(sample.size()))));
+    return static_cast<int64_t>(sample.size()) < want;
+  });
+  SentencePieceTraining t;
+  t.vocabSize = o.vocabSize;
+  t.modelType = o.modelType;
+  return makeTokenizer(kSentencePieceTokenizer, trainSentencePiece(sample, t), "the trained tokenizer");
+}
+
+}  // namespace
+
 TokenizeResult tokenize(const std::string& src, const std::string& dst,
                         const TokenizeOptions& options, std::istream& in) {
   if (!(options.valFraction >= 0 && options.valFraction < 1)) {
@@ -147,78 +246,63 @@ TokenizeResult tokenize(const std::string& src, const std::string& dst,
   if (options.shardTokens < 1) {
     throw UsageError(fmt::format("--shard-tokens: must be >= 1, got {}", options.shardTokens));
   }
+  if (!options.custom && options.tokenizer != kByteTokenizer && options.tokenizer != kSentencePieceTokenizer) {
+    throw UsageError(fmt::format("--tokenizer {}: expected bytes or sentencepiece", options.tokenizer));
+  }
   // The whole stream's length decides where the held-out tail starts: files
   // are measured first; standard input is read into memory.
-  std::vector<std::string> files;
-  std::string piped;
-  int64_t total = 0;
-  if (src == "-") {
-    piped.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    total = static_cast<int64_t>(piped.size());
-  } else {
-    files = textFiles(src);
-    for (const auto& f : files) total += static_cast<int64_t>(fs::file_size(f));
-  }
+  const TextStream text(src, in);
+  const int64_t total = text.total();
   if (total == 0) {
-    throw DataError(fmt::format("{}: no text to tokenize ({})", src == "-" ? "standard input" : src,
-                                files.empty() && src != "-" ? "no files" : "0 bytes"));
+    throw DataError(fmt::format("{}: no text to tokenize ({})", text.piped() ? "standard input" : src,
+                                text.files() == 0 ? "no files" : "0 bytes"));
   }
-  const int64_t valTokens = std::llround(static_cast<double>(total) * options.valFraction);
-  const int64_t trainTokens = total - valTokens;
-  if (trainTokens == 0) throw UsageError("--val-fraction leaves no training tokens");
-  const std::string source = src == "-" ? "standard input" : fs::absolute(src).string();
+  const int64_t valBytes = std::llround(static_cast<double>(total) * options.valFraction);
+  const int64_t trainBytes = total - valBytes;
+  if (trainBytes == 0) throw UsageError("--val-fraction leaves no training text");
+  const auto tokenizer = chooseTokenizer(options, text, trainBytes);
+  const std::string source = text.piped() ? "standard input" : fs::absolute(src).string();
   const std::string base = storage::isRemoteUrl(dst) ? dst : fs::absolute(dst).string();
   // joinUrl keeps a SAS query at the end of a blob URL.
   const std::string trainDst = storage::isRemoteUrl(dst) ? storage::joinUrl(base, "train") : base + "/train";
   const std::string valDst = storage::isRemoteUrl(dst) ? storage::joinUrl(base, "val") : base + "/val";
-  TokenDatasetWriter train(trainDst, "train", source, options);
+  TokenDatasetWriter train(trainDst, "train", source, options, tokenizer);
   std::unique_ptr<TokenDatasetWriter> val;
-  if (valTokens > 0) {
-    val = std::make_unique<TokenDatasetWriter>(valDst, "val", source, options);
+  if (valBytes > 0) {
+    val = std::make_unique<TokenDatasetWriter>(valDst, "val", source, options, tokenizer);
   } else {
     // No validation set: one left from an earlier tokenize stops being one.
     detail::Destination stale(valDst, options.storage);
   }
 
-  int64_t written = 0;
-  auto feed = [&](const unsigned char* p, size_t n) {
-    const size_t toTrain = static_cast<size_t>(std::clamp<int64_t>(trainTokens - written, 0, n));
-    train.add(p, toTrain);
-    if (n > toTrain) val->add(p + toTrain, n - toTrain);
-    written += static_cast<int64_t>(n);
-  };
+  // Bytes up to `split` are training text. Tokens of a model other than
+  // bytes may span several bytes: the split moves on to a line's start.
+  int64_t written = 0, split = trainBytes;
+  const bool atLines = tokenizer->name() != kByteTokenizer;
   const bool terminal = options.progress && ::isatty(STDERR_FILENO) != 0;
-  auto report = [&] {
-    if (terminal) std::cerr << fmt::format("\rtokenizing: {:.1f} of {:.1f} MB", written / 1e6, total / 1e6) << std::flush;
-  };
-  if (src == "-") {
-    feed(reinterpret_cast<const unsigned char*>(piped.data()), piped.size());
-  } else {
-    std::vector<char> buf(1 << 20);
-    for (const auto& f : files) {
-      std::ifstream is(f, std::ios::binary);
-      if (!is) throw DataError(fmt::format("{}: cannot open", f));
-      while (is) {
-        is.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-        const auto n = static_cast<size_t>(is.gcount());
-        if (n == 0) break;
-        // A file that grew since it was measured: the split was computed
-        // for its old size.
-        if (written + static_cast<int64_t>(n) > total) {
-          throw DataError(fmt::format("{}: changed while being tokenized", f));
-        }
-        feed(reinterpret_cast<const unsigned char*>(buf.data()), n);
-      }
-      if (is.bad()) throw DataError(fmt::format("{}: read failed", f));
-      report();
+  const auto started = std::chrono::steady_clock::now();
+  text.read([&](const char* p, size_t n) {
+    size_t toTrain = static_cast<size_t>(std::clamp<int64_t>(split - written, 0, static_cast<int64_t>(n)));
+    if (atLines && toTrain < n && written + static_cast<int64_t>(toTrain) == split) {
+      const char* nl = static_cast<const char*>(std::memchr(p + toTrain, '\n', n - toTrain));
+      const size_t upTo = nl == nullptr ? n : static_cast<size_t>(nl - p) + 1;
+      split += static_cast<int64_t>(upTo - toTrain);
+      toTrain = upTo;
     }
-    if (written != total) throw DataError(fmt::format("{}: changed while being tokenized", src));
-  }
+    train.addText(p, toTrain);
+    if (n > toTrain) val->addText(p + toTrain, n - toTrain);
+    written += static_cast<int64_t>(n);
+    if (terminal) {
+      std::cerr << fmt::format("\rtokenizing: {:.1f} of {:.1f} MB", written / 1e6, total / 1e6) << std::flush;
+    }
+    return true;
+  });
   if (terminal) std::cerr << "\n";
   TokenizeResult r;
-  r.files = src == "-" ? 1 : static_cast<int64_t>(files.size());
+  r.files = text.files();
   r.train = train.finish();
   if (val) r.val = val->finish();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return r;
 }
 

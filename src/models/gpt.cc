@@ -70,6 +70,64 @@ class CausalSelfAttentionImpl : public nn::Module {
     return residDropout_(c_proj_(y));
   }
 
+  // x [B, T, C]: row r's first counts[r] positions are its new tokens, at
+  // positions lengths[r] .., the rest padding; its earlier keys and values
+  // are in caches[r] (block `layer`, capacity `capacity`), where the new
+  // ones are written first. Rows of several lengths: their keys padded to
+  // the longest, the padding masked out.
+  at::Tensor decode(const at::Tensor& x, const std::vector<KvCache*>& caches, size_t layer,
+                    const std::vector<int64_t>& lengths, const std::vector<int64_t>& counts, int64_t capacity) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
+    const std::vector<at::Tensor> qkv = c_attn_(x).split(c, 2);
+    auto split = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
+    const at::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
+    int64_t longest = 0;
+    bool ragged = false;
+    for (int64_t r = 0; r < b; ++r) {
+      KvCache& kc = *caches[static_cast<size_t>(r)];
+      if (kc.keys.size() <= layer) {
+        kc.keys.push_back(torch::zeros({heads_, capacity, d}, k.options()));
+        kc.values.push_back(torch::zeros({heads_, capacity, d}, v.options()));
+      }
+      kc.keys[layer].narrow(1, lengths[r], counts[r]).copy_(k[r].narrow(1, 0, counts[r]));
+      kc.values[layer].narrow(1, lengths[r], counts[r]).copy_(v[r].narrow(1, 0, counts[r]));
+      ragged = ragged || (r > 0 && lengths[r] + counts[r] != longest);
+      longest = std::max(longest, lengths[r] + counts[r]);
+    }
+    at::Tensor keys, values;
+    if (b == 1) {
+      keys = caches[0]->keys[layer].narrow(1, 0, longest).unsqueeze(0);
+      values = caches[0]->values[layer].narrow(1, 0, longest).unsqueeze(0);
+    } else {
+      keys = torch::zeros({b, heads_, longest, d}, k.options());
+      values = torch::zeros({b, heads_, longest, d}, v.options());
+      for (int64_t r = 0; r < b; ++r) {
+        const KvCache& kc = *caches[static_cast<size_t>(r)];
+        const int64_t n = lengths[r] + counts[r];
+        keys[r].narrow(1, 0, n).copy_(kc.keys[layer].narrow(1, 0, n));
+        values[r].narrow(1, 0, n).copy_(kc.values[layer].narrow(1, 0, n));
+      }
+    }
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    at::Tensor att = torch::matmul(q, keys.transpose(2, 3)) * scale;  // [B, H, T, longest]
+    if (t > 1 || ragged) {
+      // Query i of row r is at position lengths[r] + i and sees keys j up to
+      // it, and none of another row's padding.
+      auto column = [&](const std::vector<int64_t>& values) {
+        return torch::tensor(values, torch::kLong).view({b, 1, 1});
+      };
+      const at::Tensor j = torch::arange(longest, torch::kLong).view({1, 1, longest});
+      std::vector<int64_t> ends(static_cast<size_t>(b));
+      for (int64_t r = 0; r < b; ++r) ends[static_cast<size_t>(r)] = lengths[r] + counts[r];
+      const at::Tensor at_ = column(lengths) + torch::arange(t, torch::kLong).view({1, t, 1});
+      const at::Tensor hidden = ((j > at_) | (j >= column(ends))).unsqueeze(1).to(att.device());
+      att = att.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+    }
+    att = torch::softmax(att, -1);
+    const at::Tensor y = torch::matmul(att, values).transpose(1, 2).contiguous().view({b, t, c});
+    return c_proj_(y);
+  }
+
  private:
   // [t, t] of `o`'s dtype and device (the residual stream's: float32 under
   // autocast, which casts it with the product's other inputs): 0 where a
@@ -93,14 +151,15 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public nn::Module {
  public:
-  explicit MlpImpl(const GptOptions& o) {
+  explicit MlpImpl(const GptOptions& o) : approximate_(o.geluTanh ? "tanh" : "none") {
     c_fc_ = register_module("c_fc", linear(o.nEmbd, 4 * o.nEmbd, o.bias));
     c_proj_ = register_module("c_proj", linear(4 * o.nEmbd, o.nEmbd, o.bias));
     dropout_ = register_module("dropout", nn::Dropout(o.dropout));
   }
-  at::Tensor forward(const at::Tensor& x) { return dropout_(c_proj_(torch::gelu(c_fc_(x)))); }
+  at::Tensor forward(const at::Tensor& x) { return dropout_(c_proj_(torch::gelu(c_fc_(x), approximate_))); }
 
  private:
+  const char* approximate_;
   AdaptableLinear c_fc_{nullptr}, c_proj_{nullptr};
   nn::Dropout dropout_{nullptr};
 };
@@ -116,6 +175,11 @@ class BlockImpl : public nn::Module {
   }
   at::Tensor forward(at::Tensor x) {
     x = x + attn_(ln_1_(x));
+    return x + mlp_(ln_2_(x));
+  }
+  at::Tensor decode(at::Tensor x, const std::vector<KvCache*>& caches, size_t layer,
+                    const std::vector<int64_t>& lengths, const std::vector<int64_t>& counts, int64_t capacity) {
+    x = x + attn_->decode(ln_1_(x), caches, layer, lengths, counts, capacity);
     return x + mlp_(ln_2_(x));
   }
 
@@ -265,6 +329,57 @@ class Gpt : public Model {
     return {{kTiedHeadName, "transformer.wte.weight"}};
   }
 
+  bool decodes() const override { return part_.whole(); }
+
+  at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches) override {
+    if (!part_.whole()) throw Error("gpt: a part of the model (a pipeline stage) cannot decode");
+    if (rows.empty() || rows.size() != caches.size()) {
+      throw DataError(fmt::format("gpt: decode takes a cache per row; got {} row(s) and {} cache(s)", rows.size(),
+                                  caches.size()));
+    }
+    const int64_t b = static_cast<int64_t>(rows.size());
+    std::vector<int64_t> lengths, counts;
+    int64_t t = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const at::Tensor& row = rows[r];
+      if (row.dim() != 1 || row.size(0) < 1 || row.scalar_type() != torch::kLong) {
+        throw DataError(fmt::format("gpt: decode takes rows of token ids int64 [time >= 1]; row {} is {} [{}]", r,
+                                    c10::toString(row.scalar_type()), fmt::join(row.sizes(), ", ")));
+      }
+      const int64_t length = caches[r]->length, count = row.size(0);
+      if (length + count > blockSize_) {
+        throw DataError(fmt::format("gpt: {} cached positions and {} new ones pass model.block_size ({})", length,
+                                    count, blockSize_));
+      }
+      lengths.push_back(length);
+      counts.push_back(count);
+      t = std::max(t, count);
+    }
+    // Rows padded to the longest with token 0 at positions that stay inside
+    // the embedding: their outputs are never read.
+    at::Tensor tokens = torch::zeros({b, t}, torch::kLong);
+    at::Tensor positions = torch::zeros({b, t}, torch::kLong);
+    for (int64_t r = 0; r < b; ++r) {
+      tokens[r].narrow(0, 0, counts[r]).copy_(rows[static_cast<size_t>(r)]);
+      positions[r].copy_(torch::arange(lengths[r], lengths[r] + t, torch::kLong).clamp_max(blockSize_ - 1));
+    }
+    Transformer& tr = transformer_;
+    const auto device = tr->wte->weight.device();
+    tokens = tokens.to(device);
+    positions = positions.to(device);
+    at::Tensor x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
+    for (size_t i = 0; i < tr->blocks.size(); ++i) {
+      x = tr->blocks[i]->decode(x, caches, i, lengths, counts, blockSize_);
+    }
+    std::vector<int64_t> last(counts.size());
+    for (size_t r = 0; r < counts.size(); ++r) {
+      caches[r]->length += counts[r];
+      last[r] = counts[r] - 1;
+    }
+    x = x.index({torch::arange(b, torch::kLong).to(device), torch::tensor(last, torch::kLong).to(device)});
+    return torch::linear(tr->ln_f(x), tr->wte->weight);
+  }
+
   at::Tensor forward(const at::Tensor& in) override {
     Transformer& tr = transformer_;
     at::Tensor x;
@@ -322,6 +437,7 @@ GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize) {
   o.nEmbd = config.nEmbd;
   o.dropout = config.dropout;
   o.bias = config.bias;
+  o.geluTanh = config.activation == Activation::geluTanh;
   o.recompute = config.recompute == Recompute::blocks;
   return o;
 }

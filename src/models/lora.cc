@@ -9,6 +9,7 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/models/hf_gpt2.h"
 
 namespace cohort::models {
 
@@ -108,8 +109,8 @@ LoraSummary attachLora(Model& model, const LoraConfig& config) {
 
 LoraSummary loadFrozenBase(Model& model, const ModelConfig& config) {
   if (!config.initFrom.empty()) {
-    ckpt::LazyStateDict file(config.initFrom);  // one tensor at a time: no second copy of the base
-    loadWeights(model, file, config.initFrom);
+    const auto file = openPretrained(config.initFrom, config);  // one tensor at a time: no second copy
+    loadWeights(model, *file, config.initFrom);
   }
   return attachLora(model, config.lora);
 }

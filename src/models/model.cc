@@ -27,6 +27,10 @@ at::Tensor restrided(const at::Tensor& t, at::MemoryFormat format) {
 
 }  // namespace
 
+at::Tensor Model::decode(const std::vector<at::Tensor>&, const std::vector<KvCache*>&) {
+  throw Error("this model keeps no key/value cache (only the gpt decodes position by position)");
+}
+
 at::Tensor Model::compute(const at::Tensor& input) {
   if (runner_ == nullptr) return forward(input);
   return runner_->run(UnitRunner::kWholeModel, [this](const at::Tensor& x) { return forward(x); },

@@ -57,6 +57,7 @@ void MetricsWriter::write(const EvalRecord& r) {
   if (r.tokens > 0) {
     j["tokens"] = r.tokens;
     j["perplexity"] = r.perplexity;
+    if (r.lossPerByte > 0) j["bits_per_byte"] = r.bitsPerByte;
   }
   writeLine(j.dump());
 }

@@ -40,6 +40,20 @@ std::vector<std::future<at::Tensor>> Batcher::submit(std::vector<at::Tensor> inp
   return futures;
 }
 
+std::future<at::Tensor> Batcher::submitDecode(at::Tensor tokens, std::shared_ptr<models::KvCache> cache) {
+  std::future<at::Tensor> future;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (stopping_ || static_cast<int64_t>(queue_.size()) + 1 > options_.maxQueue) return future;
+    Item item{std::move(tokens), {}, std::chrono::steady_clock::now(), std::move(cache)};
+    future = item.result.get_future();
+    queue_.push_back(std::move(item));
+    metrics_.queueDepth = static_cast<int64_t>(queue_.size());
+  }
+  cv_.notify_all();
+  return future;
+}
+
 void Batcher::drain() {
   {
     std::lock_guard<std::mutex> g(mutex_);
@@ -60,16 +74,17 @@ void Batcher::loop() {
     const auto deadline = queue_.front().arrived + options_.maxDelay;
     auto sameShape = [&] {
       int64_t n = 0;
-      for (const Item& item : queue_) n += item.input.sizes() == queue_.front().input.sizes();
+      for (const Item& item : queue_) n += item.joins(queue_.front());
       return n;
     };
     while (!stopping_ && !draining_ && sameShape() < options_.maxBatch &&
            cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
     }
     std::vector<Item> batch;
-    const auto sizes = queue_.front().input.sizes().vec();
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
     for (auto it = queue_.begin(); it != queue_.end() && static_cast<int64_t>(batch.size()) < options_.maxBatch;) {
-      if (it->input.sizes() == sizes) {
+      if (it->joins(batch.front())) {
         batch.push_back(std::move(*it));
         it = queue_.erase(it);
       } else {
@@ -88,9 +103,18 @@ void Batcher::run(std::vector<Item>& batch) {
   try {
     std::vector<at::Tensor> inputs;
     inputs.reserve(batch.size());
-    for (const Item& item : batch) inputs.push_back(item.input);
-    at::Tensor logits = predictor_.forward(torch::stack(inputs));
-    if (predictor_.info().tokens) logits = logits.select(1, logits.size(1) - 1);
+    std::vector<models::KvCache*> caches;
+    for (const Item& item : batch) {
+      inputs.push_back(item.input);
+      caches.push_back(item.cache.get());
+    }
+    at::Tensor logits;
+    if (batch.front().cache != nullptr) {
+      logits = predictor_.decode(inputs, caches);
+    } else {
+      logits = predictor_.forward(torch::stack(inputs));
+      if (predictor_.info().tokens) logits = logits.select(1, logits.size(1) - 1);
+    }
     logits = logits.to(torch::kFloat).contiguous();
     metrics_.batch(static_cast<int64_t>(batch.size()),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -17,26 +17,26 @@ namespace {
 constexpr int64_t kOnnxOpset = 17;
 
 void validateExport(const ExportOptions& o) {
-  if (o.format != "onnx" && o.format != "torchscript") {
-    throw UsageError(
-        fmt::format("--format {}: expected onnx or torchscript", o.format.empty() ? "''" : o.format));
+  if (o.format != "onnx" && o.format != "torchscript" && o.format != "safetensors" && o.format != "huggingface") {
+    throw UsageError(fmt::format("--format {}: expected onnx, torchscript, safetensors or huggingface",
+                                 o.format.empty() ? "''" : o.format));
   }
   if (o.batch < 0) throw UsageError(fmt::format("--batch {}: expected `dynamic` or a size >= 1", o.batch));
   if (o.format == "onnx" && o.opset != kOnnxOpset) {
     throw UsageError(fmt::format("--opset {}: cohort writes opset {} only", o.opset, kOnnxOpset));
   }
-  if (o.format == "torchscript" && o.batch > 0) {
-    throw UsageError(
-        fmt::format("--batch {}: a TorchScript module takes any batch size; --batch applies to "
-                    "--format onnx",
-                    o.batch));
+  if (o.format != "onnx" && o.batch > 0) {
+    throw UsageError(fmt::format("--batch {}: a {} export takes any batch size; --batch applies to --format onnx",
+                                 o.batch, o.format));
   }
 }
 
-// <run dir>/model/model.onnx | model.ts.pt, or beside MODEL when it is not
-// in a run directory (weights.pt -> weights.onnx).
+// <run dir>/model/model.onnx | model.ts.pt | model.safetensors | hf/, or
+// beside MODEL when it is not in a run directory (weights.pt ->
+// weights.onnx).
 std::string defaultExportPath(const ExportOptions& o, const TrainedModel& m) {
-  const char* ext = o.format == "onnx" ? ".onnx" : ".ts.pt";
+  const char* ext = o.format == "onnx" ? ".onnx" : o.format == "torchscript" ? ".ts.pt" : o.format == "safetensors" ? ".safetensors" : "-hf";
+  if (o.format == "huggingface" && !m.runDir.empty()) return (std::filesystem::path(m.runDir) / "model" / "hf").string();
   if (!m.runDir.empty()) {
     return (std::filesystem::path(m.runDir) / "model" / (std::string("model") + ext)).string();
   }
@@ -70,8 +70,21 @@ int exportCommand(const ExportOptions& options, std::ostream& out) {
   }
   const std::string path = options.out.empty() ? defaultExportPath(options, m) : options.out;
   std::error_code ec;
+  if (options.format == "huggingface") {
+    detail::writeHuggingFace(m, path);
+    out << "wrote " << path << "/config.json and model.safetensors\n"
+        << "  format:  huggingface (GPT-2's layout: GPT2LMHeadModel.from_pretrained reads it)\n"
+        << "  model:   " << m.info.arch << " from " << m.info.weights << "\n";
+    return 0;
+  }
   if (std::filesystem::is_directory(path, ec)) {
     throw UsageError(fmt::format("--out {}: is a directory; name the file", path));
+  }
+  if (options.format == "safetensors") {
+    detail::writeSafetensors(m, path);
+    out << "wrote " << path << "\n  format:  safetensors (cohort's names; the tied lm_head.weight is "
+        << "transformer.wte.weight)\n  model:   " << m.info.arch << " from " << m.info.weights << "\n";
+    return 0;
   }
   if (options.format == "onnx") {
     detail::writeOnnx(m, options.batch, options.opset, path);

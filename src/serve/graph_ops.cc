@@ -84,7 +84,8 @@ std::string describeGpt(Ops& ops, const std::string& tokens, const ModelConfig& 
   for (int64_t i = 0; i < c.nLayer; ++i) {
     const std::string b = fmt::format("transformer.h.{}", i);
     x = ops.add(x, ops.attention(ops.layerNorm(x, b + ".ln_1"), b + ".attn", c.nHead));
-    const std::string h = ops.gelu(ops.linear(ops.layerNorm(x, b + ".ln_2"), b + ".mlp.c_fc"));
+    const std::string h = ops.gelu(ops.linear(ops.layerNorm(x, b + ".ln_2"), b + ".mlp.c_fc"),
+                                   c.activation == Activation::geluTanh);
     x = ops.add(x, ops.linear(h, b + ".mlp.c_proj"));
   }
   return ops.matmulTransposed(ops.layerNorm(x, "transformer.ln_f"), "transformer.wte.weight");

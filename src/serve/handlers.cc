@@ -11,7 +11,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/tokens.h"
-#include "cohort/train/generate.h"
+#include "cohort/train/decoding.h"
 #include "serve/detail/request.h"
 
 namespace cohort::serve::detail {
@@ -140,46 +140,88 @@ void predict(ServeState& s, const httplib::Request& req, const std::string& body
 }
 
 // One generation: the prompt and the tokens so far, sampled one at a time
-// through the batcher (contexts of the same length run together).
+// through the batcher. With a model that decodes, each step feeds the new
+// token and the sequence's key/value cache, and steps of concurrent
+// generations run together; otherwise the whole window, with contexts of
+// the same length together.
 struct Generation {
   GenerateRequest request;
-  std::vector<int64_t> tokens;  // the prompt, then the generated ones
+  train::Sequence seq;
+  size_t promptTokens;
   int64_t generated = 0;
   at::Generator generator;
+  std::string text;    // the completion's, cut before a stop string
+  bool stopped = false;  // at a stop string
+  size_t sentTokens = 0;  // streamed so far
 
-  Generation(GenerateRequest r)
-      : request(std::move(r)), tokens(request.prompt),
-        generator(at::make_generator<at::CPUGeneratorImpl>(request.seed)) {}
+  Generation(GenerateRequest r, const ServeState& s, bool cached)
+      : request(std::move(r)), seq(request.prompt, s.info.blockSize, cached), promptTokens(request.prompt.size()),
+        generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)) {}
 
-  bool done() const { return generated >= request.maxTokens; }
+  bool done() const { return stopped || generated >= request.maxTokens; }
 
   // Samples and appends the next token, as `cohort generate` does (the
-  // same train::sampleNext). Throws Unavailable when the queue is full or
-  // the drain limit has passed; what the forward threw otherwise.
-  int64_t step(ServeState& s) {
+  // same train::sampleNext and window). Throws Unavailable when the queue
+  // is full or the drain limit has passed; what the forward threw otherwise.
+  void step(ServeState& s) {
     if (s.stopping.load()) {
       throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
     }
-    const std::vector<int64_t> context = train::contextWindow(tokens, s.info.blockSize);
-    auto futures = s.batcher.submit({torch::tensor(context, torch::kInt64)});
-    if (futures.empty()) throw Unavailable("the queue of inputs is full; retry later");
+    const at::Tensor input = torch::tensor(seq.input(), torch::kInt64);
+    std::future<at::Tensor> future;
+    if (seq.cached()) {
+      future = s.batcher.submitDecode(input, seq.sharedCache());
+    } else if (auto futures = s.batcher.submit({input}); !futures.empty()) {
+      future = std::move(futures[0]);
+    }
+    if (!future.valid()) throw Unavailable("the queue of inputs is full; retry later");
     const int64_t vocab = s.info.tokenizerVocab > 0 ? std::min(s.info.tokenizerVocab, s.info.vocabSize)
                                                     : s.info.vocabSize;
-    const at::Tensor logits = waitResult(s, futures[0]).narrow(0, 0, vocab);
-    const int64_t next = train::sampleNext(logits, request.temperature, request.topK, generator);
-    tokens.push_back(next);
+    const at::Tensor logits = waitResult(s, future).narrow(0, 0, vocab);
+    seq.append(train::sampleNext(logits, request.sampling, generator));
     ++generated;
-    return next;
+    text = textTokenizer(s.info).decode(completion());
+    if (const size_t stop = train::findStop(text, request.stops); stop != std::string::npos) {
+      text.resize(stop);
+      stopped = true;
+    }
   }
 
   std::vector<int64_t> completion() const {
-    return {tokens.end() - static_cast<std::ptrdiff_t>(generated), tokens.end()};
+    return {seq.tokens().begin() + static_cast<std::ptrdiff_t>(promptTokens), seq.tokens().end()};
+  }
+
+  // The completion's tokens whose text is wholly before `bytes` of it.
+  size_t tokensWithin(const ServeState& s, size_t bytes) const {
+    const std::vector<int64_t> all = completion();
+    size_t n = sentTokens;
+    while (n < all.size() &&
+           textTokenizer(s.info).decode({all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n + 1)})
+                   .size() <= bytes) {
+      ++n;
+    }
+    return n;
+  }
+
+  // Stream lines of the tokens that are settled: not possibly the start of
+  // a stop string, and not part of one.
+  std::string settledLines(const ServeState& s) {
+    const size_t ready = stopped ? text.size() : text.size() - train::stopPrefix(text, request.stops);
+    const size_t upTo = tokensWithin(s, ready);
+    const std::vector<int64_t> all = completion();
+    std::string lines;
+    for (; sentTokens < upTo; ++sentTokens) {
+      const int64_t token = all[sentTokens];
+      lines += dumpJson({{"token", token}, {"text", textTokenizer(s.info).decode({token})}}) + "\n";
+    }
+    return lines;
   }
 
   json summary(const ServeState& s) const {
-    const std::vector<int64_t> out = completion();
-    return {{"text", data::decodeTokens(s.info.tokenizer, out)}, {"tokens", out},
-            {"prompt_tokens", request.prompt.size()}, {"finish_reason", "length"}};
+    std::vector<int64_t> out = completion();
+    if (stopped) out.resize(tokensWithin(s, text.size()));
+    return {{"text", text}, {"tokens", out}, {"prompt_tokens", request.prompt.size()},
+            {"finish_reason", stopped ? "stop" : "length"}};
   }
 };
 
@@ -192,7 +234,7 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
   }
   std::shared_ptr<Generation> g;
   try {
-    g = std::make_shared<Generation>(parseGenerate(body, s.info, s.options.maxNewTokens));
+    g = std::make_shared<Generation>(parseGenerate(body, s.info, s.options.maxNewTokens), s, s.decodes);
   } catch (const DataError& e) {
     replyError(res, 400, e.what());
     return;
@@ -217,14 +259,15 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
         if (g->done()) {
           json last = g->summary(s);
           last["done"] = true;
-          line = dumpJson(last) + "\n";
+          line = g->settledLines(s) + dumpJson(last) + "\n";
           sink.write(line.data(), line.size());
           sink.done();
           return true;
         }
         try {
-          const int64_t token = g->step(s);
-          line = dumpJson({{"token", token}, {"text", data::decodeTokens(s.info.tokenizer, {token})}}) + "\n";
+          g->step(s);
+          line = g->done() ? "" : g->settledLines(s);
+          if (line.empty()) return true;  // held back: the next token tells
         } catch (const std::exception& e) {
           line = errorBody(e.what()) + "\n";
           sink.write(line.data(), line.size());

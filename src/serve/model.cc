@@ -19,7 +19,9 @@
 #include "cohort/data/shard_source.h"
 #include "cohort/data/tokens.h"
 #include "cohort/data/transform.h"
+#include "cohort/ckpt/weights.h"
 #include "cohort/models/gpt.h"
+#include "cohort/models/hf_gpt2.h"
 #include "cohort/models/lora.h"
 #include "cohort/models/unit_runner.h"
 #include "cohort/storage/storage.h"
@@ -45,17 +47,25 @@ std::string findJob(const fs::path& path) {
   return "";
 }
 
+// A directory of Hugging Face's layout (config.json and the weights).
+bool isHuggingFaceDir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(path) / "config.json", ec);
+}
+
 // Loads the weights MODEL names: a run directory's trained weights, a
-// checkpoint directory, or a state dict file.
+// checkpoint directory, a weights file, or a Hugging Face checkpoint.
 std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const std::string& path,
                             const std::string& runDir) {
   std::error_code ec;
   if (!runDir.empty() && fs::equivalent(path, runDir, ec)) {
     return train::loadTrainedWeights(model, job, RunDir{runDir});
   }
-  if (fs::is_directory(path, ec)) {
+  if (fs::is_directory(path, ec) && !isHuggingFaceDir(path)) {
     if (!fs::is_regular_file(fs::path(path) / "manifest.json", ec)) {
-      throw UsageError(fmt::format("{}: neither a run directory nor a checkpoint (no manifest.json)", path));
+      throw UsageError(fmt::format("{}: neither a run directory, a checkpoint (no manifest.json) nor a Hugging "
+                                   "Face checkpoint (no config.json)",
+                                   path));
     }
     const ckpt::Manifest manifest = ckpt::readManifest(path);
     std::string base;
@@ -75,9 +85,9 @@ std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const st
     train::checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), path, base);
     return base + " + " + path;
   }
-  if (!fs::is_regular_file(path, ec)) throw UsageError(fmt::format("{}: no such file or directory", path));
-  ckpt::LazyStateDict file(path);  // one tensor at a time: no second copy of the model
-  models::loadWeights(model, file, path);
+  if (!fs::exists(path, ec)) throw UsageError(fmt::format("{}: no such file or directory", path));
+  const auto file = models::openPretrained(path, job.model);  // one tensor at a time: no second copy
+  models::loadWeights(model, *file, path);
   return path;
 }
 
@@ -93,6 +103,10 @@ void describeInput(ModelInfo& info, const JobConfig& job) {
     info.classes = source.manifest().classes;
     info.tokenizer = source.manifest().tokenizer;
     info.tokenizerVocab = source.manifest().vocabSize;
+    if (d.kind == DataKind::tokens) {
+      info.text = data::datasetTokenizer(source);
+      if (info.text->model().empty()) info.text = nullptr;  // the byte tokenizer: nothing to carry
+    }
     encoded = d.kind == DataKind::shards && source.manifest().encoding != "raw";
   }
   if (tokenModel(job)) {
@@ -130,25 +144,27 @@ void openWeights(TrainedModel& t, const ModelConfig& mc, const std::string& path
   std::string from = path;
   if (!t.runDir.empty() && fs::equivalent(path, t.runDir, ec)) {
     const RunDir run{t.runDir};
-    from = run.finalModel();
+    from = run.finalWeights();
     if (!fs::is_regular_file(from, ec)) {
       auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(t.job, run));
       if (!point) {
-        throw DataError(fmt::format("{}: no trained weights (neither model/final.pt nor a valid checkpoint)",
+        throw DataError(fmt::format("{}: no trained weights (neither model/final.pt, final.safetensors nor a valid checkpoint)",
                                     t.runDir));
       }
       from = point->path;
     }
   }
-  if (fs::is_directory(from, ec)) {
+  if (fs::is_directory(from, ec) && !isHuggingFaceDir(from)) {
     if (!fs::is_regular_file(fs::path(from) / "manifest.json", ec)) {
-      throw UsageError(fmt::format("{}: neither a run directory nor a checkpoint (no manifest.json)", from));
+      throw UsageError(fmt::format("{}: neither a run directory, a checkpoint (no manifest.json) nor a Hugging "
+                                   "Face checkpoint (no config.json)",
+                                   from));
     }
     t.weights = std::make_shared<ckpt::CheckpointTensors>(from, ckpt::readManifest(from));
     t.info.weights = from == path ? path : from + "/model.bin";
   } else {
-    if (!fs::is_regular_file(from, ec)) throw UsageError(fmt::format("{}: no such file or directory", from));
-    t.weights = std::make_shared<ckpt::LazyStateDict>(from);
+    if (!fs::exists(from, ec)) throw UsageError(fmt::format("{}: no such file or directory", from));
+    t.weights = models::openPretrained(from, mc);
     t.info.weights = from;
   }
   // Each block is built and dropped, and each tensor read and dropped:
@@ -287,6 +303,12 @@ class ZooPredictor : public Predictor {
     c10::InferenceMode guard;
     return m_.model->forward(m_.info.tokens ? input : normalizePixels(input, m_.info));
   }
+  bool decodes() const override { return m_.info.tokens && m_.model->decodes(); }
+  at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<models::KvCache*>& caches) override {
+    for (const at::Tensor& row : rows) checkInput(row.unsqueeze(0), m_.info);
+    c10::InferenceMode guard;
+    return m_.model->decode(rows, caches);
+  }
 
  private:
   TrainedModel m_;
@@ -313,13 +335,17 @@ class ScriptPredictor : public Predictor {
 
 }  // namespace
 
+at::Tensor Predictor::decode(const std::vector<at::Tensor>&, const std::vector<models::KvCache*>&) {
+  throw Error("this model keeps no key/value cache");
+}
+
 std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::string& jobPath) {
   std::error_code ec;
   const bool script = isScriptExport(model);
   if (script || (jobPath.empty() && fs::is_regular_file(model, ec) && findJob(model).empty())) {
     // A TorchScript export carrying its ModelInfo (wherever it is), or a
     // file outside a run directory that can only be one.
-    torch::jit::ExtraFilesMap extra{{kInfoExtraFile, ""}};
+    torch::jit::ExtraFilesMap extra{{kInfoExtraFile, ""}, {kTokenizerExtraFile, ""}};
     torch::jit::Module module;
     try {
       module = torch::jit::load(model, torch::kCPU, extra);
@@ -339,7 +365,12 @@ std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::st
     } catch (const nlohmann::json::exception& e) {
       throw DataError(fmt::format("{}: {}: {}", model, kInfoExtraFile, e.what()));
     }
-    return std::make_unique<ScriptPredictor>(std::move(module), ModelInfo::fromJson(j, model));
+    ModelInfo info = ModelInfo::fromJson(j, model);
+    if (!extra[kTokenizerExtraFile].empty()) {
+      info.text = data::makeTokenizer(info.tokenizer, extra[kTokenizerExtraFile],
+                                      model + " (extra file " + kTokenizerExtraFile + ")");
+    }
+    return std::make_unique<ScriptPredictor>(std::move(module), std::move(info));
   }
   return std::make_unique<ZooPredictor>(loadTrainedModel(model, jobPath));
 }

@@ -35,6 +35,12 @@ nlohmann::json ModelInfo::toJson() const {
   return j;
 }
 
+const data::Tokenizer& textTokenizer(const ModelInfo& info) {
+  if (info.text) return *info.text;
+  if (info.tokenizer.empty() || info.tokenizer == data::kByteTokenizer) return *data::byteTokenizer();
+  throw DataError(fmt::format("the model's tokenizer '{}' did not come with it", info.tokenizer));
+}
+
 ModelInfo ModelInfo::fromJson(const nlohmann::json& j, const std::string& origin) {
   ModelInfo m;
   try {

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "cohort/ckpt/tensor_file.h"
+#include "cohort/core/base64.h"
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
 #include "cohort/core/version.h"
@@ -147,11 +148,21 @@ class OnnxOps : public Ops {
     return linear(y, prefix + ".c_proj");
   }
 
-  std::string gelu(const std::string& x) override {
-    // 0.5 x (1 + erf(x / sqrt 2)): opset 17 has no Gelu.
-    const std::string e =
-        node("Erf", {node("Div", {x, scalar("sqrt2", static_cast<float>(std::sqrt(2.0)))}, {}, "gelu")}, {},
-             "gelu");
+  std::string gelu(const std::string& x, bool tanh) override {
+    // 0.5 x (1 + erf(x / sqrt 2)), or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))):
+    // opset 17 has no Gelu.
+    std::string e;
+    if (tanh) {
+      const std::string cube = node("Mul", {node("Mul", {x, x}, {}, "gelu"), x}, {}, "gelu");
+      const std::string inner =
+          node("Add", {x, node("Mul", {cube, scalar("gelu_c", 0.044715f)}, {}, "gelu")}, {}, "gelu");
+      e = node("Tanh",
+               {node("Mul", {inner, scalar("sqrt_2_pi", static_cast<float>(std::sqrt(2.0 / M_PI)))}, {}, "gelu")},
+               {}, "gelu");
+    } else {
+      e = node("Erf", {node("Div", {x, scalar("sqrt2", static_cast<float>(std::sqrt(2.0)))}, {}, "gelu")}, {},
+               "gelu");
+    }
     const std::string onePlus = node("Add", {e, scalar("one_f", 1.0f)}, {}, "gelu");
     return node("Mul", {node("Mul", {x, onePlus}, {}, "gelu"), scalar("half", 0.5f)}, {}, "gelu");
   }
@@ -296,6 +307,9 @@ void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::s
                     m.info.weights, bytes >> 20));
   }
   model.metadata = {{kInfoMetadataKey, info.toJson().dump()}, {"opset", std::to_string(opset)}};
+  if (info.text && !info.text->model().empty()) {
+    model.metadata.emplace_back(kTokenizerExtraFile, base64Encode(info.text->model()));
+  }
   // Streamed into the file: the initializers' bytes are read as they are
   // written, one tensor at a time.
   const std::filesystem::path target(path);

@@ -237,12 +237,12 @@ PredictRequest parsePredictJsonGeneral(const std::string& body, const ModelInfo&
 
 GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens) {
   const json j = parseJson(body);
-  checkKeys(j, {"prompt", "max_tokens", "temperature", "top_k", "seed", "stream"});
+  checkKeys(j, {"prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stream"});
   GenerateRequest r;
   if (!j.contains("prompt") || !j["prompt"].is_string()) throw DataError("\"prompt\" must be a string");
   std::string prompt = j["prompt"].get<std::string>();
   if (prompt.empty()) prompt = "\n";  // as `cohort generate`
-  r.prompt = data::encodeText(info.tokenizer, prompt);
+  r.prompt = textTokenizer(info).encode(prompt);
   // An id beyond the model's embedding would fail the forward of the whole
   // batch this prompt joins (batcher.cc): refuse it here, alone.
   for (size_t i = 0; i < r.prompt.size(); ++i) {
@@ -262,15 +262,33 @@ GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, in
     if (!t.is_number() || !std::isfinite(t.get<double>()) || t.get<double>() < 0 || t.get<double>() > 1e6) {
       throw DataError("\"temperature\" must be a number in [0, 1e6]");
     }
-    r.temperature = t.get<double>();
+    r.sampling.temperature = t.get<double>();
   }
-  if (j.contains("top_k")) r.topK = integerOf(j["top_k"], "top_k", 0, info.vocabSize);
+  if (j.contains("top_k")) r.sampling.topK = integerOf(j["top_k"], "top_k", 0, info.vocabSize);
+  if (j.contains("top_p")) {
+    const json& p = j["top_p"];
+    if (!p.is_number() || !(p.get<double>() > 0 && p.get<double>() <= 1)) {
+      throw DataError("\"top_p\" must be a number in (0, 1]");
+    }
+    r.sampling.topP = p.get<double>();
+  }
   if (j.contains("seed")) {
     const json& s = j["seed"];
     if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0)) {
       throw DataError("\"seed\" must be an integer >= 0");
     }
-    r.seed = s.get<uint64_t>();
+    r.sampling.seed = s.get<uint64_t>();
+  }
+  if (j.contains("stop")) {
+    const json& stop = j["stop"];
+    const json list = stop.is_string() ? json::array({stop}) : stop;
+    if (!list.is_array() || list.size() > 16) throw DataError("\"stop\" must be a string or a list of at most 16");
+    for (const json& one : list) {
+      if (!one.is_string() || one.get<std::string>().empty() || one.get<std::string>().size() > 256) {
+        throw DataError("\"stop\" strings must be non-empty strings of at most 256 bytes");
+      }
+      r.stops.push_back(one.get<std::string>());
+    }
   }
   if (j.contains("stream")) {
     if (!j["stream"].is_boolean()) throw DataError("\"stream\" must be true or false");

@@ -141,7 +141,9 @@ class ScriptOps : public Ops {
         fmt::format("torch.matmul({}, {}).transpose(1, 2).contiguous().view({}, {}, {})", att, v, b, t, c));
     return linear(y, prefix + ".c_proj");
   }
-  std::string gelu(const std::string& x) override { return let(fmt::format("torch.gelu({})", x)); }
+  std::string gelu(const std::string& x, bool tanh) override {
+    return let(tanh ? fmt::format("torch.gelu({}, approximate='tanh')", x) : fmt::format("torch.gelu({})", x));
+  }
   std::string matmulTransposed(const std::string& x, const std::string& w) override {
     return let(fmt::format("torch.linear({}, {})", x, scriptRef(w)));
   }
@@ -214,7 +216,10 @@ std::string scriptClassName(ModelArch arch) {
 // tensor are given back once written out.
 void saveScript(const torch::jit::Module& module, const ModelInfo& info, const std::string& path,
                 const ckpt::MappedTensors* mapped) {
-  const torch::jit::ExtraFilesMap extra{{kInfoExtraFile, info.toJson().dump()}};
+  torch::jit::ExtraFilesMap extra{{kInfoExtraFile, info.toJson().dump()}};
+  // A SentencePiece model travels with the module: a served export has no
+  // dataset to read it from.
+  if (info.text && !info.text->model().empty()) extra.emplace(kTokenizerExtraFile, info.text->model());
   // A temporary name, fsync and rename: a reader never sees half a module.
   AtomicFile file(path);
   std::string error;

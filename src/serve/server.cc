@@ -142,7 +142,7 @@ int serveCommand(const ServeOptions& o) {
   bo.maxQueue = o.maxQueue;
   bo.computeThreads = o.computeThreads;
   detail::Batcher batcher(*predictor, bo, metrics);
-  detail::ServeState state{o, info, batcher, metrics};
+  detail::ServeState state{o, info, batcher, metrics, predictor->decodes()};
 
   httplib::Server server;
   configure(server, state, token);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/weights.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/core/run_dir.h"
@@ -70,10 +72,10 @@ std::string recordedLoraDigest(const RunDir& runDir) {
 
 std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const RunDir& runDir) {
   std::error_code ec;
-  if (fs::is_regular_file(runDir.finalModel(), ec)) {
-    ckpt::LazyStateDict file(runDir.finalModel());  // one tensor at a time
-    models::loadWeights(model, file, runDir.finalModel());
-    return runDir.finalModel();
+  if (const std::string final = runDir.finalWeights(); fs::is_regular_file(final, ec)) {
+    const auto file = ckpt::openWeights(final);  // one tensor at a time
+    models::loadWeights(model, *file, final);
+    return final;
   }
   std::string base;
   const bool lora = job.model.lora.rank > 0;
@@ -95,33 +97,14 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
     checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), point->path, base);
     return base + " + " + file;
   }
-  throw DataError(fmt::format("{}: no trained weights (neither model/final.pt, model/adapters.pt nor a "
+  throw DataError(fmt::format("{}: no trained weights (neither model/final.pt, final.safetensors, adapters.pt nor a "
                               "valid checkpoint)",
                               runDir.root));
 }
 
-int64_t sampleNext(const at::Tensor& logits, double temperature, int64_t topK, at::Generator& gen) {
-  if (temperature < kGreedyTemperature) return logits.argmax().item<int64_t>();
-  at::Tensor scaled = logits / temperature;
-  if (topK > 0 && topK < scaled.size(0)) {
-    const at::Tensor kth = std::get<0>(scaled.topk(topK)).index({topK - 1});
-    scaled = scaled.masked_fill(scaled < kth, -std::numeric_limits<float>::infinity());
-  }
-  return torch::multinomial(torch::softmax(scaled, 0), 1, false, gen).item<int64_t>();
-}
-
-std::vector<int64_t> contextWindow(const std::vector<int64_t>& tokens, int64_t blockSize) {
-  const size_t block = static_cast<size_t>(blockSize);
-  const size_t start = tokens.size() > block ? tokens.size() - block : 0;
-  return {tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end()};
-}
-
 int generateCommand(const GenerateOptions& o, std::ostream& out) {
   if (o.tokens < 0) throw UsageError(fmt::format("--tokens: must be >= 0, got {}", o.tokens));
-  if (!(o.temperature >= 0)) {
-    throw UsageError(fmt::format("--temperature: must be >= 0, got {}", o.temperature));
-  }
-  if (o.topK < 0) throw UsageError(fmt::format("--top-k: must be >= 0, got {}", o.topK));
+  checkSampling(o.sampling, "--");
   const RunDir runDir{o.runDir};
   std::error_code ec;
   if (!fs::is_regular_file(runDir.jobFile(), ec)) {
@@ -139,29 +122,55 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
   noCache.enabled = false;
   const data::ShardSource source(job.data.train.path, storage::storageOptions(job.storage), noCache);
   const data::DatasetManifest& m = source.manifest();
+  const auto tokenizer = data::datasetTokenizer(source);
 
-  torch::NoGradGuard noGrad;
+  torch::InferenceMode inference;
   ModelConfig mc = job.model;
   if (mc.vocabSize == 0) mc.vocabSize = m.vocabSize;
   auto model = models::createModel(mc, {});
   const std::string weights = loadTrainedWeights(*model, job, runDir);
   model->eval();
-  std::cerr << "cohort generate: weights from " << weights << "\n";
+  const bool cached = o.kvCache && model->decodes();
+  std::cerr << "cohort generate: weights from " << weights
+            << (cached ? "" : o.kvCache ? " (no key/value cache: this model does not keep one)" : " (no key/value cache)")
+            << "\n";
 
   const std::string prompt = o.prompt.empty() ? std::string("\n") : o.prompt;
-  std::vector<int64_t> tokens = data::encodeText(m.tokenizer, prompt);
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  Sequence seq(tokenizer->encode(prompt), job.model.blockSize, cached);
+  const size_t promptTokens = seq.tokens().size();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(o.sampling.seed);
+  // Only ids the tokenizer can decode (model.vocab_size may be larger).
+  const int64_t vocab = std::min<int64_t>(m.vocabSize, mc.vocabSize);
+  out << prompt << std::flush;
+  std::string text;    // the completion's
+  size_t written = 0;  // of it, on `out`
+  const auto start = std::chrono::steady_clock::now();
+  double firstTokenS = 0;
   for (int64_t i = 0; i < o.tokens; ++i) {
-    const at::Tensor input = torch::tensor(contextWindow(tokens, job.model.blockSize), torch::kInt64).unsqueeze(0);
-    // Only ids the tokenizer can decode (model.vocab_size may be larger).
-    const at::Tensor logits = model->forward(input)
-                                  .select(1, input.size(1) - 1)
-                                  .squeeze(0)
-                                  .narrow(0, 0, std::min<int64_t>(m.vocabSize, mc.vocabSize))
-                                  .to(torch::kFloat);
-    tokens.push_back(sampleNext(logits, o.temperature, o.topK, generator));
+    const at::Tensor logits = nextLogits(*model, seq).narrow(0, 0, vocab);
+    seq.append(sampleNext(logits, o.sampling, generator));
+    if (i == 0) firstTokenS = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    text = tokenizer->decode({seq.tokens().begin() + static_cast<std::ptrdiff_t>(promptTokens), seq.tokens().end()});
+    const size_t stop = findStop(text, o.stops);
+    if (stop != std::string::npos) {
+      text.resize(stop);
+      break;
+    }
+    const size_t ready = text.size() - stopPrefix(text, o.stops);
+    if (ready > written) {
+      out.write(text.data() + written, static_cast<std::streamsize>(ready - written)) << std::flush;
+      written = ready;
+    }
   }
-  out << data::decodeTokens(m.tokenizer, tokens) << "\n";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (text.size() > written) out.write(text.data() + written, static_cast<std::streamsize>(text.size() - written));
+  out << "\n";
+  if (o.timing != nullptr) {
+    const size_t generated = seq.tokens().size() - promptTokens;
+    *o.timing << fmt::format("cohort generate: {} tokens in {:.3f} s: {:.1f} tokens/s; first token {:.1f} ms ({})\n",
+                             generated, seconds, generated / std::max(seconds, 1e-9), firstTokenS * 1000,
+                             cached ? "key/value cache" : "no cache");
+  }
   return 0;
 }
 

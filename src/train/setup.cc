@@ -15,6 +15,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/transform.h"
+#include "cohort/models/hf_gpt2.h"
 #include "cohort/models/lora.h"
 #include "cohort/security/keys.h"
 #include "cohort/storage/storage.h"
@@ -155,8 +156,8 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
       // model.init_from read into them one unit at a time; the adapters
       // then train beside it, built whole (they are small).
       if (!mc.initFrom.empty()) {
-        ckpt::LazyStateDict file(mc.initFrom);
-        loadByUnit(model, *s.units, file.entries(), mc.initFrom, &file);
+        const auto file = models::openPretrained(mc.initFrom, mc);
+        loadByUnit(model, *s.units, file->entries(), mc.initFrom, file.get());
       }
       s.frozenUnits = std::move(s.units);
       ls = models::attachLora(model, mc.lora);
@@ -186,19 +187,19 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   }
   if (!lora && !mc.initFrom.empty() && resumeFrom.empty() && s.units) {
     // One unit's tensors read at a time.
-    ckpt::LazyStateDict file(mc.initFrom);
-    ckpt::StateDict weights = file.entries();
+    const auto file = models::openPretrained(mc.initFrom, mc);
+    ckpt::StateDict weights = file->entries();
     if (!part.whole()) weights = models::partOfStateDict(model, std::move(weights));
-    loadByUnit(model, *s.units, std::move(weights), mc.initFrom, &file);
+    loadByUnit(model, *s.units, std::move(weights), mc.initFrom, file.get());
     log::info("initialized from {}, one unit at a time", mc.initFrom);
   } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty() && !part.whole()) {
     // A pipeline stage reads its own tensors only, one at a time.
-    ckpt::LazyStateDict file(mc.initFrom);
-    models::loadWeights(model, file, mc.initFrom, /*part=*/true);
+    const auto file = models::openPretrained(mc.initFrom, mc);
+    models::loadWeights(model, *file, mc.initFrom, /*part=*/true);
     log::info("initialized from {} (this stage's tensors)", mc.initFrom);
   } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty()) {
-    ckpt::LazyStateDict file(mc.initFrom);  // one tensor at a time: no second copy of the model
-    models::loadWeights(model, file, mc.initFrom);
+    const auto file = models::openPretrained(mc.initFrom, mc);  // one tensor at a time: no second copy
+    models::loadWeights(model, *file, mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
   if (!resumeFrom.empty() && s.units) {
@@ -267,6 +268,10 @@ parallel::MeshShape meshShape(const JobConfig& job) {
 }  // namespace cohort::train
 
 namespace cohort::train::detail {
+
+std::string finalModelPath(const JobConfig& job, const RunDir& runDir) {
+  return job.output.weightsFormat == WeightsFormat::safetensors ? runDir.finalSafetensors() : runDir.finalModel();
+}
 
 const security::Key* finalModelKey(const JobConfig& job) {
   const security::Keyring* keys = security::installedKeyring();

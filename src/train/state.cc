@@ -72,7 +72,8 @@ void saveFrozenBase(const TrainState& s) {
     base.keep = [](const std::string& name) { return !models::isAdapterName(name); };
     base.value = [](const std::string&, const at::Tensor& t) { return t; };
     base.trainable = false;  // the adapters are not in it
-    writeByUnit(s.plan->engine(), s.plan->model(), comm.rank, runDir.frozenBase(), finalModelKey(job), base);
+    writeByUnit(s.plan->engine(), s.plan->model(), comm.rank, runDir.frozenBase(), WeightsFormat::pt, finalModelKey(job),
+                base);
   } else if (comm.rank == 0 && write) {
     ckpt::saveStateDict(models::frozenStateDict(*s.model.model), runDir.frozenBase(), finalModelKey(job));
   }

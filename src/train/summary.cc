@@ -7,6 +7,7 @@
 #include "cohort/ckpt/resume.h"
 #include "cohort/core/fence.h"
 #include "cohort/core/file.h"
+#include "train/detail/setup.h"
 
 namespace cohort::train {
 
@@ -105,13 +106,17 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
     if (s.lastEval.tokens > 0) {
       j["eval"]["tokens"] = s.lastEval.tokens;
       j["eval"]["perplexity"] = s.lastEval.perplexity;
+      if (s.lastEval.lossPerByte > 0) {
+        j["eval"]["loss_per_byte"] = s.lastEval.lossPerByte;
+        j["eval"]["bits_per_byte"] = s.lastEval.bitsPerByte;
+      }
     }
     j["best_top1"] = s.bestTop1;
   }
   j["run_dir"] = runDir.root;
   j["outputs"] = {{"job", runDir.jobFile()}, {"metrics", runDir.metrics()},
                   {"logs", runDir.logsDir()}};
-  if (job.output.saveFinal) j["outputs"]["model"] = runDir.finalModel();
+  if (job.output.saveFinal) j["outputs"]["model"] = detail::finalModelPath(job, runDir);
   fence::check("summary.json");
   writeFileAtomic(runDir.summary(), j.dump(2) + "\n");
 }

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/weights.h"
 #include "cohort/comm/wait.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
@@ -172,14 +173,18 @@ void evaluateAfter(TrainState& s, int64_t epoch, bool last) {
   r.step = s.step;
   r.epoch = epoch;
   r.seconds = secondsSince(start);
+  if (const double perToken = s.datasets.eval ? s.datasets.eval->bytesPerToken() : 0; r.tokens > 0 && perToken > 0) {
+    r.lossPerByte = r.loss / perToken;
+    r.bitsPerByte = r.lossPerByte / std::log(2.0);
+  }
   s.reporter->evaluation(r);
   summary.evaluated = true;
   summary.lastEval = r;
   summary.bestTop1 = std::max(summary.bestTop1, r.top1);
   if (r.tokens > 0) {
-    log::info("eval after epoch {}: loss {:.4f}, perplexity {:.3f}, next-token top-1 {:.4f} ({} "
-              "tokens, {:.1f} s)",
-              epoch, r.loss, r.perplexity, r.top1, r.tokens, r.seconds);
+    log::info("eval after epoch {}: loss {:.4f}, perplexity {:.3f}, {:.4f} bits per byte, next-token top-1 "
+              "{:.4f} ({} tokens, {:.1f} s)",
+              epoch, r.loss, r.perplexity, r.bitsPerByte, r.top1, r.tokens, r.seconds);
   } else {
     log::info("eval after epoch {}: top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images, {:.1f} s)",
               epoch, r.top1, r.top5, r.loss, r.samples, r.seconds);
@@ -278,10 +283,11 @@ void saveFinalByUnit(TrainState& s) {
   UnitWrite all;
   all.keep = [](const std::string&) { return true; };
   all.value = [](const std::string&, const at::Tensor& t) { return t; };
-  const double peak = writeByUnit(s.plan->engine(), s.plan->model(), s.comm.rank, s.runDir.finalModel(),
-                                  finalModelKey(s.job), all);
+  const std::string path = finalModelPath(s.job, s.runDir);
+  const double peak = writeByUnit(s.plan->engine(), s.plan->model(), s.comm.rank, path,
+                                  s.job.output.weightsFormat, finalModelKey(s.job), all);
   if (s.comm.rank == 0) {
-    log::info("saved {} (one unit at a time); peak resident {:.0f} MB", s.runDir.finalModel(), peak);
+    log::info("saved {} (one unit at a time); peak resident {:.0f} MB", path, peak);
   }
 }
 
@@ -302,11 +308,11 @@ void saveMergedByUnit(TrainState& s) {
     auto it = adapted.find(name);
     return it == adapted.end() ? t : it->second->mergedWeight();
   };
-  const double peak = writeByUnit(s.plan->engine(), model, s.comm.rank, s.runDir.finalModel(),
+  const std::string path = finalModelPath(s.job, s.runDir);
+  const double peak = writeByUnit(s.plan->engine(), model, s.comm.rank, path, s.job.output.weightsFormat,
                                   finalModelKey(s.job), merged);
   if (s.comm.rank == 0) {
-    log::info("saved {} (adapters merged, one unit at a time); peak resident {:.0f} MB",
-              s.runDir.finalModel(), peak);
+    log::info("saved {} (adapters merged, one unit at a time); peak resident {:.0f} MB", path, peak);
   }
 }
 
@@ -338,20 +344,30 @@ void saveFinalModel(TrainState& s) {
     } else if (job.output.mergeLora) {
       const ckpt::StateDict merged = plan.collect(models::mergedStateDict);
       if (s.comm.rank == 0) {
-        ckpt::saveStateDict(merged, runDir.finalModel(), key);
-        log::info("saved {} (adapters merged)", runDir.finalModel());
+        ckpt::saveWeights(merged, finalModelPath(job, runDir), job.output.weightsFormat, key);
+        log::info("saved {} (adapters merged)", finalModelPath(job, runDir));
       }
     }
   } else {
     // Written as the tensors arrive: rank 0 holds its own part and one
     // tensor of another stage, never a second copy of the model.
-    std::optional<ckpt::StateDictWriter> out;
-    if (s.comm.rank == 0) out.emplace(runDir.finalModel(), key);
-    plan.visitCollected(models::publishedStateDict,
-                        [&](const std::string& name, const at::Tensor& t) { out->add(name, t); });
+    std::unique_ptr<ckpt::WeightsWriter> out;
+    if (s.comm.rank == 0) out = ckpt::openWeightsWriter(finalModelPath(job, runDir), job.output.weightsFormat, key);
+    std::map<std::string, std::string> tied;
+    for (const auto& [name, of] : plan.model().tiedNames()) tied.emplace(name, of);
+    plan.visitCollected(models::publishedStateDict, [&](const std::string& name, const at::Tensor& t) {
+      // A tied second name arrives as its own tensor; in a format without
+      // shared tensors (safetensors) it is a name only.
+      auto it = tied.find(name);
+      if (it != tied.end() && job.output.weightsFormat == WeightsFormat::safetensors) {
+        out->alias(name, it->second);
+      } else {
+        out->add(name, t);
+      }
+    });
     if (out) {
       out->finish();
-      log::info("saved {}", runDir.finalModel());
+      log::info("saved {}", finalModelPath(job, runDir));
     }
   }
   plan.releaseParameters();

@@ -7,19 +7,21 @@
 #include <torch/torch.h>
 
 #include <map>
-#include <optional>
+#include <memory>
 #include <set>
 
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/ckpt/weights.h"
 #include "cohort/models/lora.h"
 
 namespace cohort::train::detail {
 
 double writeByUnit(parallel::DistributedDataParallel& engine, const models::Model& model, int rank,
-                   const std::string& path, const security::Key* key, const UnitWrite& what) {
+                   const std::string& path, WeightsFormat format, const security::Key* key,
+                   const UnitWrite& what) {
   const bool root = rank == 0;
-  std::optional<ckpt::StateDictWriter> out;
-  if (root) out.emplace(path, key);
+  std::unique_ptr<ckpt::WeightsWriter> out;
+  if (root) out = ckpt::openWeightsWriter(path, format, key);
   std::map<std::string, at::Tensor> byName;
   for (const auto& [name, t] : ckpt::stateDict(model)) byName.emplace(name, t);
   // Names handled with their unit (written or left out): the model holds

@@ -293,7 +293,10 @@ int runWorker(const WorkerOptions& o) {
                 re.worldSize, 100 * s.dataWaitFrac);
     }
     log::info("outputs in {}: {}job.yaml, metrics.jsonl, summary.json, logs/", runDir.root,
-              job.output.saveFinal ? "model/final.pt, " : "");
+              job.output.saveFinal
+                  ? (job.output.weightsFormat == WeightsFormat::safetensors ? "model/final.safetensors, "
+                                                                             : "model/final.pt, ")
+                  : "");
   }
   log::flush();
   return 0;

@@ -215,10 +215,14 @@ TEST_F(Tokens, BadInputIsNamed) {
 
 TEST(TokenText, BytesRoundTripAndOtherTokenizersAreRefused) {
   const std::string text("Gr\xc3\xbc\xc3\x9f" "e\n\xff\x00 end", 14);  // UTF-8, then not
-  const std::vector<int64_t> t = encodeText(kByteTokenizer, text);
+  const auto bytes = makeTokenizer(kByteTokenizer, "", "test");
+  const std::vector<int64_t> t = bytes->encode(text);
   EXPECT_EQ(t.size(), text.size());
-  EXPECT_EQ(decodeTokens(kByteTokenizer, t), text);
-  EXPECT_NE(test::errorOf<DataError>([] { encodeText("bpe-50k", "x"); }).find("tokenizer 'bpe-50k'"),
+  EXPECT_EQ(bytes->decode(t), text);
+  EXPECT_NE(test::errorOf<DataError>([] { makeTokenizer("bpe-50k", "", "job.yaml"); })
+                .find("job.yaml: tokenizer 'bpe-50k' is not known"),
+            std::string::npos);
+  EXPECT_NE(test::errorOf<DataError>([&] { bytes->decode({256}); }).find("token 256 is not a byte"),
             std::string::npos);
 }
 

@@ -60,6 +60,27 @@ struct Reply {
   json parsed() const { return json::parse(body, nullptr, false); }
 };
 
+// A streamed generation's lines: each token's id and text, then the summary.
+struct Stream {
+  std::vector<int64_t> tokens;
+  std::string text;
+  json last;
+};
+Stream streamOf(const std::string& body) {
+  Stream s;
+  std::istringstream lines(body);
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line);
+    if (j.contains("done")) {
+      s.last = j;
+    } else {
+      s.tokens.push_back(j["token"].get<int64_t>());
+      s.text += j["text"].get<std::string>();
+    }
+  }
+  return s;
+}
+
 // A `cohort serve` process on a free port; SIGKILLed by the Process guard if
 // a test ends early.
 class Server {
@@ -342,22 +363,10 @@ TEST_F(ServeTest, GenerationIsReproducibleAndStreamsTheSameTokens) {
   streamed["stream"] = true;
   const Reply s = server.post("/v1/generate", streamed.dump());
   ASSERT_EQ(s.status, 200) << s.body;
-  std::istringstream lines(s.body);
-  std::vector<int64_t> tokens;
-  std::string text;
-  json last;
-  for (std::string line; std::getline(lines, line);) {
-    const json j = json::parse(line);
-    if (j.contains("done")) {
-      last = j;
-    } else {
-      tokens.push_back(j["token"].get<int64_t>());
-      text += j["text"].get<std::string>();
-    }
-  }
-  EXPECT_EQ(json(tokens), first["tokens"]);
-  EXPECT_EQ(text, first["text"].get<std::string>());
-  EXPECT_EQ(last["tokens"], first["tokens"]);
+  const Stream whole = streamOf(s.body);
+  EXPECT_EQ(json(whole.tokens), first["tokens"]);
+  EXPECT_EQ(whole.text, first["text"].get<std::string>());
+  EXPECT_EQ(whole.last["tokens"], first["tokens"]);
 
   // A client that leaves mid-stream: the server stops that generation and
   // goes on.
@@ -382,6 +391,31 @@ TEST_F(ServeTest, GenerationIsReproducibleAndStreamsTheSameTokens) {
     EXPECT_TRUE(pollUntil([&] { return server.metric("cohort_serve_in_flight") == 0; }));
   }
 
+  // A stop string ends the text before it, streamed or not; what streams
+  // is what the summary says, nothing of the stop string.
+  const std::string full = first["text"].get<std::string>();
+  ASSERT_GT(full.size(), 12u);
+  const std::string stop = full.substr(10, 2);
+  const std::string upTo = full.substr(0, full.find(stop));
+  json stopping = request;
+  stopping["stop"] = json::array({"no such text", stop});
+  const json cut = server.post("/v1/generate", stopping.dump()).parsed();
+  EXPECT_EQ(cut["text"], upTo) << cut;
+  EXPECT_EQ(cut["finish_reason"], "stop");
+  EXPECT_LT(cut["tokens"].size(), first["tokens"].size());
+  stopping["stream"] = true;
+  const Stream cutStream = streamOf(server.post("/v1/generate", stopping.dump()).body);
+  EXPECT_EQ(cutStream.text, upTo);
+  EXPECT_EQ(cutStream.last["finish_reason"], "stop");
+  EXPECT_EQ(cutStream.last["text"], upTo);
+  EXPECT_EQ(json(cutStream.tokens), cut["tokens"]);
+  // top_p keeps the most likely tokens: another sample of the same seed.
+  json nucleus = request;
+  nucleus["top_p"] = 0.3;
+  const Reply n = server.post("/v1/generate", nucleus.dump());
+  ASSERT_EQ(n.status, 200) << n.body;
+  EXPECT_NE(n.parsed()["tokens"], first["tokens"]);
+
   // Greedy decoding ignores the seed.
   const json greedy{{"prompt", "a"}, {"max_tokens", 8}, {"temperature", 0}, {"seed", 1}};
   json greedy2 = greedy;
@@ -392,7 +426,9 @@ TEST_F(ServeTest, GenerationIsReproducibleAndStreamsTheSameTokens) {
   // Over-long prompt (block_size is 16), wrong types, an image endpoint.
   for (const json& bad : {json{{"prompt", std::string(17, 'x')}}, json{{"prompt", 5}},
                           json{{"prompt", "a"}, {"max_tokens", -1}}, json{{"prompt", "a"}, {"seed", "x"}},
-                          json{{"prompt", "a"}, {"temperature", "hot"}}, json{{"prompt", "a"}, {"max_tokens", 1e9}}}) {
+                          json{{"prompt", "a"}, {"temperature", "hot"}}, json{{"prompt", "a"}, {"max_tokens", 1e9}},
+                          json{{"prompt", "a"}, {"top_p", 0}}, json{{"prompt", "a"}, {"top_p", 1.5}},
+                          json{{"prompt", "a"}, {"stop", 5}}, json{{"prompt", "a"}, {"stop", json::array({"", "x"})}}}) {
     const Reply r = server.post("/v1/generate", bad.dump());
     EXPECT_EQ(r.status, 400) << bad << ": " << r.body;
     EXPECT_TRUE(r.parsed().contains("error")) << r.body;
@@ -639,10 +675,14 @@ TEST_F(ServeTest, AnImageTooLargeByItsHeaderIs400) {
 // batch of 4 runs only when all 4 contexts wait (600 s would pass first),
 // so every step of the 4 is one forward of 4.
 TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) {
+  // Prompts of four lengths: each step of the four generations (their
+  // prompts, then one token each, their sequences of four lengths) is one
+  // forward with the key/value caches.
   constexpr int kTokens = 12;
+  const char* prompts[] = {"the ", "a", "the lord said ", "unto "};
   std::vector<json> requests;
   for (int i = 0; i < 4; ++i) {
-    requests.push_back({{"prompt", "the "}, {"max_tokens", kTokens}, {"temperature", i == 0 ? 0.0 : 0.8},
+    requests.push_back({{"prompt", prompts[i]}, {"max_tokens", kTokens}, {"temperature", i == 0 ? 0.0 : 0.8},
                         {"top_k", i == 1 ? 10 : 0}, {"seed", 100 + i}});
   }
   std::vector<json> alone;

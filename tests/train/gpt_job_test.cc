@@ -56,6 +56,7 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
   ASSERT_EQ(tok.exitCode, 0) << tok.describe();
   EXPECT_NE(tok.out.find("54000 training and 6000 validation tokens"), std::string::npos) << tok.out;
+  EXPECT_NE(tok.out.find("tokens/s, 1.00 bytes per token"), std::string::npos) << tok.out;
 
   const std::string run = dir.file("run");
   auto r = test::cohort({"run", job(), "--run-dir", run});
@@ -68,6 +69,9 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   RecordProperty("validation_loss", std::to_string(loss));
   RecordProperty("unigram_loss", std::to_string(baseline));
   EXPECT_NEAR(summary["eval"]["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  // A byte a token: the loss per byte is the loss per token.
+  EXPECT_NEAR(summary["eval"]["loss_per_byte"].get<double>(), loss, 1e-12);
+  EXPECT_NEAR(summary["eval"]["bits_per_byte"].get<double>(), loss / std::log(2.0), 1e-12);
   // 6000 validation tokens: (6000 - 33) / 32 + 1 = 187 windows of 32 targets.
   EXPECT_EQ(summary["eval"]["tokens"].get<int64_t>(), 187 * 32);
   EXPECT_GT(summary["train_tokens_per_s"].get<double>(), 0);
@@ -131,6 +135,19 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   auto greedy = gen({"--temperature", "0"});
   EXPECT_EQ(greedy.exitCode, 0) << greedy.describe();
   EXPECT_EQ(gen({"--temperature", "0", "--seed", "9"}).out, greedy.out) << "greedy ignores the seed";
+  // The key/value cache changes nothing but the time, past block_size (32)
+  // too; top-p keeps a sample in the corpus's characters.
+  EXPECT_EQ(gen({"--no-kv-cache", "--seed", "5"}, 400).out, sampled.out);
+  EXPECT_EQ(gen({"--no-kv-cache", "--temperature", "0"}).out, greedy.out);
+  auto nucleus = gen({"--seed", "5", "--top-p", "0.5"}, 200);
+  ASSERT_EQ(nucleus.exitCode, 0) << nucleus.describe();
+  EXPECT_NE(nucleus.out, gen({"--seed", "5"}, 200).out);
+  // A stop string ends the text before it.
+  const std::string full = greedy.out.substr(9, 40);
+  const std::string stop = full.substr(20, 3);
+  const std::string upTo = full.substr(0, full.find(stop));
+  EXPECT_EQ(gen({"--temperature", "0", "--stop", stop}).out, "the lord " + upTo + "\n");
+  EXPECT_EQ(gen({"--temperature", "0", "--stop", "no such words", "--stop", stop}).out, "the lord " + upTo + "\n");
 }
 
 TEST_F(GptJob, Bf16FollowsTheFp32ValidationLoss) {

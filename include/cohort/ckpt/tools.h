@@ -7,6 +7,8 @@
 #include <ostream>
 #include <string>
 
+#include "cohort/config/choices.h"
+
 namespace cohort::ckpt {
 
 // One line per checkpoint: step, epoch, position, world size, size, creation
@@ -28,7 +30,7 @@ int inspectCommand(const std::string& path, bool tensors, std::ostream& out);
 std::string findCheckpoint(const std::string& path);
 
 // `cohort ckpt consolidate`: the checkpoint's model.bin as one PyTorch state
-// dict at `modelOut`, and with `optimizerOut` its optimizer state (every
+// dict at `modelOut` (a safetensors file with `format` safetensors), and with `optimizerOut` its optimizer state (every
 // rank's ZeRO parts put back together, ckpt/zero_state.h) in torch.optim's
 // state_dict() layout: {"state": {i: {...}}, "param_groups": [{..., "params":
 // [0, 1, ...]}]}, parameter i being the i-th of model.bin's with state.
@@ -36,6 +38,7 @@ std::string findCheckpoint(const std::string& path);
 // and the optimizer kept no state. Throws DataError naming a file that
 // cannot be read.
 int consolidateCommand(const std::string& path, const std::string& modelOut,
-                       const std::string& optimizerOut, std::ostream& out);
+                       const std::string& optimizerOut, std::ostream& out,
+                       WeightsFormat format = WeightsFormat::pt);
 
 }  // namespace cohort::ckpt

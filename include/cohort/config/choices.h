@@ -39,6 +39,11 @@ enum class OnError { warn, fail };
 enum class Precision { fp32, bf16, fp16, automatic };
 enum class LossScaling { automatic, on, off };
 enum class Recompute { none, blocks };
+// gpt's MLP: GELU exactly (erf, nanoGPT's nn.GELU()) or its tanh
+// approximation (GPT-2's "gelu_new").
+enum class Activation { gelu, geluTanh };
+// The file format of trained weights: PyTorch's zip or safetensors.
+enum class WeightsFormat { pt, safetensors };
 // `1f1b` is spelled `oneFOneB`: an identifier cannot start with a digit.
 enum class PipelineSchedule { oneFOneB, gpipe };
 
@@ -157,6 +162,15 @@ struct ChoiceNames<Recompute> {
   static constexpr ChoiceTable<Recompute, 2> table{{{Recompute::none, "none"}, {Recompute::blocks, "blocks"}}};
 };
 
+template <>
+struct ChoiceNames<Activation> {
+  static constexpr ChoiceTable<Activation, 2> table{{{Activation::gelu, "gelu"}, {Activation::geluTanh, "gelu_tanh"}}};
+};
+template <>
+struct ChoiceNames<WeightsFormat> {
+  static constexpr ChoiceTable<WeightsFormat, 2> table{
+      {{WeightsFormat::pt, "pt"}, {WeightsFormat::safetensors, "safetensors"}}};
+};
 template <>
 struct ChoiceNames<PipelineSchedule> {
   static constexpr ChoiceTable<PipelineSchedule, 2> table{

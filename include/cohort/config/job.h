@@ -33,7 +33,7 @@ struct ModelConfig {
   int64_t hidden = 128;     // simple_cnn: units of the hidden linear layer
   double dropout = 0.0;     // simple_cnn: before the classifier; gpt: embeddings, attention, residuals
   bool zeroInitResidual = false;  // ResNet: last BN of each block starts at 0
-  std::string initFrom;     // state dict (.pt) to start from
+  std::string initFrom;     // weights to start from: .pt, .safetensors, a Hugging Face GPT-2 directory
   // gpt (models/gpt.h)
   int64_t nLayer = 4;
   int64_t nHead = 4;
@@ -41,6 +41,7 @@ struct ModelConfig {
   int64_t blockSize = 256;  // context length in tokens
   int64_t vocabSize = 0;    // 0: taken from the training data
   bool bias = true;         // in the Linear layers and LayerNorms
+  Activation activation = Activation::gelu;  // the MLP's GELU: exact, or GPT-2's tanh approximation
   MemoryLayout memoryFormat = MemoryLayout::automatic;
   Recompute recompute = Recompute::none;  // blocks: activations recomputed in backward
   LoraConfig lora;
@@ -226,6 +227,7 @@ struct OutputConfig {
   ProgressStyle progress = ProgressStyle::automatic;
   bool saveFinal = true;           // write model/final.pt
   bool mergeLora = false;          // model.lora: final.pt holds base + adapters merged
+  WeightsFormat weightsFormat = WeightsFormat::pt;  // model/final.pt or model/final.safetensors
   bool tensorboard = true;         // rank 0 writes <run>/tensorboard/ event files
   bool timeline = false;           // each rank writes <run>/timeline/rank-<r>.json
   int64_t metricsPort = 0;         // `cohort run` serves Prometheus /metrics here; 0: off

@@ -36,6 +36,10 @@ std::vector<std::pair<std::string, std::string>> rankVariables(const RankEnv& r)
 // COHORT_LOG_LEVEL, if set.
 std::optional<std::string> logLevel();
 
+// COHORT_SPM_LIBRARY: where cohort's SentencePiece module is
+// (data/tokenizer.cc), when not where the build put it.
+std::optional<std::string> sentencePieceLibrary();
+
 // COHORT_FAULT: a fault to inject, for tests of failure handling.
 // Syntax "<action>@rank<R>:step<S>[:always]" with action "exit<code>",
 // "kill" (SIGKILL to itself), "sleep<seconds>" (the rank hangs after step S),

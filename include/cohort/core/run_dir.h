@@ -5,7 +5,8 @@
 //   job.yaml            the resolved job, every default filled in
 //   logs/rank-<r>.log   one log per rank (logs/launcher.log for the launcher)
 //   metrics.jsonl       train and eval records
-//   model/final.pt      trained weights (a PyTorch state dict)
+//   model/final.pt      trained weights (a PyTorch state dict; with
+//                       output.weights_format safetensors model/final.safetensors)
 //   model/adapters.pt   model.lora: the adapters (model/base.pt: the frozen
 //                       weights, when they are not model.init_from's)
 //   summary.json        the outcome
@@ -24,6 +25,10 @@ struct RunDir {
   std::string metrics() const { return root + "/metrics.jsonl"; }
   std::string modelDir() const { return root + "/model"; }
   std::string finalModel() const { return modelDir() + "/final.pt"; }
+  std::string finalSafetensors() const { return modelDir() + "/final.safetensors"; }
+  // The trained weights as the run wrote them: finalSafetensors() when that
+  // file exists, else finalModel().
+  std::string finalWeights() const;
   std::string adapters() const { return modelDir() + "/adapters.pt"; }  // model.lora
   // model.lora without model.init_from: the frozen random weights the
   // adapters train beside, written when training starts.

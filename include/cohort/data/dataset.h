@@ -48,6 +48,9 @@ class Dataset {
   virtual SampleKind kind() const { return SampleKind::image; }
   // tokens: every id is below it; 0 for images.
   virtual int64_t vocabSize() const { return 0; }
+  // tokens: bytes of text per token (what the tokens came from over their
+  // count), so that a loss per token becomes one per byte; 0 when unknown.
+  virtual double bytesPerToken() const { return 0; }
   // tokens: writes window `index`'s shape().width token ids to `out`. `seed`
   // drives where a training window starts; the loader gives every window of
   // an epoch the same one (training seed, epoch), so they move together.

@@ -27,10 +27,17 @@ struct DatasetManifest {
   // `records` count its tokens.
   std::string encoding = "image";
   std::vector<int64_t> rawShape;
-  // tokens: how text became tokens ("bytes": token = byte value), and the
-  // number of distinct ids (every token is below it).
+  // tokens: how text became tokens ("bytes": token = byte value;
+  // "sentencepiece": the model in `tokenizerModel`, a file of the dataset
+  // with XXH3-64 `tokenizerChecksum`), the number of distinct ids (every
+  // token is below it), the bytes of a token in the shards (2: uint16, 4:
+  // uint32 for vocab_size above 65536), and the bytes of text the tokens
+  // came from (0: not recorded; the loss per byte divides by it).
   std::string tokenizer;
   int64_t vocabSize = 0;
+  int tokenBytes = 2;
+  std::string tokenizerModel, tokenizerChecksum;
+  int64_t textBytes = 0;
   std::vector<std::string> classes;  // class names; label = position
   std::string source;                // what was packed, for people
   std::string created;               // UTC, ISO 8601

@@ -65,6 +65,9 @@ class ShardSource {
   // keyring, security/keys.h). Thread-safe. Throws DataError/StorageError
   // naming the shard (ConfigError: no key for it); rethrows a fetcher failure.
   std::string read(int shard, int64_t offset, int64_t length);
+  // A small file of the dataset beside its shards (its tokenizer model),
+  // whole. Throws DataError naming it when it is missing.
+  std::string readFile(const std::string& name) const;
   // The size of shard `shard`'s contents (its file's size when not encrypted).
   int64_t shardBytes(int shard);
   // The bytes of the file as stored (sealed, when encrypted), as read() does.

@@ -8,36 +8,49 @@
 
 #include <cstdint>
 #include <istream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cohort/data/dataset_manifest.h"
+#include "cohort/data/tokenizer.h"
 #include "cohort/storage/storage.h"
 
 namespace cohort::data {
 
 // A token shard file: a 16-byte header, then the tokens as little-endian
-// uint16.
+// uint16 (version 1) or uint32 (version 2, dataset.json's token_bytes 4).
 inline constexpr char kTokenShardMagic[9] = "COHORTTK";
 inline constexpr uint32_t kTokenShardVersion = 1;
+inline constexpr uint32_t kTokenShardVersionWide = 2;
 inline constexpr int64_t kTokenShardHeaderBytes = 16;
 
+// Token `k` of a shard's tokens at `p`, `width` (2 or 4) bytes each.
+inline int64_t tokenAt(const unsigned char* p, int width, int64_t k) {
+  const unsigned char* q = p + static_cast<size_t>(width) * static_cast<size_t>(k);
+  return width == 2 ? (int64_t(q[0]) | int64_t(q[1]) << 8)
+                    : (int64_t(q[0]) | int64_t(q[1]) << 8 | int64_t(q[2]) << 16 | int64_t(q[3]) << 24);
+}
+
 // Checks a token shard's bytes (`size` of them at `data`) against its
-// dataset.json entry: the header, the size for `info.records` tokens, and,
-// with `vocabSize` > 0, every token below it. Throws DataError naming `where`.
-void checkTokenShard(const unsigned char* data, size_t size, const ShardInfo& info,
-                     int64_t vocabSize, const std::string& where);
-
-// The one tokenizer so far: each byte of the text is a token (ids 0-255), so
-// any text, UTF-8 or not, tokenizes, and every token sequence decodes.
-inline constexpr const char* kByteTokenizer = "bytes";
-inline constexpr int64_t kByteVocabSize = 256;
-
-std::vector<int64_t> encodeText(const std::string& tokenizer, const std::string& text);
-std::string decodeTokens(const std::string& tokenizer, const std::vector<int64_t>& tokens);
+// dataset.json entry: the header (its version that of `width`-byte
+// tokens), the size for `info.records` tokens, and, with `vocabSize` > 0,
+// every token below it. Throws DataError naming `where`.
+void checkTokenShard(const unsigned char* data, size_t size, const ShardInfo& info, int64_t vocabSize,
+                     const std::string& where, int width = 2);
 
 struct TokenizeOptions {
-  // The last fraction of the token stream is the validation set; 0: none.
+  // "bytes" (each byte a token) or "sentencepiece": a model trained on the
+  // training part of the text (vocabSize, modelType), or `tokenizerModel`.
+  std::string tokenizer = "bytes";
+  int64_t vocabSize = 8000;
+  std::string modelType = "bpe";  // bpe | unigram
+  std::string tokenizerModel;     // an existing SentencePiece model file
+  // Or a tokenizer of the caller's own, ready to use (its name and model go
+  // into dataset.json): what a program embedding cohort brings.
+  std::shared_ptr<const Tokenizer> custom;
+  // The last fraction of the text is the validation set; 0: none. With
+  // sentencepiece the split moves to the next line's start.
   double valFraction = 0.1;
   int64_t shardTokens = 100'000'000;  // tokens per shard file (200 MB)
   bool progress = true;               // a progress line on stderr
@@ -48,13 +61,15 @@ struct TokenizeResult {
   DatasetManifest train;
   DatasetManifest val;  // no shards with valFraction 0
   int64_t files = 0;    // text files read
+  double seconds = 0;   // encoding and writing (not the tokenizer's training)
 };
 
 // Tokenizes SRC (a text file, a directory whose regular files are read in
-// sorted path order, or "-" for `in`) with the byte tokenizer into two token
-// datasets, DST/train and DST/val (DST: a directory or blob URL). The text is
-// one stream in that order; its last `valFraction` of tokens is held out.
-// Throws DataError naming SRC when there is no text.
+// sorted path order, or "-" for `in`) into two token datasets, DST/train and
+// DST/val (DST: a directory or blob URL), each with the tokenizer's model
+// when it has one (tokenizer.model). The text is one stream in that order;
+// its last `valFraction` is held out. Throws DataError naming SRC when there
+// is no text, UsageError for bad options.
 TokenizeResult tokenize(const std::string& src, const std::string& dst,
                         const TokenizeOptions& options, std::istream& in);
 

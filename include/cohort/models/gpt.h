@@ -33,6 +33,7 @@ struct GptOptions {
   int64_t nEmbd = 128;      // divisible by nHead
   double dropout = 0.0;     // embeddings, attention weights, residual branches
   bool bias = true;         // in the Linear layers and LayerNorms
+  bool geluTanh = false;    // the MLP's GELU by its tanh approximation (GPT-2's), not exactly
   bool recompute = false;   // each block's activations recomputed in backward (model.recompute)
 };
 

@@ -20,6 +20,16 @@
 
 namespace cohort::models {
 
+// The keys and values a language model has computed for one sequence's
+// positions so far, per block: what generation keeps so that each new
+// token costs one position's forward (Model::decode). Made empty; the
+// model fills it. Holds block_size positions at most.
+struct KvCache {
+  std::vector<at::Tensor> keys, values;  // per block: [heads, block_size, head_dim]
+  int64_t length = 0;                    // positions held
+  void clear() { *this = KvCache{}; }
+};
+
 class Model : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& input) = 0;
@@ -53,6 +63,21 @@ class Model : public torch::nn::Module {
   // Tensors registered once here that PyTorch's module of the same
   // architecture lists under a second name too: (that name, the name here).
   virtual std::vector<std::pair<std::string, std::string>> tiedNames() const { return {}; }
+
+  // Language models that keep a KvCache (the GPT; not a TorchScript
+  // module): decode() works.
+  virtual bool decodes() const { return false; }
+  // Token rows that continue the sequences of `caches` (one cache per row,
+  // each of its own length L_r; rows[r] [T_r] int64 of its own length):
+  // row r's tokens take positions L_r .. L_r + T_r - 1 and see its cached
+  // ones. Returns the logits of each row's last token, [rows, vocab]; each
+  // cache then holds its row's T_r positions too. Rows of any lengths run
+  // together (a prompt beside single tokens of other sequences). The logits
+  // are forward()'s for the whole sequence, up to float rounding. Under
+  // inference or no-grad mode. Throws DataError when a row would pass
+  // block_size (the caller starts a shorter sequence instead), Error for a
+  // model that does not decode.
+  virtual at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches);
 
  protected:
   // `images` in the layout the model computes in; forward() starts with it.

@@ -32,6 +32,10 @@ struct EvalRecord {
   // and exp(loss); 0 for image models.
   int64_t tokens = 0;
   double perplexity = 0;
+  // The loss per byte of the evaluation text (nats; loss / bytes per
+  // token), which compares across tokenizers, and in bits; 0: unknown.
+  double lossPerByte = 0;
+  double bitsPerByte = 0;
 };
 
 class MetricsWriter {

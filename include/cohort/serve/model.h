@@ -32,6 +32,7 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/config/job.h"
 #include "cohort/data/image.h"
+#include "cohort/data/tokenizer.h"
 #include "cohort/models/model.h"
 
 namespace cohort::serve {
@@ -52,11 +53,15 @@ struct ModelInfo {
   int64_t numClasses = 0;
   std::vector<std::string> classes;  // label names (the dataset's); empty: the label is the name
   // Language models.
-  std::string tokenizer;       // data/tokens.h; "bytes"
+  std::string tokenizer;       // data/tokenizer.h: "bytes" or "sentencepiece"
   int64_t vocabSize = 0;       // the model's logits
   int64_t tokenizerVocab = 0;  // ids the tokenizer can decode (<= vocabSize)
   int64_t blockSize = 0;       // longest sequence
   std::string weights;         // where the weights came from
+  // The tokenizer itself (not in the JSON: an export carries a
+  // SentencePiece model as a file of its own, kTokenizerExtraFile); null
+  // for the byte tokenizer.
+  std::shared_ptr<const data::Tokenizer> text;
 
   nlohmann::json toJson() const;
   // Throws DataError naming `origin` when a key is missing or of a wrong type.
@@ -124,10 +129,24 @@ class Predictor {
   // Under inference mode; throws DataError for an input of the wrong shape
   // or type (naming what was expected).
   virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // A language model that keeps a key/value cache (models::Model::decode):
+  // rows of token ids [T_r] continuing each row's cache, to the logits of
+  // each row's last token [rows, vocab]. A TorchScript export does not
+  // decode.
+  virtual bool decodes() const { return false; }
+  virtual at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<models::KvCache*>& caches);
 };
 
 // A Predictor for MODEL: any of the forms above, a TorchScript export too.
 std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::string& jobPath = "");
+
+// The tokenizer of a language model's `info`: info.text, or the byte
+// tokenizer. Throws DataError when the model's tokenizer is not here.
+const data::Tokenizer& textTokenizer(const ModelInfo& info);
+
+// The TorchScript extra file and ONNX metadata key of a SentencePiece
+// model's bytes (base64 in ONNX).
+inline constexpr const char* kTokenizerExtraFile = "tokenizer.model";
 
 // The name of the TorchScript extra file (and ONNX metadata key, "cohort")
 // that holds ModelInfo.

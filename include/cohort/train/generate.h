@@ -14,6 +14,7 @@
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/models/model.h"
+#include "cohort/train/decoding.h"
 
 namespace cohort::train {
 
@@ -38,35 +39,23 @@ std::string loadLoraBase(models::Model& model, const JobConfig& job, const RunDi
 void checkLoraBase(const models::Model& model, const std::string& recorded, const std::string& where,
                    const std::string& base);
 
-// Below this temperature sampling is greedy: the most likely token (dividing
-// the logits by less would overflow float). 0 is the usual way to ask for it.
-inline constexpr double kGreedyTemperature = 1e-4;
-
-// The next token from the logits of the last position (`logits` [vocab]
-// float): greedy below kGreedyTemperature, else a draw from `gen` after
-// dividing by `temperature` and, with 0 < topK < vocab, keeping the topK
-// largest logits (ties with the k-th kept). What `cohort generate` and
-// `cohort serve`'s /v1/generate both sample with: the same logits, options
-// and generator state give the same token.
-int64_t sampleNext(const at::Tensor& logits, double temperature, int64_t topK, at::Generator& gen);
-
-// The model's input for the next token: the last `blockSize` of `tokens`.
-std::vector<int64_t> contextWindow(const std::vector<int64_t>& tokens, int64_t blockSize);
-
 struct GenerateOptions {
   std::string runDir;
   std::string prompt;        // encoded with the training data's tokenizer; empty: a newline
-  int64_t tokens = 200;      // tokens to generate
-  double temperature = 1.0;  // logits are divided by it; below kGreedyTemperature (0): the most likely token
-  int64_t topK = 0;          // sample among the k most likely tokens; 0: all
-  uint64_t seed = 0;
+  int64_t tokens = 200;      // tokens to generate, at most
+  Sampling sampling;
+  std::vector<std::string> stops;  // the text ends before the first of them
+  bool kvCache = true;       // false: the whole window again for every token (to compare)
+  std::ostream* timing = nullptr;  // when set: a line of tokens/s and first-token latency
 };
 
 // Loads RUN_DIR's resolved job, builds its model (model.arch: gpt) with the
-// weights of model/final.pt or, before that exists, of the newest valid
-// checkpoint, and writes the prompt followed by `tokens` sampled tokens to
-// `out`, decoded. Returns 0; throws UsageError (not a language model, bad
-// options) or DataError (no weights, unreadable files) naming the file.
+// weights of model/final.pt (or .safetensors) or, before that exists, of
+// the newest valid checkpoint, and writes to `out` the prompt, then each
+// sampled token's text as it comes (held back while it may begin a stop
+// string), until `tokens` tokens or a stop string. Returns 0; throws
+// UsageError (not a language model, bad options) or DataError (no weights,
+// unreadable files) naming the file.
 int generateCommand(const GenerateOptions& options, std::ostream& out);
 
 }  // namespace cohort::train

@@ -66,7 +66,9 @@ void describe(V& v, ModelConfig& c) {
   v.field("zero_init_residual", c.zeroInitResidual,
           "ResNet: start the last BatchNorm of each residual block at zero.");
   v.field("init_from", c.initFrom,
-          "State dict (.pt, as written by torch.save(model.state_dict())) to start from.");
+          "Weights to start from: a state dict (.pt, as torch.save(model.state_dict()) writes it), "
+          "a .safetensors file, or gpt: a Hugging Face GPT-2 checkpoint (a directory with "
+          "config.json and model.safetensors or pytorch_model.bin, or such a file alone).");
   v.field("n_layer", c.nLayer, "gpt: transformer blocks.", between(1, 1024));
   v.field("n_head", c.nHead, "gpt: attention heads per block; n_embd must be divisible by it.",
           between(1, 1024));
@@ -79,6 +81,9 @@ void describe(V& v, ModelConfig& c) {
           "gpt: token ids are below it; 0 takes it from the training data's tokenizer.",
           between(0, 1 << 24));
   v.field("bias", c.bias, "gpt: biases in the Linear layers and LayerNorms.");
+  v.field("activation", c.activation,
+          "gpt: the MLP's GELU: gelu computes it exactly (nanoGPT), gelu_tanh with the tanh "
+          "approximation GPT-2 was trained with (Hugging Face's gelu_new).");
   v.field("memory_format", c.memoryFormat,
           "Layout of images and convolution weights: channels_last (NHWC), contiguous (NCHW), or "
           "auto: `cohort run` times a few training steps in each and keeps the faster.");
@@ -406,7 +411,13 @@ void describe(V& v, OutputConfig& c) {
   v.field("dir", c.dir, "Directory in which run directories are created.");
   v.field("progress", c.progress,
           "Console progress: bar on a terminal and plain lines otherwise (auto), or forced.");
-  v.field("save_final", c.saveFinal, "Write the trained weights to model/final.pt.");
+  v.field("save_final", c.saveFinal,
+          "Write the trained weights to model/final.pt (model/final.safetensors with "
+          "weights_format: safetensors).");
+  v.field("weights_format", c.weightsFormat,
+          "The file format of the trained weights (model/final.*, a LoRA run's adapters and "
+          "merged weights): pt (PyTorch's torch.save) or safetensors. safetensors cannot be "
+          "encrypted (security.encryption.final_model).");
   v.field("merge_lora", c.mergeLora,
           "model.lora: also write model/final.pt with the adapters merged into the weights "
           "(W + alpha / rank * B A), loadable without them.");

@@ -10,7 +10,11 @@
 // (others wait for the next round, keeping their place), runs one forward,
 // and fulfils each promise with that input's row of the logits. Inputs of one
 // shape: an image model's inputs all share it; a language model's contexts
-// are grouped by length. The predictor is only ever called from this thread.
+// are grouped by length. Generation steps with a key/value cache
+// (submitDecode) all run together, whatever the length of their sequences
+// and of their new tokens (a prompt beside single tokens): concurrent
+// generations share every forward (Predictor::decode).
+// The predictor is only ever called from this thread.
 
 #include <ATen/core/Tensor.h>
 
@@ -20,6 +24,7 @@
 #include <deque>
 #include <exception>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -53,6 +58,13 @@ class Batcher {
   // the queue has no room for them all (the caller answers 503).
   std::vector<std::future<at::Tensor>> submit(std::vector<at::Tensor> inputs);
 
+  // Queues `tokens` [T] that continue the sequence of `cache`, for a
+  // predictor that decodes. The future gives the logits of the last token
+  // [vocab] once `cache` holds the T positions too; `cache` is the model
+  // thread's until then (kept alive by it, should the caller give up
+  // waiting). Invalid (no state) when the queue is full.
+  std::future<at::Tensor> submitDecode(at::Tensor tokens, std::shared_ptr<models::KvCache> cache);
+
   // The server drains: no new request will fill a batch, so from now on
   // batches run as soon as an input waits, without maxDelay. Non-blocking.
   void drain();
@@ -62,6 +74,12 @@ class Batcher {
     at::Tensor input;
     std::promise<at::Tensor> result;
     std::chrono::steady_clock::time_point arrived;
+    std::shared_ptr<models::KvCache> cache;  // submitDecode
+    // Items that may share a batch.
+    bool joins(const Item& o) const {
+      if (cache != nullptr || o.cache != nullptr) return cache != nullptr && o.cache != nullptr;
+      return input.sizes() == o.input.sizes();
+    }
   };
   void loop();
   void run(std::vector<Item>& batch);

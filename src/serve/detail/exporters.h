@@ -23,4 +23,14 @@ void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::s
 // ModelInfo in the extra file kInfoExtraFile.
 void writeTorchScript(const TrainedModel& m, const std::string& path);
 
+// The trained tensors as one safetensors file in cohort's names (LoRA
+// merged; the tied head a name in the metadata only).
+void writeSafetensors(const TrainedModel& m, const std::string& path);
+
+// A gpt in Hugging Face's GPT-2 layout (models/hf_gpt2.h): `dir`/config.json
+// and `dir`/model.safetensors, the Conv1D weights transposed and each
+// block's attn.bias mask added, as transformers' GPT2LMHeadModel saves it.
+// UsageError for another architecture or a model without biases.
+void writeHuggingFace(const TrainedModel& m, const std::string& dir);
+
 }  // namespace cohort::serve::detail

@@ -60,7 +60,8 @@ class Ops {
   virtual std::string layerNorm(const std::string& x, const std::string& prefix) = 0;
   // Causal multi-head self-attention `prefix` (c_attn, c_proj) with `heads` heads.
   virtual std::string attention(const std::string& x, const std::string& prefix, int64_t heads) = 0;
-  virtual std::string gelu(const std::string& x) = 0;  // exact (erf) form
+  // Exact (erf) form, or with `tanh` the tanh approximation (model.activation).
+  virtual std::string gelu(const std::string& x, bool tanh) = 0;
   // x [B, T, C] times the embedding `weight` [V, C] transposed: tied head.
   virtual std::string matmulTransposed(const std::string& x, const std::string& weight) = 0;
 

@@ -21,6 +21,7 @@ struct ServeState {
   const ModelInfo& info;  // the predictor's; its forward is the batcher's alone
   Batcher& batcher;
   ServeMetrics& metrics;
+  bool decodes = false;  // the predictor keeps a key/value cache: generation steps go through submitDecode
   std::atomic<bool> draining{false};  // SIGTERM seen: new work gets 503
   // The drain limit (--drain-seconds) passed: work still waiting for the
   // model gets 503 (a stream its {"error"} line) at its next check.

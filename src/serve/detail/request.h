@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cohort/serve/model.h"
+#include "cohort/train/decoding.h"
 
 namespace cohort::serve::detail {
 
@@ -43,14 +44,14 @@ PredictRequest parsePredictJsonGeneral(const std::string& body, const ModelInfo&
 struct GenerateRequest {
   std::vector<int64_t> prompt;  // token ids, 1 to block_size of them
   int64_t maxTokens = 16;
-  double temperature = 1.0;     // 0: the most likely token every time
-  int64_t topK = 0;             // 0: sample among all tokens
-  uint64_t seed = 0;
+  train::Sampling sampling;     // temperature 0: the most likely token every time
+  std::vector<std::string> stops;  // the text ends before the first of them
   bool stream = false;
 };
 
 // POST /v1/generate of a language model: {"prompt", "max_tokens",
-// "temperature", "top_k", "seed", "stream"}; only "prompt" is required.
+// "temperature", "top_k", "top_p", "seed", "stop", "stream"}; only "prompt"
+// is required; "stop" is a string or a list of at most 16 non-empty ones.
 // `maxNewTokens` bounds max_tokens.
 GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens);
 

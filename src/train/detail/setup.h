@@ -11,6 +11,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
+#include "cohort/core/run_dir.h"
 #include "cohort/data/dataset.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
@@ -94,6 +95,10 @@ int64_t evalBatchSize(const JobConfig& job);
 // The key model/ files are sealed with (security.encryption.final_model);
 // null: none.
 const security::Key* finalModelKey(const JobConfig& job);
+
+// Where the trained weights go: model/final.pt, or model/final.safetensors
+// (output.weights_format).
+std::string finalModelPath(const JobConfig& job, const RunDir& runDir);
 
 // One optimizer step's micro-batches (training.accumulate_steps) as seen
 // from micro-batch `micro` of an epoch.

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "cohort/config/choices.h"
 #include "cohort/models/model.h"
 #include "cohort/parallel/ddp.h"
 
@@ -28,13 +29,14 @@ struct UnitWrite {
   bool trainable = true;
 };
 
-// Writes `path` on `rank` 0 in the published state dict's order: each
+// Writes `path` (in `format`) on `rank` 0 in the published state dict's order: each
 // unit's trainable and frozen buckets gathered on rank 0 together, written
 // and released before the next (the other ranks send their parts), then
 // the rest (buffers, tied names). Collective. Returns rank 0's peak
 // resident MB (0 elsewhere).
 double writeByUnit(parallel::DistributedDataParallel& engine, const models::Model& model, int rank,
-                   const std::string& path, const security::Key* key, const UnitWrite& what);
+                   const std::string& path, WeightsFormat format, const security::Key* key,
+                   const UnitWrite& what);
 
 // models::frozenDigest of a model whose frozen parameters the engine holds
 // in parts (DdpOptions::shardFrozen): every rank gathers each frozen unit in

@@ -1,0 +1,102 @@
+// `cohort export --format safetensors | huggingface` (serve/detail/exporters.h):
+// the trained tensors themselves, in cohort's names or in Hugging Face's
+// GPT-2 layout, written one tensor at a time.
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "cohort/ckpt/safetensors.h"
+#include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/models/hf_gpt2.h"
+#include "cohort/models/lora.h"
+#include "serve/detail/exporters.h"
+
+namespace cohort::serve::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Calls `visit` with each of the model's published tensors in order, read
+// one at a time when the model is not built, and the tied second names
+// with `tied` instead.
+void visitTensors(const TrainedModel& m, const std::function<void(const std::string&, const at::Tensor&)>& visit,
+                  const std::function<void(const std::string&, const std::string&)>& tied) {
+  if (m.weights) {
+    std::map<std::string, std::string> aliases;
+    if (m.job.model.arch == ModelArch::gpt) aliases.emplace(models::kTiedHeadName, "transformer.wte.weight");
+    for (const std::string& name : m.order) {
+      if (auto a = aliases.find(name); a != aliases.end()) {
+        tied(name, a->second);
+        continue;
+      }
+      visit(name, m.weights->load(name));
+      m.weights->drop(name);
+    }
+    return;
+  }
+  const ckpt::StateDict dict = models::hasAdapters(*m.model) ? models::mergedStateDict(*m.model)
+                                                              : models::publishedStateDict(*m.model);
+  std::map<std::string, std::string> aliases;
+  for (const auto& [name, of] : m.model->tiedNames()) aliases.emplace(name, of);
+  for (const auto& [name, t] : dict) {
+    if (auto a = aliases.find(name); a != aliases.end()) {
+      tied(name, a->second);
+    } else {
+      visit(name, t);
+    }
+  }
+}
+
+}  // namespace
+
+void writeSafetensors(const TrainedModel& m, const std::string& path) {
+  ckpt::SafetensorsWriter out(path, {{"cohort_arch", m.info.arch}});
+  visitTensors(
+      m, [&](const std::string& name, const at::Tensor& t) { out.add(name, t); },
+      [&](const std::string& name, const std::string& of) { out.alias(name, of); });
+  out.finish();
+}
+
+void writeHuggingFace(const TrainedModel& m, const std::string& dir) {
+  const ModelConfig& mc = m.job.model;
+  if (mc.arch != ModelArch::gpt) {
+    throw UsageError(fmt::format("--format huggingface writes GPT-2's layout: model.arch gpt, not {}",
+                                 choiceName(mc.arch)));
+  }
+  if (!mc.bias) {
+    throw UsageError("--format huggingface: GPT-2 has biases in every layer; a model with model.bias false has no "
+                     "Hugging Face GPT-2 layout (export it as safetensors)");
+  }
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw UsageError(fmt::format("--out {}: exists and is not a directory", dir));
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir, ec.message()));
+  models::GptOptions o = models::gptOptions(mc, m.info.vocabSize);
+  o.vocabSize = m.info.vocabSize;
+  ckpt::SafetensorsWriter out((fs::path(dir) / "model.safetensors").string());
+  // Each block's causal mask follows its last tensor, as transformers'
+  // GPT2Attention registers it: [1, 1, n_positions, n_positions], 1 on and
+  // below the diagonal.
+  const at::Tensor mask = torch::ones({o.blockSize, o.blockSize}, torch::kBool).tril().view({1, 1, o.blockSize, o.blockSize});
+  visitTensors(
+      m,
+      [&](const std::string& name, const at::Tensor& t) {
+        out.add(name, models::hfTransposed(name) ? t.t().contiguous() : t);
+        const std::string ln1 = ".ln_1.bias";  // the block's mask follows its first LayerNorm
+        if (name.size() > ln1.size() && name.compare(name.size() - ln1.size(), ln1.size(), ln1) == 0) {
+          out.add(name.substr(0, name.size() - ln1.size()) + ".attn.bias", mask);
+        }
+      },
+      [&](const std::string& name, const std::string& of) { out.alias(name, of); });
+  out.finish();
+  writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfGpt2Config(o, mc.activation).dump(2) + "\n");
+}
+
+}  // namespace cohort::serve::detail
