@@ -56,7 +56,9 @@ SafetensorsHeader parseSafetensorsHeader(std::string_view text, uint64_t dataByt
   const HeaderJson h = HeaderJson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (!h.is_object()) throw DataError(fmt::format("{}: the safetensors header is not a JSON object", origin));
   SafetensorsHeader out;
-  for (const auto& [name, v] : h.items()) {
+  for (const auto& item : h.items()) {
+    const std::string& name = item.key();
+    const HeaderJson& v = item.value();
     if (name == "__metadata__") {
       if (!v.is_object()) throw DataError(fmt::format("{}: __metadata__ is not an object of strings", origin));
       for (const auto& [k, s] : v.items()) {
