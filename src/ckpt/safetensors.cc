@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
@@ -155,6 +156,9 @@ SafetensorsWriter::~SafetensorsWriter() = default;
 
 void SafetensorsWriter::add(const std::string& name, const at::Tensor& t) {
   State& s = *state_;
+  if (std::any_of(s.tensors.begin(), s.tensors.end(), [&](const auto& e) { return e.name == name; })) {
+    throw Error(fmt::format("{}: tensor '{}' added twice", s.path, name));
+  }
   const at::Tensor c = t.detach().to(torch::kCPU).contiguous();
   SafetensorsEntry e{name, c.scalar_type(), c.sizes().vec(), s.written, s.written + c.nbytes()};
   (void)safetensorsDtypeName(e.dtype);
@@ -180,6 +184,12 @@ void SafetensorsWriter::finish(const std::vector<std::string>& order) {
   if (order.empty()) {
     for (const auto& e : s.tensors) listed.push_back(&e);
   } else {
+    // Every added tensor's bytes are in the data: each must be listed.
+    for (const auto& e : s.tensors) {
+      if (std::find(order.begin(), order.end(), e.name) == order.end()) {
+        throw Error(fmt::format("{}: tensor '{}' was added but is not in the order", s.path, e.name));
+      }
+    }
     for (const std::string& name : order) {
       auto it = std::find_if(s.tensors.begin(), s.tensors.end(), [&](const auto& e) { return e.name == name; });
       if (it != s.tensors.end()) {
@@ -215,11 +225,13 @@ void SafetensorsWriter::finish(const std::vector<std::string>& order) {
 
 void saveSafetensors(const StateDict& dict, const std::string& path, const std::map<std::string, std::string>& metadata) {
   SafetensorsWriter w(path, metadata);
-  // A tensor is the one written before it when it has its data and shape
-  // (the tied head), not merely a storage in common (views of one buffer).
-  std::map<std::pair<const void*, std::vector<int64_t>>, std::string> seen;
+  // A tensor is the one written before it when it has its data, dtype,
+  // shape and strides (the tied head), not merely a storage in common
+  // (views of one buffer, a transpose).
+  std::map<std::tuple<const void*, at::ScalarType, std::vector<int64_t>, std::vector<int64_t>>, std::string> seen;
   for (const auto& [name, t] : dict) {
-    const auto key = std::make_pair(static_cast<const void*>(t.data_ptr()), t.sizes().vec());
+    const auto key = std::make_tuple(static_cast<const void*>(t.data_ptr()), t.scalar_type(), t.sizes().vec(),
+                                     t.strides().vec());
     auto it = seen.find(key);
     if (it != seen.end() && t.numel() > 0) {
       w.alias(name, it->second);

@@ -30,7 +30,11 @@ const char* weightsExtension(WeightsFormat format) {
 }
 
 std::unique_ptr<TensorSource> openWeights(const std::string& path) {
-  if (isSafetensors(path)) return std::make_unique<SafetensorsFile>(path);
+  // By content, or by name: a damaged .safetensors file gets the reader
+  // that says what is wrong with it.
+  const std::string ext = ".safetensors";
+  const bool named = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  if (named || isSafetensors(path)) return std::make_unique<SafetensorsFile>(path);
   return std::make_unique<LazyStateDict>(path);
 }
 

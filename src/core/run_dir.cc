@@ -23,7 +23,11 @@ void makeDirs(const std::string& path) {
 
 std::string RunDir::finalWeights() const {
   std::error_code ec;
-  return fs::is_regular_file(finalSafetensors(), ec) ? finalSafetensors() : finalModel();
+  if (!fs::is_regular_file(finalSafetensors(), ec)) return finalModel();
+  if (!fs::is_regular_file(finalModel(), ec)) return finalSafetensors();
+  // Both: the run wrote one, an earlier run in this directory the other.
+  return fs::last_write_time(finalSafetensors(), ec) >= fs::last_write_time(finalModel(), ec) ? finalSafetensors()
+                                                                                                : finalModel();
 }
 
 RunDir openRunDir(const std::string& path) {

@@ -32,6 +32,8 @@ namespace {
 // writes the tokenizer's model, if it has one, and dataset.json.
 class TokenDatasetWriter {
  public:
+  static constexpr size_t kLongestLine = size_t{4} << 20;
+
   TokenDatasetWriter(const std::string& dst, const std::string& name, const std::string& source,
                      const TokenizeOptions& options, std::shared_ptr<const Tokenizer> tokenizer)
       : out_(dst, options.storage), shardTokens_(options.shardTokens), tokenizer_(std::move(tokenizer)) {
@@ -51,11 +53,19 @@ class TokenDatasetWriter {
       for (size_t i = 0; i < n; ++i) addToken(static_cast<unsigned char>(text[i]));
       return;
     }
+    // Only the new bytes are searched for the last newline; a line longer
+    // than kLongestLine is encoded in pieces, cut between UTF-8 characters.
+    const char* nl = static_cast<const char*>(::memrchr(text, '\n', n));
     pending_.append(text, n);
-    const size_t nl = pending_.rfind('\n');
-    if (nl == std::string::npos) return;
-    for (int64_t id : tokenizer_->encode(pending_.substr(0, nl + 1))) addToken(id);
-    pending_.erase(0, nl + 1);
+    size_t upTo = nl == nullptr ? 0 : pending_.size() - n + static_cast<size_t>(nl - text) + 1;
+    if (upTo == 0 && pending_.size() > kLongestLine) {
+      upTo = pending_.size();
+      while (upTo > 0 && (static_cast<unsigned char>(pending_[upTo - 1]) & 0xC0) == 0x80) --upTo;  // continuation bytes
+      if (upTo > 0 && static_cast<unsigned char>(pending_[upTo - 1]) >= 0xC0) --upTo;               // a character's lead
+    }
+    if (upTo == 0) return;
+    for (int64_t id : tokenizer_->encode(pending_.substr(0, upTo))) addToken(id);
+    pending_.erase(0, upTo);
   }
 
   // Tokens written so far.
@@ -173,7 +183,10 @@ class TextStream {
   // split was computed for its old size).
   void read(const std::function<bool(const char*, size_t)>& f) const {
     if (src_ == "-") {
-      f(piped_.data(), piped_.size());
+      // In pieces, as files are read: a tokenizer holds one at a time.
+      for (size_t at = 0; at < piped_.size(); at += size_t{1} << 20) {
+        if (!f(piped_.data() + at, std::min(piped_.size() - at, size_t{1} << 20))) return;
+      }
       return;
     }
     std::vector<char> buf(1 << 20);
@@ -281,9 +294,11 @@ TokenizeResult tokenize(const std::string& src, const std::string& dst,
   const bool atLines = tokenizer->name() != kByteTokenizer;
   const bool terminal = options.progress && ::isatty(STDERR_FILENO) != 0;
   const auto started = std::chrono::steady_clock::now();
+  char before = '\n';  // the byte before this piece
   text.read([&](const char* p, size_t n) {
     size_t toTrain = static_cast<size_t>(std::clamp<int64_t>(split - written, 0, static_cast<int64_t>(n)));
-    if (atLines && toTrain < n && written + static_cast<int64_t>(toTrain) == split) {
+    const char last = toTrain > 0 ? p[toTrain - 1] : before;
+    if (atLines && toTrain < n && written + static_cast<int64_t>(toTrain) == split && last != '\n') {
       const char* nl = static_cast<const char*>(std::memchr(p + toTrain, '\n', n - toTrain));
       const size_t upTo = nl == nullptr ? n : static_cast<size_t>(nl - p) + 1;
       split += static_cast<int64_t>(upTo - toTrain);
@@ -292,6 +307,7 @@ TokenizeResult tokenize(const std::string& src, const std::string& dst,
     train.addText(p, toTrain);
     if (n > toTrain) val->addText(p + toTrain, n - toTrain);
     written += static_cast<int64_t>(n);
+    before = p[n - 1];
     if (terminal) {
       std::cerr << fmt::format("\rtokenizing: {:.1f} of {:.1f} MB", written / 1e6, total / 1e6) << std::flush;
     }

@@ -136,8 +136,7 @@ size_t utf8Char(const unsigned char* p, size_t n) {
 // (a lone or malformed byte as U+FFFD). So that every text comes back
 // exactly: lines are encoded one at a time (the model never saw a newline
 // inside a piece), joined by the newline's byte piece; bytes that are not
-// UTF-8 become their byte pieces here; and byte pieces decode to their
-// bytes here, the runs of other pieces through the library.
+// UTF-8 become their byte pieces here, and decode to their bytes here.
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   SentencePieceTokenizer(std::string model, const std::string& origin) : model_(std::move(model)), spm_(spm()) {
@@ -184,34 +183,63 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
   std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<int> all(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab_) {
+        throw DataError(fmt::format("token {} is not in the tokenizer's vocabulary (0..{})", ids[i], vocab_ - 1));
+      }
+      all[i] = static_cast<int>(ids[i]);
+    }
+    // Byte pieces that make whole UTF-8 characters (a newline, a character
+    // no piece covers): the library decodes them, and the whole sequence in
+    // one call keeps its rules for the spaces between pieces. Bytes that are
+    // not UTF-8 (which only cohort's encode makes, of bytes that were not
+    // UTF-8 in the text): their own bytes, the pieces around them through
+    // the library.
+    std::string bytes;
+    bool whole = true;
+    for (size_t i = 0; i <= all.size() && whole; ++i) {
+      auto b = i < all.size() ? byteOf_.find(all[i]) : byteOf_.end();
+      if (b != byteOf_.end()) {
+        bytes += b->second;
+        continue;
+      }
+      const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+      for (size_t at = 0; at < bytes.size() && whole;) {
+        const size_t n = utf8Char(p + at, bytes.size() - at);
+        whole = n > 0;
+        at += n;
+      }
+      bytes.clear();
+    }
+    if (whole) return library(all);
     std::string out;
     std::vector<int> run;
-    auto flush = [&] {
-      if (run.empty()) return;
-      ErrorText e;
-      const auto append = [](void* ctx, const char* data, size_t n) { static_cast<std::string*>(ctx)->append(data, n); };
-      if (spm_.decode(sp_, run.data(), run.size(), append, &out, e.text, sizeof(e.text)) != 0) {
-        throw DataError(fmt::format("sentencepiece could not decode: {}", e.text));
-      }
-      run.clear();
-    };
-    for (int64_t id : ids) {
-      if (id < 0 || id >= vocab_) {
-        throw DataError(fmt::format("token {} is not in the tokenizer's vocabulary (0..{})", id, vocab_ - 1));
-      }
-      if (auto b = byteOf_.find(static_cast<int>(id)); b != byteOf_.end()) {
-        flush();
+    for (int id : all) {
+      if (auto b = byteOf_.find(id); b != byteOf_.end()) {
+        out += library(run);
+        run.clear();
         out += b->second;
       } else {
-        run.push_back(static_cast<int>(id));
+        run.push_back(id);
       }
     }
-    flush();
-    return out;
+    return out + library(run);
   }
   const std::string& model() const override { return model_; }
 
  private:
+  std::string library(const std::vector<int>& ids) const {
+    std::string out;
+    if (ids.empty()) return out;
+    ErrorText e;
+    const auto append = [](void* ctx, const char* data, size_t n) { static_cast<std::string*>(ctx)->append(data, n); };
+    if (spm_.decode(sp_, ids.data(), ids.size(), append, &out, e.text, sizeof(e.text)) != 0) {
+      throw DataError(fmt::format("sentencepiece could not decode: {}", e.text));
+    }
+    return out;
+  }
+
   void library(std::string_view text, std::vector<int64_t>& out) const {
     ErrorText e;
     const auto append = [](void* ctx, const int* ids, size_t n) {

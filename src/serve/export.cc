@@ -70,6 +70,9 @@ int exportCommand(const ExportOptions& options, std::ostream& out) {
   }
   const std::string path = options.out.empty() ? defaultExportPath(options, m) : options.out;
   std::error_code ec;
+  if (std::filesystem::exists(path, ec) && std::filesystem::equivalent(path, options.model, ec)) {
+    throw UsageError(fmt::format("--out {}: is the model being exported; name another path", path));
+  }
   if (options.format == "huggingface") {
     detail::writeHuggingFace(m, path);
     out << "wrote " << path << "/config.json and model.safetensors\n"

@@ -191,28 +191,35 @@ struct Generation {
     return {seq.tokens().begin() + static_cast<std::ptrdiff_t>(promptTokens), seq.tokens().end()};
   }
 
-  // The completion's tokens whose text is wholly before `bytes` of it.
-  size_t tokensWithin(const ServeState& s, size_t bytes) const {
+  // The text of the completion's first `n` tokens.
+  std::string prefixText(const ServeState& s, size_t n) const {
     const std::vector<int64_t> all = completion();
+    return textTokenizer(s.info).decode({all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n)});
+  }
+
+  // The completion's tokens whose text is wholly within its first `bytes`.
+  size_t tokensWithin(const ServeState& s, size_t bytes) const {
+    const size_t all = completion().size();
     size_t n = sentTokens;
-    while (n < all.size() &&
-           textTokenizer(s.info).decode({all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n + 1)})
-                   .size() <= bytes) {
-      ++n;
-    }
+    while (n < all && prefixText(s, n + 1).size() <= bytes) ++n;
     return n;
   }
 
   // Stream lines of the tokens that are settled: not possibly the start of
-  // a stop string, and not part of one.
+  // a stop string (until the generation is done), and not part of one. A
+  // token's text is what it adds to the text before it, so a tokenizer
+  // whose pieces depend on their neighbours (a leading space) streams what
+  // the summary says.
   std::string settledLines(const ServeState& s) {
-    const size_t ready = stopped ? text.size() : text.size() - train::stopPrefix(text, request.stops);
+    const size_t ready = done() ? text.size() : text.size() - train::stopPrefix(text, request.stops);
     const size_t upTo = tokensWithin(s, ready);
     const std::vector<int64_t> all = completion();
-    std::string lines;
+    std::string lines, before = prefixText(s, sentTokens);
     for (; sentTokens < upTo; ++sentTokens) {
-      const int64_t token = all[sentTokens];
-      lines += dumpJson({{"token", token}, {"text", textTokenizer(s.info).decode({token})}}) + "\n";
+      const std::string after = prefixText(s, sentTokens + 1);
+      const std::string added = after.compare(0, before.size(), before) == 0 ? after.substr(before.size()) : after;
+      lines += dumpJson({{"token", all[sentTokens]}, {"text", added}}) + "\n";
+      before = after;
     }
     return lines;
   }

@@ -243,6 +243,7 @@ GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, in
   std::string prompt = j["prompt"].get<std::string>();
   if (prompt.empty()) prompt = "\n";  // as `cohort generate`
   r.prompt = textTokenizer(info).encode(prompt);
+  if (r.prompt.empty()) throw DataError("the prompt encodes to no tokens with this model's tokenizer");
   // An id beyond the model's embedding would fail the forward of the whole
   // batch this prompt joins (batcher.cc): refuse it here, alone.
   for (size_t i = 0; i < r.prompt.size(); ++i) {

@@ -136,7 +136,11 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
             << "\n";
 
   const std::string prompt = o.prompt.empty() ? std::string("\n") : o.prompt;
-  Sequence seq(tokenizer->encode(prompt), job.model.blockSize, cached);
+  std::vector<int64_t> promptIds = tokenizer->encode(prompt);
+  if (promptIds.empty()) {
+    throw UsageError(fmt::format("--prompt: '{}' encodes to no tokens with the training data's tokenizer", prompt));
+  }
+  Sequence seq(std::move(promptIds), job.model.blockSize, cached);
   const size_t promptTokens = seq.tokens().size();
   auto generator = at::make_generator<at::CPUGeneratorImpl>(o.sampling.seed);
   // Only ids the tokenizer can decode (model.vocab_size may be larger).

@@ -100,6 +100,25 @@ TEST(Safetensors, OneInterfaceWritesAndReadsBothFormats) {
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
   EXPECT_EQ(files, 2);
+  // A damaged .safetensors is named as one, whatever its first bytes.
+  test::writeText(dir.file("broken.safetensors"), std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}"));
+  EXPECT_NE(test::errorOf<DataError>([&] { openWeights(dir.file("broken.safetensors")); }).find("does not fit"),
+            std::string::npos);
+  // A writer's tensors are all in the file, once each; a transpose of a
+  // tensor is a tensor of its own, not an alias.
+  {
+    auto w = openWeightsWriter(dir.file("o.safetensors"), WeightsFormat::safetensors);
+    w->add("a", torch::ones({2}));
+    EXPECT_NE(test::errorOf<Error>([&] { w->add("a", torch::ones({2})); }).find("'a' added twice"), std::string::npos);
+    w->add("b", torch::ones({2}));
+    EXPECT_NE(test::errorOf<Error>([&] { w->finish({"a"}); }).find("'b' was added but is not in the order"),
+              std::string::npos);
+  }
+  const at::Tensor square = torch::randn({3, 3});
+  saveSafetensors({{"w", square}, {"wt", square.t()}}, dir.file("t.safetensors"));
+  SafetensorsFile transposed(dir.file("t.safetensors"));
+  ASSERT_EQ(transposed.entries().size(), 2u);
+  EXPECT_TRUE(torch::equal(transposed.load("wt"), square.t()));
   // safetensors cannot be sealed.
   security::Key key{};
   EXPECT_NE(test::errorOf<ConfigError>([&] { openWeightsWriter(dir.file("k.safetensors"), WeightsFormat::safetensors, &key); })

@@ -212,5 +212,22 @@ TEST(WideTokens, IdsAboveUint16AreStoredInFourBytesAndReadBack) {
             std::string::npos);
 }
 
+TEST(WideTokens, TheHeldOutTextStartsAtALineAndAtTheSplitWhenALineEndsThere) {
+  test::TempDir dir;
+  TokenizeOptions o;
+  o.custom = std::make_shared<WideTokenizer>();  // a tokenizer other than bytes: the split moves to a line
+  o.progress = false;
+  const std::string text = "first line\nsecond\n";  // 18 bytes
+  for (const auto& [fraction, valBytes] : {std::pair{7.0 / 18, 7}, std::pair{5.0 / 18, 0}, std::pair{9.0 / 18, 7}}) {
+    // 7 held out: the split is just after a newline and stays; 5 or 9: it
+    // moves on to the next line's start.
+    o.valFraction = fraction;
+    std::istringstream in(text);
+    const TokenizeResult r = tokenize("-", dir.file("s"), o, in);
+    EXPECT_EQ(r.val.textBytes, valBytes) << fraction;
+    EXPECT_EQ(r.train.textBytes + r.val.textBytes, 18) << fraction;
+  }
+}
+
 }  // namespace
 }  // namespace cohort::data

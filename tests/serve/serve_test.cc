@@ -409,6 +409,14 @@ TEST_F(ServeTest, GenerationIsReproducibleAndStreamsTheSameTokens) {
   EXPECT_EQ(cutStream.last["finish_reason"], "stop");
   EXPECT_EQ(cutStream.last["text"], upTo);
   EXPECT_EQ(json(cutStream.tokens), cut["tokens"]);
+  // Text held back because it may begin a stop string is sent when the
+  // generation ends by its length instead.
+  json ending = streamed;
+  ending["stop"] = full.substr(full.size() - 1) + "\x01 never";
+  const Stream ended = streamOf(server.post("/v1/generate", ending.dump()).body);
+  EXPECT_EQ(ended.text, full);
+  EXPECT_EQ(ended.last["finish_reason"], "length");
+  EXPECT_EQ(json(ended.tokens), first["tokens"]);
   // top_p keeps the most likely tokens: another sample of the same seed.
   json nucleus = request;
   nucleus["top_p"] = 0.3;

@@ -26,8 +26,8 @@ struct RunDir {
   std::string modelDir() const { return root + "/model"; }
   std::string finalModel() const { return modelDir() + "/final.pt"; }
   std::string finalSafetensors() const { return modelDir() + "/final.safetensors"; }
-  // The trained weights as the run wrote them: finalSafetensors() when that
-  // file exists, else finalModel().
+  // The trained weights as the run wrote them: finalSafetensors() or
+  // finalModel(), whichever exists (the newer when both do).
   std::string finalWeights() const;
   std::string adapters() const { return modelDir() + "/adapters.pt"; }  // model.lora
   // model.lora without model.init_from: the frozen random weights the

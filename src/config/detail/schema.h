@@ -415,8 +415,8 @@ void describe(V& v, OutputConfig& c) {
           "Write the trained weights to model/final.pt (model/final.safetensors with "
           "weights_format: safetensors).");
   v.field("weights_format", c.weightsFormat,
-          "The file format of the trained weights (model/final.*, a LoRA run's adapters and "
-          "merged weights): pt (PyTorch's torch.save) or safetensors. safetensors cannot be "
+          "The file format of the trained weights (model/final.*, a LoRA run's merged "
+          "weights; its adapters.pt and base.pt stay pt): pt (PyTorch's torch.save) or safetensors. safetensors cannot be "
           "encrypted (security.encryption.final_model).");
   v.field("merge_lora", c.mergeLora,
           "model.lora: also write model/final.pt with the adapters merged into the weights "
