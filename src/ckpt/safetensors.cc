@@ -11,7 +11,6 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <tuple>
 
 #include "cohort/core/error.h"
@@ -127,7 +126,6 @@ struct SafetensorsWriter::State {
   uint64_t written = 0;
   std::vector<SafetensorsEntry> tensors;
   std::vector<std::string> tied;
-  bool finished = false;
   ~State() {
     if (fd >= 0) ::close(fd);
     if (!scratch.empty()) ::unlink(scratch.c_str());
@@ -220,7 +218,6 @@ void SafetensorsWriter::finish(const std::vector<std::string>& order) {
     at += n;
   }
   out.commit();
-  s.finished = true;
 }
 
 void saveSafetensors(const StateDict& dict, const std::string& path, const std::map<std::string, std::string>& metadata) {

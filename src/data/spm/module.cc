@@ -22,6 +22,20 @@ void fail(const std::string& message, char* err, size_t errSize) {
   err[n] = '\0';
 }
 
+// Runs `call` (returning the library's status): 0 when it succeeds, 1 with
+// the status or exception in `err` otherwise. No exception leaves the module.
+template <class F>
+int guarded(char* err, size_t errSize, F&& call) {
+  try {
+    const sentencepiece::util::Status status = call();
+    if (status.ok()) return 0;
+    fail(status.ToString(), err, errSize);
+  } catch (const std::exception& e) {
+    fail(e.what(), err, errSize);
+  }
+  return 1;
+}
+
 class Lines final : public sentencepiece::SentenceIterator {
  public:
   Lines(cohort_spm_lines next, void* ctx) : next_(next), ctx_(ctx) { Next(); }
@@ -77,61 +91,40 @@ __attribute__((visibility("default"))) int cohort_spm_piece(void* model, const c
 __attribute__((visibility("default"))) int cohort_spm_encode(void* model, const char* text, size_t n,
                                                              cohort_spm_ids out, void* ctx, char* err,
                                                              size_t errSize) {
-  try {
+  return guarded(err, errSize, [&] {
     std::vector<int> ids;
     const auto status =
         static_cast<sentencepiece::SentencePieceProcessor*>(model)->Encode(std::string_view(text, n), &ids);
-    if (!status.ok()) {
-      fail(status.ToString(), err, errSize);
-      return 1;
-    }
-    out(ctx, ids.data(), ids.size());
-    return 0;
-  } catch (const std::exception& e) {
-    fail(e.what(), err, errSize);
-    return 1;
-  }
+    if (status.ok()) out(ctx, ids.data(), ids.size());
+    return status;
+  });
 }
 
 __attribute__((visibility("default"))) int cohort_spm_decode(void* model, const int* ids, size_t n,
                                                              cohort_spm_bytes out, void* ctx, char* err,
                                                              size_t errSize) {
-  try {
+  return guarded(err, errSize, [&] {
     std::string text;
     const auto status =
         static_cast<sentencepiece::SentencePieceProcessor*>(model)->Decode(std::vector<int>(ids, ids + n), &text);
-    if (!status.ok()) {
-      fail(status.ToString(), err, errSize);
-      return 1;
-    }
-    out(ctx, text.data(), text.size());
-    return 0;
-  } catch (const std::exception& e) {
-    fail(e.what(), err, errSize);
-    return 1;
-  }
+    if (status.ok()) out(ctx, text.data(), text.size());
+    return status;
+  });
 }
 
 __attribute__((visibility("default"))) int cohort_spm_train(const char* const* keys, const char* const* values,
                                                             size_t args, cohort_spm_lines lines, void* linesCtx,
                                                             cohort_spm_bytes model, void* modelCtx, char* err,
                                                             size_t errSize) {
-  try {
+  return guarded(err, errSize, [&] {
     std::unordered_map<std::string, std::string> flags;
     for (size_t i = 0; i < args; ++i) flags[keys[i]] = values[i];
     Lines text(lines, linesCtx);
     std::string serialized;
     const auto status = sentencepiece::SentencePieceTrainer::Train(flags, &text, &serialized);
-    if (!status.ok()) {
-      fail(status.ToString(), err, errSize);
-      return 1;
-    }
-    model(modelCtx, serialized.data(), serialized.size());
-    return 0;
-  } catch (const std::exception& e) {
-    fail(e.what(), err, errSize);
-    return 1;
-  }
+    if (status.ok()) model(modelCtx, serialized.data(), serialized.size());
+    return status;
+  });
 }
 
 }  // extern "C"
