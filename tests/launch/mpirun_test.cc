@@ -28,7 +28,7 @@ TEST(Mpirun, TwoRanksUnderOpenMpi) {
                       "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + std::to_string(port),
                       test::cohortBin(), "worker", job, "--run-dir", dir.file("run"), "--set",
                       "training.max_steps=4"},
-                     {{"OMPI_MCA_plm_rsh_agent", ""}}, std::chrono::minutes(5));
+                     {{"OMPI_MCA_plm_rsh_agent", ""}, {"TMPDIR", dir.path()}}, std::chrono::minutes(5));
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   auto summary = nlohmann::json::parse(test::readText(dir.file("run/summary.json")));
   EXPECT_EQ(summary["world_size"], 2);
@@ -46,11 +46,17 @@ TEST(Mpirun, TwoHostsUnderOpenMpi) {
   test::TestNetwork net(2);
   test::TempDir dir;
   // mpirun starts its daemon on each host through this "remote shell": the
-  // host's network namespace stands for the machine.
+  // host's network namespace stands for the machine. The hosts share this
+  // machine's hostname and /tmp, where OpenMPI's daemons would race to create
+  // the same session directory, so each host gets a temporary directory of
+  // its own, as a machine of its own would.
   std::string rsh = "#!/bin/sh\nhost=$1; shift\ncase $host in\n";
   for (int h = 0; h < 2; ++h) {
     const auto enter = net.enter(h);
-    rsh += "  " + net.address(h) + ") exec " + enter[0] + " " + enter[1] + " /bin/sh -c \"$*\" ;;\n";
+    const std::string tmp = dir.file("tmp-host" + std::to_string(h));
+    std::filesystem::create_directories(tmp);
+    rsh += "  " + net.address(h) + ") exec /usr/bin/env TMPDIR=" + tmp + " " + enter[0] + " " + enter[1] +
+           " /bin/sh -c \"$*\" ;;\n";
   }
   rsh += "esac\necho \"no test host $host\" >&2\nexit 1\n";
   test::writeText(dir.file("rsh"), rsh);
@@ -63,7 +69,7 @@ TEST(Mpirun, TwoHostsUnderOpenMpi) {
                       "oob_tcp_if_include", subnet, "-x", "MASTER_ADDR=" + net.address(0), "-x",
                       "MASTER_PORT=29511", "-x", "COHORT_STORE_TOKEN=mpirun-test-token-0123456789", test::cohortBin(),
                       "worker", job, "--run-dir", dir.file("run")},
-                     {}, std::chrono::minutes(5));
+                     {{"TMPDIR", dir.path()}}, std::chrono::minutes(5));
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   auto summary = nlohmann::json::parse(test::readText(dir.file("run/summary.json")));
   EXPECT_EQ(summary["world_size"], 2);
