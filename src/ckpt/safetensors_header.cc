@@ -17,17 +17,17 @@ namespace {
 // Ordered: entries() lists the tensors as the header does.
 using HeaderJson = nlohmann::ordered_json;
 
-struct DtypeName {
+struct SafetensorsDtype {
   const char* name;
   at::ScalarType dtype;
 };
-constexpr DtypeName kDtypes[] = {{"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},
+constexpr SafetensorsDtype kSafetensorsDtypes[] = {{"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},
                                  {"BF16", at::kBFloat16}, {"I64", at::kLong}, {"I32", at::kInt},
                                  {"I16", at::kShort},     {"I8", at::kChar},  {"U8", at::kByte},
                                  {"BOOL", at::kBool}};
 
 std::optional<at::ScalarType> dtypeOf(const std::string& name) {
-  for (const DtypeName& d : kDtypes) {
+  for (const SafetensorsDtype& d : kSafetensorsDtypes) {
     if (name == d.name) return d.dtype;
   }
   return std::nullopt;
@@ -36,7 +36,7 @@ std::optional<at::ScalarType> dtypeOf(const std::string& name) {
 }  // namespace
 
 const char* safetensorsDtypeName(at::ScalarType dtype) {
-  for (const DtypeName& d : kDtypes) {
+  for (const SafetensorsDtype& d : kSafetensorsDtypes) {
     if (dtype == d.dtype) return d.name;
   }
   throw Error(fmt::format("safetensors: cohort does not write tensors of dtype {}", c10::toString(dtype)));
@@ -46,7 +46,7 @@ namespace {
 
 std::string handled() {
   std::vector<std::string> names;
-  for (const DtypeName& d : kDtypes) names.emplace_back(d.name);
+  for (const SafetensorsDtype& d : kSafetensorsDtypes) names.emplace_back(d.name);
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
