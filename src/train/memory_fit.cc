@@ -18,23 +18,16 @@ std::string ranks(int n) { return fmt::format("{} rank{}", n, n == 1 ? "" : "s")
 
 }  // namespace
 
-StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
-                      const std::vector<std::string>& units, const OptimizerConfig& optimizer,
-                      double bucketCapMb, bool byUnit) {
+ModelElements countElements(const torch::nn::Module& model, const std::vector<std::string>& units) {
   std::set<const void*> seen;
   // Per unit ("" for the parameters outside every unit): trainable, frozen.
   std::map<std::string, std::pair<double, double>> unitElements;
-  double elements = 0, fixed = 0;  // trainable; what every rank holds whole (buffers, frozen weights)
-  double frozen = 0;               // frozen weights held in parts (byUnit)
+  ModelElements m;
   for (const auto& p : model.named_parameters()) {
     if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
     const double n = static_cast<double>(p.value().numel());
     const bool trains = p.value().requires_grad();
-    if (!trains && !(byUnit && stage == 3)) {
-      fixed += n;
-      continue;
-    }
-    (trains ? elements : frozen) += n;
+    (trains ? m.trainable : m.frozen) += n;
     std::string unit;
     for (const std::string& u : units) {
       if (p.key().rfind(u + ".", 0) == 0) {
@@ -45,39 +38,18 @@ StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
     (trains ? unitElements[unit].first : unitElements[unit].second) += n;
   }
   for (const auto& b : model.buffers()) {
-    if (b.is_floating_point() && seen.insert(b.unsafeGetTensorImpl()).second) fixed += static_cast<double>(b.numel());
+    if (b.is_floating_point() && seen.insert(b.unsafeGetTensorImpl()).second) m.buffers += static_cast<double>(b.numel());
   }
-  const double copies = optimizer.name == OptimizerKind::adamw ? 2 : optimizer.momentum != 0 ? 1 : 0;
-  const double n = std::max(1, world);
-  const bool shardedGradients = stage >= 2 && world > 1;
-  StateBytes b;
-  b.parameters = 4 * fixed + 4 * (elements + frozen) / (stage == 3 ? n : 1);
-  b.gradients = 4 * elements / (shardedGradients ? n : 1);
-  b.optimizer = 4 * copies * elements / (stage > 0 ? n : 1);
-  // A unit's parameters and gradients, and its frozen weights, whole while
-  // it runs, inside the parameters outside every unit (gathered around the
-  // whole forward and backward).
-  double largest = 0;
   for (const auto& [name, e] : unitElements) {
-    if (!name.empty()) largest = std::max(largest, 2 * e.first + e.second);
+    if (name.empty()) continue;
+    m.unit = std::max(m.unit, 2 * e.first);
+    m.unitWithFrozen = std::max(m.unitWithFrozen, 2 * e.first + e.second);
   }
   if (auto outside = unitElements.find(""); outside != unitElements.end()) {
-    largest += 2 * outside->second.first + outside->second.second;
+    m.unit += 2 * outside->second.first;
+    m.unitWithFrozen += 2 * outside->second.first + outside->second.second;
   }
-  b.fixed = 4 * fixed;
-  b.shardable = 4 * elements * (2 + copies) + 4 * frozen;
-  b.stage3Unit = 4 * largest;
-  if (stage == 3) {
-    // A unit's parameters and gradients are whole while it runs.
-    b.unit = b.stage3Unit;
-  } else if (shardedGradients) {
-    // Stage 2: a bucket filling while the one before is exchanged.
-    b.unit = 2 * std::min(bucketCapMb * (1 << 20), 4 * elements);
-  }
-  // Every rank builds the model whole before it is cut into parts, unless
-  // it builds it unit by unit (parts and one unit: less than training holds).
-  b.wholeModel = byUnit ? 0 : 4 * (fixed + elements + frozen);
-  return b;
+  return m;
 }
 
 std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, int localRanks,

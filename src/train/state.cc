@@ -369,6 +369,8 @@ void resume(TrainState& s) {
             s.steps.accumulate, s.steps.globalBatch, s.steps.peakLr, s.steps.stepsPerEpoch,
             s.steps.totalSteps);
   s.summary.globalBatch = s.steps.globalBatch;
+  s.summary.stepsPerEpoch = s.steps.stepsPerEpoch;
+  s.summary.epochSamples = s.steps.perRank * s.mesh.replicas;
   if (!s.resumed) return;
   restoreLossScale(s);
   reportResume(s);

@@ -33,6 +33,7 @@
 #include "cohort/monitor/timeline.h"
 #include "cohort/train/optimizer.h"
 #include "train/detail/evaluate.h"
+#include "train/detail/memory_fit.h"
 #include "train/detail/stages.h"
 #include "train/detail/state.h"
 #include "train/detail/unit_writes.h"
@@ -204,6 +205,11 @@ double recordMemory(TrainState& s) {
   mem.largestUnitBytes = ds.largestUnitElements * 4;
   mem.unitPeakBytes = ds.unitPeakElements * 4;
   mem.frozenBytes = ds.frozenElements * 4;
+  if (!s.mesh.pipelined() && mem.zeroStage < 3) {
+    const models::Model& model = s.plan->model();
+    mem.elements = detail::countElements(model, model.shardingUnits());
+    mem.elementsKnown = true;
+  }
   struct rusage usage {};
   const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
   log::info("memory held: parameters {:.1f} MB, gradients {:.1f} MB, optimizer state {:.1f} MB "

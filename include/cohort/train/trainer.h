@@ -14,6 +14,7 @@
 #include "cohort/monitor/metrics.h"
 #include "cohort/parallel/mesh.h"
 #include "cohort/train/compute.h"
+#include "cohort/train/state_memory.h"
 
 namespace cohort::train {
 
@@ -51,6 +52,8 @@ struct TrainSummary {
   double bestTop1 = 0;
   double peakLr = 0;
   int64_t globalBatch = 0;
+  int64_t stepsPerEpoch = 0;   // optimizer steps per epoch
+  int64_t epochSamples = 0;    // training samples per epoch, all data ranks (padded to an even split)
   bool stopped = false;           // stopped on request after a checkpoint
   bool reformed = false;          // ... for a re-form, the state held in memory (`cohort agent`)
   int64_t resumedFromStep = -1;   // -1: started fresh
@@ -72,6 +75,10 @@ struct TrainSummary {
     int64_t unitPeakBytes = 0;
     // Stage 3 with model.lora: this rank's parts of the frozen base.
     int64_t frozenBytes = 0;
+    // The whole model's elements (rank 0 held it whole: no pipeline, below
+    // stage 3), from which `cohort plan` works out the state at any stage.
+    bool elementsKnown = false;
+    ModelElements elements;
   } memory;
   // A pipeline (distribution.pipeline): what each stage of data replica 0
   // measured, in stage order; empty without one.

@@ -16,37 +16,26 @@
 
 #include "cohort/config/job.h"
 #include "cohort/core/memory_limit.h"
+#include "cohort/train/state_memory.h"
 
 namespace cohort::train::detail {
 
-struct StateBytes {
-  // parameters: with frozen weights and buffers; unit: stage 3, one unit
-  // whole; stage 2, the gradient buckets in flight; wholeModel: the model as
-  // built, before it is cut into parts.
-  double parameters = 0, gradients = 0, optimizer = 0, unit = 0, wholeModel = 0;
-  // What a rank would hold at stage 3 on any number of ranks: `fixed`
-  // (buffers, and frozen weights unless built by unit) + `shardable`
-  // (parameters, gradients and optimizer state of all ranks) / ranks +
-  // `stage3Unit` (one unit's parameters and gradients, whole, with those
-  // outside every unit).
-  double fixed = 0, shardable = 0, stage3Unit = 0;
-  double total() const { return std::max(parameters + gradients + optimizer + unit, wholeModel); }
-};
+using train::ModelElements;
+using train::StateBytes;
 
-// What each rank of `world` will hold at ZeRO `stage` (float32; tied
-// tensors once): its share of the trainable parameters, their gradients and
-// the optimizer's state per element (AdamW 2, SGD with momentum 1, without
-// 0), the frozen weights and buffers whole; at stage 3 the largest of the
-// sharding units `units` (parallel::DdpOptions::units) or the parameters outside
-// them, at stage 2 two buckets of `bucketCapMb`. Computed before the engine
-// allocates anything, so that a state that cannot fit fails before it is
-// half built.
-// `byUnit`: the model is built unit by unit (train/detail/units.h), so no
-// step holds it whole, and its frozen weights (model.lora's base) are held
-// in parts as the trainable ones, gathered with their unit.
-StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
-                      const std::vector<std::string>& units, const OptimizerConfig& optimizer,
-                      double bucketCapMb, bool byUnit = false);
+// The elements of `model` (its part, or the shapes of it; tied tensors
+// once), with the ZeRO stage 3 sharding units `units`
+// (parallel::DdpOptions::units; none below stage 3).
+ModelElements countElements(const torch::nn::Module& model, const std::vector<std::string>& units);
+
+// What each rank of `world` will hold of `model` at ZeRO `stage`
+// (train::stateBytes). Computed before the engine allocates anything, so
+// that a state that cannot fit fails before it is half built.
+inline StateBytes stateBytes(const torch::nn::Module& model, int stage, int world,
+                             const std::vector<std::string>& units, const OptimizerConfig& optimizer,
+                             double bucketCapMb, bool byUnit = false) {
+  return train::stateBytes(countElements(model, units), stage, world, optimizer, bucketCapMb, byUnit);
+}
 
 // Throws ConfigError naming the rank, the stage, the bytes and the limit's
 // source when `need` exceeds the limit's share of one of `localRanks`;
