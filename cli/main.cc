@@ -34,6 +34,7 @@
 #include <iostream>
 
 #include "cluster.h"
+#include "plan.h"
 #include "cohort/ckpt/tools.h"
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
@@ -117,6 +118,7 @@ struct Cli {
   int procs = 0;
   std::string resume;
   bool newRun = false;
+  std::string planFile;
   bool timeline = false;
   int metricsPort = 0;
   // ckpt
@@ -159,6 +161,7 @@ struct Cli {
   std::string helpTopic;
   // submit, runs, status, cancel
   cohort::cli::ClusterCommands cluster;
+  cohort::cli::PlanCommand planCommand;
 
   void addTraining(CLI::App& app);
   void addCkpt(CLI::App& app);
@@ -191,6 +194,9 @@ void Cli::addTraining(CLI::App& app) {
   run->add_option("--resume", resume,
                   "Resume from this checkpoint (a step-<N> directory, a checkpoints directory or "
                   "a run directory) when the run directory has none of its own");
+  run->add_option("--plan", planFile,
+                  "`cohort plan --json` output: kept as <run>/plan.json, its prediction set beside the "
+                  "measured figures in summary.json");
   run->add_flag("--timeline", timeline,
                 "Each rank writes a Chrome trace to <run>/timeline/rank-<r>.json (output.timeline)");
   run->add_option("--metrics-port", metricsPort,
@@ -476,7 +482,8 @@ int Cli::showHelp(CLI::App& app, int argc) const {
     }
     if (!helpTopic.empty()) {
       for (CLI::App* sub : {run, worker, validate, ckpt, data, generate, exportCmd, serveCmd, scoreCmd,
-                            logs, health, cluster.submit, cluster.runs, cluster.status, cluster.cancel}) {
+                            logs, health, cluster.submit, cluster.runs, cluster.status, cluster.cancel,
+                            planCommand.plan}) {
         if (sub->get_name() == helpTopic) {
           std::cout << sub->help();
           return 0;
@@ -484,7 +491,7 @@ int Cli::showHelp(CLI::App& app, int argc) const {
       }
       std::cerr << "cohort: no help on '" << helpTopic
                 << "' (try: run, worker, validate, ckpt, data, generate, export, serve, score, logs, "
-                   "health, submit, runs, status, cancel, job)\n";
+                   "health, submit, runs, status, cancel, plan, job)\n";
       return 2;
     }
     std::cout << app.get_formatter()->make_help(&app, "cohort", CLI::AppFormatMode::Normal);
@@ -571,6 +578,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
   if (*dataVerify) return cohort::data::verifyCommand(dataPath, decode, so, std::cout);
   if (*logs) return cohort::cli::ClusterCommands::logs(logsOptions);
   if (auto code = cluster.dispatch()) return *code;
+  if (auto code = planCommand.dispatch()) return *code;
   if (*run) {
     cohort::run::LaunchOptions o;
     o.jobPath = jobPath;
@@ -581,6 +589,7 @@ int Cli::dispatch(CLI::App& app, int argc) {
     o.procs = procs;
     o.resume = resume;
     o.newRun = newRun;
+    o.plan = planFile;
     return cohort::run::runLauncher(o);
   }
   if (*agent) {
@@ -627,6 +636,7 @@ int main(int argc, char** argv) {
   cli.addHealthLogsHelp(app);
   cli.addDeploy(app);
   cli.cluster.add(app);
+  cli.planCommand.add(app);
 
   try {
     app.parse(argc, argv);

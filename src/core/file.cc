@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "cohort/core/error.h"
 
@@ -95,6 +97,14 @@ void writeFileAtomic(const std::string& path, const void* data, size_t size) {
   AtomicFile file(path);
   file.write(data, size);
   file.commit();
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) throw IoError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  return text.str();
 }
 
 }  // namespace cohort

@@ -352,6 +352,15 @@ int runLauncher(const LaunchOptions& o) {
     throw UsageError(fmt::format("--resume {}: no such directory", o.resume));
   }
   const int world = static_cast<int>(job.distribution.procsPerNode);
+  // --plan: checked now, kept in the run directory for the summary.
+  std::string planText;
+  if (!o.plan.empty()) {
+    planText = readFile(o.plan);
+    const auto plan = nlohmann::json::parse(planText, nullptr, false);
+    if (plan.is_discarded() || !plan.is_object() || !plan.contains("predicted")) {
+      throw ConfigError(fmt::format("--plan {}: not what `cohort plan --json` writes (no \"predicted\")", o.plan));
+    }
+  }
   // A missing or unreadable key fails here, before any rank starts.
   security::loadKeyring(security::keySources(job.security.encryption));
   const UrlCredentials credentials = [&] {
@@ -380,6 +389,7 @@ int runLauncher(const LaunchOptions& o) {
                         : interrupted      ? openRunDir(*interrupted)
                                            : createDefaultRunDir(job.output.dir, job.name);
   writeFileAtomic(runDir.jobFile(), toYaml(job));
+  if (!planText.empty()) writeFileAtomic(runDir.plan(), planText);
   lo.file = runDir.launcherLog();
   log::init(lo);
   if (interrupted) {

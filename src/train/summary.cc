@@ -4,12 +4,50 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "cohort/ckpt/resume.h"
 #include "cohort/core/fence.h"
 #include "cohort/core/file.h"
 #include "train/detail/setup.h"
 
 namespace cohort::train {
+
+namespace {
+
+// <run>/plan.json (`cohort run --plan`): the prediction for this run's
+// ranks beside what the run measured, and the error of each.
+nlohmann::json planComparison(const RunDir& runDir, int worldSize, double peakRssMb, double samplesPerS) {
+  std::ifstream in(runDir.plan());
+  if (!in) return nullptr;
+  const auto plan = nlohmann::json::parse(in, nullptr, false);
+  if (plan.is_discarded() || !plan.is_object()) return nullptr;
+  const auto ranksOf = [](const nlohmann::json& row) {
+    return row.contains("setting") ? row["setting"].value("ranks", 0) : 0;
+  };
+  nlohmann::json row;
+  if (plan.contains("predicted") && ranksOf(plan["predicted"]) == worldSize) row = plan["predicted"];
+  for (const auto& r : plan.value("by_nodes", nlohmann::json::array())) {
+    if (row.is_null() && ranksOf(r) == worldSize) row = r;
+  }
+  nlohmann::json j = {{"file", runDir.plan()}};
+  if (row.is_null()) {
+    j["note"] = "the plan predicts no setting of " + std::to_string(worldSize) + " ranks";
+    return j;
+  }
+  const double peak = row["memory_mb"].value("peak", 0.0);
+  const double sps = row["speed"].value("samples_per_s", 0.0);
+  const auto error = [](double predicted, double measured) {
+    return measured > 0 ? 100 * (predicted - measured) / measured : 0.0;
+  };
+  j["setting"] = row["setting"];
+  j["predicted"] = {{"peak_rss_mb", peak}, {"samples_per_s", sps}, {"step_ms", row["speed"].value("step_ms", 0.0)}};
+  j["measured"] = {{"peak_rss_mb", peakRssMb}, {"samples_per_s", samplesPerS}};
+  j["error_pct"] = {{"peak_rss_mb", error(peak, peakRssMb)}, {"samples_per_s", error(sps, samplesPerS)}};
+  return j;
+}
+
+}  // namespace
 
 void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& runDir,
                   int worldSize) {
@@ -20,6 +58,8 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   j["epochs"] = s.epochs;
   j["steps"] = s.steps;
   j["global_batch"] = s.globalBatch;
+  j["steps_per_epoch"] = s.stepsPerEpoch;
+  j["epoch_samples"] = s.epochSamples;
   j["peak_lr"] = s.peakLr;
   j["parameters"] = s.parameters;
   j["trainable_parameters"] = s.trainableParameters;
@@ -34,10 +74,18 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   // The most memory this process (rank 0) held at once, resident.
   struct rusage usage {};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) j["peak_rss_mb"] = double(usage.ru_maxrss) / 1024.0;
+  if (auto plan = planComparison(runDir, worldSize, j.value("peak_rss_mb", 0.0), s.imagesPerS); !plan.is_null()) {
+    j["plan"] = std::move(plan);
+  }
   j["memory"] = {{"zero_stage", s.memory.zeroStage},
                  {"parameter_mb", double(s.memory.parameterBytes) / (1 << 20)},
                  {"gradient_mb", double(s.memory.gradientBytes) / (1 << 20)},
                  {"optimizer_state_mb", double(s.memory.optimizerStateBytes) / (1 << 20)}};
+  if (s.memory.elementsKnown) {
+    const ModelElements& e = s.memory.elements;
+    j["memory"]["elements"] = {{"trainable", e.trainable}, {"frozen", e.frozen}, {"buffers", e.buffers},
+                               {"unit", e.unit}, {"unit_with_frozen", e.unitWithFrozen}};
+  }
   if (s.memory.zeroStage == 3) {
     j["memory"]["largest_unit_mb"] = double(s.memory.largestUnitBytes) / (1 << 20);
     j["memory"]["unit_peak_mb"] = double(s.memory.unitPeakBytes) / (1 << 20);

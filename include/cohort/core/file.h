@@ -16,6 +16,10 @@ inline void writeFileAtomic(const std::string& path, const std::string& text) {
   writeFileAtomic(path, text.data(), text.size());
 }
 
+// The whole of a (small) file. Throws IoError naming the path when it
+// cannot be read.
+std::string readFile(const std::string& path);
+
 // The same for a file written piece by piece (a stream no copy of which is
 // held): a temporary file in the path's directory (created), appended to,
 // and put in place by commit() as above. Destroyed without commit(), the

@@ -34,6 +34,8 @@ struct RunDir {
   // adapters train beside, written when training starts.
   std::string frozenBase() const { return modelDir() + "/base.pt"; }
   std::string summary() const { return root + "/summary.json"; }
+  // `cohort run --plan`: the prediction of `cohort plan --json`, compared in summary.json.
+  std::string plan() const { return root + "/plan.json"; }
 };
 
 // Creates `<outputDir>/<jobName>-<UTC time>` (with a numeric suffix if it

@@ -31,6 +31,7 @@ struct LaunchOptions {
   std::string resume;                  // --resume: checkpoint to start from
   bool newRun = false;                 // --new-run: never resume an interrupted run
   std::string executable;              // cohort binary for the ranks; empty: this one
+  std::string plan;                    // --plan: `cohort plan --json` output, kept as <run>/plan.json
   std::chrono::milliseconds termGrace{5000};  // SIGTERM -> SIGKILL
 };
 

@@ -1,0 +1,154 @@
+#pragma once
+
+// `cohort plan`: memory, speed and cost of a job, predicted before it runs,
+// from a few steps of the real model measured on this machine (docs/plan.md).
+//
+//   probes     `cohort run` of the job for a few steps on one rank, at two
+//              micro-batches (and with model.recompute the other way), and
+//              on two local ranks; `cohort health` on two local ranks for
+//              the link's bandwidth and latency (Gloo over TCP)
+//   fit        Fit: the memory a rank holds besides its training state
+//              (LibTorch, the loader), activations per sample, compute per
+//              sample and per step, the exchange's cost
+//   predict    predictMemory / predictSpeed / predictCost for a Setting:
+//              ZeRO stage, micro-batch and accumulation, recompute, nodes x
+//              ranks per node, threads, bucket size
+//
+// This header does not include LibTorch.
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "cohort/config/job.h"
+#include "cohort/train/state_memory.h"
+
+namespace cohort::plan {
+
+// What the plan varies; the rest of the job stays as written.
+struct Setting {
+  int64_t nodes = 1;
+  int64_t procsPerNode = 1;
+  int64_t threads = 1;         // intra-op threads per rank
+  int64_t zero = 0;            // distribution.zero
+  int64_t batchSize = 1;       // training.batch_size: per rank and micro-step
+  int64_t accumulate = 1;      // training.accumulate_steps
+  bool recompute = false;      // model.recompute: blocks
+  MemoryLayout memoryFormat = MemoryLayout::automatic;  // model.memory_format
+  double bucketCapMb = 25;     // distribution.bucket_cap_mb
+
+  int64_t ranks() const { return nodes * procsPerNode; }
+  // The job's own setting, on `nodes` x `procsPerNode` ranks with `cores`
+  // per machine (threads: distribution.threads_per_rank, else cores / ranks).
+  static Setting of(const JobConfig& job, int64_t nodes, int64_t procsPerNode, int64_t cores);
+  // The `--set` overrides that give a job this setting.
+  std::vector<std::string> overrides() const;
+  // "zero 2, batch 16 x 2, recompute, 2 x 1 ranks x 2 threads, buckets 25 MB".
+  std::string describe() const;
+};
+
+// The link between machines (between a machine's ranks: shared memory).
+struct Link {
+  double gbps = 0;        // bandwidth, 10^9 bits/s
+  double latencyUs = 0;   // one message's latency
+  std::string source;     // "given" | "measured between local ranks (Gloo over TCP)"
+};
+
+// What the probes measured, fitted (docs/plan.md, "The model").
+struct Fit {
+  train::ModelElements elements;  // of the whole model
+  double optimizerCopies = 0;     // state elements per trainable element
+  int64_t epochSamples = 0;       // training samples per epoch
+  int64_t blockSize = 0;          // a language model's tokens per sample; 0 otherwise
+  // Memory (MB): resident memory besides the training state and the
+  // activations (LibTorch, kernels' workspace, the loader's batches); the
+  // activations per sample of a micro-batch, with and without recompute
+  // (0 when not measured: the model has no blocks to recompute); the
+  // exchange's own buffers on a rank of several, per MB of gradients.
+  double baseMb = 0;
+  double activationMbPerSample = 0;
+  double recomputeActivationMbPerSample = 0;
+  double exchangeMbPerGradientMb = 0;
+  // Speed (ms, at `threads` intra-op threads per rank): a micro-step's time
+  // per sample, with and without recompute; a step's fixed time (optimizer,
+  // bookkeeping); the share of a micro-step spent in backward (the window
+  // the exchange hides in); the exchange between two local ranks, exposed,
+  // per MB of gradients.
+  int64_t threads = 1;
+  double msPerSample = 0;
+  double recomputeMsPerSample = 0;
+  double msPerStep = 0;
+  double backwardShare = 0.6;
+  double localExchangeMsPerMb = 0;
+  // Compute of ranks that share a machine against one rank alone (>= 1).
+  double sharedMachineSlowdown = 1;
+  Link link;
+  bool measuredRecompute = false;
+  bool measuredLocalExchange = false;
+};
+
+struct MemoryEstimate {
+  train::StateBytes state;     // bytes
+  double baseMb = 0, activationsMb = 0, exchangeMb = 0;
+  double peakMb = 0;           // per rank
+  double limitMb = 0;          // per rank; 0: none known
+  bool fits() const { return limitMb <= 0 || peakMb <= limitMb; }
+};
+
+struct SpeedEstimate {
+  double computeMs = 0;        // micro-steps and the optimizer step
+  double localExchangeMs = 0;  // exposed, between a machine's ranks
+  double linkExchangeMs = 0;   // exposed, between machines
+  double stepMs = 0;
+  double samplesPerSecond = 0; // all ranks
+  double efficiency = 1;       // weak scaling: one rank's step time / this step time
+};
+
+struct CostEstimate {
+  int64_t steps = 0;           // to the job's end (training.epochs, capped by max_steps)
+  double hours = 0;
+  double nodeHours = 0;
+  double price = 0;            // nodeHours x price per node-hour; 0 without a price
+};
+
+MemoryEstimate predictMemory(const Fit& fit, const JobConfig& job, const Setting& s, double limitMb);
+SpeedEstimate predictSpeed(const Fit& fit, const JobConfig& job, const Setting& s);
+CostEstimate predictCost(const Fit& fit, const JobConfig& job, const Setting& s, const SpeedEstimate& speed,
+                         double pricePerNodeHour);
+
+// The nearest settings that fit when `s` does not, nearest first: model.recompute,
+// a higher ZeRO stage, a smaller micro-batch with more accumulation (the
+// global batch kept), more ranks at stage 3. Empty when none of them fits.
+std::vector<Setting> fittingAlternatives(const Fit& fit, const JobConfig& job, const Setting& s, double limitMb);
+
+// --- `cohort plan JOB [options]` -------------------------------------------
+
+struct PlanOptions {
+  std::string jobPath;
+  std::vector<std::string> overrides;  // --set
+  // As typed, checked by runPlan: positive numbers (empty: the job's or measured).
+  std::string nodes, procsPerNode, memoryPerRank, pricePerNodeHour, linkGbps, linkLatencyUs,
+      coresPerNode;
+  int64_t probeSteps = 6;          // steps per probe (the first two are not timed)
+  double probeTimeoutS = 900;      // per probe
+  bool json = false;
+  bool tune = false;
+  std::string tuneOutput;          // --tune: the job file written (default: JOB's name + .tuned.yaml)
+  std::string workDir;             // where probes run (default: a temporary directory, removed)
+  std::string executable;          // cohort binary for the probes; empty: this one
+};
+
+// Measures, predicts and prints (a table, or JSON with --json); with
+// --tune also tries candidates and writes the fastest job that fits.
+// Returns 0; throws UsageError / ConfigError (exit 2) for bad options and a
+// job that fits at no setting (naming the closest one).
+int runPlan(const PlanOptions& options, std::ostream& out);
+
+// Parses a positive number given as `--name value`; throws UsageError
+// naming the option otherwise.
+double positiveNumber(const std::string& name, const std::string& value);
+int64_t positiveCount(const std::string& name, const std::string& value);
+
+}  // namespace cohort::plan

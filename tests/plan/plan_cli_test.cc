@@ -1,0 +1,159 @@
+// `cohort plan` end to end: its probes are real `cohort run`s, the run it
+// predicts reports the prediction's error in summary.json, bad numbers exit
+// 2 before any probe, a job that fits nowhere exits 2 naming the closest
+// setting, and --tune writes a job file that loads and is the fastest it
+// measured.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "util/jobs.h"
+#include "util/runs.h"
+
+namespace cohort {
+namespace {
+
+using nlohmann::json;
+
+// Probes that skip measuring the link (given) stay cheap.
+const std::vector<std::string> kGivenLink = {"--link-gbps", "10", "--link-latency-us", "50"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+bool leftovers(const std::string& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("cohort-plan.", 0) == 0) return true;
+  }
+  return false;
+}
+
+TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("plan"));
+  const std::map<std::string, std::string> env{{"TMPDIR", dir.path()}};
+  const auto plan = test::cohort({"plan", job, "--procs-per-node", "2", "--json", "--price-per-node-hour", "3"}, env);
+  ASSERT_EQ(plan.exitCode, 0) << plan.describe();
+  EXPECT_FALSE(leftovers(dir.path())) << "the probes' directory was left behind";
+  const json p = json::parse(plan.out);
+  // One rank at two micro-batches, two ranks, the link at two sizes; no
+  // recompute probe for a model without blocks.
+  EXPECT_EQ(p["probes"], 5);
+  EXPECT_EQ(p["fit"]["link_source"], "measured between two local ranks (Gloo over TCP)");
+  EXPECT_GT(p["fit"]["link_gbps"].get<double>(), 0);
+  const json& predicted = p["predicted"];
+  EXPECT_EQ(predicted["setting"]["ranks"], 2);
+  EXPECT_GT(predicted["memory_mb"]["runtime"].get<double>(), 10);
+  EXPECT_GT(predicted["speed"]["samples_per_s"].get<double>(), 0);
+  EXPECT_TRUE(predicted["memory_mb"]["fits"].get<bool>());
+  // The table over node counts: more nodes, more node-hours' price per step.
+  ASSERT_GE(p["by_nodes"].size(), 7u);
+  EXPECT_EQ(p["by_nodes"][0]["setting"]["nodes"], 1);
+  for (const auto& row : p["by_nodes"]) {
+    EXPECT_NEAR(row["cost"]["price"].get<double>(), 3 * row["cost"]["node_hours"].get<double>(), 1e-9);
+  }
+  test::writeText(dir.file("plan.json"), plan.out);
+
+  const auto run = test::cohort({"run", job, "--procs", "2", "--run-dir", dir.file("run"), "--plan",
+                                 dir.file("plan.json"), "--set", "training.epochs=3"});
+  ASSERT_EQ(run.exitCode, 0) << run.describe();
+  const json s = json::parse(test::readText(dir.file("run/summary.json")));
+  // The plan counted the model the run trained.
+  EXPECT_EQ(p["fit"]["trainable_parameters"].get<double>(), s["trainable_parameters"].get<double>());
+  ASSERT_TRUE(s.contains("plan")) << s.dump(1);
+  const json& cmp = s["plan"];
+  EXPECT_EQ(cmp["predicted"]["peak_rss_mb"], predicted["memory_mb"]["peak"]);
+  EXPECT_EQ(cmp["measured"]["peak_rss_mb"], s["peak_rss_mb"]);
+  const double error = cmp["error_pct"]["peak_rss_mb"].get<double>();
+  EXPECT_NEAR(error,
+              100 * (cmp["predicted"]["peak_rss_mb"].get<double>() - s["peak_rss_mb"].get<double>()) /
+                  s["peak_rss_mb"].get<double>(),
+              1e-6);
+  // Loose here (a shared machine); bench/plan-accuracy.sh measures it.
+  EXPECT_LT(std::abs(error), 25) << cmp.dump(1);
+
+  // A plan file that is not one stops the run before it starts.
+  test::writeText(dir.file("bad.json"), "{\"by_nodes\": []}");
+  const auto bad = test::cohort({"run", job, "--run-dir", dir.file("bad-run"), "--plan", dir.file("bad.json")});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
+  EXPECT_NE(bad.err.find("bad.json"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("bad-run/summary.json")));
+}
+
+TEST(PlanCli, NumbersThatAreNotPositiveExitTwoBeforeAnyProbe) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("plan"));
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--nodes", "0"},
+           {"--procs-per-node", "1.5"},
+           {"--memory-per-rank", "-4G"},
+           {"--memory-per-rank", "4Q"},
+           {"--price-per-node-hour", "abc"},
+           {"--link-gbps", "0"},
+           {"--link-latency-us", "-3"},
+           {"--cores-per-node", "nan"}}) {
+    const auto r = test::cohort({"plan", job, option, value}, {{"TMPDIR", dir.path()}});
+    EXPECT_EQ(r.exitCode, 2) << option << " " << value << "\n" << r.describe();
+    EXPECT_NE(r.err.find(option + " " + value), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("probe"), std::string::npos) << r.err;
+  }
+}
+
+TEST(PlanCli, AJobThatFitsAtNoSettingExitsTwoNamingTheClosest) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("plan"));
+  const auto r = test::cohort(with({"plan", job, "--memory-per-rank", "8M"}, kGivenLink), {{"TMPDIR", dir.path()}});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find("cannot fit in 8 MB per rank (--memory-per-rank) at any setting"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the closest, "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zero 3"), std::string::npos) << r.err;
+  EXPECT_FALSE(leftovers(dir.path()));
+}
+
+TEST(PlanCli, TuneWritesTheFastestSettingItMeasuredAsAJobThatLoads) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("plan"));
+  const auto r = test::cohort(
+      with({"plan", job, "--tune", "--json", "--probe-steps", "4", "--output", dir.file("tuned.yaml")}, kGivenLink),
+      {{"TMPDIR", dir.path()}});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const json p = json::parse(r.out);
+  const json& tried = p["tune"]["tried"];
+  ASSERT_GE(tried.size(), 3u);
+  // The job as written comes first, every candidate keeps its global batch,
+  // and the pick is the fastest of those that ran.
+  const auto samples = [](const json& t) {
+    return t["setting"]["ranks"].get<int>() * t["setting"]["batch_size"].get<int>() *
+           t["setting"]["accumulate_steps"].get<int>();
+  };
+  EXPECT_EQ(tried[0]["setting"]["ranks"], 1);
+  EXPECT_EQ(tried[0]["setting"]["batch_size"], 8);
+  double fastest = 0;
+  for (const auto& t : tried) {
+    EXPECT_EQ(samples(t), 8) << t.dump();
+    if (t["ran"].get<bool>()) fastest = std::max(fastest, t["measured"]["samples_per_s"].get<double>());
+  }
+  const json& best = tried[p["tune"]["best"].get<size_t>()];
+  EXPECT_EQ(best["measured"]["samples_per_s"].get<double>(), fastest);
+  EXPECT_GE(fastest, tried[0]["measured"]["samples_per_s"].get<double>());
+  const std::string text = test::readText(dir.file("tuned.yaml"));
+  EXPECT_EQ(text.rfind("# Written by `cohort plan --tune`", 0), 0u) << text;
+  const auto v = test::cohort({"validate", dir.file("tuned.yaml")});
+  ASSERT_EQ(v.exitCode, 0) << v.describe();
+  EXPECT_NE(v.out.find("zero: " + std::to_string(best["setting"]["zero"].get<int>())), std::string::npos);
+  EXPECT_NE(v.out.find("procs_per_node: " + std::to_string(best["setting"]["procs_per_node"].get<int>())),
+            std::string::npos);
+  EXPECT_FALSE(leftovers(dir.path()));
+}
+
+}  // namespace
+}  // namespace cohort
