@@ -152,9 +152,13 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
     pc = prober.run(c, "one-rank-recompute");
   }
   if (target.ranks() > 1 && localCores >= 2) {
-    Setting d = a;
+    // Two ranks at the job's stage and the smaller micro-batch: the
+    // exchange's buffers and time, and what sharing the machine costs,
+    // against the one rank of the same micro-batch.
+    Setting d = b;
     d.procsPerNode = 2;
     d.threads = std::max<int64_t>(1, localCores / 2);
+    d.zero = target.zero;
     pd = prober.run(d, "two-ranks");
   }
   Link link;

@@ -67,10 +67,9 @@ MemoryEstimate predictMemory(const Fit& fit, const JobConfig& job, const Setting
   const double perSample = s.recompute && fit.measuredRecompute ? fit.recomputeActivationMbPerSample
                                                                 : fit.activationMbPerSample;
   m.activationsMb = perSample * double(s.batchSize);
-  // Ranks that exchange hold the exchange's buffers: below stage 2 as much
-  // as the gradients they sum; at stage 2 and 3 the engine's own unit and
-  // bucket figures are in the state already.
-  if (s.ranks() > 1 && s.zero < 2) m.exchangeMb = fit.exchangeMbPerGradientMb * gradientMb(fit);
+  // Ranks that exchange hold the exchange's buffers, as measured on two
+  // local ranks (at fit.exchangeStage: an approximation at other stages).
+  if (s.ranks() > 1) m.exchangeMb = fit.exchangeMbPerGradientMb * gradientMb(fit);
   m.peakMb = m.baseMb + m.state.total() / kPlanMb + m.activationsMb + m.exchangeMb;
   m.limitMb = limitMb;
   return m;

@@ -269,15 +269,19 @@ Fit fitProbes(const JobConfig& job, const Probes& p, const Link& link) {
   if (p.d != nullptr) {
     const ProbeRun& d = *p.d;
     const double grads = 4 * f.elements.trainable / kMiB;
-    const Fit without = f;
-    const MemoryEstimate m = predictMemory(without, job, d.setting, 0);
+    // What two ranks held beyond their state and activations: the
+    // exchange's buffers (buckets, shared memory, gathered units beyond the
+    // state's count, the heap they leave behind), per MB of gradients.
+    const MemoryEstimate m = predictMemory(f, job, d.setting, 0);
     f.exchangeMbPerGradientMb = grads > 0 ? std::max(0.0, (d.peakRssMb - m.peakMb) / grads) : 0;
+    f.exchangeStage = d.setting.zero;
     // The exchange exposed between two local ranks.
     f.localExchangeMsPerMb = grads > 0 ? d.exposedCommMs / grads : 0;
     // Ranks that share a machine compute slower than one alone (memory
     // bandwidth, the loaders' threads on the same cores): the two ranks'
-    // step without its exchange against one rank's at the same threads.
-    const double alone = a.stepMs * double(a.setting.threads) / double(d.setting.threads);
+    // step without its exchange against one rank's of the same micro-batch
+    // at the same threads.
+    const double alone = b.stepMs * double(b.setting.threads) / double(d.setting.threads);
     f.sharedMachineSlowdown = std::max(1.0, (d.stepMs - d.exposedCommMs) / alone);
     f.measuredLocalExchange = true;
   }

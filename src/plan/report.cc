@@ -92,6 +92,7 @@ ReportJson reportJson(const Report& r) {
               {"activation_mb_per_sample", f.activationMbPerSample},
               {"recompute_activation_mb_per_sample", f.measuredRecompute ? f.recomputeActivationMbPerSample : 0.0},
               {"exchange_mb_per_gradient_mb", f.exchangeMbPerGradientMb},
+              {"exchange_measured_at_zero", f.exchangeStage},
               {"threads", f.threads},
               {"ms_per_sample", f.msPerSample},
               {"recompute_ms_per_sample", f.measuredRecompute ? f.recomputeMsPerSample : 0.0},

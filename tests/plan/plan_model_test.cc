@@ -68,17 +68,21 @@ TEST(PlanMemory, PeakIsRuntimeStateActivationsAndTheExchange) {
   EXPECT_GT(two.peakMb, one.peakMb);
 }
 
-TEST(PlanMemory, EachZeroStageHoldsLessPerRankAndAgreesWithTheFitCheck) {
+TEST(PlanMemory, ZeroStagesHoldLessPerRankAndAgreeWithTheFitCheck) {
   const JobConfig job = gptJob();
-  double last = 1e18;
+  std::vector<double> peak;
   for (int zero = 0; zero <= 3; ++zero) {
     const MemoryEstimate m = predictMemory(fit(), job, setting(2, 2, zero), 0);
     // The same function the ranks' fit check calls.
     const train::StateBytes want = train::stateBytes(fit().elements, zero, 4, job.training.optimizer, 25, zero == 3);
     EXPECT_DOUBLE_EQ(m.state.total(), want.total()) << "stage " << zero;
-    EXPECT_LT(m.peakMb, last) << "stage " << zero;
-    last = m.peakMb;
+    peak.push_back(m.peakMb);
   }
+  // Stage 1 shards the optimizer state; stage 3 everything but one unit.
+  // (Stage 2's two buckets in flight may outweigh what it saves on a
+  // model this small.)
+  EXPECT_LT(peak[1], peak[0]);
+  EXPECT_LT(peak[3], peak[1]);
 }
 
 TEST(PlanMemory, RecomputeTakesItsOwnActivations) {
@@ -116,8 +120,9 @@ TEST(PlanMemory, TheNearestSettingThatFitsComesFirst) {
 TEST(PlanMemory, MoreRanksAtStageThreeFitWhatTwoCannot) {
   const JobConfig job = gptJob();
   const Setting s = setting(1, 2, 0);
-  // Stage 3 on 2 ranks, recompute, micro-batch 1: still above this limit.
-  const double limit = 100 + 2 + 4 * 6e6 / kMb + (4 * 10e6 * 4 / kMb) / 8 + 1;
+  // Stage 3 on 2 ranks, recompute, micro-batch 1: still above this limit
+  // (runtime, activations, one unit, a 1/8 share, the exchange's buffers).
+  const double limit = 100 + 2 + 4 * 6e6 / kMb + (4 * 10e6 * 4 / kMb) / 8 + 4 * 10e6 / kMb + 1;
   const std::vector<Setting> alt = fittingAlternatives(fit(), job, s, limit);
   ASSERT_FALSE(alt.empty());
   EXPECT_GT(alt.back().ranks(), 2);

@@ -65,12 +65,15 @@ struct Fit {
   // Memory (MB): resident memory besides the training state and the
   // activations (LibTorch, kernels' workspace, the loader's batches); the
   // activations per sample of a micro-batch, with and without recompute
-  // (0 when not measured: the model has no blocks to recompute); the
-  // exchange's own buffers on a rank of several, per MB of gradients.
+  // (0 when not measured: the model has no blocks to recompute); what a
+  // rank of several holds beyond that (the exchange's buckets and shared
+  // memory, gathered units beyond the state's count, the heap they leave
+  // behind), per MB of gradients, measured at ZeRO stage `exchangeStage`.
   double baseMb = 0;
   double activationMbPerSample = 0;
   double recomputeActivationMbPerSample = 0;
   double exchangeMbPerGradientMb = 0;
+  int64_t exchangeStage = 0;
   // Speed (ms, at `threads` intra-op threads per rank): a micro-step's time
   // per sample, with and without recompute; a step's fixed time (optimizer,
   // bookkeeping); the share of a micro-step spent in backward (the window
