@@ -41,9 +41,9 @@ status=0
 # (tests/CMakeLists.txt, WAITS).
 (cd build && ctest --output-on-failure --timeout 900 -j "$(($(nproc) * 2))" "$@") || status=$?
 # Then fuzz every parser of outside input for a bounded time (docs/security.md):
-# COHORT_FUZZ_SECONDS per target (default 15; one target per core at a
-# time: about 4 minutes in all with the clang build on 2 cores); 0 skips it.
-fuzz_seconds="${COHORT_FUZZ_SECONDS:-15}"
+# COHORT_FUZZ_SECONDS per target (default 10; one target per core at a
+# time: about 3.5 minutes in all with the clang build on 2 cores); 0 skips it.
+fuzz_seconds="${COHORT_FUZZ_SECONDS:-10}"
 if [ "$fuzz_seconds" -gt 0 ]; then
   ./scripts/fuzz.sh --seconds "$fuzz_seconds" || status=1
 fi

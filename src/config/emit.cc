@@ -185,6 +185,8 @@ std::string jobHash(const JobConfig& job) {
   return fmt::format("{:016x}", h);
 }
 
+std::string savedPlanPath(const JobConfig& job) { return job.output.dir + "/plans/" + jobHash(job) + ".json"; }
+
 namespace {
 
 void flatten(const YAML::Node& node, const std::string& prefix,

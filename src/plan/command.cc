@@ -202,6 +202,15 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
   }
   report.probes = prober.runs();
   report.probeSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  // Kept where a run of this very job (on these ranks) finds it: its
+  // summary.json then sets the prediction beside what it measured.
+  JobConfig planned = job;
+  planned.distribution.nodes = nodes;
+  planned.distribution.procsPerNode = procs;
+  const std::string saved = savedPlanPath(planned);
+  writeFileAtomic(saved, detail::reportJson(report).dump(2) + "\n");
+  log::info("cohort plan: kept as {}: a run of this job on {} x {} ranks puts it beside its figures in summary.json",
+            saved, nodes, procs);
 
   if (o.tune) {
     const detail::TuneResult t = detail::tune(prober, fit, job, target, report.limitMb, localCores);

@@ -143,12 +143,12 @@ TuneResult tune(Prober& prober, const Fit& fit, const JobConfig& job, const Sett
 std::string tuneTable(const TuneResult& r, const Fit& fit, const std::string& prefix) {
   const std::string unit = fit.blockSize > 0 ? "tokens/s" : "samples/s";
   const double scale = fit.blockSize > 0 ? double(fit.blockSize) : 1.0;
-  std::string out = fmt::format("{}{:>3}  {:<70} {:>10} {:>10} {:>12}  {}\n", prefix, "", "setting", "pred. MB",
+  std::string out = fmt::format("{}{:>3}  {:<78} {:>10} {:>10} {:>12}  {}\n", prefix, "", "setting", "pred. MB",
                                 "meas. MB", unit, "");
   for (size_t i = 0; i < r.tried.size(); ++i) {
     const Tried& t = r.tried[i];
     const std::string mark = i == r.bestIndex ? "<- fastest" : i == 0 ? "(the job as written)" : "";
-    out += fmt::format("{}{:>3}  {:<70} {:>10.0f} {:>10} {:>12}  {}\n", prefix, i, t.predicted.setting.describe(),
+    out += fmt::format("{}{:>3}  {:<78} {:>10.0f} {:>10} {:>12}  {}\n", prefix, i, t.predicted.setting.describe(),
                        t.predicted.memory.peakMb, t.ran ? fmt::format("{:.0f}", t.peakRssMb) : "-",
                        t.ran ? fmt::format("{:.1f}", t.samplesPerSecond * scale) : "-",
                        t.ran ? mark : "skipped: " + t.note);

@@ -4,9 +4,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 
 #include "cohort/ckpt/resume.h"
+#include "cohort/config/load.h"
 #include "cohort/core/fence.h"
 #include "cohort/core/file.h"
 #include "train/detail/setup.h"
@@ -17,8 +19,12 @@ namespace {
 
 // <run>/plan.json (`cohort run --plan`): the prediction for this run's
 // ranks beside what the run measured, and the error of each.
-nlohmann::json planComparison(const RunDir& runDir, int worldSize, double peakRssMb, double samplesPerS) {
-  std::ifstream in(runDir.plan());
+// Without one, the plan `cohort plan` kept for this very job.
+nlohmann::json planComparison(const JobConfig& job, const RunDir& runDir, int worldSize, double peakRssMb,
+                              double samplesPerS) {
+  std::string path = runDir.plan();
+  if (!std::filesystem::exists(path)) path = savedPlanPath(job);
+  std::ifstream in(path);
   if (!in) return nullptr;
   const auto plan = nlohmann::json::parse(in, nullptr, false);
   if (plan.is_discarded() || !plan.is_object()) return nullptr;
@@ -30,7 +36,7 @@ nlohmann::json planComparison(const RunDir& runDir, int worldSize, double peakRs
   for (const auto& r : plan.value("by_nodes", nlohmann::json::array())) {
     if (row.is_null() && ranksOf(r) == worldSize) row = r;
   }
-  nlohmann::json j = {{"file", runDir.plan()}};
+  nlohmann::json j = {{"file", path}};
   if (row.is_null()) {
     j["note"] = "the plan predicts no setting of " + std::to_string(worldSize) + " ranks";
     return j;
@@ -74,7 +80,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
   // The most memory this process (rank 0) held at once, resident.
   struct rusage usage {};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) j["peak_rss_mb"] = double(usage.ru_maxrss) / 1024.0;
-  if (auto plan = planComparison(runDir, worldSize, j.value("peak_rss_mb", 0.0), s.imagesPerS); !plan.is_null()) {
+  if (auto plan = planComparison(job, runDir, worldSize, j.value("peak_rss_mb", 0.0), s.imagesPerS); !plan.is_null()) {
     j["plan"] = std::move(plan);
   }
   j["memory"] = {{"zero_stage", s.memory.zeroStage},

@@ -38,7 +38,9 @@ TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
   const std::string job = dir.file("job.yaml");
   test::writeText(job, test::tinyJobYaml("plan"));
   const std::map<std::string, std::string> env{{"TMPDIR", dir.path()}};
-  const auto plan = test::cohort({"plan", job, "--procs-per-node", "2", "--json", "--price-per-node-hour", "3"}, env);
+  const std::vector<std::string> outputDir = {"--set", "output.dir=" + dir.file("runs")};
+  const auto plan =
+      test::cohort(with({"plan", job, "--procs-per-node", "2", "--json", "--price-per-node-hour", "3"}, outputDir), env);
   ASSERT_EQ(plan.exitCode, 0) << plan.describe();
   EXPECT_FALSE(leftovers(dir.path())) << "the probes' directory was left behind";
   const json p = json::parse(plan.out);
@@ -58,16 +60,21 @@ TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
   for (const auto& row : p["by_nodes"]) {
     EXPECT_NEAR(row["cost"]["price"].get<double>(), 3 * row["cost"]["node_hours"].get<double>(), 1e-9);
   }
-  test::writeText(dir.file("plan.json"), plan.out);
+  // The plan is kept under output.dir where a run of this very job finds it.
+  const std::string kept = dir.file("runs/plans");
+  ASSERT_TRUE(std::filesystem::is_directory(kept));
+  ASSERT_EQ(std::distance(std::filesystem::directory_iterator(kept), std::filesystem::directory_iterator()), 1);
+  const std::string keptFile = std::filesystem::directory_iterator(kept)->path().string();
+  EXPECT_EQ(json::parse(test::readText(keptFile))["predicted"], predicted);
 
-  const auto run = test::cohort({"run", job, "--procs", "2", "--run-dir", dir.file("run"), "--plan",
-                                 dir.file("plan.json"), "--set", "training.epochs=3"});
+  const auto run = test::cohort(with({"run", job, "--procs", "2", "--run-dir", dir.file("run")}, outputDir));
   ASSERT_EQ(run.exitCode, 0) << run.describe();
   const json s = json::parse(test::readText(dir.file("run/summary.json")));
   // The plan counted the model the run trained.
   EXPECT_EQ(p["fit"]["trainable_parameters"].get<double>(), s["trainable_parameters"].get<double>());
   ASSERT_TRUE(s.contains("plan")) << s.dump(1);
   const json& cmp = s["plan"];
+  EXPECT_EQ(cmp["file"], keptFile);
   EXPECT_EQ(cmp["predicted"]["peak_rss_mb"], predicted["memory_mb"]["peak"]);
   EXPECT_EQ(cmp["measured"]["peak_rss_mb"], s["peak_rss_mb"]);
   const double error = cmp["error_pct"]["peak_rss_mb"].get<double>();
@@ -78,7 +85,22 @@ TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
   // Loose here (a shared machine); bench/plan-accuracy.sh measures it.
   EXPECT_LT(std::abs(error), 25) << cmp.dump(1);
 
-  // A plan file that is not one stops the run before it starts.
+  // Another job (here: more steps) is not the one planned.
+  const auto other = test::cohort(
+      with({"run", job, "--procs", "2", "--run-dir", dir.file("other"), "--set", "training.epochs=2"}, outputDir));
+  ASSERT_EQ(other.exitCode, 0) << other.describe();
+  EXPECT_FALSE(json::parse(test::readText(dir.file("other/summary.json"))).contains("plan"));
+
+  // --plan names the file; one that is not a plan stops the run before it starts.
+  test::writeText(dir.file("plan.json"), plan.out);
+  const auto named = test::cohort(with({"run", job, "--run-dir", dir.file("named"), "--plan", dir.file("plan.json"),
+                                        "--set", "training.epochs=2"},
+                                       outputDir));
+  ASSERT_EQ(named.exitCode, 0) << named.describe();
+  const json n = json::parse(test::readText(dir.file("named/summary.json")));
+  EXPECT_EQ(n["plan"]["file"], dir.file("named/plan.json"));
+  // One rank: the plan predicted 2 ranks a node, so none of its settings has 1 rank.
+  EXPECT_TRUE(n["plan"].contains("note")) << n["plan"].dump(1);
   test::writeText(dir.file("bad.json"), "{\"by_nodes\": []}");
   const auto bad = test::cohort({"run", job, "--run-dir", dir.file("bad-run"), "--plan", dir.file("bad.json")});
   EXPECT_EQ(bad.exitCode, 2) << bad.describe();
@@ -99,7 +121,8 @@ TEST(PlanCli, NumbersThatAreNotPositiveExitTwoBeforeAnyProbe) {
            {"--link-gbps", "0"},
            {"--link-latency-us", "-3"},
            {"--cores-per-node", "nan"}}) {
-    const auto r = test::cohort({"plan", job, option, value}, {{"TMPDIR", dir.path()}});
+    const auto r = test::cohort({"plan", job, option, value, "--set", "output.dir=" + dir.file("runs")},
+                                {{"TMPDIR", dir.path()}});
     EXPECT_EQ(r.exitCode, 2) << option << " " << value << "\n" << r.describe();
     EXPECT_NE(r.err.find(option + " " + value), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("probe"), std::string::npos) << r.err;
@@ -110,7 +133,9 @@ TEST(PlanCli, AJobThatFitsAtNoSettingExitsTwoNamingTheClosest) {
   test::TempDir dir;
   const std::string job = dir.file("job.yaml");
   test::writeText(job, test::tinyJobYaml("plan"));
-  const auto r = test::cohort(with({"plan", job, "--memory-per-rank", "8M"}, kGivenLink), {{"TMPDIR", dir.path()}});
+  const auto r = test::cohort(
+      with({"plan", job, "--memory-per-rank", "8M", "--set", "output.dir=" + dir.file("runs")}, kGivenLink),
+      {{"TMPDIR", dir.path()}});
   EXPECT_EQ(r.exitCode, 2) << r.describe();
   EXPECT_NE(r.err.find("cannot fit in 8 MB per rank (--memory-per-rank) at any setting"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("the closest, "), std::string::npos) << r.err;
@@ -123,7 +148,9 @@ TEST(PlanCli, TuneWritesTheFastestSettingItMeasuredAsAJobThatLoads) {
   const std::string job = dir.file("job.yaml");
   test::writeText(job, test::tinyJobYaml("plan"));
   const auto r = test::cohort(
-      with({"plan", job, "--tune", "--json", "--probe-steps", "4", "--output", dir.file("tuned.yaml")}, kGivenLink),
+      with({"plan", job, "--tune", "--json", "--probe-steps", "4", "--output", dir.file("tuned.yaml"), "--set",
+            "output.dir=" + dir.file("runs")},
+           kGivenLink),
       {{"TMPDIR", dir.path()}});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   const json p = json::parse(r.out);

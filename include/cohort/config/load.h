@@ -60,6 +60,11 @@ UrlCredentials decodeUrlCredentials(const std::string& text, const std::string& 
 // stall_*, straggler_factor) are left out of it.
 std::string jobHash(const JobConfig& job);
 
+// Where `cohort plan` keeps its report for `job` (resolved on the ranks it
+// predicts): <output.dir>/plans/<jobHash>.json. A run of that very job finds
+// it there and sets the prediction beside its figures in summary.json.
+std::string savedPlanPath(const JobConfig& job);
+
 // The keys whose values differ between a resolved job saved as YAML (as
 // toYaml wrote it) and `job`, in schema order. Keys only one side has are
 // listed too (the other side's value is "(none)").
