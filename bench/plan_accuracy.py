@@ -139,8 +139,8 @@ def real_run(job, overrides, nodes, procs, steps, run_dir, plan, log):
     os.makedirs(run_dir, exist_ok=True)
     shutil.copy(plan, os.path.join(run_dir, "plan.json"))
     hosts = Hosts(nodes)
+    procs_ = []
     try:
-        procs_ = []
         world = nodes * procs
         for h in range(nodes):
             for l in range(procs):
@@ -155,6 +155,10 @@ def real_run(job, overrides, nodes, procs, steps, run_dir, plan, log):
         if any(codes):
             raise SystemExit(f"plan-accuracy: ranks on the hosts exited {codes} (logs {log}.*)")
     finally:
+        for p in procs_:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         hosts.close()
 
 

@@ -34,6 +34,12 @@ void PlanCommand::add(CLI::App& app) {
 
 std::optional<int> PlanCommand::dispatch() {
   if (!*plan) return std::nullopt;
+  // Given but empty is not "not given".
+  for (const char* name : {"--nodes", "--procs-per-node", "--cores-per-node", "--memory-per-rank",
+                           "--price-per-node-hour", "--link-gbps", "--link-latency-us"}) {
+    const CLI::Option* opt = plan->get_option(name);
+    if (opt->count() > 0 && opt->as<std::string>().empty()) plan::positiveNumber(name, "");
+  }
   return plan::runPlan(options, std::cout);
 }
 

@@ -1,6 +1,7 @@
 // `cohort plan`: options, the probes, the prediction and the report.
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -71,6 +72,34 @@ class WorkDir {
   bool owned_ = false;
 };
 
+// While the plan runs, SIGINT and SIGTERM wait (the prober ends the probe
+// it runs and the plan unwinds, removing its directory), and SIGCHLD is not
+// ignored (its probes are waited for). Restored on the way out, when a
+// signal that came is taken.
+class SignalsHeld {
+ public:
+  SignalsHeld() {
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    ::sigprocmask(SIG_BLOCK, &stops, &old_);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGCHLD, &dfl, &oldChld_);
+  }
+  ~SignalsHeld() {
+    ::sigaction(SIGCHLD, &oldChld_, nullptr);
+    ::sigprocmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+ private:
+  sigset_t old_{};
+  struct sigaction oldChld_ {};
+};
+
 bool recomputable(const JobConfig& job) {
   return job.model.arch != ModelArch::simpleCnn && job.model.arch != ModelArch::torchscript;
 }
@@ -130,7 +159,11 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
     report.limitSource = fmt::format("this machine's {} / {} rank{}", limit.source, procs, procs == 1 ? "" : "s");
   }
 
+  if (nodes * procs > kMaxRanks) {
+    throw UsageError(fmt::format("--nodes {} x --procs-per-node {}: at most {} ranks", nodes, procs, kMaxRanks));
+  }
   const Setting target = Setting::of(job, nodes, procs, cores);
+  SignalsHeld signals;  // before the directory: it goes first
   WorkDir work(o.workDir);
   detail::Prober prober(o.executable.empty() ? launch::selfExecutable() : o.executable, o.jobPath, o.overrides,
                         work.path(), o.probeSteps, o.probeTimeoutS);
@@ -190,7 +223,7 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
       closest.recompute = closest.recompute || fit.measuredRecompute;
       closest.accumulate *= closest.batchSize;
       closest.batchSize = 1;
-      closest.nodes *= 4096;
+      closest.nodes = std::max<int64_t>(closest.nodes, kMaxRanks / closest.procsPerNode);
       const MemoryEstimate m = predictMemory(fit, job, closest, report.limitMb);
       throw ConfigError(fmt::format(
           "{}: the job cannot fit in {:.0f} MB per rank ({}) at any setting: {} needs {:.0f} MB per rank, and the "

@@ -147,9 +147,9 @@ std::vector<Setting> fittingAlternatives(const Fit& fit, const JobConfig& job, c
           same.push_back(c);
           break;  // a smaller micro-batch only costs more
         }
-        if (c.batchSize == 1) break;
+        if (c.batchSize % 2 != 0) break;  // halving keeps the global batch only when even
         c.accumulate *= 2;
-        c.batchSize = (c.batchSize + 1) / 2;
+        c.batchSize /= 2;
       }
     }
   }
@@ -161,7 +161,7 @@ std::vector<Setting> fittingAlternatives(const Fit& fit, const JobConfig& job, c
   Setting more = s;
   more.zero = 3;
   more.recompute = s.recompute || canRecompute;
-  for (int k = 0; k < 12; ++k) {
+  while (more.ranks() * 2 <= kMaxRanks) {
     more.nodes *= 2;
     if (fits(more)) {
       same.push_back(more);

@@ -81,27 +81,50 @@ int Prober::execute(const std::vector<std::string>& argv, const std::string& out
     // The probe (and through its own death signal, its ranks) ends with the plan.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::dup2(outFd.get(), 1);
     ::dup2(logFd.get(), 2);
     ::execv(args[0], args.data());
     ::_exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutS_);
+  // SIGTERM lets `cohort run` end its ranks; then SIGKILL.
+  const auto end = [&] {
+    int st = 0;
+    ::kill(pid, SIGTERM);
+    for (int i = 0; i < 200 && ::waitpid(pid, &st, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (::waitpid(pid, &st, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+    }
+  };
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  const timespec now{0, 0};
   int status = 0;
   for (;;) {
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
     if (r == pid) return status;
     if (r < 0 && errno != EINTR) throw Error(fmt::format("waiting for {}: {}", what, std::strerror(errno)));
+    // runPlan blocks these: the probe is ended and the plan unwinds
+    // (its temporary directory goes), then the signal is taken.
+    if (const int sig = ::sigtimedwait(&stops, nullptr, &now); sig > 0) {
+      end();
+      const std::string message =
+          fmt::format("cohort plan: stopped by {} during {}", sig == SIGINT ? "SIGINT" : "SIGTERM", what);
+      // Said now: the signal is taken once the plan has unwound.
+      log::error("{}", message);
+      ::raise(sig);  // pending again until runPlan unblocks it
+      throw Error(message);
+    }
     if (std::chrono::steady_clock::now() > deadline) {
-      // SIGTERM lets `cohort run` end its ranks; then SIGKILL.
-      ::kill(pid, SIGTERM);
-      for (int i = 0; i < 200 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (::waitpid(pid, &status, WNOHANG) == 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-      }
+      end();
       throw TimeoutError(fmt::format("{} did not finish within {:g} s (cohort plan --probe-timeout); its log: {}",
                                      what, timeoutS_, log));
     }
@@ -210,8 +233,12 @@ Link Prober::measureLink() {
       throw DataError(fmt::format("{} {}; the end of its log ({}):\n{}", what, launch::describeStatus(status), log,
                                   logTail(log, 12)));
     }
-    const PlanJson reports = readProbeJson(out);
-    const double gbps = reports.at(0).at("checks").at("allreduce").value("value", 0.0);
+    double gbps = 0;
+    try {
+      gbps = readProbeJson(out).at(0).at("checks").at("allreduce").value("value", 0.0);
+    } catch (const PlanJson::exception& e) {
+      throw DataError(fmt::format("{}: {} is not the report cohort health writes: {}", what, out, e.what()));
+    }
     if (gbps <= 0) throw DataError(fmt::format("{}: measured no bandwidth ({})", what, out));
     seconds[k] = mb * kMiB / (gbps * 1e9);
   }
@@ -243,6 +270,13 @@ Fit fitProbes(const JobConfig& job, const Probes& p, const Link& link) {
   // what the state does not explain is LibTorch, the loader and the like.
   const double act = std::max(0.0, (a.peakRssMb - b.peakRssMb) / db);
   f.baseMb = a.peakRssMb - state0 - act * bA;
+  if (f.baseMb < 0) {
+    // The peak grew less than the state alone: take the state as all of it.
+    log::warn("cohort plan: probe {} held {:.0f} MB, less than its training state and activations ({:.0f} MB); "
+              "counting nothing besides them",
+              a.runDir, a.peakRssMb, state0 + act * bA);
+    f.baseMb = 0;
+  }
   // Speed: a step is its optimizer step (timed apart) and the micro-step,
   // taken as proportional to the samples (a difference of two step times
   // would be mostly noise on a busy machine).

@@ -22,34 +22,45 @@ namespace {
 // Without one, the plan `cohort plan` kept for this very job.
 nlohmann::json planComparison(const JobConfig& job, const RunDir& runDir, int worldSize, double peakRssMb,
                               double samplesPerS) {
+  std::error_code ec;
   std::string path = runDir.plan();
-  if (!std::filesystem::exists(path)) path = savedPlanPath(job);
+  if (!std::filesystem::exists(path, ec)) path = savedPlanPath(job);
   std::ifstream in(path);
   if (!in) return nullptr;
-  const auto plan = nlohmann::json::parse(in, nullptr, false);
-  if (plan.is_discarded() || !plan.is_object()) return nullptr;
-  const auto ranksOf = [](const nlohmann::json& row) {
-    return row.contains("setting") ? row["setting"].value("ranks", 0) : 0;
-  };
-  nlohmann::json row;
-  if (plan.contains("predicted") && ranksOf(plan["predicted"]) == worldSize) row = plan["predicted"];
-  for (const auto& r : plan.value("by_nodes", nlohmann::json::array())) {
-    if (row.is_null() && ranksOf(r) == worldSize) row = r;
-  }
   nlohmann::json j = {{"file", path}};
-  if (row.is_null()) {
-    j["note"] = "the plan predicts no setting of " + std::to_string(worldSize) + " ranks";
-    return j;
+  // A plan edited by hand or of another version never costs the summary.
+  try {
+    const auto plan = nlohmann::json::parse(in, nullptr, false);
+    if (plan.is_discarded() || !plan.is_object()) throw std::runtime_error("not a JSON object");
+    const auto ranksOf = [](const nlohmann::json& row) -> int64_t {
+      if (!row.is_object() || !row.contains("setting") || !row["setting"].is_object()) return 0;
+      const auto& r = row["setting"].value("ranks", nlohmann::json());
+      return r.is_number_integer() ? r.get<int64_t>() : 0;
+    };
+    nlohmann::json row;
+    if (plan.contains("predicted") && ranksOf(plan["predicted"]) == worldSize) row = plan["predicted"];
+    const auto byNodes = plan.value("by_nodes", nlohmann::json::array());
+    if (byNodes.is_array()) {
+      for (const auto& r : byNodes) {
+        if (row.is_null() && ranksOf(r) == worldSize) row = r;
+      }
+    }
+    if (row.is_null()) {
+      j["note"] = "the plan predicts no setting of " + std::to_string(worldSize) + " ranks";
+      return j;
+    }
+    const double peak = row.at("memory_mb").at("peak").get<double>();
+    const double sps = row.at("speed").at("samples_per_s").get<double>();
+    const auto error = [](double predicted, double measured) {
+      return measured > 0 ? 100 * (predicted - measured) / measured : 0.0;
+    };
+    j["setting"] = row["setting"];
+    j["predicted"] = {{"peak_rss_mb", peak}, {"samples_per_s", sps}, {"step_ms", row["speed"].value("step_ms", 0.0)}};
+    j["measured"] = {{"peak_rss_mb", peakRssMb}, {"samples_per_s", samplesPerS}};
+    j["error_pct"] = {{"peak_rss_mb", error(peak, peakRssMb)}, {"samples_per_s", error(sps, samplesPerS)}};
+  } catch (const std::exception& e) {
+    j = {{"file", path}, {"note", std::string("not a plan cohort can read: ") + e.what()}};
   }
-  const double peak = row["memory_mb"].value("peak", 0.0);
-  const double sps = row["speed"].value("samples_per_s", 0.0);
-  const auto error = [](double predicted, double measured) {
-    return measured > 0 ? 100 * (predicted - measured) / measured : 0.0;
-  };
-  j["setting"] = row["setting"];
-  j["predicted"] = {{"peak_rss_mb", peak}, {"samples_per_s", sps}, {"step_ms", row["speed"].value("step_ms", 0.0)}};
-  j["measured"] = {{"peak_rss_mb", peakRssMb}, {"samples_per_s", samplesPerS}};
-  j["error_pct"] = {{"peak_rss_mb", error(peak, peakRssMb)}, {"samples_per_s", error(sps, samplesPerS)}};
   return j;
 }
 

@@ -5,12 +5,14 @@
 // measured.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "util/jobs.h"
+#include "util/process.h"
 #include "util/runs.h"
 
 namespace cohort {
@@ -101,6 +103,14 @@ TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
   EXPECT_EQ(n["plan"]["file"], dir.file("named/plan.json"));
   // One rank: the plan predicted 2 ranks a node, so none of its settings has 1 rank.
   EXPECT_TRUE(n["plan"].contains("note")) << n["plan"].dump(1);
+  // A plan that passes for one but holds nonsense never costs the summary.
+  test::writeText(dir.file("odd.json"), R"({"predicted": {"setting": {"ranks": 1}, "memory_mb": 3}})");
+  const auto odd = test::cohort(
+      with({"run", job, "--run-dir", dir.file("odd"), "--plan", dir.file("odd.json"), "--set", "training.epochs=2"},
+           outputDir));
+  ASSERT_EQ(odd.exitCode, 0) << odd.describe();
+  const json o = json::parse(test::readText(dir.file("odd/summary.json")));
+  EXPECT_NE(o["plan"].value("note", "").find("not a plan cohort can read"), std::string::npos) << o.dump(1);
   test::writeText(dir.file("bad.json"), "{\"by_nodes\": []}");
   const auto bad = test::cohort({"run", job, "--run-dir", dir.file("bad-run"), "--plan", dir.file("bad.json")});
   EXPECT_EQ(bad.exitCode, 2) << bad.describe();
@@ -114,6 +124,7 @@ TEST(PlanCli, NumbersThatAreNotPositiveExitTwoBeforeAnyProbe) {
   test::writeText(job, test::tinyJobYaml("plan"));
   for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
            {"--nodes", "0"},
+           {"--nodes", ""},
            {"--procs-per-node", "1.5"},
            {"--memory-per-rank", "-4G"},
            {"--memory-per-rank", "4Q"},
@@ -141,6 +152,36 @@ TEST(PlanCli, AJobThatFitsAtNoSettingExitsTwoNamingTheClosest) {
   EXPECT_NE(r.err.find("the closest, "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("zero 3"), std::string::npos) << r.err;
   EXPECT_FALSE(leftovers(dir.path()));
+}
+
+TEST(PlanCli, SigtermMidProbeEndsTheProbeAndLeavesNothingBehind) {
+  test::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  test::writeText(job, test::tinyJobYaml("plan"));
+  const std::string marker = "COHORT_PLAN_TEST=" + std::to_string(::getpid());
+  test::Process plan({test::cohortBin(), "plan", job, "--set", "output.dir=" + dir.file("runs"), "--set",
+                      "training.batch_size=4"},
+                     {{"TMPDIR", dir.path()}, {"COHORT_PLAN_TEST", std::to_string(::getpid())}});
+  // Its first probe is training (its rank has started).
+  const bool training = test::waitUntil(
+      [&] {
+        for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+          if (e.path().filename().string().rfind("cohort-plan.", 0) == 0 &&
+              std::filesystem::exists(e.path() / "one-rank/logs/rank-0.log")) {
+            return true;
+          }
+        }
+        return false;
+      },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(training) << plan.stderrSoFar();
+  plan.signal(SIGTERM);
+  const auto r = plan.wait(std::chrono::seconds(60));
+  EXPECT_FALSE(r.timedOut);
+  EXPECT_EQ(r.signal, SIGTERM) << r.describe();
+  EXPECT_NE(r.err.find("stopped by SIGTERM during probe"), std::string::npos) << r.err;
+  EXPECT_FALSE(leftovers(dir.path()));
+  EXPECT_TRUE(test::processesWithEnv(marker).empty());
 }
 
 TEST(PlanCli, TuneWritesTheFastestSettingItMeasuredAsAJobThatLoads) {

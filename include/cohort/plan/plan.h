@@ -27,6 +27,9 @@
 
 namespace cohort::plan {
 
+// The most ranks a plan predicts for (nodes x ranks per node).
+inline constexpr int64_t kMaxRanks = int64_t{1} << 20;
+
 // What the plan varies; the rest of the job stays as written.
 struct Setting {
   int64_t nodes = 1;
