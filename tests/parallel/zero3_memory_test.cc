@@ -65,7 +65,7 @@ data:
   loader_threads: 1
 distribution: )" + distribution + R"(
 training:
-  max_steps: 4
+  max_steps: 3
   batch_size: 1
   precision: fp32
   log_every: 1
