@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "cohort/core/error.h"
 
@@ -105,6 +106,19 @@ std::string readFile(const std::string& path) {
   if (in) text << in.rdbuf();
   if (!in || in.bad()) throw IoError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
   return text.str();
+}
+
+std::string tailOfFile(const std::string& path, int lines) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::vector<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(line);
+    if (static_cast<int>(last.size()) > lines) last.erase(last.begin());
+  }
+  std::string s;
+  for (const auto& l : last) s += "  " + l + "\n";
+  return s;
 }
 
 }  // namespace cohort

@@ -100,10 +100,6 @@ class SignalsHeld {
   struct sigaction oldChld_ {};
 };
 
-bool recomputable(const JobConfig& job) {
-  return job.model.arch != ModelArch::simpleCnn && job.model.arch != ModelArch::torchscript;
-}
-
 std::string defaultTuneOutput(const std::string& jobPath) {
   std::string base = jobPath;
   for (const char* ext : {".yaml", ".yml"}) {
@@ -179,7 +175,7 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
   const detail::ProbeRun pa = prober.run(a, "one-rank");
   const detail::ProbeRun pb = prober.run(b, "one-rank-batch");
   std::optional<detail::ProbeRun> pc, pd;
-  if (recomputable(job)) {
+  if (pipelineBlocks(job.model) > 0) {  // model.recompute works by block
     Setting c = a;
     c.recompute = !a.recompute;
     pc = prober.run(c, "one-rank-recompute");

@@ -30,15 +30,6 @@ namespace {
 using PlanJson = nlohmann::json;
 constexpr double kMiB = 1 << 20;
 
-std::string logTail(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "  " + all[i] + "\n";
-  return out;
-}
-
 PlanJson readProbeJson(const std::string& path) {
   try {
     return PlanJson::parse(readFile(path));
@@ -163,7 +154,7 @@ ProbeRun Prober::run(const Setting& s, const std::string& name) {
   const int status = execute(argv, workDir_ + "/" + name + ".out", log, what);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     throw DataError(fmt::format("{} {}; the end of its log ({}):\n{}", what, launch::describeStatus(status), log,
-                                logTail(log, 12)));
+                                tailOfFile(log, 12)));
   }
   const PlanJson summary = readProbeJson(p.runDir + "/summary.json");
   p.peakRssMb = summary.value("peak_rss_mb", 0.0);
@@ -231,7 +222,7 @@ Link Prober::measureLink() {
     const int status = execute(argv, out, log, what);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       throw DataError(fmt::format("{} {}; the end of its log ({}):\n{}", what, launch::describeStatus(status), log,
-                                  logTail(log, 12)));
+                                  tailOfFile(log, 12)));
     }
     double gbps = 0;
     try {
@@ -258,7 +249,6 @@ Fit fitProbes(const JobConfig& job, const Probes& p, const Link& link) {
   }
   Fit f;
   f.elements = a.elements;
-  f.optimizerCopies = train::optimizerCopies(job.training.optimizer);
   f.epochSamples = a.epochSamples;
   f.blockSize = job.model.arch == ModelArch::gpt ? job.model.blockSize : 0;
   f.threads = a.setting.threads;
@@ -317,7 +307,6 @@ Fit fitProbes(const JobConfig& job, const Probes& p, const Link& link) {
     // at the same threads.
     const double alone = b.stepMs * double(b.setting.threads) / double(d.setting.threads);
     f.sharedMachineSlowdown = std::max(1.0, (d.stepMs - d.exposedCommMs) / alone);
-    f.measuredLocalExchange = true;
   }
   return f;
 }

@@ -15,10 +15,6 @@ bool imageModel(const JobConfig& job) {
   return job.model.arch != ModelArch::gpt && job.model.arch != ModelArch::torchscript;
 }
 
-bool hasBlocks(const JobConfig& job) {
-  return job.model.arch != ModelArch::simpleCnn && job.model.arch != ModelArch::torchscript;
-}
-
 // The candidates along one dimension from `s`, the global batch kept.
 std::vector<Setting> along(int dim, const Setting& s, const JobConfig& job, int64_t localCores) {
   std::vector<Setting> out;
@@ -58,7 +54,7 @@ std::vector<Setting> along(int dim, const Setting& s, const JobConfig& job, int6
       }
       break;
     case 3:  // recompute
-      if (hasBlocks(job)) {
+      if (pipelineBlocks(job.model) > 0) {  // model.recompute works by block
         Setting c = s;
         c.recompute = !s.recompute;
         out.push_back(c);

@@ -221,7 +221,7 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
                "are kept.",
                *stalled, o.stallSeconds, paths.part(*stalled),
                started ? "" : ", nor was its first batch written: raise --stall-seconds if loading takes longer",
-               paths.log(*stalled), detail::tailOf(paths.log(*stalled), 8));
+               paths.log(*stalled), tailOfFile(paths.log(*stalled), 8));
     return 1;
   }
   if (!failed) return 0;
@@ -229,7 +229,7 @@ int runRanks(const ScoreOptions& o, const detail::ScoreRecord& record, const det
   const std::string how = st < 0 ? "could not be waited for" : launch::describeStatus(st);
   log::error("rank {} {}; stopped the other ranks. Its log, {}, ends with:\n{}Rerun the same command to "
              "resume: the predictions made so far are kept.",
-             failed->rank, how, paths.log(failed->rank), detail::tailOf(paths.log(failed->rank), 8));
+             failed->rank, how, paths.log(failed->rank), tailOfFile(paths.log(failed->rank), 8));
   return st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 2 ? 2 : 1;
 }
 

@@ -194,17 +194,4 @@ int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record) {
   return errors;
 }
 
-std::string tailOf(const std::string& path, int lines) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::vector<std::string> last;
-  for (std::string line; std::getline(in, line);) {
-    last.push_back(line);
-    if (static_cast<int>(last.size()) > lines) last.erase(last.begin());
-  }
-  std::string s;
-  for (const auto& l : last) s += "  " + l + "\n";
-  return s;
-}
-
 }  // namespace cohort::serve::detail

@@ -30,7 +30,6 @@ Fit fit() {
   f.elements.buffers = 1e3;
   f.elements.unit = 2 * 1e6 + 2 * 2e6;  // a block, and the embeddings outside every unit
   f.elements.unitWithFrozen = f.elements.unit;
-  f.optimizerCopies = 2;
   f.epochSamples = 8000;
   f.baseMb = 100;
   f.activationMbPerSample = 5;

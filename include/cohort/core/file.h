@@ -20,6 +20,10 @@ inline void writeFileAtomic(const std::string& path, const std::string& text) {
 // cannot be read.
 std::string readFile(const std::string& path);
 
+// The last `lines` lines of a text file, each indented by two spaces, for
+// an error message ("" when it cannot be read).
+std::string tailOfFile(const std::string& path, int lines);
+
 // The same for a file written piece by piece (a stream no copy of which is
 // held): a temporary file in the path's directory (created), appended to,
 // and put in place by commit() as above. Destroyed without commit(), the

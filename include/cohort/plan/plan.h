@@ -62,7 +62,6 @@ struct Link {
 // What the probes measured, fitted (docs/plan.md, "The model").
 struct Fit {
   train::ModelElements elements;  // of the whole model
-  double optimizerCopies = 0;     // state elements per trainable element
   int64_t epochSamples = 0;       // training samples per epoch
   int64_t blockSize = 0;          // a language model's tokens per sample; 0 otherwise
   // Memory (MB): resident memory besides the training state and the
@@ -92,7 +91,6 @@ struct Fit {
   double sharedMachineSlowdown = 1;
   Link link;
   bool measuredRecompute = false;
-  bool measuredLocalExchange = false;
 };
 
 struct MemoryEstimate {

@@ -83,7 +83,4 @@ int64_t mergeParts(const ScorePaths& paths, const ScoreRecord& record);
 // IoError naming `path`.
 void writeAll(int fd, const std::string& bytes, const std::string& path);
 
-// The last `lines` lines of a text file ("" when it cannot be read).
-std::string tailOf(const std::string& path, int lines);
-
 }  // namespace cohort::serve::detail
