@@ -17,7 +17,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/resume.h"
 
-#include "cohort/comm/comm.h"
+#include "cohort/comm/store.h"
 #include "cohort/config/load.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
@@ -39,7 +39,7 @@ namespace cohort::run {
 
 using launch::describeStatus;
 using launch::rankEnvironment;
-using launch::selfExecutable;
+using launch::engineExecutable;
 using launch::Supervisor;
 
 namespace {
@@ -367,22 +367,23 @@ int runLauncher(const LaunchOptions& o) {
     JobConfig copy = job;
     return takeUrlCredentials(copy);
   }();
-  const std::string exe = o.executable.empty() ? selfExecutable() : o.executable;
+  // The ranks need LibTorch: cohort-torch, without passing through the front end.
+  const std::string exe = o.executable.empty() ? engineExecutable() : o.executable;
 
   // Signals first, so the store's thread inherits the blocked mask; the store
   // before the run directory, so a busy port leaves nothing behind.
   // Blocked for the launcher's lifetime, taken synchronously between polls.
   defaultSigchld();
   BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM});
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
   // The job's token, or one made for this run: the ranks get it in their
   // environment, and nothing else on the machine can use the store.
   std::string storeToken = security::storeToken(job.security.storeTokenFile);
   if (storeToken.empty()) storeToken = comm::newStoreToken();
-  comm::HostedStore store =
-      comm::hostStore(job.distribution.masterAddr, static_cast<int>(job.distribution.masterPort),
-                      timeout, storeToken);
+  comm::StoreServerOptions storeOptions;
+  storeOptions.addr = job.distribution.masterAddr;
+  storeOptions.port = static_cast<int>(job.distribution.masterPort);
+  storeOptions.token = storeToken;
+  comm::StoreServer store(storeOptions);
   std::optional<std::string> interrupted;
   if (o.runDir.empty() && !o.newRun && job.checkpoint.enabled) interrupted = findInterruptedRun(job);
   const RunDir runDir = !o.runDir.empty()  ? openRunDir(o.runDir)
@@ -403,11 +404,11 @@ int runLauncher(const LaunchOptions& o) {
               credentials.size());
   }
   log::info("starting {} ranks of job '{}'; run directory {}", world, job.name, runDir.root);
-  log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store.port);
+  log::debug("rendezvous store {}:{}", job.distribution.masterAddr, store.port());
   const auto stopGrace =
       std::chrono::milliseconds(static_cast<int64_t>(job.distribution.stopTimeoutS * 1000));
   // output.metrics_port: Prometheus scrapes the run here while it lasts.
-  RunMetrics runMetrics(job, runDir, store);
+  RunMetrics runMetrics(job, runDir, store.table());
   std::unique_ptr<monitor::MetricsServer> metricsServer;
   if (job.output.metricsPort > 0) {
     metricsServer = std::make_unique<monitor::MetricsServer>(
@@ -418,7 +419,7 @@ int runLauncher(const LaunchOptions& o) {
               metricsServer->address(), job.output.metricsTokenFile.empty() ? "" : " (bearer token)");
   }
 
-  const AttemptSetup setup{o,     job,   runDir, exe, signals, world, store.port, credentials,
+  const AttemptSetup setup{o,     job,   runDir, exe, signals, world, store.port(), credentials,
                            storeToken, stopGrace};
   std::vector<std::string> causes;
   for (int attempt = 0;; ++attempt) {

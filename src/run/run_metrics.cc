@@ -3,7 +3,6 @@
 #include "cohort/security/keys.h"
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -12,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/ckpt/resume.h"
-#include "cohort/comm/comm.h"
+#include "cohort/comm/store.h"
 #include "cohort/monitor/prometheus.h"
-#include "cohort/monitor/watchdog.h"
+#include "cohort/monitor/heartbeat.h"
 #include "cohort/core/time.h"
 
 namespace cohort::run {
@@ -77,16 +76,16 @@ struct RunMetrics::Impl {
   std::string checkpointDir;
   int world = 1;
   std::string job;
-  c10::intrusive_ptr<c10d::Store> store;
+  comm::KeyValueTable* store = nullptr;
 };
 
-RunMetrics::RunMetrics(const JobConfig& job, const RunDir& runDir, const comm::HostedStore& store)
+RunMetrics::RunMetrics(const JobConfig& job, const RunDir& runDir, comm::KeyValueTable& store)
     : impl_(std::make_unique<Impl>()) {
   impl_->metricsPath = runDir.metrics();
   impl_->checkpointDir = ckpt::checkpointDir(job, runDir);
   impl_->world = static_cast<int>(job.distribution.procsPerNode);
   impl_->job = job.name;
-  impl_->store = store.store;
+  impl_->store = &store;
 }
 
 RunMetrics::~RunMetrics() = default;
@@ -121,16 +120,19 @@ std::string RunMetrics::render() const {
             ckpt->second, job);
   }
   // Heartbeats of the current attempt (its ranks write under its prefix).
-  c10d::PrefixStore attemptStore(fmt::format("cohort/attempt-{}", attempt), impl_->store);
+  // The ranks' keys are below "cohort/attempt-<N>/" (c10d's PrefixStore
+  // joins a prefix and a key with '/').
+  const std::string attemptPrefix = fmt::format("cohort/attempt-{}/", attempt);
   const double now = unixSeconds();
   for (int r = 0; r < impl_->world; ++r) {
     // One rank's unreadable heartbeat leaves out that rank, not the scrape.
     monitor::Heartbeat h;
     try {
-      const std::string key = monitor::heartbeatKey(r);
-      if (!attemptStore.check({key})) continue;
-      const auto bytes = attemptStore.get(key);
-      h = monitor::decodeHeartbeat(std::string(bytes.begin(), bytes.end()));
+      const std::string key = attemptPrefix + monitor::heartbeatKey(r);
+      if (!impl_->store->check({key})) continue;
+      const auto value = impl_->store->get(key, std::chrono::milliseconds(1));
+      if (!value) continue;
+      h = monitor::decodeHeartbeat(*value);
     } catch (const std::exception&) {
       continue;
     }

@@ -5,6 +5,7 @@
 // configuration words, not user text.
 
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -78,6 +79,21 @@ inline std::optional<std::pair<int64_t, int64_t>> parseCountRange(const std::str
   const auto hi = colon == std::string::npos ? lo : number(s.substr(colon + 1));
   if (!lo || !hi) return std::nullopt;
   return std::make_pair(*lo, *hi);
+}
+
+// A size for people: "512 B", "3.4 KiB", "12.0 MiB", "1.50 GiB".
+inline std::string humanBytes(uint64_t b) {
+  char buf[32];
+  if (b >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(1 << 30));
+  } else if (b >= (uint64_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
+  } else if (b >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  }
+  return buf;
 }
 
 }  // namespace cohort

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "cohort/monitor/heartbeat.h"
+
 namespace cohort::comm {
 struct Comm;
 }
@@ -29,26 +31,6 @@ struct WatchdogOptions {
   double warnS = 60;      // a wait this long is reported; 0: never
   double failS = 300;     // a wait this long ends the rank; 0: never
 };
-
-// A rank's heartbeat as the store holds it (JSON).
-struct Heartbeat {
-  int rank = 0;
-  int64_t step = 0;
-  std::string phase;
-  double phaseSeconds = 0;
-  std::string waitingIn;  // empty: not in a collective
-  double waitingSeconds = 0;
-  double unixTime = 0;    // when it was written
-  std::string host;
-  int pid = 0;
-};
-
-std::string encodeHeartbeat(const Heartbeat& h);
-// Throws DataError on a malformed value.
-Heartbeat decodeHeartbeat(const std::string& json);
-
-// The store key of `rank`'s heartbeat, below the run's prefix.
-std::string heartbeatKey(int rank);
 
 class Watchdog {
  public:

@@ -30,7 +30,7 @@ struct LaunchOptions {
   int procs = 0;                       // > 0 overrides distribution.procs_per_node
   std::string resume;                  // --resume: checkpoint to start from
   bool newRun = false;                 // --new-run: never resume an interrupted run
-  std::string executable;              // cohort binary for the ranks; empty: this one
+  std::string executable;              // cohort binary for the ranks; empty: launch::engineExecutable()
   std::string plan;                    // --plan: `cohort plan --json` output, kept as <run>/plan.json
   std::chrono::milliseconds termGrace{5000};  // SIGTERM -> SIGKILL
 };

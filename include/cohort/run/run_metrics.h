@@ -15,15 +15,16 @@
 #include "cohort/monitor/prometheus.h"
 
 namespace cohort::comm {
-struct HostedStore;
+class KeyValueTable;
 }
 
 namespace cohort::run {
 
 class RunMetrics {
  public:
-  // `store` is the rendezvous store the launcher hosts; it is only read.
-  RunMetrics(const JobConfig& job, const RunDir& runDir, const comm::HostedStore& store);
+  // `store` is the table of the rendezvous store the launcher hosts; it is
+  // only read, and must outlive this object.
+  RunMetrics(const JobConfig& job, const RunDir& runDir, comm::KeyValueTable& store);
   ~RunMetrics();
 
   // The attempt running now (0 for the first; restarts = attempt).
