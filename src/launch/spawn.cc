@@ -25,6 +25,15 @@ std::string selfExecutable() {
   return buf;
 }
 
+std::string engineExecutable() {
+  const std::string self = selfExecutable();
+  const size_t slash = self.rfind('/');
+  const std::string dir = self.substr(0, slash + 1), name = self.substr(slash + 1);
+  if (name == kEngineProgram) return self;
+  const std::string beside = dir + kEngineProgram;
+  return access(beside.c_str(), X_OK) == 0 ? beside : self;
+}
+
 std::string describeStatus(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {

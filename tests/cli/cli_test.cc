@@ -1,7 +1,10 @@
 // The command line: subcommands, help, version and exit codes.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <filesystem>
 
 #include "util/jobs.h"
 
@@ -25,6 +28,62 @@ TEST(Cli, VersionAndHelp) {
     EXPECT_EQ(r.exitCode, 0) << cmd;
     EXPECT_NE(r.out.find("--set"), std::string::npos) << r.out;
   }
+}
+
+// The maps of process `pid`: the libraries it has loaded.
+std::string mapsOf(pid_t pid) { return test::readText("/proc/" + std::to_string(pid) + "/maps"); }
+
+// `cohort` runs the commands without LibTorch itself, never loading it; the
+// launcher of `cohort run` among them. The rest goes to cohort-torch.
+TEST(Cli, TheFrontEndLoadsNoLibTorchAndHandsTheOtherCommandsToCohortTorch) {
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("front"));
+  // LD_DEBUG=libs: the dynamic loader names each library it loads (stderr).
+  const auto v = test::cohort({"validate", dir.file("job.yaml")}, {{"LD_DEBUG", "libs"}});
+  EXPECT_EQ(v.exitCode, 0) << v.describe();
+  EXPECT_NE(v.err.find("libyaml-cpp"), std::string::npos) << "no loader output: " << v.err.substr(0, 2000);
+  EXPECT_EQ(v.err.find("libtorch"), std::string::npos) << "cohort validate loaded LibTorch";
+  const auto w = test::cohort({"worker", "--help"}, {{"LD_DEBUG", "libs"}});
+  EXPECT_EQ(w.exitCode, 0) << w.describe();
+  EXPECT_NE(w.out.find("--resume"), std::string::npos) << w.out;
+  EXPECT_NE(w.err.find("libtorch_cpu"), std::string::npos) << "cohort worker ran without LibTorch?";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"help", "export"}, {"ckpt", "consolidate", "--help"}, {"serve", "--help"}}) {
+    const auto r = test::cohort(args);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_NE(r.out.find("Usage:"), std::string::npos) << r.out;
+  }
+
+  // While `cohort run` trains (its rank 0 held up after step 2), the
+  // launcher has no LibTorch mapped and its ranks have.
+  test::Process run({test::cohortBin(), "run", dir.file("job.yaml"), "--procs", "2", "--run-dir", dir.file("run")},
+                    {{"COHORT_FAULT", "sleep30@rank0:step2"}});
+  std::vector<pid_t> ranks;
+  ASSERT_TRUE(test::waitUntil(
+      [&] {
+        ranks = run.children();
+        if (ranks.size() != 2) return false;
+        for (pid_t r : ranks) {
+          if (mapsOf(r).find("libtorch_cpu") == std::string::npos) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(60)))
+      << run.stderrSoFar();
+  EXPECT_EQ(mapsOf(run.pid()).find("libtorch"), std::string::npos) << "the launcher loaded LibTorch";
+  EXPECT_NE(mapsOf(run.pid()).find("libyaml-cpp"), std::string::npos);
+  run.signal(SIGKILL);
+  run.wait(std::chrono::seconds(30));
+
+  // Without cohort-torch beside it, such a command says what is missing
+  // (exit 127); the others still work.
+  const std::string alone = dir.file("alone/cohort");
+  std::filesystem::create_directories(dir.file("alone"));
+  std::filesystem::copy_file(test::cohortBin(), alone);
+  const auto e = test::run({alone, "export", "--help"});
+  EXPECT_EQ(e.exitCode, 127) << e.describe();
+  EXPECT_NE(e.err.find("cohort-torch"), std::string::npos) << e.err;
+  EXPECT_EQ(test::run({alone, "validate", dir.file("job.yaml")}).exitCode, 0);
 }
 
 TEST(Cli, BadArgumentsExitTwo) {

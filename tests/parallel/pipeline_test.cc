@@ -294,9 +294,20 @@ TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
     }
     const auto again = test::cohort(args);
     EXPECT_EQ(again.exitCode, 2) << again.describe();
-    EXPECT_NE(again.err.find("cohort ckpt consolidate"), std::string::npos) << again.describe();
+    // The way across it names is a command that works as printed (the
+    // output file aside, put in the test's directory).
+    const std::string named = "`cohort ckpt consolidate " + step9 + " --out model.pt`";
+    EXPECT_NE(again.err.find(named), std::string::npos) << again.describe();
     std::filesystem::remove_all(dir.file("again"));
   }
+  const auto printed = test::cohort({"ckpt", "consolidate", step9, "--out", dir.file("printed.pt")});
+  ASSERT_EQ(printed.exitCode, 0) << printed.describe();
+  auto asPrinted = ckpt::readStateDict(dir.file("printed.pt"));
+  asPrinted.emplace_back("lm_head.weight", asPrinted.front().second);
+  EXPECT_EQ(test::maxDifference(whole, asPrinted), 0.0);
+  // Both forms at once must agree; neither is a usage error.
+  EXPECT_EQ(test::cohort({"ckpt", "consolidate", step9, dir.file("a.pt"), "--out", dir.file("b.pt")}).exitCode, 2);
+  EXPECT_EQ(test::cohort({"ckpt", "consolidate", step9}).exitCode, 2);
 }
 
 TEST_F(Pipeline, BadSettingsExit2NamingTheKey) {

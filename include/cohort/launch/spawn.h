@@ -27,6 +27,15 @@ std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount
 // The path of the running cohort binary (/proc/self/exe). Throws Error.
 std::string selfExecutable();
 
+// The program that runs the commands needing LibTorch (ranks among them),
+// which the front end `cohort` hands them to (cli/common.h).
+inline constexpr const char* kEngineProgram = "cohort-torch";
+
+// The path of kEngineProgram: this binary when it is that program, the one
+// beside it when there is one, else this binary (a C++ program linking
+// libcohort that runs its own ranks). Throws Error.
+std::string engineExecutable();
+
 // "exited with code 3", "was killed by signal 9 (SIGKILL)": a wait status.
 std::string describeStatus(int status);
 

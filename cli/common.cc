@@ -1,0 +1,63 @@
+#include "common.h"
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/version.h"
+
+namespace cohort::cli {
+
+int fail(const std::string& message, int code) {
+  log::setStatusLine("");
+  log::error("{}", message);
+  log::flush();
+  return code;
+}
+
+int reportCurrentException() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return fail(e.what(), e.exitCode());
+  } catch (const std::exception& e) {
+    return fail(e.what(), 1);
+  } catch (...) {
+    return fail("unknown error", 1);
+  }
+}
+
+void addStorageFlags(CLI::App* sub, storage::StorageOptions& so) {
+  sub->add_option("--credentials-file", so.credentialsFile,
+                  "Blob storage: file with account_key = ... or sas = ... (default: environment)");
+  sub->add_option("--endpoint", so.endpoint, "Blob storage: where az://account/... goes (the emulator's address)");
+  sub->add_option("--ca-file", so.caFile, "Blob storage: trusted certificate authorities (PEM)");
+  sub->add_flag("--allow-insecure", so.allowInsecure,
+                "Blob storage, emulator only: plain http, no certificate verification");
+}
+
+void describeApp(CLI::App& app) {
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", std::string("cohort ") + version() + " (LibTorch " + torchVersion() + ")");
+  app.footer(
+      "Exit codes: 0 success, 2 bad input (job file, data, arguments), 1 failure during "
+      "training, 75 stopped on SIGTERM after a checkpoint (rerun to resume); a rank (`cohort "
+      "worker`) also exits 3 when training diverged, 4 on a stalled collective, 5 on a failed "
+      "preflight check.\nDocumentation: docs/job-spec.md, docs/launching.md, docs/monitoring.md");
+}
+
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  return std::nullopt;
+}
+
+}  // namespace cohort::cli

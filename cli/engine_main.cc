@@ -1,0 +1,28 @@
+// cohort-torch: every cohort command, those that need LibTorch among them.
+// The front end `cohort` (main.cc) hands it agent, worker, health,
+// generate, export, serve, score and ckpt inspect|consolidate with the same
+// arguments; `cohort run` starts its ranks with it. Users run `cohort`.
+
+#include <CLI/CLI.hpp>
+
+#include "base.h"
+#include "common.h"
+#include "engine.h"
+
+int main(int argc, char** argv) {
+  namespace cli = cohort::cli;
+  CLI::App app{"cohort: data-parallel deep-learning training", "cohort"};
+  cli::describeApp(app);
+  cli::BaseCommands base;
+  base.add(app);
+  cli::TorchCommands torch;
+  torch.add(app, base);
+  if (auto code = cli::parse(app, argc, argv)) return *code;
+  base.setUmask();
+  try {
+    if (auto code = base.dispatch(app, argc)) return *code;
+    return torch.dispatch().value_or(0);
+  } catch (...) {
+    return cli::reportEngineException();
+  }
+}
