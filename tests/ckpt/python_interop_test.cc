@@ -31,13 +31,6 @@ std::shared_ptr<models::Model> resnet(const std::string& arch) {
   return models::createModel(c, {3, 64, 64});
 }
 
-at::Tensor find(const ckpt::StateDict& d, const std::string& name) {
-  for (const auto& [n, t] : d) {
-    if (n == name) return t;
-  }
-  return {};
-}
-
 TEST_F(PythonInterop, TorchvisionWeightsGiveTorchvisionLogits) {
   auto r = test::run({COHORT_PYTHON, script(), "export", dir.path()});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
@@ -46,8 +39,8 @@ TEST_F(PythonInterop, TorchvisionWeightsGiveTorchvisionLogits) {
   model->eval();
   auto io = ckpt::readStateDict(dir.file("tv_io.pt"));
   torch::NoGradGuard g;
-  at::Tensor y = model->forward(find(io, "input"));
-  const double diff = (y - find(io, "logits")).abs().max().item<double>();
+  at::Tensor y = model->forward(test::tensorNamed(io, "input"));
+  const double diff = (y - test::tensorNamed(io, "logits")).abs().max().item<double>();
   EXPECT_LT(diff, 1e-4) << "cohort's logits differ from PyTorch's";
   RecordProperty("max_logit_difference", std::to_string(diff));
 

@@ -35,13 +35,6 @@ class WeightsInterop : public ::testing::Test {
   test::TempDir dir;
 };
 
-at::Tensor find(const ckpt::StateDict& d, const std::string& name) {
-  for (const auto& [n, t] : d) {
-    if (n == name) return t;
-  }
-  return {};
-}
-
 // hf_interop.py's CONFIG, as a job's model section.
 ModelConfig hfSizes() {
   ModelConfig c;
@@ -95,7 +88,8 @@ TEST_F(WeightsInterop, AHuggingFaceGpt2CheckpointLoadsStrictlyWithItsLogits) {
     models::loadWeights(*model, *source, from);
     model->eval();
     torch::NoGradGuard g;
-    const double diff = (model->forward(find(io, "tokens")) - find(io, "logits")).abs().max().item<double>();
+    const double diff =
+        (model->forward(test::tensorNamed(io, "tokens")) - test::tensorNamed(io, "logits")).abs().max().item<double>();
     EXPECT_LT(diff, 1e-4);
     RecordProperty("max_logit_difference", std::to_string(diff));
     tanhDiff = std::max(tanhDiff, diff);
@@ -114,7 +108,8 @@ TEST_F(WeightsInterop, AHuggingFaceGpt2CheckpointLoadsStrictlyWithItsLogits) {
   models::loadWeights(*model, *source, "alone.safetensors");
   model->eval();
   torch::NoGradGuard g;
-  const double exactDiff = (model->forward(find(io, "tokens")) - find(io, "logits")).abs().max().item<double>();
+  const double exactDiff =
+      (model->forward(test::tensorNamed(io, "tokens")) - test::tensorNamed(io, "logits")).abs().max().item<double>();
   EXPECT_GT(exactDiff, 10 * tanhDiff) << "exact " << exactDiff << ", tanh " << tanhDiff;
 }
 

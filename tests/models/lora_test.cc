@@ -19,7 +19,7 @@
 namespace cohort::models {
 namespace {
 
-GptOptions tiny() { return test::gptSizes(64, 16, 2, 2, 32); }
+GptOptions tinyBase() { return test::gptSizes(64, 16, 2, 2, 32); }
 
 LoraConfig lora(std::vector<std::string> targets, int64_t rank = 4) {
   LoraConfig c;
@@ -43,7 +43,7 @@ void perturbAdapters(Model& m) {
 
 TEST(Lora, AnAdaptedModelStartsAsItsBaseAndOnlyAdaptersTrain) {
   torch::manual_seed(1);
-  auto model = createGpt(tiny());
+  auto model = createGpt(tinyBase());
   const at::Tensor tokens = torch::randint(0, 64, {2, 16}, torch::kLong);
   const at::Tensor before = logits(*model, tokens);
   const int64_t all = parameterCount(*model);
@@ -88,7 +88,7 @@ TEST(Lora, AnAdaptedModelStartsAsItsBaseAndOnlyAdaptersTrain) {
 TEST(Lora, TargetsPickLayersByTheirNameParts) {
   auto adapted = [](std::vector<std::string> targets) {
     torch::manual_seed(1);
-    auto model = createGpt(tiny());
+    auto model = createGpt(tinyBase());
     return attachLora(*model, lora(std::move(targets))).layers;
   };
   EXPECT_EQ(adapted({"attn"}),
@@ -103,7 +103,7 @@ TEST(Lora, TargetsPickLayersByTheirNameParts) {
   EXPECT_EQ(adapted({"mlp"}).size(), 4u);
 
   torch::manual_seed(1);
-  auto model = createGpt(tiny());
+  auto model = createGpt(tinyBase());
   try {
     attachLora(*model, lora({"attn", "q_proj"}));
     FAIL() << "a target that matches no layer was accepted";
@@ -121,7 +121,7 @@ TEST(Lora, TargetsPickLayersByTheirNameParts) {
 
 TEST(Lora, MergedWeightsComputeWhatBasePlusAdaptersCompute) {
   torch::manual_seed(2);
-  auto adapted = createGpt(tiny());
+  auto adapted = createGpt(tinyBase());
   const ckpt::StateDict base = publishedStateDict(*adapted);
   std::map<std::string, at::Tensor> baseCopy;
   for (const auto& [n, t] : base) baseCopy[n] = t.clone();
@@ -130,7 +130,7 @@ TEST(Lora, MergedWeightsComputeWhatBasePlusAdaptersCompute) {
   const at::Tensor tokens = torch::randint(0, 64, {3, 16}, torch::kLong);
   const at::Tensor expected = logits(*adapted, tokens);
   EXPECT_FALSE(torch::allclose(expected, [&] {
-    auto plain = createGpt(tiny());
+    auto plain = createGpt(tinyBase());
     loadWeights(*plain, base, "base");
     return logits(*plain, tokens);
   }())) << "the adapters change the function";
@@ -144,7 +144,7 @@ TEST(Lora, MergedWeightsComputeWhatBasePlusAdaptersCompute) {
   }
   EXPECT_EQ(changed, 8u) << "only the adapted layers' weights";
 
-  auto plain = createGpt(tiny());
+  auto plain = createGpt(tinyBase());
   loadWeights(*plain, merged, "merged");
   EXPECT_TRUE(torch::allclose(logits(*plain, tokens), expected, 1e-5, 1e-5));
   // The frozen weights themselves are untouched by merging.
@@ -157,10 +157,10 @@ TEST(Lora, MergedWeightsComputeWhatBasePlusAdaptersCompute) {
 
 TEST(Lora, TheFrozenDigestFollowsTheBaseWeights) {
   torch::manual_seed(3);
-  auto a = createGpt(tiny());
+  auto a = createGpt(tinyBase());
   attachLora(*a, lora({"attn"}));
   torch::manual_seed(3);
-  auto b = createGpt(tiny());
+  auto b = createGpt(tinyBase());
   attachLora(*b, lora({"attn"}));
   EXPECT_EQ(frozenDigest(*a), frozenDigest(*b));
   perturbAdapters(*b);

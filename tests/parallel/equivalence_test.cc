@@ -14,7 +14,7 @@ namespace {
 // Parameters agree to this absolute tolerance: float32 sums taken in a
 // different order (per-rank means averaged vs one mean) differ by ~1e-8
 // after 5 steps here; 1e-5 leaves room for other machines' kernels.
-constexpr double kTolerance = 1e-5;
+constexpr double kEquivalenceTolerance = 1e-5;
 
 std::vector<std::string> steps(int batch, std::vector<std::string> more = {}) {
   more.push_back("training.max_steps=5");
@@ -32,7 +32,7 @@ TEST_P(Equivalence, NRanksEqualOneProcessWithNTimesTheBatch) {
   auto parallel = test::trainTiny(
       dir, "parallel", ranks, steps(b, {"distribution.bucket_cap_mb=" + std::to_string(capMb)}));
   const double diff = test::maxDifference(reference, parallel);
-  EXPECT_LT(diff, kTolerance) << ranks << " ranks, bucket cap " << capMb << " MiB";
+  EXPECT_LT(diff, kEquivalenceTolerance) << ranks << " ranks, bucket cap " << capMb << " MiB";
   RecordProperty("max_parameter_difference", fmt::format("{:.3g}", diff));
 
   // The bucket layout under test really is one bucket per parameter, or one.
@@ -43,7 +43,7 @@ TEST_P(Equivalence, NRanksEqualOneProcessWithNTimesTheBatch) {
 
   // The comparison can fail: one process with batch b (not N*b) ends elsewhere.
   auto small = test::trainTiny(dir, "small", 1, steps(b));
-  EXPECT_GT(test::maxDifference(reference, small), 100 * kTolerance);
+  EXPECT_GT(test::maxDifference(reference, small), 100 * kEquivalenceTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndBuckets, Equivalence,
@@ -61,7 +61,7 @@ TEST(Exchange, SharedMemoryAndGlooAgreeAndTheLogSaysWhichRan) {
   auto shm = test::trainTiny(dir, "shm", 2, steps(4, {"distribution.bucket_cap_mb=1e-6"}));
   auto gloo = test::trainTiny(
       dir, "gloo", 2, steps(4, {"distribution.bucket_cap_mb=1e-6", "distribution.shared_memory=false"}));
-  EXPECT_LT(test::maxDifference(shm, gloo), kTolerance);
+  EXPECT_LT(test::maxDifference(shm, gloo), kEquivalenceTolerance);
   EXPECT_NE(test::readText(dir.file("shm/logs/rank-1.log")).find("gradient exchange: shared memory"),
             std::string::npos);
   EXPECT_EQ(test::readText(dir.file("gloo/logs/rank-1.log")).find("gradient exchange: shared memory"),
@@ -92,7 +92,7 @@ TEST_P(Hierarchical, EqualsGlooAmongAllRanksAndTheLogSaysHierarchical) {
                               steps(4, {cap, "distribution.shared_memory=false"}));
   auto hier = test::trainTiny(dir, "hier", m.ranks, steps(4, {cap}), {{"COHORT_MACHINE_ID", m.ids}});
   const double diff = test::maxDifference(gloo, hier);
-  EXPECT_LT(diff, kTolerance) << m.ids;
+  EXPECT_LT(diff, kEquivalenceTolerance) << m.ids;
   RecordProperty("max_parameter_difference", fmt::format("{:.3g}", diff));
   for (int r = 0; r < m.ranks; ++r) {
     const std::string log = test::readText(dir.file(fmt::format("hier/logs/rank-{}.log", r)));

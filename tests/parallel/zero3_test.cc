@@ -28,7 +28,7 @@ namespace {
 
 // As tests/ddp/zero_test.cc: float32 sums in another order, magnified a
 // little by AdamW.
-constexpr double kTolerance = 1e-5;
+constexpr double kStage3Tolerance = 1e-5;
 
 class ZeroStage3 : public ::testing::Test {
  protected:
@@ -79,12 +79,12 @@ TEST_F(ZeroStage3, BlocksGatheredOneAtATimeEqualOneProcessWithTheGlobalBatch) {
   const std::string bf16 = "training.precision=bf16";
   auto bf16Plain = train("bf16-plain", 2, 6, {bf16});
   auto bf16Sharded = train("bf16", 2, 6, {bf16, "distribution.zero=3"});
-  EXPECT_LT(test::maxDifference(bf16Plain, bf16Sharded), kTolerance) << "bf16";
-  EXPECT_GT(test::maxDifference(bf16Plain, reference), 100 * kTolerance) << "bf16 made no difference";
+  EXPECT_LT(test::maxDifference(bf16Plain, bf16Sharded), kStage3Tolerance) << "bf16";
+  EXPECT_GT(test::maxDifference(bf16Plain, reference), 100 * kStage3Tolerance) << "bf16 made no difference";
   for (const Variant& v : variants) {
     auto run = train(v.tag, v.ranks, v.batch, v.kv);
     const double diff = test::maxDifference(std::string(v.tag) == "three" ? clipped : reference, run);
-    EXPECT_LT(diff, kTolerance) << v.tag;
+    EXPECT_LT(diff, kStage3Tolerance) << v.tag;
     RecordProperty(std::string("max_parameter_difference_") + v.tag, fmt::format("{:.3g}", diff));
     const std::string text = log(v.tag, 0);
     EXPECT_NE(text.find("ZeRO stage 3: parameters gathered in 3 units (2 of the model's blocks"),
@@ -112,15 +112,15 @@ TEST_F(ZeroStage3, BlocksGatheredOneAtATimeEqualOneProcessWithTheGlobalBatch) {
     EXPECT_LE(peak, 7.05 * largest) << v.tag;
   }
   // The comparison can fail: clipping at 0.5 changes these weights.
-  EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+  EXPECT_GT(test::maxDifference(reference, clipped), 100 * kStage3Tolerance);
 
   // model.init_from read into the parts (each unit cut from the file's
   // tensors): the same as one process starting from the file.
   const std::string from = "model.init_from=" + dir.file("single/model/final.pt");
   auto fromOne = train("from-one", 1, 12, {from});
   auto fromParts = train("from-parts", 2, 6, {from, "distribution.zero=3"});
-  EXPECT_LT(test::maxDifference(fromOne, fromParts), kTolerance);
-  EXPECT_GT(test::maxDifference(fromOne, reference), 100 * kTolerance) << "init_from made no difference";
+  EXPECT_LT(test::maxDifference(fromOne, fromParts), kStage3Tolerance);
+  EXPECT_GT(test::maxDifference(fromOne, reference), 100 * kStage3Tolerance) << "init_from made no difference";
   EXPECT_NE(log("from-parts", 1).find("one unit at a time"), std::string::npos) << log("from-parts", 1);
 
   // A block's tensor of another shape: exit 2 naming the file and the
@@ -218,7 +218,7 @@ print(len(a))
   const std::string step3 = dir.file("whole/checkpoints/step-3");
   auto one = train("one", 1, 8, {"training.max_steps=9"}, {}, step3);
   const double diff = test::maxDifference(whole, one);
-  EXPECT_LT(diff, kTolerance);
+  EXPECT_LT(diff, kStage3Tolerance);
   RecordProperty("stage3_resumed_on_one_rank_at_stage0", fmt::format("{:.3g}", diff));
   EXPECT_NE(log("one", 0).find("optimizer state re-cut: ZeRO stage 3 on 2 ranks"), std::string::npos)
       << log("one", 0);
@@ -228,7 +228,7 @@ print(len(a))
   // from the two ranks' parts and cut in four, one unit at a time.
   auto four = train("four", 4, 2, {"distribution.zero=3", "training.max_steps=9"}, {}, step3);
   const double fourDiff = test::maxDifference(whole, four);
-  EXPECT_LT(fourDiff, kTolerance);
+  EXPECT_LT(fourDiff, kStage3Tolerance);
   RecordProperty("stage3_two_ranks_resumed_on_four", fmt::format("{:.3g}", fourDiff));
   for (const char* said : {"cut otherwise than this run: one unit at a time",
                            "optimizer state re-cut: ZeRO stage 3 on 2 ranks in 3 buckets in the checkpoint, ZeRO stage 3 on 4 ranks"}) {

@@ -23,7 +23,7 @@ namespace {
 // As tests/ddp/equivalence_test.cc: float32 sums in another order differ
 // by ~1e-8 after 5 steps; AdamW's division by sqrt(v) magnifies that a
 // little, 1e-5 leaves room.
-constexpr double kTolerance = 1e-5;
+constexpr double kZeroTolerance = 1e-5;
 
 // hidden 17: a bias of 17 and weights of 17 x k, divisible by neither 2
 // nor 3, so the buckets are padded. AdamW keeps two state tensors.
@@ -80,7 +80,7 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
   for (const Variant& v : variants) {
     auto sharded = test::trainTiny(dir, v.tag, v.ranks, job(b, v.settings), v.env);
     const double diff = test::maxDifference(reference, sharded);
-    EXPECT_LT(diff, kTolerance) << v.tag;
+    EXPECT_LT(diff, kZeroTolerance) << v.tag;
     RecordProperty(std::string("max_parameter_difference_") + v.tag, fmt::format("{:.3g}", diff));
     // Each rank steps its part: 1/N of the (padded) elements, together all.
     int64_t sum = 0;
@@ -126,9 +126,9 @@ TEST(ZeroClip, TheGlobalNormIsClippedAsInOneProcess) {
   auto sharded = test::trainTiny(dir, "zero2", 2, job(4, {clip, "distribution.zero=2"}));
   auto gloo = test::trainTiny(dir, "gloo2", 2,
                               job(4, {clip, "distribution.zero=2", "distribution.shared_memory=false"}));
-  EXPECT_LT(test::maxDifference(reference, sharded), kTolerance);
-  EXPECT_LT(test::maxDifference(reference, gloo), kTolerance);
-  EXPECT_GT(test::maxDifference(reference, unclipped), 100 * kTolerance) << "nothing was clipped";
+  EXPECT_LT(test::maxDifference(reference, sharded), kZeroTolerance);
+  EXPECT_LT(test::maxDifference(reference, gloo), kZeroTolerance);
+  EXPECT_GT(test::maxDifference(reference, unclipped), 100 * kZeroTolerance) << "nothing was clipped";
 }
 
 // The rest of what stages 1 to 3 must work with, on 2 ranks: SGD with
@@ -146,11 +146,11 @@ TEST(ZeroWith, SgdAccumulationAndASkippedNonFiniteStep) {
   auto sgdRef = test::trainTiny(dir, "sgd-ref", 1, job(8, sgd({})));
   for (const std::string stage : {"1", "2", "3"}) {
     auto run = test::trainTiny(dir, "sgd" + stage, 2, job(4, sgd({"distribution.zero=" + stage, gloo})));
-    EXPECT_LT(test::maxDifference(sgdRef, run), kTolerance) << "sgd, stage " << stage;
+    EXPECT_LT(test::maxDifference(sgdRef, run), kZeroTolerance) << "sgd, stage " << stage;
   }
   auto accRef = test::trainTiny(dir, "acc-ref", 1, job(8, {"training.accumulate_steps=2"}));
   auto acc = test::trainTiny(dir, "acc", 2, job(4, {"training.accumulate_steps=2", "distribution.zero=2"}));
-  EXPECT_LT(test::maxDifference(accRef, acc), kTolerance) << "accumulation at stage 2";
+  EXPECT_LT(test::maxDifference(accRef, acc), kZeroTolerance) << "accumulation at stage 2";
 
   const std::map<std::string, std::string> nan{{"COHORT_FAULT", "nan@rank1:step2"}};
   auto nanRef = test::trainTiny(dir, "nan-ref", 2, job(4, {"training.on_nonfinite=skip"}), nan);
@@ -159,7 +159,7 @@ TEST(ZeroWith, SgdAccumulationAndASkippedNonFiniteStep) {
                                 path == "stage3" ? "distribution.zero=3" : "distribution.zero=2"};
     if (path == "gloo") kv.push_back(gloo);
     auto run = test::trainTiny(dir, "nan-" + path, 2, job(4, kv), nan);
-    EXPECT_LT(test::maxDifference(nanRef, run), kTolerance) << path;
+    EXPECT_LT(test::maxDifference(nanRef, run), kZeroTolerance) << path;
     const auto summary = nlohmann::json::parse(test::readText(dir.file("nan-" + path + "/summary.json")));
     EXPECT_EQ(summary["nonfinite_skipped"], 1) << path << ": " << summary.dump();
   }
@@ -232,7 +232,7 @@ print("ok", len(params), "parameters, worst relative difference", worst)
     }
     const auto r = test::cohort(args);
     ASSERT_EQ(r.exitCode, 0) << r.describe();
-    EXPECT_LT(test::maxDifference(whole, ckpt::readStateDict(dir.file("plain-as2/model/final.pt"))), kTolerance);
+    EXPECT_LT(test::maxDifference(whole, ckpt::readStateDict(dir.file("plain-as2/model/final.pt"))), kZeroTolerance);
     const std::string log = test::readText(dir.file("plain-as2/logs/rank-1.log"));
     EXPECT_NE(log.find("optimizer state re-cut: unsharded (distribution.zero 0) in the checkpoint, "
                        "ZeRO stage 2 on 2 ranks"),
@@ -255,7 +255,7 @@ print("ok", len(params), "parameters, worst relative difference", worst)
     const auto r = test::cohort(args);
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     const double diff = test::maxDifference(whole, ckpt::readStateDict(dir.file(tag + "/model/final.pt")));
-    EXPECT_LT(diff, kTolerance) << "resumed at stage " << stage;
+    EXPECT_LT(diff, kZeroTolerance) << "resumed at stage " << stage;
     RecordProperty(std::string("stage2_resumed_at_stage") + stage, fmt::format("{:.3g}", diff));
     const std::string log = test::readText(dir.file(tag + "/logs/rank-0.log"));
     if (std::string(stage) == "0") {
@@ -310,7 +310,7 @@ TEST_P(ZeroResize, TheEpochGoesOnFromTheSameSampleWithTheSameState) {
   test::trainTiny(dir, "before", rz.ranksBefore, settings(b, rz.zeroBefore, true));
   auto after = resumed("after", "before", rz.ranksAfter, settings(b, rz.zeroAfter, false));
   const double diff = test::maxDifference(reference, after);
-  EXPECT_LT(diff, kTolerance);
+  EXPECT_LT(diff, kZeroTolerance);
   RecordProperty("max_parameter_difference", fmt::format("{:.3g}", diff));
   const std::string log = test::readText(dir.file("after/logs/rank-0.log"));
   const std::string position = fmt::format(
@@ -330,7 +330,7 @@ TEST_P(ZeroResize, TheEpochGoesOnFromTheSameSampleWithTheSameState) {
   EXPECT_EQ(m["samples_in_epoch"], 3 * b * rz.ranksBefore + 3 * b * rz.ranksAfter) << m.dump();
   // The comparison can fail: not resuming (the first run's weights) is far.
   EXPECT_GT(test::maxDifference(reference, ckpt::readStateDict(dir.file("before/model/final.pt"))),
-            100 * kTolerance);
+            100 * kZeroTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -83,10 +83,6 @@ void expectTopMatches(const json& top, const at::Tensor& logits, const serve::Mo
   }
 }
 
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 TEST_F(ScoreTest, ImageFolderTwoProcsEqualOneAndThePredictorOnEachImage) {
   const std::string one = tmp_.file("one.jsonl"), two = tmp_.file("two.jsonl");
@@ -114,7 +110,7 @@ TEST_F(ScoreTest, ImageFolderTwoProcsEqualOneAndThePredictorOnEachImage) {
     previous = id;
     const std::string folder = id.substr(0, id.find('/'));
     EXPECT_EQ(info.className(l["label"].get<int64_t>()), folder) << id;
-    const std::string bytes = readBytes(*images_ + "/" + id);
+    const std::string bytes = test::readText(*images_ + "/" + id);
     at::Tensor pixels = torch::empty({1, info.channels, info.height, info.width});
     data::decodeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), t, 0,
                       pixels.data_ptr<float>());
@@ -186,7 +182,7 @@ TEST_F(ScoreTest, ShardsAndADatasetSection) {
   for (const json& l : lines) {
     const std::string id = l["id"].get<std::string>();  // the record's key: its path when packed
     EXPECT_EQ(info.className(l["label"].get<int64_t>()), id.substr(0, id.find('/'))) << id;
-    const std::string bytes = readBytes(images + "/" + id);
+    const std::string bytes = test::readText(images + "/" + id);
     at::Tensor pixels = torch::empty({1, 3, info.height, info.width});
     data::decodeImage(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), t, 0,
                       pixels.data_ptr<float>());
@@ -436,7 +432,7 @@ TEST_F(ScoreTest, ATorchScriptExportScoresAsItsRun) {
   // final.pt as it was: the export's record of where its weights came from
   // is the same file, unchanged.
   const std::string finalPt = run + "/model/final.pt";
-  const std::string original = readBytes(finalPt);
+  const std::string original = test::readText(finalPt);
   ckpt::StateDict weights = ckpt::readStateDict(finalPt);
   for (auto& [name, t] : weights) {
     if (t.is_floating_point()) t = t * 1.5;

@@ -162,10 +162,6 @@ json nested(const at::Tensor& image) {
   return out;
 }
 
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // Joins the threads of `threads` however the scope ends: an ASSERT_* that
 // returns with a joinable std::thread would std::terminate the program.
@@ -320,7 +316,7 @@ TEST_F(ServeTest, EncodedImagesAnswerAsTheirDecodedPixels) {
     if (!entry.is_regular_file()) continue;
     const std::string path = entry.path().string();
     const bool jpeg = entry.path().extension() == ".jpg";
-    const std::string bytes = readBytes(path);
+    const std::string bytes = test::readText(path);
     // What the decoder gives, sent as JSON pixels.
     data::ImageTransform t;
     t.outHeight = t.outWidth = 32;
@@ -449,8 +445,8 @@ TEST_F(ServeTest, GenerationIsReproducibleAndStreamsTheSameTokens) {
 
 TEST_F(ServeTest, MalformedBodiesAre400AndTheServerGoesOn) {
   const std::string images = test::makeImageFolder(dir_->file("bad"), 1);
-  const std::string jpeg = readBytes(images + "/red/red-0.jpg");
-  const std::string png = readBytes(images + "/red/red-0.png");
+  const std::string jpeg = test::readText(images + "/red/red-0.jpg");
+  const std::string png = test::readText(images + "/red/red-0.png");
   Server server(*dir_, *shards_, {"--max-delay-ms", "0"});
   const json good = nested(pixels(3, 32, 32, 1));
   json wrongSize = good;
@@ -663,7 +659,7 @@ TEST_F(ServeTest, BodiesAreReadWhateverTheirContentType) {
 // shared serve::pixelsFromImage), and the server goes on.
 TEST_F(ServeTest, AnImageTooLargeByItsHeaderIs400) {
   const std::string images = test::makeImageFolder(dir_->file("huge"), 1);
-  std::string big = readBytes(images + "/red/red-0.png");
+  std::string big = test::readText(images + "/red/red-0.png");
   const unsigned char dims[8] = {0, 0, 0x23, 0x28, 0, 0, 0x23, 0x28};  // IHDR width, height: 9000
   big.replace(16, 8, reinterpret_cast<const char*>(dims), 8);
   const uint32_t crc = crc32Of(big.data() + 12, 17);  // "IHDR" and its 13 bytes
@@ -674,7 +670,7 @@ TEST_F(ServeTest, AnImageTooLargeByItsHeaderIs400) {
     EXPECT_EQ(r.status, 400) << type << ": " << r.body;
     EXPECT_NE(r.body.find("9000x9000"), std::string::npos) << r.body;
   }
-  const Reply fine = server.post("/v1/predict", readBytes(images + "/red/red-0.png"), "image/png");
+  const Reply fine = server.post("/v1/predict", test::readText(images + "/red/red-0.png"), "image/png");
   EXPECT_EQ(fine.status, 200) << fine.body;
   EXPECT_EQ(server.stop().exitCode, 0);
 }

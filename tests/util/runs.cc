@@ -50,6 +50,13 @@ ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
   return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
 }
 
+at::Tensor tensorNamed(const ckpt::StateDict& d, const std::string& name) {
+  for (const auto& [n, t] : d) {
+    if (n == name) return t;
+  }
+  return {};
+}
+
 double maxDifference(const ckpt::StateDict& a, const ckpt::StateDict& b) {
   EXPECT_EQ(a.size(), b.size());
   double m = 0;

@@ -33,6 +33,9 @@ ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,
                           const std::vector<std::string>& overrides,
                           const std::map<std::string, std::string>& env = {});
 
+// The tensor named `name` in `d`; an undefined tensor when there is none.
+at::Tensor tensorNamed(const ckpt::StateDict& d, const std::string& name);
+
 // Largest absolute difference between same-named tensors (in double);
 // records a failure if names, counts or shapes differ (infinity for a
 // shape).
