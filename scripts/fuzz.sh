@@ -1,7 +1,7 @@
 #!/bin/sh
 # Fuzzes cohort's parsers of outside input with libFuzzer (docs/security.md).
 #
-#   scripts/fuzz.sh [--seconds N] [--jobs J] [target...]
+#   scripts/fuzz.sh [--seconds N] [--jobs J] [--build-only] [target...]
 #
 # Builds the fuzz targets (fuzz/) with clang, ASan and UBSan into
 # ./build-fuzz (only the sources they need; ccache when present), then runs
@@ -12,7 +12,8 @@
 # build-fuzz/findings/<target>/crash-*, leak-*, timeout-* or oom-*. Replay
 # one with `build-fuzz/<target>_fuzz <file>`; once fixed, copy it into
 # fuzz/corpus/<target>/ so that CTest (label fuzz) keeps it as a test.
-# Without target names, every target runs.
+# Without target names, every target runs. --build-only builds the targets
+# and runs nothing (scripts/test.sh builds them while the suite runs).
 set -eu
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -20,13 +21,15 @@ root=$(pwd)
 seconds=20
 jobs=$(nproc)
 targets=""
+build_only=
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --seconds=*) seconds="${1#*=}"; shift ;;
     --jobs) jobs="$2"; shift 2 ;;
     --jobs=*) jobs="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets="$targets $1"; shift ;;
   esac
@@ -45,11 +48,13 @@ if [ -z "$clangxx" ] || [ ! -f "$(clang++ -print-resource-dir)/lib/linux/libclan
 fi
 
 export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 list=$(echo $targets | tr ' ' ';')
 cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER="$clangxx" \
   -DCMAKE_BUILD_TYPE= "-DCOHORT_FUZZ_TARGETS=$list" >/dev/null
 # shellcheck disable=SC2086
 cmake --build build-fuzz -j "$(nproc)" --target $(for t in $targets; do printf '%s_fuzz ' "$t"; done)
+[ -z "$build_only" ] || exit 0
 
 # ASan: abort on a report (libFuzzer saves the input); LeakSanitizer on.
 export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:allocator_may_return_null=0"

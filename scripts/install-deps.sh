@@ -1,27 +1,46 @@
 #!/bin/sh
 # Installs everything cohort needs to build, test and run on Debian 12.
 # Idempotent: packages already present are left alone; safe to run again.
+#
+#   scripts/install-deps.sh         # everything: build, run, the whole test suite
+#   scripts/install-deps.sh --run   # only what building and running `cohort` needs
+#                                   # (scripts/quickstart.sh): no test tools
 set -eu
 
-PKGS="build-essential cmake ninja-build ccache pkg-config git
+profile=all
+case "${1:-}" in
+  --run) profile=run ;;
+  "") ;;
+  *) echo "usage: $0 [--run]" >&2; exit 2 ;;
+esac
+
+# To build cohort (lld: the linker, scripts/build.sh) and run its jobs
+# (OpenBLAS for the linear layers, Fashion-MNIST for the Quick start).
+RUN_PKGS="build-essential cmake ninja-build ccache pkg-config lld
 libtorch-dev libgloo-dev
 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-libgtest-dev libgmock-dev libbenchmark-dev
-openmpi-bin libopenmpi-dev
 zlib1g-dev libxxhash-dev libopenblas0-openmp
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
-libsentencepiece-dev python3-sentencepiece
-dataset-fashion-mnist bible-kjv bible-kjv-text
+libsentencepiece-dev
+dataset-fashion-mnist"
+
+# To build and run the tests, the benchmarks and the fuzzing.
+TEST_PKGS="git libgtest-dev libgmock-dev libbenchmark-dev
+openmpi-bin libopenmpi-dev
+python3-sentencepiece bible-kjv bible-kjv-text
 python3 python3-torch python3-torchvision python3-protobuf python3-onnx wrk time
 libtcmalloc-minimal4 libjemalloc2
 clang libclang-rt-14-dev
 etcd-client iproute2 nftables
 slurmctld slurmd slurm-client munge"
 
+PKGS=$RUN_PKGS
+[ "$profile" = run ] || PKGS="$PKGS $TEST_PKGS"
+
 # Node.js runs Azurite, the blob storage emulator of the storage tests
 # (tests/azurite). A node already on PATH (a newer one) is used as it is.
-if ! command -v node >/dev/null 2>&1; then
+if [ "$profile" = all ] && ! command -v node >/dev/null 2>&1; then
   PKGS="$PKGS nodejs npm"
 fi
 
@@ -42,6 +61,8 @@ if [ -n "$missing" ]; then
 else
   echo "cohort: all dependencies present"
 fi
+
+[ "$profile" = all ] || exit 0
 
 # unpack PACKAGE DIR BINARY: Debian's PACKAGE unpacked into DIR, a directory
 # of ours, for packages whose installation would start a system service.

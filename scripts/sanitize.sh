@@ -19,9 +19,16 @@
 set -eu
 cd "$(dirname "$0")/.."
 root=$(pwd)
-[ $# -ge 1 ] || { echo "usage: $0 address,undefined|thread [ctest args]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 address,undefined|thread [--build-only] [ctest args]" >&2; exit 2; }
 sanitize=$1
 shift
+# --build-only: build what the run needs, run nothing (scripts/test.sh builds
+# it while the suite runs, then runs it).
+build_only=
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 # Builds only the tests that run when the selection is one label of
 # tests/CMakeLists.txt (its target tests-<label>); otherwise everything.
 target=
@@ -30,10 +37,11 @@ case $sanitize in
   thread) dir=build-tsan; target=tests-threaded; set -- -L threaded "$@" ;;
   *) echo "sanitize.sh: address,undefined or thread, not '$sanitize'" >&2; exit 2 ;;
 esac
-if [ $# -eq 2 ] && [ "$1" = -L ] && grep -Eq "LABELS( [a-z]+)* $2[ )]" tests/CMakeLists.txt; then
+if [ $# -eq 2 ] && [ "$1" = -L ] && grep -Eq "LABELS( [a-z]+)* $2[ )]|LABELS $2\)" tests/CMakeLists.txt; then
   target=tests-$2
 fi
 ./scripts/build.sh --sanitize "$sanitize" ${target:+--target "$target"}
+[ -z "$build_only" ] || exit 0
 
 supp=$root/tests/sanitizers
 reports=$root/$dir/sanitizer-reports
@@ -48,24 +56,8 @@ export UBSAN_OPTIONS="log_path=$reports/ubsan:suppressions=$supp/ubsan.supp:prin
 export TSAN_OPTIONS="log_path=$reports/tsan:suppressions=$supp/tsan.supp:second_deadlock_stack=1:exitcode=0"
 
 status=0
-if [ "$sanitize" = address,undefined ] && [ -n "$target" ]; then
-  # One label (CI's `-L unit`): each of its programs runs once with all its
-  # cases, instead of CTest's process per case. Every process loads LibTorch
-  # under ASan (~2 s): 162 unit cases took 233 s that way, 13 programs take
-  # well under a minute, which keeps CI within its 45 minutes.
-  label=${target#tests-}
-  programs=$(sed -n "s/^cohort_test(\([a-z0-9_]*\) .*LABELS\( [a-z]*\)* $label[ )].*/\1/p" tests/CMakeLists.txt)
-  [ -n "$programs" ] || { echo "sanitize.sh: no test program has label $label" >&2; exit 1; }
-  logs=$root/$dir/sanitizer-logs
-  rm -rf "$logs"
-  mkdir -p "$logs"
-  # shellcheck disable=SC2086
-  printf '%s\n' $programs | (cd "$dir/tests" && xargs -P "$(nproc)" -I{} sh -c \
-    'if ./{} > "$0/{}.log" 2>&1; then echo "passed {}"; else echo "FAILED {}"; cat "$0/{}.log"; exit 1; fi' \
-    "$logs") || status=$?
-else
-  (cd "$dir" && ctest --output-on-failure --no-tests=error --timeout 900 -j "$(($(nproc) * 2))" "$@") || status=$?
-fi
+# One CTest test per unit file (all its cases in one process) or per case.
+(cd "$dir" && ctest --output-on-failure --no-tests=error --timeout 900 -j "$(($(nproc) * 2))" "$@") || status=$?
 for f in "$reports"/*; do
   [ -e "$f" ] || continue
   case $(basename "$f") in tsan.*) continue ;; esac
