@@ -32,6 +32,13 @@ if [ -n "$sanitize" ]; then
   esac
   set -- -DCOHORT_SANITIZE="$sanitize" -DCOHORT_BUILD_BENCH=OFF \
     -DCOHORT_BUILD_EXAMPLES=OFF "$@"
+  # ASan+UBSan with clang when it has its runtimes (libclang-rt-14-dev):
+  # at -O0 it compiled a LibTorch unity batch in 6.9 s and the precompiled
+  # header in 5.5 s, where GCC took 13.4 s and 19 s.
+  if [ "$sanitize" = address,undefined ] && command -v clang++ >/dev/null 2>&1 &&
+     [ -f "$(clang++ -print-resource-dir)/lib/linux/libclang_rt.asan-x86_64.a" ]; then
+    set -- -DCMAKE_CXX_COMPILER=clang++ "$@"
+  fi
 fi
 # ccache + precompiled headers: see CMakeLists.txt. With the clone as the
 # base directory, paths are hashed relative to it: another clone of the

@@ -62,7 +62,8 @@ struct SpmModule {
   cohort_spm_train_fn train = nullptr;
 };
 
-std::string moduleFile() {
+// Unused in sanitizer builds, which never load the module (spm() says why).
+[[maybe_unused]] std::string moduleFile() {
   if (auto path = env::sentencePieceLibrary()) return *path;
 #ifdef COHORT_SPM_MODULE
   if (std::filesystem::exists(COHORT_SPM_MODULE)) return COHORT_SPM_MODULE;

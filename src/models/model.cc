@@ -119,7 +119,8 @@ ckpt::StateDict publishedStateDict(const Model& model) {
 }
 
 ckpt::StateDict withoutTiedNames(const Model& model, ckpt::StateDict dict) {
-  for (const auto& [alias, name] : model.tiedNames()) {
+  for (const auto& tied : model.tiedNames()) {
+    const std::string& alias = tied.first;
     dict.erase(std::remove_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == alias; }),
                dict.end());
   }

@@ -30,7 +30,7 @@ std::vector<std::future<at::Tensor>> Batcher::submit(std::vector<at::Tensor> inp
     }
     const auto now = std::chrono::steady_clock::now();
     for (at::Tensor& input : inputs) {
-      Item item{std::move(input), {}, now};
+      Item item{std::move(input), {}, now, nullptr};
       futures.push_back(item.result.get_future());
       queue_.push_back(std::move(item));
     }

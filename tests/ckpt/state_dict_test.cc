@@ -159,11 +159,12 @@ TEST(StateDict, LoadedFromASourceOneTensorAtATime) {
     EXPECT_EQ(source.maxHeld, 1);
     EXPECT_EQ(source.held, 0);
   }
-  for (const auto& [name, t] : stateDict(from)) {
+  for (const auto& entry : stateDict(from)) {
+    const std::string& name = entry.first;
     auto got = stateDict(into);
     const auto it = std::find_if(got.begin(), got.end(), [&](const auto& e) { return e.first == name; });
     ASSERT_NE(it, got.end()) << name;
-    EXPECT_TRUE(torch::equal(it->second, t)) << name;
+    EXPECT_TRUE(torch::equal(it->second, entry.second)) << name;
   }
   // A tensor the model does not have: refused before anything is read.
   StateDict extra = stateDict(from);
