@@ -204,6 +204,11 @@ std::optional<CheckpointPause> checkpointPause() {
   return p;
 }
 
+std::optional<std::string> onednnMaxIsa() {
+  if (auto v = get("ONEDNN_MAX_CPU_ISA")) return v;
+  return get("DNNL_MAX_CPU_ISA");
+}
+
 std::optional<long> summaryDelayMs() {
   auto v = getInt("COHORT_TEST_SUMMARY_DELAY_MS");
   if (v && *v < 0) throw ConfigError("environment variable COHORT_TEST_SUMMARY_DELAY_MS must be >= 0");

@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cctype>
 #include <climits>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -41,6 +42,26 @@ std::string kernelCapability() {
   const auto begin = config.find_first_not_of(' ', at + key.size());
   const auto end = config.find('\n', begin);
   return config.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+std::string oneDnnHeld;  // applyCompute's note (oneDnnNote)
+
+std::string fitOneDnnToPrecision(const JobConfig& job, Precision precision) {
+  if (precision != Precision::bf16 || !at::globalContext().userEnabledMkldnn()) return "";
+  const auto held = env::onednnMaxIsa();
+  if (!held) return "";
+  std::string isa = *held;
+  for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (isa != "SSE41" && isa != "AVX" && isa != "AVX2" && isa != "AVX2_VNNI") return "";
+  const std::string why = fmt::format("oneDNN is held to {} (ONEDNN_MAX_CPU_ISA), which has no bf16 kernels, "
+                                      "and LibTorch sends bf16 to it on this CPU",
+                                      *held);
+  if (job.compute.onednn == OneDnn::on) {
+    throw ConfigError("compute.onednn: on with training.precision bf16: " + why +
+                      "; set compute.onednn: auto (LibTorch's own kernels run) or lift the limit");
+  }
+  at::globalContext().setUserEnabledMkldnn(false);
+  return "oneDNN off: " + why + "; LibTorch's own kernels run bf16, as on a CPU without AVX-512";
 }
 
 }  // namespace
@@ -94,7 +115,10 @@ void applyCompute(const JobConfig& job, int localRanks, int localRank) {
                       "use auto or off");
   }
   at::globalContext().setUserEnabledMkldnn(dnn != OneDnn::off && at::hasMKLDNN());
+  oneDnnHeld = fitOneDnnToPrecision(job, resolvePrecision(job.training.precision, cpuInfo()).precision);
 }
+
+const std::string& oneDnnNote() { return oneDnnHeld; }
 
 ComputeState observeCompute() {
   ComputeState s;

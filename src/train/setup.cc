@@ -219,6 +219,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   const PrecisionChoice precision = resolvePrecision(tc.precision, cpuInfo());
   s.precision = precision.precision;
   log::info("precision {} ({})", choiceName(s.precision), precision.reason);
+  if (!oneDnnNote().empty()) log::info("{}", oneDnnNote());
   const MemoryFormatChoice layout =
       part.whole() || mc.memoryFormat != MemoryLayout::automatic
           ? chooseMemoryFormat(model, mc, tc.batchSize, shape.channels, shape.height, shape.width, comm,

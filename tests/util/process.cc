@@ -20,6 +20,22 @@
 
 extern char** environ;
 
+namespace {
+
+// COHORT_TEST_ISA=avx2 (tests/CMakeLists.txt, AVX2): LibTorch's and oneDNN's
+// kernels held to AVX2 in this test process and every process it starts,
+// as on a CPU without AVX-512. Set before main, before LibTorch picks its
+// kernels (at their first call).
+[[maybe_unused]] const bool kIsaHeld = [] {
+  const char* isa = std::getenv("COHORT_TEST_ISA");
+  if (isa == nullptr || std::string(isa) != "avx2") return false;
+  setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+  setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+  return true;
+}();
+
+}  // namespace
+
 namespace cohort::test {
 
 std::string ProcessResult::describe() const {

@@ -71,6 +71,10 @@ struct CheckpointPause {
 };
 std::optional<CheckpointPause> checkpointPause();
 
+// ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA): the instruction
+// set oneDNN is held to, as set; nullopt when neither is.
+std::optional<std::string> onednnMaxIsa();
+
 // COHORT_TEST_SUMMARY_DELAY_MS=<ms>: a test hook; rank 0 waits that long
 // after the final barrier before it writes summary.json, so that the other
 // ranks (and nodes) end first, as they may when rank 0 is slow to finish.

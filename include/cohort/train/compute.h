@@ -85,6 +85,16 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
 
 // The state in effect now (threads, oneDNN, observers, ...), with the
 // allocator policy last applied; memoryFormat is left empty.
+// applyCompute also fits oneDNN to the precision: PyTorch sends bf16
+// convolutions and matrix products to oneDNN whenever the CPU has AVX-512
+// (BW, VL, DQ), and oneDNN held below AVX-512 (ONEDNN_MAX_CPU_ISA or
+// DNNL_MAX_CPU_ISA of SSE41, AVX, AVX2 or AVX2_VNNI) has no bf16 kernels:
+// every such call would fail ("could not create a primitive descriptor
+// iterator"). Then, with compute.onednn auto, LibTorch's own kernels run
+// (oneDNN off, as on a CPU without AVX-512), and oneDnnNote() is the line
+// that says so ("" otherwise); with compute.onednn on it throws ConfigError.
+const std::string& oneDnnNote();
+
 ComputeState observeCompute();
 
 // One line for the log, and the object summary.json's "compute" holds.
