@@ -5,11 +5,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cohort/core/signals.h"
+
 #include "base.h"
 #include "common.h"
 #include "engine.h"
 
 int main(int argc, char** argv) {
+  // Before anything else: a stop sent while this process (or cohort-torch,
+  // which it becomes) starts waits until it is taken (core/signals.h).
+  cohort::holdStopSignals(argc > 1 ? argv[1] : nullptr);
   namespace cli = cohort::cli;
   CLI::App app{"cohort: data-parallel deep-learning training", "cohort"};
   cli::describeApp(app);

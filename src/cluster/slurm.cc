@@ -1,6 +1,7 @@
 #include "cohort/cluster/slurm.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 
 #include <cctype>
 
@@ -37,23 +38,60 @@ namespace {
 // An elastic job's task is the node's agent: its ranks share its CPUs.
 int64_t agentCpus(const SlurmRequest& r) { return r.cpusPerTask * r.tasksPerNode; }
 
-// After the ranks: 75 is a stop after a checkpoint (time limit, preemption,
-// scancel), back into the queue when asked for.
-std::string stoppedCase() {
+// Stopping: Slurm's warning before the time limit comes to the script
+// (--signal=B:USR2@S), which passes it to the step that runs, or, when none
+// does, stops before the next one; and a step's end by a stop (75, or the
+// warning's own signal) is a stop, not a crash: back into the queue.
+std::string stopHandling() {
   return fmt::format(
-      "    {0})\n"
-      "      # Stopped after a checkpoint (time limit, preemption). Back into the queue:\n"
-      "      # the next start resumes from it.\n"
-      "      if [ \"$requeue\" = 1 ]; then\n"
-      "        if command -v scontrol > /dev/null; then\n"
-      "          echo \"cohort: stopped after a checkpoint; requeueing Slurm job $SLURM_JOB_ID\"\n"
-      "          scontrol requeue \"$SLURM_JOB_ID\"\n"
-      "        else\n"
-      "          echo \"cohort: stopped after a checkpoint; no scontrol on this node: the job is requeued \"\\\n"
-      "               \"only where slurm.conf has RequeueExit={0} (or resubmit this script)\"\n"
-      "        fi\n"
-      "      fi\n"
-      "      exit {0} ;;\n",
+      "\n# Slurm's warning before the time limit comes to this script (--signal=B:USR2@S),\n"
+      "# which passes it to the step that runs: srun forwards it to every task, which\n"
+      "# finishes its step, writes a checkpoint and exits {0}. One that comes while no\n"
+      "# step runs stops the job before the next one starts: nothing new to save.\n"
+      "stop=0\n"
+      "step=\n"
+      "trap 'stop=1; [ -z \"$step\" ] || kill -USR2 \"$step\" 2> /dev/null' USR2\n"
+      "# run_step COMMAND...: one srun, in the background so that the trap runs at\n"
+      "# once, waited for until it has ended (a trapped signal ends `wait` early).\n"
+      "# Sets $code.\n"
+      "run_step() {{\n"
+      "  \"$@\" &\n"
+      "  step=$!\n"
+      "  wait \"$step\"\n"
+      "  code=$?\n"
+      "  while kill -0 \"$step\" 2> /dev/null; do\n"
+      "    wait \"$step\"\n"
+      "    code=$?\n"
+      "  done\n"
+      "  step=\n"
+      "}}\n"
+      "# stopped WHY: stopped after a checkpoint, or with nothing newer than the last\n"
+      "# one (time limit, preemption, scancel --signal=USR2). Back into the queue when\n"
+      "# asked for: the next start resumes from the newest checkpoint.\n"
+      "stopped() {{\n"
+      "  echo \"cohort: $1\"\n"
+      "  if [ \"$requeue\" = 1 ]; then\n"
+      "    if command -v scontrol > /dev/null; then\n"
+      "      echo \"cohort: requeueing Slurm job $SLURM_JOB_ID\"\n"
+      "      scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "    else\n"
+      "      echo \"cohort: no scontrol on this node: the job is requeued only where slurm.conf \"\\\n"
+      "           \"has RequeueExit={0} (or resubmit this script)\"\n"
+      "    fi\n"
+      "  fi\n"
+      "  exit {0}\n"
+      "}}\n"
+      "# srun's exit code when a task died of the warning itself (128 + SIGUSR2).\n"
+      "warning_death={1}\n",
+      kExitStoppedAfterCheckpoint, 128 + SIGUSR2);
+}
+
+// After a step: a stop (75, a death by the warning, or any end once the
+// warning came) keeps the newest checkpoint and goes back into the queue.
+std::string stoppedCases() {
+  return fmt::format(
+      "    {0}) stopped \"stopped after a checkpoint\" ;;\n"
+      "    $warning_death) stopped \"a task ended by the time limit's warning: the newest checkpoint is kept\" ;;\n",
       kExitStoppedAfterCheckpoint);
 }
 
@@ -63,6 +101,7 @@ std::string workerSteps(const SlurmRequest& r) {
                   "# the newest checkpoint, at most distribution.max_restarts times.\n";
   s += "attempt=0\n";
   s += "while :; do\n";
+  s += "  [ \"$stop\" = 0 ] || stopped \"the time limit's warning came while no step ran: nothing new to save\"\n";
   s += "  # Rank 0 hosts the rendezvous store on this node, the first of the\n"
        "  # allocation, where srun runs (the ranks read its address from\n"
        "  # SLURM_LAUNCH_NODE_IPADDR), on a port free here now.\n";
@@ -76,13 +115,15 @@ std::string workerSteps(const SlurmRequest& r) {
   // (a stop after a checkpoint ends every rank within stop_timeout_s).
   std::string srun = "srun --wait=120";
   if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", r.cpusPerTask);
-  s += "  " + srun + " \"$cohort\" worker \"$run_dir/job.yaml\" --run-dir \"$run_dir\"\n";
-  s += "  code=$?\n";
+  s += "  run_step " + srun + " \"$cohort\" worker \"$run_dir/job.yaml\" --run-dir \"$run_dir\"\n";
   s += "  case $code in\n"
        "    0) exit 0 ;;\n" +
-       stoppedCase() +
+       stoppedCases() +
        "    2|3|5) exit $code ;;  # bad input, divergence, failed health check: would fail again\n"
        "  esac\n";
+  s += "  if [ \"$stop\" = 1 ]; then\n"
+       "    stopped \"srun exited $code after the time limit's warning: the newest checkpoint is kept\"\n"
+       "  fi\n";
   s += "  if [ \"$attempt\" -ge \"$max_restarts\" ]; then\n"
        "    echo \"cohort: giving up after $attempt restarts (distribution.max_restarts); srun exited $code\"\n"
        "    exit $code\n"
@@ -109,21 +150,21 @@ std::string agentSteps(const SlurmRequest& r) {
   if (r.cpusPerTask > 0) srun += fmt::format(" --cpus-per-task={}", agentCpus(r));
   const std::string agentArgs =
       fmt::format("--nnodes {} --procs {} --on-sigterm stop", nnodes, r.tasksPerNode);
+  s += "[ \"$stop\" = 0 ] || stopped \"the time limit's warning came before the agents started: nothing new to save\"\n";
   if (r.rdzv.empty()) {
     s += "# On cohort's store, hosted by the agent on this node (the first of the\n"
          "# allocation, where srun runs) at a port free here now; every agent reads\n"
          "# this node's address from srun (SLURM_LAUNCH_NODE_IPADDR).\n"
          "rdzv_port=$(\"$cohort\" free-port) || exit 1\n";
-    s += srun + " \\\n";
+    s += "run_step " + srun + " \\\n";
     s += "  /bin/sh -c 'exec \"$0\" agent \"$1/job.yaml\" --run-dir \"$1\" " + agentArgs +
          " --rdzv \"store://$SLURM_LAUNCH_NODE_IPADDR:$2/$3\"' \\\n"
          "  \"$cohort\" \"$run_dir\" \"$rdzv_port\" \"$rdzv_id\"\n";
   } else {
-    s += srun + " \\\n";
+    s += "run_step " + srun + " \\\n";
     s += "  \"$cohort\" agent \"$run_dir/job.yaml\" --run-dir \"$run_dir\" " + agentArgs + " --rdzv " +
          shellQuote(r.rdzv) + "/\"$rdzv_id\"\n";
   }
-  s += "code=$?\n";
   s += "# An agent lost with its node makes srun fail although the others completed\n"
        "# the job (rank 0 wrote its summary).\n"
        "if [ \"$code\" != 0 ] && [ \"$code\" != 75 ] && [ -f \"$run_dir/summary.json\" ] &&\n"
@@ -131,7 +172,10 @@ std::string agentSteps(const SlurmRequest& r) {
        "  echo \"cohort: srun exited $code, but the job completed on the others\"\n"
        "  code=0\n"
        "fi\n";
-  s += "case $code in\n" + stoppedCase() + "esac\n";
+  s += "case $code in\n" + stoppedCases() + "esac\n";
+  s += "if [ \"$code\" != 0 ] && [ \"$stop\" = 1 ]; then\n"
+       "  stopped \"srun exited $code after the time limit's warning: the newest state is kept\"\n"
+       "fi\n";
   s += "exit $code\n";
   return s;
 }
@@ -178,8 +222,8 @@ std::string sbatchScript(const SlurmRequest& r) {
   if (!r.partition.empty()) opt("--partition=" + r.partition);
   if (!r.time.empty()) opt("--time=" + r.time);
   if (!r.account.empty()) opt("--account=" + r.account);
-  // The ranks, not this script, get the warning: they checkpoint and exit 75.
-  opt(fmt::format("--signal=USR2@{}", r.warnSeconds));
+  // The warning to this script, which passes it to the step (stopHandling).
+  opt(fmt::format("--signal=B:USR2@{}", r.warnSeconds));
   opt(r.requeue ? "--requeue" : "--no-requeue");
   opt("--open-mode=append");
   opt("--output=" + r.outputFile);
@@ -199,6 +243,7 @@ std::string sbatchScript(const SlurmRequest& r) {
   if (!elastic) s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
   s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
        "run directory $run_dir\"\n";
+  s += stopHandling();
   s += elastic ? agentSteps(r) : workerSteps(r);
   return s;
 }

@@ -4,7 +4,12 @@
 #include <dlfcn.h>
 #include <sched.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <thread>
 #include <vector>
@@ -202,6 +207,19 @@ std::optional<CheckpointPause> checkpointPause() {
   p.step = parseInt("COHORT_TEST_CKPT_PAUSE", v->substr(0, colon));
   if (colon != std::string::npos) p.seconds = parseInt("COHORT_TEST_CKPT_PAUSE (seconds)", v->substr(colon + 1));
   return p;
+}
+
+void pauseForTest(const char* point) {
+  const auto v = get("COHORT_TEST_PAUSE");
+  if (!v) return;
+  const size_t colon = v->find(':');
+  if (colon == std::string::npos || v->substr(0, colon) != point) return;
+  const std::string base = v->substr(colon + 1) + "/" + point;
+  std::ofstream(fmt::format("{}.{}", base, ::getpid())).flush();
+  const std::string go = base + ".go";
+  for (int i = 0; i < 6000 && !std::filesystem::exists(go); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 std::optional<std::string> onednnMaxIsa() {

@@ -169,6 +169,7 @@ class Agent {
 };
 
 int Agent::run() {
+  env::pauseForTest("agent");
   procs_ = static_cast<int>(o_.procs > 0 ? o_.procs : job_.distribution.procsPerNode);
   checkBatchPolicy(job_, o_.minNodes, o_.maxNodes);
   const std::string service = splitRdzvUrl(o_.rdzv).first;
@@ -405,7 +406,8 @@ void Agent::startRanks(const Round& r, const std::string& storeHostPort) {
     const std::vector<std::string> args = {exe_, "worker", runDir_.jobFile(), "--run-dir", runDir_.root};
     const auto envBlock =
         launch::rankEnvironment(re, static_cast<int>(r.round), credentials, storeToken_, extra);
-    ranks_->start(re.rank, exe_, args, &envBlock, &signals_->original(), "the worker binary");
+    const sigset_t mask = withRankStopSignals(signals_->original());
+    ranks_->start(re.rank, exe_, args, &envBlock, &mask, "the worker binary");
   }
 }
 

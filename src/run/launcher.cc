@@ -192,6 +192,8 @@ std::string outOfMemory(const Child& c, std::optional<uint64_t> before) {
 
 void AttemptRun::startRanks() {
   const JobConfig& job = s_.job;
+  // A stop sent while a rank loads waits for its signal thread (core/signals.h).
+  const sigset_t rankMask = withRankStopSignals(s_.signals.original());
   for (int r = 0; r < s_.world; ++r) {
     env::RankEnv re;
     re.rank = r;
@@ -208,7 +210,7 @@ void AttemptRun::startRanks() {
       args.push_back(s_.o.resume);
     }
     const auto envBlock = rankEnvironment(re, attempt_, s_.credentials, s_.storeToken, {});
-    ranks_.start(r, s_.exe, args, &envBlock, &s_.signals.original(), "the worker binary");
+    ranks_.start(r, s_.exe, args, &envBlock, &rankMask, "the worker binary");
     log::debug("rank {} is pid {}", r, ranks_.children().back().pid);
   }
 }
@@ -258,6 +260,26 @@ void AttemptRun::onSignal(int sig) {
       stopAll("interrupted", s_.o.termGrace);
     }
   }
+}
+
+// A stop taken while no rank runs (before the first attempt, or between
+// two): nothing is newer than the newest checkpoint, so SIGTERM with
+// checkpoints on ends as a stop after a checkpoint (exit 75: rerun, or
+// requeue, to resume); SIGINT, or SIGTERM without checkpoints, as an
+// interruption.
+std::optional<int> stopBeforeRanks(BlockedSignals& signals, const JobConfig& job) {
+  for (int sig; (sig = signals.wait(std::chrono::milliseconds(0))) != 0;) {
+    if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD of ranks already reaped
+    if (sig == SIGTERM && job.checkpoint.enabled) {
+      log::warn("received SIGTERM while no rank runs: nothing new to save; rerun the same command "
+                "to resume (exit code {})",
+                kExitStoppedAfterCheckpoint);
+      return kExitStoppedAfterCheckpoint;
+    }
+    log::warn("received {} while no rank runs: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    return exitCodeForSignal(sig);
+  }
+  return std::nullopt;
 }
 
 Attempt AttemptRun::run() {
@@ -422,7 +444,12 @@ int runLauncher(const LaunchOptions& o) {
   const AttemptSetup setup{o,     job,   runDir, exe, signals, world, store.port(), credentials,
                            storeToken, stopGrace};
   std::vector<std::string> causes;
+  env::pauseForTest("launcher");
   for (int attempt = 0;; ++attempt) {
+    if (const auto code = stopBeforeRanks(signals, job)) {
+      recordRestarts(runDir, causes);
+      return *code;
+    }
     runMetrics.setAttempt(attempt);
     const Attempt a = AttemptRun(setup, attempt).run();
     if (a.code == 0 || !a.restartable || attempt >= job.distribution.maxRestarts) {

@@ -12,6 +12,7 @@
 #include "cohort/ckpt/rank_state.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/ckpt/state_dict.h"
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/health/health.h"
@@ -321,6 +322,7 @@ void setUp(TrainState& s) {
   s.split = resolveSplit(job, s.datasets, s.mesh, s.resumed, s.options.resumeFrom);
   const models::ModelPart part = partOf(s.split, s.mesh.stage);
   if (buildsByUnit(job)) checkFitBeforeBuild(s, part);
+  env::pauseForTest("model");
   s.model = buildModel(job, s.datasets, s.mesh.data, s.options.resumeFrom, part, s.mesh.stage);
   if (s.mesh.pipelined()) logStage(s, part);
   if (s.resumed && !s.model.frozenUnits) checkFrozenBase(s);

@@ -1,8 +1,13 @@
 #include "train/detail/stop_protocol.h"
 
+#include <signal.h>
+
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "cohort/core/exit_codes.h"
+#include "cohort/core/log.h"
 #include "cohort/train/stop.h"
 
 namespace cohort::train::detail {
@@ -13,7 +18,20 @@ constexpr const char* kAtKey = "stop/at";
 }  // namespace
 
 StopProtocol::StopProtocol(const comm::Comm& comm, bool enabled) : comm_(comm), enabled_(enabled) {
-  stopRequest().graceful = enabled;
+  StopRequest& stop = stopRequest();
+  std::lock_guard<std::mutex> g(stop.mutex);
+  stop.graceful = enabled;
+  stop.abrupt = !enabled;
+  if (enabled || stop.signal.load() == 0) return;
+  // Taken while the rank started, with nothing to checkpoint into.
+  if (stop.signal.load() == SIGTERM) {
+    log::warn("stopping on the SIGTERM taken while starting (checkpoints are off)");
+    log::flush();
+    std::_Exit(exitCodeForSignal(SIGTERM));
+  }
+  log::warn("the SIGUSR2 taken while starting asks for a checkpoint; checkpoints are off "
+            "(checkpoint.enabled): the rank goes on until it is ended");
+  stop.signal = 0;
 }
 
 bool StopProtocol::due(int64_t step) {

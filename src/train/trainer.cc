@@ -394,6 +394,7 @@ TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   recordStages(s, recordMemory(s));
   // A SIGTERM from here on changes nothing: this rank is finishing anyway.
   if (summary.stopped) return summary;
+  env::pauseForTest("final");
   const parallel::DdpStats ds = s.plan->engine().stats();
   log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}; "
             "path: {}",

@@ -19,6 +19,7 @@
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/core/signals.h"
 #include "cohort/monitor/progress.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/monitor/watchdog.h"
@@ -35,11 +36,15 @@
 namespace cohort::train {
 namespace {
 
-// SIGINT/SIGTERM are blocked in every thread and taken by this thread. A
-// SIGTERM (or SIGUSR2, Slurm's time-limit warning) while the training loop
-// can checkpoint becomes a stop request;
-// anything else logs, flushes and ends the process. Nothing a rank writes is
-// left torn: outputs are written atomically.
+// The stop signals (core/signals.h) are blocked in every thread, from the
+// process's first instruction, and taken by this thread. A SIGTERM (or
+// SIGUSR2, Slurm's time-limit warning) becomes a stop request: while the
+// training loop can checkpoint, it finishes the step, writes a checkpoint
+// and exits 75; while the rank starts (rendezvous, data, the model), the
+// request waits and training stops after its first steps the same way; with
+// checkpoints off, SIGTERM ends the process at once and SIGUSR2 is only
+// logged. SIGINT always ends it at once. Nothing a rank writes is left torn:
+// outputs are written atomically.
 //
 // Under `cohort agent` (elastic), the agent speaks for its ranks: SIGUSR2
 // from it asks for a re-form, the same stop at a step boundary with the
@@ -47,13 +52,36 @@ namespace {
 // for a stop after a checkpoint (the whole job stops: docs/elastic.md).
 // SIGTERM and SIGUSR2 from anyone else (Slurm signals every process of a
 // step) are left to the agent, which gets them too.
+void takeStop(StopRequest& stop, int sig) {
+  const char* name = sig == SIGTERM ? "SIGTERM" : "SIGUSR2 (the time limit is near)";
+  std::lock_guard<std::mutex> g(stop.mutex);
+  if (stop.graceful.load()) {
+    // The launcher may forward the SIGTERM its process group already
+    // delivered: a repeated one changes nothing.
+    if (stop.signal.exchange(sig) == 0) {
+      log::warn("received {}: finishing this step, then writing a checkpoint and stopping "
+                "(SIGINT stops at once)",
+                name);
+    }
+  } else if (stop.abrupt) {
+    if (sig == SIGUSR2) {
+      log::warn("received {}; checkpoints are off (checkpoint.enabled): nothing to save, the "
+                "rank goes on until it is ended",
+                name);
+      return;
+    }
+    log::warn("received SIGTERM, stopping (checkpoints are off)");
+    log::flush();
+    std::_Exit(exitCodeForSignal(sig));
+  } else if (stop.signal.exchange(sig) == 0) {
+    log::warn("received {} while starting: training stops after its first steps, with a "
+              "checkpoint (SIGINT stops at once)",
+              name);
+  }
+}
+
 void installSignalThread(bool elastic) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR2);
-  sigaddset(&set, SIGUSR1);
+  const sigset_t set = rankStopSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread([set, elastic] {
     StopRequest& stop = stopRequest();
@@ -96,25 +124,13 @@ void installSignalThread(bool elastic) {
         continue;
       }
       if (sig == SIGUSR1) continue;  // not under an agent: nothing asks for it
-      if (sig == SIGUSR2 && !stop.graceful.load()) {
-        // Slurm's warning before the time limit, before training started:
-        // nothing to checkpoint yet; the SIGTERM at the limit ends the rank.
-        log::warn("received SIGUSR2 (the time limit is near) before training started");
-        continue;
-      }
-      if ((sig == SIGTERM || sig == SIGUSR2) && stop.graceful.load()) {
-        // The launcher may forward the SIGTERM its process group already
-        // delivered: a repeated one changes nothing. SIGINT stops at once.
+      if (sig == SIGTERM || sig == SIGUSR2) {
         // SIGUSR2 is what `cohort submit --slurm` asks Slurm to send before
         // the time limit (docs/slurm.md).
-        if (stop.signal.exchange(sig) == 0) {
-          log::warn("received {}: finishing this step, then writing a checkpoint and "
-                    "stopping (SIGINT stops at once)",
-                    sig == SIGTERM ? "SIGTERM" : "SIGUSR2 (the time limit is near)");
-        }
+        takeStop(stop, sig);
         continue;
       }
-      log::warn("received {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      log::warn("received SIGINT, stopping");
       log::flush();
       std::_Exit(exitCodeForSignal(sig));
     }
@@ -125,6 +141,7 @@ void installSignalThread(bool elastic) {
 
 int runWorker(const WorkerOptions& o) {
   const std::optional<std::string> heldDir = env::elasticStateDir();
+  env::pauseForTest("start");
   installSignalThread(heldDir.has_value());
   const env::RankEnv re = env::detectRankEnv();
   const std::string tag = fmt::format("rank {}/{}", re.rank, re.worldSize);
@@ -178,6 +195,7 @@ int runWorker(const WorkerOptions& o) {
     log::warn("MASTER_ADDR/MASTER_PORT not set: using {}:{} (set both for runs across machines)",
               re.masterAddr, re.masterPort);
   }
+  env::pauseForTest("rendezvous");
   comm::Comm comm = comm::connect(co);
 
   // Rank 0 picks the run directory and tells the others.

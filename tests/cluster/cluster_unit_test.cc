@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "cohort/cluster/k8s.h"
@@ -45,7 +48,7 @@ TEST(SbatchScript, AsksForTheJobsShapeAndTheWarningSignal) {
   const std::string s = sbatchScript(r);
   for (const char* line : {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=4\n", "#SBATCH --cpus-per-task=3\n",
                            "#SBATCH --gpus-per-node=8\n", "#SBATCH --partition=gpu\n", "#SBATCH --time=2:00:00\n",
-                           "#SBATCH --account=ml\n", "#SBATCH --signal=USR2@150\n", "#SBATCH --no-requeue\n",
+                           "#SBATCH --account=ml\n", "#SBATCH --signal=B:USR2@150\n", "#SBATCH --no-requeue\n",
                            "#SBATCH --output=/runs/tiny/slurm-%j.out\n"}) {
     EXPECT_TRUE(has(s, line)) << line << "\n" << s;
   }
@@ -83,6 +86,59 @@ TEST(SbatchScript, IsValidBash) {
   EXPECT_EQ(res.exitCode, 0) << res.describe();
 }
 
+// The script's handling of stops, run by bash with a stand-in srun,
+// scontrol and cohort (free-port) on PATH.
+struct FakeSlurm {
+  explicit FakeSlurm(const std::string& srunBody, bool elastic = false) {
+    std::filesystem::create_directories(dir.file("bin"));
+    const auto tool = [&](const std::string& name, const std::string& body) {
+      test::writeText(dir.file("bin/" + name), "#!/bin/bash\n" + body + "\n");
+      std::filesystem::permissions(dir.file("bin/" + name), std::filesystem::perms::owner_all);
+    };
+    tool("srun", srunBody);
+    tool("scontrol", "echo \"$@\" >> " + dir.file("scontrol.log"));
+    tool("cohort", "echo 29500");
+    SlurmRequest r = request();
+    r.requeue = true;
+    r.cohortBinary = dir.file("bin/cohort");
+    r.runDirs = {dir.file("run")};
+    if (elastic) r.maxNodes = 2;
+    test::writeText(dir.file("job.sbatch"), sbatchScript(r));
+  }
+  std::map<std::string, std::string> env() const {
+    return {{"PATH", dir.file("bin") + ":/usr/bin:/bin"}, {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n1"},
+            {"SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"}, {"DIR", dir.path()}};
+  }
+  test::TempDir dir;
+};
+
+TEST(SbatchScript, ATaskKilledByTheWarningIsAStopThatRequeues) {
+  FakeSlurm slurm("exit 140");  // what srun says when a task died of SIGUSR2
+  const auto r = test::run({"/bin/bash", slurm.dir.file("job.sbatch")}, slurm.env(), std::chrono::seconds(60));
+  EXPECT_EQ(r.exitCode, 75) << r.describe();
+  EXPECT_TRUE(has(r.out, "a task ended by the time limit's warning")) << r.out;
+  EXPECT_FALSE(has(r.out, "restart 1 of")) << r.out;
+  EXPECT_EQ(test::readText(slurm.dir.file("scontrol.log")), "requeue 7\n");
+}
+
+TEST(SbatchScript, TheWarningToTheScriptReachesTheRunningStep) {
+  for (const bool elastic : {false, true}) {
+    // A step that runs until it gets SIGUSR2, then stops as the ranks do.
+    FakeSlurm slurm("trap 'exit 75' USR2\ntouch \"$DIR/started\"\n"
+                    "for i in $(seq 1200); do sleep 0.05; done\nexit 9",
+                    elastic);
+    test::Process script({"/bin/bash", slurm.dir.file("job.sbatch")}, slurm.env());
+    ASSERT_TRUE(test::waitUntil([&] { return std::filesystem::exists(slurm.dir.file("started")); },
+                                std::chrono::seconds(30)))
+        << script.stderrSoFar();
+    script.signal(SIGUSR2);  // --signal=B:USR2: to the batch shell only
+    const auto r = script.wait(std::chrono::seconds(60));
+    EXPECT_EQ(r.exitCode, 75) << r.describe();
+    EXPECT_TRUE(has(r.out, "stopped after a checkpoint")) << r.out;
+    EXPECT_EQ(test::readText(slurm.dir.file("scontrol.log")), "requeue 7\n") << elastic;
+  }
+}
+
 TEST(SbatchScript, ElasticRunsOneAgentPerNode) {
   SlurmRequest r = request();
   r.maxNodes = 4;
@@ -91,7 +147,7 @@ TEST(SbatchScript, ElasticRunsOneAgentPerNode) {
   // No task count for a range: Slurm would give no more nodes than tasks.
   EXPECT_FALSE(has(s, "#SBATCH --ntasks")) << s;
   for (const char* line : {"#SBATCH --nodes=2-4\n", "#SBATCH --spread-job\n", "#SBATCH --cpus-per-task=12\n",
-                           "#SBATCH --no-kill\n", "#SBATCH --signal=USR2@120\n", "#SBATCH --requeue\n"}) {
+                           "#SBATCH --no-kill\n", "#SBATCH --signal=B:USR2@120\n", "#SBATCH --requeue\n"}) {
     EXPECT_TRUE(has(s, line)) << line << "\n" << s;
   }
   // The agent shares its task's CPUs among the node's 4 ranks; a name of its

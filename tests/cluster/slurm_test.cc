@@ -235,6 +235,70 @@ TEST_F(SlurmTest, TheTimeLimitsWarningCheckpointsAndExits75) {
   EXPECT_EQ(newestCheckpoint(run), summaryOf(run).value("steps", -2)) << summaryOf(run).dump();
 }
 
+// The time limit's warning at moments of the ranks' start: after a requeue
+// Slurm may send it a second after the job starts again (it checks every
+// 30 s and may signal up to 60 s early). `batch`: to the batch script, as
+// --signal=B:USR2 sends it (the script passes it to srun); otherwise to the
+// step, as `scancel --signal=USR2` does. The ranks pause at the moment named
+// (COHORT_TEST_PAUSE) until the signal has reached them.
+struct Warning {
+  const char* point;
+  bool batch;
+};
+
+void PrintTo(const Warning& w, std::ostream* os) { *os << w.point << (w.batch ? " (to the batch script)" : " (to the step)"); }
+
+class SlurmWarningWhileStarting : public SlurmTest, public ::testing::WithParamInterface<Warning> {};
+
+TEST_P(SlurmWarningWhileStarting, TheJobStopsAfterACheckpointIsRequeuedAndCompletes) {
+  const Warning w = GetParam();
+  test::TempDir dir;
+  test::SlurmCluster cluster(1);
+  const std::string job = tinyJob(dir, 1);
+  const std::string run = dir.file("run");
+  const std::string pause = dir.file("pause");
+  fs::create_directories(pause);
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--requeue", "--set", "distribution.procs_per_node=2"},
+                                {{"COHORT_TEST_PAUSE", std::string(w.point) + ":" + pause}});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(test::waitUntil([&] { return test::pausedAt(pause, w.point).size() == 2; }, 120s))
+      << cluster.showJob(id);
+  std::vector<std::string> scancel{"/usr/bin/scancel", "--signal=USR2"};
+  if (w.batch) scancel.push_back("--batch");
+  scancel.push_back(id);
+  ASSERT_EQ(cluster.client(scancel).exitCode, 0);
+  // Slurm delivers it after scancel returns: wait until both ranks have it,
+  // pending (no signal thread yet) or taken (logged).
+  const std::string out = run + "/slurm-" + id + ".out";
+  const auto ranks = test::pausedAt(pause, w.point);
+  ASSERT_TRUE(test::waitUntil(
+      [&] {
+        int got = 0;
+        for (pid_t pid : ranks) got += test::signalPending(pid, SIGUSR2);
+        const std::string text = test::readText(out);
+        for (size_t at = 0; (at = text.find("received SIGUSR2", at)) != std::string::npos; ++at) ++got;
+        return got >= 2;
+      },
+      60s))
+      << test::readText(out);
+  // Before its signal thread a rank holds the signal, blocked since its
+  // first instruction, instead of dying of it (srun's exit 140).
+  if (std::string(w.point) == "start") {
+    for (pid_t pid : ranks) EXPECT_TRUE(test::signalPending(pid, SIGUSR2)) << pid;
+  }
+  test::writeText(pause + "/" + w.point + ".go", "");
+  expectCompletedAfterOneRequeue(cluster, id, run, 1);
+  const std::string text = test::readText(out);
+  EXPECT_TRUE(has(text, "while starting: training stops after its first steps")) << text;
+  EXPECT_TRUE(has(text, "cohort: stopped after a checkpoint")) << text;
+  EXPECT_FALSE(has(text, "restart 1 of")) << text;
+}
+
+INSTANTIATE_TEST_SUITE_P(Moments, SlurmWarningWhileStarting,
+                         ::testing::Values(Warning{"start", true}, Warning{"rendezvous", false},
+                                           Warning{"model", true}),
+                         [](const auto& info) { return std::string(info.param.point); });
+
 TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
   test::TempDir dir;
   test::SlurmCluster cluster(1);

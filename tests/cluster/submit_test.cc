@@ -50,7 +50,7 @@ TEST(Submit, DryRunWritesTheScriptAndOneRunDirectoryPerPoint) {
   const std::string script = test::readText(dir.file("sweep/submit.sbatch"));
   EXPECT_TRUE(has(script, "#SBATCH --array=0-2")) << script;
   EXPECT_TRUE(has(script, "#SBATCH --time=30")) << script;
-  EXPECT_TRUE(has(script, "#SBATCH --signal=USR2@120")) << script;  // stop_timeout_s 60 + 60
+  EXPECT_TRUE(has(script, "#SBATCH --signal=B:USR2@120")) << script;  // stop_timeout_s 60 + 60
   EXPECT_TRUE(has(script, "#SBATCH --cpus-per-task=1")) << script;  // threads_per_rank
   for (const char* point : {"0-lr=0.05", "1-lr=0.1", "2-lr=0.2"}) {
     const std::string run = dir.file(std::string("sweep/") + point);

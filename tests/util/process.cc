@@ -190,6 +190,28 @@ bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds lim
   return true;
 }
 
+std::vector<pid_t> pausedAt(const std::string& dir, const std::string& point) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(point + ".", 0) != 0 || name == point + ".go") continue;
+    out.push_back(static_cast<pid_t>(std::stol(name.substr(point.size() + 1))));
+  }
+  return out;
+}
+
+bool signalPending(pid_t pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    // ShdPnd: the process's pending set; SigPnd: one thread's.
+    if (line.rfind("ShdPnd:", 0) != 0 && line.rfind("SigPnd:", 0) != 0) continue;
+    const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+    if (mask & (1ULL << (sig - 1))) return true;
+  }
+  return false;
+}
+
 std::vector<pid_t> processesWithEnv(const std::string& marker) {
   std::vector<pid_t> out;
   DIR* d = opendir("/proc");

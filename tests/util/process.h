@@ -64,6 +64,13 @@ bool waitUntil(const std::function<bool()>& ready, std::chrono::milliseconds lim
 // Pids of processes whose environment holds `marker` (NAME=value).
 std::vector<pid_t> processesWithEnv(const std::string& marker);
 
+// The pids waiting at pause point `point` of COHORT_TEST_PAUSE (core/env.h)
+// whose directory is `dir`; <dir>/<point>.go lets them go on.
+std::vector<pid_t> pausedAt(const std::string& dir, const std::string& point);
+
+// Whether signal `sig` waits, blocked, for process `pid` (/proc/<pid>/status).
+bool signalPending(pid_t pid, int sig);
+
 // A fresh directory under the system temp dir, removed on destruction.
 class TempDir {
  public:

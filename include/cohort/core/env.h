@@ -71,6 +71,16 @@ struct CheckpointPause {
 };
 std::optional<CheckpointPause> checkpointPause();
 
+// COHORT_TEST_PAUSE=<point>:<dir>: a test hook; a process that reaches
+// pause point `point` (pauseForTest) creates <dir>/<point>.<pid> and waits
+// there until <dir>/<point>.go exists (at most 120 s), so that a test can
+// send a signal at that moment of its life. Points: launcher (`cohort run`
+// before its ranks start), agent (`cohort agent` before it takes signals),
+// start (a rank before its signal thread), rendezvous (before it connects),
+// model (before the model is built), final (after training, before the
+// final save).
+void pauseForTest(const char* point);
+
 // ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA): the instruction
 // set oneDNN is held to, as set; nullopt when neither is.
 std::optional<std::string> onednnMaxIsa();
