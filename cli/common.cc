@@ -1,5 +1,8 @@
 #include "common.h"
 
+#include <cstdio>
+
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/version.h"
@@ -45,8 +48,23 @@ void describeApp(CLI::App& app) {
 }
 
 std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  const env::ParseOnly only = env::parseOnly();
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    // A fragment may leave out what is required, but not name what the
+    // command does not have.
+    const auto extra = app.remaining(true);
+    if (only == env::ParseOnly::partial && extra.empty()) {
+      std::printf("cohort: parsed, but for: %s\n", e.what());
+      return 0;
+    }
+    if (!extra.empty()) {
+      app.exit(CLI::ExtrasError(extra));
+      return 2;
+    }
+    app.exit(e);
+    return 2;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -56,6 +74,10 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     return 2;
+  }
+  if (only != env::ParseOnly::no) {
+    std::printf("cohort: parsed\n");
+    return 0;
   }
   return std::nullopt;
 }

@@ -227,6 +227,13 @@ std::optional<std::string> onednnMaxIsa() {
   return get("DNNL_MAX_CPU_ISA");
 }
 
+ParseOnly parseOnly() {
+  const auto v = get("COHORT_PARSE_ONLY");
+  if (!v) return ParseOnly::no;
+  if (*v == "partial") return ParseOnly::partial;
+  return ParseOnly::full;
+}
+
 std::optional<long> summaryDelayMs() {
   auto v = getInt("COHORT_TEST_SUMMARY_DELAY_MS");
   if (v && *v < 0) throw ConfigError("environment variable COHORT_TEST_SUMMARY_DELAY_MS must be >= 0");

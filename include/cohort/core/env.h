@@ -85,6 +85,14 @@ void pauseForTest(const char* point);
 // set oneDNN is held to, as set; nullopt when neither is.
 std::optional<std::string> onednnMaxIsa();
 
+// COHORT_PARSE_ONLY: the command line is parsed and nothing is run (exit 0
+// when it parses, 2 naming what is wrong otherwise): how the tests check
+// every command line the documentation prints. "partial": a missing
+// required argument is not an error (a fragment such as `cohort run
+// --procs` in a sentence).
+enum class ParseOnly { no, full, partial };
+ParseOnly parseOnly();
+
 // COHORT_TEST_SUMMARY_DELAY_MS=<ms>: a test hook; rank 0 waits that long
 // after the final barrier before it writes summary.json, so that the other
 // ranks (and nodes) end first, as they may when rank 0 is slow to finish.
