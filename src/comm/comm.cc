@@ -245,21 +245,29 @@ void barrier(const Comm& comm, const char* what) {
   wait(comm.pg->barrier(), comm, what);
 }
 
-void checkAgreement(const Comm& comm, const std::string& key, const std::string& value) {
-  if (comm.worldSize == 1) return;
-  comm.store->set(fmt::format("agree/{}/{}", key, comm.rank), bytesOf(value));
-  std::map<std::string, std::vector<int>> byValue;
+std::vector<std::string> allGather(const Comm& comm, const std::string& key, const std::string& value) {
+  if (comm.worldSize == 1) return {value};
+  comm.store->set(fmt::format("gather/{}/{}", key, comm.rank), bytesOf(value));
+  std::vector<std::string> all;
   for (int r = 0; r < comm.worldSize; ++r) {
-    const std::string k = fmt::format("agree/{}/{}", key, r);
+    const std::string k = fmt::format("gather/{}/{}", key, r);
     try {
-      CollectiveWait waiting("agreement check");
+      CollectiveWait waiting(key.c_str());
       comm.store->wait({k}, comm.timeout);
-      byValue[stringOf(comm.store->get(k))].push_back(r);
+      all.push_back(stringOf(comm.store->get(k)));
     } catch (const std::exception& e) {
       throw TimeoutError(fmt::format("rank {}: rank {} did not report its {} within {} s: {}",
                                      comm.rank, r, key, comm.timeout.count() / 1000.0, message(e)));
     }
   }
+  return all;
+}
+
+void checkAgreement(const Comm& comm, const std::string& key, const std::string& value) {
+  if (comm.worldSize == 1) return;
+  std::map<std::string, std::vector<int>> byValue;
+  const auto all = allGather(comm, key, value);
+  for (int r = 0; r < comm.worldSize; ++r) byValue[all[static_cast<size_t>(r)]].push_back(r);
   if (byValue.size() == 1) return;
   std::vector<std::string> parts;
   for (const auto& [v, ranks] : byValue) {

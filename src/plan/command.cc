@@ -150,9 +150,15 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
     report.limitMb = limitArg;
     report.limitSource = "--memory-per-rank";
   } else {
+    // The ranks `cohort run` starts share its machine and its memory cgroup.
+    // Ranks in cgroups of their own (Slurm's task/cgroup, a container per
+    // rank) each have a limit of their own: --memory-per-rank says it.
     const memory::Limit limit = memory::processLimit();
     report.limitMb = double(limit.bytes) / (1 << 20) / double(procs);
-    report.limitSource = fmt::format("this machine's {} / {} rank{}", limit.source, procs, procs == 1 ? "" : "s");
+    report.limitSource = fmt::format("this machine's {} / {} rank{}{}", limit.source, procs, procs == 1 ? "" : "s",
+                                     limit.source == "MemTotal" || procs == 1
+                                         ? ""
+                                         : "; with a memory cgroup per rank, give its limit as --memory-per-rank");
   }
 
   if (nodes * procs > kMaxRanks) {

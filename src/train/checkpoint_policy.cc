@@ -28,7 +28,7 @@ namespace cohort::train::detail {
 CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& plan,
                                    const RunDir& runDir, torch::optim::Optimizer& optimizer,
                                    const std::vector<std::string>& paramNames,
-                                   const StepPlan& steps)
+                                   const StepPlan& steps, const MemoryShare& mem)
     : job_(job),
       rank_(plan.mesh().world.rank),
       world_(plan.mesh().world.worldSize),
@@ -104,8 +104,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
   // share for activations and transient buffers: what the process holds
   // now, the optimizer state its first step allocates, and the copies.
   co.inPlace = cc.maxInFlight == 0;
-  const memory::Limit limit = memory::processLimit();
-  const double share = limit.bytes > 0 ? double(limit.bytes) / std::max(1, comm.localWorldSize) : 0;
+  const double share = mem.bytes();
   uint64_t stepped = 0;  // elements the optimizer steps; its state is allocated at its first step
   for (auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) stepped += p.nbytes();
@@ -118,7 +117,7 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
     log::info("checkpoints are written in place (no host copy): a copy of {:.0f} MB beside the {:.0f} MB "
               "this rank holds with its optimizer state would leave less than 40% of its {:.0f} MB "
               "({}); the optimizer step after a checkpoint waits for its write",
-              double(bytes) / (1 << 20), projected / (1 << 20), share / (1 << 20), limit.source);
+              double(bytes) / (1 << 20), projected / (1 << 20), share / (1 << 20), mem.describe());
   }
 
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(co);

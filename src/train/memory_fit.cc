@@ -52,13 +52,29 @@ ModelElements countElements(const torch::nn::Module& model, const std::vector<st
   return m;
 }
 
-std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, int localRanks,
+std::string MemoryShare::describe() const {
+  return fmt::format("{} ({}) for {}", mb(static_cast<double>(limit.bytes)), limit.source, ranks(sharers));
+}
+
+MemoryShare memoryShare(const comm::Comm& comm) {
+  MemoryShare m;
+  m.limit = memory::processLimit();
+  // The same machine and the same limit's file: the same memory. MemTotal
+  // is the machine's; a cgroup's file names the cgroup.
+  const std::string mine = comm::machineIdentity(comm.rank) + "\n" + m.limit.source;
+  const auto all = comm::allGather(comm, "memory limit", mine);
+  m.sharers = static_cast<int>(std::count(all.begin(), all.end(), mine));
+  return m;
+}
+
+std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, int sharers,
                            int rank, int worldSize, int stage) {
-  if (limit.bytes == 0 || localRanks < 1) return "";
+  if (limit.bytes == 0 || sharers < 1) return "";
+  const int localRanks = sharers;
   const double share = static_cast<double>(limit.bytes) / localRanks;
   const std::string held = fmt::format(
-      "ZeRO stage {} on {}: parameters {}, gradients {}, optimizer state {}{}; this "
-      "machine allows {} ({}) for its {}: {} each",
+      "ZeRO stage {} on {}: parameters {}, gradients {}, optimizer state {}{}; the "
+      "memory limit is {} ({}) for {}: {} each",
       stage, ranks(worldSize), mb(need.parameters), mb(need.gradients), mb(need.optimizer),
       need.unit == 0 ? std::string()
       : stage == 3  ? fmt::format(", one gathered unit's parameters and gradients {}", mb(need.unit))
@@ -89,8 +105,8 @@ std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, i
         rank, mb(need.total()), held, fits));
   }
   if (need.total() > 0.8 * share) {
-    return fmt::format("rank {}: the training state takes {} of the {} per rank this machine "
-                       "allows ({}); activations may not fit",
+    return fmt::format("rank {}: the training state takes {} of the {} this rank may use "
+                       "({}); activations may not fit",
                        rank, mb(need.total()), mb(share), held);
   }
   return "";

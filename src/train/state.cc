@@ -104,8 +104,8 @@ std::string checkFits(const TrainState& s, const models::Model& model, bool byUn
                                                                      : std::vector<std::string>{};
   const StateBytes need = stateBytes(model, job.distribution.zero, s.mesh.replicas, units,
                                     job.training.optimizer, job.distribution.bucketCapMb, byUnit);
-  return checkStateFits(need, memory::processLimit(), s.comm.localWorldSize, s.comm.rank,
-                        s.comm.worldSize, job.distribution.zero);
+  return checkStateFits(need, s.memory.limit, s.memory.sharers, s.comm.rank, s.comm.worldSize,
+                        job.distribution.zero);
 }
 
 // A model built unit by unit is checked before it is built, from its
@@ -209,7 +209,7 @@ void makeLoopParts(TrainState& s) {
   s.runner = std::make_unique<StepRunner>(job, *s.plan, *s.optimizer, s.faults, summary.phases,
                                           s.model.precision);
   s.checkpoints = std::make_unique<CheckpointPolicy>(job, *s.plan, s.runDir, *s.optimizer,
-                                                     s.optimizerNames, s.steps);
+                                                     s.optimizerNames, s.steps, s.memory);
   s.checkpoints->recordLossScale(s.runner->lossScaler());
   s.checkpoints->recordLoraBase(s.model.frozenDigest);
   if (!s.zero.is_null()) s.checkpoints->recordZero(s.zero);
@@ -317,6 +317,8 @@ void setUp(TrainState& s) {
     monitor::setPhase(monitor::Phase::starting);
     health::preflight(s.comm, job.health, s.runDir.root);
   }
+  s.memory = memoryShare(s.comm);
+  log::info("memory limit: {}, {:.0f} MB each", s.memory.describe(), s.memory.bytes() / (1 << 20));
   s.datasets = openDatasets(job);
   s.resumed = readResume(job, s.comm, s.runDir, s.options.resumeFrom);
   s.split = resolveSplit(job, s.datasets, s.mesh, s.resumed, s.options.resumeFrom);

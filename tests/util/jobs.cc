@@ -66,7 +66,7 @@ std::vector<nlohmann::json> readJsonLines(const std::string& path) {
 std::vector<std::unique_ptr<Process>> startWorkers(
     const std::string& job, const std::string& runDir, int world,
     const std::function<std::vector<std::string>(int)>& argsOf,
-    const std::map<std::string, std::string>& env) {
+    const std::map<std::string, std::string>& env, const WrapRank& wrap) {
   const std::string port = std::to_string(freePort());
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < world; ++r) {
@@ -77,7 +77,7 @@ std::vector<std::unique_ptr<Process>> startWorkers(
     vars["WORLD_SIZE"] = std::to_string(world);
     vars.emplace("MASTER_ADDR", "127.0.0.1");  // unless `env` names one
     vars["MASTER_PORT"] = port;
-    ranks.push_back(std::make_unique<Process>(args, vars));
+    ranks.push_back(std::make_unique<Process>(wrap ? wrap(r, args) : args, vars));
   }
   return ranks;
 }

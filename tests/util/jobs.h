@@ -33,10 +33,13 @@ std::string tinyJobYaml(const std::string& name);
 // the environment contract has them (RANK, WORLD_SIZE, MASTER_ADDR and a
 // free MASTER_PORT): argsOf(rank) are each rank's further arguments, `env`
 // further variables for every rank (MASTER_ADDR among them replaces 127.0.0.1).
+// `wrap(rank, argv)`, when given, is the command line that runs it (a
+// cgroup of the rank's own: MemoryCgroup::wrap).
+using WrapRank = std::function<std::vector<std::string>(int, const std::vector<std::string>&)>;
 std::vector<std::unique_ptr<Process>> startWorkers(
     const std::string& job, const std::string& runDir, int world,
     const std::function<std::vector<std::string>(int)>& argsOf,
-    const std::map<std::string, std::string>& env = {});
+    const std::map<std::string, std::string>& env = {}, const WrapRank& wrap = {});
 
 // Lines of a JSON-lines file.
 std::vector<nlohmann::json> readJsonLines(const std::string& path);

@@ -122,6 +122,11 @@ void allreduceSum(const Comm& comm, at::Tensor& t, const char* what);
 void broadcast(const Comm& comm, std::vector<at::Tensor>& tensors, int root, const char* what);
 void barrier(const Comm& comm, const char* what);
 
+// Every rank's `value` for `key`, in rank order (through the store; `key`
+// is used once per job, or with the same values). Throws TimeoutError
+// naming a rank that did not report within the timeout.
+std::vector<std::string> allGather(const Comm& comm, const std::string& key, const std::string& value);
+
 // Checks that every rank holds the same `value` for `key` (through the
 // store). On disagreement every rank throws the same ConfigError, naming the
 // ranks and their values.

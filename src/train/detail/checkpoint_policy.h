@@ -27,6 +27,7 @@
 #include "cohort/models/model.h"
 #include "cohort/train/loss_scale.h"
 #include "cohort/train/optimizer.h"
+#include "train/detail/memory_fit.h"
 #include "train/detail/reporting.h"
 #include "train/detail/setup.h"
 #include "train/detail/stop_protocol.h"
@@ -46,7 +47,7 @@ class CheckpointPolicy {
   // checkpoint.max_in_flight: 0).
   CheckpointPolicy(const JobConfig& job, const parallel::Plan& plan, const RunDir& runDir,
                    torch::optim::Optimizer& optimizer, const std::vector<std::string>& paramNames,
-                   const StepPlan& steps);
+                   const StepPlan& steps, const MemoryShare& mem);
 
   // The epoch about to run: taken up at position `from` of its order (0: at
   // its start) and planned as `epochPlan` (StepPlan::takenUpWith). Each

@@ -1,11 +1,10 @@
 #pragma once
 
-// Whether a rank's training state can fit the memory its machine's ranks
-// may use, checked before the optimizer allocates its state: the
+// Whether a rank's training state can fit the memory it may use, checked before the optimizer allocates its state: the
 // parameters, gradients and optimizer state this rank holds (with ZeRO, its
 // parts; at stage 3 also one gathered unit's parameters and gradients)
 // against the process's memory limit (core/memory_limit.h) shared by the
-// machine's ranks. A lower bound: activations and LibTorch itself come on
+// ranks that live under it (MemoryShare). A lower bound: activations and LibTorch itself come on
 // top, so passing proves nothing, but failing means the run cannot train.
 
 #include <torch/nn/module.h>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/core/memory_limit.h"
 #include "cohort/train/state_memory.h"
@@ -38,9 +38,25 @@ inline StateBytes stateBytes(const torch::nn::Module& model, int stage, int worl
 }
 
 // Throws ConfigError naming the rank, the stage, the bytes and the limit's
-// source when `need` exceeds the limit's share of one of `localRanks`;
-// returns a warning to log when it takes more than 80% of it, else "".
-std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, int localRanks,
+// source when `need` exceeds the limit's share of one of the `sharers`
+// ranks that live under that limit; returns a warning to log when it takes
+// more than 80% of it, else "".
+std::string checkStateFits(const StateBytes& need, const memory::Limit& limit, int sharers,
                            int rank, int worldSize, int stage);
+
+// The memory this rank may use: its limit (core/memory_limit.h) and how
+// many ranks live under it. Ranks of one machine share its memory, and the
+// memory cgroup they share (`cohort run` starts its ranks in its own); a
+// rank in a cgroup of its own (Slurm's task/cgroup, a Kubernetes container
+// per rank) has its limit to itself. Every rank gathers every rank's
+// machine and limit's source (a collective: all ranks of `comm` call it).
+struct MemoryShare {
+  memory::Limit limit;
+  int sharers = 1;  // ranks under `limit`, this one among them
+  double bytes() const { return limit.bytes == 0 ? 0.0 : double(limit.bytes) / std::max(1, sharers); }
+  // "800 MB (SOURCE) for 1 rank" and the like, for logs.
+  std::string describe() const;
+};
+MemoryShare memoryShare(const comm::Comm& comm);
 
 }  // namespace cohort::train::detail

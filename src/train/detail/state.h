@@ -30,6 +30,7 @@
 #include "cohort/parallel/plan.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/trainer.h"
+#include "train/detail/memory_fit.h"
 #include "train/detail/checkpoint_policy.h"
 #include "train/detail/faults.h"
 #include "train/detail/reporting.h"
@@ -57,6 +58,7 @@ struct TrainState {
   const FaultPlan faults;
 
   // setUp
+  MemoryShare memory;  // this rank's memory limit and the ranks under it
   Datasets datasets;
   std::optional<ckpt::Manifest> resumed;  // the checkpoint options.resumeFrom names
   std::vector<int64_t> split;             // a pipeline's blocks per stage (empty: none)
