@@ -58,7 +58,7 @@ TEST_F(ZeroLimit, AStateThatCannotFitEvenAtStage3IsRefusedAndAnOutOfMemoryKillIs
   auto refused = train("refused", 650, 3);
   EXPECT_EQ(refused.exitCode, 2) << refused.describe();
   const std::string said = refused.out + refused.err;
-  for (const std::string want : {std::string("rank 0: the training state does not fit in memory"),
+  for (const std::string& want : {std::string("rank 0: the training state does not fit in memory"),
                                  std::string("ZeRO stage 3 on 1 rank"), group_.limitFile()}) {
     EXPECT_NE(said.find(want), std::string::npos) << want << "\n" << refused.describe();
   }

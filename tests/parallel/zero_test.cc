@@ -88,7 +88,9 @@ TEST_P(Zero, EveryExchangeEqualsOneProcessWithTheGlobalBatch) {
       const auto [mine, all] = stepped(dir, v.tag, r);
       EXPECT_EQ(mine * v.ranks, all) << v.tag << " rank " << r;
       sum += mine;
-      if (r == v.ranks - 1) EXPECT_EQ(sum, all) << v.tag;
+      if (r == v.ranks - 1) {
+        EXPECT_EQ(sum, all) << v.tag;
+      }
     }
   }
   // From stage 2 on a rank holds its part of the summed gradients only

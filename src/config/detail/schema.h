@@ -515,7 +515,8 @@ void describe(V& v, ComputeConfig& c) {
           "near the limit; slower, measured in docs/zero.md).");
   v.field("onednn", c.onednn,
           "Convolutions and their gradients through oneDNN (on) or LibTorch's own kernels (off); "
-          "auto: on when LibTorch has oneDNN.");
+          "auto: on when LibTorch has oneDNN, except for a bf16 job when ONEDNN_MAX_CPU_ISA "
+          "holds oneDNN below AVX-512 (no bf16 kernels there).");
   v.field("bind_cores", c.bindCores,
           "Hold each rank's threads to cores of its own (consecutive slices of the cores the "
           "process may use, distribution.threads_per_rank each, by local rank), as PyTorch's CPU "
