@@ -2,7 +2,8 @@
 // apart by COHORT_MACHINE_ID, which the agent sets): a late node joins, a
 // node is killed with its ranks, a node leaves on SIGTERM, the job drops
 // below MIN and a node comes back, SIGUSR2 stops the job with a checkpoint
-// to resume from, and bad input. Each asserts the final
+// to resume from, SIGTERM while the agent or its rank starts stops it too,
+// and bad input. Each asserts the final
 // state, that no step was redone (the state came from the survivors'
 // memory) and that every sample of every epoch was trained on exactly once.
 
@@ -287,6 +288,56 @@ TEST_F(AgentTest, Sigusr2StopsTheWholeJobWithACheckpointToResumeFrom) {
   }
   expectExact(2);
   EXPECT_EQ(summary().value("status", ""), "completed");
+}
+
+// SIGTERM, with --on-sigterm stop as the Slurm script runs the agents,
+// while the agent starts (before it takes signals) and while its rank starts
+// (before the rank's signal thread): the job stops with exit 75 (with a
+// checkpoint of its first steps once the rank had started), and the agent
+// started again completes it. The processes pause at those points
+// (COHORT_TEST_PAUSE) until the signal is sent.
+TEST_F(AgentTest, SigtermWhileStartingStopsTheJobAndARerunCompletesIt) {
+  const std::string job = writeJob(1);
+  for (const std::string point : {"agent", "start"}) {
+    SCOPED_TRACE(point);
+    const std::string pause = dir_.file("pause-" + point);
+    fs::create_directories(pause);
+    auto env = elasticEnv(samples(), 0);
+    env["COHORT_TEST_PAUSE"] = point + ":" + pause;
+    AgentSpec s = agent("node-" + point, job, "1:1");
+    s.runDir = dir_.file("run-" + point);
+    s.extraArgs = {"--on-sigterm", "stop"};
+    auto a = startAgent(s, env);
+    ASSERT_TRUE(waitUntil([&] { return pausedAt(pause, point).size() == 1 || a->exited(); }, 60s))
+        << a->stderrSoFar();
+    a->signal(SIGTERM);
+    // Held, blocked since the first instruction, not the end of the process.
+    for (pid_t pid : pausedAt(pause, point)) {
+      // The agent passes it to its rank from its loop: soon, not at once.
+      EXPECT_TRUE(waitUntil([&] { return signalPending(pid, SIGTERM); }, 30s)) << pid;
+    }
+    writeText(pause + "/" + point + ".go", "");
+    const ProcessResult r = a->wait(2min);
+    EXPECT_EQ(r.exitCode, 75) << r.describe();
+    if (point == "start") {
+      const std::string said = r.err + readText(s.runDir + "/logs/rank-0.log");
+      EXPECT_NE(said.find("received SIGTERM while starting"), std::string::npos) << said;
+      EXPECT_NE(said.find("stopped on request after step"), std::string::npos) << said;
+    }
+    // Started again, on a new rendezvous (the store went with the agent).
+    rdzv_ = "store://127.0.0.1:" + std::to_string(freePort()) + "/job-" + point + std::to_string(::getpid());
+    AgentSpec again = agent("node-" + point, job, "1:1");
+    again.runDir = s.runDir;
+    const ProcessResult done = startAgent(again, elasticEnv(samples(), 0))->wait(3min);
+    EXPECT_EQ(done.exitCode, 0) << done.describe();
+    std::ifstream in(s.runDir + "/summary.json");
+    const auto summary = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_TRUE(summary.is_object()) << done.err;
+    EXPECT_EQ(summary.value("status", ""), "completed") << summary.dump();
+    if (point == "start") {
+      EXPECT_GE(summary.value("resumed_from", nlohmann::json::object()).value("step", 0), 1) << summary.dump();
+    }
+  }
 }
 
 TEST_F(AgentTest, BadInputIsRefusedWithAClearMessage) {
