@@ -79,7 +79,10 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
                     "application/json");
     return httplib::Server::HandlerResponse::Handled;
   });
-  server.set_logger([&state](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (httplib's post-routing
+  // handler), not after (its logger): a client that scrapes /metrics once
+  // it has its answer finds that answer counted.
+  server.set_post_routing_handler([&state](const httplib::Request& req, httplib::Response& res) {
     std::optional<double> seconds;
     if (requestStart) {
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - *requestStart).count();
