@@ -235,6 +235,28 @@ TEST_F(SlurmTest, TheTimeLimitsWarningCheckpointsAndExits75) {
   EXPECT_EQ(newestCheckpoint(run), summaryOf(run).value("steps", -2)) << summaryOf(run).dump();
 }
 
+// What a user of --time with --requeue sees: a job that needs more than its
+// time limit stops at each warning with a checkpoint, is requeued, and
+// completes across its starts, whenever in a start the warning comes
+// (Slurm may send it up to 60 s early: at the very start of a start).
+TEST_F(SlurmTest, ATimeLimitedRequeueableJobCompletesAcrossItsWarnings) {
+  test::TempDir dir;
+  test::SlurmCluster cluster(1);
+  const std::string job = tinyJob(dir, 8);  // 96 steps
+  const std::string run = dir.file("run");
+  const std::string id = submit(cluster, {job, "--run-dir", run, "--time", "1", "--signal-seconds", "50", "--requeue"},
+                                {{"COHORT_FAULT", "slow500@rank0:step1:always"}});
+  ASSERT_FALSE(id.empty());
+  // 96 steps of 0.5 s: more than one start's minute.
+  ASSERT_TRUE(test::waitUntil([&] { return completed(run); }, 420s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_GE(std::stoi(cluster.jobField(id, "Restarts")), 1) << cluster.showJob(id);
+  EXPECT_EQ(summaryOf(run).value("steps", 0), 96);
+  const std::string out = test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_TRUE(has(out, "cohort: stopped after a checkpoint")) << out;
+  EXPECT_FALSE(has(out, "restart 1 of")) << out;
+}
+
 // The time limit's warning at moments of the ranks' start: after a requeue
 // Slurm may send it a second after the job starts again (it checks every
 // 30 s and may signal up to 60 s early). `batch`: to the batch script, as
