@@ -12,6 +12,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/models/lora.h"
+#include "cohort/parallel/ddp.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/text.h"

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "cohort/core/error.h"
+#include "cohort/parallel/ddp.h"
 #include "cohort/models/lora.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
@@ -98,6 +99,37 @@ CheckpointRole Plan::checkpointRole() const {
   role.dataRank = mesh_.replica;
   role.writesShared = mesh_.replica == 0;
   return role;
+}
+
+DdpStats Plan::stats() const { return engine_->stats(); }
+
+nlohmann::json Plan::zeroLayout() const {
+  const int stage = engine_->stats().zeroStage;
+  if (stage == 0) return nullptr;
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [name, p] : models::trainableParameters(*model_)) {
+    params[name] = {{"shape", p.sizes().vec()}, {"strides", p.strides().vec()}};
+  }
+  return {{"stage", stage},
+          {"world_size", mesh_.replicas},
+          {"buckets", engine_->bucketParameterNames()},
+          {"params", std::move(params)}};
+}
+
+std::vector<std::vector<ckpt::PartSlice>> Plan::optimizerSlices() const {
+  std::vector<std::vector<ckpt::PartSlice>> parts;
+  for (const auto& slices : engine_->optimizerSlices()) {
+    parts.emplace_back();
+    for (const auto& s : slices) parts.back().push_back({s.param, s.offset, s.length, s.at});
+  }
+  return parts;
+}
+
+std::vector<std::string> Plan::parametersInParts() const {
+  std::vector<std::string> names;
+  if (engine_->stats().zeroStage < 3) return names;
+  for (const auto& bucket : engine_->bucketParameterNames()) names.insert(names.end(), bucket.begin(), bucket.end());
+  return names;
 }
 
 void Plan::gatherForSave() { engine_->gatherAllParameters(/*root=*/0); }

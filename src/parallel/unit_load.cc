@@ -1,6 +1,6 @@
-// Loading weights into a model built unit by unit (train/detail/units.h).
+// Loading weights into a model built unit by unit (parallel/unit_load.h).
 
-#include "train/detail/units.h"
+#include "cohort/parallel/unit_load.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -14,7 +14,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 
-namespace cohort::train::detail {
+namespace cohort::parallel {
 
 namespace {
 
@@ -52,11 +52,7 @@ ckpt::StateDict outsideParts(const models::Model& model, const std::set<std::str
 
 }  // namespace
 
-bool buildsByUnit(const JobConfig& job) {
-  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt;
-}
-
-void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDict dict,
+void loadByUnit(models::Model& model, UnitParts& units, ckpt::StateDict dict,
                 const std::string& origin, ckpt::TensorSource* lazy) {
   // With `lazy`, dict's tensors have no data: each is read just before it
   // is used and given back after, one unit at a time.
@@ -90,7 +86,7 @@ void loadByUnit(models::Model& model, parallel::UnitParts& units, ckpt::StateDic
   ckpt::loadStateDict(outsideParts(model, inParts), dict, origin);
 }
 
-void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::string& dir,
+void resumeByUnit(models::Model& model, UnitParts& units, const std::string& dir,
                   const ckpt::Manifest& m, int stage, const comm::Comm& peers,
                   const std::vector<std::string>& tied) {
   const std::map<std::string, ckpt::StateDict> byUnit = parametersByUnit(model, tied);
@@ -118,7 +114,7 @@ void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::s
   }
   std::set<std::string> inParts;
   for (size_t k = 0; k < order.size(); ++k) {
-    parallel::UnitPart part;
+    UnitPart part;
     for (const auto& [name, t] : byUnit.at(order[k])) {
       part.names.push_back(name);
       inParts.insert(name);
@@ -131,4 +127,4 @@ void resumeByUnit(models::Model& model, parallel::UnitParts& units, const std::s
   log::info("resumed this rank's parameter parts from {} (cut alike): no step held the model", dir);
 }
 
-}  // namespace cohort::train::detail
+}  // namespace cohort::parallel

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "cohort/parallel/ddp.h"
+
 namespace cohort::parallel {
 
 UnitParts::UnitParts(int parts, int index) : count_(parts), index_(index) {}

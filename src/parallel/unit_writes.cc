@@ -1,7 +1,5 @@
 // Writes and digests of a model held in parts, one unit at a time
-// (train/detail/unit_writes.h).
-
-#include "train/detail/unit_writes.h"
+// (Plan::writeByUnit, Plan::frozenDigestByUnit in parallel/plan.h).
 
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -13,13 +11,16 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/weights.h"
 #include "cohort/models/lora.h"
+#include "cohort/parallel/ddp.h"
+#include "cohort/parallel/plan.h"
 
-namespace cohort::train::detail {
+namespace cohort::parallel {
 
-double writeByUnit(parallel::DistributedDataParallel& engine, const models::Model& model, int rank,
-                   const std::string& path, WeightsFormat format, const security::Key* key,
-                   const UnitWrite& what) {
-  const bool root = rank == 0;
+double Plan::writeByUnit(const std::string& path, WeightsFormat format, const security::Key* key,
+                         const UnitWrite& what) {
+  DistributedDataParallel& engine = *engine_;
+  const models::Model& model = *model_;
+  const bool root = mesh_.world.rank == 0;
   std::unique_ptr<ckpt::WeightsWriter> out;
   if (root) out = ckpt::openWeightsWriter(path, format, key);
   std::map<std::string, at::Tensor> byName;
@@ -75,7 +76,9 @@ double writeByUnit(parallel::DistributedDataParallel& engine, const models::Mode
   return ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
 }
 
-std::string frozenDigestByUnit(parallel::DistributedDataParallel& engine, const models::Model& model) {
+std::string Plan::frozenDigestByUnit() {
+  DistributedDataParallel& engine = *engine_;
+  const models::Model& model = *model_;
   std::map<std::string, size_t> bucketOf;
   const auto buckets = engine.frozenBucketNames();
   for (size_t k = 0; k < buckets.size(); ++k) {
@@ -106,4 +109,4 @@ std::string frozenDigestByUnit(parallel::DistributedDataParallel& engine, const 
   return digest.hex();
 }
 
-}  // namespace cohort::train::detail
+}  // namespace cohort::parallel

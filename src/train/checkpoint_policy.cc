@@ -124,9 +124,9 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
   if (bytes > 0 && !co.inPlace) checkpointer_->reserve(bytes);
 }
 
-void CheckpointPolicy::writeParametersInParts(const parallel::DistributedDataParallel& ddp) {
-  std::set<std::string> inParts;
-  for (const auto& names : ddp.bucketParameterNames()) inParts.insert(names.begin(), names.end());
+void CheckpointPolicy::writeParametersInParts(const parallel::Plan& plan) {
+  const std::vector<std::string> held = plan.parametersInParts();
+  const std::set<std::string> inParts(held.begin(), held.end());
   nlohmann::json order = nlohmann::json::array();
   std::vector<ckpt::SnapshotItem> rest;
   for (const ckpt::SnapshotItem& item : modelItems_) {
@@ -136,7 +136,7 @@ void CheckpointPolicy::writeParametersInParts(const parallel::DistributedDataPar
   modelList_ = std::make_shared<const std::vector<ckpt::SnapshotItem>>(std::move(rest));
   // The tensors the optimizer steps: the step waits for their copy.
   std::vector<ckpt::SnapshotItem> parts;
-  const std::vector<at::Tensor> tensors = ddp.optimizerParameters();
+  const std::vector<at::Tensor> tensors = plan.optimizerParameters();
   for (size_t k = 0; k < tensors.size(); ++k) {
     parts.push_back({fmt::format("part{}", k), tensors[k].detach(), false});
   }

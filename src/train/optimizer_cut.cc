@@ -24,22 +24,10 @@ std::string describeLayout(const nlohmann::json& z) {
 
 }  // namespace
 
-nlohmann::json zeroLayout(const JobConfig& job, const parallel::DistributedDataParallel& ddp,
-                          const models::Model& model, int worldSize) {
-  nlohmann::json params = nlohmann::json::object();
-  for (const auto& [name, p] : models::trainableParameters(model)) {
-    params[name] = {{"shape", p.sizes().vec()}, {"strides", p.strides().vec()}};
-  }
-  return {{"stage", job.distribution.zero},
-          {"world_size", worldSize},
-          {"buckets", ddp.bucketParameterNames()},
-          {"params", std::move(params)}};
-}
-
 void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
-                      const parallel::DistributedDataParallel& ddp, const models::Model& model,
-                      const nlohmann::json& layout, const std::string& dir,
-                      const ckpt::Manifest& m, const parallel::CheckpointRole& role) {
+                      const parallel::Plan& plan, const nlohmann::json& layout,
+                      const std::string& dir, const ckpt::Manifest& m) {
+  const parallel::CheckpointRole role = plan.checkpointRole();
   const nlohmann::json was = ckpt::stageZeroLayout(dir, m, role.stage);
   const bool sharded = !layout.is_null();
   // The parts, whatever the stage: the world size, the buckets and each
@@ -61,17 +49,13 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
     // This stage's state read one bucket of the checkpoint's layout at a
     // time: a rank keeping a part of the state never holds it whole.
     ckpt::StageTensors checkpoint(dir, m, role.stage);
-    std::vector<std::vector<ckpt::PartSlice>> parts;
-    for (const auto& slices : ddp.optimizerSlices()) {
-      parts.emplace_back();
-      for (const auto& s : slices) parts.back().push_back({s.param, s.offset, s.length, s.at});
-    }
+    const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
     std::vector<int64_t> sizes;
-    for (const at::Tensor& t : ddp.optimizerParameters()) sizes.push_back(t.numel());
+    for (const at::Tensor& t : plan.optimizerParameters()) sizes.push_back(t.numel());
     loadOptimizerState(optimizer, names,
                        ckpt::partsFromWhole([&](const std::string& name) { return checkpoint.optimizerState(name); },
                                             names, parts, sizes,
-                                            models::trainableParameters(model), dir),
+                                            models::trainableParameters(plan.model()), dir),
                        dir);
   }
   log::info("optimizer state re-cut: {} in the checkpoint, {} in this run", describeLayout(was),

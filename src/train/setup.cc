@@ -17,13 +17,13 @@
 #include "cohort/data/transform.h"
 #include "cohort/models/hf_gpt2.h"
 #include "cohort/models/lora.h"
+#include "cohort/parallel/unit_load.h"
 #include "cohort/security/keys.h"
 #include "cohort/storage/storage.h"
 #include "cohort/train/lr_schedule.h"
 #include "cohort/train/precision.h"
 #include "cohort/train/trainer.h"
 #include "core/detail/json_int.h"
-#include "train/detail/units.h"
 
 namespace cohort::train::detail {
 
@@ -119,6 +119,10 @@ ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data) {
   return mc;
 }
 
+bool buildsByUnit(const JobConfig& job) {
+  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt;
+}
+
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
                       const std::string& resumeFrom, const models::ModelPart& part, int stage) {
   const data::SampleShape& shape = data.shape;
@@ -157,7 +161,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
       // then train beside it, built whole (they are small).
       if (!mc.initFrom.empty()) {
         const auto file = models::openPretrained(mc.initFrom, mc);
-        loadByUnit(model, *s.units, file->entries(), mc.initFrom, file.get());
+        parallel::loadByUnit(model, *s.units, file->entries(), mc.initFrom, file.get());
       }
       s.frozenUnits = std::move(s.units);
       ls = models::attachLora(model, mc.lora);
@@ -190,7 +194,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     const auto file = models::openPretrained(mc.initFrom, mc);
     ckpt::StateDict weights = file->entries();
     if (!part.whole()) weights = models::partOfStateDict(model, std::move(weights));
-    loadByUnit(model, *s.units, std::move(weights), mc.initFrom, file.get());
+    parallel::loadByUnit(model, *s.units, std::move(weights), mc.initFrom, file.get());
     log::info("initialized from {}, one unit at a time", mc.initFrom);
   } else if (!lora && !mc.initFrom.empty() && resumeFrom.empty() && !part.whole()) {
     // A pipeline stage reads its own tensors only, one at a time.
@@ -205,7 +209,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   if (!resumeFrom.empty() && s.units) {
     std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
     if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");
-    resumeByUnit(model, *s.units, resumeFrom, ckpt::readManifest(resumeFrom), stage, comm, tied);
+    parallel::resumeByUnit(model, *s.units, resumeFrom, ckpt::readManifest(resumeFrom), stage, comm, tied);
   } else if (!resumeFrom.empty()) {
     // model.bin (a pipeline stage's file), with ZeRO stage 3's parameter
     // parts put back together.

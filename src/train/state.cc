@@ -17,7 +17,6 @@
 #include "cohort/core/log.h"
 #include "cohort/health/health.h"
 #include "cohort/models/lora.h"
-#include "train/detail/unit_writes.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/metrics.h"
 #include "cohort/security/keys.h"
@@ -26,7 +25,6 @@
 #include "train/detail/memory_fit.h"
 #include "train/detail/optimizer_cut.h"
 #include "train/detail/stages.h"
-#include "train/detail/units.h"
 #include "cohort/parallel/pipeline.h"
 
 namespace cohort::train::detail {
@@ -69,12 +67,11 @@ void saveFrozenBase(const TrainState& s) {
   const bool write = !s.resumed || !std::filesystem::exists(runDir.frozenBase(), ec);
   if (s.model.frozenUnits) {
     if (comm::shareFromRoot(comm, "write model/base.pt", write ? "yes" : "no") != "yes") return;
-    UnitWrite base;
+    parallel::UnitWrite base;
     base.keep = [](const std::string& name) { return !models::isAdapterName(name); };
     base.value = [](const std::string&, const at::Tensor& t) { return t; };
     base.trainable = false;  // the adapters are not in it
-    writeByUnit(s.plan->engine(), s.plan->model(), comm.rank, runDir.frozenBase(), WeightsFormat::pt, finalModelKey(job),
-                base);
+    s.plan->writeByUnit(runDir.frozenBase(), WeightsFormat::pt, finalModelKey(job), base);
   } else if (comm.rank == 0 && write) {
     ckpt::saveStateDict(models::frozenStateDict(*s.model.model), runDir.frozenBase(), finalModelKey(job));
   }
@@ -154,7 +151,7 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
     plan = parallel::dataParallel(s.mesh, s.model.model, options);
   }
   plan->start();
-  log::info("gradient buckets: {} (cap {} MiB)", plan->engine().stats().buckets,
+  log::info("gradient buckets: {} (cap {} MiB)", plan->stats().buckets,
             job.distribution.bucketCapMb);
   return plan;
 }
@@ -171,7 +168,7 @@ void logStage(const TrainState& s, const models::ModelPart& part) {
 
 // The ZeRO log lines: what this rank steps and, at stage 3, gathers.
 void logZero(const TrainState& s) {
-  const parallel::DdpStats ds = s.plan->engine().stats();
+  const parallel::DdpStats ds = s.plan->stats();
   const int64_t stage = s.job.distribution.zero;
   log::info("ZeRO stage {}: this rank steps {} of {} parameter elements (with padding)", stage,
             ds.optimizerElements,
@@ -186,12 +183,10 @@ void logZero(const TrainState& s) {
 // The optimizer over what the plan steps (frozen weights, model.lora, have
 // no optimizer state; with ZeRO this rank's part of each bucket).
 void makeOptimizer(TrainState& s) {
-  const bool sharded = s.job.distribution.zero > 0;
   s.optimizerNames = s.plan->optimizerNames();
-  s.zero = sharded ? zeroLayout(s.job, s.plan->engine(), s.plan->model(), s.mesh.replicas)
-                   : nlohmann::json();
+  s.zero = s.plan->zeroLayout();
   s.optimizer = createOptimizer(s.job.training.optimizer, s.plan->optimizerParameters());
-  if (sharded) logZero(s);
+  if (!s.zero.is_null()) logZero(s);
 }
 
 // The loop's parts: reporter, step runner, checkpoint policy, sample log.
@@ -213,7 +208,7 @@ void makeLoopParts(TrainState& s) {
   s.checkpoints->recordLossScale(s.runner->lossScaler());
   s.checkpoints->recordLoraBase(s.model.frozenDigest);
   if (!s.zero.is_null()) s.checkpoints->recordZero(s.zero);
-  if (job.distribution.zero == 3) s.checkpoints->writeParametersInParts(s.plan->engine());
+  if (job.distribution.zero == 3) s.checkpoints->writeParametersInParts(*s.plan);
   if (s.mesh.pipelined()) {
     nlohmann::json layout = pipelineLayout(job, s.mesh, s.split);
     layout["stage_zero"] = gatherStageLayouts(s.mesh, s.checkpoints->zeroLayout());
@@ -333,7 +328,7 @@ void setUp(TrainState& s) {
   if (!s.model.frozenUnits) saveFrozenBase(s);
   s.plan = makePlan(s);
   if (s.model.frozenUnits) {
-    s.model.frozenDigest = frozenDigestByUnit(s.plan->engine(), s.plan->model());
+    s.model.frozenDigest = s.plan->frozenDigestByUnit();
     if (s.resumed) checkFrozenBase(s);
     saveFrozenBase(s);
   }
@@ -364,8 +359,7 @@ void resume(TrainState& s) {
                                                 static_cast<double>(s.datasets.train->size()));
   }
   if (s.resumed) {
-    restoreOptimizer(*s.optimizer, s.optimizerNames, s.plan->engine(), s.plan->model(), s.zero,
-                     s.options.resumeFrom, *s.resumed, s.plan->checkpointRole());
+    restoreOptimizer(*s.optimizer, s.optimizerNames, *s.plan, s.zero, s.options.resumeFrom, *s.resumed);
   }
   log::info("{} {} x batch {} x {} micro-steps = global batch {}; peak lr {:.6g}; {} steps "
             "per epoch, {} in all",

@@ -36,7 +36,6 @@
 #include "train/detail/memory_fit.h"
 #include "train/detail/stages.h"
 #include "train/detail/state.h"
-#include "train/detail/unit_writes.h"
 #include "cohort/parallel/pipeline.h"
 
 namespace cohort::train {
@@ -196,7 +195,7 @@ void evaluateAfter(TrainState& s, int64_t epoch, bool last) {
 // The summary's memory figures: what this rank held (bench/zero-memory.sh
 // reads every rank's line).
 double recordMemory(TrainState& s) {
-  const parallel::DdpStats ds = s.plan->engine().stats();
+  const parallel::DdpStats ds = s.plan->stats();
   auto& mem = s.summary.memory;
   mem.zeroStage = ds.zeroStage;
   mem.parameterBytes = ds.parameterElements * 4;
@@ -286,12 +285,11 @@ void recordStages(TrainState& s, double peakMb) {
 // unit at a time and writes it before the next (writeByUnit), so no
 // process holds the model.
 void saveFinalByUnit(TrainState& s) {
-  UnitWrite all;
+  parallel::UnitWrite all;
   all.keep = [](const std::string&) { return true; };
   all.value = [](const std::string&, const at::Tensor& t) { return t; };
   const std::string path = finalModelPath(s.job, s.runDir);
-  const double peak = writeByUnit(s.plan->engine(), s.plan->model(), s.comm.rank, path,
-                                  s.job.output.weightsFormat, finalModelKey(s.job), all);
+  const double peak = s.plan->writeByUnit(path, s.job.output.weightsFormat, finalModelKey(s.job), all);
   if (s.comm.rank == 0) {
     log::info("saved {} (one unit at a time); peak resident {:.0f} MB", path, peak);
   }
@@ -308,15 +306,14 @@ void saveMergedByUnit(TrainState& s) {
     auto l = std::dynamic_pointer_cast<models::AdaptableLinearImpl>(m.value());
     if (l && l->adapted()) adapted.emplace(m.key() + ".weight", l);
   }
-  UnitWrite merged;
+  parallel::UnitWrite merged;
   merged.keep = [](const std::string& name) { return !models::isAdapterName(name); };
   merged.value = [&](const std::string& name, const at::Tensor& t) {
     auto it = adapted.find(name);
     return it == adapted.end() ? t : it->second->mergedWeight();
   };
   const std::string path = finalModelPath(s.job, s.runDir);
-  const double peak = writeByUnit(s.plan->engine(), model, s.comm.rank, path, s.job.output.weightsFormat,
-                                  finalModelKey(s.job), merged);
+  const double peak = s.plan->writeByUnit(path, s.job.output.weightsFormat, finalModelKey(s.job), merged);
   if (s.comm.rank == 0) {
     log::info("saved {} (adapters merged, one unit at a time); peak resident {:.0f} MB", path, peak);
   }
@@ -395,7 +392,7 @@ TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   // A SIGTERM from here on changes nothing: this rank is finishing anyway.
   if (summary.stopped) return summary;
   env::pauseForTest("final");
-  const parallel::DdpStats ds = s.plan->engine().stats();
+  const parallel::DdpStats ds = s.plan->stats();
   log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}; "
             "path: {}",
             ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish, parallel::exchangeName(ds.exchange));

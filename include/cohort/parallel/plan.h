@@ -13,7 +13,13 @@
 //     finished                  gradientSquaredNorm(), scaleGradients(),
 //                               afterOptimizerStep(), zeroGrad()
 //   which files a checkpoint  checkpointRole(): the stage's file names, and
-//     writes                    whether this rank writes the shared ones
+//     writes                    whether this rank writes the shared ones;
+//                               zeroLayout(), optimizerSlices(),
+//                               parametersInParts(): how the optimizer state
+//                               and (ZeRO stage 3) the parameters are cut
+//   what the whole model is   writeByUnit(), frozenDigestByUnit(): written
+//     when held in parts        or hashed one unit at a time
+//   what the exchange did     stats()
 //   the sampler's split       dataRank(), dataWorld(): the replica, not the
 //                               job rank
 //
@@ -26,6 +32,7 @@
 // forward of this rank's part and, where the model's output is, the loss.
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -33,11 +40,19 @@
 #include <string>
 #include <vector>
 
+#include "cohort/ckpt/zero_state.h"
+#include "cohort/config/choices.h"
 #include "cohort/models/model.h"
-#include "cohort/parallel/ddp.h"
 #include "cohort/parallel/mesh.h"
+#include "cohort/parallel/options.h"
+
+namespace cohort::security {
+struct Key;
+}
 
 namespace cohort::parallel {
+
+class DistributedDataParallel;
 
 class MicroBatchOps {
  public:
@@ -60,6 +75,17 @@ struct RoundTimes {
   double exposedComm = 0;  // shared-memory gradient sums, which run inside backward
   double waiting = 0;      // pipeline: blocked on a neighbour's activations or gradients
   double transfer = 0;     // pipeline: sending and receiving them
+};
+
+// What Plan::writeByUnit writes of the published state dict
+// (models::publishedStateDict names), and the value written for one (given
+// the model's tensor, gathered).
+struct UnitWrite {
+  std::function<bool(const std::string&)> keep;
+  std::function<at::Tensor(const std::string&, const at::Tensor&)> value;
+  // Whether each unit's trainable bucket is gathered with it: false when
+  // neither `keep` nor `value` reads a trainable parameter (model/base.pt).
+  bool trainable = true;
 };
 
 // The files of a checkpoint this rank writes (ckpt/rank_state.h names them).
@@ -89,9 +115,9 @@ class Plan {
 
   models::Model& model() { return *model_; }
   const models::Model& model() const { return *model_; }
-  // The data-parallel engine over this rank's part, among its data group.
-  DistributedDataParallel& engine() { return *engine_; }
-  const DistributedDataParallel& engine() const { return *engine_; }
+  // What the exchange among the data group did and what this rank holds
+  // (buckets, path, ZeRO's elements): for logs and summary.json.
+  DdpStats stats() const;
 
   // Every rank of the data group takes its rank 0's parameters and buffers,
   // and the model runs its units through the engine (ZeRO stage 3).
@@ -132,6 +158,33 @@ class Plan {
   bool holdsOutput() const { return mesh_.lastStage(); }
 
   virtual CheckpointRole checkpointRole() const;
+  // ZeRO (stats().zeroStage > 0): how the optimizer state is cut into
+  // parts, as each manifest records it (extra.zero): the stage, the
+  // replicas, the buckets' parameter names, each trainable parameter's
+  // shape and strides. Null without ZeRO.
+  nlohmann::json zeroLayout() const;
+  // Which elements of the trainable parameters each of
+  // optimizerParameters() holds (ckpt::partsFromWhole cuts a checkpoint's
+  // state with them).
+  std::vector<std::vector<ckpt::PartSlice>> optimizerSlices() const;
+  // ZeRO stage 3: the parameters whose values this rank holds only as its
+  // parts (optimizerParameters()); a checkpoint writes the parts instead.
+  std::vector<std::string> parametersInParts() const;
+
+  // A model held in parts (ZeRO stage 3, docs/zero.md), written by the
+  // job's rank 0 to `path` (in `format`, sealed with `key` if set) in the
+  // published state dict's order: each unit's trainable and frozen buckets
+  // gathered on it together, written and released before the next (the
+  // other ranks send their parts), then the rest (buffers, tied names). No
+  // process holds the whole model. Collective. Returns rank 0's peak
+  // resident MB (0 elsewhere). (unit_writes.cc)
+  double writeByUnit(const std::string& path, WeightsFormat format, const security::Key* key,
+                     const UnitWrite& what);
+  // models::frozenDigest of a model whose frozen parameters are held in
+  // parts (DdpOptions::shardFrozen): every rank gathers each frozen unit in
+  // turn and hashes the parameters in the model's order, the same bytes as
+  // frozenDigest. Collective.
+  std::string frozenDigestByUnit();
 
   // The final save (model/final.pt): gatherForSave() brings what the job's
   // rank 0 reads (ZeRO stage 3: every parameter, until releaseParameters());

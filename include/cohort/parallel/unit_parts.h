@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "cohort/core/checksum.h"
-#include "cohort/parallel/ddp.h"
+#include "cohort/models/unit_runner.h"
+#include "cohort/parallel/options.h"
 
 namespace cohort::parallel {
 

@@ -50,7 +50,7 @@ double optimizerCopies(const OptimizerConfig& optimizer);
 // of the trainable parameters, their gradients and the optimizer's state,
 // the frozen weights and buffers whole; at stage 3 one unit whole, at stage
 // 2 two buckets of `bucketCapMb`. `byUnit`: the model is built unit by unit
-// (train/detail/units.h), so no step holds it whole, and at stage 3 its
+// (parallel/unit_load.h), so no step holds it whole, and at stage 3 its
 // frozen weights are held in parts as the trainable ones, gathered with
 // their unit.
 StateBytes stateBytes(const ModelElements& model, int stage, int world, const OptimizerConfig& optimizer,

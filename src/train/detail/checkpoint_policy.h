@@ -66,13 +66,13 @@ class CheckpointPolicy {
   // (extra.lora_base_digest; models::frozenDigest).
   void recordLoraBase(std::string digest) { loraBaseDigest_ = std::move(digest); }
   // distribution.zero > 0: each manifest records how the optimizer state is
-  // cut into parts (extra.zero: zeroLayout()).
+  // cut into parts (extra.zero: Plan::zeroLayout()).
   void recordZero(nlohmann::json layout) { zero_ = std::move(layout); }
-  // distribution.zero 3: the parameters are held in parts, and each rank
-  // writes its parts (ckpt::modelPartFile) as it does its optimizer state;
+  // distribution.zero 3: the parameters are held in parts
+  // (Plan::parametersInParts), and each rank writes its parts (ckpt::modelPartFile) as it does its optimizer state;
   // model.bin holds the rest of the model, and extra.zero says how to put
   // it together (ckpt::CheckpointTensors). Call after recordZero.
-  void writeParametersInParts(const parallel::DistributedDataParallel& ddp);
+  void writeParametersInParts(const parallel::Plan& plan);
   // The ZeRO layout recorded (with writeParametersInParts's additions);
   // null without ZeRO.
   const nlohmann::json& zeroLayout() const { return zero_; }

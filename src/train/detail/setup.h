@@ -15,9 +15,9 @@
 #include "cohort/data/dataset.h"
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
-#include "cohort/parallel/ddp.h"
-#include "cohort/parallel/unit_parts.h"
 #include "cohort/models/model.h"
+#include "cohort/parallel/options.h"
+#include "cohort/parallel/unit_parts.h"
 #include "cohort/security/keys.h"
 #include "cohort/train/compute.h"
 
@@ -34,6 +34,10 @@ struct Datasets {
 // read-only). Throws DataError when the evaluation samples' shape differs.
 Datasets openDatasets(const JobConfig& job);
 
+// ZeRO stage 3 on a model with sharding units (the GPT; with model.lora its
+// frozen base is built and loaded unit by unit, the adapters whole).
+bool buildsByUnit(const JobConfig& job);
+
 struct ModelSetup {
   std::shared_ptr<models::Model> model;
   ModelConfig config;     // job.model with in_channels (images) or vocab_size (tokens) from the data
@@ -42,7 +46,7 @@ struct ModelSetup {
   int64_t parameters = 0;
   int64_t trainable = 0;    // parameters that train (with model.lora: the adapters')
   // model.lora: models::frozenDigest (with frozenUnits, empty until the
-  // plan can gather them: frozenDigestByUnit).
+  // plan can gather them: Plan::frozenDigestByUnit).
   std::string frozenDigest;
   // ZeRO stage 3 built unit by unit (buildsByUnit): this rank's parts,
   // for the engine (DdpOptions::presharded); null otherwise. With
