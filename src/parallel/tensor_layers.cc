@@ -1,0 +1,151 @@
+// Tensor parallelism's layers and exchanges (parallel/tensor_layers.h).
+
+#include "cohort/parallel/tensor_layers.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include "cohort/core/error.h"
+
+namespace cohort::parallel {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels through autograd's context as its address: the module
+// (or the caller) that owns it outlives the graph's backward.
+void keep(AutogradContext* ctx, const comm::Comm* group) {
+  ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
+}
+const comm::Comm& groupOf(AutogradContext* ctx) {
+  return *reinterpret_cast<const comm::Comm*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+}
+
+at::Tensor summed(const at::Tensor& x, const comm::Comm& group, const char* what) {
+  at::Tensor t = x.contiguous().clone();
+  comm::allreduceSum(group, t, what);
+  return t;
+}
+
+void maxInPlace(const comm::Comm& group, at::Tensor& t, const char* what) {
+  if (group.worldSize == 1) return;
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  comm::wait(group.pg->allreduce(v, o), group, what);
+}
+
+struct CopyToSlices : torch::autograd::Function<CopyToSlices> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const comm::Comm* group) {
+    keep(ctx, group);
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {summed(grads[0], groupOf(ctx), "tensor-parallel input gradient sum"), at::Tensor()};
+  }
+};
+
+struct SumOfSlices : torch::autograd::Function<SumOfSlices> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, const comm::Comm* group) {
+    return summed(x, *group, "tensor-parallel output sum");
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
+};
+
+struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
+                            int64_t first, const comm::Comm* group) {
+    const at::Tensor x = logits.to(torch::kFloat32);
+    const int64_t n = x.size(0), width = x.size(1);
+    // Each row's maximum over the whole vocabulary, for a stable exponent.
+    at::Tensor top = std::get<0>(x.max(1)).contiguous();
+    maxInPlace(*group, top, "tensor-parallel cross-entropy maximum");
+    const at::Tensor shifted = x - top.unsqueeze(1);
+    const at::Tensor e = shifted.exp();
+    at::Tensor total = e.sum(1).contiguous();
+    comm::allreduceSum(*group, total, "tensor-parallel cross-entropy sum of exponentials");
+    // The target's logit, from the rank whose columns hold it.
+    at::Tensor local = target.to(torch::kLong) - first;
+    const at::Tensor outside = (local < 0).logical_or(local >= width);
+    local = local.masked_fill(outside, 0);
+    at::Tensor picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(outside, 0.0).contiguous();
+    comm::allreduceSum(*group, picked, "tensor-parallel cross-entropy target logits");
+    ctx->save_for_backward({e / total.unsqueeze(1), local, outside});
+    ctx->saved_data["type"] = static_cast<int64_t>(logits.scalar_type());
+    return (total.log() - picked).sum() / static_cast<double>(n);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor& local = saved[1];
+    const at::Tensor& outside = saved[2];
+    // d(mean loss)/d(logit) = (softmax - one-hot of the target) / N.
+    at::Tensor g = softmax.clone();
+    const at::Tensor hit = outside.logical_not().to(torch::kFloat32).neg();
+    g.scatter_add_(1, local.unsqueeze(1), hit.unsqueeze(1));
+    g.mul_(grads[0] / static_cast<double>(softmax.size(0)));
+    const auto type = static_cast<at::ScalarType>(ctx->saved_data["type"].toInt());
+    return {g.to(type), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor copyToSlices(const at::Tensor& x, const comm::Comm& group) {
+  if (group.worldSize == 1) return x;
+  return CopyToSlices::apply(x, &group);
+}
+
+at::Tensor sumOfSlices(const at::Tensor& x, const comm::Comm& group) {
+  if (group.worldSize == 1) return x;
+  return SumOfSlices::apply(x, &group);
+}
+
+at::Tensor sliceOf(const at::Tensor& whole, int64_t dim, int parts, int index) {
+  const int64_t size = whole.size(dim);
+  if (parts <= 0 || size % parts != 0) {
+    throw ConfigError(fmt::format("a tensor of shape [{}] cannot be cut into {} equal slices along dimension {}",
+                                  fmt::join(whole.sizes(), ", "), parts, dim));
+  }
+  const int64_t width = size / parts;
+  return whole.narrow(dim, width * index, width).contiguous().clone();
+}
+
+SplitLinearImpl::SplitLinearImpl(at::Tensor w, at::Tensor b, comm::Comm group) : group_(std::move(group)) {
+  weight = register_parameter("weight", std::move(w));
+  if (b.defined()) bias = register_parameter("bias", std::move(b));
+}
+
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
+  return torch::nn::functional::linear(copyToSlices(x, group_), weight, bias);
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = sumOfSlices(torch::nn::functional::linear(x, weight), group_);
+  return bias.defined() ? y + bias : y;
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(at::Tensor w, int64_t first, comm::Comm group)
+    : first_(first), group_(std::move(group)) {
+  weight = register_parameter("weight", std::move(w));
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
+  at::Tensor local = tokens - first_;
+  const at::Tensor outside = (local < 0).logical_or(local >= weight.size(0));
+  local = local.masked_fill(outside, 0);
+  const at::Tensor rows = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  return sumOfSlices(rows, group_);
+}
+
+at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, int64_t first,
+                                     const comm::Comm& group) {
+  COHORT_ASSERT(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+                "vocab-parallel cross-entropy takes logits [N, V/T] and targets [N]");
+  return VocabCrossEntropy::apply(logits, target, first, &group);
+}
+
+}  // namespace cohort::parallel
