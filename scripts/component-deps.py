@@ -10,7 +10,13 @@ uses only those above it.
 
   scripts/component-deps.py            print the table
   scripts/component-deps.py --write    rewrite docs/architecture.md's table
-  scripts/component-deps.py --check    exit 1 if docs/architecture.md's table differs
+  scripts/component-deps.py --check    exit 1 if docs/architecture.md's table differs,
+                                       or a file includes a header its place may not
+
+What no component but parallel/ may include: the concrete data-parallel
+engine (parallel/ddp.h). The training loop and the checkpoint files talk to
+parallel::Plan (docs/architecture.md, "Parallelism"); the plan's own header
+may not hand the engine out either.
 """
 import os
 import re
@@ -23,6 +29,12 @@ END = "<!-- /component-deps -->"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:cohort/)?([a-z_]+)/')
 # Directories under src/ that are not components.
 NOT_COMPONENTS = {"pch"}
+# Headers only some places may include: (header, the paths that may).
+PRIVATE_HEADERS = (
+    ("cohort/parallel/ddp.h", ("src/parallel/", "include/cohort/parallel/ddp.h")),
+)
+# Paths checked against PRIVATE_HEADERS besides the sources of the library.
+ALSO_CHECKED = ("include/cohort/parallel/plan.h", "include/cohort/parallel/pipeline.h")
 
 
 def components():
@@ -51,6 +63,25 @@ def uses(known):
                         if m and m.group(1) in known and m.group(1) != comp:
                             deps[comp].add(m.group(1))
     return deps
+
+
+def forbidden():
+    """Lines that include a header their file may not: "path:line: header"."""
+    found = []
+    for base in ("src", os.path.join("include", "cohort")):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
+            for f in sorted(files):
+                if not f.endswith((".h", ".cc")):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, f), ROOT)
+                with open(os.path.join(ROOT, path), encoding="utf-8") as text:
+                    for number, line in enumerate(text, 1):
+                        for header, allowed in PRIVATE_HEADERS:
+                            if f'"{header}"' not in line or not line.lstrip().startswith("#"):
+                                continue
+                            if path in ALSO_CHECKED or not path.startswith(allowed):
+                                found.append(f"{path}:{number}: includes {header}")
+    return found
 
 
 def ordered(deps):
@@ -94,8 +125,11 @@ def main():
         return 1
     current = doc[start + len(BEGIN):end].strip("\n") + "\n"
     if sys.argv[1] == "--check":
+        bad = forbidden()
+        for line in bad:
+            print(f"component-deps: {line}, which only parallel/ may (talk to parallel::Plan)", file=sys.stderr)
         if current == generated:
-            return 0
+            return 1 if bad else 0
         print("component-deps: docs/architecture.md's component table is out of date; run "
               "scripts/component-deps.py --write. It should read:\n" + generated, file=sys.stderr)
         return 1
