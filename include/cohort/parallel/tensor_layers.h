@@ -22,7 +22,9 @@
 // slices without forming the whole logits on any rank.
 //
 // Every module keeps a copy of `group` (its process group is shared), and
-// the group must work for as long as the module computes.
+// the group must work for as long as the module computes. The functions
+// keep the address of the `group` they are given for their backward: it
+// must outlive the graph's backward (a member of the model, or the mesh).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
