@@ -5,13 +5,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstring>
+
 #include "cohort/core/signals.h"
+#include "cohort/launch/fork_server.h"
 
 #include "base.h"
 #include "common.h"
 #include "engine.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int engineMain(int argc, char** argv) {
   // Before anything else: a stop sent while this process (or cohort-torch,
   // which it becomes) starts waits until it is taken (core/signals.h).
   cohort::holdStopSignals(argc > 1 ? argv[1] : nullptr);
@@ -30,4 +35,15 @@ int main(int argc, char** argv) {
   } catch (...) {
     return cli::reportEngineException();
   }
+}
+
+}  // namespace
+
+// `cohort-torch --fork-server`: the process a launcher forks its ranks from
+// (launch/fork_server.h); each fork runs engineMain as a started program.
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], cohort::launch::kForkServerArg) == 0) {
+    return cohort::launch::serveForks(argc, argv, engineMain);
+  }
+  return engineMain(argc, argv);
 }

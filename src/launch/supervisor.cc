@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cohort/core/log.h"
+#include "cohort/launch/fork_server.h"
 #include "cohort/launch/spawn.h"
 
 namespace cohort::launch {
@@ -23,7 +24,11 @@ void Supervisor::start(int rank, const std::string& exe, const std::vector<std::
                        const std::vector<std::string>* env, const sigset_t* mask, const char* what) {
   Child c;
   c.rank = rank;
-  c.pid = spawn(exe, args, env, mask, what);
+  // cohort-torch's ranks fork from a process with LibTorch loaded
+  // (fork_server.h); any other program, or when that fails, by exec.
+  ForkServer* server = ForkServer::forEngine(exe);
+  c.pid = server != nullptr ? server->start(args, env, mask) : -1;
+  if (c.pid < 0) c.pid = spawn(exe, args, env, mask, what);
   c.running = true;
   children_.push_back(c);
 }

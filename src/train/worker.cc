@@ -20,6 +20,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/core/signals.h"
+#include "cohort/launch/fork_server.h"
 #include "cohort/monitor/progress.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/monitor/watchdog.h"
@@ -211,8 +212,11 @@ int runWorker(const WorkerOptions& o) {
   if (heldDir) {
     if (const auto node = env::nodeId()) fence::install(runDir.root, *node, restarts);
   }
-  log::info("cohort worker: {} started by {}, {} threads, store {}:{}", tag,
-            re.agentStore ? "cohort run" : re.source, threads, re.masterAddr, re.masterPort);
+  const pid_t forkServer = launch::forkServerOfThisRank();
+  log::info("cohort worker: {} started by {}{}, {} threads, store {}:{}", tag,
+            re.agentStore ? "cohort run" : re.source,
+            forkServer > 0 ? fmt::format(" (forked from its fork server, pid {})", forkServer) : "", threads,
+            re.masterAddr, re.masterPort);
   // The timeline outlives the watchdog, whose thread may flush it.
   std::unique_ptr<monitor::Timeline> timeline;
   if (job.output.timeline) {

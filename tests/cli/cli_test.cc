@@ -55,14 +55,15 @@ TEST(Cli, TheFrontEndLoadsNoLibTorchAndHandsTheOtherCommandsToCohortTorch) {
   }
 
   // While `cohort run` trains (its rank 0 held up after step 2), the
-  // launcher has no LibTorch mapped and its ranks have.
+  // launcher has no LibTorch mapped and its children have: the fork server
+  // its ranks are forked from (launch/fork_server.h) and the 2 ranks.
   test::Process run({test::cohortBin(), "run", dir.file("job.yaml"), "--procs", "2", "--run-dir", dir.file("run")},
                     {{"COHORT_FAULT", "sleep30@rank0:step2"}});
   std::vector<pid_t> ranks;
   ASSERT_TRUE(test::waitUntil(
       [&] {
         ranks = run.children();
-        if (ranks.size() != 2) return false;
+        if (ranks.size() != 3) return false;
         for (pid_t r : ranks) {
           if (mapsOf(r).find("libtorch_cpu") == std::string::npos) return false;
         }

@@ -165,7 +165,14 @@ std::string scrapeMetrics(int port) {
 std::vector<pid_t> childrenOf(pid_t pid) {
   std::vector<pid_t> out;
   std::ifstream in(fmt::format("/proc/{}/task/{}/children", pid, pid));
-  for (pid_t p; in >> p;) out.push_back(p);
+  for (pid_t p; in >> p;) {
+    // Not the fork server the ranks are forked from (launch/fork_server.h).
+    std::ifstream cmdline(fmt::format("/proc/{}/cmdline", p), std::ios::binary);
+    std::string program, first;
+    std::getline(cmdline, program, '\0');
+    std::getline(cmdline, first, '\0');
+    if (first != "--fork-server") out.push_back(p);
+  }
   return out;
 }
 

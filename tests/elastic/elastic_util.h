@@ -72,7 +72,8 @@ bool expectAllExitZero(const std::vector<std::unique_ptr<Process>>& agents, std:
 // GET http://127.0.0.1:port/metrics: the body, or "" when nothing answers.
 std::string scrapeMetrics(int port);
 
-// Pids of the direct children of `pid`.
+// Pids of the direct children of `pid` but its fork server: an agent's
+// ranks.
 std::vector<pid_t> childrenOf(pid_t pid);
 
 }  // namespace cohort::test
