@@ -1,0 +1,146 @@
+// The GPT split over T ranks (parallel/tensor_gpt.h), each rank a thread
+// with its own process group and random generator: every rank's slices are
+// the whole model's of the same seed, bitwise; the logits' slices, the loss
+// and every parameter's gradient are the whole model's within float32
+// rounding; splits that cannot work are refused naming the key.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "cohort/core/error.h"
+#include "cohort/models/gpt.h"
+#include "cohort/parallel/tensor_gpt.h"
+#include "util/rank_threads.h"
+
+// A namespace of its own: the file shares a unity batch with others.
+namespace cohort::parallel::tensor_gpt_test {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr uint64_t kSeed = 11;
+
+models::GptOptions options() {
+  models::GptOptions o;
+  o.vocabSize = 64;
+  o.blockSize = 8;
+  o.nLayer = 2;
+  o.nHead = 4;
+  o.nEmbd = 16;
+  return o;
+}
+
+// The whole model of kSeed, the loss of a batch and every gradient.
+struct Whole {
+  std::map<std::string, at::Tensor> params, grads;
+  at::Tensor tokens, targets, logits;
+  double loss = 0;
+  explicit Whole(const models::GptOptions& o) {
+    torch::manual_seed(kSeed);
+    auto model = models::createGpt(o);
+    tokens = torch::randint(o.vocabSize, {3, o.blockSize}, torch::kLong);
+    targets = torch::randint(o.vocabSize, {3, o.blockSize}, torch::kLong);
+    logits = model->forward(tokens);
+    const at::Tensor l = torch::cross_entropy_loss(logits.reshape({-1, o.vocabSize}), targets.reshape({-1}));
+    l.backward();
+    loss = l.item<double>();
+    logits = logits.detach();
+    for (const auto& p : model->named_parameters()) {
+      params[p.key()] = p.value().detach().clone();
+      grads[p.key()] = p.value().grad().clone();
+    }
+  }
+};
+
+class TensorGpt : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
+  const int t = GetParam();
+  for (const bool bias : {true, false}) {
+    models::GptOptions o = options();
+    o.bias = bias;
+    const Whole whole(o);
+    test::withRankThreads(t, "tp-gpt-" + std::to_string(t) + (bias ? "b" : ""), [&](const comm::Comm& group) {
+      const int r = group.rank;
+      const std::string at = "rank " + std::to_string(r) + (bias ? "" : " (no bias)");
+      auto model = createTensorParallelGpt(o, group, at::make_generator<at::CPUGeneratorImpl>(kSeed));
+      // The same names as the whole model's, each this rank's slice, bitwise.
+      const auto named = model->named_parameters();
+      ASSERT_EQ(named.size(), whole.params.size()) << at;
+      for (const auto& p : named) {
+        ASSERT_EQ(whole.params.count(p.key()), 1u) << at << ": " << p.key();
+        const at::Tensor want = sliceByCut(whole.params.at(p.key()), gptTensorCut(p.key()), t, r);
+        EXPECT_TRUE(torch::equal(p.value().detach(), want)) << at << ": " << p.key();
+      }
+      const at::Tensor logits = model->forward(whole.tokens);
+      const int64_t width = o.vocabSize / t;
+      ASSERT_EQ(logits.size(2), width) << at;
+      EXPECT_EQ(model->vocabFirst(), r * width);
+      EXPECT_LE((logits.detach() - whole.logits.narrow(2, r * width, width)).abs().max().item<double>(), kTolerance)
+          << at << ": logits";
+      const at::Tensor loss = model->loss(logits, whole.targets);
+      EXPECT_NEAR(loss.item<double>(), whole.loss, kTolerance) << at;
+      loss.backward();
+      for (const auto& p : named) {
+        const at::Tensor want = sliceByCut(whole.grads.at(p.key()), gptTensorCut(p.key()), t, r);
+        ASSERT_TRUE(p.value().grad().defined()) << at << ": " << p.key();
+        EXPECT_LE((p.value().grad() - want).abs().max().item<double>(), kTolerance) << at << ": " << p.key() << " grad";
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorGpt, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// A tensor larger than a drawing piece (2^18 elements) and of a size 16
+// does not divide: slices still the whole model's, bitwise.
+TEST(TensorGptBuild, TensorsLargerThanAPieceAreDrawnExactly) {
+  models::GptOptions o = options();
+  o.nEmbd = 260;  // c_fc: [1040, 260], 270400 elements, two pieces
+  o.nHead = 4;
+  o.vocabSize = 1026;  // wte: [1026, 260], 266760 elements, two pieces, 266760 % 16 = 8
+  o.nLayer = 1;
+  o.blockSize = 9;  // wpe: [9, 260], 2340 elements, 2340 % 16 = 4
+  torch::manual_seed(kSeed);
+  auto whole = models::createGpt(o);
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
+  test::withRankThreads(2, "tp-gpt-large", [&](const comm::Comm& group) {
+    auto model = createTensorParallelGpt(o, group, at::make_generator<at::CPUGeneratorImpl>(kSeed));
+    for (const auto& p : model->named_parameters()) {
+      const at::Tensor want = sliceByCut(params.at(p.key()), gptTensorCut(p.key()), 2, group.rank);
+      EXPECT_TRUE(torch::equal(p.value().detach(), want)) << "rank " << group.rank << ": " << p.key();
+    }
+  });
+}
+
+TEST(TensorGptBuild, SplitsThatCannotWorkAreRefusedNamingTheKey) {
+  auto refused = [](models::GptOptions o, int t) {
+    try {
+      checkGptTensorSplit(o, t);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refused(options(), 3).find("model.n_head (4) is not divisible by 3"), std::string::npos)
+      << refused(options(), 3);
+  models::GptOptions o = options();
+  o.nHead = 8;
+  o.nEmbd = 24;
+  o.vocabSize = 60;
+  EXPECT_NE(refused(o, 8).find("model.vocab_size (60) is not divisible by 8"), std::string::npos) << refused(o, 8);
+  o = options();
+  o.dropout = 0.1;
+  EXPECT_NE(refused(o, 2).find("model.dropout"), std::string::npos);
+  o = options();
+  o.recompute = true;
+  EXPECT_NE(refused(o, 2).find("model.recompute"), std::string::npos);
+  EXPECT_EQ(refused(options(), 2), "");
+}
+
+}  // namespace
+}  // namespace cohort::parallel::tensor_gpt_test
