@@ -129,16 +129,27 @@ void drawEmbeddingDefaults(int64_t n, int64_t dim, const Generator& gen) {
 
 // ---- The split model's modules -------------------------------------------
 
-// A module that only holds named tensors (wpe, the LayerNorms).
+// A module that only holds a tensor (wpe): "weight".
 class HolderImpl : public nn::Module {
  public:
-  at::Tensor add(const std::string& name, at::Tensor t) { return register_parameter(name, std::move(t)); }
+  explicit HolderImpl(at::Tensor w) : weight(register_parameter("weight", std::move(w))) {}
+  at::Tensor weight;
 };
 TORCH_MODULE(Holder);
 
-at::Tensor layerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return torch::layer_norm(x, {w.size(0)}, w, b, 1e-5);
-}
+// The GPT's LayerNorm (models/gpt.cc): ones and zeros, the bias optional.
+class NormImpl : public nn::Module {
+ public:
+  NormImpl(int64_t n, bool bias) {
+    weight_ = register_parameter("weight", at::ones({n}));
+    if (bias) bias_ = register_parameter("bias", at::zeros({n}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return torch::layer_norm(x, {weight_.size(0)}, weight_, bias_, 1e-5); }
+
+ private:
+  at::Tensor weight_, bias_;
+};
+TORCH_MODULE(Norm);
 
 class AttentionImpl : public nn::Module {
  public:
@@ -146,9 +157,11 @@ class AttentionImpl : public nn::Module {
       : heads_(heads), qkv_(register_module("c_attn", std::move(qkv))), proj_(register_module("c_proj", std::move(proj))) {}
 
   // x [B, S, C] whole -> [B, S, C] whole: this rank's heads, then one sum.
-  at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), s = x.size(1), local = qkv_->weight.size(0) / 3, d = local / heads_;
-    const std::vector<at::Tensor> qkv = qkv_(x).split(local, 2);
+  // `sequence`: x and the result are this rank's slice of the sequence.
+  at::Tensor forward(const at::Tensor& x, bool sequence) {
+    const at::Tensor all = sequence ? qkv_->forwardGathered(x, 1) : qkv_(x);
+    const int64_t b = all.size(0), s = all.size(1), local = qkv_->weight.size(0) / 3, d = local / heads_;
+    const std::vector<at::Tensor> qkv = all.split(local, 2);
     auto split = [&](const at::Tensor& m) { return m.reshape({b, s, heads_, d}).transpose(1, 2); };
     const at::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
     // As models/gpt.cc computes it: the mask and the scale in one product.
@@ -158,7 +171,7 @@ class AttentionImpl : public nn::Module {
                          .view({b, heads_, s, s});
     att = torch::softmax(att, -1);
     const at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, s, local});
-    return proj_(y);
+    return sequence ? proj_->forwardScattered(y, 1) : proj_(y);
   }
 
  private:
@@ -183,7 +196,10 @@ class MlpImpl : public nn::Module {
       : approximate_(tanh ? "tanh" : "none"),
         fc_(register_module("c_fc", std::move(fc))),
         proj_(register_module("c_proj", std::move(proj))) {}
-  at::Tensor forward(const at::Tensor& x) { return proj_(torch::gelu(fc_(x), approximate_)); }
+  at::Tensor forward(const at::Tensor& x, bool sequence) {
+    if (sequence) return proj_->forwardScattered(torch::gelu(fc_->forwardGathered(x, 1), approximate_), 1);
+    return proj_(torch::gelu(fc_(x), approximate_));
+  }
 
  private:
   const char* approximate_;
@@ -194,22 +210,18 @@ TORCH_MODULE(Mlp);
 
 class BlockImpl : public nn::Module {
  public:
-  BlockImpl(Holder ln1, Attention attn, Holder ln2, Mlp mlp)
+  BlockImpl(Norm ln1, Attention attn, Norm ln2, Mlp mlp)
       : ln1_(register_module("ln_1", std::move(ln1))),
         attn_(register_module("attn", std::move(attn))),
         ln2_(register_module("ln_2", std::move(ln2))),
         mlp_(register_module("mlp", std::move(mlp))) {}
-  at::Tensor forward(at::Tensor x) {
-    x = x + attn_(norm(*ln1_, x));
-    return x + mlp_(norm(*ln2_, x));
+  at::Tensor forward(at::Tensor x, bool sequence) {
+    x = x + attn_->forward(ln1_(x), sequence);
+    return x + mlp_->forward(ln2_(x), sequence);
   }
 
  private:
-  static at::Tensor norm(HolderImpl& ln, const at::Tensor& x) {
-    const auto& p = ln.named_parameters(false);
-    return layerNorm(x, p["weight"], p.contains("bias") ? p["bias"] : at::Tensor());
-  }
-  Holder ln1_, ln2_;
+  Norm ln1_, ln2_;
   Attention attn_;
   Mlp mlp_;
 };
@@ -217,8 +229,9 @@ TORCH_MODULE(Block);
 
 class SplitGpt : public TensorParallelGpt {
  public:
-  SplitGpt(const models::GptOptions& o, const comm::Comm& group, const Generator& gen)
-      : group_(group), blockSize_(o.blockSize) {
+  SplitGpt(const models::GptOptions& o, const comm::Comm& group, const TensorSplitOptions& split,
+           const Generator& gen)
+      : group_(group), blockSize_(o.blockSize), sequence_(split.sequenceParallel && group.worldSize > 1) {
     const int t = group.worldSize, r = group.rank;
     const int64_t c = o.nEmbd, v = o.vocabSize;
     vocabFirst_ = r * (v / t);
@@ -243,27 +256,19 @@ class SplitGpt : public TensorParallelGpt {
       const TensorCut cut = gptTensorCut(name);
       return at::zeros({cut.split() ? n / t : n});
     };
-    auto norm = [&](const std::string& name) {
-      Holder ln;
-      ln->add("weight", at::ones({c}));
-      if (o.bias) ln->add("bias", at::zeros({c}));
-      (void)name;
-      return ln;
-    };
     auto transformer = register_module("transformer", std::make_shared<nn::Module>());
     wte_ = transformer->register_module(
         "wte", VocabParallelEmbedding(weight("transformer.wte.weight", {v, c}), vocabFirst_, group_));
-    wpe_ = transformer->register_module("wpe", Holder());
-    wpe_->add("weight", weight("transformer.wpe.weight", {o.blockSize, c}));
+    wpe_ = transformer->register_module("wpe", Holder(weight("transformer.wpe.weight", {o.blockSize, c})));
     auto h = transformer->register_module("h", std::make_shared<nn::Module>());
     for (int64_t i = 0; i < o.nLayer; ++i) {
       const std::string p = fmt::format("transformer.h.{}.", i);
-      Holder ln1 = norm(p + "ln_1");
+      Norm ln1(c, o.bias);
       at::Tensor qkvW = weight(p + "attn.c_attn.weight", {3 * c, c});
       at::Tensor qkvB = o.bias ? zeros(p + "attn.c_attn.bias", 3 * c) : at::Tensor();
       at::Tensor projW = weight(p + "attn.c_proj.weight", {c, c});
       at::Tensor projB = o.bias ? zeros(p + "attn.c_proj.bias", c) : at::Tensor();
-      Holder ln2 = norm(p + "ln_2");
+      Norm ln2(c, o.bias);
       at::Tensor fcW = weight(p + "mlp.c_fc.weight", {4 * c, c});
       at::Tensor fcB = o.bias ? zeros(p + "mlp.c_fc.bias", 4 * c) : at::Tensor();
       at::Tensor mlpW = weight(p + "mlp.c_proj.weight", {c, 4 * c});
@@ -273,7 +278,7 @@ class SplitGpt : public TensorParallelGpt {
       Mlp mlp(ColumnParallelLinear(fcW, fcB, group_), RowParallelLinear(mlpW, mlpB, group_), o.geluTanh);
       blocks_.push_back(h->register_module(std::to_string(i), Block(ln1, attn, ln2, mlp)));
     }
-    lnF_ = transformer->register_module("ln_f", norm("transformer.ln_f"));
+    lnF_ = transformer->register_module("ln_f", Norm(c, o.bias));
   }
 
   int64_t vocabFirst() const override { return vocabFirst_; }
@@ -286,13 +291,40 @@ class SplitGpt : public TensorParallelGpt {
     if (s > blockSize_) {
       throw DataError(fmt::format("gpt: a sequence of {} tokens is longer than model.block_size ({})", s, blockSize_));
     }
-    const at::Tensor positions = torch::arange(s, tokens.options().dtype(torch::kLong));
-    at::Tensor x = wte_(tokens) + torch::embedding(wpe_->named_parameters(false)["weight"], positions);
-    for (Block& block : blocks_) x = block(x);
-    const auto& ln = lnF_->named_parameters(false);
-    x = layerNorm(x, ln["weight"], ln.contains("bias") ? ln["bias"] : at::Tensor());
+    const at::Tensor& wpe = wpe_->weight;
+    at::Tensor x;
+    if (sequence_) {
+      // This rank's positions [r S/T, (r+1) S/T): their embeddings' sum.
+      const int64_t width = s / group_.worldSize;
+      x = wte_->forwardScattered(tokens, 1);
+      x = x + torch::embedding(wpe, torch::arange(group_.rank * width, (group_.rank + 1) * width,
+                                                  tokens.options().dtype(torch::kLong)));
+    } else {
+      x = wte_(tokens) + torch::embedding(wpe, torch::arange(s, tokens.options().dtype(torch::kLong)));
+    }
+    for (Block& block : blocks_) x = block->forward(x, sequence_);
+    x = lnF_(x);
     // The head is this rank's rows of the token embedding (tied).
-    return torch::linear(copyToSlices(x, group_), wte_->weight);
+    return torch::linear(sequence_ ? gatherSequence(x, 1, group_) : copyToSlices(x, group_), wte_->weight);
+  }
+
+  void finishGradients() override {
+    if (!sequence_) return;
+    torch::NoGradGuard noGrad;
+    std::vector<at::Tensor> grads;
+    for (const auto& p : named_parameters()) {
+      if (!gptTensorCut(p.key()).split() && p.value().grad().defined()) grads.push_back(p.value().grad());
+    }
+    if (grads.empty()) return;
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& g : grads) flat.push_back(g.reshape({-1}));
+    at::Tensor all = torch::cat(flat);
+    comm::allreduceSum(group_, all, "sequence-parallel gradient sum of the whole tensors");
+    int64_t at = 0;
+    for (at::Tensor& g : grads) {
+      g.copy_(all.narrow(0, at, g.numel()).view_as(g));
+      at += g.numel();
+    }
   }
 
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
@@ -307,9 +339,11 @@ class SplitGpt : public TensorParallelGpt {
  private:
   comm::Comm group_;
   int64_t blockSize_;
+  bool sequence_;
   int64_t vocabFirst_ = 0;
   VocabParallelEmbedding wte_{nullptr};
-  Holder wpe_{nullptr}, lnF_{nullptr};
+  Holder wpe_{nullptr};
+  Norm lnF_{nullptr};
   std::vector<Block> blocks_;
 };
 
@@ -352,13 +386,14 @@ void checkGptTensorSplit(const models::GptOptions& o, int tensors) {
 }
 
 std::shared_ptr<TensorParallelGpt> createTensorParallelGpt(const models::GptOptions& o, const comm::Comm& group,
+                                                           TensorSplitOptions split,
                                                            c10::optional<at::Generator> generator) {
   checkGptTensorSplit(o, group.worldSize);
   if (o.nEmbd % o.nHead != 0) {
     throw ConfigError(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", o.nEmbd, o.nHead));
   }
   torch::NoGradGuard noGrad;
-  return std::make_shared<SplitGpt>(o, group, generator);
+  return std::make_shared<SplitGpt>(o, group, split, generator);
 }
 
 }  // namespace cohort::parallel

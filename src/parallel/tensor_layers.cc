@@ -55,6 +55,47 @@ struct SumOfSlices : torch::autograd::Function<SumOfSlices> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
+std::vector<at::Tensor> allGathered(const at::Tensor& x, const comm::Comm& group, const char* what) {
+  std::vector<at::Tensor> in{x.contiguous()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < group.worldSize; ++r) out[0].push_back(at::empty_like(in[0]));
+  comm::wait(group.pg->allgather(out, in), group, what);
+  return out[0];
+}
+
+at::Tensor gathered(const at::Tensor& x, int64_t dim, const comm::Comm& group, const char* what) {
+  return torch::cat(allGathered(x, group, what), dim);
+}
+
+at::Tensor scattered(const at::Tensor& x, int64_t dim, const comm::Comm& group, const char* what) {
+  const int64_t width = x.size(dim) / group.worldSize;
+  return summed(x, group, what).narrow(dim, width * group.rank, width).contiguous();
+}
+
+struct GatherSequence : torch::autograd::Function<GatherSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, const comm::Comm* group) {
+    keep(ctx, group);
+    ctx->saved_data["dim"] = dim;
+    return gathered(x, dim, *group, "sequence-parallel all-gather");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {scattered(grads[0], ctx->saved_data["dim"].toInt(), groupOf(ctx), "sequence-parallel gradient sum"),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, const comm::Comm* group) {
+    keep(ctx, group);
+    ctx->saved_data["dim"] = dim;
+    return scattered(x, dim, *group, "sequence-parallel output sum");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {gathered(grads[0], ctx->saved_data["dim"].toInt(), groupOf(ctx), "sequence-parallel gradient all-gather"),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
 struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
                             int64_t first, const comm::Comm* group) {
@@ -104,6 +145,21 @@ at::Tensor sumOfSlices(const at::Tensor& x, const comm::Comm& group) {
   return SumOfSlices::apply(x, &group);
 }
 
+at::Tensor gatherSequence(const at::Tensor& x, int64_t dim, const comm::Comm& group) {
+  if (group.worldSize == 1) return x;
+  return GatherSequence::apply(x, dim, &group);
+}
+
+at::Tensor reduceScatterSequence(const at::Tensor& x, int64_t dim, const comm::Comm& group) {
+  if (group.worldSize == 1) return x;
+  if (x.size(dim) % group.worldSize != 0) {
+    throw DataError(fmt::format("sequence parallelism over {} ranks: a sequence of {} positions is not divisible "
+                                "by {}",
+                                group.worldSize, x.size(dim), group.worldSize));
+  }
+  return ReduceScatterSequence::apply(x, dim, &group);
+}
+
 at::Tensor sliceOf(const at::Tensor& whole, int64_t dim, int parts, int index) {
   const int64_t size = whole.size(dim);
   if (parts <= 0 || size % parts != 0) {
@@ -123,8 +179,17 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   return torch::nn::functional::linear(copyToSlices(x, group_), weight, bias);
 }
 
+at::Tensor ColumnParallelLinearImpl::forwardGathered(const at::Tensor& x, int64_t dim) {
+  return torch::nn::functional::linear(gatherSequence(x, dim, group_), weight, bias);
+}
+
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   at::Tensor y = sumOfSlices(torch::nn::functional::linear(x, weight), group_);
+  return bias.defined() ? y + bias : y;
+}
+
+at::Tensor RowParallelLinearImpl::forwardScattered(const at::Tensor& x, int64_t dim) {
+  at::Tensor y = reduceScatterSequence(torch::nn::functional::linear(x, weight), dim, group_);
   return bias.defined() ? y + bias : y;
 }
 
@@ -133,12 +198,19 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(at::Tensor w, int64_t fir
   weight = register_parameter("weight", std::move(w));
 }
 
-at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
+at::Tensor VocabParallelEmbeddingImpl::lookup(const at::Tensor& tokens) {
   at::Tensor local = tokens - first_;
   const at::Tensor outside = (local < 0).logical_or(local >= weight.size(0));
   local = local.masked_fill(outside, 0);
-  const at::Tensor rows = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
-  return sumOfSlices(rows, group_);
+  return torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
+  return sumOfSlices(lookup(tokens), group_);
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forwardScattered(const at::Tensor& tokens, int64_t dim) {
+  return reduceScatterSequence(lookup(tokens), dim, group_);
 }
 
 at::Tensor vocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, int64_t first,

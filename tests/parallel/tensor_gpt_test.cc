@@ -1,13 +1,16 @@
 // The GPT split over T ranks (parallel/tensor_gpt.h), each rank a thread
 // with its own process group and random generator: every rank's slices are
-// the whole model's of the same seed, bitwise; the logits' slices, the loss
-// and every parameter's gradient are the whole model's within float32
-// rounding; splits that cannot work are refused naming the key.
+// the whole model's of the same seed, bitwise (with sequence parallelism
+// too); the logits' slices, the loss,
+// every parameter's gradient and the gradients' norm are the whole model's
+// within float32 rounding; the slices put back together on rank 0 are the
+// whole model; splits that cannot work are refused naming the key.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <map>
+#include <vector>
 #include <string>
 
 #include "cohort/core/error.h"
@@ -36,7 +39,7 @@ models::GptOptions options() {
 struct Whole {
   std::map<std::string, at::Tensor> params, grads;
   at::Tensor tokens, targets, logits;
-  double loss = 0;
+  double loss = 0, gradSquares = 0;
   explicit Whole(const models::GptOptions& o) {
     torch::manual_seed(kSeed);
     auto model = models::createGpt(o);
@@ -50,22 +53,30 @@ struct Whole {
     for (const auto& p : model->named_parameters()) {
       params[p.key()] = p.value().detach().clone();
       grads[p.key()] = p.value().grad().clone();
+      gradSquares += p.value().grad().to(torch::kDouble).pow(2).sum().item<double>();
     }
   }
 };
 
 class TensorGpt : public ::testing::TestWithParam<int> {};
 
+// With and without biases, with and without sequence parallelism (whose
+// whole tensors' gradients are summed by finishGradients()).
 TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
   const int t = GetParam();
-  for (const bool bias : {true, false}) {
+  for (const auto& [bias, sequence] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
+                                       std::pair{false, true}}) {
     models::GptOptions o = options();
     o.bias = bias;
     const Whole whole(o);
-    test::withRankThreads(t, "tp-gpt-" + std::to_string(t) + (bias ? "b" : ""), [&](const comm::Comm& group) {
+    const std::string tag = std::to_string(t) + (bias ? "b" : "") + (sequence ? "s" : "");
+    test::withRankThreads(t, "tp-gpt-" + tag, [&](const comm::Comm& group) {
       const int r = group.rank;
-      const std::string at = "rank " + std::to_string(r) + (bias ? "" : " (no bias)");
-      auto model = createTensorParallelGpt(o, group, at::make_generator<at::CPUGeneratorImpl>(kSeed));
+      const std::string at =
+          "rank " + std::to_string(r) + (bias ? "" : " (no bias)") + (sequence ? " (sequence parallel)" : "");
+      TensorSplitOptions split;
+      split.sequenceParallel = sequence;
+      auto model = createTensorParallelGpt(o, group, split, at::make_generator<at::CPUGeneratorImpl>(kSeed));
       // The same names as the whole model's, each this rank's slice, bitwise.
       const auto named = model->named_parameters();
       ASSERT_EQ(named.size(), whole.params.size()) << at;
@@ -83,11 +94,21 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       const at::Tensor loss = model->loss(logits, whole.targets);
       EXPECT_NEAR(loss.item<double>(), whole.loss, kTolerance) << at;
       loss.backward();
+      model->finishGradients();
       for (const auto& p : named) {
         const at::Tensor want = sliceByCut(whole.grads.at(p.key()), gptTensorCut(p.key()), t, r);
         ASSERT_TRUE(p.value().grad().defined()) << at << ": " << p.key();
         EXPECT_LE((p.value().grad() - want).abs().max().item<double>(), kTolerance) << at << ": " << p.key() << " grad";
       }
+      // The whole gradient's norm, the same on every rank.
+      EXPECT_NEAR(wholeGradientSquaredNorm(*model, group), whole.gradSquares, 1e-6 * whole.gradSquares) << at;
+      // Put back together on rank 0, tensor by tensor: the whole model, bitwise.
+      std::vector<std::string> visited;
+      visitWholeTensors(*model, group, [&](const std::string& name, const at::Tensor& t) {
+        visited.push_back(name);
+        EXPECT_TRUE(torch::equal(t, whole.params.at(name))) << name;
+      });
+      EXPECT_EQ(visited.size(), r == 0 ? whole.params.size() : 0u) << at;
     });
   }
 }
@@ -109,10 +130,28 @@ TEST(TensorGptBuild, TensorsLargerThanAPieceAreDrawnExactly) {
   std::map<std::string, at::Tensor> params;
   for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
   test::withRankThreads(2, "tp-gpt-large", [&](const comm::Comm& group) {
-    auto model = createTensorParallelGpt(o, group, at::make_generator<at::CPUGeneratorImpl>(kSeed));
+    auto model = createTensorParallelGpt(o, group, {}, at::make_generator<at::CPUGeneratorImpl>(kSeed));
     for (const auto& p : model->named_parameters()) {
       const at::Tensor want = sliceByCut(params.at(p.key()), gptTensorCut(p.key()), 2, group.rank);
       EXPECT_TRUE(torch::equal(p.value().detach(), want)) << "rank " << group.rank << ": " << p.key();
+    }
+  });
+}
+
+// Sequence parallelism cuts the sequence in T: a length T does not divide
+// is refused on every rank, before any exchange.
+TEST(TensorGptBuild, ASequenceTheRanksCannotShareIsRefused) {
+  const models::GptOptions o = options();
+  test::withRankThreads(2, "tp-gpt-odd", [&](const comm::Comm& group) {
+    TensorSplitOptions split;
+    split.sequenceParallel = true;
+    auto model = createTensorParallelGpt(o, group, split, at::make_generator<at::CPUGeneratorImpl>(kSeed));
+    try {
+      model->forward(torch::zeros({1, 7}, torch::kLong));
+      ADD_FAILURE() << "a sequence of 7 on 2 ranks was taken";
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("a sequence of 7 positions is not divisible by 2"), std::string::npos)
+          << e.what();
     }
   });
 }

@@ -28,6 +28,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -75,8 +76,44 @@ class TensorParallelGpt : public models::Model {
   // The mean cross-entropy of this rank's logits slice [B, S, V/T] against
   // `targets` [B, S] (whole-vocabulary ids). Collective over the group.
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) = 0;
+  // After backward, before the optimizer: with sequence parallelism, the
+  // gradients of the tensors whole on every rank (each rank saw its part
+  // of the sequence) summed over the group, in one exchange. Nothing
+  // otherwise. Collective.
+  virtual void finishGradients() = 0;
 };
+
+struct TensorSplitOptions {
+  // Sequence parallelism (distribution.sequence_parallel): between the
+  // column/row pairs (the LayerNorms, the residual stream, the
+  // embeddings' sum) each rank holds 1/T of the sequence; the sums around
+  // the pairs become an all-gather before and a reduce-scatter after
+  // (gatherSequence, reduceScatterSequence). The sequence length must then
+  // be divisible by T (DataError otherwise).
+  bool sequenceParallel = false;
+};
+
 std::shared_ptr<TensorParallelGpt> createTensorParallelGpt(const models::GptOptions& o, const comm::Comm& group,
+                                                           TensorSplitOptions split = {},
                                                            c10::optional<at::Generator> generator = c10::nullopt);
+
+// The whole tensor of `slices`, each rank's slice under `cut` in rank
+// order: what sliceByCut cut.
+at::Tensor wholeFromSlices(const std::vector<at::Tensor>& slices, const TensorCut& cut);
+
+// The whole model's tensors from a model split over `group` (state dict
+// order, gptTensorCut naming the cuts): on the group's rank 0, `visit` sees
+// each tensor whole, a split one gathered from the group's slices one
+// tensor at a time (Gloo's gather: the other ranks only send), so that rank
+// 0 holds its own slices and one whole tensor besides. Collective over the
+// group; the other ranks visit nothing.
+void visitWholeTensors(const models::Model& model, const comm::Comm& group,
+                       const std::function<void(const std::string&, const at::Tensor&)>& visit);
+
+// The squared L2 norm of the whole model's gradients from a model split
+// over `group`: the split tensors' squares summed over the group, the whole
+// ones (the same on every rank) counted once. The same on every rank of the
+// group. Collective.
+double wholeGradientSquaredNorm(const models::Model& model, const comm::Comm& group);
 
 }  // namespace cohort::parallel

@@ -39,6 +39,24 @@ namespace cohort::parallel {
 at::Tensor copyToSlices(const at::Tensor& x, const comm::Comm& group);
 at::Tensor sumOfSlices(const at::Tensor& x, const comm::Comm& group);
 
+// Sequence parallelism's exchanges, where each rank holds 1/T of the
+// sequence (dimension `dim`) of what would be whole on every rank:
+//
+//   gatherSequence(x)         forward the ranks' slices put together along
+//                             `dim` (all-gather); backward the sum of the
+//                             ranks' gradients, this rank's slice of it
+//   reduceScatterSequence(x)  forward the sum of the ranks' x, this rank's
+//                             slice along `dim`; backward the gradient
+//                             all-gathered
+//
+// They take the place of copyToSlices and sumOfSlices around a column/row
+// pair: the same sums, the activations between the pairs 1/T. (Gloo has no
+// reduce-scatter: the sum is an allreduce of which each rank keeps its
+// slice.) `dim`'s size must be the same on every rank (and divisible by T
+// for reduceScatterSequence).
+at::Tensor gatherSequence(const at::Tensor& x, int64_t dim, const comm::Comm& group);
+at::Tensor reduceScatterSequence(const at::Tensor& x, int64_t dim, const comm::Comm& group);
+
 // Slice `index` of `parts` of `whole` along `dim`: a contiguous copy.
 // Throws ConfigError when `parts` does not divide that dimension.
 at::Tensor sliceOf(const at::Tensor& whole, int64_t dim, int parts, int index);
@@ -62,6 +80,9 @@ class ColumnParallelLinearImpl : public SplitLinearImpl {
   ColumnParallelLinearImpl(at::Tensor weight, at::Tensor bias, comm::Comm group)
       : SplitLinearImpl(std::move(weight), std::move(bias), std::move(group)) {}
   at::Tensor forward(const at::Tensor& x);
+  // With sequence parallelism: x is this rank's slice of the sequence
+  // (dimension `dim`), gathered whole before the product.
+  at::Tensor forwardGathered(const at::Tensor& x, int64_t dim);
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -74,6 +95,9 @@ class RowParallelLinearImpl : public SplitLinearImpl {
   RowParallelLinearImpl(at::Tensor weight, at::Tensor bias, comm::Comm group)
       : SplitLinearImpl(std::move(weight), std::move(bias), std::move(group)) {}
   at::Tensor forward(const at::Tensor& x);
+  // With sequence parallelism: y's sum over the ranks, this rank's slice of
+  // the sequence (dimension `dim`), plus the bias.
+  at::Tensor forwardScattered(const at::Tensor& x, int64_t dim);
 };
 TORCH_MODULE(RowParallelLinear);
 
@@ -84,10 +108,15 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   VocabParallelEmbeddingImpl(at::Tensor weight, int64_t first, comm::Comm group);
   at::Tensor forward(const at::Tensor& tokens);
+  // With sequence parallelism: the lookup summed over the ranks, this rank's
+  // slice of the sequence (dimension `dim` of the result).
+  at::Tensor forwardScattered(const at::Tensor& tokens, int64_t dim);
   at::Tensor weight;
   int64_t first() const { return first_; }
 
  private:
+  // This rank's rows of the lookup, zeros for tokens outside them.
+  at::Tensor lookup(const at::Tensor& tokens);
   int64_t first_;
   comm::Comm group_;
 };

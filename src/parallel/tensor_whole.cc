@@ -1,0 +1,64 @@
+// The whole model of a model split over a tensor group (parallel/
+// tensor_gpt.h): its tensors put back together, and its gradients' norm.
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include "cohort/ckpt/state_dict.h"
+#include "cohort/core/error.h"
+#include "cohort/parallel/tensor_gpt.h"
+
+namespace cohort::parallel {
+
+at::Tensor wholeFromSlices(const std::vector<at::Tensor>& slices, const TensorCut& cut) {
+  COHORT_ASSERT(!slices.empty(), "wholeFromSlices takes at least one slice");
+  if (!cut.split()) return slices.front();
+  const int64_t width = slices.front().size(cut.dim) / cut.blocks;
+  std::vector<at::Tensor> parts;
+  for (int b = 0; b < cut.blocks; ++b) {
+    for (const at::Tensor& s : slices) parts.push_back(s.narrow(cut.dim, b * width, width));
+  }
+  return torch::cat(parts, cut.dim);
+}
+
+void visitWholeTensors(const models::Model& model, const comm::Comm& group,
+                       const std::function<void(const std::string&, const at::Tensor&)>& visit) {
+  torch::NoGradGuard noGrad;
+  const bool root = group.rank == 0;
+  for (const auto& [name, tensor] : ckpt::stateDict(model)) {
+    const TensorCut cut = gptTensorCut(name);
+    if (!cut.split() || group.worldSize == 1) {
+      if (root) visit(name, tensor);
+      continue;
+    }
+    std::vector<at::Tensor> in{tensor.detach().contiguous()};
+    std::vector<std::vector<at::Tensor>> out;
+    if (root) {
+      out.emplace_back();
+      for (int r = 0; r < group.worldSize; ++r) out[0].push_back(at::empty_like(in[0]));
+    }
+    c10d::GatherOptions options;
+    options.rootRank = 0;
+    comm::wait(group.pg->gather(out, in, options), group, "gathering a split tensor's slices");
+    if (root) visit(name, wholeFromSlices(out[0], cut));
+  }
+}
+
+double wholeGradientSquaredNorm(const models::Model& model, const comm::Comm& group) {
+  torch::NoGradGuard noGrad;
+  // [split tensors' sum of squares, whole tensors' sum of squares]: the first
+  // summed over the group, the second the same everywhere.
+  at::Tensor sums = at::zeros({2}, at::kDouble);
+  for (const auto& p : model.named_parameters()) {
+    const at::Tensor& g = p.value().grad();
+    if (!g.defined()) continue;
+    const double squares = g.to(at::kDouble).pow(2).sum().item<double>();
+    sums[gptTensorCut(p.key()).split() ? 0 : 1] += squares;
+  }
+  at::Tensor split = sums.narrow(0, 0, 1).contiguous();
+  comm::allreduceSum(group, split, "tensor-parallel gradient norm");
+  return split.item<double>() + sums[1].item<double>();
+}
+
+}  // namespace cohort::parallel
