@@ -24,14 +24,25 @@ const comm::Comm& groupOf(AutogradContext* ctx) {
   return *reinterpret_cast<const comm::Comm*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
 }
 
+thread_local TensorExchanges exchanges;
+
+void sumInPlace(const comm::Comm& group, at::Tensor& t, const char* what) {
+  if (group.worldSize == 1) return;
+  ++exchanges.sums;
+  exchanges.sumBytes += static_cast<int64_t>(t.nbytes());
+  comm::allreduceSum(group, t, what);
+}
+
 at::Tensor summed(const at::Tensor& x, const comm::Comm& group, const char* what) {
   at::Tensor t = x.contiguous().clone();
-  comm::allreduceSum(group, t, what);
+  sumInPlace(group, t, what);
   return t;
 }
 
 void maxInPlace(const comm::Comm& group, at::Tensor& t, const char* what) {
   if (group.worldSize == 1) return;
+  ++exchanges.sums;
+  exchanges.sumBytes += static_cast<int64_t>(t.nbytes());
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
@@ -59,6 +70,8 @@ std::vector<at::Tensor> allGathered(const at::Tensor& x, const comm::Comm& group
   std::vector<at::Tensor> in{x.contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < group.worldSize; ++r) out[0].push_back(at::empty_like(in[0]));
+  ++exchanges.gathers;
+  exchanges.gatherBytes += static_cast<int64_t>(in[0].nbytes());
   comm::wait(group.pg->allgather(out, in), group, what);
   return out[0];
 }
@@ -107,13 +120,13 @@ struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
     const at::Tensor shifted = x - top.unsqueeze(1);
     const at::Tensor e = shifted.exp();
     at::Tensor total = e.sum(1).contiguous();
-    comm::allreduceSum(*group, total, "tensor-parallel cross-entropy sum of exponentials");
+    sumInPlace(*group, total, "tensor-parallel cross-entropy sum of exponentials");
     // The target's logit, from the rank whose columns hold it.
     at::Tensor local = target.to(torch::kLong) - first;
     const at::Tensor outside = (local < 0).logical_or(local >= width);
     local = local.masked_fill(outside, 0);
     at::Tensor picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(outside, 0.0).contiguous();
-    comm::allreduceSum(*group, picked, "tensor-parallel cross-entropy target logits");
+    sumInPlace(*group, picked, "tensor-parallel cross-entropy target logits");
     ctx->save_for_backward({e / total.unsqueeze(1), local, outside});
     ctx->saved_data["type"] = static_cast<int64_t>(logits.scalar_type());
     return (total.log() - picked).sum() / static_cast<double>(n);
@@ -134,6 +147,8 @@ struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
 };
 
 }  // namespace
+
+TensorExchanges& tensorExchanges() { return exchanges; }
 
 at::Tensor copyToSlices(const at::Tensor& x, const comm::Comm& group) {
   if (group.worldSize == 1) return x;

@@ -3,7 +3,7 @@
 // the whole model's of the same seed, bitwise (with sequence parallelism
 // too); the logits' slices, the loss,
 // every parameter's gradient and the gradients' norm are the whole model's
-// within float32 rounding; the slices put back together on rank 0 are the
+// within float32 rounding; the exchanges are the expected count of bytes; the slices put back together on rank 0 are the
 // whole model; splits that cannot work are refused naming the key.
 
 #include <gtest/gtest.h>
@@ -85,6 +85,7 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
         const at::Tensor want = sliceByCut(whole.params.at(p.key()), gptTensorCut(p.key()), t, r);
         EXPECT_TRUE(torch::equal(p.value().detach(), want)) << at << ": " << p.key();
       }
+      tensorExchanges() = {};
       const at::Tensor logits = model->forward(whole.tokens);
       const int64_t width = o.vocabSize / t;
       ASSERT_EQ(logits.size(2), width) << at;
@@ -94,6 +95,17 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       const at::Tensor loss = model->loss(logits, whole.targets);
       EXPECT_NEAR(loss.item<double>(), whole.loss, kTolerance) << at;
       loss.backward();
+      // What forward and backward exchanged: per block one sum of the
+      // activations [B, S, C] after attention and one after the MLP, and
+      // their conjugates in backward (4 per block), one pair for the
+      // embedding and the head, and the loss's 3 sums of B x S floats; with
+      // sequence parallelism as many all-gathers of 1/T of the activations.
+      const TensorExchanges e = tensorExchanges();
+      const int64_t pairs = 4 * o.nLayer + 2, activations = whole.tokens.numel() * o.nEmbd * 4;
+      EXPECT_EQ(e.sums, t == 1 ? 0 : pairs + 3) << at;
+      EXPECT_EQ(e.sumBytes, t == 1 ? 0 : pairs * activations + 3 * whole.tokens.numel() * 4) << at;
+      EXPECT_EQ(e.gathers, t > 1 && sequence ? pairs : 0) << at;
+      EXPECT_EQ(e.gatherBytes, t > 1 && sequence ? pairs * activations / t : 0) << at;
       model->finishGradients();
       for (const auto& p : named) {
         const at::Tensor want = sliceByCut(whole.grads.at(p.key()), gptTensorCut(p.key()), t, r);

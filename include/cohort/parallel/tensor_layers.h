@@ -39,6 +39,17 @@ namespace cohort::parallel {
 at::Tensor copyToSlices(const at::Tensor& x, const comm::Comm& group);
 at::Tensor sumOfSlices(const at::Tensor& x, const comm::Comm& group);
 
+// What this thread's tensor-parallel exchanges (all of this header's,
+// forward and backward) have sent: sums (allreduce, of which a maximum
+// too) and all-gathers, each counted once per call with the bytes of the
+// tensor this rank puts in. A rank's forward and backward run on its
+// training thread, so this is the rank's. Reset by assigning {}.
+struct TensorExchanges {
+  int64_t sums = 0, sumBytes = 0;
+  int64_t gathers = 0, gatherBytes = 0;
+};
+TensorExchanges& tensorExchanges();
+
 // Sequence parallelism's exchanges, where each rank holds 1/T of the
 // sequence (dimension `dim`) of what would be whole on every rank:
 //
