@@ -34,19 +34,28 @@ class BlobData : public ::testing::Test {
     azurite.start();
     if (!azurite.get()) return;
     images_ = new TempDir;
+    // A failure here is kept for SetUp to report in every test: an
+    // assertion in SetUpTestSuite would make gtest skip the tests, and CTest
+    // count them as skipped rather than failed.
     const auto made = test::run({COHORT_PYTHON, std::string(COHORT_SOURCE_DIR) + "/scripts/make-imagenet-like.py",
                                  images_->file("img"), "--classes", "3", "--per-class", "10", "--seed", "1"});
-    ASSERT_EQ(made.exitCode, 0) << made.describe();
+    if (made.exitCode != 0) {
+      setupError_ = "making the images failed: " + made.describe();
+      return;
+    }
     const auto packed = cohort({"data", "pack", images_->file("img"), url("data/train"), "--shard-mb", "0.2",
                                 "--no-progress"});
-    ASSERT_EQ(packed.exitCode, 0) << packed.describe();
+    if (packed.exitCode != 0) setupError_ = "packing them into the blob store failed: " + packed.describe();
   }
   static void TearDownTestSuite() {
     azurite.stop();
     delete images_;
     images_ = nullptr;
   }
-  void SetUp() override { ASSERT_NE(azurite.get(), nullptr) << azurite.error(); }
+  void SetUp() override {
+    ASSERT_NE(azurite.get(), nullptr) << azurite.error();
+    ASSERT_TRUE(setupError_.empty()) << setupError_;
+  }
 
   static std::string url(const std::string& path) { return azurite.get()->url(path); }
   static std::map<std::string, std::string> env() {
@@ -78,8 +87,10 @@ class BlobData : public ::testing::Test {
   }
 
   static TempDir* images_;
+  static std::string setupError_;  // what SetUpTestSuite could not do
 };
 TempDir* BlobData::images_ = nullptr;
+std::string BlobData::setupError_;
 
 class EnvKey {
  public:

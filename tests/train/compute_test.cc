@@ -17,6 +17,7 @@
 #include "cohort/train/compute.h"
 #include "util/errors.h"
 #include "util/jobs.h"
+#include "util/skip.h"
 
 namespace cohort {
 namespace {
@@ -183,7 +184,7 @@ TEST(BindCores, EachLocalRankTakesItsSliceWhenTheyFit) {
 // the one core it now runs on, read back from the kernel.
 TEST(BindCores, RanksOfARunAreHeldToCoresOfTheirOwn) {
   const std::vector<int> allowed = train::allowedCores();
-  if (allowed.size() < 2) GTEST_SKIP() << "one core: nothing to bind two ranks to";
+  if (allowed.size() < 2) COHORT_SKIP("one core: nothing to bind two ranks to");
   test::TempDir dir;
   const nlohmann::json c =
       runCompute(dir, "bound", 2, {"compute.bind_cores=on", "distribution.threads_per_rank=1"});

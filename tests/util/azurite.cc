@@ -83,10 +83,14 @@ Azurite::Azurite(bool https, bool oauth) : https_(https) {
     argv[5] = std::to_string(port_);
     started_ = std::chrono::steady_clock::now();
     process_ = std::make_unique<Process>(argv);
-    // Bounded wait for the listening socket; Azurite exiting ends it early.
+    // Bounded wait until Azurite says it listens on the port and the port
+    // accepts (a port that accepts alone may be another test's that took
+    // it first); Azurite exiting ends it early.
     const auto deadline = started_ + std::chrono::seconds(30);
+    const std::string listening = "successfully listens on " + std::string(https_ ? "https" : "http") +
+                                  "://127.0.0.1:" + std::to_string(port_);
     bool up = true;
-    while (!accepts(port_)) {
+    while (process_->stdoutSoFar().find(listening) == std::string::npos || !accepts(port_)) {
       if (exited(process_->pid()) || std::chrono::steady_clock::now() > deadline) {
         up = false;
         break;

@@ -112,6 +112,11 @@ std::string Process::stderrSoFar() {
   return err_;
 }
 
+std::string Process::stdoutSoFar() {
+  drain(0);
+  return out_;
+}
+
 void Process::signal(int sig) {
   if (!reaped_) kill(pid_, sig);
 }

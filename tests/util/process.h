@@ -40,6 +40,7 @@ class Process {
   bool exited() const;
   // Output collected so far (drains the pipes without blocking).
   std::string stderrSoFar();
+  std::string stdoutSoFar();
   void signal(int sig);
   // Pids of direct children of this process (from /proc).
   std::vector<pid_t> children() const;
