@@ -1,5 +1,7 @@
 #include "cohort/core/memory_limit.h"
 
+#include <sys/resource.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -68,6 +70,11 @@ std::optional<uint64_t> readKey(const std::string& file, const std::string& key)
 }
 
 }  // namespace
+
+double peakResidentMb() {
+  struct rusage usage {};
+  return ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
+}
 
 uint64_t residentBytes(const std::string& root) {
   return readKey(root + "/proc/self/status", "VmRSS:").value_or(0) * 1024;

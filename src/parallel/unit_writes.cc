@@ -1,7 +1,6 @@
 // Writes and digests of a model held in parts, one unit at a time
 // (Plan::writeByUnit, Plan::frozenDigestByUnit in parallel/plan.h).
 
-#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -10,6 +9,7 @@
 
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/weights.h"
+#include "cohort/core/memory_limit.h"
 #include "cohort/models/lora.h"
 #include "cohort/parallel/ddp.h"
 #include "cohort/parallel/plan.h"
@@ -72,8 +72,7 @@ double Plan::writeByUnit(const std::string& path, WeightsFormat format, const se
     done.insert(name);
   }
   out->finish(order);
-  struct rusage usage {};
-  return ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
+  return memory::peakResidentMb();
 }
 
 std::string Plan::frozenDigestByUnit() {

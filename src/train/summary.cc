@@ -1,7 +1,5 @@
 #include "cohort/train/trainer.h"
 
-#include <sys/resource.h>
-
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -11,6 +9,7 @@
 #include "cohort/config/load.h"
 #include "cohort/core/fence.h"
 #include "cohort/core/file.h"
+#include "cohort/core/memory_limit.h"
 #include "train/detail/setup.h"
 
 namespace cohort::train {
@@ -88,9 +87,10 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
     j["train_tokens_per_s"] = s.imagesPerS * double(job.model.blockSize);
   }
   j["data_wait_frac"] = s.dataWaitFrac;
-  // The most memory this process (rank 0) held at once, resident.
-  struct rusage usage {};
-  if (::getrusage(RUSAGE_SELF, &usage) == 0) j["peak_rss_mb"] = double(usage.ru_maxrss) / 1024.0;
+  // The most memory this process (rank 0) held at once, resident; and each
+  // rank's, by job rank (an agent's round: this round's ranks).
+  if (const double peak = memory::peakResidentMb(); peak > 0) j["peak_rss_mb"] = peak;
+  if (!s.peakRssMbPerRank.empty()) j["peak_rss_mb_per_rank"] = s.peakRssMbPerRank;
   if (auto plan = planComparison(job, runDir, worldSize, j.value("peak_rss_mb", 0.0), s.imagesPerS); !plan.is_null()) {
     j["plan"] = std::move(plan);
   }

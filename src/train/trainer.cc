@@ -12,8 +12,6 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <sys/resource.h>
-
 #include <map>
 #include <optional>
 #include <set>
@@ -26,17 +24,18 @@
 #include "cohort/core/exit_codes.h"
 #include "cohort/core/fence.h"
 #include "cohort/core/log.h"
+#include "cohort/core/memory_limit.h"
 #include "cohort/core/time.h"
 #include "cohort/models/lora.h"
 #include "cohort/models/model.h"
 #include "cohort/monitor/activity.h"
 #include "cohort/monitor/timeline.h"
+#include "cohort/parallel/pipeline.h"
 #include "cohort/train/optimizer.h"
 #include "train/detail/evaluate.h"
 #include "train/detail/memory_fit.h"
 #include "train/detail/stages.h"
 #include "train/detail/state.h"
-#include "cohort/parallel/pipeline.h"
 
 namespace cohort::train {
 namespace {
@@ -209,8 +208,7 @@ double recordMemory(TrainState& s) {
     mem.elements = detail::countElements(model, model.shardingUnits());
     mem.elementsKnown = true;
   }
-  struct rusage usage {};
-  const double peak = ::getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) / 1024.0 : 0.0;
+  const double peak = memory::peakResidentMb();
   log::info("memory held: parameters {:.1f} MB, gradients {:.1f} MB, optimizer state {:.1f} MB "
             "(ZeRO stage {}); peak resident {:.0f} MB",
             double(mem.parameterBytes) / (1 << 20), double(mem.gradientBytes) / (1 << 20),
@@ -404,6 +402,14 @@ TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   summary.dataWaitFrac = waits[0].item<double>() / s.comm.worldSize;
   summary.corruptSkipped = static_cast<int64_t>(waits[1].item<double>());
   if (s.job.output.saveFinal) saveFinalModel(s);
+  // Every rank's peak resident memory, final save included (summary.json).
+  at::Tensor peaks = torch::zeros({s.comm.worldSize}, torch::kFloat64);
+  peaks[s.comm.rank] = memory::peakResidentMb();
+  comm::allreduceSum(s.comm, peaks, "peak resident memory per rank");
+  if (s.comm.rank == 0) {
+    summary.peakRssMbPerRank.clear();
+    for (int r = 0; r < s.comm.worldSize; ++r) summary.peakRssMbPerRank.push_back(peaks[r].item<double>());
+  }
   return summary;
 }
 

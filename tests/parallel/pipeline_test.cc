@@ -171,6 +171,16 @@ TEST_F(Pipeline, GptStagesAndReplicasEqualOneProcessWithTheGlobalBatch) {
     const auto& stages = s["pipeline"]["per_stage"];
     const int p = s["pipeline"]["stages"];
     ASSERT_EQ(stages.size(), static_cast<size_t>(p));
+    // Every rank's peak resident memory, by job rank; a stage's (its
+    // replica 0's, taken before the final save) is at most its rank's.
+    const auto& peaks = s["peak_rss_mb_per_rank"];
+    ASSERT_EQ(peaks.size(), static_cast<size_t>(v.procs)) << s.dump(1);
+    for (const auto& peak : peaks) EXPECT_GT(peak.get<double>(), 0.0) << v.tag;
+    EXPECT_LE(peaks[0].get<double>(), s["peak_rss_mb"].get<double>()) << v.tag;
+    for (int k = 0; k < p; ++k) {
+      EXPECT_LE(stages[static_cast<size_t>(k)]["peak_rss_mb"].get<double>(), peaks[static_cast<size_t>(k)].get<double>())
+          << v.tag << " stage " << k;
+    }
     int64_t parameters = 0;
     for (const auto& st : stages) {
       parameters += st["parameters"].get<int64_t>();

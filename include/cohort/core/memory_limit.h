@@ -25,6 +25,10 @@ Limit processLimit(const std::string& root = "");
 // unreadable.
 uint64_t residentBytes(const std::string& root = "");
 
+// The most memory this process has held resident at once, in MiB
+// (getrusage's ru_maxrss); 0 when unknown.
+double peakResidentMb();
+
 // Processes the OOM killer has killed in this process's memory cgroup
 // (v2 memory.events "oom_kill", v1 memory.oom_control "oom_kill"); nullopt
 // when the cgroup does not say.

@@ -44,6 +44,7 @@ struct TrainSummary {
   int64_t nonfiniteSkipped = 0;  // steps whose update was dropped (on_nonfinite: skip, or an overflow)
   int64_t recomputedForwards = 0;  // rank 0's (model.recompute), models::recomputations
   double lossScale = 0;          // training.loss_scale on: the last scale; 0: off
+  std::vector<double> peakRssMbPerRank;  // each rank's peak resident MiB, by job rank (rank 0's summary)
   int64_t parameters = 0;
   int64_t trainableParameters = 0;  // model.lora: the adapters'; otherwise all
   std::string loraBaseDigest;       // model.lora: models::frozenDigest after training
