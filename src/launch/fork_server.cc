@@ -162,45 +162,49 @@ bool decode(const std::string& in, Request& r) {
   return string(r.cwd) && strings(r.args) && strings(r.env) && !r.args.empty();
 }
 
+// The head of a request: its payload's size, with the rank's three
+// standard streams beside it (SCM_RIGHTS).
+struct Head {
+  uint64_t size = 0;
+  iovec iov{&size, sizeof size};
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+  msghdr msg{};
+  Head() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  Head(const Head&) = delete;
+  Head& operator=(const Head&) = delete;
+};
+
 // Sends the size of `payload` with `fds` attached, then the payload.
 bool sendRequest(int socket, const std::string& payload, const int (&fds)[3]) {
-  uint64_t size = payload.size();
-  iovec iov{&size, sizeof size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  Head h;
+  h.size = payload.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&h.msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof fds);
   std::memcpy(CMSG_DATA(c), fds, sizeof fds);
   ssize_t n;
-  do n = ::sendmsg(socket, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
-  return n == static_cast<ssize_t>(sizeof size) && writeAll(socket, payload.data(), payload.size());
+  do n = ::sendmsg(socket, &h.msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(sizeof h.size) && writeAll(socket, payload.data(), payload.size());
 }
 
 // Receives what sendRequest sent; false at the end of the stream.
 bool receiveRequest(int socket, std::string& payload, int (&fds)[3]) {
-  uint64_t size = 0;
-  iovec iov{&size, sizeof size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  Head h;
   ssize_t n;
-  do n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL); while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof size)) return false;
-  const cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  do n = ::recvmsg(socket, &h.msg, MSG_CMSG_CLOEXEC | MSG_WAITALL); while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof h.size)) return false;
+  const cmsghdr* c = CMSG_FIRSTHDR(&h.msg);
   if (c == nullptr || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof fds)) return false;
   std::memcpy(fds, CMSG_DATA(c), sizeof fds);
-  if (size > (64u << 20)) return false;
-  payload.resize(size);
-  return readAll(socket, payload.data(), size);
+  if (h.size > (64u << 20)) return false;
+  payload.resize(h.size);
+  return readAll(socket, payload.data(), h.size);
 }
 
 // The rank, in the fork of the fork: waits until the middle process has

@@ -54,19 +54,8 @@ class CausalSelfAttentionImpl : public nn::Module {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
     const std::vector<at::Tensor> qkv = c_attn_(x).split(c, 2);
     auto split = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
-    const at::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
-    // Scale and causal mask in the product itself: baddbmm writes the mask
-    // (0 at and below the diagonal, -inf above) and adds scale * q k^T into
-    // it, one pass over the [B*H, T, T] scores where a product, a scaling
-    // and a masked_fill take three, and three fewer in backward. The
-    // values are those of (q k^T) * scale then masked_fill: the scale
-    // multiplies each finished dot product, and 0 + x = x, -inf + x = -inf.
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    at::Tensor att = at::baddbmm(futureBias(t, x.options()), q.reshape({b * heads_, t, d}),
-                                 k.reshape({b * heads_, t, d}).transpose(1, 2), /*beta=*/1, /*alpha=*/scale)
-                         .view({b, heads_, t, t});
-    att = attnDropout_(torch::softmax(att, -1));
-    const at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
+    const at::Tensor y = causalAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), bias_, x.options(),
+                                         [this](const at::Tensor& a) { return attnDropout_(a); });
     return residDropout_(c_proj_(y));
   }
 
@@ -129,21 +118,8 @@ class CausalSelfAttentionImpl : public nn::Module {
   }
 
  private:
-  // [t, t] of `o`'s dtype and device (the residual stream's: float32 under
-  // autocast, which casts it with the product's other inputs): 0 where a
-  // position may attend, -inf where it may not; made once per length,
-  // dtype and device.
-  at::Tensor futureBias(int64_t t, const at::TensorOptions& o) {
-    if (!bias_.defined() || bias_.size(0) != t || bias_.dtype() != o.dtype() || bias_.device() != o.device()) {
-      bias_ = torch::full({t, t}, -std::numeric_limits<double>::infinity(),
-                          torch::TensorOptions().dtype(o.dtype()).device(o.device()))
-                  .triu(1);
-    }
-    return bias_;
-  }
-
   int64_t heads_;
-  at::Tensor bias_;
+  at::Tensor bias_;  // causalAttention's mask
   AdaptableLinear c_attn_{nullptr}, c_proj_{nullptr};
   nn::Dropout attnDropout_{nullptr}, residDropout_{nullptr};
 };
@@ -427,6 +403,31 @@ class Gpt : public Model {
 };
 
 }  // namespace
+
+at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& mask,
+                           const at::TensorOptions& maskOptions,
+                           const std::function<at::Tensor(const at::Tensor&)>& dropAttention) {
+  const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3);
+  if (!mask.defined() || mask.size(0) != t || mask.dtype() != maskOptions.dtype() ||
+      mask.device() != maskOptions.device()) {
+    mask = torch::full({t, t}, -std::numeric_limits<double>::infinity(),
+                       torch::TensorOptions().dtype(maskOptions.dtype()).device(maskOptions.device()))
+               .triu(1);
+  }
+  // Scale and causal mask in the product itself: baddbmm writes the mask
+  // (0 at and below the diagonal, -inf above) and adds scale * q k^T into
+  // it, one pass over the [B*H, T, T] scores where a product, a scaling
+  // and a masked_fill take three, and three fewer in backward. The
+  // values are those of (q k^T) * scale then masked_fill: the scale
+  // multiplies each finished dot product, and 0 + x = x, -inf + x = -inf.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  at::Tensor att = at::baddbmm(mask, q.reshape({b * heads, t, d}), k.reshape({b * heads, t, d}).transpose(1, 2),
+                               /*beta=*/1, /*alpha=*/scale)
+                       .view({b, heads, t, t});
+  att = torch::softmax(att, -1);
+  if (dropAttention) att = dropAttention(att);
+  return torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, heads * d});
+}
 
 GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize) {
   GptOptions o;

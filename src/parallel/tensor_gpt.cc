@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <vector>
 
 #include "cohort/core/error.h"
@@ -163,28 +162,13 @@ class AttentionImpl : public nn::Module {
     const int64_t b = all.size(0), s = all.size(1), local = qkv_->weight.size(0) / 3, d = local / heads_;
     const std::vector<at::Tensor> qkv = all.split(local, 2);
     auto split = [&](const at::Tensor& m) { return m.reshape({b, s, heads_, d}).transpose(1, 2); };
-    const at::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
-    // As models/gpt.cc computes it: the mask and the scale in one product.
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    at::Tensor att = at::baddbmm(futureBias(s, x.options()), q.reshape({b * heads_, s, d}),
-                                 k.reshape({b * heads_, s, d}).transpose(1, 2), 1, scale)
-                         .view({b, heads_, s, s});
-    att = torch::softmax(att, -1);
-    const at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, s, local});
+    const at::Tensor y = models::causalAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), mask_, x.options());
     return sequence ? proj_->forwardScattered(y, 1) : proj_(y);
   }
 
  private:
-  at::Tensor futureBias(int64_t s, const at::TensorOptions& o) {
-    if (!bias_.defined() || bias_.size(0) != s || bias_.dtype() != o.dtype() || bias_.device() != o.device()) {
-      bias_ = torch::full({s, s}, -std::numeric_limits<double>::infinity(),
-                          torch::TensorOptions().dtype(o.dtype()).device(o.device()))
-                  .triu(1);
-    }
-    return bias_;
-  }
   int64_t heads_;  // this rank's
-  at::Tensor bias_;
+  at::Tensor mask_;
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
 };
@@ -221,8 +205,10 @@ class BlockImpl : public nn::Module {
   }
 
  private:
-  Norm ln1_, ln2_;
+  // In the whole model's order, which registration (and the state dict) follows.
+  Norm ln1_;
   Attention attn_;
+  Norm ln2_;
   Mlp mlp_;
 };
 TORCH_MODULE(Block);

@@ -80,6 +80,16 @@ struct LongRun {
     std::string line;
     return std::getline(in, line) && !line.empty();
   }
+  // Waits (bounded) until the ranks train, and finds them and the server.
+  bool waitForRanksAndServer(std::map<int, pid_t>& found, std::vector<pid_t>& others) const {
+    return test::waitUntil(
+        [&] {
+          others.clear();
+          found = ranks(&others);
+          return training() && found.size() == 2 && others.size() == 1;
+        },
+        std::chrono::seconds(120));
+  }
 
   test::TempDir dir;
   std::string tag;
@@ -90,14 +100,7 @@ TEST(ForkServer, RanksAreForkedFromItAsTheLaunchersChildrenWithTheirOwnCommandLi
   LongRun run({}, {"--set", "distribution.max_restarts=0"});
   std::map<int, pid_t> ranks;
   std::vector<pid_t> others;
-  ASSERT_TRUE(test::waitUntil(
-      [&] {
-        others.clear();
-        ranks = run.ranks(&others);
-        return run.training() && ranks.size() == 2 && others.size() == 1;
-      },
-      120s))
-      << run.launcher->stderrSoFar();
+  ASSERT_TRUE(run.waitForRanksAndServer(ranks, others)) << run.launcher->stderrSoFar();
   // The server: cohort-torch --fork-server, the launcher's child.
   const auto serverArgs = nulSeparated("/proc/" + std::to_string(others[0]) + "/cmdline");
   ASSERT_GE(serverArgs.size(), 2u);
@@ -141,14 +144,7 @@ TEST(ForkServer, WhenTheServerIsGoneRanksAreStartedByExec) {
                "checkpoint.every_steps=1", "--set", "training.max_steps=4"});
   std::map<int, pid_t> ranks;
   std::vector<pid_t> others;
-  ASSERT_TRUE(test::waitUntil(
-      [&] {
-        others.clear();
-        ranks = run.ranks(&others);
-        return run.training() && ranks.size() == 2 && others.size() == 1;
-      },
-      120s))
-      << run.launcher->stderrSoFar();
+  ASSERT_TRUE(run.waitForRanksAndServer(ranks, others)) << run.launcher->stderrSoFar();
   ASSERT_EQ(kill(others[0], SIGKILL), 0);
   ASSERT_EQ(kill(ranks[1], SIGKILL), 0);
   const auto r = run.launcher->wait(180s);

@@ -38,6 +38,7 @@ models::GptOptions options() {
 // The whole model of kSeed, the loss of a batch and every gradient.
 struct Whole {
   std::map<std::string, at::Tensor> params, grads;
+  std::vector<std::string> order;  // the parameters' names, in the model's order
   at::Tensor tokens, targets, logits;
   double loss = 0, gradSquares = 0;
   explicit Whole(const models::GptOptions& o) {
@@ -51,6 +52,7 @@ struct Whole {
     loss = l.item<double>();
     logits = logits.detach();
     for (const auto& p : model->named_parameters()) {
+      order.push_back(p.key());
       params[p.key()] = p.value().detach().clone();
       grads[p.key()] = p.value().grad().clone();
       gradSquares += p.value().grad().to(torch::kDouble).pow(2).sum().item<double>();
@@ -114,13 +116,14 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       }
       // The whole gradient's norm, the same on every rank.
       EXPECT_NEAR(wholeGradientSquaredNorm(*model, group), whole.gradSquares, 1e-6 * whole.gradSquares) << at;
-      // Put back together on rank 0, tensor by tensor: the whole model, bitwise.
+      // Put back together on rank 0, tensor by tensor: the whole model, bitwise,
+      // in its order.
       std::vector<std::string> visited;
       visitWholeTensors(*model, group, [&](const std::string& name, const at::Tensor& t) {
         visited.push_back(name);
         EXPECT_TRUE(torch::equal(t, whole.params.at(name))) << name;
       });
-      EXPECT_EQ(visited.size(), r == 0 ? whole.params.size() : 0u) << at;
+      EXPECT_EQ(visited, r == 0 ? whole.order : std::vector<std::string>{}) << at;
     });
   }
 }

@@ -19,6 +19,7 @@
 // model.arch: gpt builds it from the job's model.* keys (gptOptions).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "cohort/models/model.h"
@@ -43,6 +44,18 @@ inline constexpr const char* kTiedHeadName = "lm_head.weight";
 
 // The options model.* give; `vocabSize` replaces model.vocab_size when that is 0.
 GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize);
+
+// Causal multi-head self-attention, the GPT's and its tensor-parallel
+// slices' (parallel/tensor_gpt.h): q, k, v [B, H, S, D] -> [B, S, H D],
+// each position attending to itself and the earlier ones, scores scaled by
+// 1/sqrt(D). The scale and the mask go into one product (baddbmm). `mask`
+// caches the [S, S] mask (0 where a position may attend, -inf where not)
+// between calls, of `maskOptions`' dtype and device (the residual
+// stream's: float32 under autocast, which casts it with the product's other
+// inputs); `dropAttention`, if set, applies to the attention weights.
+at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& mask,
+                           const at::TensorOptions& maskOptions,
+                           const std::function<at::Tensor(const at::Tensor&)>& dropAttention = {});
 
 // Throws ConfigError naming the model.* key when the options cannot work
 // (n_embd not divisible by n_head, a size < 1). `part`: only those blocks
