@@ -77,9 +77,8 @@ struct Shown {
   // Writes `strings` end to end, NUL after the last to the region's end,
   // and returns pointers to them; false when they do not fit.
   bool write(const std::vector<std::string>& strings, std::vector<char*>& pointers) const {
-    size_t need = 0;
-    for (const auto& v : strings) need += v.size() + 1;
-    if (begin == nullptr || need > size) return false;
+    if (!fits(strings)) return false;
+    const size_t need = bytes(strings);
     char* at = begin;
     pointers.clear();
     for (const auto& v : strings) {
@@ -93,10 +92,13 @@ struct Shown {
   }
 
   // Whether `strings` fit.
-  bool fits(const std::vector<std::string>& strings) const {
-    size_t need = 0;
-    for (const auto& v : strings) need += v.size() + 1;
-    return begin != nullptr && need <= size;
+  bool fits(const std::vector<std::string>& strings) const { return begin != nullptr && bytes(strings) <= size; }
+
+  // `strings` end to end, each with its NUL.
+  static size_t bytes(const std::vector<std::string>& strings) {
+    size_t n = 0;
+    for (const auto& v : strings) n += v.size() + 1;
+    return n;
   }
 };
 
