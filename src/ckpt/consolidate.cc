@@ -74,9 +74,13 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
     });
     writer->finish(order);
   }
-  out << fmt::format("{}: step {}, written by {} ranks{}\n", dir, m.step, m.worldSize,
+  out << fmt::format("{}: step {}, written by {} ranks{}{}\n", dir, m.step, m.worldSize,
                      m.extra.contains("zero")
                          ? fmt::format(" at ZeRO stage {}", jsonInt(m.extra["zero"], "stage", 0))
+                         : std::string(),
+                     m.extra.contains("tensor")
+                         ? fmt::format(", each layer split over {} tensor ranks",
+                                       jsonInt(m.extra["tensor"], "tensors", 1))
                          : std::string());
   out << fmt::format("wrote the model ({} tensors, {}) to {}\n", tensors, choiceName(format), modelOut);
   if (optimizerOut.empty()) return 0;
@@ -85,11 +89,32 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
                                           dir + "/manifest.json (extra.job)", {});
   // Each parameter's state read from its stage (the first that holds it)
   // and written at once: one bucket of a sharded state is held at a time.
-  std::vector<std::unique_ptr<StageTensors>> stages;
+  // A tensor split (extra.tensor): every slice of a stage, and the state
+  // of a split parameter put together from theirs as the parameter is.
+  std::vector<std::vector<std::unique_ptr<StageTensors>>> stages;
+  std::map<std::string, std::pair<int64_t, int>> cuts;
+  if (const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json()); tensor.is_object()) {
+    const nlohmann::json cutsByName = tensor.value("cuts", nlohmann::json::object());
+    for (const auto& [name, cut] : cutsByName.items()) {
+      cuts[name] = {jsonInt<int64_t>(cut.value("dim", nlohmann::json(0))), jsonInt<int>(cut.value("blocks", nlohmann::json(1)))};
+    }
+  }
+  auto stateOf = [&](size_t stage, const std::string& param, const std::string& kind) {
+    auto& slices = stages[stage];
+    auto cut = cuts.find(param);
+    if (cut == cuts.end() || kind == "step") return slices.front()->optimizerState(param + "." + kind);
+    std::vector<at::Tensor> parts;
+    for (auto& slice : slices) parts.push_back(slice->optimizerState(param + "." + kind));
+    return joinSlices(parts, cut->second.first, cut->second.second);
+  };
   std::map<std::string, std::pair<size_t, std::set<std::string>>> kinds;  // parameter: stage, kinds
-  for (int s = 0; s == 0 || s < stages.front()->stages(); ++s) {
-    stages.push_back(std::make_unique<StageTensors>(dir, m, s));
-    for (const std::string& name : stages.back()->optimizerNames()) {
+  for (int s = 0; s == 0 || s < stages.front().front()->stages(); ++s) {
+    stages.emplace_back();
+    stages.back().push_back(std::make_unique<StageTensors>(dir, m, s));
+    for (int t = 1; t < stages.back().front()->slices(); ++t) {
+      stages.back().push_back(std::make_unique<StageTensors>(dir, m, s, t));
+    }
+    for (const std::string& name : stages.back().front()->optimizerNames()) {
       const size_t dot = name.rfind('.');
       auto& [stage, held] = kinds.try_emplace(name.substr(0, dot), stages.size() - 1, std::set<std::string>()).first->second;
       if (stage == stages.size() - 1) held.insert(name.substr(dot + 1));
@@ -103,16 +128,16 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
   for (const std::string& name : order) {
     auto it = kinds.find(name);
     if (it == kinds.end()) continue;
-    StageTensors& from = *stages[it->second.first];
+    const size_t from = it->second.first;
     GenericDict s = dictOf(c10::StringType::get());
     for (const char* kind : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
       if (it->second.second.count(kind) != 0) {
-        s.insert(kind, writer.add(name + "." + kind, from.optimizerState(name + "." + kind)));
+        s.insert(kind, writer.add(name + "." + kind, stateOf(from, name, kind)));
       }
     }
     // torch.optim 1.13's AdamW counts steps in a float32 scalar tensor.
     if (it->second.second.count("step") != 0) {
-      const int64_t step = from.optimizerState(name + ".step").item<int64_t>();
+      const int64_t step = stateOf(from, name, "step").item<int64_t>();
       s.insert("step", writer.add(name + ".step", torch::tensor(static_cast<float>(step))));
     }
     state.insert(index++, std::move(s));

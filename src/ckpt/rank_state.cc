@@ -44,6 +44,10 @@ std::string stageFile(int stage, int stages, const std::string& name) {
   return stages > 1 ? fmt::format("stage{}-{}", stage, name) : name;
 }
 
+std::string sliceFile(int slice, int slices, const std::string& name) {
+  return slices > 1 ? fmt::format("slice{}-{}", slice, name) : name;
+}
+
 std::vector<SnapshotItem> rankStateItems(const std::vector<SnapshotItem>& modelItems,
                                          bool ownBuffers) {
   std::vector<SnapshotItem> items{{kRng, rngStateLater()}};

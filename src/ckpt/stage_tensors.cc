@@ -42,7 +42,13 @@ struct StageTensors::Bucketed {
   std::map<std::string, at::Tensor> cache;
 };
 
-StageTensors::StageTensors(const std::string& dir, const Manifest& m, int stage) : dir_(dir), stage_(stage) {
+StageTensors::StageTensors(const std::string& dir, const Manifest& m, int stage, int slice)
+    : dir_(dir), stage_(stage), slice_(slice) {
+  if (m.extra.contains("tensor")) slices_ = jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1)));
+  if (slice < 0 || slice >= slices_) {
+    throw DataError(fmt::format("{}/manifest.json: the checkpoint has {} tensor slice(s), not slice {}", dir, slices_,
+                                slice));
+  }
   if (m.extra.contains("pipeline")) stages_ = jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1)));
   if (stages_ == 1) {
     if (m.extra.contains("zero")) zero_ = m.extra["zero"];
@@ -105,7 +111,9 @@ StageTensors::~StageTensors() = default;
 
 const StateDict& StageTensors::entries() const { return entries_; }
 const nlohmann::json& StageTensors::zero() const { return zero_; }
-std::string StageTensors::file(const std::string& name) const { return stageFile(stage_, stages_, name); }
+std::string StageTensors::file(const std::string& name) const {
+  return sliceFile(slice_, slices_, stageFile(stage_, stages_, name));
+}
 
 int64_t StageTensors::bucketElements(size_t k) const {
   int64_t total = 0;
@@ -212,10 +220,31 @@ at::Tensor StageTensors::optimizerState(const std::string& name) {
 }
 
 CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) {
+  const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json());
+  if (tensor.is_object()) {
+    slices_ = jsonInt<int>(tensor.value("tensors", nlohmann::json(1)));
+    const nlohmann::json cutsByName = tensor.value("cuts", nlohmann::json::object());
+    for (const auto& [name, cut] : cutsByName.items()) {
+      cuts_[name] = {jsonInt<int64_t>(cut.value("dim", nlohmann::json(0))), jsonInt<int>(cut.value("blocks", nlohmann::json(1)))};
+    }
+  }
   for (int s = 0; s == 0 || s < stages_.front()->stages(); ++s) {
-    stages_.push_back(std::make_unique<StageTensors>(dir, m, s));
-    for (const auto& [name, t] : stages_.back()->entries()) {
-      if (stageOf_.emplace(name, stages_.size() - 1).second) entries_.emplace_back(name, t);
+    const size_t first = stages_.size();
+    for (int t = 0; t < slices_; ++t) stages_.push_back(std::make_unique<StageTensors>(dir, m, s, t));
+    for (const auto& [name, t] : stages_[first]->entries()) {
+      if (!stageOf_.emplace(name, first).second) continue;
+      auto cut = cuts_.find(name);
+      if (cut == cuts_.end()) {
+        entries_.emplace_back(name, t);
+        continue;
+      }
+      std::vector<int64_t> shape = t.sizes().vec();
+      if (cut->second.first < 0 || cut->second.first >= static_cast<int64_t>(shape.size())) {
+        throw DataError(fmt::format("{}/manifest.json: extra.tensor.cuts cuts '{}' along dimension {}, which it "
+                                    "does not have", dir, name, cut->second.first));
+      }
+      shape[static_cast<size_t>(cut->second.first)] *= slices_;
+      entries_.emplace_back(name, withoutData(shape, t.scalar_type()));
     }
   }
 }
@@ -223,11 +252,27 @@ CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) 
 at::Tensor CheckpointTensors::load(const std::string& name) {
   auto it = stageOf_.find(name);
   if (it == stageOf_.end()) return stages_.front()->load(name);  // its error names the file
-  return stages_[it->second]->load(name);
+  auto cut = cuts_.find(name);
+  if (cut == cuts_.end()) return stages_[it->second]->load(name);
+  std::vector<at::Tensor> slices;
+  for (int t = 0; t < slices_; ++t) slices.push_back(stages_[it->second + static_cast<size_t>(t)]->load(name));
+  return joinSlices(slices, cut->second.first, cut->second.second);
 }
 
 void CheckpointTensors::drop(const std::string& name) {
-  if (auto it = stageOf_.find(name); it != stageOf_.end()) stages_[it->second]->drop(name);
+  auto it = stageOf_.find(name);
+  if (it == stageOf_.end()) return;
+  for (int t = 0; t < slices_; ++t) stages_[it->second + static_cast<size_t>(t)]->drop(name);
+}
+
+at::Tensor joinSlices(const std::vector<at::Tensor>& slices, int64_t dim, int blocks) {
+  COHORT_ASSERT(!slices.empty() && blocks >= 1, "joinSlices takes at least one slice and one block");
+  const int64_t width = slices.front().size(dim) / blocks;
+  std::vector<at::Tensor> parts;
+  for (int b = 0; b < blocks; ++b) {
+    for (const at::Tensor& s : slices) parts.push_back(s.narrow(dim, b * width, width));
+  }
+  return at::cat(parts, dim);
 }
 
 }  // namespace cohort::ckpt

@@ -29,15 +29,15 @@ nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int st
   return StageTensors(dir, m, stage).zero();
 }
 
-StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage) {
-  StageTensors st(dir, m, stage);
+StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage, int slice) {
+  StageTensors st(dir, m, stage, slice);
   StateDict whole;
   for (const std::string& name : st.optimizerNames()) whole.emplace_back(name, st.optimizerState(name));
   return whole;
 }
 
-StateDict stageModel(const std::string& dir, const Manifest& m, int stage) {
-  StageTensors st(dir, m, stage);
+StateDict stageModel(const std::string& dir, const Manifest& m, int stage, int slice) {
+  StageTensors st(dir, m, stage, slice);
   StateDict out;
   for (const auto& [name, t] : st.entries()) out.emplace_back(name, st.load(name));
   return out;

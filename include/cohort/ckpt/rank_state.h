@@ -30,6 +30,10 @@ std::string modelPartFile(int rank);
 // model and optimizer under its own names: "stage<s>-" + name. One stage:
 // name as it is.
 std::string stageFile(int stage, int stages, const std::string& name);
+// A tensor-parallel rank's slice `slice` of `slices` (> 1) writes its
+// files under "slice<t>-" + name (before any stage prefix); one slice: name
+// as it is.
+std::string sliceFile(int slice, int slices, const std::string& name);
 
 // The items of rank-<r>.bin at this moment: "rng.cpu" (the default CPU
 // generator, cloned now; its state tensor is built by the copier thread) and,

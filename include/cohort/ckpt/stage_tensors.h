@@ -30,7 +30,9 @@ class StageTensors : public TensorSource {
  public:
   // Reads the manifest's layout and model.bin's header; throws DataError
   // naming manifest.json or the file when the layout does not hold together.
-  StageTensors(const std::string& dir, const Manifest& m, int stage);
+  // `slice`: a tensor-parallel checkpoint's (extra.tensor) slice of the
+  // stage, whose files are "slice<t>-..." (ckpt::sliceFile).
+  StageTensors(const std::string& dir, const Manifest& m, int stage, int slice = 0);
   ~StageTensors() override;
 
   // The stage's model tensors in the model's order (extra.zero.model_order
@@ -51,6 +53,7 @@ class StageTensors : public TensorSource {
   const nlohmann::json& zero() const;
   std::string file(const std::string& name) const;
   int stages() const { return stages_; }  // of the checkpoint's pipeline (1: none)
+  int slices() const { return slices_; }  // of its tensor split (1: none)
   // The elements of bucket k of the layout (before padding).
   int64_t bucketElements(size_t k) const;
 
@@ -63,6 +66,8 @@ class StageTensors : public TensorSource {
   std::string dir_;
   int stage_ = 0;
   int stages_ = 1;
+  int slice_ = 0;
+  int slices_ = 1;
   nlohmann::json zero_;
   StateDict entries_;
   std::map<std::string, size_t> bucketOf_;  // a parameter of a part: its bucket
@@ -73,7 +78,11 @@ class StageTensors : public TensorSource {
 // Every stage of a checkpoint as one TensorSource: each stage's model
 // tensors in stage order, a name two stages hold (a pipeline's tied
 // embedding) taken from the first: the checkpoint's model, read one tensor
-// at a time.
+// at a time. A tensor-parallel checkpoint's split tensors are put together
+// from every slice's file as they are read. Its extra.tensor:
+// {"tensors": T, "sequence_parallel": bool, "cuts": {name: {"dim": d,
+// "blocks": b}, ...}} for every split tensor of model.bin; the others are
+// whole in every slice's file.
 class CheckpointTensors : public TensorSource {
  public:
   CheckpointTensors(const std::string& dir, const Manifest& m);
@@ -82,9 +91,17 @@ class CheckpointTensors : public TensorSource {
   void drop(const std::string& name) override;
 
  private:
+  // One per stage and slice: stage s's slice t at s x slices + t.
   std::vector<std::unique_ptr<StageTensors>> stages_;
+  int slices_ = 1;
+  std::map<std::string, std::pair<int64_t, int>> cuts_;  // a split tensor: its dim and blocks
   StateDict entries_;
-  std::map<std::string, size_t> stageOf_;
+  std::map<std::string, size_t> stageOf_;  // the index of its stage's slice 0
 };
+
+// The whole tensor of `slices` (each rank's of a tensor split, in rank
+// order) cut along `dim`, which is `blocks` equal blocks each cut in
+// slices.size() (a fused query/key/value projection: 3 blocks).
+at::Tensor joinSlices(const std::vector<at::Tensor>& slices, int64_t dim, int blocks);
 
 }  // namespace cohort::ckpt

@@ -29,7 +29,7 @@ namespace cohort::ckpt {
 
 struct Manifest;
 
-// Of one stage of the checkpoint at `dir` (extra.pipeline: its files
+// Of one stage (and tensor slice `slice`, extra.tensor) of the checkpoint at `dir` (extra.pipeline: its files
 // "stage<s>-...", its layout extra.pipeline.stage_zero[s]; stage 0 of a
 // checkpoint without a pipeline is the whole). stageModel: its model's
 // tensors, model.bin's and with extra.zero.model_parts (stage 3) the
@@ -44,11 +44,11 @@ struct Manifest;
 // "<param>.momentum_buffer" for sgd), each of its parameter's shape.
 // All of them read through StageTensors (stage_tensors.h), which reads one
 // tensor or bucket at a time.
-StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage);
+StateDict stageOptimizerState(const std::string& dir, const Manifest& m, int stage, int slice = 0);
 // The ZeRO layout stage `stage` was written with (extra.zero without a
 // pipeline); null without ZeRO.
 nlohmann::json stageZeroLayout(const std::string& dir, const Manifest& m, int stage);
-StateDict stageModel(const std::string& dir, const Manifest& m, int stage);
+StateDict stageModel(const std::string& dir, const Manifest& m, int stage, int slice = 0);
 
 // ZeRO stage 3 resumed in the same cut: rank `rank`'s parameter parts of
 // stage `stage` (its model-<rank>.bin), one per bucket of `buckets` (each
