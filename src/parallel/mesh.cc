@@ -48,7 +48,7 @@ Mesh buildMesh(const comm::Comm& world, const MeshShape& shape) {
         t == 1 ? fmt::format("distribution.pipeline.stages: {} stages do not divide the {} ranks of the job (each "
                              "data replica holds one rank per stage: the ranks must be a multiple of {})",
                              p, world.worldSize, p)
-               : fmt::format("distribution.pipeline.stages x the tensor split: {} x {} ranks do not divide the {} "
+               : fmt::format("distribution.pipeline.stages x distribution.tensor: {} x {} ranks do not divide the {} "
                              "ranks of the job (each data replica holds {} ranks: the ranks must be a multiple of it)",
                              p, t, world.worldSize, p * t, p * t));
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "cohort/ckpt/rank_state.h"
 #include "cohort/core/error.h"
 #include "cohort/parallel/ddp.h"
 #include "cohort/models/lora.h"
@@ -92,10 +93,36 @@ at::Tensor Plan::evalForward(const at::Tensor& input, MicroBatchOps& ops) {
   return ops.forward(*model_, input, 0);
 }
 
+at::Tensor Plan::outputLoss(const at::Tensor& output, const at::Tensor& labels, double labelSmoothing) {
+  namespace F = torch::nn::functional;
+  return F::cross_entropy(output.to(at::kFloat).flatten(0, output.dim() - 2), labels.flatten(),
+                          F::CrossEntropyFuncOptions().label_smoothing(labelSmoothing));
+}
+
+OutputScore Plan::scoreOutput(const at::Tensor& output, const at::Tensor& labels) {
+  namespace F = torch::nn::functional;
+  const at::Tensor logits = output.to(at::kFloat).flatten(0, output.dim() - 2);
+  const at::Tensor flat = labels.flatten();
+  OutputScore s;
+  s.lossSum = F::cross_entropy(logits, flat, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+  const at::Tensor top = std::get<1>(logits.topk(std::min<int64_t>(5, logits.size(1)), 1));
+  const at::Tensor hits = top.eq(flat.unsqueeze(1));
+  s.top1 = hits.select(1, 0).sum().item<double>();
+  s.top5 = hits.any(1).sum().item<double>();
+  s.count = static_cast<double>(flat.size(0));
+  return s;
+}
+
+std::string CheckpointRole::file(const std::string& name) const {
+  return ckpt::sliceFile(slice, slices, ckpt::stageFile(stage, stages, name));
+}
+
 CheckpointRole Plan::checkpointRole() const {
   CheckpointRole role;
   role.stage = mesh_.stage;
   role.stages = mesh_.stages;
+  role.slice = mesh_.tensorRank;
+  role.slices = mesh_.tensors;
   role.dataRank = mesh_.replica;
   role.writesShared = mesh_.replica == 0;
   return role;

@@ -14,6 +14,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/parallel/tensor_layers.h"
+#include "models/recompute.h"
 
 namespace cohort::parallel {
 namespace {
@@ -217,7 +218,10 @@ class SplitGpt : public TensorParallelGpt {
  public:
   SplitGpt(const models::GptOptions& o, const comm::Comm& group, const TensorSplitOptions& split,
            const Generator& gen)
-      : group_(group), blockSize_(o.blockSize), sequence_(split.sequenceParallel && group.worldSize > 1) {
+      : group_(group),
+        blockSize_(o.blockSize),
+        sequence_(split.sequenceParallel && group.worldSize > 1),
+        recompute_(o.recompute) {
     const int t = group.worldSize, r = group.rank;
     const int64_t c = o.nEmbd, v = o.vocabSize;
     vocabFirst_ = r * (v / t);
@@ -268,6 +272,7 @@ class SplitGpt : public TensorParallelGpt {
   }
 
   int64_t vocabFirst() const override { return vocabFirst_; }
+  bool sequenceParallel() const override { return sequence_; }
 
   at::Tensor forward(const at::Tensor& tokens) override {
     if (tokens.dim() != 2) {
@@ -288,7 +293,15 @@ class SplitGpt : public TensorParallelGpt {
     } else {
       x = wte_(tokens) + torch::embedding(wpe, torch::arange(s, tokens.options().dtype(torch::kLong)));
     }
-    for (Block& block : blocks_) x = block->forward(x, sequence_);
+    const bool again = recompute_ && is_training();
+    for (Block& block : blocks_) {
+      // model.recompute: the block's forward runs again in backward, its
+      // exchanges with it (every rank of the group recomputes in the same
+      // order).
+      const bool sequence = sequence_;
+      x = again ? models::recomputed([block, sequence](const at::Tensor& y) mutable { return block->forward(y, sequence); }, x)
+                : block->forward(x, sequence_);
+    }
     x = lnF_(x);
     // The head is this rank's rows of the token embedding (tied).
     return torch::linear(sequence_ ? gatherSequence(x, 1, group_) : copyToSlices(x, group_), wte_->weight);
@@ -326,6 +339,7 @@ class SplitGpt : public TensorParallelGpt {
   comm::Comm group_;
   int64_t blockSize_;
   bool sequence_;
+  bool recompute_;
   int64_t vocabFirst_ = 0;
   VocabParallelEmbedding wte_{nullptr};
   Holder wpe_{nullptr};
@@ -358,16 +372,13 @@ void checkGptTensorSplit(const models::GptOptions& o, int tensors) {
                                     std::pair{4 * o.nEmbd, std::string("the MLP's width (4 x model.n_embd)")},
                                     std::pair{o.vocabSize, std::string("model.vocab_size")}}) {
     if (value % tensors != 0) {
-      throw ConfigError(fmt::format("tensor parallelism over {} ranks: {} ({}) is not divisible by {}", tensors,
+      throw ConfigError(fmt::format("distribution.tensor: {} ranks cannot split the model: {} ({}) is not divisible by {}", tensors,
                                     what, value, tensors));
     }
   }
   if (o.dropout != 0) {
     throw ConfigError(fmt::format("model.dropout: {} with tensor parallelism; only 0 is supported so far",
                                   o.dropout));
-  }
-  if (o.recompute) {
-    throw ConfigError("model.recompute: not supported with tensor parallelism so far");
   }
 }
 

@@ -30,6 +30,14 @@ void sumInPlace(const comm::Comm& group, at::Tensor& t, const char* what) {
   if (group.worldSize == 1) return;
   ++exchanges.sums;
   exchanges.sumBytes += static_cast<int64_t>(t.nbytes());
+  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf) {
+    // Gloo has no bfloat16 sum: summed in float32 and rounded once, as the
+    // gradient exchange's bf16 compression sums.
+    at::Tensor wide = t.to(at::kFloat);
+    comm::allreduceSum(group, wide, what);
+    t.copy_(wide);
+    return;
+  }
   comm::allreduceSum(group, t, what);
 }
 
@@ -67,12 +75,17 @@ struct SumOfSlices : torch::autograd::Function<SumOfSlices> {
 };
 
 std::vector<at::Tensor> allGathered(const at::Tensor& x, const comm::Comm& group, const char* what) {
-  std::vector<at::Tensor> in{x.contiguous()};
+  // 16-bit floating types travel as their bits (Gloo gathers no bfloat16).
+  const bool bits = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  std::vector<at::Tensor> in{bits ? x.contiguous().view(at::kShort) : x.contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < group.worldSize; ++r) out[0].push_back(at::empty_like(in[0]));
   ++exchanges.gathers;
   exchanges.gatherBytes += static_cast<int64_t>(in[0].nbytes());
   comm::wait(group.pg->allgather(out, in), group, what);
+  if (bits) {
+    for (at::Tensor& t : out[0]) t = t.view(x.scalar_type());
+  }
   return out[0];
 }
 

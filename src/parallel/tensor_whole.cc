@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "cohort/parallel/tensor_gpt.h"
@@ -14,19 +15,19 @@ namespace cohort::parallel {
 at::Tensor wholeFromSlices(const std::vector<at::Tensor>& slices, const TensorCut& cut) {
   COHORT_ASSERT(!slices.empty(), "wholeFromSlices takes at least one slice");
   if (!cut.split()) return slices.front();
-  const int64_t width = slices.front().size(cut.dim) / cut.blocks;
-  std::vector<at::Tensor> parts;
-  for (int b = 0; b < cut.blocks; ++b) {
-    for (const at::Tensor& s : slices) parts.push_back(s.narrow(cut.dim, b * width, width));
-  }
-  return torch::cat(parts, cut.dim);
+  return ckpt::joinSlices(slices, cut.dim, cut.blocks);
 }
 
 void visitWholeTensors(const models::Model& model, const comm::Comm& group,
                        const std::function<void(const std::string&, const at::Tensor&)>& visit) {
+  visitWholeTensors(ckpt::stateDict(model), group, visit);
+}
+
+void visitWholeTensors(const ckpt::StateDict& slices, const comm::Comm& group,
+                       const std::function<void(const std::string&, const at::Tensor&)>& visit) {
   torch::NoGradGuard noGrad;
   const bool root = group.rank == 0;
-  for (const auto& [name, tensor] : ckpt::stateDict(model)) {
+  for (const auto& [name, tensor] : slices) {
     const TensorCut cut = gptTensorCut(name);
     if (!cut.split() || group.worldSize == 1) {
       if (root) visit(name, tensor);

@@ -5,6 +5,8 @@
 //
 //   what this rank holds      model(): the whole model, or its pipeline stage
 //   what it optimizes         optimizerParameters(), optimizerNames()
+//   how the output is read    outputLoss(), scoreOutput(): whole classes, or
+//                               a tensor group's slices of them
 //   how a step's micro-       runRound(): a round of micro-batches forward and
 //     batches run               backward in the plan's schedule (one micro-
 //                               batch, as accumulation always ran; 1F1B or
@@ -92,8 +94,22 @@ struct UnitWrite {
 struct CheckpointRole {
   int stage = 0;
   int stages = 1;             // > 1: every file name carries the stage (ckpt::stageFile)
+  int slice = 0;              // the tensor rank, whose slices the files hold
+  int slices = 1;             // > 1: every file name carries the slice (ckpt::sliceFile)
   int dataRank = 0;           // the index of this rank's ZeRO part files
-  bool writesShared = false;  // the stage's model file (and the unsharded optimizer's)
+  bool writesShared = false;  // the stage's (slice's) model file (and the unsharded optimizer's)
+  // The name of this rank's stage's (and slice's) file `name`.
+  std::string file(const std::string& name) const;
+};
+
+// What evaluation counts of a batch's output on this rank (added up over
+// the job's ranks): the summed loss, the top-1 and top-5 hits and the
+// predictions, each counted once per data replica.
+struct OutputScore {
+  double lossSum = 0;
+  double top1 = 0;
+  double top5 = 0;
+  double count = 0;
 };
 
 class Plan {
@@ -156,8 +172,21 @@ class Plan {
   // the rank that holds it (holdsOutput()), undefined elsewhere.
   virtual at::Tensor evalForward(const at::Tensor& input, MicroBatchOps& ops);
   bool holdsOutput() const { return mesh_.lastStage(); }
+  // On the ranks that hold the output: the mean cross-entropy (float32) of
+  // `output` ([..., classes]: a language model's [B, T, vocab]) against
+  // `labels` ([...]), with `labelSmoothing`; the same on every rank of a
+  // tensor group, whose ranks hold slices of the classes (collective
+  // there).
+  virtual at::Tensor outputLoss(const at::Tensor& output, const at::Tensor& labels, double labelSmoothing);
+  // Evaluation's counts of `output` against `labels` (as outputLoss).
+  virtual OutputScore scoreOutput(const at::Tensor& output, const at::Tensor& labels);
 
   virtual CheckpointRole checkpointRole() const;
+  // A model split over a tensor group: how, as each manifest records it
+  // (extra.tensor, ckpt::CheckpointTensors): the ranks, sequence
+  // parallelism, and the cut of every split tensor of the state dict. Null
+  // otherwise.
+  virtual nlohmann::json tensorLayout() const { return nullptr; }
   // ZeRO (stats().zeroStage > 0): how the optimizer state is cut into
   // parts, as each manifest records it (extra.zero): the stage, the
   // replicas, the buckets' parameter names, each trainable parameter's
@@ -212,5 +241,11 @@ class Plan {
 // The plan of a mesh with one stage: data parallelism over the whole model.
 std::unique_ptr<Plan> dataParallel(Mesh mesh, std::shared_ptr<models::Model> model,
                                    DdpOptions options);
+
+// The plan of a mesh with one stage split over its tensor group
+// (parallel/tensor_plan.cc): `model` is this rank's slices
+// (createTensorParallelGpt over mesh.tensor), and data parallelism (ZeRO
+// 0-2) runs among the ranks holding the same slice (mesh.data).
+std::unique_ptr<Plan> tensorParallel(Mesh mesh, std::shared_ptr<models::Model> model, DdpOptions options);
 
 }  // namespace cohort::parallel

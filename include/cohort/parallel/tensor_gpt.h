@@ -32,6 +32,7 @@
 #include <memory>
 #include <string>
 
+#include "cohort/ckpt/state_dict.h"
 #include "cohort/comm/comm.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
@@ -56,8 +57,8 @@ at::Tensor sliceByCut(const at::Tensor& whole, const TensorCut& cut, int tensors
 
 // Throws ConfigError naming the key when `tensors` ranks cannot split the
 // GPT of `o`: T must divide model.n_head, the MLP's width (4 n_embd) and
-// model.vocab_size; model.dropout and model.recompute are refused (not
-// supported split yet).
+// model.vocab_size; model.dropout is refused (not supported split yet).
+// model.recompute runs each block again in backward, its exchanges too.
 void checkGptTensorSplit(const models::GptOptions& o, int tensors);
 
 // This rank's part of the GPT of `o`, split over `group` (its rank and
@@ -68,11 +69,13 @@ void checkGptTensorSplit(const models::GptOptions& o, int tensors);
 // outlive the model's backward passes. The numbers are drawn from
 // `generator` (the default CPU generator when none), as the whole model
 // draws them from the default one. Throws ConfigError as
-// checkGptTensorSplit, and for dropout or recompute (not supported split
-// yet).
+// checkGptTensorSplit.
 class TensorParallelGpt : public models::Model {
  public:
   virtual int64_t vocabFirst() const = 0;
+  // Whether the norm and residual regions hold 1/T of the sequence
+  // (TensorSplitOptions::sequenceParallel, with T > 1).
+  virtual bool sequenceParallel() const = 0;
   // The mean cross-entropy of this rank's logits slice [B, S, V/T] against
   // `targets` [B, S] (whole-vocabulary ids). Collective over the group.
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) = 0;
@@ -108,6 +111,10 @@ at::Tensor wholeFromSlices(const std::vector<at::Tensor>& slices, const TensorCu
 // 0 holds its own slices and one whole tensor besides. Collective over the
 // group; the other ranks visit nothing.
 void visitWholeTensors(const models::Model& model, const comm::Comm& group,
+                       const std::function<void(const std::string&, const at::Tensor&)>& visit);
+// The same over `slices` (each rank's tensors of one state dict, in one
+// order: models::publishedStateDict of the split model).
+void visitWholeTensors(const ckpt::StateDict& slices, const comm::Comm& group,
                        const std::function<void(const std::string&, const at::Tensor&)>& visit);
 
 // The squared L2 norm of the whole model's gradients from a model split

@@ -1,0 +1,159 @@
+// The plan of a model split over a tensor group (plan.h, tensorParallel):
+// data parallelism among the ranks that hold the same slices, and what the
+// split adds to it: the loss and evaluation read from the vocabulary's
+// slices, the gradients of the tensors every rank holds whole counted once
+// in the norm (and, with sequence parallelism, summed over the group), the
+// whole model put together from the slices for the final save.
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "cohort/core/error.h"
+#include "cohort/parallel/ddp.h"
+#include "cohort/parallel/plan.h"
+#include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_layers.h"
+
+namespace cohort::parallel {
+namespace {
+
+class TensorPlan : public Plan {
+ public:
+  TensorPlan(Mesh mesh, std::shared_ptr<models::Model> model, DdpOptions options)
+      : Plan(std::move(mesh), model, std::move(options)),
+        split_(std::dynamic_pointer_cast<TensorParallelGpt>(model)) {
+    COHORT_ASSERT(split_ != nullptr, "a tensor-parallel plan over a model that is not split");
+    COHORT_ASSERT(mesh_.stages == 1, "tensor parallelism within a pipeline's stages is not supported");
+    COHORT_ASSERT(engine_->stats().zeroStage < 3, "tensor parallelism with ZeRO stage 3 is not supported");
+  }
+
+  void finishGradients() override {
+    Plan::finishGradients();
+    // With sequence parallelism each rank saw its part of the sequence in
+    // the regions whose tensors every rank holds whole: their gradients are
+    // summed over the group (the same ranges of the same buckets on every
+    // rank of it), once the data group's exchange has finished.
+    if (!split_->sequenceParallel()) return;
+    torch::NoGradGuard noGrad;
+    std::vector<at::Tensor> runs = wholeRuns();
+    if (runs.empty()) return;
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& r : runs) flat.push_back(r.reshape({-1}));
+    at::Tensor all = torch::cat(flat);
+    comm::allreduceSum(mesh_.tensor, all, "sequence-parallel gradient sum of the whole tensors");
+    int64_t at = 0;
+    for (at::Tensor& r : runs) {
+      r.copy_(all.narrow(0, at, r.numel()).view_as(r));
+      at += r.numel();
+    }
+  }
+
+  bool gradientsFinite() override {
+    const bool finite = engine_->gradientsFinite();
+    at::Tensor bad = torch::tensor({finite ? 0.0 : 1.0}, torch::kFloat64);
+    comm::allreduceSum(mesh_.world, bad, "tensor-parallel gradient check");
+    return bad.item<double>() == 0;
+  }
+
+  // Each rank adds the squares of the gradients it steps; a tensor every
+  // rank of the group holds whole is counted 1/T on each. With ZeRO the
+  // data group's ranks step disjoint parts; without it each holds them all
+  // (so 1/replicas of each). One sum over the job.
+  double gradientSquaredNorm() override {
+    torch::NoGradGuard noGrad;
+    const double wholeShare = 1.0 / static_cast<double>(mesh_.tensors);
+    const std::vector<at::Tensor> parts = optimizerParameters();
+    const std::vector<std::vector<ckpt::PartSlice>> slices = optimizerSlices();
+    double sum = 0;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const at::Tensor g = parts[k].grad();
+      if (!g.defined()) continue;
+      for (const ckpt::PartSlice& s : slices[k]) {
+        const at::Tensor run = g.reshape({-1}).narrow(0, s.at, s.length).to(at::kDouble);
+        sum += (gptTensorCut(s.param).split() ? 1.0 : wholeShare) * run.dot(run).item<double>();
+      }
+    }
+    if (engine_->stats().zeroStage == 0) sum /= static_cast<double>(mesh_.replicas);
+    at::Tensor total = torch::tensor({sum}, torch::kFloat64);
+    comm::allreduceSum(mesh_.world, total, "tensor-parallel gradient norm");
+    return total.item<double>();
+  }
+
+  at::Tensor outputLoss(const at::Tensor& output, const at::Tensor& labels, double labelSmoothing) override {
+    COHORT_ASSERT(labelSmoothing == 0, "label smoothing with tensor parallelism");
+    return split_->loss(output.to(at::kFloat), labels);
+  }
+
+  // The loss from the slices; the top 5 of the whole vocabulary from each
+  // rank's top 5 (gathered over the group). Tensor rank 0 counts them.
+  OutputScore scoreOutput(const at::Tensor& output, const at::Tensor& labels) override {
+    torch::NoGradGuard noGrad;
+    const at::Tensor logits = output.to(at::kFloat).flatten(0, output.dim() - 2);
+    const at::Tensor flat = labels.flatten();
+    const int64_t n = flat.size(0);
+    const double mean = split_->loss(logits, flat).item<double>();
+    const int64_t k = std::min<int64_t>(5, logits.size(1));
+    auto [values, ids] = logits.topk(k, 1);
+    const at::Tensor allValues = gatherSequence(values.contiguous(), 1, mesh_.tensor);
+    const at::Tensor allIds =
+        gatherSequence((ids + split_->vocabFirst()).to(at::kDouble).contiguous(), 1, mesh_.tensor);
+    OutputScore s;
+    if (mesh_.tensorRank != 0) return s;
+    const int64_t top = std::min<int64_t>(5, allValues.size(1));
+    const at::Tensor best = allIds.gather(1, std::get<1>(allValues.topk(top, 1))).to(at::kLong);
+    const at::Tensor hits = best.eq(flat.unsqueeze(1));
+    s.lossSum = mean * static_cast<double>(n);
+    s.top1 = hits.select(1, 0).sum().item<double>();
+    s.top5 = hits.any(1).sum().item<double>();
+    s.count = static_cast<double>(n);
+    return s;
+  }
+
+  nlohmann::json tensorLayout() const override {
+    nlohmann::json cuts = nlohmann::json::object();
+    for (const auto& [name, t] : ckpt::stateDict(*model_)) {
+      const TensorCut cut = gptTensorCut(name);
+      if (cut.split()) cuts[name] = {{"dim", cut.dim}, {"blocks", cut.blocks}};
+    }
+    return {{"tensors", mesh_.tensors}, {"sequence_parallel", split_->sequenceParallel()}, {"cuts", std::move(cuts)}};
+  }
+
+  // Replica 0's tensor group puts each split tensor together on its rank 0
+  // (the job's rank 0), one tensor at a time.
+  void visitCollected(const Publish& publish, const Visit& visit) override {
+    if (mesh_.replica != 0) return;
+    const bool root = mesh_.world.rank == 0;
+    visitWholeTensors(publish(*model_), mesh_.tensor, [&](const std::string& name, const at::Tensor& t) {
+      if (root) visit(name, t);
+    });
+  }
+
+ private:
+  // The gradients of the tensors every rank holds whole, as runs of the
+  // parts this rank steps.
+  std::vector<at::Tensor> wholeRuns() const {
+    std::vector<at::Tensor> runs;
+    const std::vector<at::Tensor> parts = optimizerParameters();
+    const std::vector<std::vector<ckpt::PartSlice>> slices = optimizerSlices();
+    for (size_t k = 0; k < parts.size(); ++k) {
+      at::Tensor g = parts[k].grad();
+      if (!g.defined()) continue;
+      for (const ckpt::PartSlice& s : slices[k]) {
+        if (!gptTensorCut(s.param).split()) runs.push_back(g.reshape({-1}).narrow(0, s.at, s.length));
+      }
+    }
+    return runs;
+  }
+
+  std::shared_ptr<TensorParallelGpt> split_;
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> tensorParallel(Mesh mesh, std::shared_ptr<models::Model> model, DdpOptions options) {
+  return std::make_unique<TensorPlan>(std::move(mesh), std::move(model), std::move(options));
+}
+
+}  // namespace cohort::parallel
