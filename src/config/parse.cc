@@ -314,6 +314,54 @@ fs::path absolutePath(const std::string& p) {
   return ec ? fs::path(p) : a.lexically_normal();
 }
 
+// distribution.tensor and sequence_parallel against the model and the
+// other settings (docs/parallelism.md, "Tensor parallelism").
+template <class Where>
+void checkTensor(const JobConfig& job, const Where& where) {
+  const DistributionConfig& d = job.distribution;
+  const std::string key = "distribution.tensor";
+  if (d.tensor == 1) {
+    if (d.sequenceParallel) {
+      fail(where("distribution.sequence_parallel"), "distribution.sequence_parallel",
+           "is for tensor parallelism: set distribution.tensor > 1 too");
+    }
+    return;
+  }
+  const ModelConfig& m = job.model;
+  if (m.arch != ModelArch::gpt) {
+    fail(where(key), key,
+         fmt::format("{} ranks split each layer of the gpt model only; model.arch {} is not split "
+                     "(use distribution.tensor 1)",
+                     d.tensor, choiceName(m.arch)));
+  }
+  for (const auto& [value, what] : {std::pair<int64_t, std::string>{m.nHead, "model.n_head"},
+                                    {4 * m.nEmbd, "the MLP's width (4 x model.n_embd)"},
+                                    {m.vocabSize, "model.vocab_size"}}) {
+    if (value % d.tensor != 0) {
+      fail(where(key), key,
+           fmt::format("{} ranks cannot split the model: {} ({}) is not divisible by {}", d.tensor, what,
+                       value, d.tensor));
+    }
+  }
+  // What does not run split yet, each refused by its own key.
+  const std::vector<std::tuple<bool, std::string, std::string>> refused = {
+      {d.pipeline.stages > 1, "distribution.pipeline.stages",
+       "a pipeline of tensor-parallel stages is not supported yet: use distribution.tensor or "
+       "distribution.pipeline.stages"},
+      {d.zero == 3, "distribution.zero",
+       "stage 3 with tensor parallelism is not supported yet: use stage 0, 1 or 2 (the slices are "
+       "1/distribution.tensor of the model already)"},
+      {m.lora.rank > 0, "model.lora.rank", "LoRA adapters are not split: train them with distribution.tensor 1"},
+      {m.dropout != 0, "model.dropout", "only 0 is supported with tensor parallelism so far"},
+      {!m.initFrom.empty(), "model.init_from",
+       "a tensor-parallel job starts from random weights or its own checkpoints so far"},
+      {job.training.labelSmoothing != 0, "training.label_smoothing",
+       "the vocab-parallel cross-entropy has no label smoothing: use 0 with distribution.tensor > 1"}};
+  for (const auto& [bad, path, why] : refused) {
+    if (bad) fail(where(path), path, fmt::format("{} (distribution.tensor is {})", why, d.tensor));
+  }
+}
+
 // distribution.pipeline against the model and the ranks (docs/parallelism.md).
 template <class Where>
 void checkPipeline(const JobConfig& job, const Where& where) {
@@ -512,6 +560,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                      dist.zero));
   }
   checkPipeline(job, where);
+  checkTensor(job, where);
   const ElasticConfig& el = job.elastic;
   for (auto [a, b, keyA, keyB] :
        {std::tuple<const std::string*, const std::string*, const char*, const char*>{
@@ -642,6 +691,13 @@ JobConfig loadJob(const std::string& path, const std::vector<std::string>& overr
 
 void checkRanks(const JobConfig& job, int64_t ranks) {
   const int64_t stages = job.distribution.pipeline.stages;
+  const int64_t tensor = job.distribution.tensor;
+  if (ranks % (stages * tensor) != 0) {
+    throw ConfigError(fmt::format(
+        "distribution.tensor: {} tensor ranks x {} pipeline stages do not divide the job's {} ranks "
+        "(ranks = data replicas x stages x tensor: start a multiple of {})",
+        tensor, stages, ranks, stages * tensor));
+  }
   if (ranks % stages != 0) {
     throw ConfigError(fmt::format(
         "distribution.pipeline.stages: {} stages do not divide the job's {} ranks (each data "

@@ -140,6 +140,11 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
                                   "(ZeRO stages 0-3) only; a pipeline's stages are not modelled yet",
                                   o.jobPath, job.distribution.pipeline.stages));
   }
+  if (job.distribution.tensor > 1) {
+    throw ConfigError(fmt::format("{}: distribution.tensor {}: cohort plan predicts data-parallel jobs "
+                                  "(ZeRO stages 0-3) only; a tensor split is not modelled yet",
+                                  o.jobPath, job.distribution.tensor));
+  }
   detail::Report report;
   report.jobPath = o.jobPath;
   report.jobName = job.name;

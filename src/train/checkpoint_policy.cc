@@ -171,6 +171,7 @@ ckpt::Manifest CheckpointPolicy::manifestAt(int64_t step, int64_t epoch, int64_t
     const LossScaler::State s = scaler_->state();
     m.extra["loss_scale"] = {{"scale", s.scale}, {"good_steps", s.goodSteps}};
   }
+  if (!tensor_.is_null()) m.extra["tensor"] = tensor_;
   if (!pipeline_.is_null()) {
     m.extra["pipeline"] = pipeline_;
   } else if (!zero_.is_null()) {
@@ -184,7 +185,7 @@ std::vector<ckpt::SnapshotFile> CheckpointPolicy::filesOf(bool writesShared) {
   std::vector<ckpt::SnapshotFile> files;
   // The lists of live tensors are built once (again only when the
   // optimizer's set of states changes): marking costs no copy of them.
-  auto named = [&](const std::string& name) { return ckpt::stageFile(role_.stage, role_.stages, name); };
+  auto named = [&](const std::string& name) { return role_.file(name); };
   if (writesShared) {
     files.emplace_back(named("model.bin"), modelList_,
                        nlohmann::json{{"kind", "model"}, {"arch", arch_}});

@@ -43,20 +43,14 @@ monitor::EvalRecord evaluate(parallel::Plan& plan, data::BatchLoader& loader,
     if (!plan.holdsOutput()) continue;  // an earlier pipeline stage: passed on
     // Predictions [N, classes] against labels [N]: a language model's
     // [B, T, vocab] logits are B x T predictions.
-    const at::Tensor labels = batch->labels.to(device).flatten();
     perToken = logits.dim() == 3;
-    logits = logits.to(at::kFloat).flatten(0, logits.dim() - 2);
-    const int64_t k = std::min<int64_t>(5, logits.size(1));
-    lossSum += torch::nn::functional::cross_entropy(
-                   logits, labels,
-                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .item<double>();
-    at::Tensor top = std::get<1>(logits.topk(k, 1));
-    at::Tensor hits = top.eq(labels.unsqueeze(1));
-    correct1 += hits.select(1, 0).sum().item<double>();
-    correct5 += hits.any(1).sum().item<double>();
-    count += static_cast<double>(labels.size(0));
-    samples += static_cast<double>(batch->labels.size(0));
+    const parallel::OutputScore score = plan.scoreOutput(logits, batch->labels.to(device));
+    lossSum += score.lossSum;
+    correct1 += score.top1;
+    correct5 += score.top5;
+    count += score.count;
+    // (Counted once per replica: a tensor group's other ranks count none.)
+    if (score.count > 0) samples += static_cast<double>(batch->labels.size(0));
   }
   at::Tensor sums = torch::tensor({lossSum, correct1, correct5, count, samples}, torch::kFloat64);
   comm::allreduceSum(comm, sums, "evaluation results");

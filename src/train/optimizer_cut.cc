@@ -39,16 +39,16 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
   };
   if (cut(was) == cut(layout)) {
     const std::string file =
-        dir + "/" + ckpt::stageFile(role.stage, role.stages, ckpt::optimizerFile(sharded, role.dataRank));
+        dir + "/" + role.file(ckpt::optimizerFile(sharded, role.dataRank));
     loadOptimizerState(optimizer, names, ckpt::readTensorFile(file).tensors, file);
     return;
   }
   if (!sharded) {
-    loadOptimizerState(optimizer, names, ckpt::stageOptimizerState(dir, m, role.stage), dir);
+    loadOptimizerState(optimizer, names, ckpt::stageOptimizerState(dir, m, role.stage, role.slice), dir);
   } else {
     // This stage's state read one bucket of the checkpoint's layout at a
     // time: a rank keeping a part of the state never holds it whole.
-    ckpt::StageTensors checkpoint(dir, m, role.stage);
+    ckpt::StageTensors checkpoint(dir, m, role.stage, role.slice);
     const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
     std::vector<int64_t> sizes;
     for (const at::Tensor& t : plan.optimizerParameters()) sizes.push_back(t.numel());

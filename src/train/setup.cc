@@ -17,6 +17,9 @@
 #include "cohort/data/transform.h"
 #include "cohort/models/hf_gpt2.h"
 #include "cohort/models/lora.h"
+#include "cohort/ckpt/rank_state.h"
+#include "cohort/models/gpt.h"
+#include "cohort/parallel/tensor_gpt.h"
 #include "cohort/parallel/unit_load.h"
 #include "cohort/security/keys.h"
 #include "cohort/storage/storage.h"
@@ -123,8 +126,10 @@ bool buildsByUnit(const JobConfig& job) {
   return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt;
 }
 
-ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& comm,
-                      const std::string& resumeFrom, const models::ModelPart& part, int stage) {
+ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel::Mesh& mesh,
+                      const std::string& resumeFrom, const models::ModelPart& part) {
+  const comm::Comm& comm = mesh.data;
+  const int stage = mesh.stage;
   const data::SampleShape& shape = data.shape;
   ModelSetup s;
   // Identical initialization everywhere (rank 0's is broadcast anyway).
@@ -136,7 +141,14 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     s.units = std::make_shared<parallel::UnitParts>(comm.worldSize, comm.rank);
     built.sink = s.units.get();
   }
-  s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, built);
+  if (mesh.tensorSplit()) {
+    // This rank's slices, drawn as the whole model of the seed draws them.
+    parallel::TensorSplitOptions split;
+    split.sequenceParallel = job.distribution.sequenceParallel;
+    s.model = parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), mesh.tensor, split);
+  } else {
+    s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, built);
+  }
   models::Model& model = *s.model;
   if (s.units) {
     // No broadcast sends these: every rank drew them from the same seed.
@@ -214,9 +226,9 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
     // model.bin (a pipeline stage's file), with ZeRO stage 3's parameter
     // parts put back together.
     ckpt::loadStateDict(models::trainedState(model),
-                        ckpt::stageModel(resumeFrom, ckpt::readManifest(resumeFrom), stage),
-                        resumeFrom + "/" + (part.whole() ? std::string("model.bin")
-                                                         : fmt::format("stage{}-model.bin", stage)));
+                        ckpt::stageModel(resumeFrom, ckpt::readManifest(resumeFrom), stage, mesh.tensorRank),
+                        resumeFrom + "/" + ckpt::sliceFile(mesh.tensorRank, mesh.tensors,
+                                                           ckpt::stageFile(stage, mesh.stages, "model.bin")));
   }
   model.to(comm.device);
   const TrainingConfig& tc = job.training;
@@ -237,7 +249,12 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Co
   s.compute.precisionReason = precision.reason;
   log::info("{}", describe(s.compute));
   s.parameters = models::parameterCount(model);
-  log::info("model {}: {} parameters", choiceName(mc.arch), s.parameters);
+  if (mesh.tensorSplit()) {
+    log::info("model {}: {} parameters in this rank's slices ({})", choiceName(mc.arch), s.parameters,
+              mesh.describe());
+  } else {
+    log::info("model {}: {} parameters", choiceName(mc.arch), s.parameters);
+  }
   if (lora && !s.frozenUnits) s.frozenDigest = models::frozenDigest(model);
   return s;
 }
@@ -267,6 +284,7 @@ namespace cohort::train {
 parallel::MeshShape meshShape(const JobConfig& job) {
   parallel::MeshShape shape;
   shape.stages = static_cast<int>(job.distribution.pipeline.stages);
+  shape.tensors = static_cast<int>(job.distribution.tensor);
   return shape;
 }
 

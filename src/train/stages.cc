@@ -88,6 +88,15 @@ std::vector<int64_t> checkpointSplit(const ckpt::Manifest& m) {
 // A pipelined checkpoint resumes on its own layout; the layout must match.
 void checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
                  const std::string& path) {
+  const int slices = m.extra.contains("tensor") ? jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1))) : 1;
+  if (slices != mesh.tensors) {
+    throw ConfigError(fmt::format(
+        "cannot resume from {}: it was written with distribution.tensor {}, and this job has {}. A "
+        "tensor-parallel checkpoint resumes with the split that wrote it; to go on in another, write "
+        "the model out with `cohort ckpt consolidate {} --out model.pt` and start a new run from it "
+        "(model.init_from, with distribution.tensor 1)",
+        path, slices, mesh.tensors, path));
+  }
   const int was = m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
   const std::vector<int64_t> split = checkpointSplit(m);
   const PipelineSplit& asked = job.distribution.pipeline.split;

@@ -147,6 +147,8 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
     po.sharedMemory = job.distribution.sharedMemory;
     po.maxBatch = std::max(job.training.batchSize, evalBatchSize(job));
     plan = parallel::pipeline(s.mesh, s.model.model, options, po);
+  } else if (s.mesh.tensorSplit()) {
+    plan = parallel::tensorParallel(s.mesh, s.model.model, options);
   } else {
     plan = parallel::dataParallel(s.mesh, s.model.model, options);
   }
@@ -200,7 +202,7 @@ void makeLoopParts(TrainState& s) {
   summary.globalBatch = s.steps.globalBatch;
   summary.restartCount = s.options.restartCount;
   s.reporter = std::make_unique<Reporter>(job, s.comm, s.runDir, *s.loaders.train, summary.phases,
-                                          s.mesh.stages);
+                                          s.mesh.stages * s.mesh.tensors);
   s.runner = std::make_unique<StepRunner>(job, *s.plan, *s.optimizer, s.faults, summary.phases,
                                           s.model.precision);
   s.checkpoints = std::make_unique<CheckpointPolicy>(job, *s.plan, s.runDir, *s.optimizer,
@@ -209,6 +211,7 @@ void makeLoopParts(TrainState& s) {
   s.checkpoints->recordLoraBase(s.model.frozenDigest);
   if (!s.zero.is_null()) s.checkpoints->recordZero(s.zero);
   if (job.distribution.zero == 3) s.checkpoints->writeParametersInParts(*s.plan);
+  if (s.mesh.tensorSplit()) s.checkpoints->recordTensor(s.plan->tensorLayout());
   if (s.mesh.pipelined()) {
     nlohmann::json layout = pipelineLayout(job, s.mesh, s.split);
     layout["stage_zero"] = gatherStageLayouts(s.mesh, s.checkpoints->zeroLayout());
@@ -320,7 +323,7 @@ void setUp(TrainState& s) {
   const models::ModelPart part = partOf(s.split, s.mesh.stage);
   if (buildsByUnit(job)) checkFitBeforeBuild(s, part);
   env::pauseForTest("model");
-  s.model = buildModel(job, s.datasets, s.mesh.data, s.options.resumeFrom, part, s.mesh.stage);
+  s.model = buildModel(job, s.datasets, s.mesh, s.options.resumeFrom, part);
   if (s.mesh.pipelined()) logStage(s, part);
   if (s.resumed && !s.model.frozenUnits) checkFrozenBase(s);
   // Before the plan, which shards the parameters at ZeRO stage 3 (with
@@ -363,7 +366,7 @@ void resume(TrainState& s) {
   }
   log::info("{} {} x batch {} x {} micro-steps = global batch {}; peak lr {:.6g}; {} steps "
             "per epoch, {} in all",
-            s.mesh.replicas, s.mesh.pipelined() ? "data replicas" : "ranks", tc.batchSize,
+            s.mesh.replicas, s.mesh.pipelined() || s.mesh.tensorSplit() ? "data replicas" : "ranks", tc.batchSize,
             s.steps.accumulate, s.steps.globalBatch, s.steps.peakLr, s.steps.stepsPerEpoch,
             s.steps.totalSteps);
   s.summary.globalBatch = s.steps.globalBatch;

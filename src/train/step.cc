@@ -102,7 +102,6 @@ at::Tensor StepRunner::forward(models::Model& model, const at::Tensor& input, si
 }
 
 parallel::MicroBatchOps::Loss StepRunner::loss(const at::Tensor& output, size_t micro) {
-  namespace F = torch::nn::functional;
   const auto start = SteadyClock::now();
   const data::Batch& batch = (*batches_)[micro];
   const int64_t n = batch.labels.size(0);
@@ -113,9 +112,8 @@ parallel::MicroBatchOps::Loss StepRunner::loss(const at::Tensor& output, size_t 
     // language model's [B, T, vocab] logits are B x T predictions; each
     // window holds T of them, so the mean over tokens is the mean over
     // windows of their means.
-    loss = F::cross_entropy(output.to(at::kFloat).flatten(0, output.dim() - 2),
-                            batch.labels.to(comm_.device).flatten(),
-                            F::CrossEntropyFuncOptions().label_smoothing(labelSmoothing_));
+    // (The plan's: a tensor group's ranks hold slices of the vocabulary.)
+    loss = plan_.outputLoss(output, batch.labels.to(comm_.device), labelSmoothing_);
     faults_.delayForward(step_);
   }
   const double lossValue = loss.item<double>();

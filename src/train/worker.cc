@@ -173,6 +173,12 @@ int runWorker(const WorkerOptions& o) {
         "data-parallel jobs only; run a pipeline with `cohort run` (or an external launcher)",
         job.distribution.pipeline.stages));
   }
+  if (heldDir && job.distribution.tensor > 1) {
+    throw ConfigError(fmt::format(
+        "distribution.tensor: {} tensor ranks under `cohort agent`: elastic training re-forms "
+        "data-parallel jobs only; run a tensor-parallel job with `cohort run` (or an external launcher)",
+        job.distribution.tensor));
+  }
   // Under `cohort agent`: the batch and learning rate for this round's size.
   const JobConfig asWritten = job;
   if (heldDir) elastic::applyBatchPolicy(job, re.worldSize);

@@ -145,6 +145,8 @@ struct DistributionConfig {
   double stragglerFactor = 1.5;  // a rank computing this much slower than the median is reported
   bool preflight = false;        // run the health checks before training; refuse to start on a failure
   PipelineConfig pipeline;
+  int64_t tensor = 1;            // ranks splitting each layer (tensor parallelism, docs/parallelism.md)
+  bool sequenceParallel = false; // with tensor > 1: the norm/residual regions split along the sequence
 };
 
 // `cohort agent`: elastic training across machines (docs/elastic.md).

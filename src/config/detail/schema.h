@@ -253,6 +253,15 @@ void describe(V& v, DistributionConfig& c) {
           "parameters sharded too, gathered unit by unit. With a pipeline, N is each stage's "
           "replicas.",
           between(0, 3));
+  v.field("tensor", c.tensor,
+          "Tensor parallelism (docs/parallelism.md): ranks that split each layer of the gpt model "
+          "the Megatron-LM way (attention by heads, the MLP by its width, the embedding and head "
+          "by the vocabulary). The job's ranks are data replicas x pipeline stages x tensor.",
+          between(1, 4096));
+  v.field("sequence_parallel", c.sequenceParallel,
+          "With tensor > 1: the LayerNorm and residual regions are split along the sequence too, "
+          "so activations per rank are about 1/tensor (the sequence length must be divisible by "
+          "tensor).");
   v.field("broadcast_buffers", c.broadcastBuffers,
           "Buffers (BatchNorm running statistics) follow rank 0's: every rank takes them before "
           "evaluation and the final save; false keeps each rank's own.");

@@ -79,6 +79,9 @@ class CheckpointPolicy {
   // A pipeline: each manifest records its layout (extra.pipeline, with
   // every stage's ZeRO layout in stage_zero) instead of extra.zero.
   void recordPipeline(nlohmann::json layout) { pipeline_ = std::move(layout); }
+  // A tensor split (Plan::tensorLayout): each manifest's extra.tensor, from
+  // which a reader puts the split tensors together (ckpt::CheckpointTensors).
+  void recordTensor(nlohmann::json layout) { tensor_ = std::move(layout); }
 
   // After optimizer step `step` (counted from 1), at micro-batch `micro` of
   // `epoch`, trained at learning rate `lr`: reports background failures,
@@ -136,6 +139,7 @@ class CheckpointPolicy {
   const bool sharded_;  // distribution.zero > 0: every rank writes its optimizer state
   nlohmann::json zero_;
   nlohmann::json pipeline_;
+  nlohmann::json tensor_;
   std::string jobHash_;
   std::vector<ckpt::SnapshotItem> modelItems_;
   // partList_: stage 3, this rank's parts of the parameters.

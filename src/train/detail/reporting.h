@@ -38,8 +38,9 @@ class Reporter {
   // Rank 0 opens metrics.jsonl (appending), TensorBoard (output.tensorboard;
   // a failure only warns) and the progress display. `loader` and `phases`
   // are read for the data wait and compute time of each record.
-  // `stages`: the ranks that train on each sample (a pipeline's stages;
-  // 1 without), so that throughput counts every sample once.
+  // `stages`: the ranks that train on each sample (a pipeline's stages
+  // times a tensor split's ranks; 1 without), so that throughput counts
+  // every sample once.
   Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
            const data::BatchLoader& loader, const PhaseTimes& phases, int stages = 1);
 

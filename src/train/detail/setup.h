@@ -16,6 +16,7 @@
 #include "cohort/data/loader.h"
 #include "cohort/data/sampler.h"
 #include "cohort/models/model.h"
+#include "cohort/parallel/mesh.h"
 #include "cohort/parallel/options.h"
 #include "cohort/parallel/unit_parts.h"
 #include "cohort/security/keys.h"
@@ -61,8 +62,9 @@ struct ModelSetup {
 ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data);
 
 // Builds this rank's `part` of the model (the whole model without a
-// pipeline), seeded with training.seed so every rank starts alike; checks
-// that every rank of `peers` (the ranks that hold the same part) built the
+// pipeline; with a tensor split its slices of it, parallel/tensor_gpt.h),
+// seeded with training.seed so every rank starts alike; checks
+// that every rank of mesh.data (the ranks that hold the same part) built the
 // same tensors (CommError otherwise; unit by unit, the same values too);
 // loads the part's tensors of
 // <resumeFrom> (ckpt::stageModel), or else of model.init_from (both with
@@ -70,9 +72,8 @@ ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data);
 // training.precision for this CPU and chooses its memory format in that
 // precision (before DDP's buckets take the weights' strides; a pipeline
 // stage keeps the model's default, as no trial input fits it).
-ModelSetup buildModel(const JobConfig& job, const Datasets& data, const comm::Comm& peers,
-                      const std::string& resumeFrom, const models::ModelPart& part = {},
-                      int stage = 0);
+ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel::Mesh& mesh,
+                      const std::string& resumeFrom, const models::ModelPart& part = {});
 
 // The exchange's options from distribution.*. Gradients are not divided by
 // the world size: the loss carries 1 / world instead (StepRunner).

@@ -1,0 +1,259 @@
+// Tensor parallelism in jobs, with real processes (docs/parallelism.md):
+// each layer of the GPT split over distribution.tensor ranks. T = 2 and 4,
+// T = 2 x R = 2 at ZeRO 1 and 2, with recompute, sequence parallelism,
+// clipping and accumulation, end with the parameters of one process with
+// the global batch; bf16 follows the unsplit model; evaluation reads the
+// vocabulary's slices to the same figures; a killed slice restarts every
+// rank from the newest checkpoint to bitwise the same end; the slices'
+// checkpoint consolidates to the whole model and refuses another split;
+// bad settings exit 2 naming the key.
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/state_dict.h"
+#include "util/corpus.h"
+#include "util/jobs.h"
+#include "util/process.h"
+#include "util/runs.h"
+
+namespace cohort::tensor_job_test {
+
+// As the pipeline's (pipeline_test.cc): 6 AdamW steps at lr 0.01 of sums
+// grouped otherwise (a layer's products summed over the tensor ranks'
+// halves, the cross-entropy from the vocabulary's slices) stay within
+// about S x lr x 2^-12.
+constexpr double kTolerance = 1e-5;
+// bf16 rounds each product to 8 bits of mantissa; a slice's matrix product
+// is blocked otherwise than the whole one's (pipeline_test.cc derives it).
+constexpr double kBf16Tolerance = 6 * 0.01 / 64;
+
+nlohmann::json summaryOf(const test::TempDir& dir, const std::string& tag) {
+  return nlohmann::json::parse(test::readText(dir.file(tag + "/summary.json")));
+}
+
+class TensorJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::writeText(dir.file("corpus.txt"), test::corpus(6'000));
+    auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
+    ASSERT_EQ(tok.exitCode, 0) << tok.describe();
+  }
+
+  // A GPT of 2 blocks, 4 heads of 4, the bytes' 256 tokens, trained for 6
+  // steps of `batch` per rank on `procs` ranks with `kv` (--set) on top.
+  // Returns model/final.pt.
+  ckpt::StateDict gpt(const std::string& tag, int procs, int batch, std::vector<std::string> kv,
+                      const std::map<std::string, std::string>& env = {}, int exitCode = 0) {
+    const std::string yaml = "name: " + tag + R"(
+model: {arch: gpt, n_layer: 2, n_head: 4, n_embd: 16, block_size: 12, vocab_size: 256}
+data:
+  train: {kind: tokens, path: )" + dir.file("tok/train") + R"(}
+  loader_threads: 1
+distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
+training:
+  epochs: 1
+  max_steps: 6
+  seed: 7
+  log_every: 1
+  optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
+output: {progress: off}
+)";
+    kv.insert(kv.begin(), "training.batch_size=" + std::to_string(batch));
+    last = test::runJob(dir, tag, yaml, procs, kv, env);
+    EXPECT_EQ(last.exitCode, exitCode) << tag << ": " << last.describe();
+    if (exitCode != 0 || last.exitCode != 0) return {};
+    return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
+  }
+
+  std::string log(const std::string& tag, int rank) {
+    return test::readText(dir.file(fmt::format("{}/logs/rank-{}.log", tag, rank)));
+  }
+
+  test::TempDir dir;
+  test::ProcessResult last;
+};
+
+TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
+  // Global batch 8 everywhere.
+  auto reference = gpt("single", 1, 8, {});
+  auto clipped = gpt("single-clip", 1, 8, {"training.clip_grad_norm=0.3"});
+  struct Variant {
+    const char* tag;
+    int procs;
+    int batch;
+    std::vector<std::string> kv;
+    bool clip = false;
+  };
+  const std::vector<Variant> variants = {
+      {"t2", 2, 8, {"distribution.tensor=2"}},
+      {"t2-recompute-sp", 2, 8,
+       {"distribution.tensor=2", "model.recompute=blocks", "distribution.sequence_parallel=true"}},
+      {"t4-sp", 4, 8, {"distribution.tensor=4", "distribution.sequence_parallel=true"}},
+      {"t2r2-zero1", 4, 4, {"distribution.tensor=2", "distribution.zero=1", "model.recompute=blocks"}},
+      // Clipping over every slice's gradients (the whole tensors counted
+      // once), accumulation, the gradients reduce-scattered among replicas.
+      {"t2r2-zero2-clip", 4, 2,
+       {"distribution.tensor=2", "distribution.zero=2", "training.clip_grad_norm=0.3",
+        "training.accumulate_steps=2", "distribution.sequence_parallel=true"},
+       true},
+      {"t2-clip", 2, 8, {"distribution.tensor=2", "training.clip_grad_norm=0.3"}, true},
+  };
+  for (const Variant& v : variants) {
+    auto run = gpt(v.tag, v.procs, v.batch, v.kv);
+    if (run.empty()) continue;
+    // The whole model in the usual names and shapes.
+    const double diff = test::maxDifference(v.clip ? clipped : reference, run);
+    EXPECT_LT(diff, kTolerance) << v.tag;
+    RecordProperty(std::string("max_parameter_difference_") + v.tag, fmt::format("{:.3g}", diff));
+    const int t = v.procs == 4 && std::string(v.tag).rfind("t4", 0) == 0 ? 4 : 2;
+    EXPECT_NE(log(v.tag, 0).find(fmt::format("x {} tensor ranks; this rank is slice 0/{}", t, t)),
+              std::string::npos)
+        << log(v.tag, 0);
+    EXPECT_NE(log(v.tag, 1).find("parameters in this rank's slices (slice 1/"), std::string::npos)
+        << log(v.tag, 1);
+    // Each sample counted once, not once per slice.
+    EXPECT_EQ(summaryOf(dir, v.tag)["train_images"], summaryOf(dir, "single")["train_images"]) << v.tag;
+  }
+  // The comparison can fail: clipping at 0.3 changes these weights.
+  EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+  // Each rank holds about 1/T of the model: the slices' parameters.
+  const auto whole = summaryOf(dir, "single")["parameters"].get<int64_t>();
+  const auto slice = summaryOf(dir, "t4-sp")["parameters"].get<int64_t>();
+  EXPECT_LT(slice, whole / 3) << "a rank of T = 4 holds " << slice << " of " << whole;
+}
+
+TEST_F(TensorJob, Bf16FollowsTheUnsplitModel) {
+  // A split layer sums the slices' bf16 products in another grouping than
+  // the whole layer's one product: a rounding of bf16's own size, which
+  // AdamW turns into a step of about lr wherever a gradient is about zero
+  // (the attention's key bias, whose gradient is exactly zero in exact
+  // arithmetic). So the split run is held to the unsplit bf16 run's own
+  // distance from float32, and to its losses step by step.
+  const std::string bf16 = "training.precision=bf16";
+  auto plain = gpt("bf16-plain", 1, 8, {bf16});
+  auto split = gpt("bf16-t2", 2, 8, {bf16, "distribution.tensor=2"});
+  auto fp32 = gpt("fp32", 1, 8, {});
+  const double own = test::maxDifference(plain, fp32), splitFromFp32 = test::maxDifference(split, fp32);
+  EXPECT_GT(own, 2 * kBf16Tolerance) << "bf16 made no difference";
+  EXPECT_LT(splitFromFp32, 1.5 * own);
+  RecordProperty("bf16_from_fp32", fmt::format("{:.3g}", own));
+  RecordProperty("bf16_split_from_fp32", fmt::format("{:.3g}", splitFromFp32));
+  auto losses = [&](const std::string& tag) {
+    std::vector<double> out;
+    std::istringstream in(test::readText(dir.file(tag + "/metrics.jsonl")));
+    for (std::string line; std::getline(in, line);) {
+      const auto r = nlohmann::json::parse(line);
+      if (r.value("event", "") == "train") out.push_back(r["loss"].get<double>());
+    }
+    return out;
+  };
+  const std::vector<double> a = losses("bf16-plain"), b = losses("bf16-t2");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 0.01) << "step " << k + 1;
+}
+
+TEST_F(TensorJob, EvaluationFromTheVocabularySlicesGivesTheSameFigures) {
+  const std::vector<std::string> eval = {"data.eval.kind=tokens", "data.eval.path=" + dir.file("tok/val"),
+                                         "training.max_steps=4"};
+  std::vector<std::string> split = eval;
+  split.push_back("distribution.tensor=2");
+  gpt("eval-one", 1, 8, eval);
+  gpt("eval-t2", 2, 8, split);
+  const auto a = summaryOf(dir, "eval-one")["eval"], b = summaryOf(dir, "eval-t2")["eval"];
+  ASSERT_TRUE(a.contains("loss") && b.contains("loss")) << a.dump() << b.dump();
+  EXPECT_NEAR(a["loss"].get<double>(), b["loss"].get<double>(), 1e-5);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_EQ(a["samples"], b["samples"]);
+  EXPECT_DOUBLE_EQ(a["top1"].get<double>(), b["top1"].get<double>());
+  EXPECT_NEAR(a["top5"].get<double>(), b["top5"].get<double>(), 1e-9);
+}
+
+TEST_F(TensorJob, AKilledSliceRestartsEveryRankToBitwiseTheSameEnd) {
+  const std::vector<std::string> kv = {"distribution.tensor=2", "checkpoint.every_steps=3",
+                                       "checkpoint.when_behind=wait", "distribution.max_restarts=2",
+                                       "training.max_steps=9"};
+  auto whole = gpt("whole", 2, 8, kv);
+  auto restarted = gpt("restarted", 2, 8, kv, {{"COHORT_FAULT", "kill@rank1:step7"}});
+  EXPECT_EQ(test::maxDifference(whole, restarted), 0.0);
+  EXPECT_NE(log("restarted", 0).find("resumed from " + dir.file("restarted/checkpoints/step-")),
+            std::string::npos)
+      << log("restarted", 0);
+
+  // Each slice wrote its own files; consolidate puts every split tensor
+  // together: the step-9 checkpoint is the final model.
+  const std::string step9 = dir.file("whole/checkpoints/step-9");
+  for (const char* f : {"slice0-model.bin", "slice1-model.bin", "slice0-optimizer.bin", "slice1-optimizer.bin",
+                        "rank-0.bin", "rank-1.bin"}) {
+    EXPECT_TRUE(std::filesystem::exists(step9 + "/" + f)) << f;
+  }
+  EXPECT_FALSE(std::filesystem::exists(step9 + "/model.bin"));
+  const auto c = test::cohort({"ckpt", "consolidate", step9, "--out", dir.file("consolidated.pt"), "--optimizer",
+                               dir.file("optimizer.pt")});
+  ASSERT_EQ(c.exitCode, 0) << c.describe();
+  EXPECT_NE(c.out.find("each layer split over 2 tensor ranks"), std::string::npos) << c.describe();
+  auto consolidated = ckpt::readStateDict(dir.file("consolidated.pt"));
+  consolidated.emplace_back("lm_head.weight", consolidated.front().second);
+  EXPECT_EQ(test::maxDifference(whole, consolidated), 0.0);
+
+  // Resuming on the same split is bitwise (above); another split is refused
+  // before anything trains, pointing at consolidate.
+  const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "1", "--run-dir", dir.file("again"),
+                                   "--resume", step9, "--set", "training.batch_size=8", "--set",
+                                   "training.max_steps=12"});
+  EXPECT_EQ(again.exitCode, 2) << again.describe();
+  EXPECT_NE(again.err.find("distribution.tensor 2, and this job has 1"), std::string::npos) << again.describe();
+  EXPECT_NE(again.err.find("`cohort ckpt consolidate " + step9 + " --out model.pt`"), std::string::npos)
+      << again.describe();
+  std::filesystem::remove_all(dir.file("again"));
+}
+
+TEST_F(TensorJob, BadSettingsExit2NamingTheKey) {
+  gpt("base", 1, 8, {"training.max_steps=1"});
+  struct Bad {
+    std::vector<std::string> kv;
+    const char* procs;
+    const char* says;
+  };
+  const std::vector<Bad> bad = {
+      {{"distribution.tensor=3"}, "3", "distribution.tensor: 3 ranks cannot split the model: model.n_head (4)"},
+      {{"distribution.tensor=2", "model.vocab_size=257"}, "2", "model.vocab_size (257) is not divisible by 2"},
+      {{"distribution.tensor=2"}, "3", "distribution.tensor: 2 tensor ranks x 1 pipeline stages do not divide"},
+      {{"distribution.sequence_parallel=true"}, "1", "distribution.sequence_parallel"},
+      {{"distribution.tensor=2", "distribution.zero=3"}, "2", "distribution.zero"},
+      {{"distribution.tensor=2", "model.lora.rank=4"}, "2", "model.lora.rank"},
+      {{"distribution.tensor=2", "distribution.pipeline.stages=2"}, "4", "distribution.pipeline.stages"},
+      {{"distribution.tensor=2", "model.dropout=0.1"}, "2", "model.dropout"},
+      {{"distribution.tensor=2", "training.label_smoothing=0.1"}, "2", "training.label_smoothing"},
+  };
+  for (const Bad& b : bad) {
+    std::vector<std::string> args{"run", dir.file("base.yaml"), "--procs", b.procs, "--run-dir", dir.file("bad")};
+    for (const auto& k : b.kv) {
+      args.push_back("--set");
+      args.push_back(k);
+    }
+    const auto r = test::cohort(args);
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_NE((r.out + r.err).find(b.says), std::string::npos) << b.says << "\n" << r.describe();
+  }
+  // A model that is not split.
+  test::writeText(dir.file("cnn.yaml"), test::tinyJobYaml("cnn"));
+  const auto cnn = test::cohort({"run", dir.file("cnn.yaml"), "--procs", "2", "--run-dir", dir.file("cnn"), "--set",
+                                 "distribution.tensor=2"});
+  EXPECT_EQ(cnn.exitCode, 2) << cnn.describe();
+  EXPECT_NE(cnn.err.find("distribution.tensor: 2 ranks split each layer of the gpt model only; model.arch "
+                         "simple_cnn is not split"),
+            std::string::npos)
+      << cnn.describe();
+}
+
+}  // namespace cohort::tensor_job_test
