@@ -82,13 +82,13 @@ std::shared_ptr<comm::ShmAllreduce> openSegment(const comm::Comm& c, const std::
 }  // namespace
 
 ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::string& why,
-                          int64_t totalFloats, bool acrossMachines) {
+                          int64_t totalFloats, bool acrossMachines, const std::string& what) {
   ExchangePlan plan;
   plan.local = {c.rank};
   if (c.worldSize == 1) return plan;
   plan.exchange = Exchange::gloo;
   if (!sharedMemory) {
-    log::info("gradient exchange: Gloo ({})", why);
+    log::info("{}: Gloo ({})", what, why);
     return plan;
   }
   // Every DDP of a job is built in the same order on every rank: number them
@@ -121,11 +121,11 @@ ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::str
   bool sharing = false;  // some machine has two ranks or more
   for (const auto& m : members) sharing = sharing || m.size() > 1;
   if (!sharing) {
-    log::info("gradient exchange: Gloo ({} machines, one rank on each)", plan.machines);
+    log::info("{}: Gloo ({} machines, one rank on each)", what, plan.machines);
     return plan;
   }
   if (plan.machines > 1 && !acrossMachines) {
-    log::info("gradient exchange: Gloo among all ranks ({} machines; {})", plan.machines, why);
+    log::info("{}: Gloo among all ranks ({} machines; {})", what, plan.machines, why);
     return plan;
   }
 
@@ -146,26 +146,26 @@ ExchangePlan planExchange(const comm::Comm& c, bool sharedMemory, const std::str
   // Every rank must take the same path: agree on whether every rank has
   // what it needs.
   at::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kFloat64);
-  comm::allreduceSum(c, failed, "gradient exchange set-up");
+  comm::allreduceSum(c, failed, (what + " set-up").c_str());
   if (plan.shm && plan.leader) plan.shm->unlink();  // every member has it mapped by now
   if (failed.item<double>() > 0) {
     plan.shm.reset();
     plan.across.reset();
-    log::warn("gradient exchange: Gloo, as {} could not be set up{}",
+    log::warn("{}: Gloo, as {} could not be set up{}", what,
               plan.machines > 1 ? "the hierarchical exchange" : "shared memory",
               error.empty() ? " on another rank" : ": " + error);
     return plan;
   }
   if (plan.machines == 1) {
     plan.exchange = Exchange::sharedMemory;
-    log::info("gradient exchange: shared memory ({} MB per rank)", totalFloats * 4 >> 20);
+    log::info("{}: shared memory ({} MB per rank)", what, totalFloats * 4 >> 20);
     return plan;
   }
   plan.exchange = Exchange::hierarchical;
   log::info(
-      "gradient exchange: hierarchical: {} machines, shared memory within, Gloo across (this is "
+      "{}: hierarchical: {} machines, shared memory within, Gloo across (this is "
       "machine {} with ranks {}{})",
-      plan.machines, plan.machine, fmt::join(plan.local, ", "),
+      what, plan.machines, plan.machine, fmt::join(plan.local, ", "),
       plan.leader ? "; this rank leads it" : "");
   return plan;
 }

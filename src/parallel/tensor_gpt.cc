@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/parallel/tensor_layers.h"
+#include "parallel/detail/exchange.h"
 #include "models/recompute.h"
 
 namespace cohort::parallel {
@@ -271,6 +273,16 @@ class SplitGpt : public TensorParallelGpt {
     lnF_ = transformer->register_module("ln_f", Norm(c, o.bias));
   }
 
+  ~SplitGpt() override {
+    if (segment_) stopSharedMemory(group_);
+  }
+
+  // The group's exchanges through `segment` for as long as this model lives.
+  void exchangeThrough(std::shared_ptr<comm::ShmAllreduce> segment) {
+    segment_ = std::move(segment);
+    useSharedMemory(group_, segment_);
+  }
+
   int64_t vocabFirst() const override { return vocabFirst_; }
   bool sequenceParallel() const override { return sequence_; }
 
@@ -337,6 +349,7 @@ class SplitGpt : public TensorParallelGpt {
 
  private:
   comm::Comm group_;
+  std::shared_ptr<comm::ShmAllreduce> segment_;
   int64_t blockSize_;
   bool sequence_;
   bool recompute_;
@@ -390,7 +403,15 @@ std::shared_ptr<TensorParallelGpt> createTensorParallelGpt(const models::GptOpti
     throw ConfigError(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", o.nEmbd, o.nHead));
   }
   torch::NoGradGuard noGrad;
-  return std::make_shared<SplitGpt>(o, group, split, generator);
+  auto model = std::make_shared<SplitGpt>(o, group, split, generator);
+  if (group.worldSize > 1) {
+    const detail::ExchangePlan plan =
+        detail::planExchange(group, split.sharedMemoryFloats > 0, "distribution.shared_memory is false",
+                             std::max<int64_t>(split.sharedMemoryFloats, 1), /*acrossMachines=*/false,
+                             "tensor-parallel exchange");
+    if (plan.shm) model->exchangeThrough(plan.shm);
+  }
+  return model;
 }
 
 }  // namespace cohort::parallel

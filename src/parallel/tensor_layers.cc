@@ -6,6 +6,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "cohort/comm/shm.h"
 #include "cohort/core/error.h"
 
 namespace cohort::parallel {
@@ -26,11 +31,63 @@ const comm::Comm& groupOf(AutogradContext* ctx) {
 
 thread_local TensorExchanges exchanges;
 
+// The groups that exchange through shared memory, by process group.
+std::mutex segmentsMutex;
+std::map<const void*, std::shared_ptr<comm::ShmAllreduce>>& segments() {
+  static std::map<const void*, std::shared_ptr<comm::ShmAllreduce>> bySegment;
+  return bySegment;
+}
+std::shared_ptr<comm::ShmAllreduce> segmentOf(const comm::Comm& group) {
+  std::lock_guard<std::mutex> g(segmentsMutex);
+  auto it = segments().find(group.pg.get());
+  return it == segments().end() ? nullptr : it->second;
+}
+
+// The sum of `t` (contiguous float32) over the segment's ranks, in place,
+// a region's worth at a time.
+void sumThrough(comm::ShmAllreduce& shm, at::Tensor& t, const comm::Comm& group) {
+  float* data = t.data_ptr<float>();
+  const size_t n = static_cast<size_t>(t.numel()), cap = shm.floatsPerRank();
+  for (size_t at = 0; at < n; at += cap) {
+    const size_t len = std::min(cap, n - at);
+    std::memcpy(shm.region(), data + at, len * sizeof(float));
+    shm.allreduce(0, len, group.timeout);
+    std::memcpy(data + at, shm.region(), len * sizeof(float));
+  }
+}
+
+// Every rank's `x` (contiguous float32, the same size on each) through the
+// segment, in rank order.
+std::vector<at::Tensor> gatherThrough(comm::ShmAllreduce& shm, const at::Tensor& x, const comm::Comm& group) {
+  const size_t n = static_cast<size_t>(x.numel()), ranks = static_cast<size_t>(group.worldSize);
+  const size_t cap = shm.floatsPerRank() / ranks;
+  std::vector<at::Tensor> out;
+  for (size_t r = 0; r < ranks; ++r) out.push_back(at::empty_like(x));
+  const float* src = x.data_ptr<float>();
+  const size_t own = static_cast<size_t>(group.rank);
+  for (size_t at = 0; at < n; at += cap) {
+    const size_t len = std::min(cap, n - at);
+    std::memcpy(shm.region() + own * len, src + at, len * sizeof(float));
+    shm.allgather(0, len * ranks, group.timeout);
+    for (size_t r = 0; r < ranks; ++r) {
+      std::memcpy(out[r].data_ptr<float>() + at, shm.region() + r * len, len * sizeof(float));
+    }
+  }
+  return out;
+}
+
 void sumInPlace(const comm::Comm& group, at::Tensor& t, const char* what) {
   if (group.worldSize == 1) return;
   ++exchanges.sums;
   exchanges.sumBytes += static_cast<int64_t>(t.nbytes());
-  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf) {
+  const bool narrow = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  if (auto shm = segmentOf(group); shm && (narrow || t.scalar_type() == at::kFloat) && t.is_cpu()) {
+    at::Tensor wide = narrow || !t.is_contiguous() ? t.to(at::kFloat).contiguous() : t;
+    sumThrough(*shm, wide, group);
+    if (!wide.is_same(t)) t.copy_(wide);
+    return;
+  }
+  if (narrow) {
     // Gloo has no bfloat16 sum: summed in float32 and rounded once, as the
     // gradient exchange's bf16 compression sums.
     at::Tensor wide = t.to(at::kFloat);
@@ -75,8 +132,17 @@ struct SumOfSlices : torch::autograd::Function<SumOfSlices> {
 };
 
 std::vector<at::Tensor> allGathered(const at::Tensor& x, const comm::Comm& group, const char* what) {
-  // 16-bit floating types travel as their bits (Gloo gathers no bfloat16).
   const bool bits = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  if (auto shm = segmentOf(group); shm && (bits || x.scalar_type() == at::kFloat) && x.is_cpu()) {
+    ++exchanges.gathers;
+    exchanges.gatherBytes += static_cast<int64_t>(x.nbytes());
+    std::vector<at::Tensor> out = gatherThrough(*shm, x.to(at::kFloat).contiguous(), group);
+    if (bits) {
+      for (at::Tensor& t : out) t = t.to(x.scalar_type());
+    }
+    return out;
+  }
+  // 16-bit floating types travel as their bits (Gloo gathers no bfloat16).
   std::vector<at::Tensor> in{bits ? x.contiguous().view(at::kShort) : x.contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < group.worldSize; ++r) out[0].push_back(at::empty_like(in[0]));
@@ -160,6 +226,16 @@ struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
 };
 
 }  // namespace
+
+void useSharedMemory(const comm::Comm& group, std::shared_ptr<comm::ShmAllreduce> segment) {
+  std::lock_guard<std::mutex> g(segmentsMutex);
+  segments()[group.pg.get()] = std::move(segment);
+}
+
+void stopSharedMemory(const comm::Comm& group) {
+  std::lock_guard<std::mutex> g(segmentsMutex);
+  segments().erase(group.pg.get());
+}
 
 TensorExchanges& tensorExchanges() { return exchanges; }
 

@@ -145,6 +145,12 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
     // This rank's slices, drawn as the whole model of the seed draws them.
     parallel::TensorSplitOptions split;
     split.sequenceParallel = job.distribution.sequenceParallel;
+    if (job.distribution.sharedMemory) {
+      // The largest activation a sum carries ([batch, block_size, n_embd]),
+      // at most 64 MB: a bigger one goes through in pieces.
+      const int64_t batch = std::max(job.training.batchSize, evalBatchSize(job));
+      split.sharedMemoryFloats = std::clamp<int64_t>(batch * mc.blockSize * mc.nEmbd, int64_t{1} << 12, int64_t{1} << 24);
+    }
     s.model = parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), mesh.tensor, split);
   } else {
     s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, built);

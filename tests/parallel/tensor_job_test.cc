@@ -95,6 +95,8 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
   };
   const std::vector<Variant> variants = {
       {"t2", 2, 8, {"distribution.tensor=2"}},
+      // The slices' exchanges over Gloo instead of shared memory.
+      {"t2-gloo", 2, 8, {"distribution.tensor=2", "distribution.shared_memory=false"}},
       {"t2-recompute-sp", 2, 8,
        {"distribution.tensor=2", "model.recompute=blocks", "distribution.sequence_parallel=true"}},
       {"t4-sp", 4, 8, {"distribution.tensor=4", "distribution.sequence_parallel=true"}},
@@ -125,6 +127,11 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
   }
   // The comparison can fail: clipping at 0.3 changes these weights.
   EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+  // On one machine the slices exchange through shared memory, unless told not to.
+  EXPECT_NE(log("t2", 1).find("tensor-parallel exchange: shared memory"), std::string::npos) << log("t2", 1);
+  EXPECT_NE(log("t2-gloo", 1).find("tensor-parallel exchange: Gloo (distribution.shared_memory is false)"),
+            std::string::npos)
+      << log("t2-gloo", 1);
   // Each rank holds about 1/T of the model: the slices' parameters.
   const auto whole = summaryOf(dir, "single")["parameters"].get<int64_t>();
   const auto slice = summaryOf(dir, "t4-sp")["parameters"].get<int64_t>();

@@ -94,6 +94,11 @@ struct TensorSplitOptions {
   // (gatherSequence, reduceScatterSequence). The sequence length must then
   // be divisible by T (DataError otherwise).
   bool sequenceParallel = false;
+  // > 0: when the group's ranks are on one machine, they exchange through
+  // a shared memory segment of this many floats per rank (the largest
+  // activation a sum carries; bigger ones go in pieces) instead of Gloo.
+  // Collective over the group when set (distribution.shared_memory).
+  int64_t sharedMemoryFloats = 0;
 };
 
 std::shared_ptr<TensorParallelGpt> createTensorParallelGpt(const models::GptOptions& o, const comm::Comm& group,

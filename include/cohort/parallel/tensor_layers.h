@@ -30,9 +30,14 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "cohort/comm/comm.h"
+
+namespace cohort::comm {
+class ShmAllreduce;
+}
 
 namespace cohort::parallel {
 
@@ -49,6 +54,14 @@ struct TensorExchanges {
   int64_t gathers = 0, gatherBytes = 0;
 };
 TensorExchanges& tensorExchanges();
+
+// The group's exchanges through `segment` (a shared memory segment among
+// its ranks, all on one machine: parallel/detail/exchange.h) instead of
+// Gloo, until stopSharedMemory(group): sums and all-gathers of float32 (and
+// of bf16, widened), in pieces of the segment's size. Each rank of the
+// group calls it with its own segment of the same one.
+void useSharedMemory(const comm::Comm& group, std::shared_ptr<comm::ShmAllreduce> segment);
+void stopSharedMemory(const comm::Comm& group);
 
 // Sequence parallelism's exchanges, where each rank holds 1/T of the
 // sequence (dimension `dim`) of what would be whole on every rank:

@@ -50,7 +50,9 @@ struct ExchangePlan {
 // fails. `acrossMachines` false (ZeRO stages 2 and 3, whose reduce-scatter
 // has no hierarchical form): ranks on several machines exchange over Gloo
 // among all ranks, and no segment is made for them.
+// `what` names the exchange in the log lines.
 ExchangePlan planExchange(const comm::Comm& comm, bool sharedMemory, const std::string& why,
-                          int64_t totalFloats, bool acrossMachines = true);
+                          int64_t totalFloats, bool acrossMachines = true,
+                          const std::string& what = "gradient exchange");
 
 }  // namespace cohort::parallel::detail
