@@ -29,6 +29,29 @@ class TensorPlan : public Plan {
     COHORT_ASSERT(engine_->stats().zeroStage < 3, "tensor parallelism with ZeRO stage 3 is not supported");
   }
 
+  std::vector<double> runRound(const std::vector<at::Tensor>& inputs, bool exchange, MicroBatchOps& ops,
+                               RoundTimes& times) override {
+    const TensorExchanges before = tensorExchanges();
+    std::vector<double> losses = Plan::runRound(inputs, exchange, ops, times);
+    const TensorExchanges& after = tensorExchanges();
+    carried_.sums += after.sums - before.sums;
+    carried_.sumBytes += after.sumBytes - before.sumBytes;
+    carried_.gathers += after.gathers - before.gathers;
+    carried_.gatherBytes += after.gatherBytes - before.gatherBytes;
+    ++rounds_;
+    return losses;
+  }
+
+  nlohmann::json splitStats() const override {
+    return {{"tensors", mesh_.tensors},
+            {"sequence_parallel", split_->sequenceParallel()},
+            {"rounds", rounds_},
+            {"sums", carried_.sums},
+            {"sum_bytes", carried_.sumBytes},
+            {"gathers", carried_.gathers},
+            {"gather_bytes", carried_.gatherBytes}};
+  }
+
   void finishGradients() override {
     Plan::finishGradients();
     // With sequence parallelism each rank saw its part of the sequence in
@@ -148,6 +171,8 @@ class TensorPlan : public Plan {
   }
 
   std::shared_ptr<TensorParallelGpt> split_;
+  TensorExchanges carried_;  // by the training rounds' forward and backward
+  int64_t rounds_ = 0;
 };
 
 }  // namespace

@@ -128,6 +128,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
                      {"schedule", s.schedule},
                      {"per_stage", std::move(stages)}};
   }
+  if (!s.tensor.is_null()) j["tensor"] = s.tensor;
   j["corrupt_skipped"] = s.corruptSkipped;
   j["nonfinite_skipped"] = s.nonfiniteSkipped;
   j["recomputed_forwards"] = s.recomputedForwards;

@@ -374,6 +374,32 @@ void saveFinalModel(TrainState& s) {
   plan.releaseParameters();
 }
 
+// A tensor split's exchanges per step, against Megatron's count for the
+// blocks: 4 sums of [batch, block_size, n_embd] per block and micro-batch
+// (one after attention and one after the MLP, forward and backward), in
+// the precision the sums carry. The rest (the embedding's sum, the head's
+// input gradient, the cross-entropy's three sums of one value per token)
+// is what the measured count has beyond it.
+void recordSplit(TrainState& s) {
+  nlohmann::json t = s.plan->splitStats();
+  const int64_t steps = std::max<int64_t>(1, s.step - std::max<int64_t>(0, s.summary.resumedFromStep));
+  const ModelConfig& m = s.job.model;
+  const int64_t width = s.model.precision == Precision::bf16 ? 2 : 4;
+  const int64_t micro = s.job.training.accumulateSteps;
+  t["steps"] = steps;
+  t["sum_bytes_per_step"] = t["sum_bytes"].get<int64_t>() / steps;
+  t["gather_bytes_per_step"] = t["gather_bytes"].get<int64_t>() / steps;
+  t["sums_per_step"] = t["sums"].get<int64_t>() / steps;
+  t["block_sum_bytes_per_step_expected"] =
+      4 * m.nLayer * s.job.training.batchSize * m.blockSize * m.nEmbd * width * micro;
+  log::info("tensor split: {} sums of {:.2f} MB and {} all-gathers of {:.2f} MB per step (the blocks' 4 sums "
+            "of batch x block_size x n_embd each: {:.2f} MB)",
+            t["sums_per_step"].get<int64_t>(), t["sum_bytes_per_step"].get<int64_t>() / 1e6,
+            t["gathers"].get<int64_t>() / steps, t["gather_bytes_per_step"].get<int64_t>() / 1e6,
+            t["block_sum_bytes_per_step_expected"].get<int64_t>() / 1e6);
+  s.summary.tensor = std::move(t);
+}
+
 // After the last epoch: the summary's figures and, unless training stopped
 // on request, the exchange's counts, the data wait over all ranks, and
 // model/final.pt.
@@ -401,6 +427,7 @@ TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   comm::allreduceSum(s.comm, waits, "data wait summary");
   summary.dataWaitFrac = waits[0].item<double>() / s.comm.worldSize;
   summary.corruptSkipped = static_cast<int64_t>(waits[1].item<double>());
+  if (s.mesh.tensorSplit()) recordSplit(s);
   if (s.job.output.saveFinal) saveFinalModel(s);
   // Every rank's peak resident memory, final save included (summary.json).
   at::Tensor peaks = torch::zeros({s.comm.worldSize}, torch::kFloat64);

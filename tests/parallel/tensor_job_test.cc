@@ -127,6 +127,17 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
   }
   // The comparison can fail: clipping at 0.3 changes these weights.
   EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+  // What the exchanges carried per step, against Megatron's count: per
+  // block one sum after attention and one after the MLP, forward and
+  // backward; then the embedding's sum, the head's input gradient, and the
+  // cross-entropy's three sums of one value per token.
+  const auto split = summaryOf(dir, "t2")["tensor"];
+  const int64_t tokens = 8 * 12, activation = tokens * 16 * 4;  // [batch, block_size, n_embd] in float32
+  EXPECT_EQ(split["sums_per_step"], 4 * 2 + 2 + 3) << split.dump();
+  EXPECT_EQ(split["sum_bytes_per_step"], (4 * 2 + 2) * activation + 3 * tokens * 4) << split.dump();
+  EXPECT_EQ(split["block_sum_bytes_per_step_expected"], 4 * 2 * activation) << split.dump();
+  EXPECT_EQ(split["gathers"], 0) << split.dump();
+  EXPECT_GT(summaryOf(dir, "t4-sp")["tensor"]["gathers"].get<int64_t>(), 0);
   // On one machine the slices exchange through shared memory, unless told not to.
   EXPECT_NE(log("t2", 1).find("tensor-parallel exchange: shared memory"), std::string::npos) << log("t2", 1);
   EXPECT_NE(log("t2-gloo", 1).find("tensor-parallel exchange: Gloo (distribution.shared_memory is false)"),

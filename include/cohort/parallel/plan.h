@@ -187,6 +187,11 @@ class Plan {
   // parallelism, and the cut of every split tensor of the state dict. Null
   // otherwise.
   virtual nlohmann::json tensorLayout() const { return nullptr; }
+  // A model split over a tensor group: what the split's exchanges carried
+  // in the training rounds so far on this rank (sums and all-gathers, their
+  // calls and bytes; parallel::tensorExchanges), for summary.json. Null
+  // otherwise.
+  virtual nlohmann::json splitStats() const { return nullptr; }
   // ZeRO (stats().zeroStage > 0): how the optimizer state is cut into
   // parts, as each manifest records it (extra.zero): the stage, the
   // replicas, the buckets' parameter names, each trainable parameter's

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/ckpt/checkpointer.h"
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
@@ -96,6 +98,10 @@ struct TrainSummary {
   std::vector<Stage> stages;
   std::string schedule;  // the pipeline's (1f1b, gpipe)
   int64_t microBatches = 0;
+  // A tensor split (distribution.tensor): what rank 0's exchanges carried
+  // per step (Plan::splitStats), beside what Megatron's count expects of
+  // the blocks (summary.json "tensor"); null without one.
+  nlohmann::json tensor;
 };
 
 struct TrainOptions {
