@@ -89,7 +89,7 @@ std::string loadTrainedWeights(models::Model& model, const JobConfig& job, const
     }
   }
   if (auto point = ckpt::newestValidCheckpoint(ckpt::checkpointDir(job, runDir))) {
-    const std::string file = point->path + "/model.bin";
+    const std::string file = point->path;  // its model files: model.bin, a stage's or a slice's
     const ckpt::Manifest manifest = ckpt::readManifest(point->path);
     ckpt::CheckpointTensors checkpoint(point->path, manifest);  // one tensor at a time
     ckpt::loadStateDict(models::trainedState(model), checkpoint, checkpoint.entries(), file);

@@ -223,6 +223,20 @@ TEST_F(TensorJob, AKilledSliceRestartsEveryRankToBitwiseTheSameEnd) {
   consolidated.emplace_back("lm_head.weight", consolidated.front().second);
   EXPECT_EQ(test::maxDifference(whole, consolidated), 0.0);
 
+  // cohort generate reads the slices' checkpoint one tensor at a time as
+  // the whole model: the same text as from model/final.pt.
+  const std::vector<std::string> generate = {"generate", dir.file("whole"), "--prompt", "the ", "--tokens", "24",
+                                             "--seed", "3"};
+  const auto fromFinal = test::cohort(generate);
+  ASSERT_EQ(fromFinal.exitCode, 0) << fromFinal.describe();
+  std::filesystem::rename(dir.file("whole/model/final.pt"), dir.file("final.pt"));
+  const auto fromSlices = test::cohort(generate);
+  ASSERT_EQ(fromSlices.exitCode, 0) << fromSlices.describe();
+  EXPECT_NE(fromSlices.err.find("weights from " + step9), std::string::npos) << fromSlices.describe();
+  EXPECT_EQ(fromFinal.out, fromSlices.out);
+  EXPECT_GT(fromFinal.out.size(), 4u);
+  std::filesystem::rename(dir.file("final.pt"), dir.file("whole/model/final.pt"));
+
   // Resuming on the same split is bitwise (above); another split is refused
   // before anything trains, pointing at consolidate.
   const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "1", "--run-dir", dir.file("again"),
