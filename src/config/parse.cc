@@ -345,9 +345,9 @@ void checkTensor(const JobConfig& job, const Where& where) {
   }
   // What does not run split yet, each refused by its own key.
   const std::vector<std::tuple<bool, std::string, std::string>> refused = {
-      {d.pipeline.stages > 1, "distribution.pipeline.stages",
-       "a pipeline of tensor-parallel stages is not supported yet: use distribution.tensor or "
-       "distribution.pipeline.stages"},
+      {d.pipeline.stages > 1 && d.sequenceParallel, "distribution.sequence_parallel",
+       "sequence parallelism within pipeline stages is not supported yet (the activations pass "
+       "between the stages whole): use false with distribution.pipeline.stages > 1"},
       {d.zero == 3, "distribution.zero",
        "stage 3 with tensor parallelism is not supported yet: use stage 0, 1 or 2 (the slices are "
        "1/distribution.tensor of the model already)"},

@@ -17,6 +17,7 @@
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/text.h"
 #include "parallel/detail/stage_link.h"
+#include "parallel/detail/tensor_split.h"
 
 namespace cohort::parallel {
 
@@ -48,7 +49,9 @@ DdpOptions excluding(DdpOptions options, const std::vector<std::pair<std::string
 Pipeline::Pipeline(Mesh mesh, std::shared_ptr<models::Model> stage, DdpOptions ddp, PipelineOptions options)
     : Plan(mesh, stage, excluding(ddp, heldTied(mesh, *stage, options.tied))),
       options_(std::move(options)),
-      tied_(heldTied(mesh_, *model_, options_.tied)) {
+      tied_(heldTied(mesh_, *model_, options_.tied)),
+      split_(std::dynamic_pointer_cast<TensorParallelGpt>(model_)) {
+  COHORT_ASSERT(mesh_.tensors == 1 || split_ != nullptr, "a pipeline over a tensor group needs split stages");
   stats_.stage = mesh_.stage;
   stats_.stages = mesh_.stages;
   stats_.microBatches = options_.microBatches;
@@ -73,7 +76,10 @@ void Pipeline::start() {
       members.push_back(mesh_.jobRank(r, mesh_.stages - 1));
     }
     std::sort(members.begin(), members.end());
-    tiedGroup_ = comm::subgroup(mesh_.world, "pipeline-tied", members);
+    // One such group per tensor rank (its slices of the tied tensors).
+    tiedGroup_ = comm::subgroup(mesh_.world,
+                                mesh_.tensors > 1 ? fmt::format("pipeline-tied-{}", mesh_.tensorRank) : "pipeline-tied",
+                                members);
     for (auto& [name, t] : tied_) {
       log::info("pipeline: {} is held by the first and the last stage; its gradient is summed "
                 "between them",
@@ -203,11 +209,24 @@ bool Pipeline::gradientsFinite() {
   // Every stage of the replica decides alike (a NaN loss on the last stage
   // need not reach every gradient of the first).
   at::Tensor bad = torch::tensor({finite ? 0.0 : 1.0}, torch::kFloat64);
-  comm::allreduceSum(mesh_.pipeline, bad, "pipeline gradient check");
+  comm::allreduceSum(split_ ? mesh_.world : mesh_.pipeline, bad, "pipeline gradient check");
   return bad.item<double>() == 0;
 }
 
 double Pipeline::gradientSquaredNorm() {
+  if (split_) {
+    // Every rank's share of the whole model's (detail::splitSquares), the
+    // tied slices counted on the first stage: one sum over the job.
+    const double replicas = static_cast<double>(mesh_.replicas);
+    double sum = detail::splitSquares(engine_->optimizerParameters(), Plan::optimizerSlices(), mesh_.tensors);
+    if (engine_->stats().zeroStage == 0) sum /= replicas;
+    if (mesh_.firstStage()) {
+      for (const auto& [name, t] : tied_) sum += t.grad().to(at::kDouble).pow(2).sum().item<double>() / replicas;
+    }
+    at::Tensor total = torch::tensor({sum}, torch::kFloat64);
+    comm::allreduceSum(mesh_.world, total, "pipeline gradient norm");
+    return total.item<double>();
+  }
   double sum = engine_->gradientSquaredNorm();
   // The tied tensors' gradient is the same on the first and the last stage: counted once.
   if (mesh_.firstStage()) {
@@ -247,26 +266,43 @@ void Pipeline::visitCollected(const Publish& publish, const Visit& visit) {
   const int64_t call = collects_++;
   // Replica 0's stages hold the model (gathered, at ZeRO stage 3); stage 0
   // there is the job's rank 0, which visits the stages' tensors in order,
-  // each name once, one received tensor at a time.
+  // each name once, one received tensor at a time. Split stages put each
+  // split tensor together on their tensor rank 0 first, one at a time,
+  // which passes it on.
   if (mesh_.replica != 0) return;
   const ckpt::StateDict mine = publish(*model_);
   const comm::Comm& pipe = mesh_.pipeline;
   auto key = [&](int stage) { return fmt::format("pipeline-collect/{}/{}", call, stage); };
-  if (!mesh_.firstStage()) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& [name, t] : mine) {
-      list.push_back({{"name", name}, {"shape", t.sizes().vec()}, {"dtype", static_cast<int>(t.scalar_type())}});
+  auto whole = [&](const std::string& name, const at::Tensor& t, const Visit& use) {
+    if (mesh_.tensors == 1) {
+      use(name, t);
+    } else {
+      visitWholeTensors(ckpt::StateDict{{name, t}}, mesh_.tensor, use);
     }
-    pipe.store->set(key(mesh_.stage), bytesOf(list.dump()));
-    for (const auto& [name, t] : mine) links_->sendTensor(t.detach().cpu().contiguous(), 0);
+  };
+  if (!mesh_.firstStage()) {
+    if (mesh_.tensorRank == 0) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& [name, t] : mine) {
+        std::vector<int64_t> shape = t.sizes().vec();
+        const TensorCut cut = mesh_.tensors > 1 ? gptTensorCut(name) : TensorCut{};
+        if (cut.split()) shape[static_cast<size_t>(cut.dim)] *= mesh_.tensors;
+        list.push_back({{"name", name}, {"shape", shape}, {"dtype", static_cast<int>(t.scalar_type())}});
+      }
+      pipe.store->set(key(mesh_.stage), bytesOf(list.dump()));
+    }
+    for (const auto& [name, t] : mine) {
+      whole(name, t, [&](const std::string&, const at::Tensor& w) { links_->sendTensor(w.detach().cpu().contiguous(), 0); });
+    }
     links_->drain();
     return;
   }
   std::set<std::string> names;
   for (const auto& [name, t] : mine) {
     names.insert(name);
-    visit(name, t);
+    whole(name, t, visit);
   }
+  if (mesh_.tensorRank != 0) return;
   for (int s = 1; s < mesh_.stages; ++s) {
     std::vector<uint8_t> raw;
     try {
@@ -287,6 +323,18 @@ void Pipeline::visitCollected(const Publish& publish, const Visit& visit) {
     }
   }
 }
+
+at::Tensor Pipeline::outputLoss(const at::Tensor& output, const at::Tensor& labels, double labelSmoothing) {
+  if (!split_) return Plan::outputLoss(output, labels, labelSmoothing);
+  COHORT_ASSERT(labelSmoothing == 0, "label smoothing with tensor parallelism");
+  return detail::splitOutputLoss(*split_, output, labels);
+}
+
+OutputScore Pipeline::scoreOutput(const at::Tensor& output, const at::Tensor& labels) {
+  return split_ ? detail::splitScoreOutput(*split_, mesh_, output, labels) : Plan::scoreOutput(output, labels);
+}
+
+nlohmann::json Pipeline::tensorLayout() const { return split_ ? detail::splitLayout(*split_, mesh_) : nullptr; }
 
 PipelineStats Pipeline::stats() const {
   PipelineStats s = stats_;

@@ -219,8 +219,11 @@ TORCH_MODULE(Block);
 class SplitGpt : public TensorParallelGpt {
  public:
   SplitGpt(const models::GptOptions& o, const comm::Comm& group, const TensorSplitOptions& split,
-           const Generator& gen)
+           const Generator& gen, const models::ModelPart& part)
       : group_(group),
+        part_(part),
+        layers_(o.nLayer),
+        bias_(o.bias),
         blockSize_(o.blockSize),
         sequence_(split.sequenceParallel && group.worldSize > 1),
         recompute_(o.recompute) {
@@ -239,9 +242,15 @@ class SplitGpt : public TensorParallelGpt {
       drawLinearDefaults(4 * c, c, o.bias, gen);
     }
     const double residualStd = 0.02 / std::sqrt(2.0 * static_cast<double>(o.nLayer));
-    // This rank's slice of the whole model's tensor `name` of `sizes`.
-    auto weight = [&](const std::string& name, std::vector<int64_t> sizes) {
+    // This rank's slice of the whole model's tensor `name` of `sizes`; a
+    // tensor of another pipeline stage is drawn and dropped.
+    auto weight = [&](const std::string& name, std::vector<int64_t> sizes, bool held = true) {
       const double std = endsWith(name, "c_proj.weight") ? residualStd : 0.02;
+      if (!held) {
+        drawPieces(sizes[0] * (sizes.size() > 1 ? sizes[1] : 1), [&](at::Tensor& p) { p.normal_(0.0, std, gen); },
+                   nullptr);
+        return at::Tensor();
+      }
       return drawSlice(sizes, std, sliceFor(sizes, gptTensorCut(name), t, r), gen);
     };
     auto zeros = [&](const std::string& name, int64_t n) {
@@ -249,12 +258,26 @@ class SplitGpt : public TensorParallelGpt {
       return at::zeros({cut.split() ? n / t : n});
     };
     auto transformer = register_module("transformer", std::make_shared<nn::Module>());
-    wte_ = transformer->register_module(
-        "wte", VocabParallelEmbedding(weight("transformer.wte.weight", {v, c}), vocabFirst_, group_));
-    wpe_ = transformer->register_module("wpe", Holder(weight("transformer.wpe.weight", {o.blockSize, c})));
+    // The token embedding is the head too: the first and the last stage hold it.
+    at::Tensor wte = weight("transformer.wte.weight", {v, c}, part.input || part.output);
+    if (wte.defined()) {
+      wte_ = transformer->register_module("wte", VocabParallelEmbedding(wte, vocabFirst_, group_));
+    }
+    at::Tensor wpe = weight("transformer.wpe.weight", {o.blockSize, c}, part.input);
+    if (wpe.defined()) wpe_ = transformer->register_module("wpe", Holder(wpe));
     auto h = transformer->register_module("h", std::make_shared<nn::Module>());
     for (int64_t i = 0; i < o.nLayer; ++i) {
       const std::string p = fmt::format("transformer.h.{}.", i);
+      if (!part.holds(i, o.nLayer)) {
+        for (const auto& [name, sizes] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+                 {"attn.c_attn.weight", {3 * c, c}},
+                 {"attn.c_proj.weight", {c, c}},
+                 {"mlp.c_fc.weight", {4 * c, c}},
+                 {"mlp.c_proj.weight", {c, 4 * c}}}) {
+          weight(p + name, sizes, false);
+        }
+        continue;
+      }
       Norm ln1(c, o.bias);
       at::Tensor qkvW = weight(p + "attn.c_attn.weight", {3 * c, c});
       at::Tensor qkvB = o.bias ? zeros(p + "attn.c_attn.bias", 3 * c) : at::Tensor();
@@ -270,7 +293,7 @@ class SplitGpt : public TensorParallelGpt {
       Mlp mlp(ColumnParallelLinear(fcW, fcB, group_), RowParallelLinear(mlpW, mlpB, group_), o.geluTanh);
       blocks_.push_back(h->register_module(std::to_string(i), Block(ln1, attn, ln2, mlp)));
     }
-    lnF_ = transformer->register_module("ln_f", Norm(c, o.bias));
+    if (part.output) lnF_ = transformer->register_module("ln_f", Norm(c, o.bias));
   }
 
   ~SplitGpt() override {
@@ -287,23 +310,29 @@ class SplitGpt : public TensorParallelGpt {
   bool sequenceParallel() const override { return sequence_; }
 
   at::Tensor forward(const at::Tensor& tokens) override {
-    if (tokens.dim() != 2) {
-      throw DataError(fmt::format("gpt: expected tokens [batch, time], got {} dimension(s)", tokens.dim()));
+    const int64_t expected = part_.input ? 2 : 3;
+    if (tokens.dim() != expected) {
+      throw DataError(fmt::format("gpt: expected {}, got {} dimension(s)",
+                                  part_.input ? "tokens [batch, time]" : "activations [batch, time, n_embd]",
+                                  tokens.dim()));
     }
     const int64_t s = tokens.size(1);
     if (s > blockSize_) {
       throw DataError(fmt::format("gpt: a sequence of {} tokens is longer than model.block_size ({})", s, blockSize_));
     }
-    const at::Tensor& wpe = wpe_->weight;
     at::Tensor x;
-    if (sequence_) {
+    if (!part_.input) {
+      // A later pipeline stage: the residual stream [B, S, C], whole.
+      x = tokens;
+    } else if (sequence_) {
+      const at::Tensor& wpe = wpe_->weight;
       // This rank's positions [r S/T, (r+1) S/T): their embeddings' sum.
       const int64_t width = s / group_.worldSize;
       x = wte_->forwardScattered(tokens, 1);
       x = x + torch::embedding(wpe, torch::arange(group_.rank * width, (group_.rank + 1) * width,
                                                   tokens.options().dtype(torch::kLong)));
     } else {
-      x = wte_(tokens) + torch::embedding(wpe, torch::arange(s, tokens.options().dtype(torch::kLong)));
+      x = wte_(tokens) + torch::embedding(wpe_->weight, torch::arange(s, tokens.options().dtype(torch::kLong)));
     }
     const bool again = recompute_ && is_training();
     for (Block& block : blocks_) {
@@ -314,6 +343,7 @@ class SplitGpt : public TensorParallelGpt {
       x = again ? models::recomputed([block, sequence](const at::Tensor& y) mutable { return block->forward(y, sequence); }, x)
                 : block->forward(x, sequence_);
     }
+    if (!part_.output) return x;
     x = lnF_(x);
     // The head is this rank's rows of the token embedding (tied).
     return torch::linear(sequence_ ? gatherSequence(x, 1, group_) : copyToSlices(x, group_), wte_->weight);
@@ -344,11 +374,28 @@ class SplitGpt : public TensorParallelGpt {
   }
 
   std::vector<std::pair<std::string, std::string>> tiedNames() const override {
+    if (!part_.output) return {};
     return {{models::kTiedHeadName, "transformer.wte.weight"}};
+  }
+
+  std::vector<std::pair<std::string, TensorCut>> wholeCuts() const override {
+    std::vector<std::pair<std::string, TensorCut>> cuts{{"transformer.wte.weight", gptTensorCut("transformer.wte.weight")}};
+    for (int64_t i = 0; i < layers_; ++i) {
+      for (const char* name : {"attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight",
+                               "mlp.c_fc.bias", "mlp.c_proj.weight"}) {
+        const std::string full = fmt::format("transformer.h.{}.{}", i, name);
+        if (!bias_ && endsWith(full, ".bias")) continue;
+        cuts.emplace_back(full, gptTensorCut(full));
+      }
+    }
+    return cuts;
   }
 
  private:
   comm::Comm group_;
+  models::ModelPart part_;
+  int64_t layers_;
+  bool bias_;
   std::shared_ptr<comm::ShmAllreduce> segment_;
   int64_t blockSize_;
   bool sequence_;
@@ -397,13 +444,18 @@ void checkGptTensorSplit(const models::GptOptions& o, int tensors) {
 
 std::shared_ptr<TensorParallelGpt> createTensorParallelGpt(const models::GptOptions& o, const comm::Comm& group,
                                                            TensorSplitOptions split,
-                                                           c10::optional<at::Generator> generator) {
+                                                           c10::optional<at::Generator> generator,
+                                                           const models::ModelPart& part) {
   checkGptTensorSplit(o, group.worldSize);
   if (o.nEmbd % o.nHead != 0) {
     throw ConfigError(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", o.nEmbd, o.nHead));
   }
   torch::NoGradGuard noGrad;
-  auto model = std::make_shared<SplitGpt>(o, group, split, generator);
+  if (split.sequenceParallel && !part.whole()) {
+    throw ConfigError("distribution.sequence_parallel: not supported with pipeline stages yet (their "
+                      "activations pass between the stages whole)");
+  }
+  auto model = std::make_shared<SplitGpt>(o, group, split, generator, part);
   if (group.worldSize > 1) {
     const detail::ExchangePlan plan =
         detail::planExchange(group, split.sharedMemoryFloats > 0, "distribution.shared_memory is false",

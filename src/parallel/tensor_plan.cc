@@ -15,6 +15,7 @@
 #include "cohort/parallel/plan.h"
 #include "cohort/parallel/tensor_gpt.h"
 #include "cohort/parallel/tensor_layers.h"
+#include "parallel/detail/tensor_split.h"
 
 namespace cohort::parallel {
 namespace {
@@ -85,19 +86,7 @@ class TensorPlan : public Plan {
   // data group's ranks step disjoint parts; without it each holds them all
   // (so 1/replicas of each). One sum over the job.
   double gradientSquaredNorm() override {
-    torch::NoGradGuard noGrad;
-    const double wholeShare = 1.0 / static_cast<double>(mesh_.tensors);
-    const std::vector<at::Tensor> parts = optimizerParameters();
-    const std::vector<std::vector<ckpt::PartSlice>> slices = optimizerSlices();
-    double sum = 0;
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const at::Tensor g = parts[k].grad();
-      if (!g.defined()) continue;
-      for (const ckpt::PartSlice& s : slices[k]) {
-        const at::Tensor run = g.reshape({-1}).narrow(0, s.at, s.length).to(at::kDouble);
-        sum += (gptTensorCut(s.param).split() ? 1.0 : wholeShare) * run.dot(run).item<double>();
-      }
-    }
+    double sum = detail::splitSquares(engine_->optimizerParameters(), optimizerSlices(), mesh_.tensors);
     if (engine_->stats().zeroStage == 0) sum /= static_cast<double>(mesh_.replicas);
     at::Tensor total = torch::tensor({sum}, torch::kFloat64);
     comm::allreduceSum(mesh_.world, total, "tensor-parallel gradient norm");
@@ -106,42 +95,14 @@ class TensorPlan : public Plan {
 
   at::Tensor outputLoss(const at::Tensor& output, const at::Tensor& labels, double labelSmoothing) override {
     COHORT_ASSERT(labelSmoothing == 0, "label smoothing with tensor parallelism");
-    return split_->loss(output.to(at::kFloat), labels);
+    return detail::splitOutputLoss(*split_, output, labels);
   }
 
-  // The loss from the slices; the top 5 of the whole vocabulary from each
-  // rank's top 5 (gathered over the group). Tensor rank 0 counts them.
   OutputScore scoreOutput(const at::Tensor& output, const at::Tensor& labels) override {
-    torch::NoGradGuard noGrad;
-    const at::Tensor logits = output.to(at::kFloat).flatten(0, output.dim() - 2);
-    const at::Tensor flat = labels.flatten();
-    const int64_t n = flat.size(0);
-    const double mean = split_->loss(logits, flat).item<double>();
-    const int64_t k = std::min<int64_t>(5, logits.size(1));
-    auto [values, ids] = logits.topk(k, 1);
-    const at::Tensor allValues = gatherSequence(values.contiguous(), 1, mesh_.tensor);
-    const at::Tensor allIds =
-        gatherSequence((ids + split_->vocabFirst()).to(at::kDouble).contiguous(), 1, mesh_.tensor);
-    OutputScore s;
-    if (mesh_.tensorRank != 0) return s;
-    const int64_t top = std::min<int64_t>(5, allValues.size(1));
-    const at::Tensor best = allIds.gather(1, std::get<1>(allValues.topk(top, 1))).to(at::kLong);
-    const at::Tensor hits = best.eq(flat.unsqueeze(1));
-    s.lossSum = mean * static_cast<double>(n);
-    s.top1 = hits.select(1, 0).sum().item<double>();
-    s.top5 = hits.any(1).sum().item<double>();
-    s.count = static_cast<double>(n);
-    return s;
+    return detail::splitScoreOutput(*split_, mesh_, output, labels);
   }
 
-  nlohmann::json tensorLayout() const override {
-    nlohmann::json cuts = nlohmann::json::object();
-    for (const auto& [name, t] : ckpt::stateDict(*model_)) {
-      const TensorCut cut = gptTensorCut(name);
-      if (cut.split()) cuts[name] = {{"dim", cut.dim}, {"blocks", cut.blocks}};
-    }
-    return {{"tensors", mesh_.tensors}, {"sequence_parallel", split_->sequenceParallel()}, {"cuts", std::move(cuts)}};
-  }
+  nlohmann::json tensorLayout() const override { return detail::splitLayout(*split_, mesh_); }
 
   // Replica 0's tensor group puts each split tensor together on its rank 0
   // (the job's rank 0), one tensor at a time.
@@ -154,21 +115,7 @@ class TensorPlan : public Plan {
   }
 
  private:
-  // The gradients of the tensors every rank holds whole, as runs of the
-  // parts this rank steps.
-  std::vector<at::Tensor> wholeRuns() const {
-    std::vector<at::Tensor> runs;
-    const std::vector<at::Tensor> parts = optimizerParameters();
-    const std::vector<std::vector<ckpt::PartSlice>> slices = optimizerSlices();
-    for (size_t k = 0; k < parts.size(); ++k) {
-      at::Tensor g = parts[k].grad();
-      if (!g.defined()) continue;
-      for (const ckpt::PartSlice& s : slices[k]) {
-        if (!gptTensorCut(s.param).split()) runs.push_back(g.reshape({-1}).narrow(0, s.at, s.length));
-      }
-    }
-    return runs;
-  }
+  std::vector<at::Tensor> wholeRuns() const { return detail::wholeRuns(engine_->optimizerParameters(), optimizerSlices()); }
 
   std::shared_ptr<TensorParallelGpt> split_;
   TensorExchanges carried_;  // by the training rounds' forward and backward
@@ -176,6 +123,73 @@ class TensorPlan : public Plan {
 };
 
 }  // namespace
+
+namespace detail {
+
+double splitSquares(const std::vector<at::Tensor>& parts, const std::vector<std::vector<ckpt::PartSlice>>& slices,
+                    int tensors) {
+  torch::NoGradGuard noGrad;
+  const double wholeShare = 1.0 / static_cast<double>(tensors);
+  double sum = 0;
+  for (size_t k = 0; k < parts.size() && k < slices.size(); ++k) {
+    const at::Tensor g = parts[k].grad();
+    if (!g.defined()) continue;
+    for (const ckpt::PartSlice& s : slices[k]) {
+      const at::Tensor run = g.reshape({-1}).narrow(0, s.at, s.length).to(at::kDouble);
+      sum += (gptTensorCut(s.param).split() ? 1.0 : wholeShare) * run.dot(run).item<double>();
+    }
+  }
+  return sum;
+}
+
+std::vector<at::Tensor> wholeRuns(const std::vector<at::Tensor>& parts,
+                                  const std::vector<std::vector<ckpt::PartSlice>>& slices) {
+  std::vector<at::Tensor> runs;
+  for (size_t k = 0; k < parts.size() && k < slices.size(); ++k) {
+    at::Tensor g = parts[k].grad();
+    if (!g.defined()) continue;
+    for (const ckpt::PartSlice& s : slices[k]) {
+      if (!gptTensorCut(s.param).split()) runs.push_back(g.reshape({-1}).narrow(0, s.at, s.length));
+    }
+  }
+  return runs;
+}
+
+at::Tensor splitOutputLoss(TensorParallelGpt& model, const at::Tensor& output, const at::Tensor& labels) {
+  return model.loss(output.to(at::kFloat), labels);
+}
+
+OutputScore splitScoreOutput(TensorParallelGpt& model, const Mesh& mesh, const at::Tensor& output,
+                             const at::Tensor& labels) {
+  torch::NoGradGuard noGrad;
+  const at::Tensor logits = output.to(at::kFloat).flatten(0, output.dim() - 2);
+  const at::Tensor flat = labels.flatten();
+  const int64_t n = flat.size(0);
+  const double mean = model.loss(logits, flat).item<double>();
+  const int64_t k = std::min<int64_t>(5, logits.size(1));
+  auto [values, ids] = logits.topk(k, 1);
+  // Vocabulary ids as float32: exact below 2^24.
+  const at::Tensor allValues = gatherSequence(values.contiguous(), 1, mesh.tensor);
+  const at::Tensor allIds = gatherSequence((ids + model.vocabFirst()).to(at::kFloat).contiguous(), 1, mesh.tensor);
+  OutputScore s;
+  if (mesh.tensorRank != 0) return s;
+  const int64_t top = std::min<int64_t>(5, allValues.size(1));
+  const at::Tensor best = allIds.gather(1, std::get<1>(allValues.topk(top, 1))).to(at::kLong);
+  const at::Tensor hits = best.eq(flat.unsqueeze(1));
+  s.lossSum = mean * static_cast<double>(n);
+  s.top1 = hits.select(1, 0).sum().item<double>();
+  s.top5 = hits.any(1).sum().item<double>();
+  s.count = static_cast<double>(n);
+  return s;
+}
+
+nlohmann::json splitLayout(const TensorParallelGpt& model, const Mesh& mesh) {
+  nlohmann::json cuts = nlohmann::json::object();
+  for (const auto& [name, cut] : model.wholeCuts()) cuts[name] = {{"dim", cut.dim}, {"blocks", cut.blocks}};
+  return {{"tensors", mesh.tensors}, {"sequence_parallel", model.sequenceParallel()}, {"cuts", std::move(cuts)}};
+}
+
+}  // namespace detail
 
 std::unique_ptr<Plan> tensorParallel(Mesh mesh, std::shared_ptr<models::Model> model, DdpOptions options) {
   return std::make_unique<TensorPlan>(std::move(mesh), std::move(model), std::move(options));

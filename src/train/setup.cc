@@ -151,7 +151,8 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
       const int64_t batch = std::max(job.training.batchSize, evalBatchSize(job));
       split.sharedMemoryFloats = std::clamp<int64_t>(batch * mc.blockSize * mc.nEmbd, int64_t{1} << 12, int64_t{1} << 24);
     }
-    s.model = parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), mesh.tensor, split);
+    s.model = parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), mesh.tensor, split,
+                                                c10::nullopt, part);
   } else {
     s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, built);
   }

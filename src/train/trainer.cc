@@ -382,6 +382,7 @@ void saveFinalModel(TrainState& s) {
 // is what the measured count has beyond it.
 void recordSplit(TrainState& s) {
   nlohmann::json t = s.plan->splitStats();
+  if (t.is_null()) return;  // a pipeline of split stages counts no exchanges yet
   const int64_t steps = std::max<int64_t>(1, s.step - std::max<int64_t>(0, s.summary.resumedFromStep));
   const ModelConfig& m = s.job.model;
   const int64_t width = s.model.precision == Precision::bf16 ? 2 : 4;

@@ -108,6 +108,12 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
         "training.accumulate_steps=2", "distribution.sequence_parallel=true"},
        true},
       {"t2-clip", 2, 8, {"distribution.tensor=2", "training.clip_grad_norm=0.3"}, true},
+      // A pipeline of split stages: T = 2 x P = 2, 1F1B over 2 micro-batches
+      // of 4, clipping over every stage's slices (the tied embedding's once).
+      {"t2p2-clip", 4, 4,
+       {"distribution.tensor=2", "distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2",
+        "training.clip_grad_norm=0.3", "model.recompute=blocks"},
+       true},
   };
   for (const Variant& v : variants) {
     auto run = gpt(v.tag, v.procs, v.batch, v.kv);
@@ -237,6 +243,25 @@ TEST_F(TensorJob, AKilledSliceRestartsEveryRankToBitwiseTheSameEnd) {
   EXPECT_GT(fromFinal.out.size(), 4u);
   std::filesystem::rename(dir.file("final.pt"), dir.file("whole/model/final.pt"));
 
+  // A pipeline of split stages too: the last stage's slice 1 killed after
+  // step 7 (the checkpoint of step 6, or of step 3 if step 6's is still
+  // being written, is where every rank goes on).
+  const std::vector<std::string> staged = {"distribution.tensor=2", "distribution.pipeline.stages=2",
+                                           "distribution.pipeline.micro_batches=2", "checkpoint.every_steps=3",
+                                           "checkpoint.when_behind=wait", "distribution.max_restarts=2",
+                                           "training.max_steps=9"};
+  auto stagedWhole = gpt("staged", 4, 4, staged);
+  auto stagedRestarted = gpt("staged-restarted", 4, 4, staged, {{"COHORT_FAULT", "kill@rank3:step7"}});
+  EXPECT_EQ(test::maxDifference(stagedWhole, stagedRestarted), 0.0);
+  EXPECT_NE(log("staged-restarted", 0).find("resumed from "), std::string::npos) << log("staged-restarted", 0);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("staged/checkpoints/step-9/slice1-stage1-model.bin")));
+  const auto sc = test::cohort({"ckpt", "consolidate", dir.file("staged/checkpoints/step-9"), "--out",
+                                dir.file("staged.pt")});
+  ASSERT_EQ(sc.exitCode, 0) << sc.describe();
+  auto stagedConsolidated = ckpt::readStateDict(dir.file("staged.pt"));
+  stagedConsolidated.emplace_back("lm_head.weight", stagedConsolidated.front().second);
+  EXPECT_EQ(test::maxDifference(stagedWhole, stagedConsolidated), 0.0);
+
   // Resuming on the same split is bitwise (above); another split is refused
   // before anything trains, pointing at consolidate.
   const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "1", "--run-dir", dir.file("again"),
@@ -263,7 +288,8 @@ TEST_F(TensorJob, BadSettingsExit2NamingTheKey) {
       {{"distribution.sequence_parallel=true"}, "1", "distribution.sequence_parallel"},
       {{"distribution.tensor=2", "distribution.zero=3"}, "2", "distribution.zero"},
       {{"distribution.tensor=2", "model.lora.rank=4"}, "2", "model.lora.rank"},
-      {{"distribution.tensor=2", "distribution.pipeline.stages=2"}, "4", "distribution.pipeline.stages"},
+      {{"distribution.tensor=2", "distribution.pipeline.stages=2", "distribution.sequence_parallel=true"}, "4",
+       "distribution.sequence_parallel: sequence parallelism within pipeline stages"},
       {{"distribution.tensor=2", "model.dropout=0.1"}, "2", "model.dropout"},
       {{"distribution.tensor=2", "training.label_smoothing=0.1"}, "2", "training.label_smoothing"},
   };

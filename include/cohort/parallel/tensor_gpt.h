@@ -68,8 +68,12 @@ void checkGptTensorSplit(const models::GptOptions& o, int tensors);
 // cross-entropy, the same on every rank of the group. The group must
 // outlive the model's backward passes. The numbers are drawn from
 // `generator` (the default CPU generator when none), as the whole model
-// draws them from the default one. Throws ConfigError as
-// checkGptTensorSplit.
+// draws them from the default one. `part`: a pipeline stage's blocks (and
+// the embeddings on the first stage, the final norm and the head on the
+// last), every number of the other stages drawn and dropped; a later
+// stage's forward takes the residual stream [B, S, C] and an earlier one's
+// returns it. Throws ConfigError as checkGptTensorSplit, and for sequence
+// parallelism in a part.
 class TensorParallelGpt : public models::Model {
  public:
   virtual int64_t vocabFirst() const = 0;
@@ -84,6 +88,9 @@ class TensorParallelGpt : public models::Model {
   // of the sequence) summed over the group, in one exchange. Nothing
   // otherwise. Collective.
   virtual void finishGradients() = 0;
+  // Every split tensor of the whole model (every stage's, not only this
+  // part's) with its cut: what a checkpoint records (extra.tensor.cuts).
+  virtual std::vector<std::pair<std::string, TensorCut>> wholeCuts() const = 0;
 };
 
 struct TensorSplitOptions {
@@ -103,7 +110,8 @@ struct TensorSplitOptions {
 
 std::shared_ptr<TensorParallelGpt> createTensorParallelGpt(const models::GptOptions& o, const comm::Comm& group,
                                                            TensorSplitOptions split = {},
-                                                           c10::optional<at::Generator> generator = c10::nullopt);
+                                                           c10::optional<at::Generator> generator = c10::nullopt,
+                                                           const models::ModelPart& part = {});
 
 // The whole tensor of `slices`, each rank's slice under `cut` in rank
 // order: what sliceByCut cut.
