@@ -348,9 +348,6 @@ void checkTensor(const JobConfig& job, const Where& where) {
       {d.pipeline.stages > 1 && d.sequenceParallel, "distribution.sequence_parallel",
        "sequence parallelism within pipeline stages is not supported yet (the activations pass "
        "between the stages whole): use false with distribution.pipeline.stages > 1"},
-      {d.zero == 3, "distribution.zero",
-       "stage 3 with tensor parallelism is not supported yet: use stage 0, 1 or 2 (the slices are "
-       "1/distribution.tensor of the model already)"},
       {m.lora.rank > 0, "model.lora.rank", "LoRA adapters are not split: train them with distribution.tensor 1"},
       {m.dropout != 0, "model.dropout", "only 0 is supported with tensor parallelism so far"},
       {!m.initFrom.empty(), "model.init_from",

@@ -292,6 +292,7 @@ class SplitGpt : public TensorParallelGpt {
                      o.nHead / t);
       Mlp mlp(ColumnParallelLinear(fcW, fcB, group_), RowParallelLinear(mlpW, mlpB, group_), o.geluTanh);
       blocks_.push_back(h->register_module(std::to_string(i), Block(ln1, attn, ln2, mlp)));
+      blockIndex_.push_back(i);
     }
     if (part.output) lnF_ = transformer->register_module("ln_f", Norm(c, o.bias));
   }
@@ -335,13 +336,17 @@ class SplitGpt : public TensorParallelGpt {
       x = wte_(tokens) + torch::embedding(wpe_->weight, torch::arange(s, tokens.options().dtype(torch::kLong)));
     }
     const bool again = recompute_ && is_training();
-    for (Block& block : blocks_) {
+    const bool sequence = sequence_;
+    for (size_t k = 0; k < blocks_.size(); ++k) {
       // model.recompute: the block's forward runs again in backward, its
       // exchanges with it (every rank of the group recomputes in the same
-      // order).
-      const bool sequence = sequence_;
-      x = again ? models::recomputed([block, sequence](const at::Tensor& y) mutable { return block->forward(y, sequence); }, x)
-                : block->forward(x, sequence_);
+      // order). ZeRO stage 3: each block is a unit, its slices gathered
+      // among the data replicas around its forward and backward.
+      Block block = blocks_[k];
+      x = inUnit(static_cast<int>(k), [block, again, sequence](const at::Tensor& in) mutable {
+        return again ? models::recomputed([block, sequence](const at::Tensor& y) mutable { return block->forward(y, sequence); }, in)
+                     : block->forward(in, sequence);
+      }, x);
     }
     if (!part_.output) return x;
     x = lnF_(x);
@@ -378,6 +383,12 @@ class SplitGpt : public TensorParallelGpt {
     return {{models::kTiedHeadName, "transformer.wte.weight"}};
   }
 
+  std::vector<std::string> shardingUnits() const override {
+    std::vector<std::string> units;
+    for (int64_t i : blockIndex_) units.push_back(fmt::format("transformer.h.{}", i));
+    return units;
+  }
+
   std::vector<std::pair<std::string, TensorCut>> wholeCuts() const override {
     std::vector<std::pair<std::string, TensorCut>> cuts{{"transformer.wte.weight", gptTensorCut("transformer.wte.weight")}};
     for (int64_t i = 0; i < layers_; ++i) {
@@ -405,6 +416,7 @@ class SplitGpt : public TensorParallelGpt {
   Holder wpe_{nullptr};
   Norm lnF_{nullptr};
   std::vector<Block> blocks_;
+  std::vector<int64_t> blockIndex_;  // each held block's index in the whole model
 };
 
 }  // namespace

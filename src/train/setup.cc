@@ -123,7 +123,8 @@ ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data) {
 }
 
 bool buildsByUnit(const JobConfig& job) {
-  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt;
+  // A tensor split builds its slices (1/T of each block) and shards them after.
+  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt && job.distribution.tensor == 1;
 }
 
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel::Mesh& mesh,

@@ -101,6 +101,9 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
        {"distribution.tensor=2", "model.recompute=blocks", "distribution.sequence_parallel=true"}},
       {"t4-sp", 4, 8, {"distribution.tensor=4", "distribution.sequence_parallel=true"}},
       {"t2r2-zero1", 4, 4, {"distribution.tensor=2", "distribution.zero=1", "model.recompute=blocks"}},
+      // Each block's slices sharded among the replicas, gathered around
+      // its forward and backward.
+      {"t2r2-zero3", 4, 4, {"distribution.tensor=2", "distribution.zero=3", "model.recompute=blocks"}},
       // Clipping over every slice's gradients (the whole tensors counted
       // once), accumulation, the gradients reduce-scattered among replicas.
       {"t2r2-zero2-clip", 4, 2,
@@ -262,6 +265,21 @@ TEST_F(TensorJob, AKilledSliceRestartsEveryRankToBitwiseTheSameEnd) {
   stagedConsolidated.emplace_back("lm_head.weight", stagedConsolidated.front().second);
   EXPECT_EQ(test::maxDifference(stagedWhole, stagedConsolidated), 0.0);
 
+  // The replicas and their ZeRO stage may change on resume (the slices'
+  // optimizer state re-cut): step 6 of T = 2 goes on at T = 2 x R = 2 at
+  // ZeRO stage 3, batch 4 per replica, to where the run without the
+  // change ended.
+  const auto recut = test::cohort({"run", dir.file("whole.yaml"), "--procs", "4", "--run-dir", dir.file("recut"),
+                                   "--resume", dir.file("whole/checkpoints/step-6"), "--set",
+                                   "training.batch_size=4", "--set", "training.max_steps=9", "--set",
+                                   "distribution.tensor=2", "--set", "distribution.zero=3"});
+  ASSERT_EQ(recut.exitCode, 0) << recut.describe();
+  EXPECT_NE(log("recut", 0).find("optimizer state re-cut: unsharded (distribution.zero 0) in the checkpoint, ZeRO "
+                                 "stage 3 on 2 ranks"),
+            std::string::npos)
+      << log("recut", 0);
+  EXPECT_LT(test::maxDifference(whole, ckpt::readStateDict(dir.file("recut/model/final.pt"))), kTolerance);
+
   // Resuming on the same split is bitwise (above); another split is refused
   // before anything trains, pointing at consolidate.
   const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "1", "--run-dir", dir.file("again"),
@@ -286,7 +304,6 @@ TEST_F(TensorJob, BadSettingsExit2NamingTheKey) {
       {{"distribution.tensor=2", "model.vocab_size=257"}, "2", "model.vocab_size (257) is not divisible by 2"},
       {{"distribution.tensor=2"}, "3", "distribution.tensor: 2 tensor ranks x 1 pipeline stages do not divide"},
       {{"distribution.sequence_parallel=true"}, "1", "distribution.sequence_parallel"},
-      {{"distribution.tensor=2", "distribution.zero=3"}, "2", "distribution.zero"},
       {{"distribution.tensor=2", "model.lora.rank=4"}, "2", "model.lora.rank"},
       {{"distribution.tensor=2", "distribution.pipeline.stages=2", "distribution.sequence_parallel=true"}, "4",
        "distribution.sequence_parallel: sequence parallelism within pipeline stages"},
