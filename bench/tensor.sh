@@ -21,7 +21,9 @@
 # weigh), 4 steps, at T = 1, 2 and 4 (4 ranks on however many cores), and
 # T = 2 and 4 with sequence parallelism: each rank's parameters, gradients
 # and optimizer state (its log's "memory held" line) and peak resident
-# memory, and the state as a fraction of T = 1's.
+# memory, and the state as a fraction of T = 1's; then the same at batch 1,
+# and the difference (what 16 x 128 tokens' activations added) as a
+# fraction of T = 1's.
 # Needs ./scripts/prepare-kjv.sh's data. Then JSON lines.
 set -eu
 cd "$(dirname "$0")/.."
@@ -64,11 +66,14 @@ while [ "$r" -le "$rounds" ]; do
   r=$((r + 1))
 done
 echo "memory runs" >&2
-train "mem-t1" 1 --set training.batch_size=16 --set training.max_steps=4
-for t in 2 4; do
-  train "mem-t$t" $t --set training.batch_size=16 --set training.max_steps=4 --set distribution.tensor=$t
-  train "mem-t$t-sp" $t --set training.batch_size=16 --set training.max_steps=4 --set distribution.tensor=$t \
-      --set distribution.sequence_parallel=true
+for b in 16 1; do
+  suffix=$([ "$b" = 1 ] && echo "-b1" || true)
+  train "mem-t1$suffix" 1 --set training.batch_size=$b --set training.max_steps=4
+  for t in 2 4; do
+    train "mem-t$t$suffix" $t --set training.batch_size=$b --set training.max_steps=4 --set distribution.tensor=$t
+    train "mem-t$t-sp$suffix" $t --set training.batch_size=$b --set training.max_steps=4 \
+        --set distribution.tensor=$t --set distribution.sequence_parallel=true
+  done
 done
 /usr/bin/python3 - "$out" "$rounds" <<'PY'
 import json, re, sys
@@ -89,17 +94,23 @@ for r in range(1, rounds + 1):
         print(f"{r:>5} | {kind:<5} | {tps:>8.0f} | {tps / base:>5.3f} | {extra}")
 line = re.compile(r"memory held: parameters ([\d.]+) MB, gradients ([\d.]+) MB, optimizer state ([\d.]+) MB "
                   r"\(ZeRO stage \d\); peak resident (\d+) MB")
-print("run       | rank | parameters MB | gradients MB | optimizer state MB | state / T=1's | peak RSS MB")
+print("run       | rank | parameters MB | gradients MB | optimizer state MB | state / T=1's | peak RSS MB | "
+      "at batch 1 | activations MB | activations / T=1's")
 memory = {}
 whole = None
+acts = None
 for tag, ranks in (("mem-t1", 1), ("mem-t2", 2), ("mem-t2-sp", 2), ("mem-t4", 4), ("mem-t4-sp", 4)):
     for rank in range(ranks):
         text = open(f"{out}/{tag}/logs/rank-{rank}.log").read()
         p, g, o, peak = (float(x) for x in line.search(text).groups())
+        small = float(line.search(open(f"{out}/{tag}-b1/logs/rank-{rank}.log").read()).groups()[3])
         state = p + g + o
+        # What batch 16 x 128 tokens adds over batch 1: the activations.
+        act = peak - small
         if whole is None:
-            whole = state
-        memory.setdefault(tag, []).append({"state_mb": state, "peak_rss_mb": peak})
-        print(f"{tag:<9} | {rank:>4} | {p:>13.1f} | {g:>12.1f} | {o:>18.1f} | {state / whole:>13.3f} | {peak:>11.0f}")
+            whole, acts = state, act
+        memory.setdefault(tag, []).append({"state_mb": state, "peak_rss_mb": peak, "activations_mb": act})
+        print(f"{tag:<9} | {rank:>4} | {p:>13.1f} | {g:>12.1f} | {o:>18.1f} | {state / whole:>13.3f} | {peak:>11.0f} | "
+              f"{small:>10.0f} | {act:>14.0f} | {act / acts:>.3f}")
 print(json.dumps({"bench": "tensor", "ratio_to_dp": runs, "memory": memory}))
 PY

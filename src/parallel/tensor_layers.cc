@@ -176,6 +176,40 @@ struct GatherSequence : torch::autograd::Function<GatherSequence> {
   }
 };
 
+// A column-parallel layer on this rank's part of the sequence: the parts
+// gathered, then the layer. Only the part is kept for backward (the whole
+// input, T times larger, is gathered again there), so that sequence
+// parallelism's activations are 1/T.
+struct GatheredLinear : torch::autograd::Function<GatheredLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, int64_t dim, const comm::Comm* group) {
+    keep(ctx, group);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["bias"] = bias.defined();
+    at::Tensor y = torch::nn::functional::linear(gathered(x, dim, *group, "sequence-parallel all-gather"), weight,
+                                                 bias.defined() ? bias : at::Tensor());
+    // The product's type (bf16 under autocast), for backward.
+    ctx->saved_data["dtype"] = static_cast<int64_t>(y.scalar_type());
+    ctx->save_for_backward({x, weight});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const auto type = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const at::Tensor g = grads[0].to(type);
+    const at::Tensor whole = gathered(x, dim, groupOf(ctx), "sequence-parallel all-gather (backward)").to(type);
+    const at::Tensor g2 = g.reshape({-1, g.size(-1)});
+    const at::Tensor gw = g2.t().matmul(whole.reshape({-1, whole.size(-1)})).to(weight.scalar_type());
+    const at::Tensor gb = ctx->saved_data["bias"].toBool() ? g2.sum(0).to(weight.scalar_type()) : at::Tensor();
+    const at::Tensor gx = scattered(g.matmul(weight.to(type)), dim, groupOf(ctx), "sequence-parallel gradient sum")
+                              .to(x.scalar_type());
+    return {gx, gw, gb, at::Tensor(), at::Tensor()};
+  }
+};
+
 struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, const comm::Comm* group) {
     keep(ctx, group);
@@ -284,7 +318,8 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor ColumnParallelLinearImpl::forwardGathered(const at::Tensor& x, int64_t dim) {
-  return torch::nn::functional::linear(gatherSequence(x, dim, group_), weight, bias);
+  if (group_.worldSize == 1) return torch::nn::functional::linear(x, weight, bias);
+  return GatheredLinear::apply(x, weight, bias, dim, &group_);
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {

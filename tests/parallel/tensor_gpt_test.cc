@@ -101,13 +101,16 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       // activations [B, S, C] after attention and one after the MLP, and
       // their conjugates in backward (4 per block), one pair for the
       // embedding and the head, and the loss's 3 sums of B x S floats; with
-      // sequence parallelism as many all-gathers of 1/T of the activations.
+      // sequence parallelism as many all-gathers of 1/T of the activations,
+      // and one more in backward for each column-parallel layer (2 per
+      // block), which kept only its part of the sequence.
       const TensorExchanges e = tensorExchanges();
       const int64_t pairs = 4 * o.nLayer + 2, activations = whole.tokens.numel() * o.nEmbd * 4;
       EXPECT_EQ(e.sums, t == 1 ? 0 : pairs + 3) << at;
       EXPECT_EQ(e.sumBytes, t == 1 ? 0 : pairs * activations + 3 * whole.tokens.numel() * 4) << at;
-      EXPECT_EQ(e.gathers, t > 1 && sequence ? pairs : 0) << at;
-      EXPECT_EQ(e.gatherBytes, t > 1 && sequence ? pairs * activations / t : 0) << at;
+      const int64_t gathers = pairs + 2 * o.nLayer;
+      EXPECT_EQ(e.gathers, t > 1 && sequence ? gathers : 0) << at;
+      EXPECT_EQ(e.gatherBytes, t > 1 && sequence ? gathers * activations / t : 0) << at;
       model->finishGradients();
       for (const auto& p : named) {
         const at::Tensor want = sliceByCut(whole.grads.at(p.key()), gptTensorCut(p.key()), t, r);

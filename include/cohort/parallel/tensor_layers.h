@@ -105,7 +105,9 @@ class ColumnParallelLinearImpl : public SplitLinearImpl {
       : SplitLinearImpl(std::move(weight), std::move(bias), std::move(group)) {}
   at::Tensor forward(const at::Tensor& x);
   // With sequence parallelism: x is this rank's slice of the sequence
-  // (dimension `dim`), gathered whole before the product.
+  // (dimension `dim`), gathered whole before the product; backward keeps
+  // only the slice and gathers it again (as Megatron-LM does), so that the
+  // activations held are 1/T.
   at::Tensor forwardGathered(const at::Tensor& x, int64_t dim);
 };
 TORCH_MODULE(ColumnParallelLinear);
