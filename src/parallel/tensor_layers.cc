@@ -181,13 +181,13 @@ struct GatherSequence : torch::autograd::Function<GatherSequence> {
 // input, T times larger, is gathered again there), so that sequence
 // parallelism's activations are 1/T.
 struct GatheredLinear : torch::autograd::Function<GatheredLinear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, int64_t dim, const comm::Comm* group) {
+  // The product without the bias (the caller adds it: an undefined input
+  // cannot pass through a custom function).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, int64_t dim,
+                            const comm::Comm* group) {
     keep(ctx, group);
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["bias"] = bias.defined();
-    at::Tensor y = torch::nn::functional::linear(gathered(x, dim, *group, "sequence-parallel all-gather"), weight,
-                                                 bias.defined() ? bias : at::Tensor());
+    at::Tensor y = torch::nn::functional::linear(gathered(x, dim, *group, "sequence-parallel all-gather"), weight);
     // The product's type (bf16 under autocast), for backward.
     ctx->saved_data["dtype"] = static_cast<int64_t>(y.scalar_type());
     ctx->save_for_backward({x, weight});
@@ -203,10 +203,9 @@ struct GatheredLinear : torch::autograd::Function<GatheredLinear> {
     const at::Tensor whole = gathered(x, dim, groupOf(ctx), "sequence-parallel all-gather (backward)").to(type);
     const at::Tensor g2 = g.reshape({-1, g.size(-1)});
     const at::Tensor gw = g2.t().matmul(whole.reshape({-1, whole.size(-1)})).to(weight.scalar_type());
-    const at::Tensor gb = ctx->saved_data["bias"].toBool() ? g2.sum(0).to(weight.scalar_type()) : at::Tensor();
     const at::Tensor gx = scattered(g.matmul(weight.to(type)), dim, groupOf(ctx), "sequence-parallel gradient sum")
                               .to(x.scalar_type());
-    return {gx, gw, gb, at::Tensor(), at::Tensor()};
+    return {gx, gw, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -319,7 +318,8 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
 
 at::Tensor ColumnParallelLinearImpl::forwardGathered(const at::Tensor& x, int64_t dim) {
   if (group_.worldSize == 1) return torch::nn::functional::linear(x, weight, bias);
-  return GatheredLinear::apply(x, weight, bias, dim, &group_);
+  const at::Tensor y = GatheredLinear::apply(x, weight, dim, &group_);
+  return bias.defined() ? y + bias.to(y.scalar_type()) : y;  // in the product's type, as linear adds it
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
