@@ -12,6 +12,10 @@
 #include "cohort/train/optimizer.h"
 #include "core/detail/json_int.h"
 
+#include <map>
+#include <memory>
+#include <set>
+
 namespace cohort::train::detail {
 
 namespace {
@@ -22,12 +26,62 @@ std::string describeLayout(const nlohmann::json& z) {
                                    jsonInt(z, "world_size", 0), z.value("buckets", nlohmann::json::array()).size());
 }
 
+// Every stage of the checkpoint, and the first that holds each
+// parameter's state ("<param>.<kind>", as an unsharded run names it).
+struct CheckpointStages {
+  std::vector<std::unique_ptr<ckpt::StageTensors>> stages;
+  std::map<std::string, size_t> holder;  // state name: its stage
+  CheckpointStages(const std::string& dir, const ckpt::Manifest& m) {
+    for (int s = 0; s == 0 || s < stages.front()->stages(); ++s) {
+      stages.push_back(std::make_unique<ckpt::StageTensors>(dir, m, s));
+      for (const std::string& name : stages.back()->optimizerNames()) holder.emplace(name, stages.size() - 1);
+    }
+  }
+  at::Tensor state(const std::string& name) {
+    auto it = holder.find(name);
+    return it == holder.end() ? at::Tensor() : stages[it->second]->optimizerState(name);
+  }
+};
+
+// A checkpoint of other stages: this rank's parameters' state, by name,
+// from the stages that hold it; cut into this run's parts with ZeRO.
+void restoreRestaged(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
+                     const parallel::Plan& plan, const nlohmann::json& layout, const std::string& dir,
+                     const ckpt::Manifest& m) {
+  CheckpointStages checkpoint(dir, m);
+  if (layout.is_null()) {
+    const std::set<std::string> params(names.begin(), names.end());
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (const auto& [name, stage] : checkpoint.holder) {
+      const size_t dot = name.rfind('.');
+      if (dot != std::string::npos && params.count(name.substr(0, dot)) != 0) {
+        state.emplace_back(name, checkpoint.state(name));
+      }
+    }
+    loadOptimizerState(optimizer, names, state, dir);
+  } else {
+    const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
+    std::vector<int64_t> sizes;
+    for (const at::Tensor& t : plan.optimizerParameters()) sizes.push_back(t.numel());
+    loadOptimizerState(optimizer, names,
+                       ckpt::partsFromWhole([&](const std::string& name) { return checkpoint.state(name); }, names,
+                                            parts, sizes, models::trainableParameters(plan.model()), dir),
+                       dir);
+  }
+  log::info("optimizer state taken from the checkpoint's {} stage(s) for this rank's parameters ({})",
+            checkpoint.stages.size(), describeLayout(layout));
+}
+
 }  // namespace
 
 void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
                       const parallel::Plan& plan, const nlohmann::json& layout,
-                      const std::string& dir, const ckpt::Manifest& m) {
+                      const std::string& dir, const ckpt::Manifest& m, bool restaged) {
   const parallel::CheckpointRole role = plan.checkpointRole();
+  if (restaged) {
+    restoreRestaged(optimizer, names, plan, layout, dir, m);
+    return;
+  }
   const nlohmann::json was = ckpt::stageZeroLayout(dir, m, role.stage);
   const bool sharded = !layout.is_null();
   // The parts, whatever the stage: the world size, the buckets and each

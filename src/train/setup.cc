@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/stage_tensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/core/checksum.h"
@@ -128,7 +129,7 @@ bool buildsByUnit(const JobConfig& job) {
 }
 
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel::Mesh& mesh,
-                      const std::string& resumeFrom, const models::ModelPart& part) {
+                      const std::string& resumeFrom, const models::ModelPart& part, bool restaged) {
   const comm::Comm& comm = mesh.data;
   const int stage = mesh.stage;
   const data::SampleShape& shape = data.shape;
@@ -226,7 +227,15 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
     models::loadWeights(model, *file, mc.initFrom);
     log::info("initialized from {}", mc.initFrom);
   }
-  if (!resumeFrom.empty() && s.units) {
+  if (!resumeFrom.empty() && restaged) {
+    // Another layout's stages: this part's tensors, one at a time, from
+    // whichever of them hold them (a ZeRO stage 3 checkpoint's parts put
+    // together bucket by bucket).
+    ckpt::CheckpointTensors checkpoint(resumeFrom, ckpt::readManifest(resumeFrom));
+    ckpt::StateDict entries = checkpoint.entries();
+    if (!part.whole()) entries = models::partOfStateDict(model, std::move(entries));
+    ckpt::loadStateDict(models::trainedState(model), checkpoint, entries, resumeFrom);
+  } else if (!resumeFrom.empty() && s.units) {
     std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
     if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");
     parallel::resumeByUnit(model, *s.units, resumeFrom, ckpt::readManifest(resumeFrom), stage, comm, tied);

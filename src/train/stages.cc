@@ -85,8 +85,10 @@ std::vector<int64_t> checkpointSplit(const ckpt::Manifest& m) {
   return jsonInts<int64_t>(m.extra["pipeline"].value("split", nlohmann::json::array()));
 }
 
-// A pipelined checkpoint resumes on its own layout; the layout must match.
-void checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
+// Whether the checkpoint's stages are the job's (the same number, and the
+// same split when the job names one); throws ConfigError for a layout that
+// cannot be resumed.
+bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
                  const std::string& path) {
   const int slices = m.extra.contains("tensor") ? jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1))) : 1;
   if (slices != mesh.tensors) {
@@ -100,20 +102,29 @@ void checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::M
   const int was = m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
   const std::vector<int64_t> split = checkpointSplit(m);
   const PipelineSplit& asked = job.distribution.pipeline.split;
-  const bool same = was == mesh.stages && (was == 1 || m.worldSize == mesh.world.worldSize) &&
-                    (asked.automatic() || was == 1 || asked.blocks == split);
-  if (same) return;
-  auto layout = [](int stages, const std::vector<int64_t>& s, int world) {
-    return stages == 1 ? fmt::format("no pipeline ({} ranks)", world)
-                       : fmt::format("{} pipeline stages split {} on {} ranks", stages, splitText(s), world);
+  const bool same = was == mesh.stages && (asked.automatic() || was == 1 || asked.blocks == split);
+  if (same) return true;
+  auto layout = [](int stages, const std::vector<int64_t>& s) {
+    return stages == 1 ? std::string("no pipeline")
+                       : fmt::format("{} pipeline stages{}", stages, s.empty() ? "" : " split " + splitText(s));
   };
-  throw ConfigError(fmt::format(
-      "cannot resume from {}: it was written by {}, and this job has {}. A pipelined checkpoint "
-      "resumes on the layout that wrote it; to go on in another, write the model out with `cohort "
-      "ckpt consolidate {} --out model.pt` and start a new run from it (model.init_from)",
-      path, layout(was, split, m.worldSize),
-      layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks, mesh.world.worldSize),
-      path));
+  const std::string here = layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks);
+  const int64_t zero = job.distribution.zero;
+  if (mesh.tensors > 1 || zero == 3 || (mesh.pipelined() && zero > 0)) {
+    throw ConfigError(fmt::format(
+        "cannot resume from {}: it was written by {}, and this job has {}{}. A checkpoint resumes in "
+        "other stages with distribution.zero 0 (1 and 2 without a pipeline); or write the model out "
+        "with `cohort ckpt consolidate {} --out model.pt` and start a new run from it "
+        "(model.init_from)",
+        path, layout(was, split), here,
+        zero > 0 ? fmt::format(" at distribution.zero {}", zero) : std::string(), path));
+  }
+  if (mesh.world.rank == 0) {
+    log::info("resuming {} (written by {}) in {}: each stage reads its blocks' tensors and their optimizer "
+              "state from the checkpoint's stages that hold them",
+              path, layout(was, split), here);
+  }
+  return false;
 }
 
 }  // namespace
@@ -121,12 +132,13 @@ void checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::M
 std::vector<int64_t> resolveSplit(const JobConfig& job, const Datasets& data,
                                   const parallel::Mesh& mesh,
                                   const std::optional<ckpt::Manifest>& resumed,
-                                  const std::string& resumeFrom) {
-  if (resumed) checkLayout(job, mesh, *resumed, resumeFrom);
+                                  const std::string& resumeFrom, bool& restaged) {
+  const bool same = !resumed || checkLayout(job, mesh, *resumed, resumeFrom);
+  restaged = !same;
   if (!mesh.pipelined()) return {};
   const PipelineSplit& asked = job.distribution.pipeline.split;
   std::vector<int64_t> split;
-  if (resumed) {
+  if (resumed && same) {
     split = checkpointSplit(*resumed);
   } else if (!asked.automatic()) {
     split = asked.blocks;

@@ -319,11 +319,11 @@ void setUp(TrainState& s) {
   log::info("memory limit: {}, {:.0f} MB each", s.memory.describe(), s.memory.bytes() / (1 << 20));
   s.datasets = openDatasets(job);
   s.resumed = readResume(job, s.comm, s.runDir, s.options.resumeFrom);
-  s.split = resolveSplit(job, s.datasets, s.mesh, s.resumed, s.options.resumeFrom);
+  s.split = resolveSplit(job, s.datasets, s.mesh, s.resumed, s.options.resumeFrom, s.restaged);
   const models::ModelPart part = partOf(s.split, s.mesh.stage);
   if (buildsByUnit(job)) checkFitBeforeBuild(s, part);
   env::pauseForTest("model");
-  s.model = buildModel(job, s.datasets, s.mesh, s.options.resumeFrom, part);
+  s.model = buildModel(job, s.datasets, s.mesh, s.options.resumeFrom, part, s.restaged);
   if (s.mesh.pipelined()) logStage(s, part);
   if (s.resumed && !s.model.frozenUnits) checkFrozenBase(s);
   // Before the plan, which shards the parameters at ZeRO stage 3 (with
@@ -362,7 +362,8 @@ void resume(TrainState& s) {
                                                 static_cast<double>(s.datasets.train->size()));
   }
   if (s.resumed) {
-    restoreOptimizer(*s.optimizer, s.optimizerNames, *s.plan, s.zero, s.options.resumeFrom, *s.resumed);
+    restoreOptimizer(*s.optimizer, s.optimizerNames, *s.plan, s.zero, s.options.resumeFrom, *s.resumed,
+                     s.restaged);
   }
   log::info("{} {} x batch {} x {} micro-steps = global batch {}; peak lr {:.6g}; {} steps "
             "per epoch, {} in all",

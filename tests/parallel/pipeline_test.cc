@@ -313,18 +313,42 @@ TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
   EXPECT_EQ(consolidated.front().first, "transformer.wte.weight");
   EXPECT_EQ(test::maxDifference(whole, consolidated), 0.0);
 
-  // Another layout (another split; no pipeline) is refused before anything
-  // trains, pointing at consolidate.
-  for (const auto& [procs, kv] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"2", {"distribution.pipeline.stages=2", "distribution.pipeline.split=[1,3]"}}, {"2", {}}}) {
-    std::vector<std::string> args{"run", dir.file("whole.yaml"), "--procs", procs, "--run-dir",
-                                  dir.file("again"), "--resume", step9, "--set", "training.batch_size=3",
-                                  "--set", "training.max_steps=12"};
-    for (const auto& k : kv) {
+  // Another layout resumes restaged: step 6 goes on at P = 4 (6
+  // micro-batches of 1), at P = 3 split [1, 2, 1] (3 of 2) and without a
+  // pipeline (accumulating 2 of 3), the same 6 samples a step, to where the
+  // run that kept P = 2 ended (docs/parallelism.md).
+  struct Restage {
+    const char* tag;
+    const char* procs;
+    std::vector<std::string> kv;
+  };
+  for (const Restage& r : std::vector<Restage>{
+           {"p4", "4", {"distribution.pipeline.stages=4", "distribution.pipeline.micro_batches=6", "training.batch_size=1"}},
+           {"p3", "3",
+            {"distribution.pipeline.stages=3", "distribution.pipeline.micro_batches=3", "training.batch_size=2",
+             "distribution.pipeline.split=[1,2,1]"}},
+           {"p1", "1", {"training.accumulate_steps=2", "training.batch_size=3", "distribution.pipeline.stages=1"}}}) {
+    const std::string tag = std::string("again-") + r.tag;
+    std::vector<std::string> args{"run", dir.file("whole.yaml"), "--procs", r.procs, "--run-dir", dir.file(tag),
+                                  "--resume", dir.file("whole/checkpoints/step-6"), "--set", "training.max_steps=9"};
+    for (const std::string& k : r.kv) {
       args.push_back("--set");
       args.push_back(k);
     }
     const auto again = test::cohort(args);
+    ASSERT_EQ(again.exitCode, 0) << r.tag << ": " << again.describe();
+    EXPECT_NE(log(tag, 0).find("(written by 2 pipeline stages split [2, 2]) in "), std::string::npos) << log(tag, 0);
+    const double diff = test::maxDifference(whole, ckpt::readStateDict(dir.file(tag + "/model/final.pt")));
+    EXPECT_LT(diff, kTolerance) << r.tag;
+    RecordProperty(std::string("max_difference_restaged_") + r.tag, fmt::format("{:.3g}", diff));
+  }
+  // What cannot be restaged yet (into ZeRO within a pipeline's stages) is
+  // refused before anything trains, pointing at consolidate.
+  {
+    const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "2", "--run-dir", dir.file("again"),
+                                     "--resume", step9, "--set", "training.batch_size=3", "--set",
+                                     "training.max_steps=12", "--set", "distribution.pipeline.stages=2", "--set",
+                                     "distribution.pipeline.split=[1,3]", "--set", "distribution.zero=1"});
     EXPECT_EQ(again.exitCode, 2) << again.describe();
     // The way across it names is a command that works as printed (the
     // output file aside, put in the test's directory).

@@ -24,10 +24,11 @@ namespace cohort::train::detail {
 // sides, reads this rank's file (as plan.checkpointRole() names it); any
 // other (a stage, world size or bucket layout of its own) puts the
 // checkpoint's state back together and cuts this run's parts from it, and
-// logs so. Throws DataError naming the file that is missing or
-// does not fit.
+// logs so. `restaged` (a checkpoint of other pipeline stages): each
+// parameter's state from whichever of the checkpoint's stages holds it.
+// Throws DataError naming the file that is missing or does not fit.
 void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
                       const parallel::Plan& plan, const nlohmann::json& layout,
-                      const std::string& dir, const ckpt::Manifest& m);
+                      const std::string& dir, const ckpt::Manifest& m, bool restaged = false);
 
 }  // namespace cohort::train::detail

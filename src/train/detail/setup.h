@@ -72,8 +72,10 @@ ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data);
 // training.precision for this CPU and chooses its memory format in that
 // precision (before DDP's buckets take the weights' strides; a pipeline
 // stage keeps the model's default, as no trial input fits it).
+// `restaged`: <resumeFrom> was written by other pipeline stages; the part's
+// tensors are read one at a time from whichever of its stages hold them.
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel::Mesh& mesh,
-                      const std::string& resumeFrom, const models::ModelPart& part = {});
+                      const std::string& resumeFrom, const models::ModelPart& part = {}, bool restaged = false);
 
 // The exchange's options from distribution.*. Gradients are not divided by
 // the world size: the loss carries 1 / world instead (StepRunner).

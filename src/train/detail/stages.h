@@ -21,16 +21,20 @@
 namespace cohort::train::detail {
 
 // The blocks of each stage: distribution.pipeline.split; for `auto`, the
-// split of the checkpoint the run resumes, or else one balanced by each
-// block's time, which rank 0 measures (forward and backward of one
-// micro-batch, one block built at a time) and every rank takes. Throws
-// ConfigError naming the checkpoint when it was written by another layout
-// (other stages, split or ranks; or a pipeline where the job has none, or
-// the reverse): a pipelined checkpoint resumes on its own layout only.
+// split of the checkpoint the run resumes when its stages are this job's,
+// or else one balanced by each block's time, which rank 0 measures
+// (forward and backward of one micro-batch, one block built at a time) and
+// every rank takes. A checkpoint of other stages or another split (or a
+// pipeline where the job has none, or the reverse) resumes restaged
+// (`restaged`): each stage reads its blocks' tensors and their optimizer
+// state from whichever stages of the checkpoint hold them. Throws
+// ConfigError naming the checkpoint for what cannot be restaged yet:
+// another tensor split, or restaging into ZeRO stages 1-3 of a pipeline
+// (stage 3 without one).
 std::vector<int64_t> resolveSplit(const JobConfig& job, const Datasets& data,
                                   const parallel::Mesh& mesh,
                                   const std::optional<ckpt::Manifest>& resumed,
-                                  const std::string& resumeFrom);
+                                  const std::string& resumeFrom, bool& restaged);
 
 // Stage `stage`'s part of the model for `split` (blocks per stage).
 models::ModelPart partOf(const std::vector<int64_t>& split, int stage);

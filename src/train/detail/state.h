@@ -62,6 +62,7 @@ struct TrainState {
   Datasets datasets;
   std::optional<ckpt::Manifest> resumed;  // the checkpoint options.resumeFrom names
   std::vector<int64_t> split;             // a pipeline's blocks per stage (empty: none)
+  bool restaged = false;                  // resumed from a checkpoint of other stages (resolveSplit)
   ModelSetup model;                       // this rank's part of the model
   std::unique_ptr<parallel::Plan> plan;
   Loaders loaders;
