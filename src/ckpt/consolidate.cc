@@ -87,38 +87,14 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
 
   const JobConfig job = loadJobFromString(m.extra.value("job", std::string()),
                                           dir + "/manifest.json (extra.job)", {});
-  // Each parameter's state read from its stage (the first that holds it)
-  // and written at once: one bucket of a sharded state is held at a time.
-  // A tensor split (extra.tensor): every slice of a stage, and the state
-  // of a split parameter put together from theirs as the parameter is.
-  std::vector<std::vector<std::unique_ptr<StageTensors>>> stages;
-  std::map<std::string, std::pair<int64_t, int>> cuts;
-  if (const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json()); tensor.is_object()) {
-    const nlohmann::json cutsByName = tensor.value("cuts", nlohmann::json::object());
-    for (const auto& [name, cut] : cutsByName.items()) {
-      cuts[name] = {jsonInt<int64_t>(cut.value("dim", nlohmann::json(0))), jsonInt<int>(cut.value("blocks", nlohmann::json(1)))};
-    }
-  }
-  auto stateOf = [&](size_t stage, const std::string& param, const std::string& kind) {
-    auto& slices = stages[stage];
-    auto cut = cuts.find(param);
-    if (cut == cuts.end() || kind == "step") return slices.front()->optimizerState(param + "." + kind);
-    std::vector<at::Tensor> parts;
-    for (auto& slice : slices) parts.push_back(slice->optimizerState(param + "." + kind));
-    return joinSlices(parts, cut->second.first, cut->second.second);
-  };
-  std::map<std::string, std::pair<size_t, std::set<std::string>>> kinds;  // parameter: stage, kinds
-  for (int s = 0; s == 0 || s < stages.front().front()->stages(); ++s) {
-    stages.emplace_back();
-    stages.back().push_back(std::make_unique<StageTensors>(dir, m, s));
-    for (int t = 1; t < stages.back().front()->slices(); ++t) {
-      stages.back().push_back(std::make_unique<StageTensors>(dir, m, s, t));
-    }
-    for (const std::string& name : stages.back().front()->optimizerNames()) {
-      const size_t dot = name.rfind('.');
-      auto& [stage, held] = kinds.try_emplace(name.substr(0, dot), stages.size() - 1, std::set<std::string>()).first->second;
-      if (stage == stages.size() - 1) held.insert(name.substr(dot + 1));
-    }
+  // Each parameter's state read from its stage (the first that holds it;
+  // a split one put together from its slices) and written at once: one
+  // bucket of a sharded state is held at a time.
+  CheckpointOptimizer checkpoint(dir, m);
+  std::map<std::string, std::set<std::string>> kinds;  // parameter: its kinds of state
+  for (const std::string& name : checkpoint.names()) {
+    const size_t dot = name.rfind('.');
+    kinds[name.substr(0, dot)].insert(name.substr(dot + 1));
   }
   // Parameters in the model's order, as torch.optim numbers
   // model.parameters(); buffers and frozen weights have no state.
@@ -128,16 +104,15 @@ int consolidateCommand(const std::string& path, const std::string& modelOut,
   for (const std::string& name : order) {
     auto it = kinds.find(name);
     if (it == kinds.end()) continue;
-    const size_t from = it->second.first;
     GenericDict s = dictOf(c10::StringType::get());
     for (const char* kind : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
-      if (it->second.second.count(kind) != 0) {
-        s.insert(kind, writer.add(name + "." + kind, stateOf(from, name, kind)));
+      if (it->second.count(kind) != 0) {
+        s.insert(kind, writer.add(name + "." + kind, checkpoint.state(name + "." + kind)));
       }
     }
     // torch.optim 1.13's AdamW counts steps in a float32 scalar tensor.
-    if (it->second.second.count("step") != 0) {
-      const int64_t step = stateOf(from, name, "step").item<int64_t>();
+    if (it->second.count("step") != 0) {
+      const int64_t step = checkpoint.state(name + ".step").item<int64_t>();
       s.insert("step", writer.add(name + ".step", torch::tensor(static_cast<float>(step))));
     }
     state.insert(index++, std::move(s));

@@ -16,6 +16,19 @@ namespace cohort::ckpt {
 
 namespace {
 
+// extra.tensor.cuts: each split tensor's dimension and blocks.
+std::map<std::string, std::pair<int64_t, int>> cutsOf(const Manifest& m) {
+  std::map<std::string, std::pair<int64_t, int>> cuts;
+  const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json());
+  if (!tensor.is_object()) return cuts;
+  const nlohmann::json byName = tensor.value("cuts", nlohmann::json::object());
+  for (const auto& [name, cut] : byName.items()) {
+    cuts[name] = {jsonInt<int64_t>(cut.value("dim", nlohmann::json(0))), jsonInt<int>(cut.value("blocks", nlohmann::json(1)))};
+  }
+  return cuts;
+}
+
+
 using detail::kElementKinds;
 using detail::memoryOrder;
 
@@ -221,13 +234,8 @@ at::Tensor StageTensors::optimizerState(const std::string& name) {
 
 CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) {
   const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json());
-  if (tensor.is_object()) {
-    slices_ = jsonInt<int>(tensor.value("tensors", nlohmann::json(1)));
-    const nlohmann::json cutsByName = tensor.value("cuts", nlohmann::json::object());
-    for (const auto& [name, cut] : cutsByName.items()) {
-      cuts_[name] = {jsonInt<int64_t>(cut.value("dim", nlohmann::json(0))), jsonInt<int>(cut.value("blocks", nlohmann::json(1)))};
-    }
-  }
+  if (tensor.is_object()) slices_ = jsonInt<int>(tensor.value("tensors", nlohmann::json(1)));
+  cuts_ = cutsOf(m);
   for (int s = 0; s == 0 || s < stages_.front()->stages(); ++s) {
     const size_t first = stages_.size();
     for (int t = 0; t < slices_; ++t) stages_.push_back(std::make_unique<StageTensors>(dir, m, s, t));
@@ -263,6 +271,35 @@ void CheckpointTensors::drop(const std::string& name) {
   auto it = stageOf_.find(name);
   if (it == stageOf_.end()) return;
   for (int t = 0; t < slices_; ++t) stages_[it->second + static_cast<size_t>(t)]->drop(name);
+}
+
+CheckpointOptimizer::CheckpointOptimizer(const std::string& dir, const Manifest& m) : cuts_(cutsOf(m)) {
+  for (int s = 0; s == 0 || s < stages_.front().front()->stages(); ++s) {
+    stages_.emplace_back();
+    stages_.back().push_back(std::make_unique<StageTensors>(dir, m, s));
+    for (int t = 1; t < stages_.back().front()->slices(); ++t) {
+      stages_.back().push_back(std::make_unique<StageTensors>(dir, m, s, t));
+    }
+    for (const std::string& name : stages_.back().front()->optimizerNames()) {
+      if (holder_.emplace(name, stages_.size() - 1).second) names_.push_back(name);
+    }
+  }
+}
+
+CheckpointOptimizer::~CheckpointOptimizer() = default;
+
+at::Tensor CheckpointOptimizer::state(const std::string& name) {
+  auto it = holder_.find(name);
+  if (it == holder_.end()) return {};
+  auto& slices = stages_[it->second];
+  const size_t dot = name.rfind('.');
+  auto cut = cuts_.find(name.substr(0, dot));
+  if (cut == cuts_.end() || name.compare(dot + 1, std::string::npos, "step") == 0) {
+    return slices.front()->optimizerState(name);
+  }
+  std::vector<at::Tensor> parts;
+  for (auto& slice : slices) parts.push_back(slice->optimizerState(name));
+  return joinSlices(parts, cut->second.first, cut->second.second);
 }
 
 at::Tensor joinSlices(const std::vector<at::Tensor>& slices, int64_t dim, int blocks) {

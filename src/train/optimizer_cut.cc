@@ -9,6 +9,7 @@
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/core/log.h"
 #include "cohort/models/lora.h"
+#include "cohort/parallel/tensor_gpt.h"
 #include "cohort/train/optimizer.h"
 #include "core/detail/json_int.h"
 
@@ -26,50 +27,39 @@ std::string describeLayout(const nlohmann::json& z) {
                                    jsonInt(z, "world_size", 0), z.value("buckets", nlohmann::json::array()).size());
 }
 
-// Every stage of the checkpoint, and the first that holds each
-// parameter's state ("<param>.<kind>", as an unsharded run names it).
-struct CheckpointStages {
-  std::vector<std::unique_ptr<ckpt::StageTensors>> stages;
-  std::map<std::string, size_t> holder;  // state name: its stage
-  CheckpointStages(const std::string& dir, const ckpt::Manifest& m) {
-    for (int s = 0; s == 0 || s < stages.front()->stages(); ++s) {
-      stages.push_back(std::make_unique<ckpt::StageTensors>(dir, m, s));
-      for (const std::string& name : stages.back()->optimizerNames()) holder.emplace(name, stages.size() - 1);
-    }
-  }
-  at::Tensor state(const std::string& name) {
-    auto it = holder.find(name);
-    return it == holder.end() ? at::Tensor() : stages[it->second]->optimizerState(name);
-  }
-};
-
 // A checkpoint of other stages: this rank's parameters' state, by name,
 // from the stages that hold it; cut into this run's parts with ZeRO.
 void restoreRestaged(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
                      const parallel::Plan& plan, const nlohmann::json& layout, const std::string& dir,
                      const ckpt::Manifest& m) {
-  CheckpointStages checkpoint(dir, m);
+  ckpt::CheckpointOptimizer checkpoint(dir, m);
+  // Each state whole (a split checkpoint's put together), and with a tensor
+  // split here this rank's slice of it.
+  const parallel::Mesh& mesh = plan.mesh();
+  auto state = [&](const std::string& name) {
+    at::Tensor t = checkpoint.state(name);
+    const size_t dot = name.rfind('.');
+    if (!t.defined() || mesh.tensors == 1 || name.compare(dot + 1, std::string::npos, "step") == 0) return t;
+    return parallel::sliceByCut(t, parallel::gptTensorCut(name.substr(0, dot)), mesh.tensors, mesh.tensorRank);
+  };
   if (layout.is_null()) {
     const std::set<std::string> params(names.begin(), names.end());
-    std::vector<std::pair<std::string, at::Tensor>> state;
-    for (const auto& [name, stage] : checkpoint.holder) {
+    std::vector<std::pair<std::string, at::Tensor>> held;
+    for (const std::string& name : checkpoint.names()) {
       const size_t dot = name.rfind('.');
-      if (dot != std::string::npos && params.count(name.substr(0, dot)) != 0) {
-        state.emplace_back(name, checkpoint.state(name));
-      }
+      if (dot != std::string::npos && params.count(name.substr(0, dot)) != 0) held.emplace_back(name, state(name));
     }
-    loadOptimizerState(optimizer, names, state, dir);
+    loadOptimizerState(optimizer, names, held, dir);
   } else {
     const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
     std::vector<int64_t> sizes;
     for (const at::Tensor& t : plan.optimizerParameters()) sizes.push_back(t.numel());
     loadOptimizerState(optimizer, names,
-                       ckpt::partsFromWhole([&](const std::string& name) { return checkpoint.state(name); }, names,
-                                            parts, sizes, models::trainableParameters(plan.model()), dir),
+                       ckpt::partsFromWhole(state, names, parts, sizes, models::trainableParameters(plan.model()), dir),
                        dir);
   }
   log::info("optimizer state taken from the checkpoint's {} stage(s) for this rank's parameters ({})",
-            checkpoint.stages.size(), describeLayout(layout));
+            checkpoint.stages(), describeLayout(layout));
 }
 
 }  // namespace

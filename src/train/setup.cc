@@ -128,6 +128,36 @@ bool buildsByUnit(const JobConfig& job) {
   return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt && job.distribution.tensor == 1;
 }
 
+namespace {
+
+// The whole model's tensors of `whole` as a tensor split's rank `rank` of
+// `tensors` holds them (parallel::gptTensorCut): each read whole, one at a
+// time, and its slice kept.
+class SlicedTensors : public ckpt::TensorSource {
+ public:
+  SlicedTensors(ckpt::TensorSource& whole, int tensors, int rank) : whole_(whole), tensors_(tensors), rank_(rank) {
+    for (const auto& [name, t] : whole.entries()) {
+      const parallel::TensorCut cut = parallel::gptTensorCut(name);
+      std::vector<int64_t> shape = t.sizes().vec();
+      if (cut.split() && tensors > 1) shape[static_cast<size_t>(cut.dim)] /= tensors;
+      entries_.emplace_back(name, ckpt::withoutData(shape, t.scalar_type()));
+    }
+  }
+  const ckpt::StateDict& entries() const override { return entries_; }
+  at::Tensor load(const std::string& name) override {
+    at::Tensor t = whole_.load(name);
+    return tensors_ > 1 ? parallel::sliceByCut(t, parallel::gptTensorCut(name), tensors_, rank_) : t;
+  }
+  void drop(const std::string& name) override { whole_.drop(name); }
+
+ private:
+  ckpt::TensorSource& whole_;
+  int tensors_, rank_;
+  ckpt::StateDict entries_;
+};
+
+}  // namespace
+
 ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel::Mesh& mesh,
                       const std::string& resumeFrom, const models::ModelPart& part, bool restaged) {
   const comm::Comm& comm = mesh.data;
@@ -232,9 +262,11 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
     // whichever of them hold them (a ZeRO stage 3 checkpoint's parts put
     // together bucket by bucket).
     ckpt::CheckpointTensors checkpoint(resumeFrom, ckpt::readManifest(resumeFrom));
-    ckpt::StateDict entries = checkpoint.entries();
+    SlicedTensors sliced(checkpoint, mesh.tensors, mesh.tensorRank);
+    ckpt::TensorSource& source = mesh.tensorSplit() ? static_cast<ckpt::TensorSource&>(sliced) : checkpoint;
+    ckpt::StateDict entries = source.entries();
     if (!part.whole()) entries = models::partOfStateDict(model, std::move(entries));
-    ckpt::loadStateDict(models::trainedState(model), checkpoint, entries, resumeFrom);
+    ckpt::loadStateDict(models::trainedState(model), source, entries, resumeFrom);
   } else if (!resumeFrom.empty() && s.units) {
     std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
     if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");

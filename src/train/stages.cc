@@ -91,38 +91,33 @@ std::vector<int64_t> checkpointSplit(const ckpt::Manifest& m) {
 bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
                  const std::string& path) {
   const int slices = m.extra.contains("tensor") ? jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1))) : 1;
-  if (slices != mesh.tensors) {
-    throw ConfigError(fmt::format(
-        "cannot resume from {}: it was written with distribution.tensor {}, and this job has {}. A "
-        "tensor-parallel checkpoint resumes with the split that wrote it; to go on in another, write "
-        "the model out with `cohort ckpt consolidate {} --out model.pt` and start a new run from it "
-        "(model.init_from, with distribution.tensor 1)",
-        path, slices, mesh.tensors, path));
-  }
   const int was = m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
   const std::vector<int64_t> split = checkpointSplit(m);
   const PipelineSplit& asked = job.distribution.pipeline.split;
-  const bool same = was == mesh.stages && (asked.automatic() || was == 1 || asked.blocks == split);
+  const bool same =
+      slices == mesh.tensors && was == mesh.stages && (asked.automatic() || was == 1 || asked.blocks == split);
   if (same) return true;
-  auto layout = [](int stages, const std::vector<int64_t>& s) {
-    return stages == 1 ? std::string("no pipeline")
-                       : fmt::format("{} pipeline stages{}", stages, s.empty() ? "" : " split " + splitText(s));
+  auto layout = [](int stages, const std::vector<int64_t>& s, int tensors) {
+    std::string text = stages == 1 ? std::string("no pipeline")
+                                   : fmt::format("{} pipeline stages{}", stages, s.empty() ? "" : " split " + splitText(s));
+    return tensors > 1 ? text + fmt::format(", distribution.tensor {}", tensors) : text;
   };
-  const std::string here = layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks);
+  const std::string here =
+      layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks, mesh.tensors);
   const int64_t zero = job.distribution.zero;
-  if (mesh.tensors > 1 || zero == 3 || (mesh.pipelined() && zero > 0)) {
+  if (zero == 3 || (mesh.pipelined() && zero > 0)) {
     throw ConfigError(fmt::format(
         "cannot resume from {}: it was written by {}, and this job has {}{}. A checkpoint resumes in "
-        "other stages with distribution.zero 0 (1 and 2 without a pipeline); or write the model out "
+        "another layout with distribution.zero 0 (1 and 2 without a pipeline); or write the model out "
         "with `cohort ckpt consolidate {} --out model.pt` and start a new run from it "
         "(model.init_from)",
-        path, layout(was, split), here,
+        path, layout(was, split, slices), here,
         zero > 0 ? fmt::format(" at distribution.zero {}", zero) : std::string(), path));
   }
   if (mesh.world.rank == 0) {
-    log::info("resuming {} (written by {}) in {}: each stage reads its blocks' tensors and their optimizer "
-              "state from the checkpoint's stages that hold them",
-              path, layout(was, split), here);
+    log::info("resuming {} (written by {}) in {}: each rank reads its part's tensors and their optimizer "
+              "state from the checkpoint's stages (and slices) that hold them",
+              path, layout(was, split, slices), here);
   }
   return false;
 }

@@ -5,8 +5,9 @@
 // the global batch; bf16 follows the unsplit model; evaluation reads the
 // vocabulary's slices to the same figures; a killed slice restarts every
 // rank from the newest checkpoint to bitwise the same end; the slices'
-// checkpoint consolidates to the whole model and refuses another split;
-// bad settings exit 2 naming the key.
+// checkpoint consolidates to the whole model and resumes with another
+// split, or none, where the run that kept its layout ended (and a whole
+// run's in a split); bad settings exit 2 naming the key.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cohort/ckpt/state_dict.h"
@@ -280,15 +282,45 @@ TEST_F(TensorJob, AKilledSliceRestartsEveryRankToBitwiseTheSameEnd) {
       << log("recut", 0);
   EXPECT_LT(test::maxDifference(whole, ckpt::readStateDict(dir.file("recut/model/final.pt"))), kTolerance);
 
-  // Resuming on the same split is bitwise (above); another split is refused
-  // before anything trains, pointing at consolidate.
-  const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "1", "--run-dir", dir.file("again"),
-                                   "--resume", step9, "--set", "training.batch_size=8", "--set",
-                                   "training.max_steps=12"});
-  EXPECT_EQ(again.exitCode, 2) << again.describe();
-  EXPECT_NE(again.err.find("distribution.tensor 2, and this job has 1"), std::string::npos) << again.describe();
-  EXPECT_NE(again.err.find("`cohort ckpt consolidate " + step9 + " --out model.pt`"), std::string::npos)
-      << again.describe();
+  // Another split resumes restaged: step 6 of T = 2 goes on at T = 1 on
+  // one rank, and at R = 4 at ZeRO stage 2 (batch 2 each: the same 8
+  // samples a step), to where T = 2 ended; each rank reads the slices'
+  // files and keeps what it holds now.
+  for (const auto& [tag, procs, kv] : std::vector<std::tuple<std::string, std::string, std::vector<std::string>>>{
+           {"t1", "1", {"training.batch_size=8"}},
+           {"r4-zero2", "4", {"training.batch_size=2", "distribution.zero=2"}}}) {
+    std::vector<std::string> args{"run", dir.file("whole.yaml"), "--procs", procs, "--run-dir", dir.file(tag),
+                                  "--resume", dir.file("whole/checkpoints/step-6"), "--set", "training.max_steps=9"};
+    for (const std::string& k : kv) {
+      args.push_back("--set");
+      args.push_back(k);
+    }
+    const auto again = test::cohort(args);
+    ASSERT_EQ(again.exitCode, 0) << tag << ": " << again.describe();
+    EXPECT_NE(log(tag, 0).find("(written by no pipeline, distribution.tensor 2) in no pipeline"), std::string::npos)
+        << log(tag, 0);
+    EXPECT_LT(test::maxDifference(whole, ckpt::readStateDict(dir.file(tag + "/model/final.pt"))), kTolerance) << tag;
+  }
+  // And the other way: a run of one rank, resumed at T = 2 x R = 2 at ZeRO
+  // stage 1, ends where it would have.
+  const std::vector<std::string> one = {"checkpoint.every_steps=3", "checkpoint.when_behind=wait",
+                                        "training.max_steps=9"};
+  auto single = gpt("single", 1, 8, one);
+  const auto split = test::cohort({"run", dir.file("single.yaml"), "--procs", "4", "--run-dir", dir.file("split"),
+                                   "--resume", dir.file("single/checkpoints/step-6"), "--set", "training.batch_size=4",
+                                   "--set", "training.max_steps=9", "--set", "distribution.tensor=2", "--set",
+                                   "distribution.zero=1"});
+  ASSERT_EQ(split.exitCode, 0) << split.describe();
+  EXPECT_NE(log("split", 0).find("in no pipeline, distribution.tensor 2"), std::string::npos) << log("split", 0);
+  EXPECT_LT(test::maxDifference(single, ckpt::readStateDict(dir.file("split/model/final.pt"))), kTolerance);
+  // What cannot be restaged yet (into ZeRO stage 3) is refused before
+  // anything trains, naming the way across.
+  const auto refused = test::cohort({"run", dir.file("whole.yaml"), "--procs", "2", "--run-dir", dir.file("again"),
+                                     "--resume", step9, "--set", "training.batch_size=4", "--set",
+                                     "training.max_steps=12", "--set", "distribution.zero=3"});
+  EXPECT_EQ(refused.exitCode, 2) << refused.describe();
+  EXPECT_NE(refused.err.find("`cohort ckpt consolidate " + step9 + " --out model.pt`"), std::string::npos)
+      << refused.describe();
   std::filesystem::remove_all(dir.file("again"));
 }
 

@@ -99,6 +99,28 @@ class CheckpointTensors : public TensorSource {
   std::map<std::string, size_t> stageOf_;  // the index of its stage's slice 0
 };
 
+// The optimizer state of every stage (and tensor slice) of a checkpoint,
+// by the names a run of the whole model without ZeRO gives it
+// ("<param>.<kind>"): a parameter's from the first stage that holds it, a
+// split parameter's put together from its slices (its step count from
+// slice 0). One bucket of a sharded state is held at a time per stage.
+class CheckpointOptimizer {
+ public:
+  CheckpointOptimizer(const std::string& dir, const Manifest& m);
+  ~CheckpointOptimizer();
+  // Every state name, the first stage's first, each in its files' order.
+  const std::vector<std::string>& names() const { return names_; }
+  int stages() const { return static_cast<int>(stages_.size()); }
+  // One of names() read now; undefined when the checkpoint holds no such state.
+  at::Tensor state(const std::string& name);
+
+ private:
+  std::vector<std::vector<std::unique_ptr<StageTensors>>> stages_;  // [stage][slice]
+  std::map<std::string, std::pair<int64_t, int>> cuts_;             // a split parameter: dim, blocks
+  std::map<std::string, size_t> holder_;                            // a state name: its stage
+  std::vector<std::string> names_;
+};
+
 // The whole tensor of `slices` (each rank's of a tensor split, in rank
 // order) cut along `dim`, which is `blocks` equal blocks each cut in
 // slices.size() (a fused query/key/value projection: 3 blocks).
