@@ -216,6 +216,11 @@ std::vector<std::string> StageTensors::optimizerNames() {
       for (const auto& [name, n] : members(zero_, k)) out.push_back(name + ".step");
     }
   }
+  // Kept whole beside the parts (a pipeline's tied tensors, which every
+  // rank steps whole): under their own names.
+  for (const TensorInfo& i : first.tensors()) {
+    if (i.name.rfind("part", 0) != 0) out.push_back(i.name);
+  }
   return out;
 }
 
@@ -226,7 +231,11 @@ at::Tensor StageTensors::optimizerState(const std::string& name) {
   }
   const size_t dot = name.rfind('.');
   auto b = dot == std::string::npos ? bucketOf_.end() : bucketOf_.find(name.substr(0, dot));
-  if (b == bucketOf_.end()) return {};
+  if (b == bucketOf_.end()) {
+    // Kept whole beside the parts: the same in every rank's file.
+    const TensorFileReader& first = reader(optimizer_->file(0));
+    return name.rfind("part", 0) != 0 && first.has(name) ? first.read(name) : at::Tensor();
+  }
   unpack(*optimizer_, b->second);
   auto it = optimizer_->cache.find(name);
   return it == optimizer_->cache.end() ? at::Tensor() : it->second;

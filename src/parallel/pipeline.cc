@@ -105,6 +105,14 @@ std::vector<std::string> Pipeline::optimizerNames() const {
   return names;
 }
 
+std::vector<std::vector<ckpt::PartSlice>> Pipeline::optimizerSlices() const {
+  std::vector<std::vector<ckpt::PartSlice>> slices = Plan::optimizerSlices();
+  if (engine_->stats().zeroStage > 0) {
+    for (const auto& [name, t] : tied_) slices.push_back({ckpt::PartSlice{name, 0, t.numel(), 0}});
+  }
+  return slices;
+}
+
 std::vector<double> Pipeline::runRound(const std::vector<at::Tensor>& inputs, bool exchange,
                                        MicroBatchOps& ops, RoundTimes& times) {
   const int m = static_cast<int>(inputs.size());

@@ -27,6 +27,28 @@ std::string describeLayout(const nlohmann::json& z) {
                                    jsonInt(z, "world_size", 0), z.value("buckets", nlohmann::json::array()).size());
 }
 
+// This run's parts of the optimizer state (names: the plan's), cut from
+// the whole state `whole` gives by name; a part that is a parameter kept
+// whole (a pipeline's tied tensors beside ZeRO's parts) in its shape.
+ckpt::StateDict partsForPlan(const ckpt::StateLookup& whole, const std::vector<std::string>& names,
+                             const parallel::Plan& plan, const std::string& dir) {
+  const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
+  const std::vector<at::Tensor> params = plan.optimizerParameters();
+  std::vector<int64_t> sizes;
+  for (const at::Tensor& t : params) sizes.push_back(t.numel());
+  ckpt::StateDict state = ckpt::partsFromWhole(whole, names, parts, sizes, models::trainableParameters(plan.model()), dir);
+  std::map<std::string, at::IntArrayRef> shapes;
+  for (size_t k = 0; k < names.size() && k < params.size(); ++k) {
+    if (params[k].dim() > 1) shapes.emplace(names[k], params[k].sizes());
+  }
+  for (auto& [name, t] : state) {
+    const size_t dot = name.rfind('.');
+    auto it = dot == std::string::npos ? shapes.end() : shapes.find(name.substr(0, dot));
+    if (it != shapes.end() && t.numel() == c10::multiply_integers(it->second)) t = t.reshape(it->second);
+  }
+  return state;
+}
+
 // A checkpoint of other stages: this rank's parameters' state, by name,
 // from the stages that hold it; cut into this run's parts with ZeRO.
 void restoreRestaged(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
@@ -51,12 +73,7 @@ void restoreRestaged(torch::optim::Optimizer& optimizer, const std::vector<std::
     }
     loadOptimizerState(optimizer, names, held, dir);
   } else {
-    const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
-    std::vector<int64_t> sizes;
-    for (const at::Tensor& t : plan.optimizerParameters()) sizes.push_back(t.numel());
-    loadOptimizerState(optimizer, names,
-                       ckpt::partsFromWhole(state, names, parts, sizes, models::trainableParameters(plan.model()), dir),
-                       dir);
+    loadOptimizerState(optimizer, names, partsForPlan(state, names, plan, dir), dir);
   }
   log::info("optimizer state taken from the checkpoint's {} stage(s) for this rank's parameters ({})",
             checkpoint.stages(), describeLayout(layout));
@@ -93,13 +110,9 @@ void restoreOptimizer(torch::optim::Optimizer& optimizer, const std::vector<std:
     // This stage's state read one bucket of the checkpoint's layout at a
     // time: a rank keeping a part of the state never holds it whole.
     ckpt::StageTensors checkpoint(dir, m, role.stage, role.slice);
-    const std::vector<std::vector<ckpt::PartSlice>> parts = plan.optimizerSlices();
-    std::vector<int64_t> sizes;
-    for (const at::Tensor& t : plan.optimizerParameters()) sizes.push_back(t.numel());
     loadOptimizerState(optimizer, names,
-                       ckpt::partsFromWhole([&](const std::string& name) { return checkpoint.optimizerState(name); },
-                                            names, parts, sizes,
-                                            models::trainableParameters(plan.model()), dir),
+                       partsForPlan([&](const std::string& name) { return checkpoint.optimizerState(name); }, names,
+                                    plan, dir),
                        dir);
   }
   log::info("optimizer state re-cut: {} in the checkpoint, {} in this run", describeLayout(was),

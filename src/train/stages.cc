@@ -105,10 +105,10 @@ bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::M
   const std::string here =
       layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks, mesh.tensors);
   const int64_t zero = job.distribution.zero;
-  if (zero == 3 || (mesh.pipelined() && zero > 0)) {
+  if (zero == 3) {
     throw ConfigError(fmt::format(
         "cannot resume from {}: it was written by {}, and this job has {}{}. A checkpoint resumes in "
-        "another layout with distribution.zero 0 (1 and 2 without a pipeline); or write the model out "
+        "another layout with distribution.zero 0, 1 or 2; or write the model out "
         "with `cohort ckpt consolidate {} --out model.pt` and start a new run from it "
         "(model.init_from)",
         path, layout(was, split, slices), here,

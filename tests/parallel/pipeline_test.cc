@@ -327,7 +327,12 @@ TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
            {"p3", "3",
             {"distribution.pipeline.stages=3", "distribution.pipeline.micro_batches=3", "training.batch_size=2",
              "distribution.pipeline.split=[1,2,1]"}},
-           {"p1", "1", {"training.accumulate_steps=2", "training.batch_size=3", "distribution.pipeline.stages=1"}}}) {
+           {"p1", "1", {"training.accumulate_steps=2", "training.batch_size=3", "distribution.pipeline.stages=1"}},
+           // Into ZeRO within the stages: the tied embedding's state is
+           // kept whole beside the parts.
+           {"p4-zero1", "4",
+            {"distribution.pipeline.stages=4", "distribution.pipeline.micro_batches=6", "training.batch_size=1",
+             "distribution.zero=1"}}}) {
     const std::string tag = std::string("again-") + r.tag;
     std::vector<std::string> args{"run", dir.file("whole.yaml"), "--procs", r.procs, "--run-dir", dir.file(tag),
                                   "--resume", dir.file("whole/checkpoints/step-6"), "--set", "training.max_steps=9"};
@@ -342,13 +347,13 @@ TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
     EXPECT_LT(diff, kTolerance) << r.tag;
     RecordProperty(std::string("max_difference_restaged_") + r.tag, fmt::format("{:.3g}", diff));
   }
-  // What cannot be restaged yet (into ZeRO within a pipeline's stages) is
-  // refused before anything trains, pointing at consolidate.
+  // What cannot be restaged yet (into ZeRO stage 3) is refused before
+  // anything trains, pointing at consolidate.
   {
     const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "2", "--run-dir", dir.file("again"),
                                      "--resume", step9, "--set", "training.batch_size=3", "--set",
                                      "training.max_steps=12", "--set", "distribution.pipeline.stages=2", "--set",
-                                     "distribution.pipeline.split=[1,3]", "--set", "distribution.zero=1"});
+                                     "distribution.pipeline.split=[1,3]", "--set", "distribution.zero=3"});
     EXPECT_EQ(again.exitCode, 2) << again.describe();
     // The way across it names is a command that works as printed (the
     // output file aside, put in the test's directory).

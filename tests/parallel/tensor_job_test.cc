@@ -313,6 +313,18 @@ TEST_F(TensorJob, AKilledSliceRestartsEveryRankToBitwiseTheSameEnd) {
   ASSERT_EQ(split.exitCode, 0) << split.describe();
   EXPECT_NE(log("split", 0).find("in no pipeline, distribution.tensor 2"), std::string::npos) << log("split", 0);
   EXPECT_LT(test::maxDifference(single, ckpt::readStateDict(dir.file("split/model/final.pt"))), kTolerance);
+  // R = 2 at ZeRO 1 resumed at T = 2 x P = 2 (ZeRO 1 within the stages'
+  // slices): each stage's slices and their optimizer state from the
+  // replicas' parts.
+  auto replicas = gpt("r2-zero1", 2, 4, {"distribution.zero=1", "checkpoint.every_steps=3",
+                                         "checkpoint.when_behind=wait", "training.max_steps=9"});
+  const auto staged2 = test::cohort({"run", dir.file("r2-zero1.yaml"), "--procs", "4", "--run-dir", dir.file("t2p2"),
+                                     "--resume", dir.file("r2-zero1/checkpoints/step-6"), "--set",
+                                     "training.batch_size=4", "--set", "training.max_steps=9", "--set",
+                                     "distribution.tensor=2", "--set", "distribution.pipeline.stages=2", "--set",
+                                     "distribution.pipeline.micro_batches=2", "--set", "distribution.zero=1"});
+  ASSERT_EQ(staged2.exitCode, 0) << staged2.describe();
+  EXPECT_LT(test::maxDifference(replicas, ckpt::readStateDict(dir.file("t2p2/model/final.pt"))), kTolerance);
   // What cannot be restaged yet (into ZeRO stage 3) is refused before
   // anything trains, naming the way across.
   const auto refused = test::cohort({"run", dir.file("whole.yaml"), "--procs", "2", "--run-dir", dir.file("again"),

@@ -99,6 +99,8 @@ class Pipeline : public Plan {
   void start() override;
   std::vector<at::Tensor> optimizerParameters() const override;
   std::vector<std::string> optimizerNames() const override;
+  // With ZeRO, the tied tensors after the engine's parts, each whole.
+  std::vector<std::vector<ckpt::PartSlice>> optimizerSlices() const override;
   std::vector<double> runRound(const std::vector<at::Tensor>& inputs, bool exchange,
                                MicroBatchOps& ops, RoundTimes& times) override;
   void finishGradients() override;

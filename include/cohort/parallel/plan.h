@@ -200,7 +200,7 @@ class Plan {
   // Which elements of the trainable parameters each of
   // optimizerParameters() holds (ckpt::partsFromWhole cuts a checkpoint's
   // state with them).
-  std::vector<std::vector<ckpt::PartSlice>> optimizerSlices() const;
+  virtual std::vector<std::vector<ckpt::PartSlice>> optimizerSlices() const;
   // ZeRO stage 3: the parameters whose values this rank holds only as its
   // parts (optimizerParameters()); a checkpoint writes the parts instead.
   std::vector<std::string> parametersInParts() const;

@@ -29,8 +29,7 @@ namespace cohort::train::detail {
 // (`restaged`): each stage reads its blocks' tensors and their optimizer
 // state from whichever stages of the checkpoint hold them. Throws
 // ConfigError naming the checkpoint for what cannot be restaged yet:
-// another tensor split, or restaging into ZeRO stages 1-3 of a pipeline
-// (stage 3 without one).
+// restaging into ZeRO stage 3.
 std::vector<int64_t> resolveSplit(const JobConfig& job, const Datasets& data,
                                   const parallel::Mesh& mesh,
                                   const std::optional<ckpt::Manifest>& resumed,
