@@ -266,7 +266,13 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
     ckpt::TensorSource& source = mesh.tensorSplit() ? static_cast<ckpt::TensorSource&>(sliced) : checkpoint;
     ckpt::StateDict entries = source.entries();
     if (!part.whole()) entries = models::partOfStateDict(model, std::move(entries));
-    ckpt::loadStateDict(models::trainedState(model), source, entries, resumeFrom);
+    if (s.units) {
+      // ZeRO stage 3, built unit by unit: each unit's tensors read and cut
+      // into this rank's part before the next.
+      parallel::loadByUnit(model, *s.units, std::move(entries), resumeFrom, &source);
+    } else {
+      ckpt::loadStateDict(models::trainedState(model), source, entries, resumeFrom);
+    }
   } else if (!resumeFrom.empty() && s.units) {
     std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
     if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");

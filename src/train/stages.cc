@@ -104,15 +104,13 @@ bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::M
   };
   const std::string here =
       layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks, mesh.tensors);
-  const int64_t zero = job.distribution.zero;
-  if (zero == 3) {
+  if (mesh.pipelined() && job.distribution.zero == 3) {
     throw ConfigError(fmt::format(
-        "cannot resume from {}: it was written by {}, and this job has {}{}. A checkpoint resumes in "
-        "another layout with distribution.zero 0, 1 or 2; or write the model out "
-        "with `cohort ckpt consolidate {} --out model.pt` and start a new run from it "
-        "(model.init_from)",
-        path, layout(was, split, slices), here,
-        zero > 0 ? fmt::format(" at distribution.zero {}", zero) : std::string(), path));
+        "cannot resume from {}: it was written by {}, and this job has {} at distribution.zero 3. A "
+        "checkpoint resumes in other pipeline stages at distribution.zero 0, 1 or 2 (and at 3 without a "
+        "pipeline); or write the model out with `cohort ckpt consolidate {} --out model.pt` and start a "
+        "new run from it (model.init_from)",
+        path, layout(was, split, slices), here, path));
   }
   if (mesh.world.rank == 0) {
     log::info("resuming {} (written by {}) in {}: each rank reads its part's tensors and their optimizer "

@@ -347,8 +347,8 @@ TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
     EXPECT_LT(diff, kTolerance) << r.tag;
     RecordProperty(std::string("max_difference_restaged_") + r.tag, fmt::format("{:.3g}", diff));
   }
-  // What cannot be restaged yet (into ZeRO stage 3) is refused before
-  // anything trains, pointing at consolidate.
+  // What cannot be restaged yet (into a pipeline at ZeRO stage 3) is
+  // refused before anything trains, pointing at consolidate.
   {
     const auto again = test::cohort({"run", dir.file("whole.yaml"), "--procs", "2", "--run-dir", dir.file("again"),
                                      "--resume", step9, "--set", "training.batch_size=3", "--set",

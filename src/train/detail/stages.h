@@ -28,8 +28,8 @@ namespace cohort::train::detail {
 // pipeline where the job has none, or the reverse) resumes restaged
 // (`restaged`): each stage reads its blocks' tensors and their optimizer
 // state from whichever stages of the checkpoint hold them. Throws
-// ConfigError naming the checkpoint for what cannot be restaged yet:
-// restaging into ZeRO stage 3.
+// ConfigError naming the checkpoint for what cannot be restaged yet: into
+// a pipeline at ZeRO stage 3.
 std::vector<int64_t> resolveSplit(const JobConfig& job, const Datasets& data,
                                   const parallel::Mesh& mesh,
                                   const std::optional<ckpt::Manifest>& resumed,
