@@ -20,6 +20,7 @@
 
 #include "cohort/ckpt/state_dict.h"
 #include "util/corpus.h"
+#include "util/job_runs.h"
 #include "util/jobs.h"
 #include "util/process.h"
 #include "util/runs.h"
@@ -50,10 +51,6 @@ constexpr double kTolerance = 1e-5;
 // none does, and a run that broke it would say so here.
 constexpr double kBf16Tolerance = 6 * 0.01 / 64;
 
-nlohmann::json summaryOf(const test::TempDir& dir, const std::string& tag) {
-  return nlohmann::json::parse(test::readText(dir.file(tag + "/summary.json")));
-}
-
 // Without the BatchNorm statistics (running_mean, running_var, the batch
 // count): replica 0's, which saw only its own samples.
 ckpt::StateDict parametersOnly(const ckpt::StateDict& d) {
@@ -66,13 +63,9 @@ ckpt::StateDict parametersOnly(const ckpt::StateDict& d) {
   return out;
 }
 
-class Pipeline : public ::testing::Test {
+class Pipeline : public test::JobRuns {
  protected:
-  void SetUp() override {
-    test::writeText(dir.file("corpus.txt"), test::corpus(6'000));
-    auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
-    ASSERT_EQ(tok.exitCode, 0) << tok.describe();
-  }
+  void SetUp() override { tokenizeCorpus(); }
 
   // A GPT of 4 blocks (test::tinyGptYaml), trained for 6 steps of `batch`
   // per micro-batch on `procs` ranks, with `kv` (--set) on top. Returns
@@ -103,22 +96,6 @@ output: {progress: off}
                procs, batch, kv, {}, 0);
   }
 
-  ckpt::StateDict run(const std::string& tag, const std::string& yaml, int procs, int batch,
-                      std::vector<std::string> kv, const std::map<std::string, std::string>& env,
-                      int exitCode) {
-    kv.insert(kv.begin(), "training.batch_size=" + std::to_string(batch));
-    last = test::runJob(dir, tag, yaml, procs, kv, env);
-    EXPECT_EQ(last.exitCode, exitCode) << tag << ": " << last.describe();
-    if (exitCode != 0 || last.exitCode != 0) return {};
-    return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
-  }
-
-  std::string log(const std::string& tag, int rank) {
-    return test::readText(dir.file(fmt::format("{}/logs/rank-{}.log", tag, rank)));
-  }
-
-  test::TempDir dir;
-  test::ProcessResult last;
 };
 
 TEST_F(Pipeline, GptStagesAndReplicasEqualOneProcessWithTheGlobalBatch) {
@@ -156,7 +133,7 @@ TEST_F(Pipeline, GptStagesAndReplicasEqualOneProcessWithTheGlobalBatch) {
       {"p2x2-zero3", 4,
        {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=2", "distribution.zero=3"}},
   };
-  const auto whole = summaryOf(dir, "single");
+  const auto whole = summaryOf("single");
   for (const Variant& v : variants) {
     auto run = gpt(v.tag, v.procs, 3, v.kv);
     if (run.empty()) continue;
@@ -166,7 +143,7 @@ TEST_F(Pipeline, GptStagesAndReplicasEqualOneProcessWithTheGlobalBatch) {
     const std::string text = log(v.tag, 0);
     EXPECT_NE(text.find("pipeline: stage 0/"), std::string::npos) << text;
     // Each stage's figures, in the summary: it holds its part of the model.
-    const auto s = summaryOf(dir, v.tag);
+    const auto s = summaryOf(v.tag);
     ASSERT_TRUE(s.contains("pipeline")) << s.dump(1);
     const auto& stages = s["pipeline"]["per_stage"];
     const int p = s["pipeline"]["stages"];
@@ -200,8 +177,8 @@ TEST_F(Pipeline, GptStagesAndReplicasEqualOneProcessWithTheGlobalBatch) {
   // The comparison can fail: clipping at 0.3 changes these weights.
   EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
   // 1F1B holds at most P - s micro-batches on stage s; GPipe all of them.
-  EXPECT_EQ(summaryOf(dir, "p2")["pipeline"]["per_stage"][0]["activations_held_peak"], 2);
-  EXPECT_EQ(summaryOf(dir, "p2-gpipe")["pipeline"]["per_stage"][0]["activations_held_peak"], 4);
+  EXPECT_EQ(summaryOf("p2")["pipeline"]["per_stage"][0]["activations_held_peak"], 2);
+  EXPECT_EQ(summaryOf("p2-gpipe")["pipeline"]["per_stage"][0]["activations_held_peak"], 4);
   EXPECT_NE(log("p3", 0).find("pipeline split auto: blocks take"), std::string::npos) << log("p3", 0);
   // On one machine the stages pass activations and gradients through shared
   // memory, unless told not to.
@@ -253,7 +230,7 @@ TEST_F(Pipeline, EvaluationPassesThroughTheStagesToTheSameFigures) {
   staged.insert(staged.end(), {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"});
   gpt("eval-one", 1, 3, one);
   gpt("eval-p2", 2, 3, staged);
-  const auto a = summaryOf(dir, "eval-one")["eval"], b = summaryOf(dir, "eval-p2")["eval"];
+  const auto a = summaryOf("eval-one")["eval"], b = summaryOf("eval-p2")["eval"];
   ASSERT_TRUE(a.contains("loss") && b.contains("loss")) << a.dump() << b.dump();
   EXPECT_NEAR(a["loss"].get<double>(), b["loss"].get<double>(), 1e-5);
   EXPECT_EQ(a["tokens"], b["tokens"]);

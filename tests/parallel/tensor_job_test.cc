@@ -23,6 +23,7 @@
 
 #include "cohort/ckpt/state_dict.h"
 #include "util/corpus.h"
+#include "util/job_runs.h"
 #include "util/jobs.h"
 #include "util/process.h"
 #include "util/runs.h"
@@ -38,17 +39,9 @@ constexpr double kTolerance = 1e-5;
 // is blocked otherwise than the whole one's (pipeline_test.cc derives it).
 constexpr double kBf16Tolerance = 6 * 0.01 / 64;
 
-nlohmann::json summaryOf(const test::TempDir& dir, const std::string& tag) {
-  return nlohmann::json::parse(test::readText(dir.file(tag + "/summary.json")));
-}
-
-class TensorJob : public ::testing::Test {
+class TensorJob : public test::JobRuns {
  protected:
-  void SetUp() override {
-    test::writeText(dir.file("corpus.txt"), test::corpus(6'000));
-    auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
-    ASSERT_EQ(tok.exitCode, 0) << tok.describe();
-  }
+  void SetUp() override { tokenizeCorpus(); }
 
   // A GPT of 2 blocks, 4 heads of 4, the bytes' 256 tokens, trained for 6
   // steps of `batch` per rank on `procs` ranks with `kv` (--set) on top.
@@ -69,19 +62,8 @@ training:
   optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
 output: {progress: off}
 )";
-    kv.insert(kv.begin(), "training.batch_size=" + std::to_string(batch));
-    last = test::runJob(dir, tag, yaml, procs, kv, env);
-    EXPECT_EQ(last.exitCode, exitCode) << tag << ": " << last.describe();
-    if (exitCode != 0 || last.exitCode != 0) return {};
-    return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
+    return run(tag, yaml, procs, batch, std::move(kv), env, exitCode);
   }
-
-  std::string log(const std::string& tag, int rank) {
-    return test::readText(dir.file(fmt::format("{}/logs/rank-{}.log", tag, rank)));
-  }
-
-  test::TempDir dir;
-  test::ProcessResult last;
 };
 
 TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
@@ -134,7 +116,7 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
     EXPECT_NE(log(v.tag, 1).find("parameters in this rank's slices (slice 1/"), std::string::npos)
         << log(v.tag, 1);
     // Each sample counted once, not once per slice.
-    EXPECT_EQ(summaryOf(dir, v.tag)["train_images"], summaryOf(dir, "single")["train_images"]) << v.tag;
+    EXPECT_EQ(summaryOf(v.tag)["train_images"], summaryOf("single")["train_images"]) << v.tag;
   }
   // The comparison can fail: clipping at 0.3 changes these weights.
   EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
@@ -142,21 +124,21 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
   // block one sum after attention and one after the MLP, forward and
   // backward; then the embedding's sum, the head's input gradient, and the
   // cross-entropy's three sums of one value per token.
-  const auto split = summaryOf(dir, "t2")["tensor"];
+  const auto split = summaryOf("t2")["tensor"];
   const int64_t tokens = 8 * 12, activation = tokens * 16 * 4;  // [batch, block_size, n_embd] in float32
   EXPECT_EQ(split["sums_per_step"], 4 * 2 + 2 + 3) << split.dump();
   EXPECT_EQ(split["sum_bytes_per_step"], (4 * 2 + 2) * activation + 3 * tokens * 4) << split.dump();
   EXPECT_EQ(split["block_sum_bytes_per_step_expected"], 4 * 2 * activation) << split.dump();
   EXPECT_EQ(split["gathers"], 0) << split.dump();
-  EXPECT_GT(summaryOf(dir, "t4-sp")["tensor"]["gathers"].get<int64_t>(), 0);
+  EXPECT_GT(summaryOf("t4-sp")["tensor"]["gathers"].get<int64_t>(), 0);
   // On one machine the slices exchange through shared memory, unless told not to.
   EXPECT_NE(log("t2", 1).find("tensor-parallel exchange: shared memory"), std::string::npos) << log("t2", 1);
   EXPECT_NE(log("t2-gloo", 1).find("tensor-parallel exchange: Gloo (distribution.shared_memory is false)"),
             std::string::npos)
       << log("t2-gloo", 1);
   // Each rank holds about 1/T of the model: the slices' parameters.
-  const auto whole = summaryOf(dir, "single")["parameters"].get<int64_t>();
-  const auto slice = summaryOf(dir, "t4-sp")["parameters"].get<int64_t>();
+  const auto whole = summaryOf("single")["parameters"].get<int64_t>();
+  const auto slice = summaryOf("t4-sp")["parameters"].get<int64_t>();
   EXPECT_LT(slice, whole / 3) << "a rank of T = 4 holds " << slice << " of " << whole;
 }
 
@@ -198,7 +180,7 @@ TEST_F(TensorJob, EvaluationFromTheVocabularySlicesGivesTheSameFigures) {
   split.push_back("distribution.tensor=2");
   gpt("eval-one", 1, 8, eval);
   gpt("eval-t2", 2, 8, split);
-  const auto a = summaryOf(dir, "eval-one")["eval"], b = summaryOf(dir, "eval-t2")["eval"];
+  const auto a = summaryOf("eval-one")["eval"], b = summaryOf("eval-t2")["eval"];
   ASSERT_TRUE(a.contains("loss") && b.contains("loss")) << a.dump() << b.dump();
   EXPECT_NEAR(a["loss"].get<double>(), b["loss"].get<double>(), 1e-5);
   EXPECT_EQ(a["tokens"], b["tokens"]);
