@@ -354,25 +354,6 @@ class SplitGpt : public TensorParallelGpt {
     return torch::linear(sequence_ ? gatherSequence(x, 1, group_) : copyToSlices(x, group_), wte_->weight);
   }
 
-  void finishGradients() override {
-    if (!sequence_) return;
-    torch::NoGradGuard noGrad;
-    std::vector<at::Tensor> grads;
-    for (const auto& p : named_parameters()) {
-      if (!gptTensorCut(p.key()).split() && p.value().grad().defined()) grads.push_back(p.value().grad());
-    }
-    if (grads.empty()) return;
-    std::vector<at::Tensor> flat;
-    for (const at::Tensor& g : grads) flat.push_back(g.reshape({-1}));
-    at::Tensor all = torch::cat(flat);
-    comm::allreduceSum(group_, all, "sequence-parallel gradient sum of the whole tensors");
-    int64_t at = 0;
-    for (at::Tensor& g : grads) {
-      g.copy_(all.narrow(0, at, g.numel()).view_as(g));
-      at += g.numel();
-    }
-  }
-
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
     return vocabParallelCrossEntropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocabFirst_,
                                      group_);

@@ -54,22 +54,9 @@ class TensorPlan : public Plan {
 
   void finishGradients() override {
     Plan::finishGradients();
-    // With sequence parallelism each rank saw its part of the sequence in
-    // the regions whose tensors every rank holds whole: their gradients are
-    // summed over the group (the same ranges of the same buckets on every
-    // rank of it), once the data group's exchange has finished.
-    if (!split_->sequenceParallel()) return;
-    torch::NoGradGuard noGrad;
-    std::vector<at::Tensor> runs = wholeRuns();
-    if (runs.empty()) return;
-    std::vector<at::Tensor> flat;
-    for (const at::Tensor& r : runs) flat.push_back(r.reshape({-1}));
-    at::Tensor all = torch::cat(flat);
-    comm::allreduceSum(mesh_.tensor, all, "sequence-parallel gradient sum of the whole tensors");
-    int64_t at = 0;
-    for (at::Tensor& r : runs) {
-      r.copy_(all.narrow(0, at, r.numel()).view_as(r));
-      at += r.numel();
+    // Once the data group's exchange has finished.
+    if (split_->sequenceParallel()) {
+      detail::sumWholeGradients(engine_->optimizerParameters(), optimizerSlices(), mesh_.tensor);
     }
   }
 
@@ -114,8 +101,6 @@ class TensorPlan : public Plan {
   }
 
  private:
-  std::vector<at::Tensor> wholeRuns() const { return detail::wholeRuns(engine_->optimizerParameters(), optimizerSlices()); }
-
   std::shared_ptr<TensorParallelGpt> split_;
   TensorExchanges carried_;  // by the training rounds' forward and backward
   int64_t rounds_ = 0;
@@ -141,8 +126,9 @@ double splitSquares(const std::vector<at::Tensor>& parts, const std::vector<std:
   return sum;
 }
 
-std::vector<at::Tensor> wholeRuns(const std::vector<at::Tensor>& parts,
-                                  const std::vector<std::vector<ckpt::PartSlice>>& slices) {
+void sumWholeGradients(const std::vector<at::Tensor>& parts,
+                       const std::vector<std::vector<ckpt::PartSlice>>& slices, const comm::Comm& group) {
+  torch::NoGradGuard noGrad;
   std::vector<at::Tensor> runs;
   for (size_t k = 0; k < parts.size() && k < slices.size(); ++k) {
     at::Tensor g = parts[k].grad();
@@ -151,7 +137,14 @@ std::vector<at::Tensor> wholeRuns(const std::vector<at::Tensor>& parts,
       if (!gptTensorCut(s.param).split()) runs.push_back(g.reshape({-1}).narrow(0, s.at, s.length));
     }
   }
-  return runs;
+  if (runs.empty() || group.worldSize == 1) return;
+  at::Tensor all = torch::cat(runs);
+  comm::allreduceSum(group, all, "sequence-parallel gradient sum of the whole tensors");
+  int64_t at = 0;
+  for (at::Tensor& r : runs) {
+    r.copy_(all.narrow(0, at, r.numel()));
+    at += r.numel();
+  }
 }
 
 at::Tensor splitOutputLoss(TensorParallelGpt& model, const at::Tensor& output, const at::Tensor& labels) {

@@ -1,5 +1,5 @@
 // The whole model of a model split over a tensor group (parallel/
-// tensor_gpt.h): its tensors put back together, and its gradients' norm.
+// tensor_gpt.h): its tensors put back together.
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -44,22 +44,6 @@ void visitWholeTensors(const ckpt::StateDict& slices, const comm::Comm& group,
     comm::wait(group.pg->gather(out, in, options), group, "gathering a split tensor's slices");
     if (root) visit(name, wholeFromSlices(out[0], cut));
   }
-}
-
-double wholeGradientSquaredNorm(const models::Model& model, const comm::Comm& group) {
-  torch::NoGradGuard noGrad;
-  // [split tensors' sum of squares, whole tensors' sum of squares]: the first
-  // summed over the group, the second the same everywhere.
-  at::Tensor sums = at::zeros({2}, at::kDouble);
-  for (const auto& p : model.named_parameters()) {
-    const at::Tensor& g = p.value().grad();
-    if (!g.defined()) continue;
-    const double squares = g.to(at::kDouble).pow(2).sum().item<double>();
-    sums[gptTensorCut(p.key()).split() ? 0 : 1] += squares;
-  }
-  at::Tensor split = sums.narrow(0, 0, 1).contiguous();
-  comm::allreduceSum(group, split, "tensor-parallel gradient norm");
-  return split.item<double>() + sums[1].item<double>();
 }
 
 }  // namespace cohort::parallel

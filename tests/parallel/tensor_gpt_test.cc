@@ -16,6 +16,7 @@
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
 #include "cohort/parallel/tensor_gpt.h"
+#include "parallel/detail/tensor_split.h"
 #include "util/rank_threads.h"
 
 // A namespace of its own: the file shares a unity batch with others.
@@ -63,7 +64,8 @@ struct Whole {
 class TensorGpt : public ::testing::TestWithParam<int> {};
 
 // With and without biases, with and without sequence parallelism (whose
-// whole tensors' gradients are summed by finishGradients()).
+// whole tensors' gradients are summed over the group after backward, as
+// the plan sums them: detail::sumWholeGradients).
 TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
   const int t = GetParam();
   for (const auto& [bias, sequence] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
@@ -111,14 +113,23 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       const int64_t gathers = pairs + 2 * o.nLayer;
       EXPECT_EQ(e.gathers, t > 1 && sequence ? gathers : 0) << at;
       EXPECT_EQ(e.gatherBytes, t > 1 && sequence ? gathers * activations / t : 0) << at;
-      model->finishGradients();
+      // Each parameter as its own whole part, as the engine's parts are without ZeRO.
+      std::vector<at::Tensor> parts;
+      std::vector<std::vector<ckpt::PartSlice>> slices;
+      for (const auto& p : named) {
+        parts.push_back(p.value());
+        slices.push_back({ckpt::PartSlice{p.key(), 0, p.value().numel(), 0}});
+      }
+      if (sequence) detail::sumWholeGradients(parts, slices, group);
       for (const auto& p : named) {
         const at::Tensor want = sliceByCut(whole.grads.at(p.key()), gptTensorCut(p.key()), t, r);
         ASSERT_TRUE(p.value().grad().defined()) << at << ": " << p.key();
         EXPECT_LE((p.value().grad() - want).abs().max().item<double>(), kTolerance) << at << ": " << p.key() << " grad";
       }
       // The whole gradient's norm, the same on every rank.
-      EXPECT_NEAR(wholeGradientSquaredNorm(*model, group), whole.gradSquares, 1e-6 * whole.gradSquares) << at;
+      at::Tensor squares = torch::tensor({detail::splitSquares(parts, slices, t)}, torch::kFloat64);
+      comm::allreduceSum(group, squares, "test gradient norm");
+      EXPECT_NEAR(squares.item<double>(), whole.gradSquares, 1e-6 * whole.gradSquares) << at;
       // Put back together on rank 0, tensor by tensor: the whole model, bitwise,
       // in its order.
       std::vector<std::string> visited;

@@ -83,11 +83,6 @@ class TensorParallelGpt : public models::Model {
   // The mean cross-entropy of this rank's logits slice [B, S, V/T] against
   // `targets` [B, S] (whole-vocabulary ids). Collective over the group.
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) = 0;
-  // After backward, before the optimizer: with sequence parallelism, the
-  // gradients of the tensors whole on every rank (each rank saw its part
-  // of the sequence) summed over the group, in one exchange. Nothing
-  // otherwise. Collective.
-  virtual void finishGradients() = 0;
   // Every split tensor of the whole model (every stage's, not only this
   // part's) with its cut: what a checkpoint records (extra.tensor.cuts).
   virtual std::vector<std::pair<std::string, TensorCut>> wholeCuts() const = 0;
@@ -129,11 +124,5 @@ void visitWholeTensors(const models::Model& model, const comm::Comm& group,
 // order: models::publishedStateDict of the split model).
 void visitWholeTensors(const ckpt::StateDict& slices, const comm::Comm& group,
                        const std::function<void(const std::string&, const at::Tensor&)>& visit);
-
-// The squared L2 norm of the whole model's gradients from a model split
-// over `group`: the split tensors' squares summed over the group, the whole
-// ones (the same on every rank) counted once. The same on every rank of the
-// group. Collective.
-double wholeGradientSquaredNorm(const models::Model& model, const comm::Comm& group);
 
 }  // namespace cohort::parallel

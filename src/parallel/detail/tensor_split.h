@@ -23,9 +23,12 @@ namespace cohort::parallel::detail {
 // group (and over ZeRO's parts) it counts every element once.
 double splitSquares(const std::vector<at::Tensor>& parts, const std::vector<std::vector<ckpt::PartSlice>>& slices,
                     int tensors);
-// The gradients of the tensors every rank holds whole, as runs of `parts`.
-std::vector<at::Tensor> wholeRuns(const std::vector<at::Tensor>& parts,
-                                  const std::vector<std::vector<ckpt::PartSlice>>& slices);
+// Sequence parallelism: the gradients of the tensors every rank holds
+// whole (each rank computed them from its part of the sequence), as runs of
+// `parts`, summed over `group` in one exchange. The same ranges of the same
+// parts on every rank of the group. Collective.
+void sumWholeGradients(const std::vector<at::Tensor>& parts,
+                       const std::vector<std::vector<ckpt::PartSlice>>& slices, const comm::Comm& group);
 
 // The mean cross-entropy of the vocabulary slice `output` [..., V/T]
 // against `labels` (collective over the model's group).
