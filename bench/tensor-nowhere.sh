@@ -20,14 +20,7 @@ layers="${2:-2}"
 limit_mib="${3:-1000}"
 steps="${4:-4}"
 bin="${COHORT_BIN:-build/cli/cohort}"
-if [ -d /sys/fs/cgroup/memory ]; then
-  base=/sys/fs/cgroup/memory; limit_file=memory.limit_in_bytes
-elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-  base=/sys/fs/cgroup; limit_file=memory.max
-else
-  echo "tensor-nowhere.sh: no memory cgroup here (/sys/fs/cgroup)" >&2
-  exit 2
-fi
+. bench/memory-cgroup.sh tensor-nowhere.sh
 out=$(mktemp -d /tmp/cohort-tensor-nowhere.XXXXXX)
 cleanup() {
   for r in 0 1 2 3; do rmdir "$base/cohort-tensor-nowhere.$$.$r" 2>/dev/null || true; done

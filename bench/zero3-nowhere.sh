@@ -27,14 +27,7 @@ layers="${1:-78}"
 limit_mib="${2:-1400}"
 steps="${3:-6}"
 bin="${COHORT_BIN:-build/cli/cohort}"
-if [ -d /sys/fs/cgroup/memory ]; then
-  base=/sys/fs/cgroup/memory; limit_file=memory.limit_in_bytes
-elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-  base=/sys/fs/cgroup; limit_file=memory.max
-else
-  echo "zero3-nowhere.sh: no memory cgroup here (/sys/fs/cgroup)" >&2
-  exit 2
-fi
+. bench/memory-cgroup.sh zero3-nowhere.sh
 out=$(mktemp -d /tmp/cohort-zero3-nowhere.XXXXXX)
 cleanup() {
   for r in 0 1 2 3 4; do rmdir "$base/cohort-zero3-nowhere.$$.$r" 2>/dev/null || true; done
