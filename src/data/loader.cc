@@ -37,11 +37,11 @@ void BatchLoader::stopThreads() {
 }
 
 bool BatchLoader::absorbs(int64_t n) const {
-  return options_.absorbTail && !options_.dropLast && n > options_.batchSize &&
-         n % options_.batchSize == 1;
+  return options_.absorbTail && !options_.dropLast && shared_ > 0 && n == shared_ + 1 &&
+         shared_ % options_.batchSize == 0;
 }
 
-void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch) {
+void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch, int64_t shared) {
   {
     const size_t from = static_cast<size_t>(std::clamp<int64_t>(
         firstBatch * options_.batchSize, 0, static_cast<int64_t>(indices.size())));
@@ -52,9 +52,10 @@ void BatchLoader::startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_
     std::lock_guard<std::mutex> g(mutex_);
     ++generation_;
     const int64_t n = static_cast<int64_t>(indices.size());
+    shared_ = shared;
     batches_ = options_.dropLast ? n / options_.batchSize
                                  : (n + options_.batchSize - 1) / options_.batchSize;
-    if (absorbs(n)) batches_ = n / options_.batchSize;
+    if (absorbs(n)) batches_ = shared_ / options_.batchSize;
     indices_ = std::make_shared<const std::vector<int64_t>>(std::move(indices));
     epoch_ = epoch;
     nextToBuild_ = std::clamp<int64_t>(firstBatch, 0, batches_);
@@ -95,6 +96,7 @@ void BatchLoader::work() {
     int64_t number = 0;
     uint64_t generation = 0;
     int64_t epoch = 0;
+    int64_t end = 0;
     std::shared_ptr<const std::vector<int64_t>> indices;
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -107,9 +109,10 @@ void BatchLoader::work() {
       generation = generation_;
       epoch = epoch_;
       indices = indices_;
+      end = batchEnd(number, static_cast<int64_t>(indices->size()));
     }
     try {
-      Batch b = build(number, *indices, epoch);
+      Batch b = build(number, *indices, epoch, end);
       std::lock_guard<std::mutex> g(mutex_);
       if (generation == generation_) ready_.emplace(number, std::move(b));
     } catch (...) {
@@ -120,12 +123,13 @@ void BatchLoader::work() {
   }
 }
 
-Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const {
+int64_t BatchLoader::batchEnd(int64_t number, int64_t n) const {
+  if (absorbs(n) && number == shared_ / options_.batchSize - 1) return n;
+  return std::min<int64_t>((number + 1) * options_.batchSize, n);
+}
+
+Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch, int64_t end) const {
   const int64_t begin = number * options_.batchSize;
-  const auto n = static_cast<int64_t>(indices.size());
-  const int64_t end = absorbs(n) && number == n / options_.batchSize - 1
-                          ? n
-                          : std::min<int64_t>(begin + options_.batchSize, n);
   const int64_t count = end - begin;
   const SampleShape s = dataset_->shape();
   Batch b;

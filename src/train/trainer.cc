@@ -64,7 +64,7 @@ bool runEpoch(TrainState& s, int64_t epoch, int64_t startBatch, int64_t from) {
   checkpoints.startEpoch(from, ep);
   std::vector<int64_t> order = loaders.trainSampler->indices(epoch - 1, from);
   if (samples.enabled()) samples.startEpoch(order, ep.batchSize);
-  loader.startEpoch(std::move(order), epoch, startBatch);
+  loader.startEpoch(std::move(order), epoch, startBatch, sampler.sharedSamplesPerRank(from));
   reporter.startEpoch(epoch, std::min(ep.stepsPerEpoch - startBatch / ep.accumulate,
                                       plan.totalSteps - step));
   bool end = false;

@@ -107,16 +107,31 @@ TEST(BatchLoader, AbsorbTailFoldsALoneLastSampleIntoTheBatchBefore) {
   o.batchSize = 4;
   o.absorbTail = true;
   BatchLoader l(ds, o);
-  l.startEpoch(iota(9), 0);
+  l.startEpoch(iota(9), 0, 0, 8);
   EXPECT_EQ(l.batchesInEpoch(), 2);
   const auto b = drain(l);
   ASSERT_EQ(b.size(), 2u);
   EXPECT_EQ(b[0].labels.size(0), 4);
   EXPECT_EQ(b[1].labels.size(0), 5);
   // Otherwise batches are as ever: 10 samples make 4, 4 and 2.
-  l.startEpoch(iota(10), 1);
+  l.startEpoch(iota(10), 1, 0, 9);
   EXPECT_EQ(l.batchesInEpoch(), 3);
   EXPECT_EQ(drain(l).back().labels.size(0), 2);
+  // Batches of 2: the rank of 8 samples (the others have 7) has 4 batches,
+  // and so does a rank of 7, whose lone last sample is its own and stays.
+  o.batchSize = 2;
+  BatchLoader two(ds, o);
+  two.startEpoch(iota(8), 2, 0, 7);
+  EXPECT_EQ(two.batchesInEpoch(), 4);
+  two.startEpoch(iota(7), 3, 0, 7);
+  EXPECT_EQ(two.batchesInEpoch(), 4);
+  EXPECT_EQ(drain(two).back().labels.size(0), 1);
+  // Batches of 1: the extra sample joins the last batch.
+  o.batchSize = 1;
+  BatchLoader one(ds, o);
+  one.startEpoch(iota(9), 4, 0, 8);
+  EXPECT_EQ(one.batchesInEpoch(), 8);
+  EXPECT_EQ(drain(one).back().labels.size(0), 2);
 }
 
 class FailingDataset : public Dataset {

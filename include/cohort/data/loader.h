@@ -35,9 +35,10 @@ struct LoaderOptions {
   int threads = 2;
   int prefetch = 4;     // batches built ahead of the consumer
   bool dropLast = false;
-  // Without dropLast: an epoch whose last batch would hold one sample (an
-  // exact-tail sampler's extra one) puts it into the batch before instead,
-  // so this rank has as many batches as the others.
+  // Without dropLast: a rank with one sample more than the others (an
+  // exact-tail sampler's extra one, startEpoch's `shared`) whose extra
+  // sample would make a batch of its own puts it into the batch before
+  // instead, so this rank has as many batches as the others.
   bool absorbTail = false;
   uint64_t seed = 0;    // augmentation seed
   Transform transform;
@@ -59,7 +60,9 @@ class BatchLoader {
   // at batch `firstBatch` (a resumed run: the batches before it are neither
   // read nor built). Unconsumed batches of a previous epoch are dropped.
   // Tells the dataset which samples come next (Dataset::willRead).
-  void startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch = 0);
+  // `shared`: the samples every rank has this epoch (absorbTail; -1: none
+  // is folded).
+  void startEpoch(std::vector<int64_t> indices, int64_t epoch, int64_t firstBatch = 0, int64_t shared = -1);
   int64_t batchesInEpoch() const;
   // The next batch in order, or nullopt after the epoch's last. Blocks until
   // it is built; the time blocked is added to waitSeconds(). Rethrows the
@@ -71,9 +74,13 @@ class BatchLoader {
  private:
   void work();
   void stopThreads();
-  Batch build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch) const;
-  // absorbTail applies to an epoch of `n` samples.
+  // Batch `number` of the epoch: indices [number x batch size, end).
+  Batch build(int64_t number, const std::vector<int64_t>& indices, int64_t epoch, int64_t end) const;
+  // absorbTail applies to an epoch of `n` samples (`shared_` on every rank).
+  // Both under mutex_.
   bool absorbs(int64_t n) const;
+  int64_t batchEnd(int64_t number, int64_t n) const;
+  int64_t shared_ = -1;
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;
