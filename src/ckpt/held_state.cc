@@ -80,15 +80,36 @@ std::vector<HeldStep> listHeldState(const std::string& dir) {
 }
 
 std::vector<std::string> requiredFiles(const Manifest& m) {
-  std::vector<std::string> need = {"model.bin"};
-  const nlohmann::json zero = m.extra.contains("zero") ? m.extra["zero"] : nlohmann::json();
-  if (!zero.is_object()) {
-    need.push_back(optimizerFile(false, 0));
-    return need;
-  }
-  for (int r = 0; r < m.worldSize; ++r) {
-    need.push_back(optimizerFile(true, r));
-    if (zero.value("model_parts", false)) need.push_back(modelPartFile(r));
+  // Every slice of every stage: its model.bin and its optimizer state (each
+  // rank's of its data group's parts with ZeRO; at stage 3 the parameters'
+  // parts too).
+  auto count = [&](const char* section, const char* key) {
+    const nlohmann::json j = m.extra.value(section, nlohmann::json());
+    return j.is_object() ? std::max(1, j.value(key, 1)) : 1;
+  };
+  const int stages = count("pipeline", "stages");
+  const int slices = count("tensor", "tensors");
+  std::vector<std::string> need;
+  for (int t = 0; t < slices; ++t) {
+    for (int s = 0; s < stages; ++s) {
+      auto name = [&](const std::string& file) { return sliceFile(t, slices, stageFile(s, stages, file)); };
+      nlohmann::json zero = m.extra.value("zero", nlohmann::json());
+      if (stages > 1) {
+        const nlohmann::json layouts = m.extra["pipeline"].value("stage_zero", nlohmann::json());
+        zero = layouts.is_array() && s < static_cast<int>(layouts.size()) ? layouts[static_cast<size_t>(s)]
+                                                                          : nlohmann::json();
+      }
+      need.push_back(name("model.bin"));
+      if (!zero.is_object()) {
+        need.push_back(name(optimizerFile(false, 0)));
+        continue;
+      }
+      const int group = zero.value("world_size", m.worldSize / (stages * slices));
+      for (int r = 0; r < group; ++r) {
+        need.push_back(name(optimizerFile(true, r)));
+        if (zero.value("model_parts", false)) need.push_back(name(modelPartFile(r)));
+      }
+    }
   }
   return need;
 }

@@ -29,7 +29,7 @@
 #include "cohort/core/signals.h"
 #include "cohort/core/text.h"
 #include "cohort/core/time.h"
-#include "cohort/elastic/batch_policy.h"
+#include "cohort/elastic/round_policy.h"
 #include "cohort/elastic/kv.h"
 #include "cohort/elastic/rendezvous.h"
 #include "cohort/run/run_metrics.h"
@@ -171,7 +171,7 @@ class Agent {
 int Agent::run() {
   env::pauseForTest("agent");
   procs_ = static_cast<int>(o_.procs > 0 ? o_.procs : job_.distribution.procsPerNode);
-  checkBatchPolicy(job_, o_.minNodes, o_.maxNodes);
+  checkRoundPolicy(job_, o_.minNodes, o_.maxNodes);
   const std::string service = splitRdzvUrl(o_.rdzv).first;
   storeToken_ = security::storeToken(job_.security.storeTokenFile);
   KvOptions ko;

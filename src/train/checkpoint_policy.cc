@@ -43,6 +43,20 @@ CheckpointPolicy::CheckpointPolicy(const JobConfig& job, const parallel::Plan& p
       jobHash_(jobHash(job)),
       optimizerCache_(optimizer, paramNames) {
   const comm::Comm& comm = plan.mesh().world;
+  {
+    // A node's ranks are consecutive (RANK = node rank x procs + local
+    // rank): the first replica with a rank on this node in this rank's
+    // stage and slice holds their files for the node.
+    const parallel::Mesh& mesh = plan.mesh();
+    const int first = rank_ - localRank_, end = first + comm.localWorldSize;
+    for (int r = 0; r < mesh.replicas; ++r) {
+      const int j = mesh.jobRank(r, mesh.stage, mesh.tensorRank);
+      if (j >= first && j < end) {
+        holdsShared_ = j == rank_;
+        break;
+      }
+    }
+  }
   const models::Model& model = plan.model();
   const CheckpointConfig& cc = job.checkpoint;
   manifestExtra_ = {{"job", toYaml(job)}};
@@ -234,9 +248,10 @@ void CheckpointPolicy::hold(int64_t step, int64_t epoch, int64_t micro, double l
   // round's): the same step held from two rounds is two histories, when a
   // round went back to an older checkpoint (elastic/held_state.h).
   m.extra["round"] = env::restartCount();
-  // Every node keeps what a checkpoint's rank 0 writes: the lowest rank of
-  // each node writes it into the node's directory.
-  ckpt::writeHeldState(heldDir_, std::move(m), filesOf(localRank_ == 0), rank_);
+  // Every node keeps what a checkpoint's first replica writes: the lowest
+  // of the node's ranks of each stage and slice writes it into the node's
+  // directory.
+  ckpt::writeHeldState(heldDir_, std::move(m), filesOf(holdsShared_), rank_);
   // Older steps are of no more use once this one is written.
   if (localRank_ == 0) ckpt::pruneHeldState(heldDir_, step);
   log::info("state of step {} held in {} ({:.0f} ms)", step, heldDir_, 1000 * secondsSince(since));

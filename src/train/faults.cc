@@ -51,8 +51,8 @@ void FaultPlan::afterStep(int64_t step) const {
   std::_Exit(fault_->exitCode);
 }
 
-SampleLog::SampleLog(int round) : round_(round) {
-  if (auto dir = env::sampleLogDir()) path_ = fmt::format("{}/samples-{}.txt", *dir, ::getpid());
+SampleLog::SampleLog(int round, bool logs) : round_(round) {
+  if (auto dir = logs ? env::sampleLogDir() : std::nullopt; dir) path_ = fmt::format("{}/samples-{}.txt", *dir, ::getpid());
 }
 
 void SampleLog::startEpoch(std::vector<int64_t> order, int64_t batchSize) {

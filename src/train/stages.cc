@@ -183,15 +183,14 @@ nlohmann::json gatherStageLayouts(const parallel::Mesh& mesh, const nlohmann::js
     const std::string text = mine.dump();
     world.store->set(key(mesh.stage), std::vector<uint8_t>(text.begin(), text.end()));
   }
-  if (world.rank != 0) return nlohmann::json();
   nlohmann::json all = nlohmann::json::array();
   for (int s = 0; s < mesh.stages; ++s) {
     try {
       world.store->wait({key(s)}, world.timeout);
     } catch (const std::exception& e) {
-      throw TimeoutError(fmt::format("rank 0: pipeline stage {} did not publish its ZeRO layout within "
+      throw TimeoutError(fmt::format("rank {}: pipeline stage {} did not publish its ZeRO layout within "
                                      "{} s: {}",
-                                     s, world.timeout.count() / 1000.0, e.what()));
+                                     world.rank, s, world.timeout.count() / 1000.0, e.what()));
     }
     const std::vector<uint8_t> raw = world.store->get(key(s));
     all.push_back(nlohmann::json::parse(std::string(raw.begin(), raw.end())));

@@ -217,7 +217,8 @@ void makeLoopParts(TrainState& s) {
     layout["stage_zero"] = gatherStageLayouts(s.mesh, s.checkpoints->zeroLayout());
     s.checkpoints->recordPipeline(std::move(layout));
   }
-  s.samples = std::make_unique<SampleLog>(s.options.restartCount);
+  // Every rank of a replica trains on its samples: its first rank logs them.
+  s.samples = std::make_unique<SampleLog>(s.options.restartCount, s.mesh.stage == 0 && s.mesh.tensorRank == 0);
 }
 
 // This rank's own state in the checkpoint: its random generator (and

@@ -96,6 +96,7 @@ at::Tensor StepRunner::forward(models::Model& model, const at::Tensor& input, si
     at::Tensor x = input.to(comm_.device, /*non_blocking=*/true);
     AutocastScope autocast(precision_, comm_.device);
     output = faults_.poisonInputs(step_) ? poisoned(model, x) : model.compute(x);
+    faults_.delayForward(step_);  // every stage of a pipeline runs a forward, not every one a loss
   }
   phases_.forward += secondsSince(start);
   return output;
@@ -114,7 +115,6 @@ parallel::MicroBatchOps::Loss StepRunner::loss(const at::Tensor& output, size_t 
     // windows of their means.
     // (The plan's: a tensor group's ranks hold slices of the vocabulary.)
     loss = plan_.outputLoss(output, batch.labels.to(comm_.device), labelSmoothing_);
-    faults_.delayForward(step_);
   }
   const double lossValue = loss.item<double>();
   phases_.forward += secondsSince(start);

@@ -28,7 +28,7 @@
 #include "cohort/train/compute.h"
 #include "cohort/ckpt/resume.h"
 #include "cohort/core/exit_codes.h"
-#include "cohort/elastic/batch_policy.h"
+#include "cohort/elastic/round_policy.h"
 #include "cohort/elastic/held_state.h"
 #include "cohort/ckpt/manifest.h"
 #include "cohort/train/stop.h"
@@ -167,21 +167,10 @@ int runWorker(const WorkerOptions& o) {
     }
   }
 
-  if (heldDir && job.distribution.pipeline.stages > 1) {
-    throw ConfigError(fmt::format(
-        "distribution.pipeline.stages: {} stages under `cohort agent`: elastic training re-forms "
-        "data-parallel jobs only; run a pipeline with `cohort run` (or an external launcher)",
-        job.distribution.pipeline.stages));
-  }
-  if (heldDir && job.distribution.tensor > 1) {
-    throw ConfigError(fmt::format(
-        "distribution.tensor: {} tensor ranks under `cohort agent`: elastic training re-forms "
-        "data-parallel jobs only; run a tensor-parallel job with `cohort run` (or an external launcher)",
-        job.distribution.tensor));
-  }
-  // Under `cohort agent`: the batch and learning rate for this round's size.
+  // Under `cohort agent`: the layout (elastic.gives), batch and learning
+  // rate for this round's size.
   const JobConfig asWritten = job;
-  if (heldDir) elastic::applyBatchPolicy(job, re.worldSize);
+  if (heldDir) elastic::applyRoundPolicy(job, re.worldSize);
 
   // Threads, allocator and oneDNN before the first tensor (docs/performance.md).
   applyCompute(job, re.localWorldSize, re.localRank);
@@ -223,6 +212,14 @@ int runWorker(const WorkerOptions& o) {
             re.agentStore ? "cohort run" : re.source,
             forkServer > 0 ? fmt::format(" (forked from its fork server, pid {})", forkServer) : "", threads,
             re.masterAddr, re.masterPort);
+  if (heldDir && (asWritten.distribution.pipeline.stages > 1 || asWritten.distribution.tensor > 1)) {
+    const elastic::RoundLayout l = elastic::roundLayout(asWritten, re.worldSize);
+    log::info("this round's {} ranks: {} (elastic.gives {}{})", re.worldSize, l.describe(),
+              choiceName(asWritten.elastic.gives),
+              l.stages != asWritten.distribution.pipeline.stages
+                  ? fmt::format("; the job file asks for {} stages", asWritten.distribution.pipeline.stages)
+                  : std::string());
+  }
   // The timeline outlives the watchdog, whose thread may flush it.
   std::unique_ptr<monitor::Timeline> timeline;
   if (job.output.timeline) {

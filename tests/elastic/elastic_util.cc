@@ -59,6 +59,36 @@ elastic:
                      epochs, runsDir, extra);
 }
 
+std::string elasticGptJobYaml(const std::string& runsDir, const std::string& tokens, int layers, int epochs,
+                              const std::string& distribution) {
+  return fmt::format(R"(name: elastic-gpt
+model: {{arch: gpt, n_layer: {}, n_head: 2, n_embd: 16, block_size: 16}}
+data:
+  train: {{kind: tokens, path: {}}}
+  loader_threads: 1
+distribution:
+  threads_per_rank: 1
+  timeout_s: 60
+  straggler_factor: 0
+{}
+training:
+  epochs: {}
+  batch_size: 2
+  seed: 7
+  log_every: 20
+  optimizer: {{name: adamw, lr: 0.003}}
+output:
+  dir: {}
+  progress: off
+checkpoint:
+  every_steps: 100
+elastic:
+  last_call_s: 1
+  node_timeout_s: 3
+)",
+                     layers, tokens, distribution, epochs, runsDir);
+}
+
 std::map<std::string, std::string> elasticEnv(const std::string& samplesDir, int slowMs) {
   std::map<std::string, std::string> env = {{"COHORT_TEST_SAMPLE_LOG", samplesDir}};
   if (slowMs > 0) env["COHORT_FAULT"] = fmt::format("slow{}@rank0:step0:always", slowMs);
@@ -176,13 +206,13 @@ std::vector<pid_t> childrenOf(pid_t pid) {
   return out;
 }
 
-void expectExactlyOnce(const std::string& dir, int epochs) {
+void expectExactlyOnce(const std::string& dir, int epochs, size_t samples) {
   const SampleHistory h = readSampleLog(dir);
   EXPECT_TRUE(h.redone().empty()) << "steps redone: " << h.redone().size() << ", e.g. "
                                   << (h.redone().empty() ? 0 : h.redone().front());
   ASSERT_EQ(static_cast<int>(h.timesTrained.size()), epochs);
   for (const auto& [epoch, times] : h.timesTrained) {
-    EXPECT_EQ(times.size(), 4096u) << "epoch " << epoch << ": samples never trained on";
+    EXPECT_EQ(times.size(), samples) << "epoch " << epoch << ": samples never trained on";
     int twice = 0;
     for (const auto& [id, n] : times) twice += n > 1;
     EXPECT_EQ(twice, 0) << "epoch " << epoch << ": samples trained on more than once";

@@ -23,6 +23,12 @@ namespace cohort::test {
 // `extra`: further YAML lines appended (top-level keys).
 std::string elasticJobYaml(const std::string& runsDir, int epochs, const std::string& extra = "");
 
+// A GPT of `layers` blocks on the token shards at `tokens` (`cohort data
+// tokenize`), `epochs` epochs of micro-batches of 2, the elastic timings of
+// elasticJobYaml; `distribution`: the lines of that section (indented).
+std::string elasticGptJobYaml(const std::string& runsDir, const std::string& tokens, int layers, int epochs,
+                              const std::string& distribution);
+
 struct AgentSpec {
   std::string node;
   std::string rdzv;    // with the job id
@@ -60,10 +66,10 @@ struct SampleHistory {
 };
 SampleHistory readSampleLog(const std::string& dir);
 
-// Exactly once: in the sample log at `dir`, `epochs` epochs, each of the 4096
-// samples of each trained on once, and no step applied twice (gtest
-// expectations).
-void expectExactlyOnce(const std::string& dir, int epochs);
+// Exactly once: in the sample log at `dir`, `epochs` epochs, each of the
+// `samples` samples of each trained on once, and no step applied twice
+// (gtest expectations).
+void expectExactlyOnce(const std::string& dir, int epochs, size_t samples = 4096);
 
 // Waits for each of `agents` (at most `limit` after it started) and expects
 // exit 0 (gtest expectations, with the agent's output). True when all did.

@@ -27,6 +27,7 @@ enum class OnCorrupt { skip, fail };
 enum class Backend { gloo, nccl };
 enum class GradCompression { none, fp16, bf16 };
 enum class BatchPolicy { keepGlobal, keepPerRank };
+enum class ReformAxis { replicas, stages };
 enum class Allocator { keep, system, map };
 enum class OneDnn { automatic, on, off };
 enum class BindCores { automatic, on, off };
@@ -91,6 +92,10 @@ template <>
 struct ChoiceNames<BatchPolicy> {
   static constexpr ChoiceTable<BatchPolicy, 2> table{
       {{BatchPolicy::keepGlobal, "keep_global"}, {BatchPolicy::keepPerRank, "keep_per_rank"}}};
+};
+template <>
+struct ChoiceNames<ReformAxis> {
+  static constexpr ChoiceTable<ReformAxis, 2> table{{{ReformAxis::replicas, "replicas"}, {ReformAxis::stages, "stages"}}};
 };
 template <>
 struct ChoiceNames<GradCompression> {

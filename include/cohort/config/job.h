@@ -154,6 +154,9 @@ struct ElasticConfig {
   // On a resize: keep the global batch (accumulation steps adjusted) or the
   // per-rank batch (the learning rate follows the linear rule).
   BatchPolicy batchPolicy = BatchPolicy::keepPerRank;
+  // On a resize of a pipelined or tensor-parallel job: the axis of the mesh
+  // (ranks = replicas x stages x tensor) that takes the change first.
+  ReformAxis gives = ReformAxis::replicas;
   double lastCallS = 3;            // after MIN nodes joined, time for more to arrive
   double nodeTimeoutS = 10;        // a node unheard of this long is lost
   double belowMinTimeoutS = 600;   // fewer than MIN nodes this long: checkpoint and exit 75

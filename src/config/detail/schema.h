@@ -305,6 +305,14 @@ void describe(V& v, ElasticConfig& c) {
           "evenly at every size --nnodes allows); keep_per_rank keeps batch_size and "
           "accumulate_steps, and the learning rate follows the global batch (linear rule; "
           "optimizer.base_batch, or the global batch at distribution.nodes).");
+  v.field("gives", c.gives,
+          "When the number of ranks changes under a pipeline (distribution.pipeline.stages) or a "
+          "tensor split (distribution.tensor): replicas keeps the stages and the tensor split while "
+          "the ranks are a multiple of stages x tensor and changes the data replicas (when they are "
+          "not, the stages give: the most that fit); stages keeps the data replicas of the job's "
+          "size and changes the pipeline's stages (up to the model's blocks; when that cannot hold, "
+          "as replicas). The tensor split never changes; the checkpoint or held state is read back "
+          "in the new layout (docs/elastic.md).");
   v.field("last_call_s", c.lastCallS,
           "Once --nnodes MIN nodes have joined, seconds more may join before the round starts.",
           between(0, 3600));

@@ -118,6 +118,9 @@ class CheckpointPolicy {
   const int rank_;
   const int world_;
   const int localRank_;
+  // Writes the shared files of its stage and slice into the node's held
+  // state: the lowest of this node's ranks in that role.
+  bool holdsShared_ = false;
   const parallel::CheckpointRole role_;
   const int dataWorld_;  // the ranks the epoch's samples are split over
   const std::string heldDir_;  // COHORT_ELASTIC_STATE: under `cohort agent`

@@ -43,7 +43,9 @@ class FaultPlan {
 // after it; a step applied in a round and done again in the next was lost.
 class SampleLog {
  public:
-  explicit SampleLog(int round);
+  // `logs`: this rank writes the log (a replica's first rank; the others of
+  // the replica train on the same samples).
+  SampleLog(int round, bool logs);
   bool enabled() const { return !path_.empty(); }
   // The epoch's order on this rank (DistributedSampler::indices).
   void startEpoch(std::vector<int64_t> order, int64_t batchSize);

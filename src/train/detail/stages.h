@@ -43,8 +43,9 @@ models::ModelPart partOf(const std::vector<int64_t>& split, int stage);
 nlohmann::json pipelineLayout(const JobConfig& job, const parallel::Mesh& mesh,
                               const std::vector<int64_t>& split);
 
-// Every stage's ZeRO layout (`mine`: this rank's, null without ZeRO), on the
-// job's rank 0 in stage order; empty elsewhere. Collective over the job.
+// Every stage's ZeRO layout (`mine`: this rank's, null without ZeRO), in
+// stage order, on every rank (each rank's held state between elastic
+// rounds records them, ckpt::requiredFiles). Collective over the job.
 nlohmann::json gatherStageLayouts(const parallel::Mesh& mesh, const nlohmann::json& mine);
 
 }  // namespace cohort::train::detail
