@@ -28,6 +28,34 @@ std::map<std::string, std::pair<int64_t, int>> cutsOf(const Manifest& m) {
   return cuts;
 }
 
+// The region of a whole tensor of `whole` elements along `dim` that slice
+// `t` of `slices` holds, cut in `blocks` blocks: "rows [0, 5) and [10, 15)".
+std::string sliceRegion(int64_t whole, int64_t dim, int blocks, int slices, int t) {
+  const int64_t block = whole / blocks, width = block / slices;
+  std::vector<std::string> ranges;
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t from = b * block + t * width;
+    ranges.push_back(fmt::format("[{}, {})", from, from + width));
+  }
+  const char* what = dim == 0 ? "rows" : dim == 1 ? "columns" : "elements";
+  return fmt::format("{} {} of its {} along dimension {}", what, fmt::join(ranges, " and "), whole, dim);
+}
+
+// Throws DataError naming `name`, its region in slice t, and `why`, when
+// `piece` (slice t's part of a tensor of shape `whole`) is missing or not
+// of the slice's shape.
+void checkSlice(const std::string& dir, const std::string& what, const at::Tensor& piece,
+                const std::vector<int64_t>& whole, int64_t dim, int blocks, int slices, int t, const std::string& why) {
+  std::vector<int64_t> shape = whole;
+  if (dim >= 0 && dim < static_cast<int64_t>(shape.size())) shape[static_cast<size_t>(dim)] /= slices;
+  if (piece.defined() && piece.sizes().vec() == shape) return;
+  throw DataError(fmt::format("{}: the checkpoint lacks a region of {}: tensor slice {} of {} held {} ({}){}", dir, what,
+                              t, slices, sliceRegion(whole[static_cast<size_t>(dim)], dim, blocks, slices, t),
+                              piece.defined() ? fmt::format("a piece of shape [{}], not [{}]",
+                                                            fmt::join(piece.sizes(), ", "), fmt::join(shape, ", "))
+                                              : std::string("missing"),
+                              why.empty() ? "" : ": " + why));
+}
 
 using detail::kElementKinds;
 using detail::memoryOrder;
@@ -159,8 +187,26 @@ void StageTensors::unpack(Bucketed& b, size_t k) {
       const TensorFileReader& f = reader(b.file(r));
       at::Tensor piece = f.has(key) ? f.read(key) : at::Tensor();
       if (!piece.defined() || piece.numel() != chunk) {
-        throw DataError(fmt::format("{}: '{}' is missing or not of {} elements, as extra.zero lays bucket {} out",
-                                    f.path(), key, chunk, k));
+        // The tensors whose elements rank r's part held.
+        std::vector<std::string> held;
+        int64_t offset = 0;
+        for (const auto& [name, n] : members(zero_, k)) {
+          const int64_t from = std::max(offset, r * chunk), to = std::min(offset + n, (r + 1) * chunk);
+          if (from < to) held.push_back(fmt::format("'{}{}' elements [{}, {})", name, suffix, from - offset, to - offset));
+          offset += n;
+        }
+        if (held.size() > 4) {
+          const size_t more = held.size() - 3;
+          held.resize(3);
+          held.push_back(fmt::format("and {} more", more));
+        }
+        throw DataError(fmt::format("{}: the checkpoint lacks a region: '{}' is {}: rank {}'s elements [{}, {}) of "
+                                    "bucket {} (extra.zero), which held {}",
+                                    f.path(), key,
+                                    piece.defined() ? fmt::format("of {} elements, not {}", piece.numel(), chunk)
+                                                    : std::string("missing"),
+                                    r, r * chunk, (r + 1) * chunk, k,
+                                    held.empty() ? std::string("padding only") : fmt::format("{}", fmt::join(held, ", "))));
       }
       pieces.push_back(piece.flatten());
     }
@@ -241,7 +287,7 @@ at::Tensor StageTensors::optimizerState(const std::string& name) {
   return it == optimizer_->cache.end() ? at::Tensor() : it->second;
 }
 
-CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) {
+CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) : dir_(dir) {
   const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json());
   if (tensor.is_object()) slices_ = jsonInt<int>(tensor.value("tensors", nlohmann::json(1)));
   cuts_ = cutsOf(m);
@@ -271,8 +317,23 @@ at::Tensor CheckpointTensors::load(const std::string& name) {
   if (it == stageOf_.end()) return stages_.front()->load(name);  // its error names the file
   auto cut = cuts_.find(name);
   if (cut == cuts_.end()) return stages_[it->second]->load(name);
+  std::vector<int64_t> whole;
+  for (const auto& [n, t] : entries_) {
+    if (n == name) whole = t.sizes().vec();
+  }
   std::vector<at::Tensor> slices;
-  for (int t = 0; t < slices_; ++t) slices.push_back(stages_[it->second + static_cast<size_t>(t)]->load(name));
+  for (int t = 0; t < slices_; ++t) {
+    StageTensors& slice = *stages_[it->second + static_cast<size_t>(t)];
+    at::Tensor piece;
+    std::string why;
+    try {
+      piece = slice.load(name);
+    } catch (const DataError& e) {
+      why = e.what();
+    }
+    checkSlice(dir_, "'" + name + "'", piece, whole, cut->second.first, cut->second.second, slices_, t, why);
+    slices.push_back(piece);
+  }
   return joinSlices(slices, cut->second.first, cut->second.second);
 }
 
@@ -282,7 +343,7 @@ void CheckpointTensors::drop(const std::string& name) {
   for (int t = 0; t < slices_; ++t) stages_[it->second + static_cast<size_t>(t)]->drop(name);
 }
 
-CheckpointOptimizer::CheckpointOptimizer(const std::string& dir, const Manifest& m) : cuts_(cutsOf(m)) {
+CheckpointOptimizer::CheckpointOptimizer(const std::string& dir, const Manifest& m) : dir_(dir), cuts_(cutsOf(m)) {
   for (int s = 0; s == 0 || s < stages_.front().front()->stages(); ++s) {
     stages_.emplace_back();
     stages_.back().push_back(std::make_unique<StageTensors>(dir, m, s));
@@ -308,6 +369,19 @@ at::Tensor CheckpointOptimizer::state(const std::string& name) {
   }
   std::vector<at::Tensor> parts;
   for (auto& slice : slices) parts.push_back(slice->optimizerState(name));
+  // Slice 0's shape says the whole one's; a slice that lacks its part is named.
+  if (!parts.front().defined()) return {};
+  std::vector<int64_t> whole = parts.front().sizes().vec();
+  const int64_t dim = cut->second.first;
+  if (dim < 0 || dim >= static_cast<int64_t>(whole.size())) {
+    throw DataError(fmt::format("{}/manifest.json: extra.tensor.cuts cuts '{}' along dimension {}, which its optimizer "
+                                "state '{}' does not have", dir_, name.substr(0, dot), dim, name));
+  }
+  whole[static_cast<size_t>(dim)] *= static_cast<int64_t>(slices.size());
+  for (size_t t = 0; t < parts.size(); ++t) {
+    checkSlice(dir_, "optimizer state '" + name + "'", parts[t], whole, dim, cut->second.second,
+               static_cast<int>(slices.size()), static_cast<int>(t), "");
+  }
   return joinSlices(parts, cut->second.first, cut->second.second);
 }
 

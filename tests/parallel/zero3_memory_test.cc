@@ -7,6 +7,8 @@
 // in PyTorch; each rank's peak resident memory is read from its log and is
 // below the limit (the kernel would have killed it otherwise). A limit even
 // that layout cannot meet is refused with exit 2 before the model is built.
+// The pipeline's checkpoint resumes restaged at ZeRO stage 3 under the
+// same limits: no rank held the whole model.
 // `cohort export` (ONNX and TorchScript) writes the trained model within a limit of
 // less than half its parameters, and LoRA adapts it (as a frozen base) on 4
 // ranks each limited to less than the base.
@@ -277,6 +279,30 @@ TEST_F(WholeModelNowhere, TwiceALimitTrainsAtZeroStage3OnFourRanksAndResumesAfte
 TEST_F(WholeModelNowhere, TwiceALimitTrainsOnFourPipelineStagesAndResumesAfterAKill) {
   trainKilledAndResumed("pipeline",
                         "{threads_per_rank: 1, max_restarts: 0, pipeline: {stages: 4, micro_batches: 4, split: [19, 20, 20, 19]}}");
+  // The stages' checkpoint resumed in another layout under the same
+  // limits: 4 ranks at ZeRO stage 3 without a pipeline, each reading its
+  // units' tensors (and their optimizer state) from the stages' files one
+  // at a time and keeping its parts. No rank holds the whole model.
+  const std::string yaml = job("restaged", "{zero: 3, threads_per_rank: 1, max_restarts: 0}");
+  const std::string runDir = dir.file("restaged");
+  const auto r = ranks(yaml, runDir, kLimitMb, false,
+                       {"--resume", dir.file("pipeline/checkpoints/step-2"), "--set", "training.max_steps=3"});
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const auto& p = r[static_cast<size_t>(rank)];
+    ASSERT_EQ(p.exitCode, 0) << "rank " << rank << ": " << p.describe() << log(runDir, rank);
+    const std::string text = log(runDir, rank);
+    if (rank == 0) {
+      EXPECT_NE(text.find("(written by 4 pipeline stages split [19, 20, 20, 19]) in no pipeline"), std::string::npos)
+          << text;
+    }
+    EXPECT_NE(text.find("optimizer state taken from the checkpoint's 4 stage(s)"), std::string::npos) << text;
+    const double peak = peakMb(text);
+    EXPECT_GT(peak, 0) << text;
+    EXPECT_LT(peak, kLimitMb) << text;
+    RecordProperty(fmt::format("restaged_rank{}_peak_resident_mb", rank), fmt::format("{:.0f}", peak));
+    std::printf("restaged: rank %d peak resident %.0f MiB of its %lld MiB\n", rank, peak,
+                static_cast<long long>(kLimitMb));
+  }
 }
 
 TEST_F(WholeModelNowhere, ALimitEvenStage3CannotMeetIsRefusedBeforeTheModelIsBuilt) {

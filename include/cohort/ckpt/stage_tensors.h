@@ -82,7 +82,10 @@ class StageTensors : public TensorSource {
 // from every slice's file as they are read. Its extra.tensor:
 // {"tensors": T, "sequence_parallel": bool, "cuts": {name: {"dim": d,
 // "blocks": b}, ...}} for every split tensor of model.bin; the others are
-// whole in every slice's file.
+// whole in every slice's file. A slice that lacks its region of a tensor
+// (or holds it in another shape) throws DataError naming the tensor, the
+// slice and the rows or columns it held; so does a ZeRO part that is
+// missing or short, naming the elements of each tensor it held.
 class CheckpointTensors : public TensorSource {
  public:
   CheckpointTensors(const std::string& dir, const Manifest& m);
@@ -91,6 +94,7 @@ class CheckpointTensors : public TensorSource {
   void drop(const std::string& name) override;
 
  private:
+  std::string dir_;
   // One per stage and slice: stage s's slice t at s x slices + t.
   std::vector<std::unique_ptr<StageTensors>> stages_;
   int slices_ = 1;
@@ -115,6 +119,7 @@ class CheckpointOptimizer {
   at::Tensor state(const std::string& name);
 
  private:
+  std::string dir_;
   std::vector<std::vector<std::unique_ptr<StageTensors>>> stages_;  // [stage][slice]
   std::map<std::string, std::pair<int64_t, int>> cuts_;             // a split parameter: dim, blocks
   std::map<std::string, size_t> holder_;                            // a state name: its stage
