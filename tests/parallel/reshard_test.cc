@@ -3,7 +3,8 @@
 // that lacks its rows of a tensor, a ZeRO part that is short, and a layout
 // that cannot hold the model, each refused with exit 2 and a message that
 // names what is wrong. A checkpoint written by an older cohort (a fixture,
-// tests/fixtures/) resumes in a tensor split and in a pipeline.
+// tests/ckpt/fixtures/) resumes in a tensor split and in a pipeline and
+// ends where that cohort's own run ended.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "cohort/ckpt/manifest.h"
+#include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/tensor_file.h"
 #include "util/job_runs.h"
 
@@ -131,6 +133,45 @@ TEST_F(Reshard, ALayoutThatCannotHoldTheModelExits2BeforeReadingTheCheckpoint) {
     EXPECT_EQ(r.exitCode, 2) << r.describe();
     EXPECT_NE(r.err.find(key), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("manifest"), std::string::npos) << "read the checkpoint first: " << r.err;
+  }
+}
+
+TEST_F(Reshard, ACheckpointOfAnOlderCohortResumesInATensorSplitAndInAPipeline) {
+  // tests/ckpt/fixtures/README.md: step 3 of 6 of 2 ranks at ZeRO stage 1,
+  // written by cohort 650202b, and that run's final model.
+  const std::string fixture = dir.file("old");
+  fs::create_directories(fixture);
+  const auto untar = test::run({"/bin/tar", "-xzf", test::sourceDir() + "/tests/ckpt/fixtures/cohort-650202b-gpt-zero1.tar.gz",
+                                "-C", fixture});
+  ASSERT_EQ(untar.exitCode, 0) << untar.describe();
+  // Its job read the same tokens (test::corpus(6000), the bytes'
+  // tokenizer) from where that run kept them: named here instead.
+  const std::string was = "/tmp/cohort-old-fixture/tok/train";
+  std::string yaml = test::readText(fixture + "/job.yaml");
+  yaml.replace(yaml.find(was), was.size(), dir.file("tok/train"));
+  test::writeText(dir.file("old.yaml"), yaml);
+  ckpt::Manifest m = ckpt::readManifest(fixture + "/step-3");
+  std::string job = m.extra["job"].get<std::string>();
+  job.replace(job.find(was), was.size(), dir.file("tok/train"));
+  m.extra["job"] = job;
+  ckpt::writeManifest(fixture + "/step-3", m);
+  const ckpt::StateDict old = ckpt::readStateDict(fixture + "/final.pt");
+  ASSERT_FALSE(old.empty());
+  // The same 8 samples a step: T = 2 (one replica of batch 8), and 2
+  // stages of 8 micro-batches of 1.
+  for (const auto& [tag, kv] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"old-t2", {"distribution.tensor=2", "distribution.zero=0", "training.batch_size=8"}},
+           {"old-p2", {"distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=8", "distribution.zero=0",
+                       "training.batch_size=1"}}}) {
+    std::vector<std::string> args{"run", dir.file("old.yaml"), "--procs", "2", "--run-dir", dir.file(tag),
+                                  "--resume", fixture + "/step-3"};
+    for (const std::string& k : kv) args.insert(args.end(), {"--set", k});
+    const auto r = test::cohort(args);
+    ASSERT_EQ(r.exitCode, 0) << tag << ": " << r.describe();
+    EXPECT_NE(log(tag, 0).find("resumed from " + fixture + "/step-3: step 3"), std::string::npos) << log(tag, 0);
+    const double diff = test::maxDifference(old, ckpt::readStateDict(dir.file(tag + "/model/final.pt")));
+    EXPECT_LT(diff, 1e-5) << tag;
+    RecordProperty(tag + "_max_difference", fmt::format("{:.3g}", diff));
   }
 }
 
