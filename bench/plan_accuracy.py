@@ -45,6 +45,17 @@ CONFIGS = [
       "distribution.zero=3"], 1, 2, 10, []),
     ("gpt-2x1-zero1-netns", GPT, ["training.precision=fp32", "distribution.zero=1",
                                   "distribution.threads_per_rank=1"], 2, 1, 30, ["--cores-per-node", "1"]),
+    # Split models (docs/plan.md, "Pipelines and tensor splits").
+    ("gpt-1x2-tensor2", GPT, ["training.precision=fp32", "distribution.tensor=2"], 1, 2, 30, []),
+    ("gpt-1x2-tensor2-sp", GPT, ["training.precision=fp32", "distribution.tensor=2",
+                                 "distribution.sequence_parallel=true"], 1, 2, 30, []),
+    ("gpt-1x2-tensor2-recompute", GPT, ["training.precision=fp32", "distribution.tensor=2", "model.recompute=blocks"],
+     1, 2, 30, []),
+    ("gpt-1x2-stages2", GPT, ["training.precision=fp32", "distribution.pipeline.stages=2", "training.batch_size=4"],
+     1, 2, 12, []),
+    ("gpt-1x2-stages2-m4-gpipe", GPT, ["training.precision=fp32", "distribution.pipeline.stages=2",
+                                       "distribution.pipeline.micro_batches=4", "distribution.pipeline.schedule=gpipe",
+                                       "training.batch_size=4"], 1, 2, 12, []),
 ]
 PROBED = {"gpt-1x2-zero0"}  # the plan's own two-rank probe runs this very setting
 

@@ -19,6 +19,7 @@
 #include "cohort/core/memory_limit.h"
 #include "cohort/launch/spawn.h"
 #include "plan/detail/probe.h"
+#include "plan/detail/split.h"
 #include "plan/detail/report.h"
 #include "plan/detail/tune.h"
 
@@ -135,15 +136,11 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
   const int64_t localCores = env::availableCores();
   const int64_t cores = coresArg > 0 ? coresArg : localCores;
   checkRanks(job, nodes * procs);
-  if (job.distribution.pipeline.stages > 1) {
-    throw ConfigError(fmt::format("{}: distribution.pipeline.stages {}: cohort plan predicts data-parallel jobs "
-                                  "(ZeRO stages 0-3) only; a pipeline's stages are not modelled yet",
-                                  o.jobPath, job.distribution.pipeline.stages));
-  }
-  if (job.distribution.tensor > 1) {
-    throw ConfigError(fmt::format("{}: distribution.tensor {}: cohort plan predicts data-parallel jobs "
-                                  "(ZeRO stages 0-3) only; a tensor split is not modelled yet",
-                                  o.jobPath, job.distribution.tensor));
+  if ((job.distribution.pipeline.stages > 1 || job.distribution.tensor > 1) && job.model.arch != ModelArch::gpt) {
+    throw ConfigError(fmt::format("{}: cohort plan models a split (distribution.pipeline.stages {}, distribution.tensor "
+                                  "{}) of gpt only, not model.arch {}",
+                                  o.jobPath, job.distribution.pipeline.stages, job.distribution.tensor,
+                                  choiceName(job.model.arch)));
   }
   detail::Report report;
   report.jobPath = o.jobPath;
@@ -178,6 +175,8 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
   // One rank at the job's micro-batch and at another: what grows with it.
   Setting a = target;
   a.nodes = a.procsPerNode = 1;
+  a.stages = a.microBatches = a.tensor = 1;
+  a.gpipe = a.sequenceParallel = false;
   a.threads = std::min(target.threads, localCores);
   a.zero = 0;
   a.accumulate = 1;
@@ -201,6 +200,25 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
     d.zero = target.zero;
     pd = prober.run(d, "two-ranks");
   }
+  // A split: probed on this machine's ranks (2 where the model allows),
+  // to fit its exchanges and the pipeline's pace (plan/detail/split.h).
+  std::optional<detail::ProbeRun> pt, pp;
+  if (target.tensor > 1 && localCores >= 2) {
+    Setting t = b;
+    const int64_t two = job.model.nHead % 2 == 0 && job.model.vocabSize % 2 == 0 ? 2 : target.tensor;
+    t.procsPerNode = t.tensor = two;
+    t.sequenceParallel = target.sequenceParallel;
+    t.threads = std::max<int64_t>(1, localCores / two);
+    pt = prober.run(t, "tensor-split");
+  }
+  if (target.stages > 1 && localCores >= 2) {
+    Setting p = b;
+    p.procsPerNode = p.stages = 2;
+    p.microBatches = std::max<int64_t>(2, target.microBatches * 2 / target.stages);
+    p.gpipe = target.gpipe;
+    p.threads = std::max<int64_t>(1, localCores / 2);
+    pp = prober.run(p, "pipeline");
+  }
   Link link;
   if (gbpsArg > 0 && latencyArg > 0) {
     link = {gbpsArg, latencyArg, "given"};
@@ -211,6 +229,7 @@ int runPlan(const PlanOptions& o, std::ostream& out) {
     if (gbpsArg > 0 || latencyArg > 0) link.source += ", partly given";
   }
   report.fit = detail::fitProbes(job, {&pa, &pb, pc ? &*pc : nullptr, pd ? &*pd : nullptr}, link);
+  if (pt || pp) detail::calibrateSplit(report.fit, job, pt ? &*pt : nullptr, pp ? &*pp : nullptr);
   const Fit& fit = report.fit;
   report.target = detail::predictRow(fit, job, target, report.limitMb, price);
   std::set<int64_t> counts{1, 2, 4, 8, 16, 32, 64, nodes};

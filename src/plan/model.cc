@@ -7,6 +7,7 @@
 #include "cohort/config/choices.h"
 #include "cohort/core/error.h"
 #include "cohort/plan/plan.h"
+#include "plan/detail/split.h"
 
 namespace cohort::plan {
 
@@ -35,6 +36,12 @@ Setting Setting::of(const JobConfig& job, int64_t nodes, int64_t procsPerNode, i
   s.recompute = jobRecomputes(job);
   s.memoryFormat = job.model.memoryFormat;
   s.bucketCapMb = job.distribution.bucketCapMb;
+  const PipelineConfig& p = job.distribution.pipeline;
+  s.stages = p.stages;
+  s.microBatches = p.stages > 1 ? p.microBatchCount() : 1;
+  s.gpipe = p.schedule == PipelineSchedule::gpipe;
+  s.tensor = job.distribution.tensor;
+  s.sequenceParallel = job.distribution.sequenceParallel;
   return s;
 }
 
@@ -47,7 +54,12 @@ std::vector<std::string> Setting::overrides() const {
           fmt::format("training.batch_size={}", batchSize),
           fmt::format("training.accumulate_steps={}", accumulate),
           fmt::format("model.recompute={}", recompute ? "blocks" : "none"),
-          fmt::format("model.memory_format={}", choiceName(memoryFormat))};
+          fmt::format("model.memory_format={}", choiceName(memoryFormat)),
+          fmt::format("distribution.pipeline.stages={}", stages),
+          fmt::format("distribution.pipeline.micro_batches={}", stages > 1 ? microBatches : 0),
+          fmt::format("distribution.pipeline.schedule={}", gpipe ? "gpipe" : "1f1b"),
+          fmt::format("distribution.tensor={}", tensor),
+          fmt::format("distribution.sequence_parallel={}", sequenceParallel ? "true" : "false")};
 }
 
 std::string Setting::describe() const {
@@ -56,10 +68,15 @@ std::string Setting::describe() const {
                      batchSize, accumulate, recompute ? ", recompute" : "",
                      memoryFormat == MemoryLayout::automatic ? std::string()
                                                              : fmt::format(", {}", choiceName(memoryFormat)),
-                     bucketCapMb);
+                     bucketCapMb) +
+         (stages > 1 ? fmt::format(", {} stages x {} micro-batches{}", stages, microBatches, gpipe ? " (gpipe)" : "")
+                     : std::string()) +
+         (tensor > 1 ? fmt::format(", tensor {}{}", tensor, sequenceParallel ? " (sequence parallel)" : "")
+                     : std::string());
 }
 
 MemoryEstimate predictMemory(const Fit& fit, const JobConfig& job, const Setting& s, double limitMb) {
+  if (s.split()) return detail::predictSplitMemory(fit, job, s, limitMb);
   MemoryEstimate m;
   m.state = train::stateBytes(fit.elements, static_cast<int>(s.zero), static_cast<int>(s.ranks()),
                               job.training.optimizer, s.bucketCapMb, builtByUnit(job, s.zero));
@@ -76,7 +93,7 @@ MemoryEstimate predictMemory(const Fit& fit, const JobConfig& job, const Setting
 }
 
 SpeedEstimate predictSpeed(const Fit& fit, const JobConfig& job, const Setting& s) {
-  (void)job;
+  if (s.split()) return detail::predictSplitSpeed(fit, job, s);
   SpeedEstimate e;
   // Compute scales with the threads a rank has (linearly: optimistic past
   // the threads the probes measured with).
@@ -119,9 +136,12 @@ SpeedEstimate predictSpeed(const Fit& fit, const JobConfig& job, const Setting& 
 CostEstimate predictCost(const Fit& fit, const JobConfig& job, const Setting& s, const SpeedEstimate& speed,
                          double pricePerNodeHour) {
   CostEstimate c;
-  const int64_t perRank = (fit.epochSamples + s.ranks() - 1) / s.ranks();
+  // Each data replica takes its share of the epoch; a pipeline's step
+  // takes its micro-batches.
+  const int64_t perRank = (fit.epochSamples + s.replicas() - 1) / s.replicas();
   const int64_t batches = job.data.dropLast ? perRank / s.batchSize : (perRank + s.batchSize - 1) / s.batchSize;
-  const int64_t perEpoch = (std::max<int64_t>(1, batches) + s.accumulate - 1) / s.accumulate;
+  const int64_t perStep = s.accumulate * (s.stages > 1 ? s.microBatches : 1);
+  const int64_t perEpoch = (std::max<int64_t>(1, batches) + perStep - 1) / perStep;
   c.steps = perEpoch * job.training.epochs;
   if (job.training.maxSteps > 0) c.steps = std::min(c.steps, job.training.maxSteps);
   c.hours = double(c.steps) * speed.stepMs / 3.6e6;

@@ -139,8 +139,7 @@ ProbeRun Prober::run(const Setting& s, const std::string& name) {
         std::string("checkpoint.enabled=false"), std::string("output.save_final=false"),
         std::string("output.progress=off"), std::string("output.tensorboard=false"),
         std::string("output.timeline=false"), std::string("output.metrics_port=0"),
-        std::string("distribution.max_restarts=0"), std::string("distribution.preflight=false"),
-        std::string("distribution.pipeline.stages=1")}) {
+        std::string("distribution.max_restarts=0"), std::string("distribution.preflight=false")}) {
     sets.push_back(o);
   }
   for (const auto& o : sets) {

@@ -48,7 +48,12 @@ ReportJson rowJson(const Row& row) {
             {"accumulate_steps", s.accumulate},
             {"recompute", s.recompute ? "blocks" : "none"},
             {"memory_format", choiceName(s.memoryFormat)},
-            {"bucket_cap_mb", s.bucketCapMb}}},
+            {"bucket_cap_mb", s.bucketCapMb},
+            {"pipeline_stages", s.stages},
+            {"micro_batches", s.stages > 1 ? s.microBatches : 0},
+            {"tensor", s.tensor},
+            {"sequence_parallel", s.sequenceParallel},
+            {"data_replicas", s.replicas()}}},
           {"memory_mb",
            {{"parameters", m.state.parameters / kMebi},
             {"gradients", m.state.gradients / kMebi},
@@ -60,11 +65,15 @@ ReportJson rowJson(const Row& row) {
             {"runtime", m.baseMb},
             {"peak", m.peakMb},
             {"limit", m.limitMb},
-            {"fits", m.fits()}}},
+            {"fits", m.fits()},
+            {"stage_peaks", m.stagePeakMb}}},
           {"speed",
            {{"compute_ms", row.speed.computeMs},
             {"local_exchange_ms", row.speed.localExchangeMs},
             {"link_exchange_ms", row.speed.linkExchangeMs},
+            {"pipeline_idle", row.speed.pipelineIdle},
+            {"tensor_mb_per_step", row.speed.tensorMbPerStep},
+            {"tensor_exchange_ms", row.speed.tensorExchangeMs},
             {"step_ms", row.speed.stepMs},
             {"samples_per_s", row.speed.samplesPerSecond},
             {"efficiency", row.speed.efficiency}}},
@@ -103,6 +112,10 @@ ReportJson reportJson(const Report& r) {
               {"link_gbps", f.link.gbps},
               {"link_latency_us", f.link.latencyUs},
               {"link_source", f.link.source},
+              {"tensor_exchange_ms_per_mb", f.tensorExchangeMsPerMb},
+              {"tensor_activation_factor", f.tensorActivationFactor},
+              {"pipeline_factor", f.pipelineFactor},
+              {"split_probe", f.splitProbe},
               {"epoch_samples", f.epochSamples},
               {"tokens_per_sample", f.blockSize}};
   j["predicted"] = rowJson(r.target);
@@ -146,6 +159,11 @@ void printReport(const Report& r, std::ostream& out) {
   }
   if (m.exchangeMb > 0) line("exchange buffers", m.exchangeMb);
   line("LibTorch, loader and the rest", m.baseMb);
+  if (!m.stagePeakMb.empty()) {
+    std::vector<std::string> peaks;
+    for (double p : m.stagePeakMb) peaks.push_back(fmt::format("{:.0f}", p));
+    out << fmt::format("  {:<36} {:>12} (the largest below)\n", "each stage's rank, MB", fmt::join(peaks, " / "));
+  }
   out << fmt::format("  {:<36} {:>9.0f} MB", "peak", m.peakMb);
   if (m.limitMb > 0) {
     out << fmt::format(" of {:.0f} MB ({}): {}", m.limitMb, r.limitSource, m.fits() ? "fits" : "DOES NOT FIT");
@@ -163,6 +181,16 @@ void printReport(const Report& r, std::ostream& out) {
                      f.link.source);
   out << fmt::format("  step {:.1f} ms = compute {:.1f} + exchange on the machine {:.1f} + between machines {:.1f}\n",
                      t.speed.stepMs, t.speed.computeMs, t.speed.localExchangeMs, t.speed.linkExchangeMs);
+  if (t.setting.stages > 1) {
+    out << fmt::format("  pipeline: {} stages x {} micro-batches, each stage idle {:.0f}% of a step (the ramp up and "
+                       "down)\n",
+                       t.setting.stages, t.setting.microBatches, 100 * t.speed.pipelineIdle);
+  }
+  if (t.setting.tensor > 1) {
+    out << fmt::format("  tensor split {}: its sums carry {:.2f} MB per step and rank, {:.1f} ms of the step\n",
+                       t.setting.tensor, t.speed.tensorMbPerStep, t.speed.tensorExchangeMs);
+  }
+  if (!f.splitProbe.empty()) out << fmt::format("  (the split fitted to a probe of {})\n", f.splitProbe);
   out << fmt::format("  {}, weak-scaling efficiency {:.0f}%\n\n", throughputText(f, t.speed.samplesPerSecond),
                      100 * t.speed.efficiency);
   out << fmt::format("{:>6} {:>6} {:>10} {:>16} {:>6} {:>10} {:>11}{}\n", "nodes", "ranks", "step ms", "throughput",

@@ -21,6 +21,7 @@ std::vector<Setting> along(int dim, const Setting& s, const JobConfig& job, int6
   const int64_t perNode = s.procsPerNode * s.batchSize * s.accumulate;  // samples per node and step
   switch (dim) {
     case 0:  // ranks per machine against threads per rank
+      if (s.split()) break;  // the split holds the ranks (case 6)
       for (int64_t p = 1; p <= localCores; p *= 2) {
         if (p == s.procsPerNode || perNode % p != 0) continue;
         Setting c = s;
@@ -79,6 +80,35 @@ std::vector<Setting> along(int dim, const Setting& s, const JobConfig& job, int6
         }
       }
       break;
+    case 6:  // the GPT's split: stages (and their micro-batches) and tensor ranks, the ranks kept
+      if (job.model.arch == ModelArch::gpt) {
+        const int64_t ranks = s.procsPerNode;  // per machine: a split stays on one
+        const int64_t m = s.stages > 1 ? s.microBatches : 1;
+        const int64_t perStep = s.replicas() * s.batchSize * s.accumulate * m;  // the global batch
+        auto add = [&](int64_t p, int64_t t, int64_t micro) {
+          if (ranks % (p * t) != 0 || p > job.model.nLayer || job.model.nHead % t != 0) return;
+          if (p == s.stages && t == s.tensor && (p == 1 || micro == s.microBatches)) return;
+          Setting c = s;
+          c.stages = p;
+          c.tensor = t;
+          c.microBatches = p > 1 ? micro : 1;
+          c.sequenceParallel = t > 1 && s.sequenceParallel;
+          const int64_t perReplica = perStep / c.replicas();
+          if (perStep % c.replicas() != 0 || perReplica % c.microBatches != 0) return;
+          const int64_t samples = perReplica / c.microBatches;  // batch x accumulation
+          c.accumulate = std::max<int64_t>(1, std::min(s.accumulate, samples));
+          while (samples % c.accumulate != 0) --c.accumulate;
+          c.batchSize = samples / c.accumulate;
+          out.push_back(c);
+        };
+        for (int64_t p : {int64_t{1}, int64_t{2}}) {
+          for (int64_t t : {int64_t{1}, int64_t{2}}) add(p, t, 4 * p);
+        }
+        if (s.stages > 1) {
+          for (int64_t micro : {2 * s.stages, 8 * s.stages}) add(s.stages, s.tensor, micro);
+        }
+      }
+      break;
   }
   return out;
 }
@@ -106,7 +136,8 @@ TuneResult tune(Prober& prober, const Fit& fit, const JobConfig& job, const Sett
         t.peakRssMb = p.peakRssMb;
         // Measured on one machine, plus the exchange between machines as predicted.
         t.stepMs = p.stepMs + t.predicted.speed.linkExchangeMs;
-        t.samplesPerSecond = double(c.ranks() * c.batchSize * c.accumulate) / (t.stepMs / 1e3);
+        t.samplesPerSecond =
+            double(c.replicas() * c.batchSize * c.accumulate * (c.stages > 1 ? c.microBatches : 1)) / (t.stepMs / 1e3);
       } catch (const Error& e) {
         t.note = e.what();
         const auto nl = t.note.find('\n');
@@ -125,7 +156,7 @@ TuneResult tune(Prober& prober, const Fit& fit, const JobConfig& job, const Sett
     log::warn("cohort plan --tune: the job's own setting did not run ({}); tuning from it anyway",
               r.tried[0].note);
   }
-  for (int dim = 0; dim < 6; ++dim) {
+  for (int dim = 0; dim < 7; ++dim) {
     const Setting from = best;
     for (const Setting& c : along(dim, from, job, localCores)) attempt(c);
   }

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "cohort/config/load.h"
 #include "cohort/core/error.h"
 #include "cohort/plan/plan.h"
@@ -180,6 +182,71 @@ TEST(PlanSetting, OverridesGiveTheSettingBack) {
       "test", s.overrides());
   const Setting back = Setting::of(job, job.distribution.nodes, job.distribution.procsPerNode, 2);
   EXPECT_EQ(back.describe(), s.describe());
+}
+
+TEST(PlanSplit, ATensorSplitHoldsItsSlicesAndSaysWhatItsSumsCarry) {
+  const JobConfig job = gptJob();
+  const MemoryEstimate one = predictMemory(fit(), job, setting(1, 1, 0), 0);
+  Setting t2 = setting(1, 2, 0);
+  t2.tensor = 2;
+  const MemoryEstimate two = predictMemory(fit(), job, t2, 0);
+  // About half the state: every weight cut in two but the norms and two
+  // biases of each block.
+  EXPECT_GT(two.state.total(), 0.49 * one.state.total());
+  EXPECT_LT(two.state.total(), 0.51 * one.state.total());
+  EXPECT_EQ(two.exchangeMb, 0) << "one replica exchanges no gradients";
+  // Activations: the norms' and the residual's are whole on each rank
+  // unless the sequence is split too.
+  EXPECT_GT(two.activationsMb, 0.5 * one.activationsMb);
+  EXPECT_LT(two.activationsMb, one.activationsMb);
+  Setting sp = t2;
+  sp.sequenceParallel = true;
+  EXPECT_NEAR(predictMemory(fit(), job, sp, 0).activationsMb, 0.5 * one.activationsMb, 1e-9);
+  // Two sums forward and two backward per block, of a micro-batch's
+  // block_size x n_embd floats.
+  const SpeedEstimate e = predictSpeed(fit(), job, t2);
+  EXPECT_NEAR(e.tensorMbPerStep, 4.0 * 4 * 8 * double(job.model.blockSize) * 128 * 4 / kMb, 1e-9);
+  EXPECT_GT(e.tensorExchangeMs, 0);
+  EXPECT_EQ(e.pipelineIdle, 0);
+  // At the same threads per rank, half the compute each (the optimizer
+  // too), the sums besides.
+  Setting same = t2;
+  same.threads = 2;
+  const SpeedEstimate halves = predictSpeed(fit(), job, same);
+  const SpeedEstimate alone = predictSpeed(fit(), job, setting(1, 1, 0));
+  EXPECT_NEAR(halves.computeMs - halves.tensorExchangeMs, 0.5 * alone.computeMs, 0.02 * alone.computeMs);
+}
+
+TEST(PlanSplit, APipelineStageHoldsItsBlocksAndTheMicroBatchesInFlight) {
+  const JobConfig job = gptJob();
+  Setting p = setting(1, 2, 0);
+  p.stages = 2;
+  p.microBatches = 8;
+  const MemoryEstimate m = predictMemory(fit(), job, p, 0);
+  ASSERT_EQ(m.stagePeakMb.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.peakMb, std::max(m.stagePeakMb[0], m.stagePeakMb[1]));
+  // 1F1B: the first stage holds 2 micro-batches' activations at once;
+  // GPipe all 8 of the round.
+  Setting g = p;
+  g.gpipe = true;
+  EXPECT_GT(predictMemory(fit(), job, g, 0).stagePeakMb[0], m.stagePeakMb[0]);
+  const SpeedEstimate e = predictSpeed(fit(), job, p);
+  EXPECT_NEAR(e.pipelineIdle, 1.0 / 9, 1e-12);
+  // One replica: 8 micro-batches of 8 samples a step.
+  EXPECT_NEAR(e.samplesPerSecond, 64 / (e.stepMs / 1e3), 1e-9);
+  EXPECT_EQ(predictCost(fit(), job, p, e, 0).steps, 2 * 125);  // 8000 samples / 64, 2 epochs
+  // More stages of the same micro-batches: each idles longer.
+  Setting four = p;
+  four.stages = four.procsPerNode = 4;
+  EXPECT_NEAR(predictSpeed(fit(), job, four).pipelineIdle, 3.0 / 11, 1e-12);
+}
+
+TEST(PlanSplit, OnlyTheGptIsSplit) {
+  JobConfig job = gptJob();
+  job.model.arch = ModelArch::resnet18;
+  Setting t2 = setting(1, 2, 0);
+  t2.tensor = 2;
+  EXPECT_THROW(predictMemory(fit(), job, t2, 0), ConfigError);
 }
 
 TEST(PlanOptions, NumbersMustBePositive) {

@@ -16,6 +16,7 @@
 //
 // This header does not include LibTorch.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -41,8 +42,17 @@ struct Setting {
   bool recompute = false;      // model.recompute: blocks
   MemoryLayout memoryFormat = MemoryLayout::automatic;  // model.memory_format
   double bucketCapMb = 25;     // distribution.bucket_cap_mb
+  // A split model (the GPT): pipeline stages and their micro-batches per
+  // round and schedule, the tensor split and sequence parallelism.
+  int64_t stages = 1;
+  int64_t microBatches = 1;    // with stages > 1
+  bool gpipe = false;
+  int64_t tensor = 1;
+  bool sequenceParallel = false;
 
   int64_t ranks() const { return nodes * procsPerNode; }
+  int64_t replicas() const { return std::max<int64_t>(1, ranks() / (stages * tensor)); }
+  bool split() const { return stages > 1 || tensor > 1; }
   // The job's own setting, on `nodes` x `procsPerNode` ranks with `cores`
   // per machine (threads: distribution.threads_per_rank, else cores / ranks).
   static Setting of(const JobConfig& job, int64_t nodes, int64_t procsPerNode, int64_t cores);
@@ -91,13 +101,22 @@ struct Fit {
   double sharedMachineSlowdown = 1;
   Link link;
   bool measuredRecompute = false;
+  // A split model, fitted from a probe of the split on this machine's
+  // ranks (1 when not probed): the tensor split's exchanges, exposed, per
+  // MB its sums carry; measured activations of a tensor split's rank
+  // against the model's count; a pipeline's step against the model's.
+  double tensorExchangeMsPerMb = 0;
+  double tensorActivationFactor = 1;
+  double pipelineFactor = 1;
+  std::string splitProbe;      // what calibrated the split ("" : nothing)
 };
 
 struct MemoryEstimate {
   train::StateBytes state;     // bytes
   double baseMb = 0, activationsMb = 0, exchangeMb = 0;
-  double peakMb = 0;           // per rank
+  double peakMb = 0;           // per rank (the largest of a pipeline's stages)
   double limitMb = 0;          // per rank; 0: none known
+  std::vector<double> stagePeakMb;  // a pipeline's: each stage's rank
   bool fits() const { return limitMb <= 0 || peakMb <= limitMb; }
 };
 
@@ -105,6 +124,9 @@ struct SpeedEstimate {
   double computeMs = 0;        // micro-steps and the optimizer step
   double localExchangeMs = 0;  // exposed, between a machine's ranks
   double linkExchangeMs = 0;   // exposed, between machines
+  double pipelineIdle = 0;     // a pipeline: the share of a stage's step it waits
+  double tensorMbPerStep = 0;  // a tensor split: what its sums carry per step and rank
+  double tensorExchangeMs = 0; // exposed
   double stepMs = 0;
   double samplesPerSecond = 0; // all ranks
   double efficiency = 1;       // weak scaling: one rank's step time / this step time

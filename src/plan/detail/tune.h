@@ -29,7 +29,9 @@ struct TuneResult {
 
 // Coordinate search: ranks per machine against threads per rank, ZeRO
 // stage, micro-batch against accumulation (the global batch kept),
-// recompute, memory format (image models), bucket size; along each in turn
+// recompute, memory format (image models), bucket size, and a GPT's split
+// (1 or 2 pipeline stages and their micro-batches, 1 or 2 tensor ranks, on
+// the same ranks and the same global batch); along each in turn
 // the fastest candidate that fits is kept. `localCores`: the cores a probe
 // may use here.
 TuneResult tune(Prober& prober, const Fit& fit, const JobConfig& job, const Setting& target, double limitMb,
