@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/process.h"
 #include "util/runs.h"
@@ -116,6 +117,44 @@ TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
   EXPECT_EQ(bad.exitCode, 2) << bad.describe();
   EXPECT_NE(bad.err.find("bad.json"), std::string::npos) << bad.err;
   EXPECT_FALSE(std::filesystem::exists(dir.file("bad-run/summary.json")));
+}
+
+TEST(PlanCli, APipelineAndATensorSplitOfTheGptArePlannedFromAProbeOfTheSplit) {
+  test::TempDir dir;
+  test::writeText(dir.file("corpus.txt"), test::corpus(20'000));
+  const auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
+  ASSERT_EQ(tok.exitCode, 0) << tok.describe();
+  const std::string job = dir.file("gpt.yaml");
+  test::writeText(job, test::tinyGptYaml("gpt", dir.file("tok/train"), 4));
+  const std::map<std::string, std::string> env{{"TMPDIR", dir.path()}};
+  const std::vector<std::string> common = with({"--procs-per-node", "2", "--set", "output.dir=" + dir.file("runs")},
+                                               kGivenLink);
+  // Two stages: each stage's rank, the first holding the micro-batches in
+  // flight; the idle share of M + P - 1 slots.
+  const auto p2 = test::cohort(with(with({"plan", job, "--json", "--set", "distribution.pipeline.stages=2", "--set",
+                                          "distribution.pipeline.micro_batches=4"},
+                                         common),
+                                    {}),
+                               env);
+  ASSERT_EQ(p2.exitCode, 0) << p2.describe();
+  const json pipe = json::parse(p2.out);
+  EXPECT_EQ(pipe["predicted"]["memory_mb"]["stage_peaks"].size(), 2u) << p2.out;
+  EXPECT_NEAR(pipe["predicted"]["speed"]["pipeline_idle"].get<double>(), 1.0 / 5, 1e-9);
+  EXPECT_EQ(pipe["predicted"]["setting"]["data_replicas"], 1);
+  EXPECT_NE(pipe["fit"]["split_probe"].get<std::string>().find("2 stages x 4 micro-batches on 2 local ranks"),
+            std::string::npos)
+      << p2.out;
+  // A tensor split of 2: its sums per step, fitted to its own probe.
+  const auto t2 = test::cohort(with({"plan", job, "--set", "distribution.tensor=2"}, common), env);
+  ASSERT_EQ(t2.exitCode, 0) << t2.describe();
+  EXPECT_NE(t2.out.find("tensor split 2: its sums carry "), std::string::npos) << t2.out;
+  EXPECT_NE(t2.out.find("(the split fitted to a probe of tensor 2 on 2 local ranks)"), std::string::npos) << t2.out;
+  // A split of a model that is not the GPT is refused before any probe.
+  test::writeText(dir.file("cnn.yaml"), test::tinyJobYaml("cnn"));
+  const auto cnn = test::cohort(
+      with({"plan", dir.file("cnn.yaml"), "--set", "distribution.pipeline.stages=2"}, common), env);
+  EXPECT_EQ(cnn.exitCode, 2) << cnn.describe();
+  EXPECT_FALSE(leftovers(dir.path()));
 }
 
 TEST(PlanCli, NumbersThatAreNotPositiveExitTwoBeforeAnyProbe) {
