@@ -354,12 +354,6 @@ TEST_F(TensorJob, BadSettingsExit2NamingTheKey) {
     EXPECT_EQ(r.exitCode, 2) << r.describe();
     EXPECT_NE((r.out + r.err).find(b.says), std::string::npos) << b.says << "\n" << r.describe();
   }
-  // cohort plan does not model a split yet: it says so.
-  const auto plan = test::cohort({"plan", dir.file("base.yaml"), "--procs-per-node", "2", "--set",
-                                  "distribution.tensor=2"});
-  EXPECT_EQ(plan.exitCode, 2) << plan.describe();
-  EXPECT_NE(plan.err.find("distribution.tensor 2: cohort plan predicts data-parallel jobs"), std::string::npos)
-      << plan.describe();
   // A model that is not split.
   test::writeText(dir.file("cnn.yaml"), test::tinyJobYaml("cnn"));
   const auto cnn = test::cohort({"run", dir.file("cnn.yaml"), "--procs", "2", "--run-dir", dir.file("cnn"), "--set",
