@@ -86,8 +86,7 @@ std::vector<int64_t> checkpointSplit(const ckpt::Manifest& m) {
 }
 
 // Whether the checkpoint's stages are the job's (the same number, and the
-// same split when the job names one); throws ConfigError for a layout that
-// cannot be resumed.
+// same split when the job names one).
 bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
                  const std::string& path) {
   const int slices = m.extra.contains("tensor") ? jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1))) : 1;
@@ -104,14 +103,6 @@ bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::M
   };
   const std::string here =
       layout(mesh.stages, asked.automatic() ? std::vector<int64_t>{} : asked.blocks, mesh.tensors);
-  if (mesh.pipelined() && job.distribution.zero == 3) {
-    throw ConfigError(fmt::format(
-        "cannot resume from {}: it was written by {}, and this job has {} at distribution.zero 3. A "
-        "checkpoint resumes in other pipeline stages at distribution.zero 0, 1 or 2 (and at 3 without a "
-        "pipeline); or write the model out with `cohort ckpt consolidate {} --out model.pt` and start a "
-        "new run from it (model.init_from)",
-        path, layout(was, split, slices), here, path));
-  }
   if (mesh.world.rank == 0) {
     log::info("resuming {} (written by {}) in {}: each rank reads its part's tensors and their optimizer "
               "state from the checkpoint's stages (and slices) that hold them",

@@ -27,9 +27,8 @@ namespace cohort::train::detail {
 // every rank takes. A checkpoint of other stages or another split (or a
 // pipeline where the job has none, or the reverse) resumes restaged
 // (`restaged`): each stage reads its blocks' tensors and their optimizer
-// state from whichever stages of the checkpoint hold them. Throws
-// ConfigError naming the checkpoint for what cannot be restaged yet: into
-// a pipeline at ZeRO stage 3.
+// state from whichever stages of the checkpoint hold them, at any ZeRO
+// stage.
 std::vector<int64_t> resolveSplit(const JobConfig& job, const Datasets& data,
                                   const parallel::Mesh& mesh,
                                   const std::optional<ckpt::Manifest>& resumed,
