@@ -57,6 +57,40 @@ void checkSlice(const std::string& dir, const std::string& what, const at::Tenso
                               why.empty() ? "" : ": " + why));
 }
 
+// The region of a tensor of shape `whole` that rank `index` of `parts`
+// holds when it is cut along `dim` in `blocks` blocks, each cut in `parts`,
+// from a checkpoint that holds it in `held` slices of the same cut (1:
+// whole): `piece(j, lo, hi)` reads indices [lo, hi) along `dim` of slice
+// j's tensor (block b's [j ws, (j+1) ws) are at [b ws, (b+1) ws) there).
+at::Tensor regionOf(const std::vector<int64_t>& whole, int64_t dim, int blocks, int parts, int index, int held,
+                    const std::function<at::Tensor(int, int64_t, int64_t)>& piece) {
+  const int64_t block = whole[static_cast<size_t>(dim)] / blocks, width = block / parts, ws = block / held;
+  std::vector<at::Tensor> pieces;
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t from = index * width, to = from + width;  // within the block
+    for (int64_t j = from / ws; j < held && j * ws < to; ++j) {
+      pieces.push_back(piece(static_cast<int>(j), std::max(from, j * ws) - j * ws + b * ws,
+                             std::min(to, (j + 1) * ws) - j * ws + b * ws));
+    }
+  }
+  return at::cat(pieces, dim).contiguous();
+}
+
+// Whether `whole` can be cut so along `dim` (else it is read whole and cut).
+bool regionFits(const std::vector<int64_t>& whole, int64_t dim, int blocks, int parts, int held) {
+  if (dim < 0 || dim >= static_cast<int64_t>(whole.size())) return false;
+  const int64_t size = whole[static_cast<size_t>(dim)];
+  return size % (int64_t{blocks} * parts) == 0 && size % (int64_t{blocks} * held) == 0;
+}
+
+// Rank `index` of `parts`'s region of `t`, cut along `dim` in `blocks`.
+at::Tensor cutOf(const at::Tensor& t, int64_t dim, int blocks, int parts, int index) {
+  const int64_t block = t.size(dim) / blocks, width = block / parts;
+  std::vector<at::Tensor> pieces;
+  for (int b = 0; b < blocks; ++b) pieces.push_back(t.narrow(dim, b * block + index * width, width));
+  return at::cat(pieces, dim).contiguous();
+}
+
 using detail::kElementKinds;
 using detail::memoryOrder;
 
@@ -245,6 +279,17 @@ void StageTensors::drop(const std::string& name) {
   if (model_) model_->cache.erase(name);
 }
 
+at::Tensor StageTensors::loadRange(const std::string& name, int64_t dim, int64_t begin, int64_t end) {
+  if (model_ && bucketOf_.count(name) != 0) return load(name).narrow(dim, begin, end - begin);
+  return reader(file("model.bin")).readRange(name, dim, begin, end);
+}
+
+uint64_t StageTensors::bytesRead() const {
+  uint64_t n = 0;
+  for (const auto& [name, r] : readers_) n += r->bytesRead();
+  return n;
+}
+
 std::vector<std::string> StageTensors::optimizerNames() {
   std::vector<std::string> out;
   if (zero_.is_null()) {
@@ -269,6 +314,8 @@ std::vector<std::string> StageTensors::optimizerNames() {
   }
   return out;
 }
+
+const TensorFileReader& StageTensors::optimizerReader() { return reader(file(optimizerFile(false, 0))); }
 
 at::Tensor StageTensors::optimizerState(const std::string& name) {
   if (zero_.is_null()) {
@@ -337,6 +384,42 @@ at::Tensor CheckpointTensors::load(const std::string& name) {
   return joinSlices(slices, cut->second.first, cut->second.second);
 }
 
+at::Tensor CheckpointTensors::loadRegion(const std::string& name, int64_t dim, int blocks, int parts, int index) {
+  auto it = stageOf_.find(name);
+  std::vector<int64_t> whole;
+  for (const auto& [n, t] : entries_) {
+    if (n == name) whole = t.sizes().vec();
+  }
+  auto cut = cuts_.find(name);
+  const bool sameCut = cut == cuts_.end() || (cut->second.first == dim && cut->second.second == blocks);
+  if (it == stageOf_.end() || !sameCut || !regionFits(whole, dim, blocks, parts, cut == cuts_.end() ? 1 : slices_)) {
+    return cutOf(load(name), dim, blocks, parts, index);  // read whole and cut
+  }
+  return regionOf(whole, dim, blocks, parts, index, cut == cuts_.end() ? 1 : slices_,
+                  [&](int j, int64_t lo, int64_t hi) {
+                    StageTensors& f = *stages_[it->second + static_cast<size_t>(j)];
+                    try {
+                      return f.loadRange(name, dim, lo, hi);
+                    } catch (const DataError& e) {
+                      checkSlice(dir_, "'" + name + "'", at::Tensor(), whole, dim, blocks,
+                                 cut == cuts_.end() ? 1 : slices_, j, e.what());
+                      throw;
+                    }
+                  });
+}
+
+uint64_t CheckpointTensors::bytesRead() const {
+  uint64_t n = 0;
+  for (const auto& s : stages_) n += s->bytesRead();
+  return n;
+}
+
+uint64_t CheckpointTensors::bytesWhole() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : entries_) n += static_cast<uint64_t>(t.numel()) * t.element_size();
+  return n;
+}
+
 void CheckpointTensors::drop(const std::string& name) {
   auto it = stageOf_.find(name);
   if (it == stageOf_.end()) return;
@@ -383,6 +466,38 @@ at::Tensor CheckpointOptimizer::state(const std::string& name) {
                static_cast<int>(slices.size()), static_cast<int>(t), "");
   }
   return joinSlices(parts, cut->second.first, cut->second.second);
+}
+
+at::Tensor CheckpointOptimizer::stateRegion(const std::string& name, int64_t dim, int blocks, int parts, int index) {
+  auto it = holder_.find(name);
+  if (it == holder_.end()) return {};
+  auto& slices = stages_[it->second];
+  const size_t dot = name.rfind('.');
+  auto cut = cuts_.find(name.substr(0, dot));
+  const bool sameCut = cut == cuts_.end() || (cut->second.first == dim && cut->second.second == blocks);
+  const int held = cut == cuts_.end() ? 1 : static_cast<int>(slices.size());
+  StageTensors& first = *slices.front();
+  if (!sameCut || !first.zero().is_null() || name.compare(dot + 1, std::string::npos, "step") == 0) {
+    const at::Tensor t = state(name);
+    return t.defined() && t.dim() > dim ? cutOf(t, dim, blocks, parts, index) : t;
+  }
+  // Unsharded: each slice's optimizer.bin read for its region only.
+  const TensorFileReader& f0 = first.optimizerReader();
+  if (!f0.has(name)) return {};
+  std::vector<int64_t> whole;
+  for (const TensorInfo& i : f0.tensors()) {
+    if (i.name == name) whole = i.shape;
+  }
+  if (dim >= static_cast<int64_t>(whole.size())) return state(name);
+  whole[static_cast<size_t>(dim)] *= held;
+  if (!regionFits(whole, dim, blocks, parts, held)) return cutOf(state(name), dim, blocks, parts, index);
+  return regionOf(whole, dim, blocks, parts, index, held, [&](int j, int64_t lo, int64_t hi) {
+    const TensorFileReader& f = slices[static_cast<size_t>(j)]->optimizerReader();
+    if (!f.has(name)) {
+      checkSlice(dir_, "optimizer state '" + name + "'", at::Tensor(), whole, dim, blocks, held, j, "");
+    }
+    return f.readRange(name, dim, lo, hi);
+  });
 }
 
 at::Tensor joinSlices(const std::vector<at::Tensor>& slices, int64_t dim, int blocks) {

@@ -533,6 +533,7 @@ struct TensorFileReader::State {
   Parsed parsed;
   std::string path;
   std::map<std::string, size_t> index;
+  uint64_t bytesRead = 0;
 };
 
 TensorFileReader::TensorFileReader(const std::string& path) : state_(std::make_unique<State>(path)) {}
@@ -554,8 +555,39 @@ at::Tensor TensorFileReader::read(size_t index) const {
   const TensorInfo& info = state_->parsed.tensors.at(index);
   at::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
   state_->src.read(t.data_ptr(), info.nbytes, state_->parsed.offsets[index]);
+  state_->bytesRead += info.nbytes;
   return t;
 }
+
+at::Tensor TensorFileReader::readRange(const std::string& name, int64_t dim, int64_t begin, int64_t end) const {
+  auto it = state_->index.find(name);
+  if (it == state_->index.end()) throw DataError(fmt::format("{}: no tensor '{}'", state_->path, name));
+  const TensorInfo& info = state_->parsed.tensors.at(it->second);
+  const auto dims = static_cast<int64_t>(info.shape.size());
+  if (dim < 0 || dim >= dims || begin < 0 || end < begin || end > info.shape[static_cast<size_t>(dim)]) {
+    throw DataError(fmt::format("{}: tensor '{}' of shape [{}] has no indices [{}, {}) along dimension {}", state_->path,
+                                name, fmt::join(info.shape, ", "), begin, end, dim));
+  }
+  // [outer, size, inner] elements around `dim`.
+  uint64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= static_cast<uint64_t>(info.shape[static_cast<size_t>(d)]);
+  for (int64_t d = dim + 1; d < dims; ++d) inner *= static_cast<uint64_t>(info.shape[static_cast<size_t>(d)]);
+  const auto size = static_cast<uint64_t>(info.shape[static_cast<size_t>(dim)]);
+  std::vector<int64_t> shape = info.shape;
+  shape[static_cast<size_t>(dim)] = end - begin;
+  at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(dtypeFromName(info.dtype)));
+  const uint64_t element = static_cast<uint64_t>(t.element_size());
+  const uint64_t run = static_cast<uint64_t>(end - begin) * inner * element;  // one leading index's region
+  auto* out = static_cast<char*>(t.data_ptr());
+  for (uint64_t o = 0; o < outer && run > 0; ++o) {
+    state_->src.read(out + o * run, run,
+                     state_->parsed.offsets[it->second] + (o * size + static_cast<uint64_t>(begin)) * inner * element);
+  }
+  state_->bytesRead += run * outer;
+  return t;
+}
+
+uint64_t TensorFileReader::bytesRead() const { return state_->bytesRead; }
 
 std::vector<TensorInfo> readTensorFileInfo(const std::string& path, nlohmann::json* meta) {
   TensorFileReader f(path);

@@ -59,10 +59,12 @@ void restoreRestaged(torch::optim::Optimizer& optimizer, const std::vector<std::
   // split here this rank's slice of it.
   const parallel::Mesh& mesh = plan.mesh();
   auto state = [&](const std::string& name) {
-    at::Tensor t = checkpoint.state(name);
     const size_t dot = name.rfind('.');
-    if (!t.defined() || mesh.tensors == 1 || name.compare(dot + 1, std::string::npos, "step") == 0) return t;
-    return parallel::sliceByCut(t, parallel::gptTensorCut(name.substr(0, dot)), mesh.tensors, mesh.tensorRank);
+    const parallel::TensorCut cut = parallel::gptTensorCut(name.substr(0, dot));
+    if (mesh.tensors == 1 || !cut.split() || name.compare(dot + 1, std::string::npos, "step") == 0) {
+      return checkpoint.state(name);
+    }
+    return checkpoint.stateRegion(name, cut.dim, cut.blocks, mesh.tensors, mesh.tensorRank);
   };
   if (layout.is_null()) {
     const std::set<std::string> params(names.begin(), names.end());

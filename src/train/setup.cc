@@ -131,11 +131,11 @@ bool buildsByUnit(const JobConfig& job) {
 namespace {
 
 // The whole model's tensors of `whole` as a tensor split's rank `rank` of
-// `tensors` holds them (parallel::gptTensorCut): each read whole, one at a
-// time, and its slice kept.
+// `tensors` holds them (parallel::gptTensorCut): each split one's region
+// read from the files that hold it, one tensor at a time.
 class SlicedTensors : public ckpt::TensorSource {
  public:
-  SlicedTensors(ckpt::TensorSource& whole, int tensors, int rank) : whole_(whole), tensors_(tensors), rank_(rank) {
+  SlicedTensors(ckpt::CheckpointTensors& whole, int tensors, int rank) : whole_(whole), tensors_(tensors), rank_(rank) {
     for (const auto& [name, t] : whole.entries()) {
       const parallel::TensorCut cut = parallel::gptTensorCut(name);
       std::vector<int64_t> shape = t.sizes().vec();
@@ -145,13 +145,14 @@ class SlicedTensors : public ckpt::TensorSource {
   }
   const ckpt::StateDict& entries() const override { return entries_; }
   at::Tensor load(const std::string& name) override {
-    at::Tensor t = whole_.load(name);
-    return tensors_ > 1 ? parallel::sliceByCut(t, parallel::gptTensorCut(name), tensors_, rank_) : t;
+    const parallel::TensorCut cut = parallel::gptTensorCut(name);
+    if (tensors_ == 1 || !cut.split()) return whole_.load(name);
+    return whole_.loadRegion(name, cut.dim, cut.blocks, tensors_, rank_);
   }
   void drop(const std::string& name) override { whole_.drop(name); }
 
  private:
-  ckpt::TensorSource& whole_;
+  ckpt::CheckpointTensors& whole_;
   int tensors_, rank_;
   ckpt::StateDict entries_;
 };
@@ -273,6 +274,9 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
     } else {
       ckpt::loadStateDict(models::trainedState(model), source, entries, resumeFrom);
     }
+    log::info("restaged: read {:.3g} MB of the checkpoint's model files for this rank's part (its whole model: "
+              "{:.3g} MB)",
+              double(checkpoint.bytesRead()) / 1e6, double(checkpoint.bytesWhole()) / 1e6);
   } else if (!resumeFrom.empty() && s.units) {
     std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
     if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");

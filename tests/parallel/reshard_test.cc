@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <regex>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -117,6 +118,34 @@ TEST_F(Reshard, AShortZeroPartIsNamedWithTheElementsOfEachTensorItHeld) {
   EXPECT_NE(r.err.find("the checkpoint lacks a region: 'part0.exp_avg' is of "), std::string::npos) << r.err;
   std::printf("%s\n", lineWith(r.err, "lacks a region").c_str());
   EXPECT_NE(r.err.find(".exp_avg' elements ["), std::string::npos) << r.err;
+}
+
+TEST_F(Reshard, EachRankReadsOnlyTheRegionsOfTheTensorsItHolds) {
+  train("one", 1, {});
+  // (read MB, whole MB) from a rank's log.
+  auto readOf = [&](const std::string& tag, int rank) {
+    std::smatch m;
+    const std::string text = log(tag, rank);
+    if (!std::regex_search(text, m, std::regex("restaged: read ([0-9.e+-]+) MB of the checkpoint's model files for this "
+                                               "rank's part \\(its whole model: ([0-9.e+-]+) MB\\)"))) {
+      ADD_FAILURE() << tag << " rank " << rank << " says nothing of what it read:\n" << text;
+      return std::pair<double, double>{0, 0};
+    }
+    return std::pair<double, double>{std::stod(m[1]), std::stod(m[2])};
+  };
+  // T = 2: each rank half of every split tensor (the position embedding
+  // and the norms whole); between them, every byte.
+  const auto t2 = resume("one", dir.file("one/checkpoints/step-3"), 2, {"training.batch_size=8", "distribution.tensor=2"});
+  ASSERT_EQ(t2.exitCode, 0) << t2.describe();
+  double together = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto [read, whole] = readOf("one-resumed", r);
+    EXPECT_GT(whole, 0);
+    EXPECT_LT(read, 0.6 * whole) << "rank " << r << " read more than its slices";
+    together += read;
+    RecordProperty(fmt::format("t2_rank{}_read_of_whole", r), fmt::format("{:.3g}", read / whole));
+  }
+  EXPECT_GE(together, readOf("one-resumed", 0).second * 0.999);
 }
 
 TEST_F(Reshard, ALayoutThatCannotHoldTheModelExits2BeforeReadingTheCheckpoint) {

@@ -40,6 +40,12 @@ class StageTensors : public TensorSource {
   const StateDict& entries() const override;
   at::Tensor load(const std::string& name) override;
   void drop(const std::string& name) override;
+  // Indices [begin, end) of model tensor `name` along `dim`: only their
+  // bytes are read from model.bin (a ZeRO part's tensor is put together
+  // whole first).
+  at::Tensor loadRange(const std::string& name, int64_t dim, int64_t begin, int64_t end);
+  // Bytes read from the files so far.
+  uint64_t bytesRead() const;
 
   // Every optimizer state tensor the checkpoint holds for this stage, as
   // an unsharded run names it ("<param>.exp_avg", "<param>.step", ...), in
@@ -48,6 +54,8 @@ class StageTensors : public TensorSource {
   // One of those, read now (bucket by bucket as load()); undefined when the
   // checkpoint holds no such state.
   at::Tensor optimizerState(const std::string& name);
+  // The unsharded optimizer.bin of this stage (and slice), opened once.
+  const TensorFileReader& optimizerReader();
 
   // extra.zero of this stage (null without ZeRO) and its files' names.
   const nlohmann::json& zero() const;
@@ -92,6 +100,15 @@ class CheckpointTensors : public TensorSource {
   const StateDict& entries() const override { return entries_; }
   at::Tensor load(const std::string& name) override;
   void drop(const std::string& name) override;
+  // The region of whole tensor `name` that rank `index` of `parts` holds
+  // when it is cut along `dim` in `blocks` blocks, each cut in `parts`
+  // (parallel::sliceByCut's): only its bytes, read from the slices' files
+  // that hold it. Another cut than the checkpoint's is read whole and cut.
+  at::Tensor loadRegion(const std::string& name, int64_t dim, int blocks, int parts, int index);
+  // Bytes read from the checkpoint's files so far, and the bytes of every
+  // tensor entries() lists (what reading them all whole would take).
+  uint64_t bytesRead() const;
+  uint64_t bytesWhole() const;
 
  private:
   std::string dir_;
@@ -117,6 +134,9 @@ class CheckpointOptimizer {
   int stages() const { return static_cast<int>(stages_.size()); }
   // One of names() read now; undefined when the checkpoint holds no such state.
   at::Tensor state(const std::string& name);
+  // Its region as CheckpointTensors::loadRegion's: from unsharded files
+  // only the region's bytes (a ZeRO part's bucket is put together first).
+  at::Tensor stateRegion(const std::string& name, int64_t dim, int blocks, int parts, int index);
 
  private:
   std::string dir_;

@@ -123,6 +123,13 @@ class TensorFileReader {
   // file has none of that name.
   at::Tensor read(const std::string& name) const;
   at::Tensor read(size_t index) const;
+  // Indices [begin, end) of tensor `name` along dimension `dim`: only
+  // their bytes are read (a region of a tensor, ckpt::CheckpointTensors),
+  // in one read along the first dimension, one per leading index along
+  // another.
+  at::Tensor readRange(const std::string& name, int64_t dim, int64_t begin, int64_t end) const;
+  // Bytes read by read() and readRows() so far.
+  uint64_t bytesRead() const;
 
  private:
   struct State;
