@@ -14,6 +14,41 @@
 
 namespace cohort::ckpt {
 
+namespace {
+
+// The layout that wrote `m` (docs/checkpoint-format.md, "Another layout"):
+// "2 data replicas x 2 pipeline stages (split [1, 3], 1f1b, 4 micro-batches)
+// x 1 tensor rank; ZeRO stage 1".
+std::string describeLayout(const Manifest& m) {
+  auto count = [&](const char* section, const char* key) {
+    const nlohmann::json j = m.extra.value(section, nlohmann::json());
+    return j.is_object() ? std::max(1, j.value(key, 1)) : 1;
+  };
+  const int stages = count("pipeline", "stages"), tensors = count("tensor", "tensors");
+  const int replicas = std::max(1, m.worldSize / (stages * tensors));
+  std::string pipe;
+  if (stages > 1) {
+    const nlohmann::json& p = m.extra["pipeline"];
+    std::vector<int64_t> split;
+    for (const auto& b : p.value("split", nlohmann::json::array())) split.push_back(b.is_number_integer() ? b.get<int64_t>() : 0);
+    pipe = fmt::format(" (split [{}], {}, {} micro-batches)", fmt::join(split, ", "),
+                       p.value("schedule", std::string("1f1b")), p.value("micro_batches", 0));
+  }
+  nlohmann::json zero = m.extra.value("zero", nlohmann::json());
+  if (stages > 1) {
+    const nlohmann::json layouts = m.extra["pipeline"].value("stage_zero", nlohmann::json());
+    if (layouts.is_array() && !layouts.empty()) zero = layouts[0];
+  }
+  const int stage = zero.is_object() ? zero.value("stage", 0) : 0;
+  return fmt::format("{} data replica{} x {} pipeline stage{}{} x {} tensor rank{}{}; ZeRO stage {}", replicas,
+                     replicas == 1 ? "" : "s", stages, stages == 1 ? "" : "s", pipe, tensors,
+                     tensors == 1 ? "" : "s",
+                     tensors > 1 && m.extra["tensor"].value("sequence_parallel", false) ? " (sequence parallel)" : "",
+                     stage);
+}
+
+}  // namespace
+
 int inspectCommand(const std::string& path, bool tensors, std::ostream& out) {
   const std::string dir = findCheckpoint(path);
   if (dir.empty()) {
@@ -27,6 +62,7 @@ int inspectCommand(const std::string& path, bool tensors, std::ostream& out) {
   out << fmt::format("position     epoch {}, batch {} per rank ({} samples of the epoch)\n",
                      m.epoch, m.batchInEpoch, m.samplesInEpoch);
   out << fmt::format("world size   {}\n", m.worldSize);
+  out << fmt::format("layout       {}\n", describeLayout(m));
   out << fmt::format("job hash     {}\n", m.jobHash);
   out << fmt::format("created      {}\n", m.created);
   if (m.extra.contains("lr")) out << fmt::format("lr           {}\n", m.extra["lr"].dump());

@@ -283,6 +283,11 @@ TEST_F(Pipeline, AKilledStageRestartsEveryRankToBitwiseTheSameEnd) {
     EXPECT_TRUE(std::filesystem::exists(step9 + "/" + f)) << f;
   }
   EXPECT_FALSE(std::filesystem::exists(step9 + "/model.bin"));
+  const auto inspected = test::cohort({"ckpt", "inspect", step9});
+  EXPECT_NE(inspected.out.find("layout       1 data replica x 2 pipeline stages (split [2, 2], 1f1b, 2 micro-batches) "
+                               "x 1 tensor rank; ZeRO stage 0"),
+            std::string::npos)
+      << inspected.describe();
   const auto c = test::cohort({"ckpt", "consolidate", step9, dir.file("consolidated.pt"), "--optimizer",
                                dir.file("optimizer.pt")});
   ASSERT_EQ(c.exitCode, 0) << c.describe();
