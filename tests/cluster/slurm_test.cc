@@ -5,9 +5,10 @@
 // array of run directories, a node taken down mid-job ends in a requeue and
 // completion, a pending job is tracked and cancelled by its run directory,
 // and Slurm's refusal submits nothing. Elastic (one `cohort agent` per
-// node): the agents go on without a node whose agent is killed, and SIGUSR2
+// node): the agents go on without a node whose agent is killed, SIGUSR2
 // stops the job with a checkpoint that slurm.conf's RequeueExit=75 requeues
-// with no scontrol on the node.
+// with no scontrol on the node, and a pipelined job requeued onto fewer
+// nodes resumes on the layout they hold.
 
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "cohort/ckpt/state_dict.h"
+#include "util/corpus.h"
 #include "util/jobs.h"
 #include "util/runs.h"
 #include "util/slurm.h"
@@ -453,6 +455,49 @@ TEST_F(SlurmTwoNodes, ElasticAgentsGoOnWithoutANodeThatFails) {
       fs::remove_all(e.path());
     }
   }
+}
+
+// A pipelined GPT (2 stages on each node's 2 ranks) submitted for 1 to 2
+// nodes with --requeue runs as 2 replicas on both; n2 is drained and the
+// job requeued: it gets n1 alone and resumes from its checkpoint in the
+// layout one node holds, 1 replica of the 2 stages.
+TEST_F(SlurmTwoNodes, ARequeuedPipelineOnFewerNodesResumesOnTheNewLayout) {
+  test::TempDir dir;
+  test::SlurmCluster cluster(2);
+  test::writeText(dir.file("corpus.txt"), test::corpus(40'000));
+  const auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
+  ASSERT_EQ(tok.exitCode, 0) << tok.describe();
+  const std::string job = dir.file("gpt.yaml");
+  std::string yaml = test::tinyGptYaml("gpt", dir.file("tok/train"), 4);
+  yaml.replace(yaml.find("  max_steps: 6\n"), 15, "  max_steps: 24\n");
+  test::writeText(job, yaml + "checkpoint: {every_steps: 3, when_behind: wait}\n");
+  const std::string run = dir.file("run");
+  const std::string id = submit(cluster,
+                                {job, "--run-dir", run, "--nodes", "1:2", "--requeue", "--set",
+                                 "distribution.procs_per_node=2", "--set", "distribution.pipeline.stages=2", "--set",
+                                 "training.batch_size=2"},
+                                {{"COHORT_FAULT", "slow100@rank0:step1:always"}});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(test::waitUntil([&] { return newestCheckpoint(run) >= 3; }, 120s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  ASSERT_EQ(cluster.jobField(id, "NodeList"), "n[1-2]") << cluster.showJob(id);
+  // n2 takes no new job (drained) and the job is requeued: it starts again
+  // on n1 alone.
+  auto r = cluster.client({"/usr/bin/scontrol", "update", "nodename=n2", "state=drain", "reason=cohort-test"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  r = cluster.client({"/usr/bin/scontrol", "requeue", id});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ASSERT_TRUE(test::waitUntil([&] { return completed(run); }, 240s))
+      << cluster.showJob(id) << test::readText(run + "/slurm-" + id + ".out");
+  EXPECT_EQ(cluster.jobField(id, "Restarts"), "1") << cluster.showJob(id);
+  EXPECT_EQ(cluster.jobField(id, "NodeList"), "n1") << cluster.showJob(id);
+  const auto summary = summaryOf(run);
+  ASSERT_TRUE(summary.contains("resumed_from")) << summary.dump();
+  EXPECT_GE(summary["resumed_from"].value("step", 0), 3) << summary.dump();
+  EXPECT_EQ(summary.value("world_size", 0), 2) << summary.dump();
+  const std::string log = test::readText(run + "/logs/rank-0.log");
+  EXPECT_TRUE(has(log, "mesh: 2 data replicas x 2 pipeline stages")) << log;
+  EXPECT_TRUE(has(log, "this round's 2 ranks: 1 data replica x 2 pipeline stages x 1 tensor rank")) << log;
 }
 
 }  // namespace
