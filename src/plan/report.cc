@@ -115,6 +115,7 @@ ReportJson reportJson(const Report& r) {
               {"tensor_exchange_ms_per_mb", f.tensorExchangeMsPerMb},
               {"tensor_activation_factor", f.tensorActivationFactor},
               {"pipeline_factor", f.pipelineFactor},
+              {"pipeline_extra_mb", f.pipelineExtraMb},
               {"split_probe", f.splitProbe},
               {"epoch_samples", f.epochSamples},
               {"tokens_per_sample", f.blockSize}};

@@ -138,6 +138,7 @@ MemoryEstimate predictSplitMemory(const Fit& fit, const JobConfig& job, const Se
     m.activationsMb = perSample * double(s.batchSize) * st.activationShare * double(st.inFlight) *
                       (s.tensor > 1 ? fit.tensorActivationFactor : 1.0);
     if (s.replicas() > 1) m.exchangeMb = fit.exchangeMbPerGradientMb * 4 * st.elements.trainable / kMb;
+    if (s.stages > 1) m.exchangeMb += fit.pipelineExtraMb;
     m.peakMb = m.baseMb + m.state.total() / kMb + m.activationsMb + m.exchangeMb;
     best.stagePeakMb.push_back(m.peakMb);
     if (m.peakMb >= best.peakMb) {
@@ -227,8 +228,12 @@ void calibrateSplit(Fit& fit, const JobConfig& job, const ProbeRun* tensor, cons
   if (pipeline != nullptr) {
     Fit bare = fit;
     bare.pipelineFactor = 1;
+    bare.pipelineExtraMb = 0;
     const SpeedEstimate e = predictSplitSpeed(bare, job, pipeline->setting);
     if (e.stepMs > 0) fit.pipelineFactor = std::clamp(pipeline->stepMs / e.stepMs, 0.25, 4.0);
+    // The probe's peak is its rank 0's: the first stage's.
+    const MemoryEstimate m = predictSplitMemory(bare, job, pipeline->setting, 0);
+    if (!m.stagePeakMb.empty()) fit.pipelineExtraMb = std::max(0.0, pipeline->peakRssMb - m.stagePeakMb.front());
     what.push_back(fmt::format("{} stages x {} micro-batches on {} local ranks", pipeline->setting.stages,
                                pipeline->setting.microBatches, pipeline->setting.procsPerNode));
   }

@@ -13,9 +13,36 @@
 #include <sstream>
 #include <thread>
 
+#include "util/etcd.h"
 #include "util/jobs.h"
+#include "util/netns.h"
 
 namespace cohort::test {
+
+namespace {
+
+// The sections every elastic test job ends with: its output, a checkpoint
+// every 100 steps and short elastic timings.
+std::string elasticTail(const std::string& runsDir) {
+  return fmt::format(R"(output:
+  dir: {}
+  progress: off
+checkpoint:
+  every_steps: 100
+elastic:
+  last_call_s: 1
+  node_timeout_s: 3
+)",
+                     runsDir);
+}
+
+}  // namespace
+
+std::string multiHostUnavailable() {
+  if (std::string why = TestNetwork::unavailable(); !why.empty()) return why;
+  if (etcdBinary().empty()) return "etcd is not installed (scripts/install-deps.sh)";
+  return "";
+}
 
 std::string elasticJobYaml(const std::string& runsDir, int epochs, const std::string& extra) {
   return fmt::format(R"(name: elastic
@@ -47,16 +74,8 @@ training:
   optimizer:
     name: sgd
     lr: 0.05
-output:
-  dir: {}
-  progress: off
-checkpoint:
-  every_steps: 100
-elastic:
-  last_call_s: 1
-  node_timeout_s: 3
-{})",
-                     epochs, runsDir, extra);
+{}{})",
+                     epochs, elasticTail(runsDir), extra);
 }
 
 std::string elasticGptJobYaml(const std::string& runsDir, const std::string& tokens, int layers, int epochs,
@@ -77,16 +96,8 @@ training:
   seed: 7
   log_every: 20
   optimizer: {{name: adamw, lr: 0.003}}
-output:
-  dir: {}
-  progress: off
-checkpoint:
-  every_steps: 100
-elastic:
-  last_call_s: 1
-  node_timeout_s: 3
-)",
-                     layers, tokens, distribution, epochs, runsDir);
+{})",
+                     layers, tokens, distribution, epochs, elasticTail(runsDir));
 }
 
 std::map<std::string, std::string> elasticEnv(const std::string& samplesDir, int slowMs) {

@@ -18,6 +18,10 @@
 
 namespace cohort::test {
 
+// Why tests across network-namespace hosts with etcd cannot run here
+// (util/netns.h, util/etcd.h); "" when they can.
+std::string multiHostUnavailable();
+
 // 4096 synthetic samples, batch 8, `epochs` epochs, checkpoints every 100
 // steps; elastic timings short (last call 1 s, nodes lost after 3 s).
 // `extra`: further YAML lines appended (top-level keys).

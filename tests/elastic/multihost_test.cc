@@ -36,8 +36,7 @@ namespace fs = std::filesystem;
 class MultiHostTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (const std::string why = TestNetwork::unavailable(); !why.empty()) COHORT_SKIP(why);
-    if (etcdBinary().empty()) COHORT_SKIP("etcd is not installed (scripts/install-deps.sh)");
+    if (const std::string why = multiHostUnavailable(); !why.empty()) COHORT_SKIP(why);
     fs::create_directories(dir_.file("samples"));
     fs::create_directories(dir_.file("shm"));
     job_ = dir_.file("job.yaml");

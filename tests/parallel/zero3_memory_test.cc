@@ -127,6 +127,19 @@ compute: {allocator: map}
     return peak;
   }
 
+  // Rank `rank`'s peak resident memory, from its log: above 0 and below
+  // `limitMb` (recorded and printed under `tag`). Returns the log.
+  std::string expectPeakUnder(const std::string& tag, const std::string& runDir, int rank, int64_t limitMb) {
+    const std::string text = log(runDir, rank);
+    const double peak = peakMb(text);
+    EXPECT_GT(peak, 0) << text;
+    EXPECT_LT(peak, limitMb) << text;
+    RecordProperty(fmt::format("{}_rank{}_peak_resident_mb", tag, rank), fmt::format("{:.0f}", peak));
+    std::printf("%s: rank %d peak resident %.0f MiB of its %lld MiB\n", tag.c_str(), rank, peak,
+                static_cast<long long>(limitMb));
+    return text;
+  }
+
   // Trains `distribution` with a kill of rank 1 once the step-2
   // checkpoint is committed, then again to the end; checks the figures and
   // that PyTorch loads final.pt.
@@ -142,14 +155,8 @@ compute: {allocator: map}
     for (int r = 0; r < kRanks; ++r) {
       const auto& p = second[static_cast<size_t>(r)];
       ASSERT_EQ(p.exitCode, 0) << "rank " << r << ": " << p.describe() << log(runDir, r);
-      const std::string text = log(runDir, r);
+      const std::string text = expectPeakUnder(tag, runDir, r, kLimitMb);
       EXPECT_NE(text.find("resumed from " + runDir + "/checkpoints/step-"), std::string::npos) << text;
-      const double peak = peakMb(text);
-      EXPECT_GT(peak, 0) << text;
-      EXPECT_LT(peak, kLimitMb) << text;
-      RecordProperty(fmt::format("{}_rank{}_peak_resident_mb", tag, r), fmt::format("{:.0f}", peak));
-      std::printf("%s: rank %d peak resident %.0f MiB of its %lld MiB\n", tag.c_str(), r, peak,
-                  static_cast<long long>(kLimitMb));
     }
     // The whole model (every rank's count at stage 3; the stages' summed in
     // a pipeline) with AdamW's state is about twice what a rank may hold.
@@ -233,14 +240,8 @@ compute: {allocator: map}
     for (int rank = 0; rank < kRanks; ++rank) {
       const auto& p = r[static_cast<size_t>(rank)];
       ASSERT_EQ(p.exitCode, 0) << "rank " << rank << ": " << p.describe() << log(runDir, rank);
-      const std::string text = log(runDir, rank);
+      const std::string text = expectPeakUnder("lora", runDir, rank, limitMb);
       EXPECT_NE(text.find("(frozen, one unit at a time)"), std::string::npos) << text;
-      const double peak = peakMb(text);
-      EXPECT_GT(peak, 0) << text;
-      EXPECT_LT(peak, limitMb) << text;
-      RecordProperty(fmt::format("lora_rank{}_peak_resident_mb", rank), fmt::format("{:.0f}", peak));
-      std::printf("lora: rank %d peak resident %.0f MiB of its %lld MiB\n", rank, peak,
-                  static_cast<long long>(limitMb));
     }
     const std::string text = log(runDir, 0);
     EXPECT_NE(text.find("(adapters merged, one unit at a time)"), std::string::npos) << text;
@@ -290,18 +291,12 @@ TEST_F(WholeModelNowhere, TwiceALimitTrainsOnFourPipelineStagesAndResumesAfterAK
   for (int rank = 0; rank < kRanks; ++rank) {
     const auto& p = r[static_cast<size_t>(rank)];
     ASSERT_EQ(p.exitCode, 0) << "rank " << rank << ": " << p.describe() << log(runDir, rank);
-    const std::string text = log(runDir, rank);
+    const std::string text = expectPeakUnder("restaged", runDir, rank, kLimitMb);
     if (rank == 0) {
       EXPECT_NE(text.find("(written by 4 pipeline stages split [19, 20, 20, 19]) in no pipeline"), std::string::npos)
           << text;
     }
     EXPECT_NE(text.find("optimizer state taken from the checkpoint's 4 stage(s)"), std::string::npos) << text;
-    const double peak = peakMb(text);
-    EXPECT_GT(peak, 0) << text;
-    EXPECT_LT(peak, kLimitMb) << text;
-    RecordProperty(fmt::format("restaged_rank{}_peak_resident_mb", rank), fmt::format("{:.0f}", peak));
-    std::printf("restaged: rank %d peak resident %.0f MiB of its %lld MiB\n", rank, peak,
-                static_cast<long long>(kLimitMb));
   }
 }
 

@@ -108,6 +108,9 @@ struct Fit {
   double tensorExchangeMsPerMb = 0;
   double tensorActivationFactor = 1;
   double pipelineFactor = 1;
+  // What a pipeline stage's rank held beyond the count (the activations it
+  // received and keeps for backward, the send and receive buffers), MB.
+  double pipelineExtraMb = 0;
   std::string splitProbe;      // what calibrated the split ("" : nothing)
 };
 
