@@ -202,6 +202,103 @@ const TensorFileReader& StageTensors::reader(const std::string& name) {
   return *r;
 }
 
+void StageTensors::lacksPart(const std::string& path, const std::string& key, const std::string& suffix,
+                             int64_t elements, int r, int64_t chunk, size_t k) const {
+  // The tensors whose elements rank r's part held.
+  std::vector<std::string> held;
+  int64_t offset = 0;
+  for (const auto& [name, n] : members(zero_, k)) {
+    const int64_t from = std::max(offset, r * chunk), to = std::min(offset + n, (r + 1) * chunk);
+    if (from < to) held.push_back(fmt::format("'{}{}' elements [{}, {})", name, suffix, from - offset, to - offset));
+    offset += n;
+  }
+  if (held.size() > 4) {
+    const size_t more = held.size() - 3;
+    held.resize(3);
+    held.push_back(fmt::format("and {} more", more));
+  }
+  throw DataError(fmt::format("{}: the checkpoint lacks a region: '{}' is {}: rank {}'s elements [{}, {}) of "
+                              "bucket {} (extra.zero), which held {}",
+                              path, key,
+                              elements >= 0 ? fmt::format("of {} elements, not {}", elements, chunk)
+                                            : std::string("missing"),
+                              r, r * chunk, (r + 1) * chunk, k,
+                              held.empty() ? std::string("padding only") : fmt::format("{}", fmt::join(held, ", "))));
+}
+
+at::Tensor StageTensors::partRange(Bucketed& b, const std::string& name, const std::string& suffix, int64_t dim,
+                                   int64_t begin, int64_t end) {
+  const size_t k = bucketOf_.at(name);
+  const nlohmann::json& info = zero_["params"].at(name);
+  const std::vector<int64_t> shape = ints(info["shape"]);
+  // Row-major parameters only (the parts hold elements in memory order).
+  std::vector<int64_t> contiguous(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) contiguous[d - 1] = contiguous[d] * shape[d];
+  int64_t offset = 0;  // of the parameter in its bucket
+  for (const auto& [member, count] : members(zero_, k)) {
+    if (member == name) break;
+    offset += count;
+  }
+  if (ints(info["strides"]) != contiguous || shape.empty()) {
+    unpack(b, k);
+    return b.cache.at(name + suffix).narrow(dim, begin, end - begin).contiguous();
+  }
+  const int world = jsonInt<int>(zero_["world_size"]);
+  const int64_t chunk = (bucketElements(k) + world - 1) / world;
+  const std::string key = fmt::format("part{}{}", k, suffix);
+  // Elements [from, to) of the parameter, from the ranks' parts that hold them.
+  auto elements = [&](int64_t from, int64_t to, std::vector<at::Tensor>& pieces) {
+    for (int r = static_cast<int>((offset + from) / chunk); r < world && r * chunk < offset + to; ++r) {
+      const TensorFileReader& f = reader(b.file(r));
+      int64_t held = -1;
+      for (const TensorInfo& i : f.tensors()) {
+        if (i.name == key) held = i.shape.empty() ? 1 : i.shape[0];
+      }
+      if (held != chunk) lacksPart(f.path(), key, suffix, held, r, chunk, k);
+      const int64_t lo = std::max(offset + from, r * chunk) - r * chunk;
+      const int64_t hi = std::min(offset + to, (r + 1) * chunk) - r * chunk;
+      pieces.push_back(f.readRange(key, 0, lo, hi));
+    }
+  };
+  // Row-major: along `dim`, each leading index's run of [begin, end).
+  int64_t outer = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= shape[static_cast<size_t>(d)];
+  const int64_t inner = contiguous[static_cast<size_t>(dim)], size = shape[static_cast<size_t>(dim)];
+  std::vector<at::Tensor> pieces;
+  for (int64_t o = 0; o < outer; ++o) elements((o * size + begin) * inner, (o * size + end) * inner, pieces);
+  std::vector<int64_t> got = shape;
+  got[static_cast<size_t>(dim)] = end - begin;
+  return torch::cat(pieces).view(got);
+}
+
+std::vector<int64_t> StageTensors::optimizerShape(const std::string& name) {
+  if (zero_.is_null()) {
+    for (const TensorInfo& i : optimizerReader().tensors()) {
+      if (i.name == name) return i.shape;
+    }
+    return {};
+  }
+  const size_t dot = name.rfind('.');
+  auto b = dot == std::string::npos ? bucketOf_.end() : bucketOf_.find(name.substr(0, dot));
+  const TensorFileReader& first = reader(optimizer_->file(0));
+  if (b == bucketOf_.end()) {  // kept whole beside the parts
+    for (const TensorInfo& i : first.tensors()) {
+      if (i.name == name && name.rfind("part", 0) != 0) return i.shape;
+    }
+    return {};
+  }
+  if (!first.has(fmt::format("part{}{}", b->second, name.substr(dot)))) return {};
+  return ints(zero_["params"].at(b->first)["shape"]);
+}
+
+at::Tensor StageTensors::optimizerStateRange(const std::string& name, int64_t dim, int64_t begin, int64_t end) {
+  if (zero_.is_null()) return optimizerReader().readRange(name, dim, begin, end);
+  const size_t dot = name.rfind('.');
+  auto b = dot == std::string::npos ? bucketOf_.end() : bucketOf_.find(name.substr(0, dot));
+  if (b == bucketOf_.end()) return reader(optimizer_->file(0)).readRange(name, dim, begin, end);
+  return partRange(*optimizer_, b->first, name.substr(dot), dim, begin, end);
+}
+
 void StageTensors::unpack(Bucketed& b, size_t k) {
   if (b.cached == k) return;
   b.cache.clear();
@@ -221,26 +318,7 @@ void StageTensors::unpack(Bucketed& b, size_t k) {
       const TensorFileReader& f = reader(b.file(r));
       at::Tensor piece = f.has(key) ? f.read(key) : at::Tensor();
       if (!piece.defined() || piece.numel() != chunk) {
-        // The tensors whose elements rank r's part held.
-        std::vector<std::string> held;
-        int64_t offset = 0;
-        for (const auto& [name, n] : members(zero_, k)) {
-          const int64_t from = std::max(offset, r * chunk), to = std::min(offset + n, (r + 1) * chunk);
-          if (from < to) held.push_back(fmt::format("'{}{}' elements [{}, {})", name, suffix, from - offset, to - offset));
-          offset += n;
-        }
-        if (held.size() > 4) {
-          const size_t more = held.size() - 3;
-          held.resize(3);
-          held.push_back(fmt::format("and {} more", more));
-        }
-        throw DataError(fmt::format("{}: the checkpoint lacks a region: '{}' is {}: rank {}'s elements [{}, {}) of "
-                                    "bucket {} (extra.zero), which held {}",
-                                    f.path(), key,
-                                    piece.defined() ? fmt::format("of {} elements, not {}", piece.numel(), chunk)
-                                                    : std::string("missing"),
-                                    r, r * chunk, (r + 1) * chunk, k,
-                                    held.empty() ? std::string("padding only") : fmt::format("{}", fmt::join(held, ", "))));
+        lacksPart(f.path(), key, suffix, piece.defined() ? piece.numel() : -1, r, chunk, k);
       }
       pieces.push_back(piece.flatten());
     }
@@ -265,6 +343,10 @@ void StageTensors::unpack(Bucketed& b, size_t k) {
 at::Tensor StageTensors::load(const std::string& name) {
   auto b = model_ ? bucketOf_.find(name) : bucketOf_.end();
   if (b == bucketOf_.end()) return reader(file("model.bin")).read(name);
+  // Only this parameter's elements, from the parts that hold them (a
+  // parameter not laid out row-major: its bucket put together, below).
+  const std::vector<int64_t> shape = ints(zero_["params"].at(name)["shape"]);
+  if (!shape.empty() && model_->cached != b->second) return partRange(*model_, name, "", 0, 0, shape[0]);
   unpack(*model_, b->second);
   auto it = model_->cache.find(name);
   if (it == model_->cache.end()) {  // dropped: put the bucket together again
@@ -280,7 +362,7 @@ void StageTensors::drop(const std::string& name) {
 }
 
 at::Tensor StageTensors::loadRange(const std::string& name, int64_t dim, int64_t begin, int64_t end) {
-  if (model_ && bucketOf_.count(name) != 0) return load(name).narrow(dim, begin, end - begin);
+  if (model_ && bucketOf_.count(name) != 0) return partRange(*model_, name, "", dim, begin, end);
   return reader(file("model.bin")).readRange(name, dim, begin, end);
 }
 
@@ -476,27 +558,22 @@ at::Tensor CheckpointOptimizer::stateRegion(const std::string& name, int64_t dim
   auto cut = cuts_.find(name.substr(0, dot));
   const bool sameCut = cut == cuts_.end() || (cut->second.first == dim && cut->second.second == blocks);
   const int held = cut == cuts_.end() ? 1 : static_cast<int>(slices.size());
-  StageTensors& first = *slices.front();
-  if (!sameCut || !first.zero().is_null() || name.compare(dot + 1, std::string::npos, "step") == 0) {
+  std::vector<int64_t> whole = slices.front()->optimizerShape(name);
+  if (whole.empty() || !sameCut || name.compare(dot + 1, std::string::npos, "step") == 0 ||
+      dim >= static_cast<int64_t>(whole.size())) {
     const at::Tensor t = state(name);
     return t.defined() && t.dim() > dim ? cutOf(t, dim, blocks, parts, index) : t;
   }
-  // Unsharded: each slice's optimizer.bin read for its region only.
-  const TensorFileReader& f0 = first.optimizerReader();
-  if (!f0.has(name)) return {};
-  std::vector<int64_t> whole;
-  for (const TensorInfo& i : f0.tensors()) {
-    if (i.name == name) whole = i.shape;
-  }
-  if (dim >= static_cast<int64_t>(whole.size())) return state(name);
   whole[static_cast<size_t>(dim)] *= held;
   if (!regionFits(whole, dim, blocks, parts, held)) return cutOf(state(name), dim, blocks, parts, index);
+  // Each slice's region only: from its optimizer.bin, or from the ZeRO
+  // parts that hold it.
   return regionOf(whole, dim, blocks, parts, index, held, [&](int j, int64_t lo, int64_t hi) {
-    const TensorFileReader& f = slices[static_cast<size_t>(j)]->optimizerReader();
-    if (!f.has(name)) {
+    StageTensors& slice = *slices[static_cast<size_t>(j)];
+    if (slice.optimizerShape(name).empty()) {
       checkSlice(dir_, "optimizer state '" + name + "'", at::Tensor(), whole, dim, blocks, held, j, "");
     }
-    return f.readRange(name, dim, lo, hi);
+    return slice.optimizerStateRange(name, dim, lo, hi);
   });
 }
 

@@ -146,6 +146,22 @@ TEST_F(Reshard, EachRankReadsOnlyTheRegionsOfTheTensorsItHolds) {
     RecordProperty(fmt::format("t2_rank{}_read_of_whole", r), fmt::format("{:.3g}", read / whole));
   }
   EXPECT_GE(together, readOf("one-resumed", 0).second * 0.999);
+  // From ZeRO stage 3 parts of 2 ranks: each rank of T = 2 reads its rows
+  // from the parts that hold them, and ends where the ZeRO run ended.
+  train("z3", 2, {"distribution.zero=3"});
+  const auto fromParts = resume("z3", dir.file("z3/checkpoints/step-3"), 2,
+                                {"training.batch_size=8", "distribution.tensor=2", "distribution.zero=0",
+                                 "training.max_steps=6"});
+  ASSERT_EQ(fromParts.exitCode, 0) << fromParts.describe();
+  for (int r = 0; r < 2; ++r) {
+    const auto [read, whole] = readOf("z3-resumed", r);
+    EXPECT_LT(read, 0.6 * whole) << "rank " << r << " read more than its slices";
+    RecordProperty(fmt::format("zero3_t2_rank{}_read_of_whole", r), fmt::format("{:.3g}", read / whole));
+  }
+  const double diff = test::maxDifference(ckpt::readStateDict(dir.file("z3/model/final.pt")),
+                                          ckpt::readStateDict(dir.file("z3-resumed/model/final.pt")));
+  EXPECT_LT(diff, 1e-5);
+  RecordProperty("zero3_to_t2_max_difference", fmt::format("{:.3g}", diff));
 }
 
 TEST_F(Reshard, ALayoutThatCannotHoldTheModelExits2BeforeReadingTheCheckpoint) {

@@ -41,8 +41,7 @@ class StageTensors : public TensorSource {
   at::Tensor load(const std::string& name) override;
   void drop(const std::string& name) override;
   // Indices [begin, end) of model tensor `name` along `dim`: only their
-  // bytes are read from model.bin (a ZeRO part's tensor is put together
-  // whole first).
+  // bytes, from model.bin or the ZeRO stage 3 parts that hold them.
   at::Tensor loadRange(const std::string& name, int64_t dim, int64_t begin, int64_t end);
   // Bytes read from the files so far.
   uint64_t bytesRead() const;
@@ -56,6 +55,11 @@ class StageTensors : public TensorSource {
   at::Tensor optimizerState(const std::string& name);
   // The unsharded optimizer.bin of this stage (and slice), opened once.
   const TensorFileReader& optimizerReader();
+  // The shape of optimizer state `name` (empty when the checkpoint holds
+  // none), and indices [begin, end) of it along `dim`: only their bytes,
+  // from optimizer.bin or from the ranks' parts that hold them.
+  std::vector<int64_t> optimizerShape(const std::string& name);
+  at::Tensor optimizerStateRange(const std::string& name, int64_t dim, int64_t begin, int64_t end);
 
   // extra.zero of this stage (null without ZeRO) and its files' names.
   const nlohmann::json& zero() const;
@@ -70,6 +74,15 @@ class StageTensors : public TensorSource {
   const TensorFileReader& reader(const std::string& name);
   // Bucket k of `files` (one per rank) put together into `cache`.
   void unpack(Bucketed& b, size_t k);
+  // Indices [begin, end) along `dim` of bucketed parameter `name`'s tensor
+  // (its parts' key + `suffix`): read from the ranks' parts that hold
+  // them (along another dimension than the first, the whole parameter's).
+  at::Tensor partRange(Bucketed& b, const std::string& name, const std::string& suffix, int64_t dim, int64_t begin,
+                       int64_t end);
+  // Throws DataError: rank r's part `key` of bucket k is missing
+  // (`elements` < 0) or not of `chunk` elements; names what it held.
+  [[noreturn]] void lacksPart(const std::string& path, const std::string& key, const std::string& suffix,
+                              int64_t elements, int r, int64_t chunk, size_t k) const;
 
   std::string dir_;
   int stage_ = 0;
@@ -134,8 +147,8 @@ class CheckpointOptimizer {
   int stages() const { return static_cast<int>(stages_.size()); }
   // One of names() read now; undefined when the checkpoint holds no such state.
   at::Tensor state(const std::string& name);
-  // Its region as CheckpointTensors::loadRegion's: from unsharded files
-  // only the region's bytes (a ZeRO part's bucket is put together first).
+  // Its region as CheckpointTensors::loadRegion's: only the region's
+  // bytes, from optimizer.bin or the ZeRO parts that hold them.
   at::Tensor stateRegion(const std::string& name, int64_t dim, int blocks, int parts, int index);
 
  private:
