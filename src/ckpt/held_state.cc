@@ -83,12 +83,8 @@ std::vector<std::string> requiredFiles(const Manifest& m) {
   // Every slice of every stage: its model.bin and its optimizer state (each
   // rank's of its data group's parts with ZeRO; at stage 3 the parameters'
   // parts too).
-  auto count = [&](const char* section, const char* key) {
-    const nlohmann::json j = m.extra.value(section, nlohmann::json());
-    return j.is_object() ? std::max(1, j.value(key, 1)) : 1;
-  };
-  const int stages = count("pipeline", "stages");
-  const int slices = count("tensor", "tensors");
+  const int stages = checkpointStages(m);
+  const int slices = checkpointSlices(m);
   std::vector<std::string> need;
   for (int t = 0; t < slices; ++t) {
     for (int s = 0; s < stages; ++s) {

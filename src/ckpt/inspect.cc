@@ -20,11 +20,7 @@ namespace {
 // "2 data replicas x 2 pipeline stages (split [1, 3], 1f1b, 4 micro-batches)
 // x 1 tensor rank; ZeRO stage 1".
 std::string describeLayout(const Manifest& m) {
-  auto count = [&](const char* section, const char* key) {
-    const nlohmann::json j = m.extra.value(section, nlohmann::json());
-    return j.is_object() ? std::max(1, j.value(key, 1)) : 1;
-  };
-  const int stages = count("pipeline", "stages"), tensors = count("tensor", "tensors");
+  const int stages = checkpointStages(m), tensors = checkpointSlices(m);
   const int replicas = std::max(1, m.worldSize / (stages * tensors));
   std::string pipe;
   if (stages > 1) {

@@ -11,6 +11,7 @@
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
+#include "core/detail/json_int.h"
 #include "cohort/security/sealed.h"
 #include "core/detail/json_int.h"
 
@@ -101,6 +102,16 @@ Manifest readManifest(const std::string& dir) {
 void writeManifest(const std::string& dir, const Manifest& m) {
   writeFileAtomic(dir + "/manifest.json", toJson(m).dump(2) + "\n");
 }
+
+namespace {
+int layoutCount(const Manifest& m, const char* section, const char* key) {
+  const nlohmann::json j = m.extra.value(section, nlohmann::json());
+  return std::max(1, jsonInt(j, key, 1));
+}
+}  // namespace
+
+int checkpointStages(const Manifest& m) { return layoutCount(m, "pipeline", "stages"); }
+int checkpointSlices(const Manifest& m) { return layoutCount(m, "tensor", "tensors"); }
 
 std::string checkpointDirName(int64_t step) { return fmt::format("step-{}", step); }
 

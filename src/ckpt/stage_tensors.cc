@@ -119,12 +119,12 @@ struct StageTensors::Bucketed {
 
 StageTensors::StageTensors(const std::string& dir, const Manifest& m, int stage, int slice)
     : dir_(dir), stage_(stage), slice_(slice) {
-  if (m.extra.contains("tensor")) slices_ = jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1)));
+  slices_ = checkpointSlices(m);
   if (slice < 0 || slice >= slices_) {
     throw DataError(fmt::format("{}/manifest.json: the checkpoint has {} tensor slice(s), not slice {}", dir, slices_,
                                 slice));
   }
-  if (m.extra.contains("pipeline")) stages_ = jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1)));
+  stages_ = checkpointStages(m);
   if (stages_ == 1) {
     if (m.extra.contains("zero")) zero_ = m.extra["zero"];
   } else {
@@ -417,8 +417,7 @@ at::Tensor StageTensors::optimizerState(const std::string& name) {
 }
 
 CheckpointTensors::CheckpointTensors(const std::string& dir, const Manifest& m) : dir_(dir) {
-  const nlohmann::json tensor = m.extra.value("tensor", nlohmann::json());
-  if (tensor.is_object()) slices_ = jsonInt<int>(tensor.value("tensors", nlohmann::json(1)));
+  slices_ = checkpointSlices(m);
   cuts_ = cutsOf(m);
   for (int s = 0; s == 0 || s < stages_.front()->stages(); ++s) {
     const size_t first = stages_.size();

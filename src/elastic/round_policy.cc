@@ -9,10 +9,9 @@ namespace cohort::elastic {
 namespace {
 
 // Micro-batches per optimizer step of each replica with `stages` stages.
-int64_t microBatches(const JobConfig& job, int64_t stages) {
-  PipelineConfig p = job.distribution.pipeline;
-  p.stages = stages;
-  return job.training.accumulateSteps * (stages > 1 ? p.microBatchCount() : 1);
+int64_t microBatches(JobConfig job, int64_t stages) {
+  job.distribution.pipeline.stages = stages;
+  return microBatchesPerStep(job);
 }
 
 std::string plural(int64_t n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); }

@@ -453,11 +453,6 @@ Cycle StepPlan::cycleOf(int64_t micro) const {
   return c;
 }
 
-int64_t microBatchesPerStep(const JobConfig& job) {
-  const PipelineConfig& pipe = job.distribution.pipeline;
-  return job.training.accumulateSteps * (pipe.stages > 1 ? pipe.microBatchCount() : 1);
-}
-
 StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize, int64_t perRankHere) {
   const TrainingConfig& tc = job.training;
   StepPlan p;

@@ -89,8 +89,8 @@ std::vector<int64_t> checkpointSplit(const ckpt::Manifest& m) {
 // same split when the job names one).
 bool checkLayout(const JobConfig& job, const parallel::Mesh& mesh, const ckpt::Manifest& m,
                  const std::string& path) {
-  const int slices = m.extra.contains("tensor") ? jsonInt<int>(m.extra["tensor"].value("tensors", nlohmann::json(1))) : 1;
-  const int was = m.extra.contains("pipeline") ? jsonInt<int>(m.extra["pipeline"].value("stages", nlohmann::json(1))) : 1;
+  const int slices = ckpt::checkpointSlices(m);
+  const int was = ckpt::checkpointStages(m);
   const std::vector<int64_t> split = checkpointSplit(m);
   const PipelineSplit& asked = job.distribution.pipeline.split;
   const bool same =

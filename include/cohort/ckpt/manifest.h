@@ -42,6 +42,12 @@ Manifest readManifest(const std::string& dir);
 // Writes <dir>/manifest.json atomically (fsync'd, renamed into place).
 void writeManifest(const std::string& dir, const Manifest& m);
 
+// The layout that wrote `m`: its pipeline's stages (extra.pipeline) and
+// its tensor split's slices (extra.tensor); 1 when it had none. Throws
+// DataError for a count that is not an integer.
+int checkpointStages(const Manifest& m);
+int checkpointSlices(const Manifest& m);
+
 std::string checkpointDirName(int64_t step);  // "step-<N>"
 
 struct CheckpointDir {

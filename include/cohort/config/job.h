@@ -308,6 +308,13 @@ inline bool tokenModel(const JobConfig& job) {
          (job.model.arch == ModelArch::torchscript && job.data.train.kind == DataKind::tokens);
 }
 
+// Micro-batches of training.batch_size each rank runs per optimizer step:
+// accumulate_steps, each a round of the pipeline's micro-batches.
+inline int64_t microBatchesPerStep(const JobConfig& job) {
+  const PipelineConfig& pipe = job.distribution.pipeline;
+  return job.training.accumulateSteps * (pipe.stages > 1 ? pipe.microBatchCount() : 1);
+}
+
 // Number of ranks the job asks for: nodes * procs_per_node.
 inline int64_t requestedWorldSize(const JobConfig& job) {
   return job.distribution.nodes * job.distribution.procsPerNode;

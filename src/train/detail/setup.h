@@ -137,10 +137,6 @@ struct StepPlan {
   StepPlan takenUpWith(int64_t perRankLeft, int64_t hereLeft) const;
 };
 
-// Micro-batches per optimizer step: training.accumulate_steps, times a
-// pipeline's micro_batches.
-int64_t microBatchesPerStep(const JobConfig& job);
-
 // Throws DataError when a rank's share is less than one batch with
 // data.drop_last. `perRankHere`: this rank's share (default: perRank).
 StepPlan planSteps(const JobConfig& job, int64_t perRank, int worldSize, int64_t perRankHere = -1);
