@@ -22,7 +22,7 @@ libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
 zlib1g-dev libxxhash-dev libopenblas0-openmp
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
-libsentencepiece-dev
+libsentencepiece-dev libicu-dev
 dataset-fashion-mnist"
 
 # To build and run the tests, the benchmarks and the fuzzing.

@@ -101,8 +101,8 @@ DatasetManifest parseDatasetManifest(const std::string& text, const std::string&
                                       m.tokenizerModel));
         }
       }
-      if (m.tokenizer == "sentencepiece" && m.tokenizerModel.empty()) {
-        throw DataError(fmt::format("{}: tokenizer sentencepiece without its tokenizer_model", where));
+      if ((m.tokenizer == "sentencepiece" || m.tokenizer == "huggingface") && m.tokenizerModel.empty()) {
+        throw DataError(fmt::format("{}: tokenizer {} without its tokenizer_model", where, m.tokenizer));
       }
       m.textBytes = j.contains("text_bytes") ? jsonInt<int64_t>(j.at("text_bytes")) : 0;
       if (m.textBytes < 0) throw DataError(fmt::format("{}: text_bytes {} is negative", where, m.textBytes));

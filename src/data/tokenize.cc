@@ -78,11 +78,12 @@ class TokenDatasetWriter {
     }
     if (file_) close();
     if (!tokenizer_->model().empty()) {
-      const std::string path = out_.scratch(kTokenizerModelFile);
+      const std::string file = tokenizerModelFile(tokenizer_->name());
+      const std::string path = out_.scratch(file);
       writeFileAtomic(path, tokenizer_->model());
-      m_.tokenizerModel = kTokenizerModelFile;
+      m_.tokenizerModel = file;
       m_.tokenizerChecksum = checksumHex(checksum(tokenizer_->model().data(), tokenizer_->model().size()));
-      out_.put(kTokenizerModelFile);
+      out_.put(file);
     }
     m_.created = utcNow();
     out_.writeManifest(datasetManifestJson(m_));
@@ -228,7 +229,11 @@ std::shared_ptr<const Tokenizer> chooseTokenizer(const TokenizeOptions& o, const
     return byteTokenizer();
   }
   if (o.tokenizer != kSentencePieceTokenizer) {
-    throw UsageError(fmt::format("--tokenizer {}: expected bytes or sentencepiece", o.tokenizer));
+    if (!o.tokenizerModel.empty()) throw UsageError("--tokenizer-model goes with --tokenizer sentencepiece");
+    TokenizerFileOptions f;
+    f.merges = o.merges;
+    f.lowercase = o.lowercase;
+    return loadTokenizerFile(o.tokenizer, f);
   }
   if (!o.tokenizerModel.empty()) {
     std::ifstream in(o.tokenizerModel, std::ios::binary);
@@ -260,7 +265,14 @@ TokenizeResult tokenize(const std::string& src, const std::string& dst,
     throw UsageError(fmt::format("--shard-tokens: must be >= 1, got {}", options.shardTokens));
   }
   if (!options.custom && options.tokenizer != kByteTokenizer && options.tokenizer != kSentencePieceTokenizer) {
-    throw UsageError(fmt::format("--tokenizer {}: expected bytes or sentencepiece", options.tokenizer));
+    std::error_code ec;
+    if (!fs::exists(options.tokenizer, ec)) {
+      throw UsageError(fmt::format("--tokenizer {}: expected bytes, sentencepiece or a tokenizer file (no such file)",
+                                   options.tokenizer));
+    }
+  }
+  if (!options.merges.empty() && (options.tokenizer == kByteTokenizer || options.tokenizer == kSentencePieceTokenizer)) {
+    throw UsageError("--merges goes with --tokenizer vocab.json");
   }
   // The whole stream's length decides where the held-out tail starts: files
   // are measured first; standard input is read into memory.

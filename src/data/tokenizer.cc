@@ -14,6 +14,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/data/shard_source.h"
+#include "data/detail/hf_tokenizer.h"
 #include "data/detail/spm_api.h"
 
 namespace cohort::data {
@@ -228,6 +229,10 @@ class SentencePieceTokenizer final : public Tokenizer {
     return out + library(run);
   }
   const std::string& model() const override { return model_; }
+  int64_t tokenId(const std::string& token) const override {
+    const int id = spm_.piece(sp_, token.data(), token.size());
+    return id < 0 ? -1 : id;
+  }
 
  private:
   std::string library(const std::vector<int>& ids) const {
@@ -291,8 +296,13 @@ std::shared_ptr<const Tokenizer> makeTokenizer(const std::string& name, const st
                                                const std::string& origin) {
   if (name == kByteTokenizer) return byteTokenizer();
   if (name == kSentencePieceTokenizer) return std::make_shared<SentencePieceTokenizer>(model, origin);
-  throw DataError(fmt::format("{}: tokenizer '{}' is not known to this build (it has: {}, {})", origin, name,
-                              kByteTokenizer, kSentencePieceTokenizer));
+  if (name == kHuggingFaceTokenizer) return detail::makeHfTokenizer(model, origin);
+  throw DataError(fmt::format("{}: tokenizer '{}' is not known to this build (it has: {}, {}, {})", origin, name,
+                              kByteTokenizer, kSentencePieceTokenizer, kHuggingFaceTokenizer));
+}
+
+std::string tokenizerModelFile(const std::string& name) {
+  return name == kHuggingFaceTokenizer ? kTokenizerJsonFile : kTokenizerModelFile;
 }
 
 std::shared_ptr<const Tokenizer> datasetTokenizer(const ShardSource& source) {

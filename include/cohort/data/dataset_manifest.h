@@ -29,7 +29,8 @@ struct DatasetManifest {
   std::vector<int64_t> rawShape;
   // tokens: how text became tokens ("bytes": token = byte value;
   // "sentencepiece": the model in `tokenizerModel`, a file of the dataset
-  // with XXH3-64 `tokenizerChecksum`), the number of distinct ids (every
+  // with XXH3-64 `tokenizerChecksum`; "huggingface": likewise, a
+  // tokenizer.json), the number of distinct ids (every
   // token is below it), the bytes of a token in the shards (2: uint16, 4:
   // uint32 for vocab_size above 65536), and the bytes of text the tokens
   // came from (0: not recorded; the loss per byte divides by it).

@@ -41,8 +41,13 @@ void checkTokenShard(const unsigned char* data, size_t size, const ShardInfo& in
 
 struct TokenizeOptions {
   // "bytes" (each byte a token) or "sentencepiece": a model trained on the
-  // training part of the text (vocabSize, modelType), or `tokenizerModel`.
+  // training part of the text (vocabSize, modelType), or `tokenizerModel`;
+  // or the path of a tokenizer file (loadTokenizerFile: tokenizer.json,
+  // vocab.json with `merges`, vocab.txt (`lowercase`), a .model, a
+  // directory of them).
   std::string tokenizer = "bytes";
+  std::string merges;      // GPT-2's merges.txt for a vocab.json ("": beside it)
+  bool lowercase = true;   // a vocab.txt lower-cases (bert-base-uncased)
   int64_t vocabSize = 8000;
   std::string modelType = "bpe";  // bpe | unigram
   std::string tokenizerModel;     // an existing SentencePiece model file
