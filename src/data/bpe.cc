@@ -68,6 +68,9 @@ void BpeModel::encode(std::string_view word, std::vector<int64_t>& out) const {
   std::vector<int64_t> tokens;
   merge(word, tokens);
   out.insert(out.end(), tokens.begin(), tokens.end());
+  // Only words: a tokenizer without a pre-tokenizer (Llama-2-style) gives
+  // whole texts, which would fill the cache and never repeat.
+  if (word.size() > kCacheLongest) return;
   std::lock_guard<std::mutex> lock(cacheMutex_);
   if (cache_.size() >= kCacheWords) cache_.clear();
   cache_.emplace(word, std::move(tokens));

@@ -110,13 +110,14 @@ Normalizer::Normalizer(const json& j, const std::string& where) {
   if (!j.is_null()) add(j, where);
 }
 
-void Normalizer::add(const json& j, const std::string& where) {
+void Normalizer::add(const json& j, const std::string& where, int depth) {
   const std::string type = typeOf(j, where);
   Step s{};
   if (type == "Sequence") {
+    if (depth >= kMostNesting) throw DataError(fmt::format("{}: Sequences nested deeper than {}", where, kMostNesting));
     auto it = j.find("normalizers");
     if (it == j.end() || !it->is_array()) throw DataError(fmt::format("{}.normalizers: expected an array", where));
-    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("{}.normalizers[{}]", where, i));
+    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("{}.normalizers[{}]", where, i), depth + 1);
     return;
   } else if (type == "Prepend") {
     s.kind = Step::prepend;
@@ -203,13 +204,14 @@ PreTokenizer::PreTokenizer(const json& j, const std::string& where) {
   if (!j.is_null()) add(j, where);
 }
 
-void PreTokenizer::add(const json& j, const std::string& where) {
+void PreTokenizer::add(const json& j, const std::string& where, int depth) {
   const std::string type = typeOf(j, where);
   Step s{};
   if (type == "Sequence") {
+    if (depth >= kMostNesting) throw DataError(fmt::format("{}: Sequences nested deeper than {}", where, kMostNesting));
     auto it = j.find("pretokenizers");
     if (it == j.end() || !it->is_array()) throw DataError(fmt::format("{}.pretokenizers: expected an array", where));
-    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("{}.pretokenizers[{}]", where, i));
+    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("{}.pretokenizers[{}]", where, i), depth + 1);
     return;
   } else if (type == "ByteLevel") {
     s.kind = Step::byteLevel;
@@ -304,13 +306,14 @@ Decoder::Decoder(const json& j, const std::string& where) {
   add(j, where);
 }
 
-void Decoder::add(const json& j, const std::string& where) {
+void Decoder::add(const json& j, const std::string& where, int depth) {
   const std::string type = typeOf(j, where);
   Step s{};
   if (type == "Sequence") {
+    if (depth >= kMostNesting) throw DataError(fmt::format("{}: Sequences nested deeper than {}", where, kMostNesting));
     auto it = j.find("decoders");
     if (it == j.end() || !it->is_array()) throw DataError(fmt::format("{}.decoders: expected an array", where));
-    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("{}.decoders[{}]", where, i));
+    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("{}.decoders[{}]", where, i), depth + 1);
     return;
   } else if (type == "ByteLevel") {
     s.kind = Step::byteLevel;

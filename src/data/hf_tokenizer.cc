@@ -139,6 +139,14 @@ class HfTokenizer final : public Tokenizer {
     }
     if (!j.is_object()) throw DataError(fmt::format("{}: expected a JSON object, got {}", origin, j.type_name()));
     const std::string at = origin + ": ";
+    // Ids run from 0 with few gaps: one far beyond the tokens is an error,
+    // not a table of billions of entries.
+    for (const char* key : {"model", "added_tokens"}) {
+      auto it = j.find(key);
+      if (it == j.end()) continue;
+      if (it->is_array()) tokens_ += it->size();
+      if (it->is_object() && it->contains("vocab") && (*it)["vocab"].is_object()) tokens_ += (*it)["vocab"].size();
+    }
     normalizer_ = Normalizer(j.value("normalizer", json()), at + "normalizer");
     pre_ = PreTokenizer(j.value("pre_tokenizer", json()), at + "pre_tokenizer");
     decoder_ = Decoder(j.value("decoder", json()), at + "decoder");
@@ -307,6 +315,9 @@ class HfTokenizer final : public Tokenizer {
   // entry's id, two tokens may not share one otherwise.
   void setToken(int64_t id, const std::string& token, const std::string& where, bool added = false) {
     const auto i = static_cast<size_t>(id);
+    if (i >= 2 * tokens_ + 1024) {
+      throw DataError(fmt::format("{}: id {} for '{}', far beyond the file's {} tokens", where, id, token, tokens_));
+    }
     if (i >= idToToken_.size()) {
       idToToken_.resize(i + 1);
       known_.resize(i + 1, false);
@@ -328,6 +339,7 @@ class HfTokenizer final : public Tokenizer {
   std::unordered_map<std::string, AddedToken> added_;
   std::vector<std::string> idToToken_;
   std::vector<bool> known_;
+  size_t tokens_ = 0;  // in the vocabulary and the added tokens
 };
 
 }  // namespace

@@ -399,6 +399,19 @@ TEST(TokenizerFiles, ADirectoryGivesItsTokenizerAndBadFilesNameTheFileAndField) 
   const std::string badType = error(dir.file("tokenizer.json"));
   EXPECT_NE(badType.find("tokenizer.json: pre_tokenizer.type: 'Digitz' is not implemented"), std::string::npos)
       << badType;
+  // Ids far beyond the tokens, and Sequences nested without end, are
+  // refused rather than allocated or recursed into.
+  test::writeText(dir.file("tokenizer.json"), R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}, "merges": []}})");
+  const std::string sparse = error(dir.file("tokenizer.json"));
+  EXPECT_NE(sparse.find("model.vocab: id 2000000000 for 'a', far beyond the file's 1 tokens"), std::string::npos)
+      << sparse;
+  json nested = {{"type", "Lowercase"}};
+  for (int i = 0; i < 1000; ++i) nested = {{"type", "Sequence"}, {"normalizers", {nested}}};
+  test::writeText(dir.file("tokenizer.json"),
+                  json({{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", json::array()}}},
+                        {"normalizer", nested}})
+                      .dump());
+  EXPECT_NE(error(dir.file("tokenizer.json")).find("Sequences nested deeper than"), std::string::npos);
   test::writeText(dir.file("tokenizer.json"), R"({"model": {"type": "BPE", "vocab": {"a": 0}, )");
   EXPECT_NE(error(dir.file("tokenizer.json")).find("tokenizer.json: not JSON"), std::string::npos);
   EXPECT_NE(test::errorOf<DataError>([&] { loadTokenizerDirectory(dir.file("gpt2/none")); }).find("gpt2/none"),

@@ -51,6 +51,7 @@ class BpeModel {
 
   // Words seen, and their tokens: text repeats its words.
   static constexpr size_t kCacheWords = 1 << 18;
+  static constexpr size_t kCacheLongest = 256;  // bytes
   mutable std::mutex cacheMutex_;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };

@@ -29,7 +29,7 @@ class Normalizer {
   };
 
  private:
-  void add(const nlohmann::json& j, const std::string& where);
+  void add(const nlohmann::json& j, const std::string& where, int depth = 0);
   std::vector<Step> steps_;
 };
 
@@ -50,7 +50,7 @@ class PreTokenizer {
   };
 
  private:
-  void add(const nlohmann::json& j, const std::string& where);
+  void add(const nlohmann::json& j, const std::string& where, int depth = 0);
   std::vector<Step> steps_;
 };
 
@@ -71,10 +71,14 @@ class Decoder {
   };
 
  private:
-  void add(const nlohmann::json& j, const std::string& where);
+  void add(const nlohmann::json& j, const std::string& where, int depth = 0);
   std::vector<Step> steps_;
   bool joinWithSpaces_ = false;  // no decoder: tokens joined by spaces
 };
+
+// How deep Sequences may nest in a file (a deeper one is refused, not
+// recursed into).
+inline constexpr int kMostNesting = 16;
 
 // Reading fields: `j[key]` of the type wanted, or DataError naming
 // `where.key`.
