@@ -129,8 +129,9 @@ void BaseCommands::addData(CLI::App& app) {
       ->capture_default_str();
   dataTokenize->add_option("--merges", tokenizeOptions.merges,
                            "GPT-2's merges.txt for a --tokenizer vocab.json kept apart from it");
-  dataTokenize->add_flag("--cased{false}", tokenizeOptions.lowercase,
-                         "a --tokenizer vocab.txt keeps case and accents (bert-base-cased); lower-cased by default");
+  dataTokenize->add_flag_callback("--cased", [this] { tokenizeOptions.lowercase = false; },
+                                  "a --tokenizer vocab.txt keeps case and accents (bert-base-cased); lower-cased "
+                                  "by default");
   dataTokenize->add_option("--vocab-size", tokenizeOptions.vocabSize, "sentencepiece: the vocabulary to train")
       ->capture_default_str();
   dataTokenize->add_option("--model-type", tokenizeOptions.modelType, "sentencepiece: bpe or unigram")

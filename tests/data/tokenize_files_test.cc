@@ -123,6 +123,19 @@ TEST(TokenizeFiles, TokenizerJsonVocabTxtAndADirectoryAreTokenizers) {
   EXPECT_EQ(tokenizerOf(dir.file("d/train"))->decode(shardTokens(dir.file("d/train"))),
             "let there be lights, lights. let there be [UNK].");
   EXPECT_EQ(shardTokens(dir.file("d/train")).size(), 14u);
+  // --cased: bert-base-cased's vocab.txt keeps case.
+  fs::create_directory(dir.file("cased"));
+  test::writeText(dir.file("cased/vocab.txt"), "[PAD]\n[UNK]\nlet\nLet\n");
+  test::writeText(dir.file("let.txt"), "Let let\n");
+  for (const bool cased : {false, true}) {
+    const std::string out = dir.file(cased ? "cased/yes" : "cased/no");
+    std::vector<std::string> args = {"data", "tokenize", dir.file("let.txt"), out, "--tokenizer",
+                                     dir.file("cased/vocab.txt"), "--val-fraction", "0", "--no-progress"};
+    if (cased) args.push_back("--cased");
+    r = test::cohort(args);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_EQ(shardTokens(out + "/train"), cased ? (std::vector<int64_t>{3, 2}) : (std::vector<int64_t>{2, 2}));
+  }
 }
 
 TEST(TokenizeFiles, MalformedFilesExit2NamingTheFileAndFieldAndWriteNothing) {
