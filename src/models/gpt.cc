@@ -11,6 +11,8 @@
 
 #include "cohort/core/error.h"
 #include "cohort/models/lora.h"
+#include "models/attention.h"
+#include "models/init_order.h"
 #include "models/recompute.h"
 
 namespace cohort::models {
@@ -59,62 +61,14 @@ class CausalSelfAttentionImpl : public nn::Module {
     return residDropout_(c_proj_(y));
   }
 
-  // x [B, T, C]: row r's first counts[r] positions are its new tokens, at
-  // positions lengths[r] .., the rest padding; its earlier keys and values
-  // are in caches[r] (block `layer`, capacity `capacity`), where the new
-  // ones are written first. Rows of several lengths: their keys padded to
-  // the longest, the padding masked out.
-  at::Tensor decode(const at::Tensor& x, const std::vector<KvCache*>& caches, size_t layer,
-                    const std::vector<int64_t>& lengths, const std::vector<int64_t>& counts, int64_t capacity) {
+  // x [B, T, C]: the rows of `rows` (attention.h), their earlier keys and
+  // values in the caches at block `layer`.
+  at::Tensor decode(const at::Tensor& x, const std::vector<KvCache*>& caches, size_t layer, const DecodeRows& rows,
+                    int64_t capacity) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
     const std::vector<at::Tensor> qkv = c_attn_(x).split(c, 2);
     auto split = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
-    const at::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
-    int64_t longest = 0;
-    bool ragged = false;
-    for (int64_t r = 0; r < b; ++r) {
-      KvCache& kc = *caches[static_cast<size_t>(r)];
-      if (kc.keys.size() <= layer) {
-        kc.keys.push_back(torch::zeros({heads_, capacity, d}, k.options()));
-        kc.values.push_back(torch::zeros({heads_, capacity, d}, v.options()));
-      }
-      kc.keys[layer].narrow(1, lengths[r], counts[r]).copy_(k[r].narrow(1, 0, counts[r]));
-      kc.values[layer].narrow(1, lengths[r], counts[r]).copy_(v[r].narrow(1, 0, counts[r]));
-      ragged = ragged || (r > 0 && lengths[r] + counts[r] != longest);
-      longest = std::max(longest, lengths[r] + counts[r]);
-    }
-    at::Tensor keys, values;
-    if (b == 1) {
-      keys = caches[0]->keys[layer].narrow(1, 0, longest).unsqueeze(0);
-      values = caches[0]->values[layer].narrow(1, 0, longest).unsqueeze(0);
-    } else {
-      keys = torch::zeros({b, heads_, longest, d}, k.options());
-      values = torch::zeros({b, heads_, longest, d}, v.options());
-      for (int64_t r = 0; r < b; ++r) {
-        const KvCache& kc = *caches[static_cast<size_t>(r)];
-        const int64_t n = lengths[r] + counts[r];
-        keys[r].narrow(1, 0, n).copy_(kc.keys[layer].narrow(1, 0, n));
-        values[r].narrow(1, 0, n).copy_(kc.values[layer].narrow(1, 0, n));
-      }
-    }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    at::Tensor att = torch::matmul(q, keys.transpose(2, 3)) * scale;  // [B, H, T, longest]
-    if (t > 1 || ragged) {
-      // Query i of row r is at position lengths[r] + i and sees keys j up to
-      // it, and none of another row's padding.
-      auto column = [&](const std::vector<int64_t>& values) {
-        return torch::tensor(values, torch::kLong).view({b, 1, 1});
-      };
-      const at::Tensor j = torch::arange(longest, torch::kLong).view({1, 1, longest});
-      std::vector<int64_t> ends(static_cast<size_t>(b));
-      for (int64_t r = 0; r < b; ++r) ends[static_cast<size_t>(r)] = lengths[r] + counts[r];
-      const at::Tensor at_ = column(lengths) + torch::arange(t, torch::kLong).view({1, t, 1});
-      const at::Tensor hidden = ((j > at_) | (j >= column(ends))).unsqueeze(1).to(att.device());
-      att = att.masked_fill(hidden, -std::numeric_limits<double>::infinity());
-    }
-    att = torch::softmax(att, -1);
-    const at::Tensor y = torch::matmul(att, values).transpose(1, 2).contiguous().view({b, t, c});
-    return c_proj_(y);
+    return c_proj_(cachedAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), caches, layer, rows, capacity));
   }
 
  private:
@@ -153,9 +107,9 @@ class BlockImpl : public nn::Module {
     x = x + attn_(ln_1_(x));
     return x + mlp_(ln_2_(x));
   }
-  at::Tensor decode(at::Tensor x, const std::vector<KvCache*>& caches, size_t layer,
-                    const std::vector<int64_t>& lengths, const std::vector<int64_t>& counts, int64_t capacity) {
-    x = x + attn_->decode(ln_1_(x), caches, layer, lengths, counts, capacity);
+  at::Tensor decode(at::Tensor x, const std::vector<KvCache*>& caches, size_t layer, const DecodeRows& rows,
+                    int64_t capacity) {
+    x = x + attn_->decode(ln_1_(x), caches, layer, rows, capacity);
     return x + mlp_(ln_2_(x));
   }
 
@@ -166,15 +120,10 @@ class BlockImpl : public nn::Module {
 };
 TORCH_MODULE(Block);
 
-// A parameter of the whole model as built, for GPT-2's initialization of
-// the parts a process does not keep.
-struct ParamShape {
-  std::string name;
-  std::vector<int64_t> sizes;
-};
+bool isNorm(const std::string& name) { return name.find(".ln_") != std::string::npos; }
 
-void recordShapes(const nn::Module& unit, const std::string& prefix, std::vector<ParamShape>& out) {
-  for (const auto& p : unit.named_parameters()) out.push_back({prefix + p.key(), p.value().sizes().vec()});
+bool endsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // Everything but the head, under the name "transformer" as in GPT-2: of a
@@ -189,34 +138,15 @@ class TransformerImpl : public nn::Module {
   // not draw (the LayerNorms').
   TransformerImpl(const GptOptions& o, const ModelPart& part, std::vector<ParamShape>& built,
                   std::map<std::string, at::Tensor>& constants) {
-    const bool exact = part.exact;
     auto unit = [&](const std::string& name, bool keep, auto make) {
-      if (!keep && !exact) return decltype(make())(nullptr);
-      auto m = make();
-      recordShapes(*m, "transformer." + name + ".", built);
-      return keep ? register_module(name, m) : decltype(m)(nullptr);
+      return buildUnit(*this, name, "transformer." + name + ".", keep, part, built, make);
     };
     wte = unit("wte", part.input || part.output, [&] { return nn::Embedding(o.vocabSize, o.nEmbd); });
     wpe = unit("wpe", part.input, [&] { return nn::Embedding(o.blockSize, o.nEmbd); });
     if (part.input) drop = register_module("drop", nn::Dropout(o.dropout));
-    // h.<i> as nn.ModuleList names them, whichever blocks are kept.
     auto h = std::make_shared<nn::Module>();
-    for (int64_t i = 0; i < o.nLayer; ++i) {
-      const bool keep = part.holds(i, o.nLayer);
-      if (!keep && !exact) continue;
-      Block block(o);
-      if (exact) recordShapes(*block, fmt::format("transformer.h.{}.", i), built);
-      if (!keep) continue;  // dropped here, before the next block is built
-      if (part.sink != nullptr) {
-        for (const auto& p : block->named_parameters()) {
-          const std::string name = fmt::format("transformer.h.{}.{}", i, p.key());
-          if (name.find(".ln_") != std::string::npos) constants.emplace(name, p.value().detach().clone());
-          releaseStorage(p.value());
-        }
-      }
-      blocks.push_back(h->register_module(std::to_string(i), block));
-      blockIndex.push_back(i);
-    }
+    buildBlocks(o.nLayer, part, "transformer.h.", *h, built, isNorm, constants, blocks, blockIndex,
+                [&](int64_t) { return Block(o); });
     register_module("h", h);
     ln_f = unit("ln_f", part.output, [&] { return LayerNorm(o.nEmbd, o.bias); });
   }
@@ -229,10 +159,6 @@ class TransformerImpl : public nn::Module {
 };
 TORCH_MODULE(Transformer);
 
-bool endsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 class Gpt : public Model {
  public:
   Gpt(const GptOptions& o, const ModelPart& part)
@@ -242,55 +168,12 @@ class Gpt : public Model {
     transformer_ = register_module("transformer", Transformer(o, part, built, constants));
     // GPT-2's initialization over the whole model's parameters in order;
     // the projections into the residual stream are scaled down with depth.
-    // What this part does not keep is drawn into a scratch tensor of the
-    // same shape, so the kept tensors get the whole model's values.
-    torch::NoGradGuard noGrad;
     const double residualStd = 0.02 / std::sqrt(2.0 * static_cast<double>(o.nLayer));
-    std::map<std::string, at::Tensor> kept;
-    for (auto& item : named_parameters()) kept.emplace(item.key(), item.value());
-    if (!part.exact) {
-      built.clear();
-      for (auto& [name, t] : kept) built.push_back({name, t.sizes().vec()});
-    }
-    // With a sink, each kept block's values are made here, in the same
-    // order and from the same draws, handed over whole and dropped.
-    std::string unit;
-    ckpt::StateDict values;
-    auto handOver = [&] {
-      if (!values.empty()) part.sink->take(unit, std::move(values));
-      values.clear();
-    };
-    for (const ParamShape& p : built) {
-      const std::string& name = p.name;
-      auto it = kept.find(name);
-      const bool streamed = part.sink != nullptr && it != kept.end() && name.rfind("transformer.h.", 0) == 0;
-      at::Tensor value = streamed ? at::Tensor() : (it != kept.end() ? it->second : at::Tensor());
-      if (streamed && !part.sink->wantsValues()) continue;
-      if (streamed) {
-        const std::string of = name.substr(0, name.find('.', std::string("transformer.h.").size()));
-        if (of != unit) handOver();
-        unit = of;
-      }
-      if (name.find(".ln_") != std::string::npos) {  // ones and zeros already
-        if (streamed) values.emplace_back(name, constants.at(name));
-        continue;
-      }
-      if (streamed) {
-        value = at::empty(p.sizes);
-        values.emplace_back(name, value);
-      }
-      if (endsWith(name, ".bias")) {
-        if (value.defined()) value.zero_();
-        continue;
-      }
-      const double std = endsWith(name, "c_proj.weight") ? residualStd : 0.02;
-      if (value.defined()) {
-        value.normal_(0.0, std);
-      } else {
-        at::empty(p.sizes).normal_(0.0, std);
-      }
-    }
-    if (part.sink != nullptr && part.sink->wantsValues()) handOver();
+    initializeInOrder(*this, std::move(built), part, "transformer.h.", constants, [&](const std::string& name) {
+      if (isNorm(name)) return -1.0;  // ones and zeros already
+      if (endsWith(name, ".bias")) return 0.0;
+      return endsWith(name, "c_proj.weight") ? residualStd : 0.02;
+    });
   }
 
   // ZeRO stage 3 gathers one block at a time.
@@ -309,50 +192,11 @@ class Gpt : public Model {
 
   at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches) override {
     if (!part_.whole()) throw Error("gpt: a part of the model (a pipeline stage) cannot decode");
-    if (rows.empty() || rows.size() != caches.size()) {
-      throw DataError(fmt::format("gpt: decode takes a cache per row; got {} row(s) and {} cache(s)", rows.size(),
-                                  caches.size()));
-    }
-    const int64_t b = static_cast<int64_t>(rows.size());
-    std::vector<int64_t> lengths, counts;
-    int64_t t = 0;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const at::Tensor& row = rows[r];
-      if (row.dim() != 1 || row.size(0) < 1 || row.scalar_type() != torch::kLong) {
-        throw DataError(fmt::format("gpt: decode takes rows of token ids int64 [time >= 1]; row {} is {} [{}]", r,
-                                    c10::toString(row.scalar_type()), fmt::join(row.sizes(), ", ")));
-      }
-      const int64_t length = caches[r]->length, count = row.size(0);
-      if (length + count > blockSize_) {
-        throw DataError(fmt::format("gpt: {} cached positions and {} new ones pass model.block_size ({})", length,
-                                    count, blockSize_));
-      }
-      lengths.push_back(length);
-      counts.push_back(count);
-      t = std::max(t, count);
-    }
-    // Rows padded to the longest with token 0 at positions that stay inside
-    // the embedding: their outputs are never read.
-    at::Tensor tokens = torch::zeros({b, t}, torch::kLong);
-    at::Tensor positions = torch::zeros({b, t}, torch::kLong);
-    for (int64_t r = 0; r < b; ++r) {
-      tokens[r].narrow(0, 0, counts[r]).copy_(rows[static_cast<size_t>(r)]);
-      positions[r].copy_(torch::arange(lengths[r], lengths[r] + t, torch::kLong).clamp_max(blockSize_ - 1));
-    }
     Transformer& tr = transformer_;
-    const auto device = tr->wte->weight.device();
-    tokens = tokens.to(device);
-    positions = positions.to(device);
-    at::Tensor x = tr->drop(tr->wte(tokens) + tr->wpe(positions));
-    for (size_t i = 0; i < tr->blocks.size(); ++i) {
-      x = tr->blocks[i]->decode(x, caches, i, lengths, counts, blockSize_);
-    }
-    std::vector<int64_t> last(counts.size());
-    for (size_t r = 0; r < counts.size(); ++r) {
-      caches[r]->length += counts[r];
-      last[r] = counts[r] - 1;
-    }
-    x = x.index({torch::arange(b, torch::kLong).to(device), torch::tensor(last, torch::kLong).to(device)});
+    const DecodeRows batch = decodeRows(rows, caches, blockSize_, "gpt", tr->wte->weight.device());
+    at::Tensor x = tr->drop(tr->wte(batch.tokens) + tr->wpe(batch.positions));
+    for (size_t i = 0; i < tr->blocks.size(); ++i) x = tr->blocks[i]->decode(x, caches, i, batch, blockSize_);
+    x = lastOfEachRow(x, batch, caches);
     return torch::linear(tr->ln_f(x), tr->wte->weight);
   }
 

@@ -1,0 +1,45 @@
+#pragma once
+
+// What the decoders (gpt, llama) share to generate with a KvCache
+// (Model::decode): the batch of rows of several lengths, and attention over
+// each row's cached keys and values, with grouped-query attention's fewer
+// key/value heads.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cohort/models/model.h"
+
+namespace cohort::models {
+
+// Model::decode's rows as one batch: tokens [rows, longest] padded with
+// token 0, each row's positions from its cache's length on (clamped below
+// `capacity`: padding positions stay inside a position table), on `device`.
+struct DecodeRows {
+  at::Tensor tokens, positions;
+  std::vector<int64_t> lengths;  // positions each row's cache held before
+  std::vector<int64_t> counts;   // each row's new tokens
+};
+
+// Checks the rows and caches as Model::decode documents (DataError naming
+// `model`), and lays them out.
+DecodeRows decodeRows(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches, int64_t capacity,
+                      const char* model, const at::Device& device);
+
+// After the blocks: each cache advanced by its row's count, and x [rows,
+// longest, C] at each row's last new token: [rows, C].
+at::Tensor lastOfEachRow(const at::Tensor& x, const DecodeRows& rows, const std::vector<KvCache*>& caches);
+
+// Causal attention of q [B, H, T, D] over each row's cached keys and values
+// and the new k, v [B, KV, T, D] (KV divides H: query head h reads key/value
+// head h / (H / KV)), which are first written into caches[r] at block
+// `layer` (a cache keeps [KV, capacity, D] per block: the grouped heads
+// only). Row r's first counts[r] positions are its new tokens at positions
+// lengths[r] ..; the rest is padding, never seen. Returns [B, T, H D].
+at::Tensor cachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::vector<KvCache*>& caches, size_t layer, const DecodeRows& rows,
+                           int64_t capacity);
+
+}  // namespace cohort::models
