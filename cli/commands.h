@@ -23,7 +23,7 @@ inline constexpr EngineCommand kEngineCommands[] = {
     {"health",
      "Measure matmul, memory, disk and allreduce speed on N local ranks against the health.* thresholds; "
      "exit 1 naming each failing rank and check"},
-    {"generate", "Sample text from a trained language model (model.arch: gpt)"},
+    {"generate", "Sample text from a trained language model (model.arch: gpt or llama)"},
     {"export", "Write a trained model as ONNX, TorchScript, safetensors or Hugging Face's GPT-2 layout for "
                "other runtimes"},
     {"serve", "Answer predictions over HTTP, batching requests that arrive together"},

@@ -386,7 +386,7 @@ void checkPipeline(const JobConfig& job, const Where& where) {
                      "adapters with stages 1",
                      p.stages));
   }
-  const std::string what = arch == ModelArch::gpt ? "transformer blocks (model.n_layer)" : "layer groups";
+  const std::string what = decoderArch(arch) ? "transformer blocks (model.n_layer)" : "layer groups";
   if (p.stages > blocks) {
     fail(where(stagesKey), stagesKey,
          fmt::format("{} stages, but the model has only {} {}: each stage needs at least one",
@@ -514,9 +514,9 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
          arch == ModelArch::torchscript
              ? fmt::format("{} data cannot evaluate a model trained on {} data", choiceName(d->kind),
                            choiceName(job.data.train.kind))
-         : languageModel ? fmt::format("model.arch gpt trains on token data (kind: tokens), not {}",
-                                       choiceName(d->kind))
-                         : fmt::format("kind tokens is for model.arch gpt or torchscript, not {}",
+         : languageModel ? fmt::format("model.arch {} trains on token data (kind: tokens), not {}",
+                                       choiceName(arch), choiceName(d->kind))
+                         : fmt::format("kind tokens is for model.arch gpt, llama or torchscript, not {}",
                                        choiceName(arch)));
   }
   if (job.model.recompute == Recompute::blocks &&
@@ -541,9 +541,9 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     fail(where("model.path"), "model.path", "is for model.arch torchscript");
   }
   if (job.model.lora.rank > 0) {
-    if (arch != ModelArch::gpt) {
+    if (!decoderArch(arch)) {
       fail(where("model.lora.rank"), "model.lora.rank",
-           fmt::format("LoRA adapts the gpt model's layers, not {}", choiceName(arch)));
+           fmt::format("LoRA adapts the gpt and llama models' layers, not {}", choiceName(arch)));
     }
     if (job.model.lora.targets.empty()) {
       fail(where("model.lora.targets"), "model.lora.targets", "names no layer to adapt");
@@ -570,9 +570,36 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
   if (job.output.mergeLora && job.model.lora.rank == 0) {
     fail(where("output.merge_lora"), "output.merge_lora", "needs LoRA adapters (model.lora.rank > 0)");
   }
-  if (arch == ModelArch::gpt && job.model.nEmbd % job.model.nHead != 0) {
+  if (decoderArch(arch) && job.model.nEmbd % job.model.nHead != 0) {
     fail(where("model.n_embd"), "model.n_embd",
          fmt::format("{} is not divisible by model.n_head ({})", job.model.nEmbd, job.model.nHead));
+  }
+  if (arch == ModelArch::llama) {
+    const ModelConfig& m = job.model;
+    if ((m.nEmbd / m.nHead) % 2 != 0) {
+      fail(where("model.n_embd"), "model.n_embd",
+           fmt::format("{} / model.n_head ({}) is an odd head width; the rotary embedding turns pairs of "
+                       "dimensions",
+                       m.nEmbd, m.nHead));
+    }
+    if (m.nKvHead > 0 && m.nHead % m.nKvHead != 0) {
+      fail(where("model.n_kv_head"), "model.n_kv_head",
+           fmt::format("{} does not divide model.n_head ({}): each key/value head serves a group of query heads",
+                       m.nKvHead, m.nHead));
+    }
+    if (m.rope.scaling == RopeScaling::llama3 && !(m.rope.highFreqFactor > m.rope.lowFreqFactor)) {
+      fail(where("model.rope.high_freq_factor"), "model.rope.high_freq_factor",
+           fmt::format("{} must be above model.rope.low_freq_factor ({})", m.rope.highFreqFactor,
+                       m.rope.lowFreqFactor));
+    }
+  }
+  if (arch != ModelArch::llama) {
+    const ModelConfig d;
+    for (auto [set, key] : {std::pair<bool, const char*>{job.model.nKvHead != d.nKvHead, "model.n_kv_head"},
+                            {job.model.intermediateSize != d.intermediateSize, "model.intermediate_size"},
+                            {job.model.tieEmbeddings != d.tieEmbeddings, "model.tie_embeddings"}}) {
+      if (set) fail(where(key), key, fmt::format("is for model.arch llama, not {}", choiceName(arch)));
+    }
   }
 
   for (auto [file, key] : {std::pair<std::string*, const char*>{&job.model.initFrom, "model.init_from"},
@@ -581,7 +608,7 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     fs::path abs = absolutePath(*file);
     std::error_code ec;
     // A gpt's weights may be a Hugging Face directory (config.json beside them).
-    const bool hfDir = file == &job.model.initFrom && arch == ModelArch::gpt && fs::is_directory(abs, ec) &&
+    const bool hfDir = file == &job.model.initFrom && decoderArch(arch) && fs::is_directory(abs, ec) &&
                        fs::is_regular_file(abs / "config.json", ec);
     if (!fs::is_regular_file(abs, ec) && !hfDir) {
       throw DataError(fmt::format("{}: {}: file not found: {}", where(key), key, abs.string()));

@@ -12,6 +12,7 @@
 
 #include "cohort/ckpt/weights.h"
 #include "cohort/core/error.h"
+#include "models/hf_json.h"
 
 namespace cohort::models {
 namespace {
@@ -79,24 +80,7 @@ class HfGpt2Source final : public ckpt::TensorSource {
   std::map<std::string, From> from_;
 };
 
-json readJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw DataError(fmt::format("{}: cannot read", path));
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", path));
-  return j;
-}
-
 const char* hfActivation(Activation a) { return a == Activation::geluTanh ? "gelu_new" : "gelu"; }
-
-// config[key] as a string, `otherwise` when it is absent. Throws DataError
-// naming `origin` when it is something else.
-std::string stringAt(const json& config, const char* key, const std::string& otherwise, const std::string& origin) {
-  const auto it = config.find(key);
-  if (it == config.end()) return otherwise;
-  if (!it->is_string()) throw DataError(fmt::format("{}: {} is {}, not a string", origin, key, it->dump()));
-  return it->get<std::string>();
-}
 
 }  // namespace
 
@@ -192,41 +176,6 @@ void checkHfGpt2Config(const json& config, const GptOptions& o, Activation activ
       it != config.end() && !(it->is_number() && std::abs(it->get<double>() - 1e-5) < 1e-12)) {
     throw DataError(fmt::format("{}: layer_norm_epsilon {}; cohort's LayerNorm has 1e-05", origin, it->dump()));
   }
-}
-
-std::unique_ptr<ckpt::TensorSource> openPretrained(const std::string& path, const ModelConfig& config) {
-  std::error_code ec;
-  const bool gpt = config.arch == ModelArch::gpt;
-  const GptOptions o = gptOptions(config, config.vocabSize);
-  if (fs::is_directory(path, ec)) {
-    if (!gpt) {
-      throw DataError(fmt::format("{}: a directory; weights come in a file (.pt, .safetensors), or for model.arch gpt "
-                                  "in a Hugging Face GPT-2 directory",
-                                  path));
-    }
-    const std::string cfg = (fs::path(path) / "config.json").string();
-    if (!fs::is_regular_file(cfg, ec)) {
-      throw DataError(fmt::format("{}: a directory without config.json: not a Hugging Face checkpoint", path));
-    }
-    checkHfGpt2Config(readJson(cfg), o, config.activation, cfg);
-    std::string file;
-    for (const char* name : {"model.safetensors", "pytorch_model.bin"}) {
-      if (file.empty() && fs::is_regular_file(fs::path(path) / name, ec)) file = (fs::path(path) / name).string();
-    }
-    if (file.empty()) {
-      throw DataError(fmt::format("{}: neither model.safetensors nor pytorch_model.bin (a checkpoint sharded into "
-                                  "several files is not read)",
-                                  path));
-    }
-    auto source = ckpt::openWeights(file);
-    if (!isHfGpt2(source->entries())) return source;
-    return hfGpt2AsCohort(std::move(source), file);
-  }
-  auto source = ckpt::openWeights(path);
-  if (!gpt || !isHfGpt2(source->entries())) return source;
-  const fs::path beside = fs::path(path).parent_path() / "config.json";
-  if (fs::is_regular_file(beside, ec)) checkHfGpt2Config(readJson(beside.string()), o, config.activation, beside.string());
-  return hfGpt2AsCohort(std::move(source), path);
 }
 
 }  // namespace cohort::models

@@ -9,7 +9,8 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
-#include "cohort/models/hf_gpt2.h"
+#include "cohort/models/pretrained.h"
+#include "cohort/models/pretrained.h"
 
 namespace cohort::models {
 
@@ -55,8 +56,12 @@ std::vector<std::string> parts(const std::string& name) {
 bool matches(const std::string& layer, const std::string& target) {
   const std::vector<std::string> l = parts(layer), t = parts(target);
   if (t.empty() || t.size() > l.size()) return false;
+  // "attn" is gpt's attention and llama's self_attn alike.
+  auto same = [](const std::string& wanted, const std::string& part) {
+    return part == wanted || (wanted == "attn" && part == "self_attn");
+  };
   for (size_t i = 0; i + t.size() <= l.size(); ++i) {
-    if (std::equal(t.begin(), t.end(), l.begin() + static_cast<std::ptrdiff_t>(i))) return true;
+    if (std::equal(t.begin(), t.end(), l.begin() + static_cast<std::ptrdiff_t>(i), same)) return true;
   }
   return false;
 }

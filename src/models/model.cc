@@ -7,6 +7,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
+#include "cohort/models/llama.h"
 #include "models/resnet.h"
 #include "models/simple_cnn.h"
 #include "models/torchscript.h"
@@ -68,6 +69,7 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input,
     case ModelArch::resnet50: return std::make_shared<ResNet>(50, config, input, part);
     case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input, part);
     case ModelArch::gpt: return createGpt(gptOptions(config, config.vocabSize), part);
+    case ModelArch::llama: return createLlama(llamaOptions(config, config.vocabSize), part);
     case ModelArch::torchscript: return loadScriptedModel(config.path);
   }
   throw ConfigError(fmt::format("model.arch: unknown architecture ({})", static_cast<int>(config.arch)));
@@ -75,9 +77,21 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input,
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> tiedNamesOf(const ModelConfig& config) {
+  if (config.arch == ModelArch::gpt) return {{kTiedHeadName, "transformer.wte.weight"}};
+  if (config.arch == ModelArch::llama && config.tieEmbeddings) return {{kLlamaHeadName, kLlamaEmbeddingName}};
+  return {};
+}
+
+std::vector<std::string> tiedAcrossStages(const ModelConfig& config) {
+  std::vector<std::string> out;
+  for (const auto& [second, name] : tiedNamesOf(config)) out.push_back(name);
+  return out;
+}
+
 std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input,
                                    const ModelPart& part) {
-  if (input.channels < 1 && config.arch != ModelArch::gpt && config.arch != ModelArch::torchscript) {
+  if (input.channels < 1 && !decoderArch(config.arch) && config.arch != ModelArch::torchscript) {
     throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
   }
   std::shared_ptr<Model> model = build(config, input, part);

@@ -18,7 +18,7 @@ constexpr double kPlanMb = 1 << 20;
 bool jobRecomputes(const JobConfig& job) { return job.model.recompute == Recompute::blocks; }
 
 // ZeRO stage 3 builds the GPT unit by unit (parallel/unit_load.h).
-bool builtByUnit(const JobConfig& job, int64_t zero) { return zero == 3 && job.model.arch == ModelArch::gpt; }
+bool builtByUnit(const JobConfig& job, int64_t zero) { return zero == 3 && decoderArch(job.model.arch); }
 
 double gradientMb(const Fit& fit) { return 4 * fit.elements.trainable / kPlanMb; }
 

@@ -249,7 +249,7 @@ Fit fitProbes(const JobConfig& job, const Probes& p, const Link& link) {
   Fit f;
   f.elements = a.elements;
   f.epochSamples = a.epochSamples;
-  f.blockSize = job.model.arch == ModelArch::gpt ? job.model.blockSize : 0;
+  f.blockSize = decoderArch(job.model.arch) ? job.model.blockSize : 0;
   f.threads = a.setting.threads;
   f.link = link;
   const double state0 = train::stateBytes(f.elements, 0, 1, job.training.optimizer, a.setting.bucketCapMb).total() / kMiB;

@@ -12,7 +12,7 @@ namespace cohort::plan::detail {
 namespace {
 
 bool imageModel(const JobConfig& job) {
-  return job.model.arch != ModelArch::gpt && job.model.arch != ModelArch::torchscript;
+  return !decoderArch(job.model.arch) && job.model.arch != ModelArch::torchscript;
 }
 
 // The candidates along one dimension from `s`, the global batch kept.

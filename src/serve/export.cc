@@ -76,7 +76,9 @@ int exportCommand(const ExportOptions& options, std::ostream& out) {
   if (options.format == "huggingface") {
     detail::writeHuggingFace(m, path);
     out << "wrote " << path << "/config.json and model.safetensors\n"
-        << "  format:  huggingface (GPT-2's layout: GPT2LMHeadModel.from_pretrained reads it)\n"
+        << "  format:  huggingface ("
+        << (m.job.model.arch == ModelArch::llama ? "Llama's layout: LlamaForCausalLM" : "GPT-2's layout: GPT2LMHeadModel")
+        << ".from_pretrained reads it)\n"
         << "  model:   " << m.info.arch << " from " << m.info.weights << "\n";
     return 0;
   }

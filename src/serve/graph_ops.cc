@@ -105,6 +105,9 @@ std::string describeForward(Ops& ops, const TrainedModel& m, const std::string& 
       return describeResNet(ops, ops.normalize(input, m.info.mean, m.info.std), c.smallInput);
     case ModelArch::gpt:
       return describeGpt(ops, input, c);
+    case ModelArch::llama:
+      throw UsageError("model.arch llama: ONNX and TorchScript export of llama is not written yet; export its "
+                       "weights with --format huggingface or safetensors");
     case ModelArch::torchscript:
       break;
   }

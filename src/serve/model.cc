@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "cohort/ckpt/manifest.h"
 #include "cohort/ckpt/resume.h"
@@ -21,7 +23,7 @@
 #include "cohort/data/transform.h"
 #include "cohort/ckpt/weights.h"
 #include "cohort/models/gpt.h"
-#include "cohort/models/hf_gpt2.h"
+#include "cohort/models/pretrained.h"
 #include "cohort/models/lora.h"
 #include "cohort/models/unit_runner.h"
 #include "cohort/storage/storage.h"
@@ -176,14 +178,16 @@ void openWeights(TrainedModel& t, const ModelConfig& mc, const std::string& path
   part.sink = &shapes;
   part.exact = false;
   const auto shaped = models::createModel(mc, {t.info.channels, t.info.height, t.info.width}, part);
+  std::set<std::string> seconds;  // second names of tied tensors: a file may hold them or not
+  for (const auto& [second, name] : models::tiedNamesOf(mc)) seconds.insert(second);
   std::map<std::string, at::Tensor> given;
   for (const auto& [name, e] : t.weights->entries()) {
-    if (name != models::kTiedHeadName) given.emplace(name, e);
+    if (seconds.count(name) == 0) given.emplace(name, e);
   }
   for (const auto& b : shaped->named_buffers()) t.buffers.insert(b.key());
   for (const auto& [name, want] : models::publishedStateDict(*shaped)) {
     t.order.push_back(name);
-    if (name == models::kTiedHeadName) continue;
+    if (seconds.count(name) != 0) continue;
     auto it = given.find(name);
     if (it == given.end()) {
       throw DataError(fmt::format("{}: missing tensor '{}' that the model needs", t.info.weights, name));
@@ -233,7 +237,7 @@ TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPa
   // The contiguous layout: what every runtime an export goes to expects,
   // and serving's batches are small.
   mc.memoryFormat = MemoryLayout::contiguous;
-  if (weightsOnly && mc.arch == ModelArch::gpt && mc.lora.rank == 0) {
+  if (weightsOnly && decoderArch(mc.arch) && mc.lora.rank == 0) {
     openWeights(t, mc, model);
     return t;
   }

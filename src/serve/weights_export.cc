@@ -13,6 +13,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/models/hf_gpt2.h"
+#include "cohort/models/hf_llama.h"
 #include "cohort/models/lora.h"
 #include "serve/detail/exporters.h"
 
@@ -28,7 +29,7 @@ void visitTensors(const TrainedModel& m, const std::function<void(const std::str
                   const std::function<void(const std::string&, const std::string&)>& tied) {
   if (m.weights) {
     std::map<std::string, std::string> aliases;
-    if (m.job.model.arch == ModelArch::gpt) aliases.emplace(models::kTiedHeadName, "transformer.wte.weight");
+    for (const auto& [second, name] : models::tiedNamesOf(m.job.model)) aliases.emplace(second, name);
     for (const std::string& name : m.order) {
       if (auto a = aliases.find(name); a != aliases.end()) {
         tied(name, a->second);
@@ -62,22 +63,49 @@ void writeSafetensors(const TrainedModel& m, const std::string& path) {
   out.finish();
 }
 
-void writeHuggingFace(const TrainedModel& m, const std::string& dir) {
-  const ModelConfig& mc = m.job.model;
-  if (mc.arch != ModelArch::gpt) {
-    throw UsageError(fmt::format("--format huggingface writes GPT-2's layout: model.arch gpt, not {}",
-                                 choiceName(mc.arch)));
-  }
-  if (!mc.bias) {
-    throw UsageError("--format huggingface: GPT-2 has biases in every layer; a model with model.bias false has no "
-                     "Hugging Face GPT-2 layout (export it as safetensors)");
-  }
+namespace {
+
+void createExportDir(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     throw UsageError(fmt::format("--out {}: exists and is not a directory", dir));
   }
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir, ec.message()));
+}
+
+// LlamaForCausalLM's layout is cohort's llama's own: the tensors as they
+// are, a tied head left out as transformers saves it, and config.json.
+void writeHfLlama(const TrainedModel& m, const std::string& dir) {
+  createExportDir(dir);
+  models::LlamaOptions o = models::llamaOptions(m.job.model, m.info.vocabSize);
+  o.vocabSize = m.info.vocabSize;
+  ckpt::SafetensorsWriter out((fs::path(dir) / "model.safetensors").string(), {{"format", "pt"}});
+  visitTensors(
+      m, [&](const std::string& name, const at::Tensor& t) { out.add(name, t); },
+      [](const std::string&, const std::string&) {});
+  out.finish();
+  writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfLlamaConfig(o).dump(2) + "\n");
+}
+
+}  // namespace
+
+void writeHuggingFace(const TrainedModel& m, const std::string& dir) {
+  const ModelConfig& mc = m.job.model;
+  if (mc.arch == ModelArch::llama) {
+    writeHfLlama(m, dir);
+    return;
+  }
+  if (mc.arch != ModelArch::gpt) {
+    throw UsageError(fmt::format("--format huggingface writes GPT-2's or Llama's layout: model.arch gpt or llama, "
+                                 "not {}",
+                                 choiceName(mc.arch)));
+  }
+  if (!mc.bias) {
+    throw UsageError("--format huggingface: GPT-2 has biases in every layer; a model with model.bias false has no "
+                     "Hugging Face GPT-2 layout (export it as safetensors)");
+  }
+  createExportDir(dir);
   models::GptOptions o = models::gptOptions(mc, m.info.vocabSize);
   o.vocabSize = m.info.vocabSize;
   ckpt::SafetensorsWriter out((fs::path(dir) / "model.safetensors").string());

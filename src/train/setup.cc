@@ -16,7 +16,8 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/transform.h"
-#include "cohort/models/hf_gpt2.h"
+#include "cohort/models/pretrained.h"
+#include "cohort/models/pretrained.h"
 #include "cohort/models/lora.h"
 #include "cohort/ckpt/rank_state.h"
 #include "cohort/models/gpt.h"
@@ -106,7 +107,7 @@ Datasets openDatasets(const JobConfig& job) {
 ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data) {
   const data::SampleShape& shape = data.shape;
   ModelConfig mc = job.model;
-  if (mc.arch == ModelArch::gpt) {
+  if (decoderArch(mc.arch)) {
     if (mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
     if (mc.vocabSize < data.vocabSize) {
       throw ConfigError(fmt::format("model.vocab_size is {} but the training data's tokenizer has {} "
@@ -125,7 +126,7 @@ ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data) {
 
 bool buildsByUnit(const JobConfig& job) {
   // A tensor split builds its slices (1/T of each block) and shards them after.
-  return job.distribution.zero == 3 && job.model.arch == ModelArch::gpt && job.distribution.tensor == 1;
+  return job.distribution.zero == 3 && decoderArch(job.model.arch) && job.distribution.tensor == 1;
 }
 
 namespace {
@@ -278,8 +279,8 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
               "{:.3g} MB)",
               double(checkpoint.bytesRead()) / 1e6, double(checkpoint.bytesWhole()) / 1e6);
   } else if (!resumeFrom.empty() && s.units) {
-    std::vector<std::string> tied;  // kept out of a pipeline's buckets (makePlan)
-    if (!part.whole() && mc.arch == ModelArch::gpt) tied.push_back("transformer.wte.weight");
+    // kept out of a pipeline's buckets (makePlan)
+    const std::vector<std::string> tied = part.whole() ? std::vector<std::string>{} : models::tiedAcrossStages(mc);
     parallel::resumeByUnit(model, *s.units, resumeFrom, ckpt::readManifest(resumeFrom), stage, comm, tied);
   } else if (!resumeFrom.empty()) {
     // model.bin (a pipeline stage's file), with ZeRO stage 3's parameter

@@ -32,7 +32,7 @@ std::string splitText(const std::vector<int64_t>& split) { return fmt::format("[
 // of theirs. One block is built at a time.
 std::vector<double> measureBlocks(const JobConfig& job, const Datasets& data) {
   ModelConfig mc = job.model;
-  if (mc.arch == ModelArch::gpt && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
+  if (decoderArch(mc.arch) && mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
   if (mc.inChannels == 0) mc.inChannels = data.shape.channels;
   const int64_t blocks = pipelineBlocks(mc);
   const int64_t b = job.training.batchSize;
@@ -41,7 +41,7 @@ std::vector<double> measureBlocks(const JobConfig& job, const Datasets& data) {
   std::vector<double> seconds(static_cast<size_t>(blocks), std::numeric_limits<double>::infinity());
   std::vector<std::string> kind(static_cast<size_t>(blocks));
   for (int pass = 0; pass < 3; ++pass) {
-    at::Tensor x = mc.arch == ModelArch::gpt
+    at::Tensor x = decoderArch(mc.arch)
                        ? torch::randint(0, std::max<int64_t>(1, mc.vocabSize), {b, mc.blockSize}, torch::kLong)
                        : torch::randn({b, data.shape.channels, data.shape.height, data.shape.width});
     for (int64_t k = 0; k < blocks; ++k) {

@@ -142,8 +142,8 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
     po.microBatches = static_cast<int>(pc.microBatchCount());
     po.schedule = pc.schedule == PipelineSchedule::gpipe ? parallel::ScheduleKind::gpipe
                                                           : parallel::ScheduleKind::oneFOneB;
-    // GPT's token embedding is its output head too: the first and the last stage hold it.
-    if (job.model.arch == ModelArch::gpt) po.tied.push_back("transformer.wte.weight");
+    // A token embedding that is the output head too: the first and the last stage hold it.
+    po.tied = models::tiedAcrossStages(job.model);
     po.sharedMemory = job.distribution.sharedMemory;
     po.maxBatch = std::max(job.training.batchSize, evalBatchSize(job));
     plan = parallel::pipeline(s.mesh, s.model.model, options, po);
@@ -161,8 +161,9 @@ std::unique_ptr<parallel::Plan> makePlan(const TrainState& s) {
 // What a pipeline stage holds of the model.
 void logStage(const TrainState& s, const models::ModelPart& part) {
   std::vector<std::string> also;
-  if (part.input) also.push_back(s.job.model.arch == ModelArch::gpt ? "the embeddings" : "the stem");
-  if (part.output) also.push_back(s.job.model.arch == ModelArch::gpt ? "the final norm and the head" : "the classifier");
+  const bool decoder = decoderArch(s.job.model.arch);
+  if (part.input) also.push_back(decoder ? "the embeddings" : "the stem");
+  if (part.output) also.push_back(decoder ? "the final norm and the head" : "the classifier");
   log::info("pipeline: {} holds blocks {}..{} of {}{}{}: {} parameters", s.mesh.describe(),
             part.firstBlock, part.endBlock - 1, pipelineBlocks(s.job.model),
             also.empty() ? "" : " with ", fmt::join(also, " and "), s.model.parameters);

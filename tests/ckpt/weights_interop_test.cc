@@ -13,6 +13,7 @@
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/hf_gpt2.h"
+#include "cohort/models/pretrained.h"
 #include "cohort/models/model.h"
 #include "serve/detail/exporters.h"
 #include "test_paths.h"
@@ -185,7 +186,7 @@ TEST_F(WeightsInterop, CheckpointsOfAnotherModelAreRefusedNamingTheFileAndKey) {
   // A directory without weights.
   fs::remove(dir.file("hf/pytorch_model.bin"));
   e = test::errorOf<DataError>([&] { models::openPretrained(dir.file("hf"), mc); });
-  EXPECT_NE(e.find("neither model.safetensors nor pytorch_model.bin"), std::string::npos) << e;
+  EXPECT_NE(e.find("none of model.safetensors, model.safetensors.index.json, pytorch_model.bin"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <string>
@@ -13,6 +14,7 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
+#include "cohort/models/llama.h"
 #include "cohort/models/model.h"
 #include "util/gpt.h"
 
@@ -42,6 +44,16 @@ ModelConfig gptConfig() {
   c.nEmbd = 12;
   c.blockSize = 8;
   c.vocabSize = 30;
+  return c;
+}
+
+ModelConfig llamaConfig(bool tied) {
+  ModelConfig c = gptConfig();
+  c.arch = ModelArch::llama;
+  c.nHead = 4;
+  c.nKvHead = 2;
+  c.nEmbd = 16;
+  c.tieEmbeddings = tied;
   return c;
 }
 
@@ -78,7 +90,8 @@ void checkParts(const ModelConfig& config, const InputShape& input, const std::v
     // Only the tied embedding (and its second name) is held twice: by the
     // first and the last part.
     if (seen[name] > 1) {
-      EXPECT_TRUE(name == "transformer.wte.weight" || name == kTiedHeadName) << name;
+      const std::vector<std::string> tied = tiedAcrossStages(config);
+      EXPECT_TRUE(std::find(tied.begin(), tied.end(), name) != tied.end() || name == kTiedHeadName) << name;
     }
   }
   torch::NoGradGuard noGrad;
@@ -114,6 +127,27 @@ TEST(ModelParts, GptStagesHoldTheirBlocksWithTheWholeModelsValues) {
   EXPECT_EQ(last->tiedNames().size(), 1u);
   // A middle stage takes the residual stream, and says so when given tokens.
   EXPECT_THROW(middle->forward(torch::zeros({2, 8}, torch::kLong)), DataError);
+}
+
+TEST(ModelParts, LlamaStagesHoldTheirBlocksWithTheWholeModelsValues) {
+  const at::Tensor tokens = torch::randint(0, 30, {3, 8}, torch::kLong);
+  for (bool tied : {false, true}) {
+    for (const std::vector<int64_t>& split : {std::vector<int64_t>{2, 2}, {1, 1, 2}}) {
+      SCOPED_TRACE(::testing::PrintToString(split) + (tied ? " tied" : " untied"));
+      checkParts(llamaConfig(tied), {}, split, tokens);
+    }
+    // The last stage holds the head; the embedding too only when it is the head.
+    auto parts = partsOf({2, 2});
+    torch::manual_seed(1);
+    const auto last = ckpt::stateDict(*createModel(llamaConfig(tied), {}, parts[1]));
+    const auto has = [&](const std::string& name) {
+      return std::any_of(last.begin(), last.end(), [&](const auto& e) { return e.first == name; });
+    };
+    EXPECT_EQ(has("model.embed_tokens.weight"), tied);
+    EXPECT_EQ(has("lm_head.weight"), !tied);
+    EXPECT_TRUE(has("model.norm.weight"));
+    EXPECT_FALSE(has("model.layers.0.mlp.up_proj.weight"));
+  }
 }
 
 TEST(ModelParts, ResNetStagesHoldTheirLayerGroupsWithTheWholeModelsValues) {
@@ -155,26 +189,33 @@ struct Collect : UnitSink {
 // parameters without storage and the rest with their values; a pipeline
 // stage's blocks likewise.
 TEST(ModelParts, BuiltUnitByUnitTheBlocksGoToTheSinkWithTheWholeModelsValues) {
-  for (const std::vector<int64_t>& split : {std::vector<int64_t>{4}, {1, 3}}) {
-    SCOPED_TRACE(::testing::PrintToString(split));
-    torch::manual_seed(5);
-    auto whole = createModel(gptConfig(), {});
-    std::map<std::string, at::Tensor> expected;
-    for (const auto& [name, t] : ckpt::stateDict(*whole)) expected.emplace(name, t);
-    ModelPart part = partsOf(split).back();
-    if (split.size() == 1) part = ModelPart{};
-    Collect sink;
-    part.sink = &sink;
-    torch::manual_seed(5);
-    auto built = createModel(gptConfig(), {}, part);
-    EXPECT_EQ(sink.units, built->shardingUnits());
-    for (const auto& [name, t] : ckpt::stateDict(*built)) {
-      const bool inUnit = name.rfind("transformer.h.", 0) == 0;
-      EXPECT_EQ(hasStorage(t), !inUnit) << name;
-      const at::Tensor value = inUnit ? sink.got.at(name) : t;
-      EXPECT_TRUE(torch::equal(value, expected.at(name))) << name;
+  struct Arch {
+    ModelConfig config;
+    std::string blocks;
+    size_t perBlock;
+  };
+  for (const Arch& arch : {Arch{gptConfig(), "transformer.h.", 12}, Arch{llamaConfig(false), "model.layers.", 9}}) {
+    for (const std::vector<int64_t>& split : {std::vector<int64_t>{4}, {1, 3}}) {
+      SCOPED_TRACE(::testing::PrintToString(split) + " " + arch.blocks);
+      torch::manual_seed(5);
+      auto whole = createModel(arch.config, {});
+      std::map<std::string, at::Tensor> expected;
+      for (const auto& [name, t] : ckpt::stateDict(*whole)) expected.emplace(name, t);
+      ModelPart part = partsOf(split).back();
+      if (split.size() == 1) part = ModelPart{};
+      Collect sink;
+      part.sink = &sink;
+      torch::manual_seed(5);
+      auto built = createModel(arch.config, {}, part);
+      EXPECT_EQ(sink.units, built->shardingUnits());
+      for (const auto& [name, t] : ckpt::stateDict(*built)) {
+        const bool inUnit = name.rfind(arch.blocks, 0) == 0;
+        EXPECT_EQ(hasStorage(t), !inUnit) << name;
+        const at::Tensor value = inUnit ? sink.got.at(name) : t;
+        EXPECT_TRUE(torch::equal(value, expected.at(name))) << name;
+      }
+      EXPECT_EQ(sink.got.size(), static_cast<size_t>(split.back()) * arch.perBlock);
     }
-    EXPECT_EQ(sink.got.size(), static_cast<size_t>(split.back()) * 12) << "a block has 12 parameters";
   }
 }
 

@@ -678,7 +678,10 @@ TEST_F(ServeTest, AnImageTooLargeByItsHeaderIs400) {
 // Generations that share forwards give each the text it gets alone: a
 // batch of 4 runs only when all 4 contexts wait (600 s would pass first),
 // so every step of the 4 is one forward of 4.
-TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) {
+// Concurrent generations batched into one forward per token with the
+// key/value caches give each request's answer alone: gpt's, and llama's,
+// whose caches hold its 2 key/value heads for 4 query heads.
+void generationsBatchAsEachAlone(const test::TempDir& dir, const std::string& run) {
   // Prompts of four lengths: each step of the four generations (their
   // prompts, then one token each, their sequences of four lengths) is one
   // forward with the key/value caches.
@@ -691,7 +694,7 @@ TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) {
   }
   std::vector<json> alone;
   {
-    Server one(*dir_, *gpt_, {"--max-batch", "1"});
+    Server one(dir, run, {"--max-batch", "1"});
     for (const json& r : requests) {
       const Reply reply = one.post("/v1/generate", r.dump());
       ASSERT_EQ(reply.status, 200) << reply.body;
@@ -699,7 +702,7 @@ TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) {
     }
     EXPECT_EQ(one.stop().exitCode, 0);
   }
-  Server batched(*dir_, *gpt_, {"--max-batch", "4", "--max-delay-ms", "600000"});
+  Server batched(dir, run, {"--max-batch", "4", "--max-delay-ms", "600000"});
   std::vector<Reply> together(requests.size());
   {
     std::vector<std::thread> clients;
@@ -716,6 +719,12 @@ TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) {
   EXPECT_EQ(batched.metric("cohort_serve_batch_size_count"), kTokens);
   EXPECT_EQ(batched.metric("cohort_serve_batch_size_sum"), 4 * kTokens);
   EXPECT_EQ(batched.stop().exitCode, 0);
+}
+
+TEST_F(ServeTest, ConcurrentGenerationsEqualEachAlone) { generationsBatchAsEachAlone(*dir_, *gpt_); }
+
+TEST_F(ServeTest, LlamaGenerationsBatchAsEachAlone) {
+  generationsBatchAsEachAlone(*dir_, test::trainDeployRun(*dir_, test::DeployModel::llama));
 }
 
 // A --port-file that cannot be written (its directory would be inside a

@@ -13,6 +13,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
+#include "cohort/models/llama.h"
 #include "util/errors.h"
 #include "util/gpt.h"
 
@@ -28,11 +29,29 @@ std::shared_ptr<models::Model> tinyGpt(bool geluTanh = false) {
   return m;
 }
 
+// A llama of the same sizes with grouped-query attention: 4 query heads
+// reading 2 key/value heads, of which the cache holds only the 2.
+std::shared_ptr<models::Model> tinyLlama() {
+  torch::manual_seed(17);
+  models::LlamaOptions o;
+  o.vocabSize = 50;
+  o.blockSize = 12;
+  o.nLayer = 2;
+  o.nHead = 4;
+  o.nKvHead = 2;
+  o.nEmbd = 16;
+  o.intermediate = 40;
+  auto m = models::createLlama(o);
+  m->eval();
+  return m;
+}
+
 double maxDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 TEST(KvCache, EachCachedStepHasTheWholeSequencesLogits) {
-  for (bool tanh : {false, true}) {
-    auto model = tinyGpt(tanh);
+  for (int kind : {0, 1, 2}) {
+    SCOPED_TRACE(kind == 2 ? "llama" : "gpt");
+    auto model = kind == 2 ? tinyLlama() : tinyGpt(kind == 1);
     torch::InferenceMode guard;
     const at::Tensor tokens = torch::randint(0, 50, {1, 12}, torch::kLong);
     const at::Tensor full = model->forward(tokens);  // [1, 12, 50]
@@ -46,6 +65,7 @@ TEST(KvCache, EachCachedStepHasTheWholeSequencesLogits) {
       EXPECT_LT(maxDiff(logits[0], full[0][t]), 1e-5) << "position " << t;
     }
     EXPECT_EQ(cache.length, 12);
+    EXPECT_EQ(cache.keys[0].size(0), 2) << "heads of keys held";
     // block_size is the end: the caller shifts the window instead.
     EXPECT_NE(test::errorOf<DataError>([&] { model->decode({tokens[0].narrow(0, 0, 1)}, {&cache}); })
                   .find("pass model.block_size (12)"),
@@ -54,39 +74,42 @@ TEST(KvCache, EachCachedStepHasTheWholeSequencesLogits) {
 }
 
 TEST(KvCache, RowsOfDifferentLengthsDecodeTogetherAsEachAlone) {
-  auto model = tinyGpt();
-  torch::InferenceMode guard;
-  // Cached lengths 1, 7, 4 and 0; then rows of 1, 1, 3 and 5 new tokens in
-  // one call: single tokens beside a prompt.
-  const std::vector<int64_t> cached = {1, 7, 4, 0}, fresh = {1, 1, 3, 5};
-  std::vector<models::KvCache> alone(4), together(4);
-  std::vector<at::Tensor> prompts, rows;
-  std::vector<models::KvCache*> caches;
-  for (size_t r = 0; r < 4; ++r) {
-    prompts.push_back(torch::randint(0, 50, {cached[r]}, torch::kLong));
-    if (cached[r] > 0) {
-      model->decode({prompts[r]}, {&alone[r]});
-      model->decode({prompts[r]}, {&together[r]});
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt");
+    auto model = llama ? tinyLlama() : tinyGpt();
+    torch::InferenceMode guard;
+    // Cached lengths 1, 7, 4 and 0; then rows of 1, 1, 3 and 5 new tokens in
+    // one call: single tokens beside a prompt.
+    const std::vector<int64_t> cached = {1, 7, 4, 0}, fresh = {1, 1, 3, 5};
+    std::vector<models::KvCache> alone(4), together(4);
+    std::vector<at::Tensor> prompts, rows;
+    std::vector<models::KvCache*> caches;
+    for (size_t r = 0; r < 4; ++r) {
+      prompts.push_back(torch::randint(0, 50, {cached[r]}, torch::kLong));
+      if (cached[r] > 0) {
+        model->decode({prompts[r]}, {&alone[r]});
+        model->decode({prompts[r]}, {&together[r]});
+      }
+      rows.push_back(torch::randint(0, 50, {fresh[r]}, torch::kLong));
+      caches.push_back(&together[r]);
     }
-    rows.push_back(torch::randint(0, 50, {fresh[r]}, torch::kLong));
-    caches.push_back(&together[r]);
-  }
-  const at::Tensor batched = model->decode(rows, caches);
-  ASSERT_EQ(batched.sizes(), (std::vector<int64_t>{4, 50}));
-  for (size_t r = 0; r < 4; ++r) {
-    const at::Tensor one = model->decode({rows[r]}, {&alone[r]});
-    EXPECT_LT(maxDiff(batched[static_cast<int64_t>(r)], one[0]), 1e-5) << "row " << r;
-    // And both are the forward of the whole sequence.
-    const at::Tensor whole = torch::cat({prompts[r], rows[r]}).unsqueeze(0);
-    EXPECT_LT(maxDiff(one[0], model->forward(whole)[0][cached[r] + fresh[r] - 1]), 1e-5);
-    EXPECT_EQ(together[r].length, cached[r] + fresh[r]);
-  }
-  // The next step of all four together still agrees.
-  std::vector<at::Tensor> next;
-  for (size_t r = 0; r < 4; ++r) next.push_back(torch::randint(0, 50, {1}, torch::kLong));
-  const at::Tensor step = model->decode(next, caches);
-  for (size_t r = 0; r < 4; ++r) {
-    EXPECT_LT(maxDiff(step[static_cast<int64_t>(r)], model->decode({next[r]}, {&alone[r]})[0]), 1e-5) << r;
+    const at::Tensor batched = model->decode(rows, caches);
+    ASSERT_EQ(batched.sizes(), (std::vector<int64_t>{4, 50}));
+    for (size_t r = 0; r < 4; ++r) {
+      const at::Tensor one = model->decode({rows[r]}, {&alone[r]});
+      EXPECT_LT(maxDiff(batched[static_cast<int64_t>(r)], one[0]), 1e-5) << "row " << r;
+      // And both are the forward of the whole sequence.
+      const at::Tensor whole = torch::cat({prompts[r], rows[r]}).unsqueeze(0);
+      EXPECT_LT(maxDiff(one[0], model->forward(whole)[0][cached[r] + fresh[r] - 1]), 1e-5);
+      EXPECT_EQ(together[r].length, cached[r] + fresh[r]);
+    }
+    // The next step of all four together still agrees.
+    std::vector<at::Tensor> next;
+    for (size_t r = 0; r < 4; ++r) next.push_back(torch::randint(0, 50, {1}, torch::kLong));
+    const at::Tensor step = model->decode(next, caches);
+    for (size_t r = 0; r < 4; ++r) {
+      EXPECT_LT(maxDiff(step[static_cast<int64_t>(r)], model->decode({next[r]}, {&alone[r]})[0]), 1e-5) << r;
+    }
   }
 }
 

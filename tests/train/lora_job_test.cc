@@ -411,7 +411,7 @@ TEST_F(LoraJob, MistakesExit2NamingTheKey) {
   const std::string tiny = dir.file("tiny.yaml");
   test::writeText(tiny, test::tinyJobYaml("tiny"));
   expectBad({"validate", tiny, "--set", "model.lora.rank=8"},
-            "model.lora.rank: LoRA adapts the gpt model's layers, not simple_cnn");
+            "model.lora.rank: LoRA adapts the gpt and llama models' layers, not simple_cnn");
 }
 
 }  // namespace

@@ -162,7 +162,7 @@ TEST_F(ScriptedJob, ModulesCohortCannotTrainExit2NamingTheFile) {
       << noPath.err;
   expectBad("validate", cnn, "model.recompute: blocks is for the gpt and ResNet models; torchscript has no",
             {"--set", "model.recompute=blocks"});
-  expectBad("validate", cnn, "model.lora.rank: LoRA adapts the gpt model's layers, not torchscript",
+  expectBad("validate", cnn, "model.lora.rank: LoRA adapts the gpt and llama models' layers, not torchscript",
             {"--set", "model.lora.rank=4"});
 }
 

@@ -41,6 +41,13 @@ data:
   train: {kind: tokens, path: )" + base + R"(/tok/train}
 training: {epochs: 1, max_steps: 6, batch_size: 8, optimizer: {name: adamw, lr: 0.003}}
 )" + std::string(kCommon);
+    case DeployModel::llama:
+      return R"(name: llama
+model: {arch: llama, n_layer: 1, n_head: 4, n_kv_head: 2, n_embd: 32, intermediate_size: 48, block_size: 16}
+data:
+  train: {kind: tokens, path: )" + base + R"(/tok/train}
+training: {epochs: 1, max_steps: 6, batch_size: 8, optimizer: {name: adamw, lr: 0.003}}
+)" + std::string(kCommon);
     case DeployModel::imageShards:
       return R"(name: shards
 model: {arch: simple_cnn, num_classes: 3, width: 4, hidden: 16, batch_norm: true}
@@ -58,6 +65,7 @@ const char* nameOf(DeployModel kind) {
     case DeployModel::cnn: return "cnn";
     case DeployModel::resnet: return "resnet";
     case DeployModel::gpt: return "gpt";
+    case DeployModel::llama: return "llama";
     case DeployModel::imageShards: return "shards";
   }
   return "?";
@@ -94,7 +102,7 @@ for name, (r, g, b) in colors.items():
 std::string trainDeployRun(const TempDir& dir, DeployModel kind) {
   const std::string base = dir.file(nameOf(kind));
   std::filesystem::create_directories(base);
-  if (kind == DeployModel::gpt) {
+  if (kind == DeployModel::gpt || kind == DeployModel::llama) {
     writeText(base + "/corpus.txt", corpus(8'000));
     const ProcessResult t = cohort({"data", "tokenize", base + "/corpus.txt", base + "/tok", "--no-progress"});
     EXPECT_EQ(t.exitCode, 0) << t.describe();

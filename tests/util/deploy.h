@@ -16,6 +16,7 @@ enum class DeployModel {
   cnn,          // simple_cnn with BatchNorm, synthetic 1x28x28, 4 classes, mean/std set
   resnet,       // resnet18, small_input stem, synthetic 3x32x32, 5 classes
   gpt,          // gpt (1 layer, block 16) on byte tokens of util/corpus.h
+  llama,        // llama (1 layer, 4 heads on 2 key/value heads, block 16) on the same
   imageShards,  // simple_cnn on shards packed from makeImageFolder: 3 named classes, crop 32
 };
 

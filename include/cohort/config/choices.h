@@ -19,7 +19,7 @@
 
 namespace cohort {
 
-enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt, torchscript };
+enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt, llama, torchscript };
 // `auto` is spelled `automatic` where C++ reserves the word.
 enum class MemoryLayout { automatic, channelsLast, contiguous };
 enum class DataKind { idx, synthetic, shards, tokens, none };
@@ -40,6 +40,9 @@ enum class OnError { warn, fail };
 enum class Precision { fp32, bf16, fp16, automatic };
 enum class LossScaling { automatic, on, off };
 enum class Recompute { none, blocks };
+// llama's rotary embeddings beyond the context they were trained at: none,
+// positions interpolated (linear), or Llama 3.1's per-frequency scaling.
+enum class RopeScaling { none, linear, llama3 };
 // gpt's MLP: GELU exactly (erf, nanoGPT's nn.GELU()) or its tanh
 // approximation (GPT-2's "gelu_new").
 enum class Activation { gelu, geluTanh };
@@ -58,12 +61,13 @@ using ChoiceTable = std::array<std::pair<E, std::string_view>, N>;
 
 template <>
 struct ChoiceNames<ModelArch> {
-  static constexpr ChoiceTable<ModelArch, 7> table{{{ModelArch::simpleCnn, "simple_cnn"},
+  static constexpr ChoiceTable<ModelArch, 8> table{{{ModelArch::simpleCnn, "simple_cnn"},
                                                     {ModelArch::resnet18, "resnet18"},
                                                     {ModelArch::resnet34, "resnet34"},
                                                     {ModelArch::resnet50, "resnet50"},
                                                     {ModelArch::resnet101, "resnet101"},
                                                     {ModelArch::gpt, "gpt"},
+                                                    {ModelArch::llama, "llama"},
                                                     {ModelArch::torchscript, "torchscript"}}};
 };
 template <>
@@ -165,6 +169,12 @@ struct ChoiceNames<LossScaling> {
 template <>
 struct ChoiceNames<Recompute> {
   static constexpr ChoiceTable<Recompute, 2> table{{{Recompute::none, "none"}, {Recompute::blocks, "blocks"}}};
+};
+
+template <>
+struct ChoiceNames<RopeScaling> {
+  static constexpr ChoiceTable<RopeScaling, 3> table{
+      {{RopeScaling::none, "none"}, {RopeScaling::linear, "linear"}, {RopeScaling::llama3, "llama3"}}};
 };
 
 template <>

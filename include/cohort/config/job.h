@@ -22,6 +22,16 @@ struct LoraConfig {
   std::vector<std::string> targets = {"attn"};  // layers adapted: attn, mlp, or layer names
 };
 
+// llama's rotary position embeddings (models/llama.h).
+struct RopeConfig {
+  double theta = 10000;          // the base of the frequencies
+  RopeScaling scaling = RopeScaling::none;
+  double factor = 1;             // linear, llama3: how much longer the context is
+  double lowFreqFactor = 1;      // llama3
+  double highFreqFactor = 4;     // llama3
+  int64_t originalContext = 8192;  // llama3: the context the model was trained at
+};
+
 struct ModelConfig {
   ModelArch arch = ModelArch::simpleCnn;
   std::string path;         // torchscript: the scripted module (torch.jit.save)
@@ -45,6 +55,12 @@ struct ModelConfig {
   MemoryLayout memoryFormat = MemoryLayout::automatic;
   Recompute recompute = Recompute::none;  // blocks: activations recomputed in backward
   LoraConfig lora;
+  // llama (models/llama.h); n_layer, n_head, n_embd, block_size, vocab_size as gpt's
+  int64_t nKvHead = 0;            // grouped-query attention: key/value heads; 0: n_head
+  int64_t intermediateSize = 0;   // the SwiGLU MLP's width; 0: 8/3 n_embd rounded up to 64
+  double normEps = 1e-5;          // RMSNorm's epsilon
+  bool tieEmbeddings = false;     // the head is the token embedding
+  RopeConfig rope;
 };
 
 struct AugmentConfig {
@@ -301,10 +317,14 @@ struct JobConfig {
   SecurityConfig security;
 };
 
-// Whether the model maps token windows to next-token logits: gpt, or a
+// Whether the model maps token windows to next-token logits: gpt, llama, or a
 // TorchScript module trained on token data.
+// Whether `arch` is one of cohort's decoders (gpt, llama): token windows in,
+// next-token logits out, generation with a KvCache.
+inline bool decoderArch(ModelArch arch) { return arch == ModelArch::gpt || arch == ModelArch::llama; }
+
 inline bool tokenModel(const JobConfig& job) {
-  return job.model.arch == ModelArch::gpt ||
+  return decoderArch(job.model.arch) ||
          (job.model.arch == ModelArch::torchscript && job.data.train.kind == DataKind::tokens);
 }
 
@@ -325,7 +345,8 @@ inline int64_t requestedWorldSize(const JobConfig& job) {
 // that cannot be split (simple_cnn, torchscript).
 inline int64_t pipelineBlocks(const ModelConfig& model) {
   switch (model.arch) {
-    case ModelArch::gpt: return model.nLayer;
+    case ModelArch::gpt:
+    case ModelArch::llama: return model.nLayer;
     case ModelArch::resnet18:
     case ModelArch::resnet34:
     case ModelArch::resnet50:

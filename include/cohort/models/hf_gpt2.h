@@ -49,12 +49,4 @@ nlohmann::json hfGpt2Config(const GptOptions& o, Activation activation);
 void checkHfGpt2Config(const nlohmann::json& config, const GptOptions& o, Activation activation,
                        const std::string& origin);
 
-// Weights from outside a run in any layout cohort reads (model.init_from,
-// `cohort serve FILE --job`): a .pt or .safetensors file in cohort's names
-// (ckpt/weights.h); for model.arch gpt also Hugging Face's layout, a
-// directory holding config.json (checked with checkHfGpt2Config) and
-// model.safetensors or pytorch_model.bin, or such a file alone. Throws
-// DataError naming the file.
-std::unique_ptr<ckpt::TensorSource> openPretrained(const std::string& path, const ModelConfig& config);
-
 }  // namespace cohort::models

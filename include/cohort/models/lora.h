@@ -56,7 +56,8 @@ struct LoraSummary {
 // A target matches a layer when its dotted parts appear, in order and
 // together, among the layer name's parts: "attn" and "c_attn" both match
 // transformer.h.0.attn.c_attn; the shorthand "mlp" matches h.N.mlp.c_fc and
-// h.N.mlp.c_proj. Throws ConfigError naming model.lora.targets (and the
+// h.N.mlp.c_proj. "attn" matches llama's self_attn too (model.layers.N.
+// self_attn.q_proj, ...); "mlp" its gate_proj, up_proj and down_proj. Throws ConfigError naming model.lora.targets (and the
 // layers there are) when a target matches none.
 LoraSummary attachLora(Model& model, const LoraConfig& config);
 

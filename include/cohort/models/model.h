@@ -162,6 +162,15 @@ void loadWeights(Model& model, ckpt::TensorSource& source, const std::string& or
 // rest of the model is other parts'.
 ckpt::StateDict partOfStateDict(const Model& part, ckpt::StateDict dict);
 
+// Model::tiedNames() of the model `config` builds whole, without building
+// it: (the second name, the tensor's name).
+std::vector<std::pair<std::string, std::string>> tiedNamesOf(const ModelConfig& config);
+
+// The tensors the first and the last pipeline stage both hold: a decoder's
+// token embedding when it is its output head too (gpt; llama with
+// tie_embeddings). Their gradients are summed across the two.
+std::vector<std::string> tiedAcrossStages(const ModelConfig& config);
+
 // Parameter count (trainable and not), for logs and tests.
 int64_t parameterCount(const torch::nn::Module& module);
 

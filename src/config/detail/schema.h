@@ -45,6 +45,21 @@ void describe(V& v, LoraConfig& c) {
 }
 
 template <class V>
+void describe(V& v, RopeConfig& c) {
+  v.field("theta", c.theta, "The base of the rotary frequencies (Llama 2: 10000, Llama 3: 500000).", above(0));
+  v.field("scaling", c.scaling,
+          "Longer contexts than trained at: none; linear divides every position by factor; llama3 "
+          "divides the low frequencies by factor and keeps the high ones (Llama 3.1).");
+  v.field("factor", c.factor, "linear, llama3: the scaling factor.", between(1, 1024));
+  v.field("low_freq_factor", c.lowFreqFactor, "llama3: wavelengths above original_context / this are scaled.",
+          above(0));
+  v.field("high_freq_factor", c.highFreqFactor,
+          "llama3: wavelengths below original_context / this are kept; between, interpolated.", above(0));
+  v.field("original_context", c.originalContext, "llama3: the context length the model was trained at.",
+          between(1, 1 << 24));
+}
+
+template <class V>
 void describe(V& v, ModelConfig& c) {
   v.field("arch", c.arch, "Model architecture.");
   v.field("path", c.path,
@@ -69,16 +84,16 @@ void describe(V& v, ModelConfig& c) {
           "Weights to start from: a state dict (.pt, as torch.save(model.state_dict()) writes it), "
           "a .safetensors file, or gpt: a Hugging Face GPT-2 checkpoint (a directory with "
           "config.json and model.safetensors or pytorch_model.bin, or such a file alone).");
-  v.field("n_layer", c.nLayer, "gpt: transformer blocks.", between(1, 1024));
-  v.field("n_head", c.nHead, "gpt: attention heads per block; n_embd must be divisible by it.",
+  v.field("n_layer", c.nLayer, "gpt, llama: transformer blocks.", between(1, 1024));
+  v.field("n_head", c.nHead, "gpt, llama: attention heads per block; n_embd must be divisible by it.",
           between(1, 1024));
-  v.field("n_embd", c.nEmbd, "gpt: width of the residual stream (embedding size).",
+  v.field("n_embd", c.nEmbd, "gpt, llama: width of the residual stream (embedding size).",
           between(1, 1 << 20));
   v.field("block_size", c.blockSize,
-          "gpt: context length in tokens; training samples are windows of block_size + 1 tokens.",
+          "gpt, llama: context length in tokens; training samples are windows of block_size + 1 tokens.",
           between(1, 1 << 20));
   v.field("vocab_size", c.vocabSize,
-          "gpt: token ids are below it; 0 takes it from the training data's tokenizer.",
+          "gpt, llama: token ids are below it; 0 takes it from the training data's tokenizer.",
           between(0, 1 << 24));
   v.field("bias", c.bias, "gpt: biases in the Linear layers and LayerNorms.");
   v.field("activation", c.activation,
@@ -91,6 +106,16 @@ void describe(V& v, ModelConfig& c) {
           "Activation recomputation: blocks keeps only the input of each transformer block (gpt) "
           "or ResNet stage in forward and computes the rest again in backward: less memory for "
           "about one more forward pass of compute. none keeps every activation.");
+  v.field("n_kv_head", c.nKvHead,
+          "llama: key/value heads (grouped-query attention); n_head must be divisible by it; 0: "
+          "n_head (multi-head attention).",
+          between(0, 1024));
+  v.field("intermediate_size", c.intermediateSize,
+          "llama: width of the SwiGLU MLP; 0: 8/3 n_embd rounded up to a multiple of 64.", between(0, 1 << 22));
+  v.field("norm_eps", c.normEps, "llama: RMSNorm's epsilon (Hugging Face's rms_norm_eps).", above(0));
+  v.field("tie_embeddings", c.tieEmbeddings,
+          "llama: the output head is the token embedding (gpt's always is).");
+  v.section("rope", c.rope, "llama: rotary position embeddings.");
   v.section("lora", c.lora,
             "gpt: LoRA fine-tuning. The weights (from init_from) are frozen; only the adapters "
             "train, are exchanged, checkpointed and saved (model/adapters.pt).");
