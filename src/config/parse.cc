@@ -328,15 +328,27 @@ void checkTensor(const JobConfig& job, const Where& where) {
     return;
   }
   const ModelConfig& m = job.model;
-  if (m.arch != ModelArch::gpt) {
+  if (m.arch != ModelArch::gpt && m.arch != ModelArch::llama) {
     fail(where(key), key,
-         fmt::format("{} ranks split each layer of the gpt model only; model.arch {} is not split "
+         fmt::format("{} ranks split each layer of the gpt and llama models only; model.arch {} is not split "
                      "(use distribution.tensor 1)",
                      d.tensor, choiceName(m.arch)));
   }
-  for (const auto& [value, what] : {std::pair<int64_t, std::string>{m.nHead, "model.n_head"},
-                                    {4 * m.nEmbd, "the MLP's width (4 x model.n_embd)"},
-                                    {m.vocabSize, "model.vocab_size"}}) {
+  // What each rank holds 1/T of: the GPT's heads and MLP; Llama's
+  // key/value heads (and so its query heads) and MLP (models::llamaOptions'
+  // default width when unset); the vocabulary.
+  const bool llama = m.arch == ModelArch::llama;
+  const std::vector<std::pair<int64_t, std::string>> cut =
+      llama ? std::vector<std::pair<int64_t, std::string>>{
+                  {m.nKvHead > 0 ? m.nKvHead : m.nHead,
+                   m.nKvHead > 0 ? "model.n_kv_head" : "model.n_kv_head (unset: model.n_head)"},
+                  {m.intermediateSize > 0 ? m.intermediateSize : (8 * m.nEmbd / 3 + 63) / 64 * 64,
+                   m.intermediateSize > 0 ? "model.intermediate_size" : "model.intermediate_size (unset: 8/3 model.n_embd)"},
+                  {m.vocabSize, "model.vocab_size"}}
+            : std::vector<std::pair<int64_t, std::string>>{{m.nHead, "model.n_head"},
+                                                           {4 * m.nEmbd, "the MLP's width (4 x model.n_embd)"},
+                                                           {m.vocabSize, "model.vocab_size"}};
+  for (const auto& [value, what] : cut) {
     if (value % d.tensor != 0) {
       fail(where(key), key,
            fmt::format("{} ranks cannot split the model: {} ({}) is not divisible by {}", d.tensor, what,

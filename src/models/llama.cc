@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "cohort/models/lora.h"
 #include "models/attention.h"
 #include "models/init_order.h"
+#include "models/llama_parts.h"
 #include "models/recompute.h"
 
 namespace cohort::models {
@@ -23,32 +25,6 @@ namespace nn = torch::nn;
 
 // The layers model.lora may adapt; Llama's have no biases.
 AdaptableLinear llamaLinear(int64_t in, int64_t out) { return AdaptableLinear(nn::LinearOptions(in, out).bias(false)); }
-
-// x / rms(x) * weight, the mean of squares taken in float32 whatever x's
-// dtype, the result cast back before the weight multiplies it (as Hugging
-// Face's LlamaRMSNorm).
-class RmsNormImpl : public nn::Module {
- public:
-  RmsNormImpl(int64_t n, double eps) : eps_(eps) { weight_ = register_parameter("weight", torch::ones({n})); }
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor f = x.to(torch::kFloat);
-    return weight_ * (f * torch::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps_)).to(x.scalar_type());
-  }
-
- private:
-  double eps_;
-  at::Tensor weight_;
-};
-TORCH_MODULE(RmsNorm);
-
-// x [..., D] rotated by the angles whose cos and sin are given (broadcast
-// against x, [.., D]): the first half of each head's dimensions paired with
-// the second (Hugging Face's rotate_half).
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor turned = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos.to(x.scalar_type()) + turned * sin.to(x.scalar_type());
-}
 
 bool isRmsNorm(const std::string& name) { return name.find("norm.") != std::string::npos; }
 
@@ -66,16 +42,8 @@ class LlamaAttentionImpl : public nn::Module {
   // x [B, T, C] at positions 0 .. T-1, whose angles are cos, sin [T, D].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     auto [q, k, v] = project(x, cos, sin);
-    if (kvHeads_ != heads_) {
-      // Each key/value head read by its group of query heads.
-      const int64_t b = x.size(0), t = x.size(1), group = heads_ / kvHeads_;
-      auto widen = [&](const at::Tensor& m) {
-        return m.unsqueeze(2).expand({b, kvHeads_, group, t, d_}).reshape({b, heads_, t, d_});
-      };
-      k = widen(k);
-      v = widen(v);
-    }
-    const at::Tensor y = causalAttention(q, k, v, mask_, x.options(),
+    // Each key/value head read by its group of query heads.
+    const at::Tensor y = causalAttention(q, widenHeads(k, heads_), widenHeads(v, heads_), mask_, x.options(),
                                          [this](const at::Tensor& a) { return attnDropout_(a); });
     return residDropout_(o_proj_(y));
   }
@@ -183,11 +151,7 @@ class Llama : public Model {
     }
     initializeInOrder(*this, std::move(built), part, "model.layers.", constants,
                       [](const std::string& name) { return isRmsNorm(name) ? -1.0 : 0.02; });
-    const at::Tensor inverse = ropeInverseFrequencies(o.nEmbd / o.nHead, o.rope);
-    const at::Tensor angles = torch::outer(torch::arange(o.blockSize, torch::kFloat), inverse);
-    const at::Tensor both = torch::cat({angles, angles}, -1);  // [block_size, head_dim]
-    cos_ = both.cos();
-    sin_ = both.sin();
+    std::tie(cos_, sin_) = rotaryTables(o);
   }
 
   // ZeRO stage 3 gathers one block at a time.
@@ -317,7 +281,7 @@ at::Tensor ropeInverseFrequencies(int64_t headDim, const RopeConfig& rope) {
   return inverse;
 }
 
-std::shared_ptr<Model> createLlama(const LlamaOptions& o, const ModelPart& part) {
+void checkLlamaOptions(const LlamaOptions& o, const ModelPart& part) {
   for (const auto& [value, key] :
        {std::pair{o.vocabSize, "model.vocab_size"}, std::pair{o.blockSize, "model.block_size"},
         std::pair{o.nLayer, "model.n_layer"}, std::pair{o.nHead, "model.n_head"},
@@ -347,6 +311,10 @@ std::shared_ptr<Model> createLlama(const LlamaOptions& o, const ModelPart& part)
     throw ConfigError(fmt::format("llama: blocks [{}, {}) are not a part of a model of {} blocks (model.n_layer)",
                                   part.firstBlock, end, o.nLayer));
   }
+}
+
+std::shared_ptr<Model> createLlama(const LlamaOptions& o, const ModelPart& part) {
+  checkLlamaOptions(o, part);
   return std::make_shared<Llama>(o, part);
 }
 

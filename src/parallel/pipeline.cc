@@ -50,7 +50,7 @@ Pipeline::Pipeline(Mesh mesh, std::shared_ptr<models::Model> stage, DdpOptions d
     : Plan(mesh, stage, excluding(ddp, heldTied(mesh, *stage, options.tied))),
       options_(std::move(options)),
       tied_(heldTied(mesh_, *model_, options_.tied)),
-      split_(std::dynamic_pointer_cast<TensorParallelGpt>(model_)) {
+      split_(std::dynamic_pointer_cast<TensorParallelModel>(model_)) {
   COHORT_ASSERT(mesh_.tensors == 1 || split_ != nullptr, "a pipeline over a tensor group needs split stages");
   stats_.stage = mesh_.stage;
   stats_.stages = mesh_.stages;
@@ -293,7 +293,7 @@ void Pipeline::visitCollected(const Publish& publish, const Visit& visit) {
       nlohmann::json list = nlohmann::json::array();
       for (const auto& [name, t] : mine) {
         std::vector<int64_t> shape = t.sizes().vec();
-        const TensorCut cut = mesh_.tensors > 1 ? gptTensorCut(name) : TensorCut{};
+        const TensorCut cut = mesh_.tensors > 1 ? tensorCut(name) : TensorCut{};
         if (cut.split()) shape[static_cast<size_t>(cut.dim)] *= mesh_.tensors;
         list.push_back({{"name", name}, {"shape", shape}, {"dtype", static_cast<int>(t.scalar_type())}});
       }

@@ -13,7 +13,7 @@
 #include "cohort/core/error.h"
 #include "cohort/parallel/ddp.h"
 #include "cohort/parallel/plan.h"
-#include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_model.h"
 #include "cohort/parallel/tensor_layers.h"
 #include "parallel/detail/tensor_split.h"
 
@@ -24,7 +24,7 @@ class TensorPlan : public Plan {
  public:
   TensorPlan(Mesh mesh, std::shared_ptr<models::Model> model, DdpOptions options)
       : Plan(std::move(mesh), model, std::move(options)),
-        split_(std::dynamic_pointer_cast<TensorParallelGpt>(model)) {
+        split_(std::dynamic_pointer_cast<TensorParallelModel>(model)) {
     COHORT_ASSERT(split_ != nullptr, "a tensor-parallel plan over a model that is not split");
     COHORT_ASSERT(mesh_.stages == 1, "the tensor plan is for one stage; split stages are the pipeline's");
   }
@@ -101,7 +101,7 @@ class TensorPlan : public Plan {
   }
 
  private:
-  std::shared_ptr<TensorParallelGpt> split_;
+  std::shared_ptr<TensorParallelModel> split_;
   TensorExchanges carried_;  // by the training rounds' forward and backward
   int64_t rounds_ = 0;
 };
@@ -120,7 +120,7 @@ double splitSquares(const std::vector<at::Tensor>& parts, const std::vector<std:
     if (!g.defined()) continue;
     for (const ckpt::PartSlice& s : slices[k]) {
       const at::Tensor run = g.reshape({-1}).narrow(0, s.at, s.length).to(at::kDouble);
-      sum += (gptTensorCut(s.param).split() ? 1.0 : wholeShare) * run.dot(run).item<double>();
+      sum += (tensorCut(s.param).split() ? 1.0 : wholeShare) * run.dot(run).item<double>();
     }
   }
   return sum;
@@ -134,7 +134,7 @@ void sumWholeGradients(const std::vector<at::Tensor>& parts,
     at::Tensor g = parts[k].grad();
     if (!g.defined()) continue;
     for (const ckpt::PartSlice& s : slices[k]) {
-      if (!gptTensorCut(s.param).split()) runs.push_back(g.reshape({-1}).narrow(0, s.at, s.length));
+      if (!tensorCut(s.param).split()) runs.push_back(g.reshape({-1}).narrow(0, s.at, s.length));
     }
   }
   if (runs.empty() || group.worldSize == 1) return;
@@ -147,11 +147,11 @@ void sumWholeGradients(const std::vector<at::Tensor>& parts,
   }
 }
 
-at::Tensor splitOutputLoss(TensorParallelGpt& model, const at::Tensor& output, const at::Tensor& labels) {
+at::Tensor splitOutputLoss(TensorParallelModel& model, const at::Tensor& output, const at::Tensor& labels) {
   return model.loss(output.to(at::kFloat), labels);
 }
 
-OutputScore splitScoreOutput(TensorParallelGpt& model, const Mesh& mesh, const at::Tensor& output,
+OutputScore splitScoreOutput(TensorParallelModel& model, const Mesh& mesh, const at::Tensor& output,
                              const at::Tensor& labels) {
   torch::NoGradGuard noGrad;
   const at::Tensor logits = output.to(at::kFloat).flatten(0, output.dim() - 2);
@@ -175,7 +175,7 @@ OutputScore splitScoreOutput(TensorParallelGpt& model, const Mesh& mesh, const a
   return s;
 }
 
-nlohmann::json splitLayout(const TensorParallelGpt& model, const Mesh& mesh) {
+nlohmann::json splitLayout(const TensorParallelModel& model, const Mesh& mesh) {
   nlohmann::json cuts = nlohmann::json::object();
   for (const auto& [name, cut] : model.wholeCuts()) cuts[name] = {{"dim", cut.dim}, {"blocks", cut.blocks}};
   return {{"tensors", mesh.tensors}, {"sequence_parallel", model.sequenceParallel()}, {"cuts", std::move(cuts)}};

@@ -9,7 +9,7 @@
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/core/log.h"
 #include "cohort/models/lora.h"
-#include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_model.h"
 #include "cohort/train/optimizer.h"
 #include "core/detail/json_int.h"
 
@@ -60,7 +60,7 @@ void restoreRestaged(torch::optim::Optimizer& optimizer, const std::vector<std::
   const parallel::Mesh& mesh = plan.mesh();
   auto state = [&](const std::string& name) {
     const size_t dot = name.rfind('.');
-    const parallel::TensorCut cut = parallel::gptTensorCut(name.substr(0, dot));
+    const parallel::TensorCut cut = parallel::tensorCut(name.substr(0, dot));
     if (mesh.tensors == 1 || !cut.split() || name.compare(dot + 1, std::string::npos, "step") == 0) {
       return checkpoint.state(name);
     }

@@ -22,6 +22,7 @@
 #include "cohort/ckpt/rank_state.h"
 #include "cohort/models/gpt.h"
 #include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_llama.h"
 #include "cohort/parallel/unit_load.h"
 #include "cohort/security/keys.h"
 #include "cohort/storage/storage.h"
@@ -132,13 +133,13 @@ bool buildsByUnit(const JobConfig& job) {
 namespace {
 
 // The whole model's tensors of `whole` as a tensor split's rank `rank` of
-// `tensors` holds them (parallel::gptTensorCut): each split one's region
+// `tensors` holds them (parallel::tensorCut): each split one's region
 // read from the files that hold it, one tensor at a time.
 class SlicedTensors : public ckpt::TensorSource {
  public:
   SlicedTensors(ckpt::CheckpointTensors& whole, int tensors, int rank) : whole_(whole), tensors_(tensors), rank_(rank) {
     for (const auto& [name, t] : whole.entries()) {
-      const parallel::TensorCut cut = parallel::gptTensorCut(name);
+      const parallel::TensorCut cut = parallel::tensorCut(name);
       std::vector<int64_t> shape = t.sizes().vec();
       if (cut.split() && tensors > 1) shape[static_cast<size_t>(cut.dim)] /= tensors;
       entries_.emplace_back(name, ckpt::withoutData(shape, t.scalar_type()));
@@ -146,7 +147,7 @@ class SlicedTensors : public ckpt::TensorSource {
   }
   const ckpt::StateDict& entries() const override { return entries_; }
   at::Tensor load(const std::string& name) override {
-    const parallel::TensorCut cut = parallel::gptTensorCut(name);
+    const parallel::TensorCut cut = parallel::tensorCut(name);
     if (tensors_ == 1 || !cut.split()) return whole_.load(name);
     return whole_.loadRegion(name, cut.dim, cut.blocks, tensors_, rank_);
   }
@@ -185,8 +186,11 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
       const int64_t batch = std::max(job.training.batchSize, evalBatchSize(job));
       split.sharedMemoryFloats = std::clamp<int64_t>(batch * mc.blockSize * mc.nEmbd, int64_t{1} << 12, int64_t{1} << 24);
     }
-    s.model = parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), mesh.tensor, split,
-                                                c10::nullopt, part);
+    s.model = mc.arch == ModelArch::llama
+                  ? parallel::createTensorParallelLlama(models::llamaOptions(mc, mc.vocabSize), mesh.tensor, split,
+                                                        c10::nullopt, part)
+                  : parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), mesh.tensor, split,
+                                                      c10::nullopt, part);
   } else {
     s.model = models::createModel(mc, {mc.inChannels, shape.height, shape.width}, built);
   }

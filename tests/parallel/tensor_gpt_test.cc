@@ -86,7 +86,7 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       ASSERT_EQ(named.size(), whole.params.size()) << at;
       for (const auto& p : named) {
         ASSERT_EQ(whole.params.count(p.key()), 1u) << at << ": " << p.key();
-        const at::Tensor want = sliceByCut(whole.params.at(p.key()), gptTensorCut(p.key()), t, r);
+        const at::Tensor want = sliceByCut(whole.params.at(p.key()), tensorCut(p.key()), t, r);
         EXPECT_TRUE(torch::equal(p.value().detach(), want)) << at << ": " << p.key();
       }
       tensorExchanges() = {};
@@ -122,7 +122,7 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       }
       if (sequence) detail::sumWholeGradients(parts, slices, group);
       for (const auto& p : named) {
-        const at::Tensor want = sliceByCut(whole.grads.at(p.key()), gptTensorCut(p.key()), t, r);
+        const at::Tensor want = sliceByCut(whole.grads.at(p.key()), tensorCut(p.key()), t, r);
         ASSERT_TRUE(p.value().grad().defined()) << at << ": " << p.key();
         EXPECT_LE((p.value().grad() - want).abs().max().item<double>(), kTolerance) << at << ": " << p.key() << " grad";
       }
@@ -161,7 +161,7 @@ TEST(TensorGptBuild, TensorsLargerThanAPieceAreDrawnExactly) {
   test::withRankThreads(2, "tp-gpt-large", [&](const comm::Comm& group) {
     auto model = createTensorParallelGpt(o, group, {}, at::make_generator<at::CPUGeneratorImpl>(kSeed));
     for (const auto& p : model->named_parameters()) {
-      const at::Tensor want = sliceByCut(params.at(p.key()), gptTensorCut(p.key()), 2, group.rank);
+      const at::Tensor want = sliceByCut(params.at(p.key()), tensorCut(p.key()), 2, group.rank);
       EXPECT_TRUE(torch::equal(p.value().detach(), want)) << "rank " << group.rank << ": " << p.key();
     }
   });

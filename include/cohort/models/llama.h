@@ -51,8 +51,11 @@ LlamaOptions llamaOptions(const ModelConfig& config, int64_t vocabSize);
 // as Hugging Face computes them), with `rope`'s scaling.
 at::Tensor ropeInverseFrequencies(int64_t headDim, const RopeConfig& rope);
 
-// Throws ConfigError naming the model.* key when the options cannot work.
-// `part`: only those blocks (models/model.h).
+// Throws ConfigError naming the model.* key when the options (or `part`)
+// cannot work.
+void checkLlamaOptions(const LlamaOptions& options, const ModelPart& part = {});
+
+// Throws as checkLlamaOptions. `part`: only those blocks (models/model.h).
 std::shared_ptr<Model> createLlama(const LlamaOptions& options, const ModelPart& part = {});
 
 }  // namespace cohort::models

@@ -35,7 +35,7 @@ namespace cohort::parallel {
 namespace detail {
 class StageLink;
 }
-class TensorParallelGpt;
+class TensorParallelModel;
 
 enum class ScheduleKind { oneFOneB, gpipe };
 
@@ -111,7 +111,7 @@ class Pipeline : public Plan {
   at::Tensor evalForward(const at::Tensor& input, MicroBatchOps& ops) override;
   void visitCollected(const Publish& publish, const Visit& visit) override;
   // Stages split over a tensor group (mesh.tensors > 1: `stage` is this
-  // rank's slices of its part, createTensorParallelGpt): the loss and
+  // rank's slices of its part, a TensorParallelModel): the loss and
   // evaluation from the vocabulary's slices, the split's layout.
   at::Tensor outputLoss(const at::Tensor& output, const at::Tensor& labels, double labelSmoothing) override;
   OutputScore scoreOutput(const at::Tensor& output, const at::Tensor& labels) override;
@@ -130,7 +130,7 @@ class Pipeline : public Plan {
   // of every first- and last-stage rank their gradients are summed over.
   std::vector<std::pair<std::string, at::Tensor>> tied_;
   comm::Comm tiedGroup_;
-  std::shared_ptr<TensorParallelGpt> split_;  // a tensor-parallel stage; null otherwise
+  std::shared_ptr<TensorParallelModel> split_;  // a tensor-parallel stage; null otherwise
   PipelineStats stats_;
 };
 

@@ -12,7 +12,7 @@
 #include "cohort/ckpt/zero_state.h"
 #include "cohort/parallel/mesh.h"
 #include "cohort/parallel/plan.h"
-#include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_model.h"
 
 namespace cohort::parallel::detail {
 
@@ -32,13 +32,13 @@ void sumWholeGradients(const std::vector<at::Tensor>& parts,
 
 // The mean cross-entropy of the vocabulary slice `output` [..., V/T]
 // against `labels` (collective over the model's group).
-at::Tensor splitOutputLoss(TensorParallelGpt& model, const at::Tensor& output, const at::Tensor& labels);
+at::Tensor splitOutputLoss(TensorParallelModel& model, const at::Tensor& output, const at::Tensor& labels);
 // Evaluation's counts from the slices: the loss, and the top 1 and 5 of
 // the whole vocabulary from each rank's top 5 (gathered); counted on
 // tensor rank 0 only.
-OutputScore splitScoreOutput(TensorParallelGpt& model, const Mesh& mesh, const at::Tensor& output,
+OutputScore splitScoreOutput(TensorParallelModel& model, const Mesh& mesh, const at::Tensor& output,
                              const at::Tensor& labels);
 // A checkpoint's extra.tensor (ckpt::CheckpointTensors).
-nlohmann::json splitLayout(const TensorParallelGpt& model, const Mesh& mesh);
+nlohmann::json splitLayout(const TensorParallelModel& model, const Mesh& mesh);
 
 }  // namespace cohort::parallel::detail
