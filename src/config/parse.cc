@@ -463,6 +463,22 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
         *member = abs.string();
       }
     }
+    if (d.kind == DataKind::textClasses) {
+      for (auto [member, key] : {std::pair<std::string*, const char*>{&d.path, "path"}, {&d.tokenizer, "tokenizer"}}) {
+        const std::string path = prefix + "." + key;
+        if (member->empty()) fail(where(path), path, "is required for kind: text_classes");
+        fs::path abs = absolutePath(*member);
+        std::error_code ec;
+        if (!fs::exists(abs, ec)) {
+          throw DataError(fmt::format("{}: {}: not found: {}", where(path), path, abs.string()));
+        }
+        *member = abs.string();
+      }
+    } else if (!d.tokenizer.empty()) {
+      fail(where(prefix + ".tokenizer"), prefix + ".tokenizer",
+           fmt::format("is for kind: text_classes (kind: {} data carries its own tokenizer, or none)",
+                       choiceName(d.kind)));
+    }
     if (d.kind == DataKind::shards || d.kind == DataKind::tokens) {
       const std::string path = prefix + ".path";
       if (d.path.empty()) {
@@ -515,12 +531,14 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
   checkDataset(job.data.eval, "data.eval", false);
 
   // A language model reads token windows, and only a language model does;
-  // a TorchScript module reads what the training data holds.
+  // a text classifier reads labelled texts, and only it does; a TorchScript
+  // module reads what the training data holds.
   const ModelArch arch = job.model.arch;
-  const bool languageModel = tokenModel(job);
+  const bool languageModel = tokenModel(job), texts = textClassifier(job);
   for (auto [d, prefix] : {std::pair<const DatasetConfig*, const char*>{&job.data.train, "data.train"},
                            {&job.data.eval, "data.eval"}}) {
-    if (d->kind == DataKind::none || (d->kind == DataKind::tokens) == languageModel) continue;
+    if (d->kind == DataKind::none) continue;
+    if ((d->kind == DataKind::tokens) == languageModel && (d->kind == DataKind::textClasses) == texts) continue;
     const std::string path = std::string(prefix) + ".kind";
     fail(where(path), path,
          arch == ModelArch::torchscript
@@ -528,8 +546,14 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                            choiceName(job.data.train.kind))
          : languageModel ? fmt::format("model.arch {} trains on token data (kind: tokens), not {}",
                                        choiceName(arch), choiceName(d->kind))
-                         : fmt::format("kind tokens is for model.arch gpt, llama or torchscript, not {}",
-                                       choiceName(arch)));
+         : texts ? fmt::format("model.arch bert with model.task classify trains on labelled texts (kind: "
+                               "text_classes), not {}",
+                               choiceName(d->kind))
+         : d->kind == DataKind::textClasses
+             ? fmt::format("kind text_classes is for model.arch bert with model.task classify, not {}",
+                           choiceName(arch))
+             : fmt::format("kind tokens is for model.arch gpt, llama, bert or torchscript, not {}",
+                           choiceName(arch)));
   }
   if (job.model.recompute == Recompute::blocks &&
       (arch == ModelArch::simpleCnn || arch == ModelArch::torchscript)) {
@@ -605,13 +629,24 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
                        m.rope.lowFreqFactor));
     }
   }
-  if (arch != ModelArch::llama) {
+  {
     const ModelConfig d;
-    for (auto [set, key] : {std::pair<bool, const char*>{job.model.nKvHead != d.nKvHead, "model.n_kv_head"},
-                            {job.model.intermediateSize != d.intermediateSize, "model.intermediate_size"},
-                            {job.model.tieEmbeddings != d.tieEmbeddings, "model.tie_embeddings"}}) {
-      if (set) fail(where(key), key, fmt::format("is for model.arch llama, not {}", choiceName(arch)));
+    const ModelConfig& m = job.model;
+    const std::vector<std::tuple<bool, const char*, const char*>> keys = {
+        {arch != ModelArch::llama && m.nKvHead != d.nKvHead, "model.n_kv_head", "llama"},
+        {arch != ModelArch::llama && m.tieEmbeddings != d.tieEmbeddings, "model.tie_embeddings", "llama"},
+        {arch != ModelArch::llama && arch != ModelArch::bert && m.intermediateSize != d.intermediateSize,
+         "model.intermediate_size", "llama or bert"},
+        {arch != ModelArch::llama && arch != ModelArch::bert && m.normEps != d.normEps, "model.norm_eps",
+         "llama or bert"},
+        {arch != ModelArch::bert && m.task != d.task, "model.task", "bert"}};
+    for (const auto& [set, key, what] : keys) {
+      if (set) fail(where(key), key, fmt::format("is for model.arch {}, not {}", what, choiceName(arch)));
     }
+  }
+  if (arch == ModelArch::bert && job.model.nEmbd % job.model.nHead != 0) {
+    fail(where("model.n_embd"), "model.n_embd",
+         fmt::format("{} is not divisible by model.n_head ({})", job.model.nEmbd, job.model.nHead));
   }
 
   for (auto [file, key] : {std::pair<std::string*, const char*>{&job.model.initFrom, "model.init_from"},
@@ -620,7 +655,8 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     fs::path abs = absolutePath(*file);
     std::error_code ec;
     // A gpt's weights may be a Hugging Face directory (config.json beside them).
-    const bool hfDir = file == &job.model.initFrom && decoderArch(arch) && fs::is_directory(abs, ec) &&
+    const bool hfDir = file == &job.model.initFrom && (decoderArch(arch) || arch == ModelArch::bert) &&
+                       fs::is_directory(abs, ec) &&
                        fs::is_regular_file(abs / "config.json", ec);
     if (!fs::is_regular_file(abs, ec) && !hfDir) {
       throw DataError(fmt::format("{}: {}: file not found: {}", where(key), key, abs.string()));

@@ -17,11 +17,16 @@ void Dataset::readTokens(int64_t /*index*/, int64_t* /*out*/, uint64_t /*seed*/)
   throw std::logic_error(fmt::format("readTokens on an image dataset: {}", describe()));
 }
 
+int64_t Dataset::readText(int64_t /*index*/, int64_t* /*out*/) const {
+  throw std::logic_error(fmt::format("readText on a dataset of other samples: {}", describe()));
+}
+
 std::shared_ptr<Dataset> openDataset(const DatasetConfig& config, int64_t numClasses,
                                      const OpenOptions& options) {
   switch (config.kind) {
     case DataKind::shards: return openShards(config, numClasses, options);
     case DataKind::tokens: return openTokens(config, options);
+    case DataKind::textClasses: return openTextClasses(config, numClasses, options);
     case DataKind::idx: return openIdx(config.images, config.labels, config.limit, numClasses);
     case DataKind::synthetic: {
       int64_t size = config.limit > 0 ? std::min(config.limit, config.size) : config.size;

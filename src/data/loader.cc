@@ -147,8 +147,37 @@ Batch BatchLoader::build(int64_t number, const std::vector<int64_t>& indices, in
     for (int64_t i = 0; i < count; ++i) {
       dataset_->readTokens(indices[static_cast<size_t>(begin + i)], w + i * window, epochSeed);
     }
+    if (options_.maskId >= 0) {
+      b.labels = torch::full({count, window}, kIgnoredLabel, torch::kInt64);
+      int64_t* lab = b.labels.data_ptr<int64_t>();
+      for (int64_t i = 0; i < count; ++i) {
+        detail::Rng rng(seedOf(indices[static_cast<size_t>(begin + i)]));
+        for (int64_t k = i * window; k < (i + 1) * window; ++k) {
+          if (rng.uniform() >= 0.15f) continue;
+          lab[k] = w[k];
+          const float u = rng.uniform();
+          if (u < 0.8f) {
+            w[k] = options_.maskId;
+          } else if (u < 0.9f) {
+            w[k] = static_cast<int64_t>(rng.below(static_cast<uint64_t>(options_.vocabSize)));
+          }
+        }
+      }
+      b.inputs = windows;
+      return b;
+    }
     b.inputs = windows.narrow(1, 0, window - 1).contiguous();
     b.labels = windows.narrow(1, 1, window - 1).contiguous();
+    return b;
+  }
+  if (dataset_->kind() == SampleKind::text) {
+    b.inputs = torch::empty({count, s.width}, torch::kInt64);
+    b.labels = torch::empty({count}, torch::kInt64);
+    int64_t* in = b.inputs.data_ptr<int64_t>();
+    int64_t* lab = b.labels.data_ptr<int64_t>();
+    for (int64_t i = 0; i < count; ++i) {
+      lab[i] = dataset_->readText(indices[static_cast<size_t>(begin + i)], in + i * s.width);
+    }
     return b;
   }
   b.inputs = torch::empty({count, s.channels, s.height, s.width}, torch::kFloat32);

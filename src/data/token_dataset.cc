@@ -134,7 +134,7 @@ class TokenDataset : public Dataset {
     }
     // The tokens are only what their tokenizer made of the text: a model
     // file other than the one recorded is refused here, not at generation.
-    if (!m.tokenizerModel.empty()) (void)datasetTokenizer(*source_);
+    if (!m.tokenizerModel.empty() || m.tokenizer == kByteTokenizer) tokenizer_ = datasetTokenizer(*source_);
     first_.push_back(0);
     for (const auto& s : m.shards) first_.push_back(first_.back() + s.records);
     const int64_t tokens = first_.back();
@@ -160,6 +160,7 @@ class TokenDataset : public Dataset {
   SampleShape shape() const override { return {1, 1, window_}; }
   SampleKind kind() const override { return SampleKind::tokens; }
   int64_t vocabSize() const override { return source_->manifest().vocabSize; }
+  int64_t tokenId(const std::string& token) const override { return tokenizer_ ? tokenizer_->tokenId(token) : -1; }
   double bytesPerToken() const override {
     const DatasetManifest& m = source_->manifest();
     if (m.textBytes > 0 && first_.back() > 0) return double(m.textBytes) / double(first_.back());
@@ -255,6 +256,7 @@ class TokenDataset : public Dataset {
   }
 
   DatasetConfig config_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<ShardSource> source_;  // not null
   bool training_;
   int64_t window_;

@@ -248,7 +248,7 @@ LlamaOptions llamaOptions(const ModelConfig& config, int64_t vocabSize) {
   o.nKvHead = config.nKvHead > 0 ? config.nKvHead : config.nHead;
   o.nEmbd = config.nEmbd;
   o.intermediate = config.intermediateSize > 0 ? config.intermediateSize : (8 * config.nEmbd / 3 + 63) / 64 * 64;
-  o.normEps = config.normEps;
+  o.normEps = config.normEps > 0 ? config.normEps : 1e-5;
   o.tiedHead = config.tieEmbeddings;
   o.dropout = config.dropout;
   o.recompute = config.recompute == Recompute::blocks;

@@ -8,6 +8,7 @@
 #include "cohort/core/error.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/llama.h"
+#include "cohort/models/bert.h"
 #include "models/resnet.h"
 #include "models/simple_cnn.h"
 #include "models/torchscript.h"
@@ -70,6 +71,7 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input,
     case ModelArch::resnet101: return std::make_shared<ResNet>(101, config, input, part);
     case ModelArch::gpt: return createGpt(gptOptions(config, config.vocabSize), part);
     case ModelArch::llama: return createLlama(llamaOptions(config, config.vocabSize), part);
+    case ModelArch::bert: return createBert(bertOptions(config, config.vocabSize, config.padToken));
     case ModelArch::torchscript: return loadScriptedModel(config.path);
   }
   throw ConfigError(fmt::format("model.arch: unknown architecture ({})", static_cast<int>(config.arch)));
@@ -80,6 +82,9 @@ std::shared_ptr<Model> build(const ModelConfig& config, const InputShape& input,
 std::vector<std::pair<std::string, std::string>> tiedNamesOf(const ModelConfig& config) {
   if (config.arch == ModelArch::gpt) return {{kTiedHeadName, "transformer.wte.weight"}};
   if (config.arch == ModelArch::llama && config.tieEmbeddings) return {{kLlamaHeadName, kLlamaEmbeddingName}};
+  if (config.arch == ModelArch::bert && config.task == BertTask::maskedLm) {
+    return {{kBertDecoderName, kBertEmbeddingName}, {kBertDecoderBiasName, kBertBiasName}};
+  }
   return {};
 }
 
@@ -91,7 +96,8 @@ std::vector<std::string> tiedAcrossStages(const ModelConfig& config) {
 
 std::shared_ptr<Model> createModel(const ModelConfig& config, const InputShape& input,
                                    const ModelPart& part) {
-  if (input.channels < 1 && !decoderArch(config.arch) && config.arch != ModelArch::torchscript) {
+  if (input.channels < 1 && !decoderArch(config.arch) && config.arch != ModelArch::bert &&
+      config.arch != ModelArch::torchscript) {
     throw ConfigError(fmt::format("model.in_channels: must be >= 1, got {}", input.channels));
   }
   std::shared_ptr<Model> model = build(config, input, part);
@@ -141,14 +147,43 @@ ckpt::StateDict withoutTiedNames(const Model& model, ckpt::StateDict dict) {
   return dict;
 }
 
+namespace {
+
+// The model's tensors `given` (names) lacks that Model::optionalWeights()
+// lets it lack: they keep their values.
+std::set<std::string> keptAsBuilt(const Model& model, const ckpt::StateDict& given) {
+  std::set<std::string> out;
+  const std::vector<std::string> optional = model.optionalWeights();
+  if (optional.empty()) return out;
+  std::set<std::string> names;
+  for (const auto& [name, t] : given) names.insert(name);
+  for (const auto& [name, t] : ckpt::stateDict(model)) {
+    const bool isOptional = std::any_of(optional.begin(), optional.end(),
+                                        [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+    if (isOptional && names.count(name) == 0) out.insert(name);
+  }
+  return out;
+}
+
+}  // namespace
+
 void loadWeights(Model& model, ckpt::StateDict dict, const std::string& origin) {
-  ckpt::loadStateDict(model, withoutTiedNames(model, std::move(dict)), origin);
+  dict = withoutTiedNames(model, std::move(dict));
+  const std::set<std::string> kept = keptAsBuilt(model, dict);
+  for (const auto& [name, t] : ckpt::stateDict(model)) {
+    if (kept.count(name) != 0) dict.emplace_back(name, t.detach().clone());
+  }
+  ckpt::loadStateDict(model, std::move(dict), origin);
 }
 
 void loadWeights(Model& model, ckpt::TensorSource& source, const std::string& origin, bool part) {
   const ckpt::StateDict entries =
       withoutTiedNames(model, part ? partOfStateDict(model, source.entries()) : source.entries());
-  ckpt::loadStateDict(ckpt::stateDict(model), source, entries, origin);
+  ckpt::StateDict into = ckpt::stateDict(model);
+  const std::set<std::string> kept = keptAsBuilt(model, entries);
+  into.erase(std::remove_if(into.begin(), into.end(), [&](const auto& e) { return kept.count(e.first) != 0; }),
+             into.end());
+  ckpt::loadStateDict(into, source, entries, origin);
 }
 
 ckpt::StateDict partOfStateDict(const Model& part, ckpt::StateDict dict) {

@@ -12,7 +12,9 @@
 
 #include "cohort/ckpt/weights.h"
 #include "cohort/core/error.h"
+#include "cohort/models/bert.h"
 #include "cohort/models/gpt.h"
+#include "cohort/models/hf_bert.h"
 #include "cohort/models/hf_gpt2.h"
 #include "cohort/models/hf_llama.h"
 #include "cohort/models/llama.h"
@@ -106,6 +108,11 @@ std::unique_ptr<ckpt::TensorSource> openDirectoryWeights(const std::string& dir,
                               dir));
 }
 
+// A BERT config.json at `cfg` checked against the job.
+void checkBert(const std::string& cfg, const ModelConfig& config) {
+  checkHfBertConfig(bertOptionsOf(readHfJson(cfg), cfg), bertOptions(config, config.vocabSize), cfg);
+}
+
 // A Llama config.json at `cfg` checked against the job, and the weights'
 // shapes against it.
 void checkLlama(const std::string& cfg, const ModelConfig& config, const ckpt::TensorSource& weights,
@@ -123,12 +130,13 @@ std::unique_ptr<ckpt::TensorSource> openShardedWeights(const std::string& index)
 
 std::unique_ptr<ckpt::TensorSource> openPretrained(const std::string& path, const ModelConfig& config) {
   std::error_code ec;
-  const bool gpt = config.arch == ModelArch::gpt, llama = config.arch == ModelArch::llama;
+  const bool gpt = config.arch == ModelArch::gpt, llama = config.arch == ModelArch::llama,
+             bert = config.arch == ModelArch::bert;
   const GptOptions o = gptOptions(config, config.vocabSize);
   if (fs::is_directory(path, ec)) {
-    if (!gpt && !llama) {
+    if (!gpt && !llama && !bert) {
       throw DataError(fmt::format("{}: a directory; weights come in a file (.pt, .safetensors), or for model.arch "
-                                  "gpt and llama in a Hugging Face directory",
+                                  "gpt, llama and bert in a Hugging Face directory",
                                   path));
     }
     const std::string cfg = (fs::path(path) / "config.json").string();
@@ -142,6 +150,10 @@ std::unique_ptr<ckpt::TensorSource> openPretrained(const std::string& path, cons
       checkLlama(cfg, config, *source, file);
       return source;
     }
+    if (bert) {
+      checkBert(cfg, config);
+      return hfBertAsCohort(std::move(source), bertOptions(config, config.vocabSize), file);
+    }
     if (!isHfGpt2(source->entries())) return source;
     return hfGpt2AsCohort(std::move(source), file);
   }
@@ -153,6 +165,10 @@ std::unique_ptr<ckpt::TensorSource> openPretrained(const std::string& path, cons
   if (llama) {
     if (fs::is_regular_file(beside, ec)) checkLlama(beside.string(), config, *source, path);
     return source;
+  }
+  if (bert) {
+    if (fs::is_regular_file(beside, ec)) checkBert(beside.string(), config);
+    return hfBertAsCohort(std::move(source), bertOptions(config, config.vocabSize), path);
   }
   if (!gpt || !isHfGpt2(source->entries())) return source;
   if (fs::is_regular_file(beside, ec)) {

@@ -109,7 +109,9 @@ OutputScore Plan::scoreOutput(const at::Tensor& output, const at::Tensor& labels
   const at::Tensor hits = top.eq(flat.unsqueeze(1));
   s.top1 = hits.select(1, 0).sum().item<double>();
   s.top5 = hits.any(1).sum().item<double>();
-  s.count = static_cast<double>(flat.size(0));
+  // Positions without a target (masked language modelling's unchosen
+  // ones, labelled -100) are not counted.
+  s.count = flat.ne(-100).sum().item<double>();
   return s;
 }
 

@@ -77,7 +77,11 @@ int exportCommand(const ExportOptions& options, std::ostream& out) {
     detail::writeHuggingFace(m, path);
     out << "wrote " << path << "/config.json and model.safetensors\n"
         << "  format:  huggingface ("
-        << (m.job.model.arch == ModelArch::llama ? "Llama's layout: LlamaForCausalLM" : "GPT-2's layout: GPT2LMHeadModel")
+        << (m.job.model.arch == ModelArch::llama  ? "Llama's layout: LlamaForCausalLM"
+            : m.job.model.arch == ModelArch::bert ? (m.job.model.task == BertTask::classify
+                                                         ? "BERT's layout: BertForSequenceClassification"
+                                                         : "BERT's layout: BertForMaskedLM")
+                                                  : "GPT-2's layout: GPT2LMHeadModel")
         << ".from_pretrained reads it)\n"
         << "  model:   " << m.info.arch << " from " << m.info.weights << "\n";
     return 0;

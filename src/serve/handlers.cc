@@ -101,8 +101,9 @@ void predict(ServeState& s, const httplib::Request& req, const std::string& body
   }
   PredictRequest p;
   try {
-    p = parsePredict(body, req.get_header_value("Content-Type"), param(req, "top_k"),
-                     param(req, "logits"), s.info, s.options.topK, s.options.maxQueue);
+    p = s.info.texts ? parseTextPredict(body, s.info, s.options.topK, s.options.maxQueue)
+                     : parsePredict(body, req.get_header_value("Content-Type"), param(req, "top_k"),
+                                    param(req, "logits"), s.info, s.options.topK, s.options.maxQueue);
   } catch (const DataError& e) {
     replyError(res, 400, e.what());
     return;
@@ -236,7 +237,7 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
   auto slot = admit(s, res);
   if (!slot) return;
   if (!s.info.tokens) {
-    replyError(res, 400, "this is an image model: POST /v1/predict");
+    replyError(res, 400, s.info.texts ? "this model classifies texts: POST /v1/predict" : "this is an image model: POST /v1/predict");
     return;
   }
   std::shared_ptr<Generation> g;

@@ -19,6 +19,7 @@
 #include "cohort/core/run_dir.h"
 #include "cohort/data/dataset.h"
 #include "cohort/data/shard_source.h"
+#include "cohort/data/tokenizer.h"
 #include "cohort/data/tokens.h"
 #include "cohort/data/transform.h"
 #include "cohort/ckpt/weights.h"
@@ -100,6 +101,14 @@ void describeInput(ModelInfo& info, const JobConfig& job) {
   noCache.enabled = false;
   const auto storageOptions = storage::storageOptions(job.storage);
   bool encoded = false;  // shards of JPEG/PNG images (not raw pixels)
+  if (d.kind == DataKind::textClasses) {
+    info.texts = true;
+    info.text = data::loadTokenizerFile(d.tokenizer);
+    info.tokenizer = info.text->name();
+    info.tokenizerVocab = info.text->vocabSize();
+    info.blockSize = job.model.blockSize;
+    return;
+  }
   if (d.kind == DataKind::shards || d.kind == DataKind::tokens) {
     const data::ShardSource source(d.path, storageOptions, noCache);
     info.classes = source.manifest().classes;
@@ -230,6 +239,11 @@ TrainedModel loadTrainedModel(const std::string& model, const std::string& jobPa
     if (mc.vocabSize == 0) mc.vocabSize = info.tokenizerVocab;
     info.vocabSize = mc.vocabSize;
     info.blockSize = mc.blockSize;
+  } else if (info.texts) {
+    if (mc.vocabSize == 0) mc.vocabSize = info.tokenizerVocab;
+    mc.padToken = info.text->tokenId("[PAD]");
+    info.vocabSize = mc.vocabSize;
+    info.numClasses = mc.numClasses;
   } else {
     if (mc.inChannels == 0) mc.inChannels = info.channels;
     info.numClasses = mc.numClasses;
@@ -268,7 +282,7 @@ std::string describeSizes(const at::Tensor& t) {
 
 // Throws DataError unless `input` is what `info` takes (the contract in model.h).
 void checkInput(const at::Tensor& input, const ModelInfo& info) {
-  if (info.tokens) {
+  if (info.tokens || info.texts) {
     if (input.dim() != 2 || input.scalar_type() != torch::kLong) {
       throw DataError(fmt::format("expected token ids int64 [batch, time], got {} {}",
                                   c10::toString(input.scalar_type()), describeSizes(input)));
@@ -298,14 +312,14 @@ class ZooPredictor : public Predictor {
   // The function is the same up to rounding; exports keep the contiguous
   // layout and the BatchNorms.
   explicit ZooPredictor(TrainedModel m) : m_(std::move(m)) {
-    if (!m_.info.tokens && m_.info.arch != "torchscript") m_.model->setChannelsLast(true);
+    if (!m_.info.tokens && !m_.info.texts && m_.info.arch != "torchscript") m_.model->setChannelsLast(true);
     m_.model->foldForInference();
   }
   const ModelInfo& info() const override { return m_.info; }
   at::Tensor forward(const at::Tensor& input) override {
     checkInput(input, m_.info);
     c10::InferenceMode guard;
-    return m_.model->forward(m_.info.tokens ? input : normalizePixels(input, m_.info));
+    return m_.model->forward(m_.info.tokens || m_.info.texts ? input : normalizePixels(input, m_.info));
   }
   bool decodes() const override { return m_.info.tokens && m_.model->decodes(); }
   at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<models::KvCache*>& caches) override {
@@ -376,7 +390,13 @@ std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::st
     }
     return std::make_unique<ScriptPredictor>(std::move(module), std::move(info));
   }
-  return std::make_unique<ZooPredictor>(loadTrainedModel(model, jobPath));
+  TrainedModel trained = loadTrainedModel(model, jobPath);
+  if (maskedLm(trained.job)) {
+    throw UsageError(fmt::format("{}: a bert pretrained by masked language modelling fills in masked tokens, which "
+                                 "cohort serve does not answer; serve it fine-tuned (model.task classify)",
+                                 model));
+  }
+  return std::make_unique<ZooPredictor>(std::move(trained));
 }
 
 }  // namespace cohort::serve

@@ -23,6 +23,13 @@ nlohmann::json ModelInfo::toJson() const {
     j["vocab_size"] = vocabSize;
     j["tokenizer_vocab"] = tokenizerVocab;
     j["block_size"] = blockSize;
+  } else if (texts) {
+    j["texts"] = true;
+    j["input"] = {{"name", "tokens"}, {"dtype", "int64"}, {"shape", {"batch", blockSize}}};
+    j["output"] = {{"name", "logits"}, {"dtype", "float32"}, {"shape", {"batch", numClasses}}};
+    j["tokenizer"] = tokenizer;
+    j["block_size"] = blockSize;
+    j["num_classes"] = numClasses;
   } else {
     j["input"] = {{"name", "pixels"}, {"dtype", "float32"},
                   {"shape", {"batch", channels, height, width}}, {"range", {0, 255}}};

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 
 #include "cohort/core/error.h"
+#include "cohort/data/tokenizer.h"
 #include "cohort/data/tokens.h"
 #include "serve/detail/json_pixels.h"
 
@@ -221,6 +223,48 @@ PredictRequest parsePredict(const std::string& body, const std::string& contentT
     for (int64_t i = 0; i < scanned->images; ++i) r.inputs.push_back(all[i]);
   } else {
     readJsonBody(r, body, info, maxInputs);
+  }
+  r.topK = std::min(r.topK, info.numClasses);
+  return r;
+}
+
+PredictRequest parseTextPredict(const std::string& body, const ModelInfo& info, int64_t defaultTopK,
+                                int64_t maxInputs) {
+  const json j = parseJson(body);
+  checkKeys(j, {"text", "texts", "top_k", "logits"});
+  PredictRequest r;
+  r.topK = defaultTopK;
+  if (j.contains("top_k")) r.topK = integerOf(j["top_k"], "top_k", 1, 1'000'000);
+  if (j.contains("logits")) {
+    if (!j["logits"].is_boolean()) throw DataError("\"logits\" must be true or false");
+    r.logits = j["logits"].get<bool>();
+  }
+  std::vector<std::string> texts;
+  if (j.contains("text") == j.contains("texts")) throw DataError("send \"text\": a string, or \"texts\": a list of them");
+  if (j.contains("text")) {
+    if (!j["text"].is_string()) throw DataError("\"text\" must be a string");
+    texts.push_back(j["text"].get<std::string>());
+  } else {
+    if (!j["texts"].is_array() || j["texts"].empty()) throw DataError("\"texts\" must be a list of strings");
+    if (static_cast<int64_t>(j["texts"].size()) > maxInputs) {
+      throw DataError(fmt::format("{} texts in one request; at most {}", j["texts"].size(), maxInputs));
+    }
+    for (const json& t : j["texts"]) {
+      if (!t.is_string()) throw DataError("\"texts\" must be a list of strings");
+      texts.push_back(t.get<std::string>());
+    }
+  }
+  const data::Tokenizer& tok = *info.text;
+  const int64_t cls = tok.tokenId("[CLS]"), sep = tok.tokenId("[SEP]"), pad = tok.tokenId("[PAD]");
+  const int64_t width = info.blockSize;
+  for (const std::string& text : texts) {
+    std::vector<int64_t> ids = tok.encode(text);
+    const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ids.size()), width - 2);
+    at::Tensor row = torch::full({width}, pad, torch::kLong);
+    row[0] = cls;
+    for (int64_t i = 0; i < keep; ++i) row[i + 1] = ids[static_cast<size_t>(i)];
+    row[keep + 1] = sep;
+    r.inputs.push_back(row);
   }
   r.topK = std::min(r.topK, info.numClasses);
   return r;

@@ -417,6 +417,10 @@ std::unique_ptr<ScoreData> openSection(const std::string& path, const ModelInfo&
                                          d.shape.at(1), d.shape.at(2));
       return std::make_unique<PixelData>(dataset, true, fp, info);
     }
+    case DataKind::textClasses:
+      throw ConfigError(fmt::format("{}: kind text_classes: cohort score does not read labelled texts yet; the "
+                                    "training run's evaluation reports their accuracy",
+                                    path));
     case DataKind::none: break;
   }
   throw ConfigError(fmt::format("{}: no dataset kind (kind: idx, synthetic, shards or tokens)", path));

@@ -13,6 +13,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/models/hf_gpt2.h"
+#include "cohort/models/hf_bert.h"
 #include "cohort/models/hf_llama.h"
 #include "cohort/models/lora.h"
 #include "serve/detail/exporters.h"
@@ -88,6 +89,22 @@ void writeHfLlama(const TrainedModel& m, const std::string& dir) {
   writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfLlamaConfig(o).dump(2) + "\n");
 }
 
+// BertForMaskedLM's and BertForSequenceClassification's layouts are
+// cohort's bert's own; the decoder's tied weight and bias are left out, as
+// transformers saves them.
+void writeHfBert(const TrainedModel& m, const std::string& dir) {
+  createExportDir(dir);
+  models::BertOptions o = models::bertOptions(m.job.model, m.info.vocabSize, m.job.model.padToken);
+  o.vocabSize = m.info.vocabSize;
+  if (m.info.text) o.padId = m.info.text->tokenId("[PAD]");
+  ckpt::SafetensorsWriter out((fs::path(dir) / "model.safetensors").string(), {{"format", "pt"}});
+  visitTensors(
+      m, [&](const std::string& name, const at::Tensor& t) { out.add(name, t); },
+      [](const std::string&, const std::string&) {});
+  out.finish();
+  writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfBertConfig(o).dump(2) + "\n");
+}
+
 }  // namespace
 
 void writeHuggingFace(const TrainedModel& m, const std::string& dir) {
@@ -96,9 +113,13 @@ void writeHuggingFace(const TrainedModel& m, const std::string& dir) {
     writeHfLlama(m, dir);
     return;
   }
+  if (mc.arch == ModelArch::bert) {
+    writeHfBert(m, dir);
+    return;
+  }
   if (mc.arch != ModelArch::gpt) {
-    throw UsageError(fmt::format("--format huggingface writes GPT-2's or Llama's layout: model.arch gpt or llama, "
-                                 "not {}",
+    throw UsageError(fmt::format("--format huggingface writes GPT-2's, Llama's or BERT's layout: model.arch gpt, "
+                                 "llama or bert, not {}",
                                  choiceName(mc.arch)));
   }
   if (!mc.bias) {

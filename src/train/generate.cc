@@ -111,9 +111,9 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
     throw UsageError(fmt::format("{}: not a run directory (no job.yaml)", o.runDir));
   }
   const JobConfig job = loadJob(runDir.jobFile());
-  if (!tokenModel(job)) {
-    throw UsageError(fmt::format("{}: model.arch is {} on {} data; generate needs a language model "
-                                 "(gpt, or torchscript on tokens)",
+  if (!tokenModel(job) || maskedLm(job)) {
+    throw UsageError(fmt::format("{}: model.arch is {} on {} data; generate needs a language model that predicts "
+                                 "the next token (gpt, llama, or torchscript on tokens)",
                                  runDir.jobFile(), choiceName(job.model.arch),
                                  choiceName(job.data.train.kind)));
   }

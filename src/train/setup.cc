@@ -78,7 +78,9 @@ Datasets openDatasets(const JobConfig& job) {
   openOptions.storage = storage::storageOptions(job.storage);
   openOptions.cache = job.data.cache;
   openOptions.training = true;
-  if (tokenModel(job)) openOptions.tokenWindow = job.model.blockSize + 1;
+  // A next-token model's window holds its targets' last token too.
+  if (tokenModel(job)) openOptions.tokenWindow = job.model.blockSize + (maskedLm(job) ? 0 : 1);
+  if (textClassifier(job)) openOptions.tokenWindow = job.model.blockSize;
   Datasets d;
   d.train = data::openDataset(job.data.train, job.model.numClasses, openOptions);
   openOptions.training = false;
@@ -87,6 +89,18 @@ Datasets openDatasets(const JobConfig& job) {
   }
   d.shape = d.train->shape();
   d.vocabSize = d.train->vocabSize();
+  if (maskedLm(job)) {
+    for (const char* mask : {"[MASK]", "<mask>"}) {
+      if (d.maskId < 0) d.maskId = d.train->tokenId(mask);
+    }
+    if (d.maskId < 0) {
+      throw DataError(fmt::format("{}: its tokenizer has no [MASK] (or <mask>) token, which model.task masked_lm "
+                                  "puts in place of the tokens it hides; tokenize with a BERT vocab.txt or a "
+                                  "tokenizer.json that has one",
+                                  job.data.train.path));
+    }
+  }
+  if (job.model.arch == ModelArch::bert) d.padId = d.train->tokenId("[PAD]");
   if (d.eval) {
     const data::SampleShape es = d.eval->shape();
     const data::SampleShape& ts = d.shape;
@@ -108,7 +122,8 @@ Datasets openDatasets(const JobConfig& job) {
 ModelConfig resolveModelConfig(const JobConfig& job, const Datasets& data) {
   const data::SampleShape& shape = data.shape;
   ModelConfig mc = job.model;
-  if (decoderArch(mc.arch)) {
+  if (decoderArch(mc.arch) || mc.arch == ModelArch::bert) {
+    mc.padToken = data.padId;
     if (mc.vocabSize == 0) mc.vocabSize = data.vocabSize;
     if (mc.vocabSize < data.vocabSize) {
       throw ConfigError(fmt::format("model.vocab_size is {} but the training data's tokenizer has {} "
@@ -396,6 +411,8 @@ Loaders makeLoaders(const JobConfig& job, const Datasets& data, int dataRank, in
   lo.absorbTail = so.exactTail;
   lo.seed = static_cast<uint64_t>(tc.seed);
   lo.transform = data::Transform::fromConfig(job.data.train, data.shape, true, "data.train");
+  lo.maskId = data.maskId;
+  lo.vocabSize = data.vocabSize;
   l.train = std::make_unique<data::BatchLoader>(data.train, lo);
   if (data.eval) {
     data::SamplerOptions eo = so;

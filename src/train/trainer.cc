@@ -172,7 +172,10 @@ void evaluateAfter(TrainState& s, int64_t epoch, bool last) {
   r.step = s.step;
   r.epoch = epoch;
   r.seconds = secondsSince(start);
-  if (const double perToken = s.datasets.eval ? s.datasets.eval->bytesPerToken() : 0; r.tokens > 0 && perToken > 0) {
+  // Masked language modelling predicts 15% of the tokens from both sides:
+  // its loss is no code length of the text.
+  const double perToken = s.datasets.eval && !maskedLm(s.job) ? s.datasets.eval->bytesPerToken() : 0;
+  if (r.tokens > 0 && perToken > 0) {
     r.lossPerByte = r.loss / perToken;
     r.bitsPerByte = r.lossPerByte / std::log(2.0);
   }
@@ -181,12 +184,17 @@ void evaluateAfter(TrainState& s, int64_t epoch, bool last) {
   summary.lastEval = r;
   summary.bestTop1 = std::max(summary.bestTop1, r.top1);
   if (r.tokens > 0) {
-    log::info("eval after epoch {}: loss {:.4f}, perplexity {:.3f}, {:.4f} bits per byte, next-token top-1 "
-              "{:.4f} ({} tokens, {:.1f} s)",
-              epoch, r.loss, r.perplexity, r.bitsPerByte, r.top1, r.tokens, r.seconds);
+    if (maskedLm(s.job)) {
+      log::info("eval after epoch {}: loss {:.4f}, masked-token top-1 {:.4f} ({} masked tokens, {:.1f} s)", epoch,
+                r.loss, r.top1, r.tokens, r.seconds);
+    } else {
+      log::info("eval after epoch {}: loss {:.4f}, perplexity {:.3f}, {:.4f} bits per byte, next-token top-1 "
+                "{:.4f} ({} tokens, {:.1f} s)",
+                epoch, r.loss, r.perplexity, r.bitsPerByte, r.top1, r.tokens, r.seconds);
+    }
   } else {
-    log::info("eval after epoch {}: top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} images, {:.1f} s)",
-              epoch, r.top1, r.top5, r.loss, r.samples, r.seconds);
+    log::info("eval after epoch {}: top-1 {:.4f}, top-5 {:.4f}, loss {:.4f} ({} {}, {:.1f} s)", epoch, r.top1, r.top5,
+              r.loss, r.samples, textClassifier(s.job) ? "texts" : "images", r.seconds);
   }
   s.plan->model().train();
 }

@@ -157,6 +157,85 @@ TEST(BatchLoader, WorkerErrorsReachTheConsumer) {
   }
 }
 
+// Windows of tokens 0..99 cycling, and labelled texts of them.
+class CountingTokens : public Dataset {
+ public:
+  explicit CountingTokens(SampleKind kind) : kind_(kind) {}
+  int64_t size() const override { return 400; }
+  SampleShape shape() const override { return {1, 1, 50}; }
+  SampleKind kind() const override { return kind_; }
+  int64_t vocabSize() const override { return 100; }
+  int64_t read(int64_t, float*, uint64_t) const override { throw std::logic_error("not images"); }
+  void readTokens(int64_t index, int64_t* out, uint64_t) const override {
+    for (int64_t k = 0; k < 50; ++k) out[k] = (index + k) % 100;
+  }
+  int64_t readText(int64_t index, int64_t* out) const override {
+    readTokens(index, out, 0);
+    return index % 3;
+  }
+  std::string describe() const override { return "counting"; }
+
+ private:
+  SampleKind kind_;
+};
+
+// Masked language modelling: 15% of positions chosen, of those 80%
+// masked, 10% another token, 10% kept; the labels are the chosen
+// positions' tokens and -100 elsewhere; the same in a resumed epoch (same
+// seed and epoch), other positions in another epoch.
+TEST(BatchLoader, MaskedLanguageModellingChoosesFifteenPercent) {
+  LoaderOptions o;
+  o.batchSize = 400;
+  o.threads = 2;
+  o.seed = 5;
+  o.maskId = 100;
+  o.vocabSize = 100;
+  auto epoch = [&](int64_t e) {
+    BatchLoader l(std::make_shared<CountingTokens>(SampleKind::tokens), o);
+    l.startEpoch(iota(400), e);
+    return drain(l).at(0);
+  };
+  const Batch b = epoch(0);
+  ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{400, 50}));
+  ASSERT_EQ(b.labels.sizes(), (std::vector<int64_t>{400, 50}));
+  int64_t chosen = 0, masked = 0, kept = 0, other = 0, leaked = 0;
+  for (int64_t i = 0; i < 400; ++i) {
+    for (int64_t k = 0; k < 50; ++k) {
+      const int64_t original = (i + k) % 100, in = b.inputs[i][k].item<int64_t>(), label = b.labels[i][k].item<int64_t>();
+      if (label == kIgnoredLabel) {
+        leaked += in != original;
+        continue;
+      }
+      EXPECT_EQ(label, original);
+      ++chosen;
+      masked += in == 100;
+      kept += in == original;
+      other += in != 100 && in != original;
+    }
+  }
+  EXPECT_EQ(leaked, 0) << "an unchosen position changed";
+  const double n = 400 * 50;
+  EXPECT_NEAR(chosen / n, 0.15, 0.01);
+  EXPECT_NEAR(double(masked) / chosen, 0.8, 0.03);
+  EXPECT_NEAR(double(kept + other) / chosen, 0.2, 0.03);
+  EXPECT_GT(other, 0.08 * chosen);  // a random token is the original 1% of the time
+  EXPECT_TRUE(torch::equal(epoch(0).inputs, b.inputs)) << "the same epoch masks the same positions";
+  EXPECT_FALSE(torch::equal(epoch(1).labels, b.labels)) << "another epoch masks others";
+}
+
+TEST(BatchLoader, LabelledTextsComeAsTokensAndLabels) {
+  LoaderOptions o;
+  o.batchSize = 8;
+  o.threads = 1;
+  BatchLoader l(std::make_shared<CountingTokens>(SampleKind::text), o);
+  l.startEpoch({5, 7}, 0);
+  const Batch b = drain(l).at(0);
+  ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, 50}));
+  EXPECT_EQ(b.inputs[1][3].item<int64_t>(), 10);
+  EXPECT_EQ(b.labels[0].item<int64_t>(), 2);
+  EXPECT_EQ(b.labels[1].item<int64_t>(), 1);
+}
+
 TEST(BatchLoader, EmptyEpoch) {
   BatchLoader l(makeSynthetic(4, {1, 2, 2}, 2, 1), options(2, 2, false));
   l.startEpoch({}, 0);

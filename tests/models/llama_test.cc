@@ -50,7 +50,7 @@ std::map<std::string, at::Tensor> byName(const Model& m) {
 at::Tensor reference(const std::map<std::string, at::Tensor>& w, const ModelConfig& c, const at::Tensor& tokens) {
   auto W = [&](const std::string& n) { return w.at(n).to(torch::kDouble); };
   auto rms = [&](const at::Tensor& x, const at::Tensor& g) {
-    return x / torch::sqrt(x.pow(2).mean(-1, true) + c.normEps) * g;
+    return x / torch::sqrt(x.pow(2).mean(-1, true) + llamaOptions(c, 0).normEps) * g;
   };
   const int64_t t = tokens.size(1), h = c.nHead, kv = c.nKvHead, d = c.nEmbd / c.nHead;
   at::Tensor x = torch::embedding(W("model.embed_tokens.weight"), tokens);

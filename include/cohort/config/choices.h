@@ -19,10 +19,10 @@
 
 namespace cohort {
 
-enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt, llama, torchscript };
+enum class ModelArch { simpleCnn, resnet18, resnet34, resnet50, resnet101, gpt, llama, bert, torchscript };
 // `auto` is spelled `automatic` where C++ reserves the word.
 enum class MemoryLayout { automatic, channelsLast, contiguous };
-enum class DataKind { idx, synthetic, shards, tokens, none };
+enum class DataKind { idx, synthetic, shards, tokens, textClasses, none };
 enum class OnCorrupt { skip, fail };
 enum class Backend { gloo, nccl };
 enum class GradCompression { none, fp16, bf16 };
@@ -43,6 +43,9 @@ enum class Recompute { none, blocks };
 // llama's rotary embeddings beyond the context they were trained at: none,
 // positions interpolated (linear), or Llama 3.1's per-frequency scaling.
 enum class RopeScaling { none, linear, llama3 };
+// What bert is trained for: masked language modelling (pretraining) or
+// classifying whole sequences (fine-tuning).
+enum class BertTask { maskedLm, classify };
 // gpt's MLP: GELU exactly (erf, nanoGPT's nn.GELU()) or its tanh
 // approximation (GPT-2's "gelu_new").
 enum class Activation { gelu, geluTanh };
@@ -61,13 +64,14 @@ using ChoiceTable = std::array<std::pair<E, std::string_view>, N>;
 
 template <>
 struct ChoiceNames<ModelArch> {
-  static constexpr ChoiceTable<ModelArch, 8> table{{{ModelArch::simpleCnn, "simple_cnn"},
+  static constexpr ChoiceTable<ModelArch, 9> table{{{ModelArch::simpleCnn, "simple_cnn"},
                                                     {ModelArch::resnet18, "resnet18"},
                                                     {ModelArch::resnet34, "resnet34"},
                                                     {ModelArch::resnet50, "resnet50"},
                                                     {ModelArch::resnet101, "resnet101"},
                                                     {ModelArch::gpt, "gpt"},
                                                     {ModelArch::llama, "llama"},
+                                                    {ModelArch::bert, "bert"},
                                                     {ModelArch::torchscript, "torchscript"}}};
 };
 template <>
@@ -78,10 +82,11 @@ struct ChoiceNames<MemoryLayout> {
 };
 template <>
 struct ChoiceNames<DataKind> {
-  static constexpr ChoiceTable<DataKind, 5> table{{{DataKind::idx, "idx"},
+  static constexpr ChoiceTable<DataKind, 6> table{{{DataKind::idx, "idx"},
                                                    {DataKind::synthetic, "synthetic"},
                                                    {DataKind::shards, "shards"},
                                                    {DataKind::tokens, "tokens"},
+                                                   {DataKind::textClasses, "text_classes"},
                                                    {DataKind::none, "none"}}};
 };
 template <>
@@ -169,6 +174,11 @@ struct ChoiceNames<LossScaling> {
 template <>
 struct ChoiceNames<Recompute> {
   static constexpr ChoiceTable<Recompute, 2> table{{{Recompute::none, "none"}, {Recompute::blocks, "blocks"}}};
+};
+
+template <>
+struct ChoiceNames<BertTask> {
+  static constexpr ChoiceTable<BertTask, 2> table{{{BertTask::maskedLm, "masked_lm"}, {BertTask::classify, "classify"}}};
 };
 
 template <>

@@ -58,9 +58,13 @@ struct ModelConfig {
   // llama (models/llama.h); n_layer, n_head, n_embd, block_size, vocab_size as gpt's
   int64_t nKvHead = 0;            // grouped-query attention: key/value heads; 0: n_head
   int64_t intermediateSize = 0;   // the SwiGLU MLP's width; 0: 8/3 n_embd rounded up to 64
-  double normEps = 1e-5;          // RMSNorm's epsilon
+  double normEps = 0;             // llama's RMSNorm, bert's LayerNorm; 0: the architecture's (1e-5, 1e-12)
   bool tieEmbeddings = false;     // the head is the token embedding
   RopeConfig rope;
+  BertTask task = BertTask::maskedLm;  // bert (models/bert.h)
+  // Not a key: bert's padding token, resolved from the data's tokenizer as
+  // vocab_size is; -1: none.
+  int64_t padToken = -1;
 };
 
 struct AugmentConfig {
@@ -86,6 +90,7 @@ struct DatasetConfig {
   int64_t resizeSize = 0;     // shards, no random crop: shorter side before the center crop; 0: crop_size / 0.875
   int64_t shuffleWindow = 4;  // shards: records are shuffled within groups of this many shards
   OnCorrupt onCorrupt = OnCorrupt::skip;  // shards: an undecodable image is skipped and counted, or fails
+  std::string tokenizer;      // text_classes: the tokenizer's file or directory
   AugmentConfig augment;
 };
 
@@ -317,14 +322,26 @@ struct JobConfig {
   SecurityConfig security;
 };
 
-// Whether the model maps token windows to next-token logits: gpt, llama, or a
-// TorchScript module trained on token data.
 // Whether `arch` is one of cohort's decoders (gpt, llama): token windows in,
 // next-token logits out, generation with a KvCache.
 inline bool decoderArch(ModelArch arch) { return arch == ModelArch::gpt || arch == ModelArch::llama; }
 
+// Whether the job pretrains bert by masked language modelling: windows of
+// block_size tokens, some masked, the targets the tokens they hid.
+inline bool maskedLm(const JobConfig& job) {
+  return job.model.arch == ModelArch::bert && job.model.task == BertTask::maskedLm;
+}
+
+// Whether the job classifies texts (bert, task classify, on text_classes).
+inline bool textClassifier(const JobConfig& job) {
+  return job.model.arch == ModelArch::bert && job.model.task == BertTask::classify;
+}
+
+// Whether the model reads token windows and predicts a token at each
+// position: gpt, llama, bert pretraining (the masked ones), or a
+// TorchScript module trained on token data.
 inline bool tokenModel(const JobConfig& job) {
-  return decoderArch(job.model.arch) ||
+  return decoderArch(job.model.arch) || maskedLm(job) ||
          (job.model.arch == ModelArch::torchscript && job.data.train.kind == DataKind::tokens);
 }
 
@@ -352,6 +369,7 @@ inline int64_t pipelineBlocks(const ModelConfig& model) {
     case ModelArch::resnet50:
     case ModelArch::resnet101: return 4;
     case ModelArch::simpleCnn:
+    case ModelArch::bert:
     case ModelArch::torchscript: return 0;
   }
   return 0;

@@ -26,8 +26,10 @@ struct SampleShape {
 
 // What a sample is. An image sample is shape() float pixels and a label; a
 // tokens sample is a window of shape().width token ids (shape 1 x 1 x window),
-// whose first window - 1 tokens are the input and last window - 1 the targets.
-enum class SampleKind { image, tokens };
+// whose first window - 1 tokens are the input and last window - 1 the targets
+// (or, for masked language modelling, all of them both); a text sample is
+// shape().width token ids (a labelled text, padded) and a label.
+enum class SampleKind { image, tokens, text };
 
 // read() returns this instead of a label for a sample that cannot be decoded
 // and is skipped (data.*.on_corrupt: skip); the dataset has logged its key.
@@ -56,6 +58,15 @@ class Dataset {
   // an epoch the same one (training seed, epoch), so they move together.
   // Image datasets throw std::logic_error.
   virtual void readTokens(int64_t index, int64_t* out, uint64_t seed) const;
+  // text: writes sample `index`'s shape().width token ids to `out` and
+  // returns its label. Other datasets throw std::logic_error.
+  virtual int64_t readText(int64_t index, int64_t* out) const;
+  // tokens, text: the id of the tokenizer's special token `token` ("[MASK]",
+  // "[PAD]"), or -1 when it has none; -1 for images.
+  virtual int64_t tokenId(const std::string& token) const {
+    (void)token;
+    return -1;
+  }
   // One line for logs: "idx /path/train-images-idx3-ubyte.gz (60000 x 1x28x28)".
   virtual std::string describe() const = 0;
   // The order an epoch visits all samples in when shuffling, the same on
@@ -75,7 +86,8 @@ class Dataset {
 // (random crops) or evaluation.
 struct OpenOptions {
   bool training = false;
-  // tokens: tokens per sample (model.block_size + 1).
+  // tokens: tokens per sample (model.block_size + 1, or block_size for
+  // masked language modelling); text: tokens per text, padded or cut.
   int64_t tokenWindow = 0;
   storage::StorageOptions storage;
   CacheConfig cache;
@@ -97,6 +109,14 @@ std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptio
 // manifest is not read again; options.storage and options.cache are its own).
 std::shared_ptr<Dataset> openTokens(const DatasetConfig& config, const OpenOptions& options,
                                     std::unique_ptr<ShardSource> source);
+
+// Labelled texts (docs/data.md, "Labelled texts"): config.path a text file
+// of lines `LABEL<TAB>TEXT`, LABEL below numClasses, each text tokenized by
+// config.tokenizer as [CLS] text [SEP] padded with [PAD] (or cut) to
+// options.tokenWindow tokens. Throws DataError naming the file and line of
+// a line without a label or with a label that is not a class, and the
+// tokenizer when it lacks [CLS], [SEP] or [PAD].
+std::shared_ptr<Dataset> openTextClasses(const DatasetConfig& config, int64_t numClasses, const OpenOptions& options);
 
 // IDX files (raw or gzip): images of ndim 3 (N, H, W) and labels of ndim 1,
 // unsigned bytes. `limit` > 0 keeps the first `limit` samples. `labels`

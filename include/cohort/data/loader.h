@@ -42,7 +42,20 @@ struct LoaderOptions {
   bool absorbTail = false;
   uint64_t seed = 0;    // augmentation seed
   Transform transform;
+  // Masked language modelling (bert's pretraining) on token windows, when
+  // maskId >= 0: the inputs are the whole windows with 15% of their
+  // positions chosen, each chosen one becoming maskId (80%), a token drawn
+  // uniformly below vocabSize (10%) or staying (10%); the labels are the
+  // chosen positions' tokens and kIgnoredLabel elsewhere. Drawn from
+  // (seed, epoch, sample) as augmentation is, so a resumed run masks the
+  // same positions.
+  int64_t maskId = -1;
+  int64_t vocabSize = 0;
 };
+
+// The label of a position no loss is taken at (PyTorch's cross-entropy's
+// default ignore_index).
+inline constexpr int64_t kIgnoredLabel = -100;
 
 // Design: `threads` workers take batch numbers in order from a shared
 // counter, never more than `prefetch` ahead of the consumer, and put finished

@@ -64,6 +64,11 @@ class Model : public torch::nn::Module {
   // architecture lists under a second name too: (that name, the name here).
   virtual std::vector<std::pair<std::string, std::string>> tiedNames() const { return {}; }
 
+  // Prefixes of tensors a pretrained file may lack, which then keep their
+  // initial values (loadWeights): a classification head new to a model
+  // fine-tuned from a pretrained encoder.
+  virtual std::vector<std::string> optionalWeights() const { return {}; }
+
   // Language models that keep a KvCache (the GPT; not a TorchScript
   // module): decode() works.
   virtual bool decodes() const { return false; }

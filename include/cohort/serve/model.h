@@ -43,6 +43,7 @@ namespace cohort::serve {
 struct ModelInfo {
   std::string arch;      // model.arch: simple_cnn, resnet18, ..., gpt, torchscript
   bool tokens = false;   // a language model
+  bool texts = false;    // a classifier of texts (bert, task classify): tokens in, classes out
   // Images: the input's channels and size; raw pixels 0..255.
   int64_t channels = 0, height = 0, width = 0;
   // Per channel (channels values), applied to pixels / 255 inside the model.

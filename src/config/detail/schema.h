@@ -111,11 +111,19 @@ void describe(V& v, ModelConfig& c) {
           "n_head (multi-head attention).",
           between(0, 1024));
   v.field("intermediate_size", c.intermediateSize,
-          "llama: width of the SwiGLU MLP; 0: 8/3 n_embd rounded up to a multiple of 64.", between(0, 1 << 22));
-  v.field("norm_eps", c.normEps, "llama: RMSNorm's epsilon (Hugging Face's rms_norm_eps).", above(0));
+          "llama: width of the SwiGLU MLP; 0: 8/3 n_embd rounded up to a multiple of 64. bert: of the GELU MLP; 0: "
+          "4 n_embd.",
+          between(0, 1 << 22));
+  v.field("norm_eps", c.normEps,
+          "llama: RMSNorm's epsilon (Hugging Face's rms_norm_eps); bert: LayerNorm's (layer_norm_eps); 0: the "
+          "architecture's (1e-5, 1e-12).",
+          atLeast(0));
   v.field("tie_embeddings", c.tieEmbeddings,
           "llama: the output head is the token embedding (gpt's always is).");
   v.section("rope", c.rope, "llama: rotary position embeddings.");
+  v.field("task", c.task,
+          "bert: masked_lm pretrains on token data (15% of positions chosen: 80% masked, 10% a random token, "
+          "10% kept); classify fine-tunes a classifier of whole texts (text_classes data, num_classes).");
   v.section("lora", c.lora,
             "gpt: LoRA fine-tuning. The weights (from init_from) are frozen; only the adapters "
             "train, are exchanged, checkpointed and saved (model/adapters.pt).");
@@ -139,7 +147,11 @@ void describe(V& v, DatasetConfig& c) {
   v.field("kind", c.kind, "Source of samples.");
   v.field("path", c.path,
           "shards, tokens: the packed dataset, a directory or blob URL holding dataset.json "
-          "(docs/shard-format.md, docs/token-format.md).");
+          "(docs/shard-format.md, docs/token-format.md); text_classes: the text file, a line per "
+          "example: its label, a tab, its text (docs/data.md).");
+  v.field("tokenizer", c.tokenizer,
+          "text_classes: the tokenizer's file or directory (a BERT vocab.txt, a tokenizer.json, a Hugging "
+          "Face model directory), which has [CLS], [SEP] and [PAD].");
   v.field("images", c.images, "idx: images file (IDX format, raw or gzip).");
   v.field("labels", c.labels, "idx: labels file (IDX format, raw or gzip).");
   v.field("limit", c.limit, "Use only the first N samples; 0 uses all.", atLeast(0));

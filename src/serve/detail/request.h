@@ -31,6 +31,13 @@ struct PredictRequest {
 // JPEG and PNG signatures). `topKParam` and `logitsParam` are the query's
 // ?top_k= and ?logits= (absent: std::nullopt); JSON keys of the same names
 // take precedence. `maxInputs` bounds the inputs of one request.
+// POST /v1/predict of a text classifier (ModelInfo::texts): JSON
+// {"text": "..."} or {"texts": ["...", ...]}, with "top_k" and "logits" as
+// for images. Each text becomes [CLS] text [SEP] padded with [PAD] (or cut)
+// to the model's block_size, as its training texts were.
+PredictRequest parseTextPredict(const std::string& body, const ModelInfo& info, int64_t defaultTopK,
+                                int64_t maxInputs);
+
 PredictRequest parsePredict(const std::string& body, const std::string& contentType,
                             const std::optional<std::string>& topKParam,
                             const std::optional<std::string>& logitsParam, const ModelInfo& info,

@@ -29,6 +29,8 @@ struct Datasets {
   std::shared_ptr<data::Dataset> eval;  // null with data.eval.kind: none
   data::SampleShape shape;              // of every sample, training and evaluation
   int64_t vocabSize = 0;                // token data: the tokenizer's
+  int64_t maskId = -1;                  // masked language modelling: the tokenizer's [MASK]
+  int64_t padId = -1;                   // bert: the tokenizer's [PAD], never attended to
 };
 
 // Opens data.train and data.eval (every rank opens them itself; they are
