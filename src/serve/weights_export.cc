@@ -13,6 +13,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/models/hf_gpt2.h"
+#include "cohort/data/tokenizer.h"
 #include "cohort/models/hf_bert.h"
 #include "cohort/models/hf_llama.h"
 #include "cohort/models/lora.h"
@@ -75,6 +76,16 @@ void createExportDir(const std::string& dir) {
   if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir, ec.message()));
 }
 
+// The training data's tokenizer beside the weights, as Hugging Face's
+// model directories carry it: tokenizer.json, or a SentencePiece
+// tokenizer.model; nothing for the byte tokenizer.
+void writeTokenizer(const TrainedModel& m, const std::string& dir) {
+  if (!m.info.text || m.info.text->model().empty()) return;
+  const bool json = m.info.text->name() == data::kHuggingFaceTokenizer;
+  writeFileAtomic((fs::path(dir) / (json ? data::kTokenizerJsonFile : data::kTokenizerModelFile)).string(),
+                  m.info.text->model());
+}
+
 // LlamaForCausalLM's layout is cohort's llama's own: the tensors as they
 // are, a tied head left out as transformers saves it, and config.json.
 void writeHfLlama(const TrainedModel& m, const std::string& dir) {
@@ -87,6 +98,7 @@ void writeHfLlama(const TrainedModel& m, const std::string& dir) {
       [](const std::string&, const std::string&) {});
   out.finish();
   writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfLlamaConfig(o).dump(2) + "\n");
+  writeTokenizer(m, dir);
 }
 
 // BertForMaskedLM's and BertForSequenceClassification's layouts are
@@ -103,6 +115,7 @@ void writeHfBert(const TrainedModel& m, const std::string& dir) {
       [](const std::string&, const std::string&) {});
   out.finish();
   writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfBertConfig(o).dump(2) + "\n");
+  writeTokenizer(m, dir);
 }
 
 }  // namespace
@@ -146,6 +159,7 @@ void writeHuggingFace(const TrainedModel& m, const std::string& dir) {
       [&](const std::string& name, const std::string& of) { out.alias(name, of); });
   out.finish();
   writeFileAtomic((fs::path(dir) / "config.json").string(), models::hfGpt2Config(o, mc.activation).dump(2) + "\n");
+  writeTokenizer(m, dir);
 }
 
 }  // namespace cohort::serve::detail

@@ -142,6 +142,12 @@ TEST_F(BertJob, PretrainsFineTunesFromItsHuggingFaceFilesAndServes) {
   for (const auto& [name, t] : file->entries()) exported.emplace(name, file->load(name));
   EXPECT_EQ(exported.count("cls.predictions.transform.LayerNorm.weight"), 1u);
   EXPECT_EQ(exported.count("cls.predictions.decoder.weight"), 0u);
+  // With the training data's tokenizer, which tokenizes again from the directory.
+  ASSERT_TRUE(fs::exists(hf + "/tokenizer.json"));
+  auto again = test::cohort({"data", "tokenize", dir_->file("corpus.txt"), dir_->file("tok-again"), "--tokenizer", hf,
+                             "--no-progress"});
+  ASSERT_EQ(again.exitCode, 0) << again.describe();
+  EXPECT_EQ(test::readText(dir_->file("tok-again/train/tokens-00000.bin")), test::readText(dir_->file("tok/train/tokens-00000.bin")));
 
   // Fine-tuned from that directory: the encoder starts pretrained, the
   // pooler and classifier new; each evaluation reports the accuracy.
