@@ -65,7 +65,7 @@ int exportCommand(const ExportOptions& options, std::ostream& out) {
   if (options.format == "onnx" && m.job.model.arch == ModelArch::torchscript) {
     throw UsageError(fmt::format(
         "{}: model.arch torchscript (a module of your own): ONNX export covers cohort's built-in "
-        "architectures (simple_cnn, resnet18/34/50/101, gpt); export it with --format torchscript",
+        "architectures (simple_cnn, resnet18/34/50/101, gpt, llama); export it with --format torchscript",
         options.model));
   }
   const std::string path = options.out.empty() ? defaultExportPath(options, m) : options.out;

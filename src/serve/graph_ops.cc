@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "cohort/core/error.h"
-#include "cohort/models/gpt.h"
+#include "cohort/models/llama.h"
 #include "cohort/models/lora.h"
 
 namespace cohort::serve::detail {
@@ -15,10 +15,19 @@ Weights exportWeights(const models::Model& model) {
       models::hasAdapters(model) ? models::mergedStateDict(model) : models::publishedStateDict(model);
   Weights out;
   for (const auto& [name, t] : dict) {
-    if (name == models::kTiedHeadName) continue;  // the head is transformer.wte.weight
     out.emplace(name, exportTensor(t));
   }
+  // The head of a tied model is its embedding (transformer.wte.weight,
+  // model.embed_tokens.weight).
+  for (const auto& [second, first] : model.tiedNames()) out.erase(second);
   return out;
+}
+
+bool isTiedSecondName(const ModelConfig& config, const std::string& name) {
+  for (const auto& [second, first] : models::tiedNamesOf(config)) {
+    if (name == second) return true;
+  }
+  return false;
 }
 
 at::Tensor exportTensor(const at::Tensor& t) {
@@ -91,6 +100,29 @@ std::string describeGpt(Ops& ops, const std::string& tokens, const ModelConfig& 
   return ops.matmulTransposed(ops.layerNorm(x, "transformer.ln_f"), "transformer.wte.weight");
 }
 
+// models/llama.cc: pre-RMSNorm blocks, rotary grouped-query attention,
+// SwiGLU MLP down(silu(gate(x)) * up(x)), tied or untied head. The angle
+// tables are the model's: float32, from ropeInverseFrequencies, up to
+// block_size.
+std::string describeLlama(Ops& ops, const std::string& tokens, const ModelConfig& c, int64_t vocabSize) {
+  const models::LlamaOptions o = models::llamaOptions(c, vocabSize);
+  const at::Tensor inverse = models::ropeInverseFrequencies(o.nEmbd / o.nHead, o.rope);
+  const at::Tensor angles = torch::outer(torch::arange(o.blockSize, torch::kFloat), inverse);
+  const at::Tensor both = torch::cat({angles, angles}, -1);  // [block_size, head_dim]
+  std::string x = ops.embedTokens(tokens, models::kLlamaEmbeddingName);
+  const auto rotary = ops.rotaryTables(both.cos(), both.sin());
+  for (int64_t i = 0; i < o.nLayer; ++i) {
+    const std::string b = fmt::format("model.layers.{}", i);
+    x = ops.add(x, ops.rotaryAttention(ops.rmsNorm(x, b + ".input_layernorm", o.normEps), b + ".self_attn",
+                                       o.nHead, o.nKvHead, rotary));
+    const std::string h = ops.rmsNorm(x, b + ".post_attention_layernorm", o.normEps);
+    const std::string gated = ops.mul(ops.silu(ops.linear(h, b + ".mlp.gate_proj")), ops.linear(h, b + ".mlp.up_proj"));
+    x = ops.add(x, ops.linear(gated, b + ".mlp.down_proj"));
+  }
+  x = ops.rmsNorm(x, "model.norm", o.normEps);
+  return o.tiedHead ? ops.matmulTransposed(x, models::kLlamaEmbeddingName) : ops.linear(x, "lm_head");
+}
+
 }  // namespace
 
 std::string describeForward(Ops& ops, const TrainedModel& m, const std::string& input) {
@@ -106,14 +138,16 @@ std::string describeForward(Ops& ops, const TrainedModel& m, const std::string& 
     case ModelArch::gpt:
       return describeGpt(ops, input, c);
     case ModelArch::llama:
-      throw UsageError("model.arch llama: ONNX and TorchScript export of llama is not written yet; export its "
+      return describeLlama(ops, input, c, m.info.vocabSize);
+    case ModelArch::bert:
+      throw UsageError("model.arch bert: ONNX and TorchScript export of bert is not written yet; export its "
                        "weights with --format huggingface or safetensors");
     case ModelArch::torchscript:
       break;
   }
   throw UsageError(
       "model.arch torchscript: cohort's graph builders cover its built-in architectures (simple_cnn, "
-      "resnet18/34/50/101, gpt); export a TorchScript model with --format torchscript");
+      "resnet18/34/50/101, gpt, llama); export a TorchScript model with --format torchscript");
 }
 
 }  // namespace cohort::serve::detail

@@ -17,11 +17,11 @@
 #include <memory>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "cohort/ckpt/tensor_file.h"
 #include "cohort/core/base64.h"
 #include "cohort/core/error.h"
-#include "cohort/models/gpt.h"
 #include "cohort/core/version.h"
 #include "serve/detail/exporters.h"
 #include "serve/detail/graph_ops.h"
@@ -101,11 +101,7 @@ class OnnxOps : public Ops {
   }
 
   std::string embed(const std::string& tokens, const std::string& wte, const std::string& wpe) override {
-    const std::string shape = node("Shape", {tokens}, {}, "tokens_shape");
-    const std::string time =
-        node("Gather", {shape, int64Scalar("one_i64", 1)}, {Attribute::ofInt("axis", 0)}, "time");
-    positions_ =
-        node("Range", {int64Scalar("zero_i64", 0), time, int64Scalar("one_i64", 1)}, {}, "positions");
+    setPositions(tokens);
     return node(
         "Add",
         {node("Gather", {init(wte), tokens}, {}, "wte"), node("Gather", {init(wpe), positions_}, {}, "wpe")},
@@ -134,16 +130,7 @@ class OnnxOps : public Ops {
     const std::string q = perHead(parts[0], {0, 2, 1, 3});
     const std::string kT = perHead(parts[1], {0, 2, 3, 1});
     const std::string v = perHead(parts[2], {0, 2, 1, 3});
-    std::string att = node("MatMul", {q, kT}, {}, prefix + ".scores");
-    att = node("Mul",
-               {att, scalar(fmt::format("inv_sqrt_{}", d),
-                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))))},
-               {}, prefix + ".scaled");
-    att = node("Where", {futureMask(), scalar("neg_inf", -std::numeric_limits<float>::infinity()), att}, {},
-               prefix + ".causal");
-    att = node("Softmax", {att}, {Attribute::ofInt("axis", -1)}, prefix + ".softmax");
-    std::string y = node("MatMul", {att, v}, {}, prefix + ".mix");
-    y = node("Transpose", {y}, {Attribute::ofInts("perm", {0, 2, 1, 3})}, prefix + ".merge");
+    std::string y = mix(q, kT, v, d, prefix);
     y = node("Reshape", {y, constantInts(fmt::format("embd_{}", c), {3}, {0, 0, c})}, {}, prefix + ".merge");
     return linear(y, prefix + ".c_proj");
   }
@@ -172,7 +159,112 @@ class OnnxOps : public Ops {
     return node("MatMul", {x, wT}, {}, w + ".matmul");
   }
 
+  std::string embedTokens(const std::string& tokens, const std::string& wte) override {
+    setPositions(tokens);
+    return node("Gather", {init(wte), tokens}, {}, "embed_tokens");
+  }
+
+  std::string rmsNorm(const std::string& x, const std::string& prefix, double eps) override {
+    // opset 17 has no RMSNormalization (it arrives in 23).
+    const std::string meanSquare = node("ReduceMean", {node("Mul", {x, x}, {}, prefix + ".square")},
+                                        {Attribute::ofInts("axes", {-1}), Attribute::ofInt("keepdims", 1)},
+                                        prefix + ".mean");
+    const std::string rms = node(
+        "Sqrt", {node("Add", {meanSquare, scalar(fmt::format("eps_{}", eps), static_cast<float>(eps))}, {}, prefix)},
+        {}, prefix + ".rms");
+    const std::string normed = node("Mul", {x, node("Reciprocal", {rms}, {}, prefix)}, {}, prefix);
+    return node("Mul", {init(prefix + ".weight"), normed}, {}, prefix + ".weight");
+  }
+
+  std::pair<std::string, std::string> rotaryTables(const at::Tensor& cos, const at::Tensor& sin) override {
+    // The first T rows: the rows at the token positions 0 .. T-1.
+    auto cut = [&](const char* name, const at::Tensor& table) {
+      const at::Tensor t = table.to(torch::kFloat).contiguous();
+      const std::vector<float> values(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+      return node("Gather", {constant(name, onnxDims(t), values), positions_}, {Attribute::ofInt("axis", 0)},
+                  name);
+    };
+    return {cut("rope_cos", cos), cut("rope_sin", sin)};
+  }
+
+  std::string rotaryAttention(const std::string& x, const std::string& prefix, int64_t heads, int64_t kvHeads,
+                              const std::pair<std::string, std::string>& rotary) override {
+    const int64_t width = weight(prefix + ".q_proj.weight").size(0), d = width / heads, half = d / 2;
+    // [B, T, n d] -> [B, n, T, d]; 0 keeps the batch and time sizes.
+    auto perHead = [&](const std::string& proj, int64_t n) {
+      const std::string shape = constantInts(fmt::format("heads_{}_{}", n, d), {4}, {0, 0, n, d});
+      const std::string r = node("Reshape", {linear(x, prefix + "." + proj), shape}, {}, prefix + ".heads");
+      return node("Transpose", {r}, {Attribute::ofInts("perm", {0, 2, 1, 3})}, prefix + ".transpose");
+    };
+    // m cos + rotate_half(m) sin, rotate_half(m) = [-second half, first half].
+    auto rotate = [&](const std::string& m) {
+      std::vector<std::string> halves =
+          nodeOutputs("Split", {m, constantInts(fmt::format("halves_{}", half), {2}, {half, half})},
+                      {Attribute::ofInt("axis", -1)}, prefix + ".halves", 2);
+      const std::string turned =
+          node("Concat", {node("Neg", {halves[1]}, {}, prefix + ".rotate"), halves[0]},
+               {Attribute::ofInt("axis", -1)}, prefix + ".rotate");
+      return node("Add",
+                  {node("Mul", {m, rotary.first}, {}, prefix + ".cos"),
+                   node("Mul", {turned, rotary.second}, {}, prefix + ".sin")},
+                  {}, prefix + ".rotary");
+    };
+    // [B, kv, T, d] -> [B, heads, T, d], each key/value head repeated for
+    // its group of query heads, as the model widens them.
+    auto widen = [&](const std::string& m) {
+      if (kvHeads == heads) return m;
+      const int64_t group = heads / kvHeads;
+      const std::string grouped = node(
+          "Expand",
+          {node("Unsqueeze", {m, constantInts("axis_2", {1}, {2})}, {}, prefix + ".group"),
+           constantInts(fmt::format("group_{}", group), {5}, {1, 1, group, 1, 1})},
+          {}, prefix + ".group");
+      return node("Reshape", {grouped, constantInts(fmt::format("widen_{}_{}", heads, d), {4}, {0, heads, -1, d})},
+                  {}, prefix + ".widen");
+    };
+    const std::string q = rotate(perHead("q_proj", heads));
+    const std::string k = widen(rotate(perHead("k_proj", kvHeads)));
+    const std::string v = widen(perHead("v_proj", kvHeads));
+    const std::string kT = node("Transpose", {k}, {Attribute::ofInts("perm", {0, 1, 3, 2})}, prefix + ".keys");
+    const std::string y = mix(q, kT, v, d, prefix);
+    return linear(node("Reshape", {y, constantInts(fmt::format("embd_{}", width), {3}, {0, 0, width})}, {},
+                       prefix + ".merge"),
+                  prefix + ".o_proj");
+  }
+
+  std::string silu(const std::string& x) override {
+    return node("Mul", {x, node("Sigmoid", {x}, {}, "silu")}, {}, "silu");
+  }
+
+  std::string mul(const std::string& a, const std::string& b) override { return node("Mul", {a, b}, {}, "mul"); }
+
  private:
+  // The token positions 0 .. T-1 of tokens [B, T], for the causal mask and
+  // the rotary tables.
+  void setPositions(const std::string& tokens) {
+    const std::string shape = node("Shape", {tokens}, {}, "tokens_shape");
+    const std::string time =
+        node("Gather", {shape, int64Scalar("one_i64", 1)}, {Attribute::ofInt("axis", 0)}, "time");
+    positions_ =
+        node("Range", {int64Scalar("zero_i64", 0), time, int64Scalar("one_i64", 1)}, {}, "positions");
+  }
+
+  // Causal attention of q [B, H, T, d] over the transposed keys kT [B, H,
+  // d, T] and the values v [B, H, T, d]: [B, T, H, d].
+  std::string mix(const std::string& q, const std::string& kT, const std::string& v, int64_t d,
+                  const std::string& prefix) {
+    std::string att = node("MatMul", {q, kT}, {}, prefix + ".scores");
+    att = node("Mul",
+               {att, scalar(fmt::format("inv_sqrt_{}", d),
+                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))))},
+               {}, prefix + ".scaled");
+    att = node("Where", {futureMask(), scalar("neg_inf", -std::numeric_limits<float>::infinity()), att}, {},
+               prefix + ".causal");
+    att = node("Softmax", {att}, {Attribute::ofInt("axis", -1)}, prefix + ".softmax");
+    const std::string y = node("MatMul", {att, v}, {}, prefix + ".mix");
+    return node("Transpose", {y}, {Attribute::ofInts("perm", {0, 2, 1, 3})}, prefix + ".merge");
+  }
+
   // A node with one output, named after `hint` and a counter.
   std::string node(const std::string& op, std::vector<std::string> inputs, std::vector<Attribute> attributes,
                    const std::string& hint) {
@@ -270,7 +362,7 @@ void writeOnnx(const TrainedModel& m, int64_t batch, int64_t opset, const std::s
     weights = exportWeights(*m.model);
   } else {
     for (const auto& [name, t] : m.weights->entries()) {
-      if (name != models::kTiedHeadName) weights.emplace(name, t);
+      if (!isTiedSecondName(m.job.model, name)) weights.emplace(name, t);
     }
   }
   onnx::Model model;

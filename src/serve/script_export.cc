@@ -27,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "cohort/ckpt/mapped_tensors.h"
@@ -34,7 +35,6 @@
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/core/log.h"
-#include "cohort/models/gpt.h"
 #include "serve/detail/exporters.h"
 #include "serve/detail/graph_ops.h"
 
@@ -132,14 +132,7 @@ class ScriptOps : public Ops {
       return let(fmt::format("{}[{}].view({}, {}, {}, {}).transpose(1, 2)", qkv, k, b, t, heads, d));
     };
     const std::string q = head(0), k = head(1), v = head(2);
-    std::string att = let(fmt::format("torch.matmul({}, {}.transpose(-2, -1)) * {}", q, k,
-                                      scriptNumber(1.0 / std::sqrt(static_cast<double>(d)))));
-    const std::string future =
-        let(fmt::format("torch.ones([{0}, {0}], dtype=11, device={1}.device).triu(1)", t, x));
-    att = let(fmt::format("torch.softmax({}.masked_fill({}, float(\"-inf\")), -1)", att, future));
-    const std::string y = let(
-        fmt::format("torch.matmul({}, {}).transpose(1, 2).contiguous().view({}, {}, {})", att, v, b, t, c));
-    return linear(y, prefix + ".c_proj");
+    return linear(causal(q, k, v, d, b, t, c), prefix + ".c_proj");
   }
   std::string gelu(const std::string& x, bool tanh) override {
     return let(tanh ? fmt::format("torch.gelu({}, approximate='tanh')", x) : fmt::format("torch.gelu({})", x));
@@ -148,7 +141,66 @@ class ScriptOps : public Ops {
     return let(fmt::format("torch.linear({}, {})", x, scriptRef(w)));
   }
 
+  std::string embedTokens(const std::string& tokens, const std::string& wte) override {
+    time_ = let(fmt::format("{}.size(1)", tokens));
+    return let(fmt::format("torch.embedding({}, {})", scriptRef(wte), tokens));
+  }
+  std::string rmsNorm(const std::string& x, const std::string& p, double eps) override {
+    // The mean of squares in float32 whatever x's dtype, as the model.
+    const std::string f = let(fmt::format("{}.float()", x));
+    return let(fmt::format("{} * ({} * torch.rsqrt({}.pow(2).mean(-1, keepdim=True) + {})).to({}.dtype)",
+                           scriptRef(p + ".weight"), f, f, scriptNumber(eps), x));
+  }
+  std::pair<std::string, std::string> rotaryTables(const at::Tensor& cos, const at::Tensor& sin) override {
+    // Buffers of the module (constants()), so that they follow it to a device.
+    constants_.emplace_back("rope_cos", exportTensor(cos));
+    constants_.emplace_back("rope_sin", exportTensor(sin));
+    return {let(fmt::format("self.rope_cos.narrow(0, 0, {})", time_)),
+            let(fmt::format("self.rope_sin.narrow(0, 0, {})", time_))};
+  }
+  std::string rotaryAttention(const std::string& x, const std::string& prefix, int64_t heads, int64_t kvHeads,
+                              const std::pair<std::string, std::string>& rotary) override {
+    const int64_t width = weight(prefix + ".q_proj.weight").size(0), d = width / heads, half = d / 2;
+    const std::string b = let(fmt::format("{}.size(0)", x)), t = let(fmt::format("{}.size(1)", x));
+    auto perHead = [&](const std::string& proj, int64_t n) {
+      return let(fmt::format("{}.view({}, {}, {}, {}).transpose(1, 2)", linear(x, prefix + "." + proj), b, t, n, d));
+    };
+    auto rotate = [&](const std::string& m) {
+      return let(fmt::format("{0} * {1} + torch.cat([-{0}.narrow(-1, {3}, {3}), {0}.narrow(-1, 0, {3})], -1) * {2}",
+                             m, rotary.first, rotary.second, half));
+    };
+    auto widen = [&](const std::string& m) {
+      if (kvHeads == heads) return m;
+      return let(fmt::format("{}.unsqueeze(2).expand([{}, {}, {}, {}, {}]).reshape([{}, {}, {}, {}])", m, b, kvHeads,
+                             heads / kvHeads, t, d, b, heads, t, d));
+    };
+    const std::string q = rotate(perHead("q_proj", heads));
+    const std::string k = widen(rotate(perHead("k_proj", kvHeads)));
+    const std::string v = widen(perHead("v_proj", kvHeads));
+    return linear(causal(q, k, v, d, b, t, width), prefix + ".o_proj");
+  }
+  std::string silu(const std::string& x) override { return let(fmt::format("torch.silu({})", x)); }
+  std::string mul(const std::string& a, const std::string& b) override {
+    return let(fmt::format("{} * {}", a, b));
+  }
+
+  // Tensors the forward reads that are not the model's: to register as
+  // buffers of the module under these names.
+  const std::vector<std::pair<std::string, at::Tensor>>& constants() const { return constants_; }
+
  private:
+  // Causal attention of q, k, v [b, H, t, d]: [b, t, width].
+  std::string causal(const std::string& q, const std::string& k, const std::string& v, int64_t d,
+                     const std::string& b, const std::string& t, int64_t width) {
+    std::string att = let(fmt::format("torch.matmul({}, {}.transpose(-2, -1)) * {}", q, k,
+                                      scriptNumber(1.0 / std::sqrt(static_cast<double>(d)))));
+    const std::string future =
+        let(fmt::format("torch.ones([{0}, {0}], dtype=11, device={1}.device).triu(1)", t, q));
+    att = let(fmt::format("torch.softmax({}.masked_fill({}, float(\"-inf\")), -1)", att, future));
+    return let(
+        fmt::format("torch.matmul({}, {}).transpose(1, 2).contiguous().view({}, {}, {})", att, v, b, t, width));
+  }
+
   std::string let(const std::string& expr) {
     const std::string v = fmt::format("v{}", next_++);
     body_ += fmt::format("    {} = {}\n", v, expr);
@@ -158,6 +210,8 @@ class ScriptOps : public Ops {
 
   std::string body_;
   int next_ = 0;
+  std::string time_;  // the tokens' T, from embedTokens
+  std::vector<std::pair<std::string, at::Tensor>> constants_;
 };
 
 // The submodule tree of the state dict's names, each tensor registered on
@@ -205,6 +259,8 @@ std::string scriptClassName(ModelArch arch) {
       return "SimpleCnn";
     case ModelArch::gpt:
       return "Gpt";
+    case ModelArch::llama:
+      return "Llama";
     case ModelArch::torchscript:
       return "Normalized";
     default:
@@ -316,7 +372,7 @@ void writeTorchScript(const TrainedModel& m, const std::string& path) {
       // file beside the module's, which the module's tensors map.
       std::vector<std::string> names;
       for (const auto& name : order) {
-        if (name != models::kTiedHeadName) names.push_back(name);
+        if (!isTiedSecondName(m.job.model, name)) names.push_back(name);
       }
       mapped = std::make_unique<ckpt::MappedTensors>(*m.weights, names, spillDirectory(path), exportTensor);
       weights = mapped->tensors();
@@ -335,6 +391,7 @@ void writeTorchScript(const TrainedModel& m, const std::string& path) {
     const std::string input = m.info.tokens ? "tokens" : "pixels";
     ScriptOps ops(weights);
     const std::string out = describeForward(ops, m, input);
+    for (const auto& [name, t] : ops.constants()) module.register_buffer(name, t);
     module.define(
         fmt::format("def forward(self, {}: Tensor) -> Tensor:\n{}    return {}\n", input, ops.body(), out));
   }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/serve/model.h"
@@ -26,6 +27,9 @@ namespace cohort::serve::detail {
 // of tied tensors.
 using Weights = std::map<std::string, at::Tensor>;
 Weights exportWeights(const models::Model& model);
+// Whether `name` is the second name of a tied tensor of the job's model
+// (the GPT's lm_head.weight, a tied Llama's): exported under its first.
+bool isTiedSecondName(const ModelConfig& config, const std::string& name);
 // One of them as it is exported: on the CPU, float32 if floating, contiguous.
 at::Tensor exportTensor(const at::Tensor& t);
 
@@ -64,6 +68,23 @@ class Ops {
   virtual std::string gelu(const std::string& x, bool tanh) = 0;
   // x [B, T, C] times the embedding `weight` [V, C] transposed: tied head.
   virtual std::string matmulTransposed(const std::string& x, const std::string& weight) = 0;
+
+  // Llama (models/llama.cc). Token [B, T] -> wte[tokens], no positions.
+  virtual std::string embedTokens(const std::string& tokens, const std::string& wte) = 0;
+  // x / sqrt(mean(x^2 over the last dimension) + eps) * `prefix`.weight.
+  virtual std::string rmsNorm(const std::string& x, const std::string& prefix, double eps) = 0;
+  // The rotary tables cos and sin [block_size, head_dim] as constants of
+  // the export, cut to the input's T rows: their values' names [T, head_dim].
+  // Once per forward, after embedTokens.
+  virtual std::pair<std::string, std::string> rotaryTables(const at::Tensor& cos, const at::Tensor& sin) = 0;
+  // Causal self-attention `prefix` (q_proj, k_proj, v_proj, o_proj, no
+  // biases): `heads` query heads over `kvHeads` key/value heads (query head
+  // h reads h / (heads / kvHeads)), queries and keys rotated by the tables
+  // of rotaryTables (the halves of each head paired: rotate_half).
+  virtual std::string rotaryAttention(const std::string& x, const std::string& prefix, int64_t heads,
+                                      int64_t kvHeads, const std::pair<std::string, std::string>& rotary) = 0;
+  virtual std::string silu(const std::string& x) = 0;
+  virtual std::string mul(const std::string& a, const std::string& b) = 0;
 
  protected:
   const Weights& weights_;
