@@ -218,11 +218,19 @@ std::vector<std::pair<std::string, std::string>> flatYaml(const std::string& tex
 std::vector<JobChange> diffJobs(const std::string& beforeYaml, const JobConfig& job) {
   const auto before = flatYaml(beforeYaml);
   const auto after = flatYaml(toYaml(job));
+  // A key that cohort gained after `before` was written, at its default,
+  // leaves the job what it was.
+  const auto defaults = flatYaml(toYaml(JobConfig{}));
   std::vector<JobChange> changes;
   for (const auto& [key, value] : after) {
     std::string old = "(none)";
     for (const auto& [k, v] : before) {
       if (k == key) old = v;
+    }
+    if (old == "(none)") {
+      for (const auto& [k, v] : defaults) {
+        if (k == key && v == value) old = value;
+      }
     }
     if (old != value) changes.push_back({key, old, value});
   }

@@ -67,7 +67,8 @@ std::string savedPlanPath(const JobConfig& job);
 
 // The keys whose values differ between a resolved job saved as YAML (as
 // toYaml wrote it) and `job`, in schema order. Keys only one side has are
-// listed too (the other side's value is "(none)").
+// listed too (the other side's value is "(none)"), but for a key `before`
+// lacks that `job` has at its default (a key added since: the same job).
 struct JobChange {
   std::string key;
   std::string before;
