@@ -360,7 +360,7 @@ TEST_F(TensorJob, BadSettingsExit2NamingTheKey) {
   const auto cnn = test::cohort({"run", dir.file("cnn.yaml"), "--procs", "2", "--run-dir", dir.file("cnn"), "--set",
                                  "distribution.tensor=2"});
   EXPECT_EQ(cnn.exitCode, 2) << cnn.describe();
-  EXPECT_NE(cnn.err.find("distribution.tensor: 2 ranks split each layer of the gpt model only; model.arch "
+  EXPECT_NE(cnn.err.find("distribution.tensor: 2 ranks split each layer of the gpt and llama models only; model.arch "
                          "simple_cnn is not split"),
             std::string::npos)
       << cnn.describe();

@@ -215,7 +215,7 @@ TEST_F(GptJob, MistakesInTheJobOrDataExit2NamingTheKey) {
   expectBad({"validate", job(), "--set", "model.n_embd=30", "--set", "model.n_head=4"},
             "model.n_embd: 30 is not divisible by model.n_head (4)");
   expectBad({"validate", job(), "--set", "model.arch=simple_cnn"},
-            "data.train.kind: kind tokens is for model.arch gpt, llama or torchscript, not simple_cnn");
+            "data.train.kind: kind tokens is for model.arch gpt, llama, bert or torchscript, not simple_cnn");
   expectBad({"validate", job(), "--set", "data.train.kind=synthetic"},
             "data.train.kind: model.arch gpt trains on token data (kind: tokens), not synthetic");
   // 200 validation tokens cannot fill a window of 257.

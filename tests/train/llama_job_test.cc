@@ -2,25 +2,30 @@
 // llama with grouped-query attention below the unigram loss and generate
 // with and without the key/value cache; the trained model goes out in
 // Hugging Face's layout and comes back in, whole and sharded
-// (model.safetensors.index.json), into generation, a ZeRO-3 run that
+// (model.safetensors.index.json), into serving, a ZeRO-3 run that
 // reads it one unit at a time, and LoRA; ZeRO 3, a pipeline, recompute
 // and bf16 train it; bad Hugging Face files exit 2 naming the file and
 // the field.
 
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "cohort/ckpt/safetensors.h"
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/ckpt/weights.h"
 #include "util/corpus.h"
 #include "util/jobs.h"
+#include "util/process.h"
 #include "util/runs.h"
 
 namespace cohort {
@@ -144,6 +149,27 @@ TEST_F(LlamaJob, TrainsGeneratesAndGoesOutAndBackInHuggingFacesLayout) {
   ASSERT_TRUE(test::tensorNamed(exported, "model.layers.1.self_attn.k_proj.weight").defined());
   EXPECT_EQ(test::tensorNamed(exported, "model.layers.1.self_attn.k_proj.weight").size(0), 16);
 
+  // Served from the directory: the greedy text is the run's.
+  {
+    const std::string portFile = dir_->file("port");
+    test::Process server({test::cohortBin(), "serve", hf, "--job", run + "/job.yaml", "--port", "0", "--port-file",
+                          portFile});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!fs::exists(portFile) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(fs::exists(portFile)) << server.stderrSoFar();
+    httplib::Client client("127.0.0.1", std::stoi(test::readText(portFile)));
+    client.set_read_timeout(60, 0);
+    const auto reply = client.Post(
+        "/v1/generate", nlohmann::json{{"prompt", "the lord "}, {"max_tokens", 30}, {"temperature", 0}}.dump(),
+        "application/json");
+    ASSERT_TRUE(reply) << httplib::to_string(reply.error());
+    ASSERT_EQ(reply->status, 200) << reply->body;
+    EXPECT_EQ("the lord " + nlohmann::json::parse(reply->body)["text"].get<std::string>() + "\n", cached.out);
+    server.signal(SIGTERM);
+    EXPECT_EQ(server.wait(std::chrono::seconds(60)).exitCode, 0);
+  }
   // And as safetensors in cohort's names (the same: llama's names are Hugging Face's).
   ASSERT_EQ(test::cohort({"export", run, "--format", "safetensors", "--out", dir_->file("llama.safetensors")}).exitCode,
             0);
