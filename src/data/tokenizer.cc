@@ -13,6 +13,7 @@
 #include "cohort/core/checksum.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/utf8.h"
 #include "cohort/data/shard_source.h"
 #include "data/detail/hf_tokenizer.h"
 #include "data/detail/spm_api.h"
@@ -116,23 +117,6 @@ struct ErrorText {
   char text[512] = {};
 };
 
-// The length of the UTF-8 character at `p` (of `n` bytes), or 0 when the
-// bytes there are not one.
-size_t utf8Char(const unsigned char* p, size_t n) {
-  auto cont = [&](size_t i, unsigned char lo = 0x80, unsigned char hi = 0xBF) {
-    return i < n && p[i] >= lo && p[i] <= hi;
-  };
-  const unsigned char c = p[0];
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-  if (c == 0xE0) return cont(1, 0xA0) && cont(2) ? 3 : 0;
-  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
-  if (c == 0xED) return cont(1, 0x80, 0x9F) && cont(2) ? 3 : 0;
-  if (c == 0xF0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
-  if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
-  if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
-  return 0;
-}
 
 // SentencePiece reads UTF-8 and writes its byte pieces back as characters
 // (a lone or malformed byte as U+FFFD). So that every text comes back
@@ -167,7 +151,7 @@ class SentencePieceTokenizer final : public Tokenizer {
       if (at > run) library(std::string_view(text).substr(run, at - run), out);
     };
     while (at < text.size()) {
-      const size_t n = p[at] == '\n' ? 0 : utf8Char(p + at, text.size() - at);
+      const size_t n = p[at] == '\n' ? 0 : utf8Length(p + at, text.size() - at);
       if (n > 0) {
         at += n;
         continue;
@@ -208,7 +192,7 @@ class SentencePieceTokenizer final : public Tokenizer {
       }
       const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
       for (size_t at = 0; at < bytes.size() && whole;) {
-        const size_t n = utf8Char(p + at, bytes.size() - at);
+        const size_t n = utf8Length(p + at, bytes.size() - at);
         whole = n > 0;
         at += n;
       }

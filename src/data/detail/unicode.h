@@ -10,21 +10,17 @@
 #include <string>
 #include <string_view>
 
+#include "cohort/core/utf8.h"
+
 namespace cohort::data::detail {
 
 // The code point given to a byte that is not part of a UTF-8 character:
 // beyond Unicode, so that no class test holds for it.
 inline constexpr uint32_t kNotUtf8 = 0xFFFFFFFF;
 
-// The length of the UTF-8 character at `p` (of `n` bytes), or 0 when the
-// bytes there are not one (overlong, surrogate, truncated, past U+10FFFF).
-size_t utf8Length(const unsigned char* p, size_t n);
-
 // The unit of `s` at `at`: its code point and byte length (kNotUtf8 and 1
 // for a byte that is not UTF-8).
 uint32_t decodeUtf8(std::string_view s, size_t at, size_t* length);
-
-void appendUtf8(std::string& out, uint32_t cp);
 
 // Whether `s` is all UTF-8.
 bool isUtf8(std::string_view s);

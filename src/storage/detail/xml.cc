@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "cohort/core/utf8.h"
 #include "storage/detail/shared_key.h"
 
 namespace cohort::storage::detail {
@@ -89,22 +90,7 @@ std::string xmlUnescape(const std::string& s) {
         i = semi;
         continue;
       }
-      // UTF-8
-      if (cp < 0x80) {
-        out += static_cast<char>(cp);
-      } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      }
+      appendUtf8(out, static_cast<uint32_t>(cp));
     } else {
       out += s.substr(i, semi - i + 1);
     }
