@@ -131,23 +131,13 @@ BertOptions bertOptionsOf(const json& c, const std::string& origin) {
 }
 
 void checkHfBertConfig(const BertOptions& theirs, const BertOptions& ours, const std::string& origin) {
-  struct Size {
-    const char* key;
-    int64_t theirs, ours;
-    const char* job;
-  };
-  for (const Size& s : {Size{"num_hidden_layers", theirs.nLayer, ours.nLayer, "model.n_layer"},
-                        Size{"num_attention_heads", theirs.nHead, ours.nHead, "model.n_head"},
-                        Size{"hidden_size", theirs.nEmbd, ours.nEmbd, "model.n_embd"},
-                        Size{"intermediate_size", theirs.intermediate, ours.intermediate, "model.intermediate_size"},
-                        Size{"max_position_embeddings", theirs.blockSize, ours.blockSize, "model.block_size"},
-                        Size{"vocab_size", theirs.vocabSize, ours.vocabSize, "model.vocab_size"}}) {
-    if (s.ours <= 0) continue;  // vocab_size taken from the data, not known here
-    if (s.theirs != s.ours) {
-      throw DataError(fmt::format("{}: {} is {}, the job's {} is {}: set {}: {}", origin, s.key, s.theirs, s.job,
-                                  s.ours, s.job, s.theirs));
-    }
-  }
+  checkSizes({{"num_hidden_layers", theirs.nLayer, ours.nLayer, "model.n_layer"},
+              {"num_attention_heads", theirs.nHead, ours.nHead, "model.n_head"},
+              {"hidden_size", theirs.nEmbd, ours.nEmbd, "model.n_embd"},
+              {"intermediate_size", theirs.intermediate, ours.intermediate, "model.intermediate_size"},
+              {"max_position_embeddings", theirs.blockSize, ours.blockSize, "model.block_size"},
+              {"vocab_size", theirs.vocabSize, ours.vocabSize, "model.vocab_size"}},
+             origin);
   if (std::abs(theirs.normEps - ours.normEps) > 1e-9 * std::max(theirs.normEps, ours.normEps)) {
     throw DataError(fmt::format("{}: layer_norm_eps is {}, the job's model.norm_eps is {}: set model.norm_eps: {}",
                                 origin, theirs.normEps, ours.normEps, theirs.normEps));

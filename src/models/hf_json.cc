@@ -49,4 +49,13 @@ double numberAt(const json& config, const char* key, double otherwise, const std
   return it->get<double>();
 }
 
+void checkSizes(std::initializer_list<JobSize> sizes, const std::string& origin) {
+  for (const JobSize& s : sizes) {
+    if (s.ours > 0 && s.theirs != s.ours) {
+      throw DataError(fmt::format("{}: {} is {}, the job's {} is {}: set {}: {}", origin, s.key, s.theirs, s.job,
+                                  s.ours, s.job, s.theirs));
+    }
+  }
+}
+
 }  // namespace cohort::models

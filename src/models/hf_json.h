@@ -4,6 +4,7 @@
 // with errors that name the file and the key.
 
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -24,5 +25,17 @@ int64_t integerAt(const nlohmann::json& config, const char* key, int64_t otherwi
 
 // config[key] as a number, `otherwise` when absent or null.
 double numberAt(const nlohmann::json& config, const char* key, double otherwise, const std::string& origin);
+
+// A size config.json gives and the job's (`job` the model.* key).
+struct JobSize {
+  const char* key;
+  int64_t theirs, ours;
+  const char* job;
+};
+
+// Each of `sizes` must agree; one whose job value is 0 or less (taken from
+// the data, not known yet) is skipped. Throws DataError naming `origin`,
+// the key, both values and the setting that would match.
+void checkSizes(std::initializer_list<JobSize> sizes, const std::string& origin);
 
 }  // namespace cohort::models

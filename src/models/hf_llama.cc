@@ -120,25 +120,18 @@ LlamaOptions llamaOptionsOf(const json& c, const std::string& origin) {
 }
 
 void checkHfLlamaConfig(const LlamaOptions& theirs, const LlamaOptions& ours, const std::string& origin) {
-  struct Size {
-    const char* key;
-    int64_t theirs, ours;
-    const char* job;
-  };
-  for (const Size& s : {Size{"num_hidden_layers", theirs.nLayer, ours.nLayer, "model.n_layer"},
-                        Size{"num_attention_heads", theirs.nHead, ours.nHead, "model.n_head"},
-                        Size{"num_key_value_heads", theirs.nKvHead, ours.nKvHead, "model.n_kv_head"},
-                        Size{"hidden_size", theirs.nEmbd, ours.nEmbd, "model.n_embd"},
-                        Size{"intermediate_size", theirs.intermediate, ours.intermediate, "model.intermediate_size"},
-                        Size{"vocab_size", theirs.vocabSize, ours.vocabSize, "model.vocab_size"},
-                        Size{"tie_word_embeddings", theirs.tiedHead, ours.tiedHead, "model.tie_embeddings"}}) {
-    if (s.ours <= 0 && std::string(s.key) == "vocab_size") continue;  // taken from the data, not known here
-    if (s.theirs != s.ours) {
-      const bool flag = std::string(s.key) == "tie_word_embeddings";
-      auto show = [&](int64_t v) { return flag ? std::string(v != 0 ? "true" : "false") : std::to_string(v); };
-      throw DataError(fmt::format("{}: {} is {}, the job's {} is {}: set {}: {}", origin, s.key, show(s.theirs),
-                                  s.job, show(s.ours), s.job, show(s.theirs)));
-    }
+  checkSizes({{"num_hidden_layers", theirs.nLayer, ours.nLayer, "model.n_layer"},
+              {"num_attention_heads", theirs.nHead, ours.nHead, "model.n_head"},
+              {"num_key_value_heads", theirs.nKvHead, ours.nKvHead, "model.n_kv_head"},
+              {"hidden_size", theirs.nEmbd, ours.nEmbd, "model.n_embd"},
+              {"intermediate_size", theirs.intermediate, ours.intermediate, "model.intermediate_size"},
+              {"vocab_size", theirs.vocabSize, ours.vocabSize, "model.vocab_size"}},
+             origin);
+  if (theirs.tiedHead != ours.tiedHead) {
+    const char* flag = theirs.tiedHead ? "true" : "false";
+    throw DataError(fmt::format("{}: tie_word_embeddings is {}, the job's model.tie_embeddings is {}: set "
+                                "model.tie_embeddings: {}",
+                                origin, flag, ours.tiedHead ? "true" : "false", flag));
   }
   struct Number {
     const char* key;
