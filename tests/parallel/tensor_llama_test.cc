@@ -21,6 +21,7 @@
 #include "cohort/parallel/tensor_llama.h"
 #include "parallel/detail/tensor_split.h"
 #include "util/rank_threads.h"
+#include "util/whole_decoder.h"
 
 // A namespace of its own: the file shares a unity batch with others.
 namespace cohort::parallel::tensor_llama_test {
@@ -44,28 +45,9 @@ models::LlamaOptions options() {
 }
 
 // The whole model of kSeed, the loss of a batch and every gradient.
-struct Whole {
-  std::map<std::string, at::Tensor> params, grads;
-  std::vector<std::string> order;  // the parameters' names, in the model's order
-  at::Tensor tokens, targets, logits;
-  double loss = 0, gradSquares = 0;
-  explicit Whole(const models::LlamaOptions& o) {
-    torch::manual_seed(kSeed);
-    auto model = models::createLlama(o);
-    tokens = torch::randint(o.vocabSize, {3, o.blockSize}, torch::kLong);
-    targets = torch::randint(o.vocabSize, {3, o.blockSize}, torch::kLong);
-    logits = model->forward(tokens);
-    const at::Tensor l = torch::cross_entropy_loss(logits.reshape({-1, o.vocabSize}), targets.reshape({-1}));
-    l.backward();
-    loss = l.item<double>();
-    logits = logits.detach();
-    for (const auto& p : model->named_parameters()) {
-      order.push_back(p.key());
-      params[p.key()] = p.value().detach().clone();
-      grads[p.key()] = p.value().grad().clone();
-      gradSquares += p.value().grad().to(torch::kDouble).pow(2).sum().item<double>();
-    }
-  }
+struct Whole : test::WholeDecoder {
+  explicit Whole(const models::LlamaOptions& o)
+      : WholeDecoder([&o] { return models::createLlama(o); }, o.vocabSize, o.blockSize, kSeed) {}
 };
 
 class TensorLlama : public ::testing::TestWithParam<int> {};

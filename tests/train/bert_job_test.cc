@@ -177,12 +177,9 @@ TEST_F(BertJob, PretrainsFineTunesFromItsHuggingFaceFilesAndServes) {
   // Served: texts in, classes out.
   const std::string portFile = dir_->file("port");
   test::Process server({test::cohortBin(), "serve", dir_->file("fine"), "--port", "0", "--port-file", portFile});
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(portFile) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(fs::exists(portFile)) << server.stderrSoFar();
-  httplib::Client client("127.0.0.1", std::stoi(test::readText(portFile)));
+  const int port = test::waitForPortFile(portFile);
+  ASSERT_GT(port, 0) << server.stderrSoFar();
+  httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(60, 0);
   auto r = client.Post("/v1/predict",
                        json{{"texts", {"and moses went out of egypt", "the people went out of the land"}}}.dump(),

@@ -1,5 +1,8 @@
 #include "util/jobs.h"
 
+#include <chrono>
+#include <thread>
+#include <filesystem>
 #include <fstream>
 
 #include "test_paths.h"
@@ -80,6 +83,17 @@ std::vector<std::unique_ptr<Process>> startWorkers(
     ranks.push_back(std::make_unique<Process>(wrap ? wrap(r, args) : args, vars));
   }
   return ranks;
+}
+
+
+int waitForPortFile(const std::string& path, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::error_code ec;
+  while (!std::filesystem::exists(path, ec) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!std::filesystem::exists(path, ec)) return -1;
+  return std::stoi(readText(path));
 }
 
 }  // namespace cohort::test

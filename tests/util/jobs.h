@@ -41,6 +41,11 @@ std::vector<std::unique_ptr<Process>> startWorkers(
     const std::function<std::vector<std::string>(int)>& argsOf,
     const std::map<std::string, std::string>& env = {}, const WrapRank& wrap = {});
 
+// The port a server started with `--port 0 --port-file PATH` listens on,
+// once it has written PATH (polled every 20 ms for at most `limit`); -1
+// when it has not by then (the server's stderr says why).
+int waitForPortFile(const std::string& path, std::chrono::seconds limit = std::chrono::seconds(120));
+
 // Lines of a JSON-lines file.
 std::vector<nlohmann::json> readJsonLines(const std::string& path);
 
