@@ -95,31 +95,7 @@ TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
       const int64_t gathers = pairs + 2 * o.nLayer;
       EXPECT_EQ(e.gathers, t > 1 && sequence ? gathers : 0) << at;
       EXPECT_EQ(e.gatherBytes, t > 1 && sequence ? gathers * activations / t : 0) << at;
-      // Each parameter as its own whole part, as the engine's parts are without ZeRO.
-      std::vector<at::Tensor> parts;
-      std::vector<std::vector<ckpt::PartSlice>> slices;
-      for (const auto& p : named) {
-        parts.push_back(p.value());
-        slices.push_back({ckpt::PartSlice{p.key(), 0, p.value().numel(), 0}});
-      }
-      if (sequence) detail::sumWholeGradients(parts, slices, group);
-      for (const auto& p : named) {
-        const at::Tensor want = sliceByCut(whole.grads.at(p.key()), tensorCut(p.key()), t, r);
-        ASSERT_TRUE(p.value().grad().defined()) << at << ": " << p.key();
-        EXPECT_LE((p.value().grad() - want).abs().max().item<double>(), kTolerance) << at << ": " << p.key() << " grad";
-      }
-      // The whole gradient's norm, the same on every rank.
-      at::Tensor squares = torch::tensor({detail::splitSquares(parts, slices, t)}, torch::kFloat64);
-      comm::allreduceSum(group, squares, "test gradient norm");
-      EXPECT_NEAR(squares.item<double>(), whole.gradSquares, 1e-6 * whole.gradSquares) << at;
-      // Put back together on rank 0, tensor by tensor: the whole model, bitwise,
-      // in its order.
-      std::vector<std::string> visited;
-      visitWholeTensors(*model, group, [&](const std::string& name, const at::Tensor& t) {
-        visited.push_back(name);
-        EXPECT_TRUE(torch::equal(t, whole.params.at(name))) << name;
-      });
-      EXPECT_EQ(visited, r == 0 ? whole.order : std::vector<std::string>{}) << at;
+      whole.expectSplitGradients(*model, group, t, sequence, kTolerance, at);
     });
   }
 }

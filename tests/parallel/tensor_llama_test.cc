@@ -99,27 +99,7 @@ TEST_P(TensorLlama, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients)
       EXPECT_EQ(e.sumBytes, t == 1 ? 0 : pairs * activations + 3 * whole.tokens.numel() * 4) << at;
       EXPECT_EQ(e.gathers, t > 1 && sequence ? pairs : 0) << at;
       EXPECT_EQ(e.gatherBytes, t > 1 && sequence ? pairs * activations / t : 0) << at;
-      std::vector<at::Tensor> parts;
-      std::vector<std::vector<ckpt::PartSlice>> slices;
-      for (const auto& p : named) {
-        parts.push_back(p.value());
-        slices.push_back({ckpt::PartSlice{p.key(), 0, p.value().numel(), 0}});
-      }
-      if (sequence) detail::sumWholeGradients(parts, slices, group);
-      for (const auto& p : named) {
-        const at::Tensor want = sliceByCut(whole.grads.at(p.key()), tensorCut(p.key()), t, r);
-        ASSERT_TRUE(p.value().grad().defined()) << at << ": " << p.key();
-        EXPECT_LE((p.value().grad() - want).abs().max().item<double>(), kTolerance) << at << ": " << p.key() << " grad";
-      }
-      at::Tensor squares = torch::tensor({detail::splitSquares(parts, slices, t)}, torch::kFloat64);
-      comm::allreduceSum(group, squares, "test gradient norm");
-      EXPECT_NEAR(squares.item<double>(), whole.gradSquares, 1e-6 * whole.gradSquares) << at;
-      std::vector<std::string> visited;
-      visitWholeTensors(*model, group, [&](const std::string& name, const at::Tensor& w) {
-        visited.push_back(name);
-        EXPECT_TRUE(torch::equal(w, whole.params.at(name))) << name;
-      });
-      EXPECT_EQ(visited, r == 0 ? whole.order : std::vector<std::string>{}) << at;
+      whole.expectSplitGradients(*model, group, t, sequence, kTolerance, at);
       // What a checkpoint records: every split tensor once, q/k/v each one block.
       const auto cuts = model->wholeCuts();
       EXPECT_EQ(cuts.size(), 7 * o.nLayer + (tied ? 1 : 2)) << at;
