@@ -20,6 +20,7 @@
 #include "cohort/models/model.h"
 #include "cohort/models/pretrained.h"
 #include "util/errors.h"
+#include "util/runs.h"
 #include "util/process.h"
 
 namespace cohort::models {
@@ -36,12 +37,6 @@ BertOptions tinyBert(int64_t classes, int64_t pad = -1) {
   o.numClasses = classes;
   o.padId = pad;
   return o;
-}
-
-std::map<std::string, at::Tensor> bertTensors(const Model& m) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, t] : ckpt::stateDict(m)) out.emplace(name, t);
-  return out;
 }
 
 // The equations, in double: post-LayerNorm blocks, attention over the
@@ -83,7 +78,7 @@ at::Tensor bertReference(const std::map<std::string, at::Tensor>& w, const BertO
 
 TEST(Bert, NamesAndCountAreHuggingFaces) {
   auto mlm = createBert(tinyBert(0));
-  const auto w = bertTensors(*mlm);
+  const auto w = test::tensorsByName(*mlm);
   const int64_t C = 16, I = 24, V = 40, P = 12;
   const int64_t layer = 4 * (C * C + C) + 2 * 2 * C + (C * I + I) + (I * C + C);
   const int64_t embeddings = V * C + P * C + 2 * C + 2 * C;
@@ -97,7 +92,7 @@ TEST(Bert, NamesAndCountAreHuggingFaces) {
   // twice in the published state dict as transformers names them.
   EXPECT_EQ(publishedStateDict(*mlm).size(), w.size() + 2);
   auto classify = createBert(tinyBert(3));
-  const auto c = bertTensors(*classify);
+  const auto c = test::tensorsByName(*classify);
   EXPECT_EQ(c.at("classifier.weight").sizes(), (std::vector<int64_t>{3, C}));
   EXPECT_EQ(c.count("bert.pooler.dense.weight"), 1u);
   EXPECT_EQ(c.count("cls.predictions.bias"), 0u);
@@ -122,7 +117,7 @@ TEST(Bert, ForwardIsTheEquations) {
     tokens[1].narrow(0, 8, 4).fill_(0);  // padding
     torch::NoGradGuard g;
     const at::Tensor got = m->forward(tokens).to(torch::kDouble);
-    const at::Tensor want = bertReference(bertTensors(*m), o, tokens);
+    const at::Tensor want = bertReference(test::tensorsByName(*m), o, tokens);
     EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
   }
 }
@@ -142,17 +137,17 @@ TEST(Bert, AClassifierFineTunedFromAMaskedLmKeepsItsNewHead) {
   auto mlm = createBert(tinyBert(0));
   torch::manual_seed(9);
   auto classify = createBert(tinyBert(3));
-  const at::Tensor head = bertTensors(*classify).at("classifier.weight").clone();
+  const at::Tensor head = test::tensorsByName(*classify).at("classifier.weight").clone();
   // The masked-LM head left out, as openPretrained's reading of a bert file
   // into a classifier does (hf_bert.h).
   ckpt::StateDict encoder = publishedStateDict(*mlm);
   encoder.erase(std::remove_if(encoder.begin(), encoder.end(), [](const auto& e) { return e.first.rfind("cls.", 0) == 0; }),
                 encoder.end());
   loadWeights(*classify, encoder, "mlm.pt");
-  const auto after = bertTensors(*classify);
+  const auto after = test::tensorsByName(*classify);
   EXPECT_TRUE(torch::equal(after.at("classifier.weight"), head));
   EXPECT_TRUE(torch::equal(after.at("bert.encoder.layer.1.output.dense.weight"),
-                           bertTensors(*mlm).at("bert.encoder.layer.1.output.dense.weight")));
+                           test::tensorsByName(*mlm).at("bert.encoder.layer.1.output.dense.weight")));
   // The encoder itself is not optional: a file without it is refused.
   ckpt::StateDict partial = encoder;
   partial.erase(partial.begin());
@@ -192,7 +187,7 @@ TEST(Bert, HuggingFacesPretrainingAndEncoderFilesLoad) {
   test::TempDir dir;
   torch::manual_seed(3);
   auto source = createBert(tinyBert(3));
-  const auto w = bertTensors(*source);
+  const auto w = test::tensorsByName(*source);
   ckpt::StateDict pretraining, encoder;
   for (const auto& [name, t] : w) {
     if (name.rfind("classifier.", 0) == 0) continue;
@@ -204,7 +199,7 @@ TEST(Bert, HuggingFacesPretrainingAndEncoderFilesLoad) {
     encoder.emplace_back(bare, t);
   }
   auto mlm = createBert(tinyBert(0));
-  for (const auto& [name, t] : bertTensors(*mlm)) {
+  for (const auto& [name, t] : test::tensorsByName(*mlm)) {
     if (name.rfind("cls.", 0) == 0) pretraining.emplace_back(name, t.clone());
   }
   pretraining.emplace_back("cls.predictions.decoder.weight", w.at("bert.embeddings.word_embeddings.weight"));
@@ -224,16 +219,16 @@ TEST(Bert, HuggingFacesPretrainingAndEncoderFilesLoad) {
   c.intermediateSize = 24;
   auto file = openPretrained(dir.file("pretraining.safetensors"), c);
   loadWeights(*mlm, *file, "pretraining.safetensors");
-  EXPECT_TRUE(torch::equal(bertTensors(*mlm).at("bert.encoder.layer.0.output.dense.weight"),
+  EXPECT_TRUE(torch::equal(test::tensorsByName(*mlm).at("bert.encoder.layer.0.output.dense.weight"),
                            w.at("bert.encoder.layer.0.output.dense.weight")));
   c.task = BertTask::classify;
   c.numClasses = 3;
   torch::manual_seed(4);
   auto classify = createBert(tinyBert(3));
-  const at::Tensor head = bertTensors(*classify).at("classifier.weight").clone();
+  const at::Tensor head = test::tensorsByName(*classify).at("classifier.weight").clone();
   auto bare = openPretrained(dir.file("encoder.safetensors"), c);
   loadWeights(*classify, *bare, "encoder.safetensors");
-  const auto got = bertTensors(*classify);
+  const auto got = test::tensorsByName(*classify);
   EXPECT_TRUE(torch::equal(got.at("bert.embeddings.LayerNorm.weight"), w.at("bert.embeddings.LayerNorm.weight")));
   EXPECT_TRUE(torch::equal(got.at("bert.pooler.dense.weight"), w.at("bert.pooler.dense.weight")));
   EXPECT_TRUE(torch::equal(got.at("classifier.weight"), head));

@@ -19,6 +19,7 @@
 #include "cohort/models/lora.h"
 #include "cohort/models/model.h"
 #include "util/errors.h"
+#include "util/runs.h"
 
 namespace cohort::models {
 namespace {
@@ -36,12 +37,6 @@ ModelConfig llamaConfig(int64_t kvHeads = 2, bool tied = false) {
   c.tieEmbeddings = tied;
   c.rope.theta = 500;  // a small base turns the low dimensions visibly over 16 positions
   return c;
-}
-
-std::map<std::string, at::Tensor> byName(const Model& m) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, t] : ckpt::stateDict(m)) out.emplace(name, t);
-  return out;
 }
 
 // The forward from the equations, in double: x_{l+1} = h + mlp(rms(h)),
@@ -91,7 +86,7 @@ TEST(Llama, ParameterNamesAndCountAreHuggingFaces) {
     SCOPED_TRACE(tied ? "tied" : "untied");
     const ModelConfig c = llamaConfig(2, tied);
     auto m = createModel(c, {});
-    const auto w = byName(*m);
+    const auto w = test::tensorsByName(*m);
     const int64_t C = 32, D = 8, H = 4, KV = 2, I = 48, V = 40;
     const int64_t layer = C * H * D + 2 * C * KV * D + H * D * C + 3 * C * I + 2 * C;
     EXPECT_EQ(parameterCount(*m), V * C + 2 * layer + C + (tied ? 0 : V * C));
@@ -131,7 +126,7 @@ TEST(Llama, ForwardIsTheEquationsWithGroupedHeads) {
       const at::Tensor tokens = torch::randint(0, 40, {3, 16}, torch::kLong);
       torch::NoGradGuard g;
       const at::Tensor got = m->forward(tokens);
-      const at::Tensor want = reference(byName(*m), c, tokens);
+      const at::Tensor want = reference(test::tensorsByName(*m), c, tokens);
       ASSERT_EQ(got.sizes(), want.sizes());
       EXPECT_LT((got.to(torch::kDouble) - want).abs().max().item<double>(), 2e-5);
     }

@@ -35,21 +35,10 @@ class TensorLlamaJob : public test::JobRuns {
   // of 32, an untied head, the bytes' 256 tokens, trained for 6 steps of
   // `batch` per rank on `procs` ranks with `kv` (--set) on top.
   ckpt::StateDict llama(const std::string& tag, int procs, int batch, std::vector<std::string> kv, int exitCode = 0) {
-    const std::string yaml = "name: " + tag + R"(
-model: {arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 16, intermediate_size: 32, block_size: 12,
-        vocab_size: 256}
-data:
-  train: {kind: tokens, path: )" + dir.file("tok/train") + R"(}
-  loader_threads: 1
-distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
-training:
-  epochs: 1
-  max_steps: 6
-  seed: 7
-  log_every: 1
-  optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
-output: {progress: off}
-)";
+    const std::string yaml = test::tinyTokenJobYaml(
+        tag, dir.file("tok/train"),
+        "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 16, intermediate_size: 32, block_size: 12, "
+        "vocab_size: 256}");
     return run(tag, yaml, procs, batch, std::move(kv), {}, exitCode);
   }
 

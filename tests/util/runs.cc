@@ -25,9 +25,8 @@ ProcessResult runJob(const TempDir& dir, const std::string& tag, const std::stri
   return cohort(args, env);
 }
 
-std::string tinyGptYaml(const std::string& name, const std::string& tokens, int layers) {
-  return "name: " + name + "\nmodel: {arch: gpt, n_layer: " + std::to_string(layers) +
-         R"(, n_head: 2, n_embd: 10, block_size: 12}
+std::string tinyTokenJobYaml(const std::string& name, const std::string& tokens, const std::string& model) {
+  return "name: " + name + "\nmodel: " + model + R"(
 data:
   train: {kind: tokens, path: )" + tokens + R"(}
   loader_threads: 1
@@ -40,6 +39,17 @@ training:
   optimizer: {name: adamw, lr: 0.01, weight_decay: 0.01}
 output: {progress: off}
 )";
+}
+
+std::string tinyGptYaml(const std::string& name, const std::string& tokens, int layers) {
+  return tinyTokenJobYaml(name, tokens,
+                          "{arch: gpt, n_layer: " + std::to_string(layers) + ", n_head: 2, n_embd: 10, block_size: 12}");
+}
+
+std::map<std::string, at::Tensor> tensorsByName(const torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : ckpt::stateDict(model)) out.emplace(name, t);
+  return out;
 }
 
 ckpt::StateDict trainTiny(const TempDir& dir, const std::string& tag, int procs,

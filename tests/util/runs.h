@@ -24,6 +24,12 @@ ProcessResult runJob(const TempDir& dir, const std::string& tag, const std::stri
 // token dataset at `tokens`, AdamW, 6 steps of 1 epoch, one thread per
 // rank, logging every step: the language-model tests' job.
 std::string tinyGptYaml(const std::string& name, const std::string& tokens, int layers);
+// The same job around another model: `model` is the job's model: line's
+// mapping ("{arch: llama, ...}").
+std::string tinyTokenJobYaml(const std::string& name, const std::string& tokens, const std::string& model);
+
+// A model's state dict by name.
+std::map<std::string, at::Tensor> tensorsByName(const torch::nn::Module& model);
 
 // Runs tinyJobYaml() with `procs` ranks into dir/<tag> with the given
 // "key=value" overrides (each passed as --set) and returns model/final.pt.
