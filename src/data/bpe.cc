@@ -24,7 +24,8 @@ BpeModel::BpeModel(std::unordered_map<std::string, int64_t> vocab,
   }
   merges_.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
-    const auto& [a, b] = merges[i];
+    const std::string& a = merges[i].first;
+    const std::string& b = merges[i].second;
     auto find = [&](const std::string& t, const char* what) {
       auto it = vocab_.find(t);
       if (it == vocab_.end()) {

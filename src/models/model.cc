@@ -157,7 +157,8 @@ std::set<std::string> keptAsBuilt(const Model& model, const ckpt::StateDict& giv
   if (optional.empty()) return out;
   std::set<std::string> names;
   for (const auto& [name, t] : given) names.insert(name);
-  for (const auto& [name, t] : ckpt::stateDict(model)) {
+  for (const auto& entry : ckpt::stateDict(model)) {
+    const std::string& name = entry.first;
     const bool isOptional = std::any_of(optional.begin(), optional.end(),
                                         [&](const std::string& p) { return name.rfind(p, 0) == 0; });
     if (isOptional && names.count(name) == 0) out.insert(name);

@@ -50,8 +50,9 @@ class TensorGpt : public ::testing::TestWithParam<int> {};
 // the plan sums them: detail::sumWholeGradients).
 TEST_P(TensorGpt, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
   const int t = GetParam();
-  for (const auto& [bias, sequence] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
+  for (const auto& flags : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true},
                                        std::pair{false, true}}) {
+    const bool bias = flags.first, sequence = flags.second;
     models::GptOptions o = options();
     o.bias = bias;
     const Whole whole(o);

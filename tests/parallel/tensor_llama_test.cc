@@ -54,8 +54,9 @@ class TensorLlama : public ::testing::TestWithParam<int> {};
 
 TEST_P(TensorLlama, SlicesAreTheWholeModelsBitwiseAndComputeItsLossAndGradients) {
   const int t = GetParam();
-  for (const auto& [tied, sequence] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true},
+  for (const auto& flags : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true},
                                        std::pair{true, true}}) {
+    const bool tied = flags.first, sequence = flags.second;
     models::LlamaOptions o = options();
     o.tiedHead = tied;
     const Whole whole(o);
