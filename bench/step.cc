@@ -38,6 +38,7 @@
 #include "cohort/core/env.h"
 #include "launch_env.h"
 #include "cohort/models/model.h"
+#include "cohort/core/malloc_policy.h"
 #include "cohort/train/compute.h"
 #include "util/process.h"
 
@@ -60,7 +61,7 @@ long minorFaults() {
 
 // The loop of bench/peers/step.py, in LibTorch.
 int runChild(const Options& o) {
-  if (o.allocator == "keep" && !train::keepFreedMemory()) return 3;
+  if (o.allocator == "keep" && !keepFreedMemory()) return 3;
   at::set_num_threads(o.threads);
   at::set_num_interop_threads(1);  // as cohort's ranks, and the peer
   torch::manual_seed(0);

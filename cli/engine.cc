@@ -227,7 +227,7 @@ std::optional<int> TorchCommands::dispatch() {
   if (*generate) {
     generateOptions.kvCache = !generateNoCache;
     if (generateTiming) generateOptions.timing = &std::cerr;
-    return train::generateCommand(generateOptions, std::cout);
+    return infer::generateCommand(generateOptions, std::cout);
   }
   if (*exportCmd) {
     if (exportBatch != "dynamic") {

@@ -16,7 +16,7 @@
 #include "cohort/serve/export.h"
 #include "cohort/serve/score.h"
 #include "cohort/serve/server.h"
-#include "cohort/train/generate.h"
+#include "cohort/infer/generate.h"
 
 namespace cohort::cli {
 
@@ -34,7 +34,7 @@ struct TorchCommands {
   health::HealthCommandOptions healthOptions;
   // generate
   CLI::App* generate = nullptr;
-  train::GenerateOptions generateOptions;
+  infer::GenerateOptions generateOptions;
   bool generateNoCache = false, generateTiming = false;
   // ckpt inspect, consolidate (under the base commands' `ckpt`)
   CLI::App *ckptInspect = nullptr, *ckptConsolidate = nullptr;

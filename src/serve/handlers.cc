@@ -11,7 +11,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/data/tokens.h"
-#include "cohort/train/decoding.h"
+#include "cohort/infer/decoding.h"
 #include "serve/detail/request.h"
 
 namespace cohort::serve::detail {
@@ -147,7 +147,7 @@ void predict(ServeState& s, const httplib::Request& req, const std::string& body
 // the same length together.
 struct Generation {
   GenerateRequest request;
-  train::Sequence seq;
+  infer::Sequence seq;
   size_t promptTokens;
   int64_t generated = 0;
   at::Generator generator;
@@ -162,7 +162,7 @@ struct Generation {
   bool done() const { return stopped || generated >= request.maxTokens; }
 
   // Samples and appends the next token, as `cohort generate` does (the
-  // same train::sampleNext and window). Throws Unavailable when the queue
+  // same infer::sampleNext and window). Throws Unavailable when the queue
   // is full or the drain limit has passed; what the forward threw otherwise.
   void step(ServeState& s) {
     if (s.stopping.load()) {
@@ -179,10 +179,10 @@ struct Generation {
     const int64_t vocab = s.info.tokenizerVocab > 0 ? std::min(s.info.tokenizerVocab, s.info.vocabSize)
                                                     : s.info.vocabSize;
     const at::Tensor logits = waitResult(s, future).narrow(0, 0, vocab);
-    seq.append(train::sampleNext(logits, request.sampling, generator));
+    seq.append(infer::sampleNext(logits, request.sampling, generator));
     ++generated;
     text = textTokenizer(s.info).decode(completion());
-    if (const size_t stop = train::findStop(text, request.stops); stop != std::string::npos) {
+    if (const size_t stop = infer::findStop(text, request.stops); stop != std::string::npos) {
       text.resize(stop);
       stopped = true;
     }
@@ -212,7 +212,7 @@ struct Generation {
   // whose pieces depend on their neighbours (a leading space) streams what
   // the summary says.
   std::string settledLines(const ServeState& s) {
-    const size_t ready = done() ? text.size() : text.size() - train::stopPrefix(text, request.stops);
+    const size_t ready = done() ? text.size() : text.size() - infer::stopPrefix(text, request.stops);
     const size_t upTo = tokensWithin(s, ready);
     const std::vector<int64_t> all = completion();
     std::string lines, before = prefixText(s, sentTokens);

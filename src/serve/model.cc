@@ -28,8 +28,8 @@
 #include "cohort/models/lora.h"
 #include "cohort/models/unit_runner.h"
 #include "cohort/storage/storage.h"
-#include "cohort/train/compute.h"
-#include "cohort/train/generate.h"
+#include "cohort/core/malloc_policy.h"
+#include "cohort/infer/weights.h"
 
 namespace cohort::serve {
 
@@ -62,7 +62,7 @@ std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const st
                             const std::string& runDir) {
   std::error_code ec;
   if (!runDir.empty() && fs::equivalent(path, runDir, ec)) {
-    return train::loadTrainedWeights(model, job, RunDir{runDir});
+    return infer::loadTrainedWeights(model, job, RunDir{runDir});
   }
   if (fs::is_directory(path, ec) && !isHuggingFaceDir(path)) {
     if (!fs::is_regular_file(fs::path(path) / "manifest.json", ec)) {
@@ -80,12 +80,12 @@ std::string loadWeightsFrom(models::Model& model, const JobConfig& job, const st
                                     "whose model/base.pt holds the frozen weights",
                                     path));
       }
-      base = train::loadLoraBase(model, job, RunDir{runDir});
+      base = infer::loadLoraBase(model, job, RunDir{runDir});
     }
     ckpt::CheckpointTensors checkpoint(path, manifest);  // one tensor at a time
     ckpt::loadStateDict(models::trainedState(model), checkpoint, checkpoint.entries(), path + "/model.bin");
     if (base.empty()) return path;
-    train::checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), path, base);
+    infer::checkLoraBase(model, manifest.extra.value("lora_base_digest", ""), path, base);
     return base + " + " + path;
   }
   if (!fs::exists(path, ec)) throw UsageError(fmt::format("{}: no such file or directory", path));
@@ -181,7 +181,7 @@ void openWeights(TrainedModel& t, const ModelConfig& mc, const std::string& path
   // Each block is built and dropped, and each tensor read and dropped:
   // from glibc's heap their holes would stay resident (about the model's
   // size in all), mapped they are given back.
-  train::mapLargeBlocks();
+  mapLargeBlocks();
   models::ShapesOnly shapes;
   models::ModelPart part;
   part.sink = &shapes;

@@ -4,7 +4,6 @@
 #include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
-#include <malloc.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/torch.h>
@@ -20,6 +19,7 @@
 
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "cohort/core/malloc_policy.h"
 #include "cohort/models/model.h"
 #include "cohort/train/bind_cores.h"
 #include "cohort/train/precision.h"
@@ -28,8 +28,6 @@ namespace cohort::train {
 
 namespace {
 
-std::atomic<bool> keepingFreedMemory{false};
-std::atomic<bool> mappingLargeBlocks{false};
 std::atomic<bool> boundToCores{false};
 
 // "CPU capability usage: AVX2" in LibTorch's build description: the only
@@ -65,21 +63,6 @@ std::string fitOneDnnToPrecision(const JobConfig& job, Precision precision) {
 }
 
 }  // namespace
-
-bool mapLargeBlocks() {
-  const bool ok = mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1;
-  if (ok) mappingLargeBlocks = true;
-  return ok;
-}
-
-bool keepFreedMemory() {
-  // M_MMAP_MAX 0: large blocks come from the heap too, and are reused once
-  // freed; M_TRIM_THRESHOLD at its maximum: the top of the heap is never
-  // handed back. Setting either also stops glibc's dynamic thresholds.
-  const bool ok = mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, INT_MAX) == 1;
-  keepingFreedMemory = ok;
-  return ok;
-}
 
 void applyCompute(const JobConfig& job, int localRanks, int localRank) {
   int threads = static_cast<int>(job.distribution.threadsPerRank);
@@ -126,7 +109,7 @@ ComputeState observeCompute() {
   s.kernels = kernelCapability();
   s.intraOpThreads = at::get_num_threads();
   s.interOpThreads = at::get_num_interop_threads();
-  s.allocator = keepingFreedMemory ? "keep" : mappingLargeBlocks ? "map" : "system";
+  s.allocator = mallocPolicy();
   const env::MallocInfo m = env::servingMalloc();
   s.mallocName = m.name;
   s.mallocLibrary = m.library;

@@ -14,6 +14,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/train/bind_cores.h"
+#include "cohort/core/malloc_policy.h"
 #include "cohort/train/compute.h"
 #include "util/errors.h"
 #include "util/jobs.h"
@@ -37,7 +38,7 @@ long faultsOfSecondRound(bool keep) {
   const pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    if (keep && !train::keepFreedMemory()) _exit(3);
+    if (keep && !keepFreedMemory()) _exit(3);
     constexpr size_t kBytes = 64u << 20;
     long faults = 0;
     for (int round = 0; round < 2; ++round) {

@@ -54,17 +54,8 @@ struct ComputeState {
 // built without it.
 void applyCompute(const JobConfig& job, int localRanks, int localRank = 0);
 
-// compute.allocator: keep. glibc keeps freed memory instead of returning it
-// to the kernel (no heap trimming, no mmap for large blocks), so that the
-// tensors of every step reuse the pages of the step before instead of
-// faulting fresh zeroed ones in. Idempotent; returns false if glibc refused.
-bool keepFreedMemory();
-
-// compute.allocator: map. Blocks of 1 MB and more are mapped from the
-// kernel and given back when freed (a fixed threshold also stops glibc's
-// dynamic one, which would move blocks freed once onto the heap for good,
-// where their holes stay resident). Returns false if glibc refused.
-bool mapLargeBlocks();
+// keepFreedMemory() and mapLargeBlocks(), the allocator policies, are
+// core/malloc_policy.h's.
 
 // model.memory_format: channels_last or contiguous as the job says; auto:
 // every rank times a few forward+backward passes of `model` in each layout

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cohort/serve/model.h"
-#include "cohort/train/decoding.h"
+#include "cohort/infer/decoding.h"
 
 namespace cohort::serve::detail {
 
@@ -51,7 +51,7 @@ PredictRequest parsePredictJsonGeneral(const std::string& body, const ModelInfo&
 struct GenerateRequest {
   std::vector<int64_t> prompt;  // token ids, 1 to block_size of them
   int64_t maxTokens = 16;
-  train::Sampling sampling;     // temperature 0: the most likely token every time
+  infer::Sampling sampling;     // temperature 0: the most likely token every time
   std::vector<std::string> stops;  // the text ends before the first of them
   bool stream = false;
 };

@@ -1,10 +1,10 @@
-// Generation's pieces (train/decoding.h) and the GPT's key/value cache
+// Generation's pieces (infer/decoding.h) and the GPT's key/value cache
 // (Model::decode): a cached step gives the logits of the whole sequence's
 // forward, rows of several lengths decode together, the window moves past
 // block_size the same way with the cache and without; top-k and top-p
 // draw only from what they keep; stop strings are found and held back.
 
-#include "cohort/train/decoding.h"
+#include "cohort/infer/decoding.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,7 +17,7 @@
 #include "util/errors.h"
 #include "util/gpt.h"
 
-namespace cohort::train {
+namespace cohort::infer {
 namespace {
 
 std::shared_ptr<models::Model> tinyGpt(bool geluTanh = false) {
@@ -192,4 +192,4 @@ TEST(StopStrings, TheFirstIsFoundAndABeginningIsHeldBack) {
 }
 
 }  // namespace
-}  // namespace cohort::train
+}  // namespace cohort::infer

@@ -1,4 +1,4 @@
-#include "cohort/train/decoding.h"
+#include "cohort/infer/decoding.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -8,7 +8,7 @@
 
 #include "cohort/core/error.h"
 
-namespace cohort::train {
+namespace cohort::infer {
 
 void checkSampling(const Sampling& s, const std::string& prefix) {
   if (!(s.temperature >= 0)) {
@@ -82,4 +82,4 @@ size_t stopPrefix(const std::string& text, const std::vector<std::string>& stops
   return held;
 }
 
-}  // namespace cohort::train
+}  // namespace cohort::infer

@@ -16,7 +16,7 @@
 
 #include "cohort/models/model.h"
 
-namespace cohort::train {
+namespace cohort::infer {
 
 // Below this temperature sampling is greedy: the most likely token (dividing
 // the logits by less would overflow float). 0 is the usual way to ask for it.
@@ -85,4 +85,4 @@ size_t findStop(const std::string& text, const std::vector<std::string>& stops);
 // stream holds back until the next token shows whether a stop follows.
 size_t stopPrefix(const std::string& text, const std::vector<std::string>& stops);
 
-}  // namespace cohort::train
+}  // namespace cohort::infer
