@@ -12,6 +12,7 @@
 #include "cohort/core/log.h"
 #include "cohort/data/tokens.h"
 #include "cohort/infer/decoding.h"
+#include "serve/detail/generation.h"
 #include "serve/detail/request.h"
 
 namespace cohort::serve::detail {
@@ -19,19 +20,6 @@ namespace cohort::serve::detail {
 namespace {
 
 using nlohmann::json;
-
-// How long a handler waits for the model thread before it answers 500: only
-// reached when a forward hangs.
-constexpr auto kResultTimeout = std::chrono::minutes(5);
-// How often a handler waiting for the model looks at ServeState::stopping.
-constexpr auto kStoppingCheck = std::chrono::milliseconds(50);
-
-// The server cannot take or finish the work now: the queue is full, or the
-// drain limit passed. Answered 503; anything else a handler throws is 500.
-class Unavailable : public Error {
- public:
-  using Error::Error;
-};
 
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -74,22 +62,6 @@ std::shared_ptr<void> admit(ServeState& s, httplib::Response& res) {
     std::atomic<int64_t>& inFlight_;
   };
   return std::make_shared<Slot>(s.metrics.inFlight);
-}
-
-// The model's answer for one input. Throws Unavailable once the drain limit
-// has passed (ServeState::stopping), Error after kResultTimeout (a hung
-// forward), and what the forward threw.
-at::Tensor waitResult(const ServeState& s, std::future<at::Tensor>& f) {
-  const auto deadline = std::chrono::steady_clock::now() + kResultTimeout;
-  while (f.wait_for(kStoppingCheck) != std::future_status::ready) {
-    if (s.stopping.load()) {
-      throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw Error("the model did not answer within 5 minutes");
-    }
-  }
-  return f.get();
 }
 
 void predict(ServeState& s, const httplib::Request& req, const std::string& body, httplib::Response& res) {
@@ -139,99 +111,6 @@ void predict(ServeState& s, const httplib::Request& req, const std::string& body
   }
   reply(res, 200, {{"model", s.info.arch}, {"predictions", predictions}});
 }
-
-// One generation: the prompt and the tokens so far, sampled one at a time
-// through the batcher. With a model that decodes, each step feeds the new
-// token and the sequence's key/value cache, and steps of concurrent
-// generations run together; otherwise the whole window, with contexts of
-// the same length together.
-struct Generation {
-  GenerateRequest request;
-  infer::Sequence seq;
-  size_t promptTokens;
-  int64_t generated = 0;
-  at::Generator generator;
-  std::string text;    // the completion's, cut before a stop string
-  bool stopped = false;  // at a stop string
-  size_t sentTokens = 0;  // streamed so far
-
-  Generation(GenerateRequest r, const ServeState& s, bool cached)
-      : request(std::move(r)), seq(request.prompt, s.info.blockSize, cached), promptTokens(request.prompt.size()),
-        generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)) {}
-
-  bool done() const { return stopped || generated >= request.maxTokens; }
-
-  // Samples and appends the next token, as `cohort generate` does (the
-  // same infer::sampleNext and window). Throws Unavailable when the queue
-  // is full or the drain limit has passed; what the forward threw otherwise.
-  void step(ServeState& s) {
-    if (s.stopping.load()) {
-      throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
-    }
-    const at::Tensor input = torch::tensor(seq.input(), torch::kInt64);
-    std::future<at::Tensor> future;
-    if (seq.cached()) {
-      future = s.batcher.submitDecode(input, seq.sharedCache());
-    } else if (auto futures = s.batcher.submit({input}); !futures.empty()) {
-      future = std::move(futures[0]);
-    }
-    if (!future.valid()) throw Unavailable("the queue of inputs is full; retry later");
-    const int64_t vocab = s.info.tokenizerVocab > 0 ? std::min(s.info.tokenizerVocab, s.info.vocabSize)
-                                                    : s.info.vocabSize;
-    const at::Tensor logits = waitResult(s, future).narrow(0, 0, vocab);
-    seq.append(infer::sampleNext(logits, request.sampling, generator));
-    ++generated;
-    text = textTokenizer(s.info).decode(completion());
-    if (const size_t stop = infer::findStop(text, request.stops); stop != std::string::npos) {
-      text.resize(stop);
-      stopped = true;
-    }
-  }
-
-  std::vector<int64_t> completion() const {
-    return {seq.tokens().begin() + static_cast<std::ptrdiff_t>(promptTokens), seq.tokens().end()};
-  }
-
-  // The text of the completion's first `n` tokens.
-  std::string prefixText(const ServeState& s, size_t n) const {
-    const std::vector<int64_t> all = completion();
-    return textTokenizer(s.info).decode({all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n)});
-  }
-
-  // The completion's tokens whose text is wholly within its first `bytes`.
-  size_t tokensWithin(const ServeState& s, size_t bytes) const {
-    const size_t all = completion().size();
-    size_t n = sentTokens;
-    while (n < all && prefixText(s, n + 1).size() <= bytes) ++n;
-    return n;
-  }
-
-  // Stream lines of the tokens that are settled: not possibly the start of
-  // a stop string (until the generation is done), and not part of one. A
-  // token's text is what it adds to the text before it, so a tokenizer
-  // whose pieces depend on their neighbours (a leading space) streams what
-  // the summary says.
-  std::string settledLines(const ServeState& s) {
-    const size_t ready = done() ? text.size() : text.size() - infer::stopPrefix(text, request.stops);
-    const size_t upTo = tokensWithin(s, ready);
-    const std::vector<int64_t> all = completion();
-    std::string lines, before = prefixText(s, sentTokens);
-    for (; sentTokens < upTo; ++sentTokens) {
-      const std::string after = prefixText(s, sentTokens + 1);
-      const std::string added = after.compare(0, before.size(), before) == 0 ? after.substr(before.size()) : after;
-      lines += dumpJson({{"token", all[sentTokens]}, {"text", added}}) + "\n";
-      before = after;
-    }
-    return lines;
-  }
-
-  json summary(const ServeState& s) const {
-    std::vector<int64_t> out = completion();
-    if (stopped) out.resize(tokensWithin(s, text.size()));
-    return {{"text", text}, {"tokens", out}, {"prompt_tokens", request.prompt.size()},
-            {"finish_reason", stopped ? "stop" : "length"}};
-  }
-};
 
 void generate(ServeState& s, const httplib::Request&, const std::string& body, httplib::Response& res) {
   auto slot = admit(s, res);

@@ -1,0 +1,87 @@
+#include "serve/detail/generation.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+namespace cohort::serve::detail {
+
+at::Tensor waitResult(const ServeState& s, std::future<at::Tensor>& f) {
+  const auto deadline = std::chrono::steady_clock::now() + kResultTimeout;
+  while (f.wait_for(kStoppingCheck) != std::future_status::ready) {
+    if (s.stopping.load()) {
+      throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error("the model did not answer within 5 minutes");
+    }
+  }
+  return f.get();
+}
+
+Generation::Generation(GenerateRequest r, const ServeState& s, bool cached)
+    : request(std::move(r)), seq(request.prompt, s.info.blockSize, cached), promptTokens(request.prompt.size()),
+      generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)) {}
+
+void Generation::step(ServeState& s) {
+  if (s.stopping.load()) {
+    throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
+  }
+  const at::Tensor input = torch::tensor(seq.input(), torch::kInt64);
+  std::future<at::Tensor> future;
+  if (seq.cached()) {
+    future = s.batcher.submitDecode(input, seq.sharedCache());
+  } else if (auto futures = s.batcher.submit({input}); !futures.empty()) {
+    future = std::move(futures[0]);
+  }
+  if (!future.valid()) throw Unavailable("the queue of inputs is full; retry later");
+  const int64_t vocab = s.info.tokenizerVocab > 0 ? std::min(s.info.tokenizerVocab, s.info.vocabSize)
+                                                  : s.info.vocabSize;
+  const at::Tensor logits = waitResult(s, future).narrow(0, 0, vocab);
+  seq.append(infer::sampleNext(logits, request.sampling, generator));
+  ++generated;
+  text = textTokenizer(s.info).decode(completion());
+  if (const size_t stop = infer::findStop(text, request.stops); stop != std::string::npos) {
+    text.resize(stop);
+    stopped = true;
+  }
+}
+
+std::vector<int64_t> Generation::completion() const {
+  return {seq.tokens().begin() + static_cast<std::ptrdiff_t>(promptTokens), seq.tokens().end()};
+}
+
+std::string Generation::prefixText(const ServeState& s, size_t n) const {
+  const std::vector<int64_t> all = completion();
+  return textTokenizer(s.info).decode({all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n)});
+}
+
+size_t Generation::tokensWithin(const ServeState& s, size_t bytes) const {
+  const size_t all = completion().size();
+  size_t n = sentTokens;
+  while (n < all && prefixText(s, n + 1).size() <= bytes) ++n;
+  return n;
+}
+
+std::string Generation::settledLines(const ServeState& s) {
+  const size_t ready = done() ? text.size() : text.size() - infer::stopPrefix(text, request.stops);
+  const size_t upTo = tokensWithin(s, ready);
+  const std::vector<int64_t> all = completion();
+  std::string lines, before = prefixText(s, sentTokens);
+  for (; sentTokens < upTo; ++sentTokens) {
+    const std::string after = prefixText(s, sentTokens + 1);
+    const std::string added = after.compare(0, before.size(), before) == 0 ? after.substr(before.size()) : after;
+    lines += dumpJson({{"token", all[sentTokens]}, {"text", added}}) + "\n";
+    before = after;
+  }
+  return lines;
+}
+
+nlohmann::json Generation::summary(const ServeState& s) const {
+  std::vector<int64_t> out = completion();
+  if (stopped) out.resize(tokensWithin(s, text.size()));
+  return {{"text", text}, {"tokens", out}, {"prompt_tokens", request.prompt.size()},
+          {"finish_reason", stopped ? "stop" : "length"}};
+}
+
+}  // namespace cohort::serve::detail
