@@ -19,6 +19,19 @@ at::Tensor waitResult(const ServeState& s, std::future<at::Tensor>& f) {
   return f.get();
 }
 
+TokenChoice choiceOf(const at::Tensor& logits, int64_t token, int64_t top) {
+  const at::Tensor logp = torch::log_softmax(logits.to(torch::kDouble), 0);
+  TokenChoice c;
+  c.token = token;
+  c.logprob = logp[token].item<double>();
+  const int64_t k = std::min<int64_t>(top, logp.size(0));
+  if (k > 0) {
+    const auto [values, ids] = logp.topk(k);
+    for (int64_t i = 0; i < k; ++i) c.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
+  }
+  return c;
+}
+
 Generation::Generation(GenerateRequest r, const ServeState& s, bool cached)
     : request(std::move(r)), seq(request.prompt, s.info.blockSize, cached), promptTokens(request.prompt.size()),
       generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)) {}
@@ -38,7 +51,9 @@ void Generation::step(ServeState& s) {
   const int64_t vocab = s.info.tokenizerVocab > 0 ? std::min(s.info.tokenizerVocab, s.info.vocabSize)
                                                   : s.info.vocabSize;
   const at::Tensor logits = waitResult(s, future).narrow(0, 0, vocab);
-  seq.append(infer::sampleNext(logits, request.sampling, generator));
+  const int64_t token = infer::sampleNext(logits, request.sampling, generator);
+  seq.append(token);
+  if (request.logprobs >= 0) choices.push_back(choiceOf(logits, token, request.logprobs));
   ++generated;
   text = textTokenizer(s.info).decode(completion());
   if (const size_t stop = infer::findStop(text, request.stops); stop != std::string::npos) {

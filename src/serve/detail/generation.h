@@ -42,6 +42,19 @@ class Unavailable : public Error {
 // forward), and what the forward threw.
 at::Tensor waitResult(const ServeState& s, std::future<at::Tensor>& f);
 
+// A sampled token with its log-probability under the model (the logits
+// before temperature, top_k and top_p), and the most likely tokens at its
+// place with theirs, most likely first (GenerateRequest::logprobs of them).
+struct TokenChoice {
+  int64_t token = 0;
+  double logprob = 0;
+  std::vector<std::pair<int64_t, double>> top;
+};
+
+// `token`'s choice from the logits [vocab] it was sampled from, with the
+// `top` most likely tokens.
+TokenChoice choiceOf(const at::Tensor& logits, int64_t token, int64_t top);
+
 // One generation: with a model that decodes, each step feeds the new
 // token and the sequence's key/value cache, and steps of concurrent
 // generations run together; otherwise the whole window, with contexts of
@@ -55,6 +68,8 @@ struct Generation {
   std::string text;       // the completion's, cut before a stop string
   bool stopped = false;   // at a stop string
   size_t sentTokens = 0;  // streamed so far
+  // With request.logprobs >= 0: one per completion token, in order.
+  std::vector<TokenChoice> choices;
 
   Generation(GenerateRequest r, const ServeState& s, bool cached);
 

@@ -54,6 +54,9 @@ struct GenerateRequest {
   infer::Sampling sampling;     // temperature 0: the most likely token every time
   std::vector<std::string> stops;  // the text ends before the first of them
   bool stream = false;
+  // Log-probabilities of each sampled token and of the `logprobs` most
+  // likely ones at its place (Generation::choices); -1: none recorded.
+  int64_t logprobs = -1;
 };
 
 // POST /v1/generate of a language model: {"prompt", "max_tokens",
