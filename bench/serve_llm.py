@@ -199,12 +199,20 @@ class Servers:
                 c.request("GET", "/healthz")
                 if c.getresponse().status == 200:
                     c.close()
+                    self.check_allocator(p, side, allocator)
                     return p, port
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 sys.exit("%s (%s) did not answer within 120 s" % (side, allocator))
             time.sleep(0.2)
+
+    def check_allocator(self, p, side, allocator):
+        # The peer checks itself (launch_env.verify); for both, the library in the process's maps.
+        maps = open("/proc/%d/maps" % p.pid).read()
+        loaded = [name for name in ("tcmalloc", "jemalloc") if "lib" + name in maps]
+        if loaded != ([] if allocator == "glibc" else [allocator]):
+            sys.exit("%s runs with %s, the benchmark expects %s" % (side, loaded or "glibc", allocator))
 
     def stop(self, p):
         if p.poll() is None:
