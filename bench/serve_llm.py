@@ -24,7 +24,7 @@ The load: C concurrent clients (--concurrency, default 1,8,32), each sending
 streamed requests ({"stream": true}, greedy, max_tokens --max-tokens) one
 after the other for --seconds x (1 + C / 8) (a round of 32 generations
 takes seconds), client k starting k x 50 ms after the first, prompts of
-mixed lengths (8 to 190 bytes).
+mixed lengths (8 to 190 bytes; --prompt-lengths).
 Printed per point: generated tokens/s over all clients, and p50/p99 time to
 first token (from sending the request to reading its first token's line),
 pooled over the pairs; then the issue's target at 32 clients (at least 1.5x
@@ -278,8 +278,14 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads of each side")
     ap.add_argument("--allocators", default="tcmalloc,glibc")
     ap.add_argument("--max-delay-ms", type=float, default=1, help="cohort serve --max-delay-ms")
+    ap.add_argument("--prompt-lengths", default=",".join(map(str, PROMPT_LENGTHS)),
+                    help="prompt bytes, taken in turn (at most block_size - max_tokens)")
     ap.add_argument("--memory-clients", type=int, default=32, help="0: no memory measurement")
     args = ap.parse_args()
+    PROMPT_LENGTHS[:] = [int(n) for n in args.prompt_lengths.split(",")]
+    if max(PROMPT_LENGTHS) + args.max_tokens > SIZES["block_size"] or max(PROMPT_LENGTHS) >= len(TEXT):
+        sys.exit("serve-llm.sh: prompts of %d bytes and %d tokens pass block_size %d" %
+                 (max(PROMPT_LENGTHS), args.max_tokens, SIZES["block_size"]))
     if not os.access(COHORT, os.X_OK):
         sys.exit("serve-llm.sh: build cohort first (scripts/build.sh)")
     # SIGTERM/SIGINT end the run through `finally`: the servers are stopped.
