@@ -156,6 +156,8 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
   serveCmd->add_option("--max-delay-ms", so2.maxDelayMs, "How long a batch waits for more requests")
       ->capture_default_str()->check(CLI::Range(0.0, 600000.0));
+  serveCmd->add_flag("--wait-alone", so2.waitAlone,
+                     "Wait --max-delay-ms even when no other request is in flight to join the batch");
   serveCmd->add_option("--threads", so2.threads, "HTTP worker threads")->capture_default_str()
       ->check(CLI::Range(1, 1024));
   serveCmd->add_option("--compute-threads", so2.computeThreads, "Intra-op threads of the model; 0: all cores")

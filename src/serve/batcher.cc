@@ -29,8 +29,9 @@ std::vector<std::future<at::Tensor>> Batcher::submit(std::vector<at::Tensor> inp
       return futures;
     }
     const auto now = std::chrono::steady_clock::now();
+    const uint64_t request = ++requests_;
     for (at::Tensor& input : inputs) {
-      Item item{std::move(input), {}, now, nullptr};
+      Item item{std::move(input), {}, now, nullptr, request};
       futures.push_back(item.result.get_future());
       queue_.push_back(std::move(item));
     }
@@ -62,6 +63,23 @@ void Batcher::drain() {
   cv_.notify_all();
 }
 
+void Batcher::requestDone() {
+  // Under the lock: the model thread is either before its check of inFlight
+  // (and sees the lowered count) or waiting (and gets the notification).
+  { std::lock_guard<std::mutex> g(mutex_); }
+  cv_.notify_all();
+}
+
+int64_t Batcher::queuedRequests() const {
+  int64_t n = 0;
+  uint64_t previous = 0;
+  for (const Item& item : queue_) {
+    n += item.request == 0 || item.request != previous;
+    previous = item.request;
+  }
+  return n;
+}
+
 void Batcher::loop() {
   // Set on the thread that runs the model: with OpenMP the count is the
   // calling thread's own setting.
@@ -77,9 +95,19 @@ void Batcher::loop() {
       for (const Item& item : queue_) n += item.joins(queue_.front());
       return n;
     };
-    while (!stopping_ && !draining_ && sameShape() < options_.maxBatch &&
+    // Not at all when no other request could join: every request in flight
+    // is queued already (the handlers count a request from before it is
+    // parsed to after its answer, and requestDone() wakes this wait when one
+    // ends). Forward inputs only: generation steps keep their wait.
+    const bool forward = queue_.front().cache == nullptr;
+    auto nobodyElse = [&] {
+      return forward && !options_.waitAlone && queuedRequests() >= metrics_.inFlight.load();
+    };
+    bool atOnce = false;
+    while (!stopping_ && !draining_ && sameShape() < options_.maxBatch && !(atOnce = nobodyElse()) &&
            cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
     }
+    if (atOnce) metrics_.batchAtOnce();
     std::vector<Item> batch;
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();

@@ -53,15 +53,18 @@ std::shared_ptr<void> admit(ServeState& s, httplib::Response& res) {
   }
   class Slot {
    public:
-    explicit Slot(std::atomic<int64_t>& inFlight) : inFlight_(inFlight) {}
-    ~Slot() { inFlight_.fetch_sub(1); }
+    explicit Slot(ServeState& s) : s_(s) {}
+    ~Slot() {
+      s_.metrics.inFlight.fetch_sub(1);
+      s_.batcher.requestDone();  // a batch may have waited for this request to join
+    }
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
 
    private:
-    std::atomic<int64_t>& inFlight_;
+    ServeState& s_;
   };
-  return std::make_shared<Slot>(s.metrics.inFlight);
+  return std::make_shared<Slot>(s);
 }
 
 void predict(ServeState& s, const httplib::Request& req, const std::string& body, httplib::Response& res) {

@@ -73,6 +73,9 @@ std::string ServeMetrics::render() const {
   const auto secs = batchSeconds_.snapshot();
   t.histogram("cohort_serve_batch_duration_seconds", "Time of one forward of the model", secs.bounds,
               secs.cumulative, secs.sum, secs.count);
+  t.counter("cohort_serve_batches_at_once_total",
+            "Forwards run without waiting for their batch to fill: every request in flight was queued",
+            static_cast<double>(batchesAtOnce_.load()));
   t.gauge("cohort_serve_queue_depth", "Inputs waiting for the model",
           static_cast<double>(queueDepth.load()));
   t.gauge("cohort_serve_in_flight", "Requests being answered", static_cast<double>(inFlight.load()));

@@ -144,6 +144,7 @@ int serveCommand(const ServeOptions& o) {
   bo.maxDelay = std::chrono::microseconds(static_cast<int64_t>(o.maxDelayMs * 1000));
   bo.maxQueue = o.maxQueue;
   bo.computeThreads = o.computeThreads;
+  bo.waitAlone = o.waitAlone;
   detail::Batcher batcher(*predictor, bo, metrics);
   detail::ServeState state{o, info, batcher, metrics, predictor->decodes()};
 

@@ -521,13 +521,14 @@ TEST_F(ServeTest, MalformedBodiesAre400AndTheServerGoesOn) {
 }
 
 // Requests held in flight by a batching delay far beyond the test (a batch
-// of 64 never fills, and 600 s never pass) show the limits; SIGTERM then
+// of 64 never fills, 600 s never pass, and --wait-alone keeps even a lone
+// request waiting) show the limits; SIGTERM then
 // drains: new work gets 503, the held batch runs at once and its requests
 // get their 200, and the process exits 0.
 TEST_F(ServeTest, LimitsAndTheDrainOnSigterm) {
   Server server(*dir_, *cnn_,
-                {"--max-batch", "64", "--max-delay-ms", "600000", "--max-concurrency", "4", "--max-queue", "4",
-                 "--max-body-bytes", "200000", "--threads", "8"});
+                {"--max-batch", "64", "--max-delay-ms", "600000", "--wait-alone", "--max-concurrency", "4",
+                 "--max-queue", "4", "--max-body-bytes", "200000", "--threads", "8"});
   auto body = [](int seed) { return json{{"inputs", nested(pixels(1, 28, 28, seed))}}.dump(); };
   const Reply big = server.post("/v1/predict", std::string(300000, ' '));
   EXPECT_EQ(big.status, 413) << big.body;
@@ -598,6 +599,27 @@ TEST_F(ServeTest, LimitsAndTheDrainOnSigterm) {
   }
   const test::ProcessResult exit = server.process().wait(std::chrono::seconds(90));
   EXPECT_EQ(exit.exitCode, 0) << exit.describe();
+}
+
+// A request with no other in flight runs at once: no request could join its
+// batch, so waiting --max-delay-ms (600 s here, beyond the client's 120 s
+// read timeout) would only delay it. The server says so in
+// cohort_serve_batches_at_once_total.
+TEST_F(ServeTest, ALoneRequestDoesNotWaitForABatchThatCannotFill) {
+  Server server(*dir_, *cnn_, {"--max-batch", "64", "--max-delay-ms", "600000"});
+  for (int i = 0; i < 3; ++i) {
+    const Reply r = server.post("/v1/predict", json{{"inputs", nested(pixels(1, 28, 28, i))}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  // Two inputs of one request: one request, one forward of both, at once.
+  json two = json::array({nested(pixels(1, 28, 28, 5)), nested(pixels(1, 28, 28, 6))});
+  const Reply r = server.post("/v1/predict", json{{"inputs", two}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.parsed()["predictions"].size(), 2u);
+  EXPECT_EQ(server.metric("cohort_serve_batches_at_once_total"), 4);
+  EXPECT_EQ(server.metric("cohort_serve_batch_size_count"), 4);
+  EXPECT_EQ(server.metric("cohort_serve_batch_size_sum"), 5);
+  EXPECT_EQ(server.stop().exitCode, 0);
 }
 
 // Past --drain-seconds (0 here: no time at all) what still waits for the

@@ -15,6 +15,7 @@ struct ServeOptions {
   int port = 8080;               // 0: a free port (printed, and written to portFile)
   int64_t maxBatch = 16;         // requests run together, at most
   double maxDelayMs = 5;         // how long the first request of a batch waits for others
+  bool waitAlone = false;        // --wait-alone: wait maxDelayMs even with no other request in flight
   int threads = 8;               // HTTP worker threads
   int64_t maxBodyBytes = 8 << 20;     // larger requests: 413
   int64_t maxConcurrency = 64;        // requests in flight at once; more: 429

@@ -6,7 +6,10 @@
 // Design: a FIFO of inputs, each with its own promise. The model thread takes
 // the oldest input and waits until `maxBatch` inputs of the same shape are
 // queued, or `maxDelay` has passed since the oldest arrived (or the server
-// drains); then it stacks up to `maxBatch` inputs of the oldest one's shape
+// drains), or no other request could join: every request in flight
+// (ServeMetrics::inFlight, counted by the handlers) has its inputs queued
+// already, so waiting would only add the delay (one client pays none; under
+// load batches form as before). Then it stacks up to `maxBatch` inputs of the oldest one's shape
 // (others wait for the next round, keeping their place), runs one forward,
 // and fulfils each promise with that input's row of the logits. Inputs of one
 // shape: an image model's inputs all share it; a language model's contexts
@@ -39,6 +42,10 @@ struct BatcherOptions {
   std::chrono::microseconds maxDelay{5000};
   int64_t maxQueue = 256;  // inputs waiting, at most
   int computeThreads = 0;  // intra-op threads of the model thread; 0: LibTorch's default
+  // Wait out maxDelay even when every request in flight is queued (a
+  // lone request waits for company that is not coming): for tests that
+  // hold requests in the queue.
+  bool waitAlone = false;
 };
 
 class Batcher {
@@ -69,12 +76,18 @@ class Batcher {
   // batches run as soon as an input waits, without maxDelay. Non-blocking.
   void drain();
 
+  // A request in flight was answered (the handlers call it once they have
+  // lowered ServeMetrics::inFlight): a batch waiting for it to join may run
+  // now. Non-blocking.
+  void requestDone();
+
  private:
   struct Item {
     at::Tensor input;
     std::promise<at::Tensor> result;
     std::chrono::steady_clock::time_point arrived;
     std::shared_ptr<models::KvCache> cache;  // submitDecode
+    uint64_t request = 0;  // the submit() call, numbered from 1; 0: submitDecode's
     // Items that may share a batch.
     bool joins(const Item& o) const {
       if (cache != nullptr || o.cache != nullptr) return cache != nullptr && o.cache != nullptr;
@@ -82,6 +95,8 @@ class Batcher {
     }
   };
   void loop();
+  // Requests with inputs in the queue (those of one submit() stay adjacent).
+  int64_t queuedRequests() const;
   void run(std::vector<Item>& batch);
 
   Predictor& predictor_;
@@ -92,6 +107,7 @@ class Batcher {
   std::deque<Item> queue_;
   bool stopping_ = false;
   bool draining_ = false;  // drain(): no waiting for a batch to fill
+  uint64_t requests_ = 0;  // submit() calls so far
   std::thread thread_;
 };
 

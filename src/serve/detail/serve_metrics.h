@@ -43,6 +43,9 @@ class ServeMetrics {
   void request(const std::string& endpoint, int status, std::optional<double> seconds);
   // One forward of `size` inputs.
   void batch(int64_t size, double seconds);
+  // A forward that did not wait for its batch to fill: every request in
+  // flight was queued (serve/detail/batcher.h).
+  void batchAtOnce() { batchesAtOnce_.fetch_add(1); }
 
   std::atomic<int64_t> inFlight{0};    // requests being answered (admitted ones)
   std::atomic<int64_t> queueDepth{0};  // inputs waiting for the model
@@ -56,6 +59,7 @@ class ServeMetrics {
   std::map<std::string, Histogram> latency_;
   Histogram batchSize_;
   Histogram batchSeconds_;
+  std::atomic<uint64_t> batchesAtOnce_{0};
 };
 
 // The label of a request path: one of the server's routes, else "other" (so
