@@ -207,7 +207,10 @@ struct OpenAIStream {
   }
 
   // The events of what generation i has settled since the last call: one
-  // per token, and its end once done.
+  // per token, and its end once done. A token that ends inside a UTF-8
+  // character (a byte token, a byte-fallback piece) waits for the tokens
+  // that complete it and goes out with them in one event: a client that
+  // joins the events' texts gets the characters the whole text has.
   std::string settled(size_t i, const ServeState& s) {
     Generation& g = *gens[i];
     const auto& stops = request.generate.stops;
@@ -216,15 +219,16 @@ struct OpenAIStream {
     const std::vector<std::string> pieces = piecesOf(g, s, from, upTo);
     std::string out;
     for (size_t k = 0; k < pieces.size(); ++k) {
-      json logprobs = nullptr;
-      if (request.generate.logprobs >= 0) {
-        logprobs = logprobsOf(request, g, s, from + k, {pieces[k]}, request.promptBytes + sentBytes[i]);
-      }
-      out += textEvent(i, pieces[k], std::move(logprobs), nullptr);
-      sentBytes[i] += pieces[k].size();
+      if (pending[i].empty()) pendingFrom[i] = from + k;
+      pending[i].push_back(pieces[k]);
+      std::string text;
+      for (const std::string& p : pending[i]) text += p;
+      if (endsInsideCharacter(text)) continue;
+      out += pendingEvent(i, s);
     }
     g.sentTokens = upTo;
     if (g.done()) {
+      if (!pending[i].empty()) out += pendingEvent(i, s);
       // A token cut by a stop string: its text before the stop.
       if (sentBytes[i] < g.text.size()) out += textEvent(i, g.text.substr(sentBytes[i]), nullptr, nullptr);
       sentBytes[i] = g.text.size();
@@ -233,6 +237,35 @@ struct OpenAIStream {
     }
     return out;
   }
+
+  // Whether `text` ends with the first bytes of a UTF-8 character, its
+  // continuation bytes still to come.
+  static bool endsInsideCharacter(const std::string& text) {
+    const size_t n = text.size();
+    for (size_t back = 1; back <= 3 && back <= n; ++back) {
+      const auto c = static_cast<unsigned char>(text[n - back]);
+      if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+      const size_t length = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+      return c < 0xF8 && length > back;
+    }
+    return false;
+  }
+
+  // The event of generation i's pending tokens, joined.
+  std::string pendingEvent(size_t i, const ServeState& s) {
+    std::string text;
+    for (const std::string& p : pending[i]) text += p;
+    json logprobs = nullptr;
+    if (request.generate.logprobs >= 0) {
+      logprobs = logprobsOf(request, *gens[i], s, pendingFrom[i], pending[i], request.promptBytes + sentBytes[i]);
+    }
+    sentBytes[i] += text.size();
+    pending[i].clear();
+    return textEvent(i, text, std::move(logprobs), nullptr);
+  }
+
+  std::vector<std::vector<std::string>> pending;  // per choice: pieces held back inside a character
+  std::vector<size_t> pendingFrom;                // the first one's token
 };
 
 void streamAnswer(ServeState& s, std::shared_ptr<OpenAIStream> st, std::shared_ptr<void> slot, httplib::Response& res) {
@@ -310,6 +343,8 @@ void complete(ServeState& s, const OpenAIState& o, bool chat, const std::string&
     st->created = static_cast<int64_t>(std::time(nullptr));
     st->sentBytes.assign(gens.size(), 0);
     st->finished.assign(gens.size(), false);
+    st->pending.resize(gens.size());
+    st->pendingFrom.assign(gens.size(), 0);
     st->gens = std::move(gens);
     st->request = std::move(r);
     streamAnswer(s, std::move(st), std::move(slot), res);

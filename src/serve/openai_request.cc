@@ -43,7 +43,9 @@ void refuseUnknownKeys(const json& j, const std::set<std::string>& known) {
 int64_t integerIn(const json& v, const char* key, int64_t lo, int64_t hi) {
   if (!v.is_number_integer()) throw badField(fmt::format("'{}' must be an integer, got {}", key, v.dump()), key);
   const bool above = v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() > hi;
-  const bool below = !v.is_number_unsigned() && v.get<int64_t>() < lo;
+  // A JSON number >= 0 is read as unsigned.
+  const bool below = v.is_number_unsigned() ? lo > 0 && v.get<uint64_t>() < static_cast<uint64_t>(lo)
+                                            : v.get<int64_t>() < lo;
   if (above || below) {
     throw badField(fmt::format("'{}' is {}: it must be in [{}, {}]", key, v.dump(), lo, hi), key);
   }
