@@ -23,10 +23,12 @@ inline constexpr int64_t kMaxChoices = 16;
 inline constexpr int64_t kMaxCompletionLogprobs = 5;
 inline constexpr int64_t kMaxChatTopLogprobs = 20;
 
-class OpenAIError : public Error {
+// Bad input from a client: a DataError (as every refusal of outside input)
+// with what OpenAI's error object needs.
+class OpenAIError : public DataError {
  public:
   OpenAIError(int status, const std::string& message, std::string param = "", std::string code = "")
-      : Error(message), status(status), param(std::move(param)), code(std::move(code)) {}
+      : DataError(message), status(status), param(std::move(param)), code(std::move(code)) {}
   int status;
   std::string param;  // the request field at fault; "": null
   std::string code;   // OpenAI's code (model_not_found, context_length_exceeded, ...); "": null
