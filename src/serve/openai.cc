@@ -177,7 +177,7 @@ json answerOf(const OpenAIRequest& r, const Generations& gens, const ServeState&
 }
 
 // A streamed answer: the generations, and what of each has been sent
-// (Generation::sentTokens counts its tokens sent).
+// (Generation::sentTokens counts its tokens settled: sent, or pending inside a character).
 struct OpenAIStream {
   OpenAIRequest request;
   Generations gens;
