@@ -4,7 +4,7 @@
 // against /v1/generate's answer for the same prompt and settings; then
 // the bad inputs over plain HTTP, each a 4xx in OpenAI's error shape
 // after which the server goes on; and a ChatML template read from the
-// run's tokenizer_config.json.
+// run's tokenizer_config.json; the concurrency limit's 429 in that shape too.
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -43,7 +44,8 @@ class Server {
     static int count = 0;
     const std::string portFile = dir.file("port-" + std::to_string(count++));
     std::vector<std::string> argv{test::cohortBin(), "serve", run, "--port", "0", "--port-file", portFile,
-                                  "--model-name", "tiny", "--max-delay-ms", "1"};
+                                  "--model-name", "tiny"};
+    if (std::find(extra.begin(), extra.end(), "--max-delay-ms") == extra.end()) extra.insert(extra.end(), {"--max-delay-ms", "1"});
     argv.insert(argv.end(), extra.begin(), extra.end());
     process_ = std::make_unique<test::Process>(argv, std::map<std::string, std::string>{{"COHORT_SERVE_TOKEN", kToken}});
     const bool up = test::waitUntil([&] { return fs::exists(portFile); }, std::chrono::seconds(120));
@@ -301,6 +303,26 @@ TEST_F(OpenAITest, BadInputIsA4xxInOpenAIsShapeAndTheServerGoesOn) {
   const auto good = server.post("/v1/completions", ok.dump());
   ASSERT_TRUE(good && good->status == 200) << (good ? good->body : "no answer");
   EXPECT_EQ(json::parse(good->body)["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST_F(OpenAITest, ConcurrencyLimitIs429InOpenAIsShape) {
+  // One request at a time, and its forward waits 1.5 s for a batch to fill.
+  Server server(*dir_, *run_, {"--max-concurrency", "1", "--max-delay-ms", "1500"});
+  const std::string one = json{{"model", "tiny"}, {"prompt", kPrompt}, {"max_tokens", 1}}.dump();
+  int firstStatus = 0;
+  std::thread waiting([&] {
+    const auto r = server.post("/v1/completions", one);
+    firstStatus = r ? r->status : -1;
+  });
+  const bool busy =
+      test::waitUntil([&] { return server.metric("cohort_serve_in_flight") == 1; }, std::chrono::seconds(30));
+  const auto refused = server.post("/v1/completions", one);
+  waiting.join();
+  ASSERT_TRUE(busy);
+  expectOpenAIError(refused, 429, "a second request");
+  EXPECT_EQ(json::parse(refused->body)["error"]["code"], "rate_limit_exceeded");
+  EXPECT_EQ(firstStatus, 200);
   EXPECT_EQ(server.stop(), 0);
 }
 
