@@ -170,7 +170,7 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   serveCmd->add_option("--top-k", so2.topK, "Classes returned per image by default")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  serveCmd->add_option("--max-new-tokens", so2.maxNewTokens, "Largest max_tokens of /v1/generate")
+  serveCmd->add_option("--max-new-tokens", so2.maxNewTokens, "Largest max_tokens of /v1/generate and the OpenAI API")
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   serveCmd->add_option("--token-file", so2.tokenFile,
                        "File holding the bearer token clients must send (else $COHORT_SERVE_TOKEN)")
@@ -181,6 +181,8 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
                        "After SIGTERM, how long requests in flight may take before they get 503")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
   serveCmd->add_option("--job", so2.job, "Job file of a weights file outside a run directory");
+  serveCmd->add_option("--model-name", so2.modelName,
+                       "The model's name in the OpenAI API (/v1/models); default: MODEL's base name");
 
   scoreCmd = app.add_subcommand("score", engineCommandDescription("score"));
   scoreCmd->add_option("model", scoreOptions.model, modelHelp)->required();

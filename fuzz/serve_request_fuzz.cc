@@ -1,13 +1,15 @@
-// The request bodies `cohort serve` parses (src/serve/request.cc): POST
-// /v1/predict (JSON pixels, or JPEG/PNG bytes through cohort's decoder and
-// the eval transform) and POST /v1/generate, as a client on the network
-// sends them.
+// The request bodies `cohort serve` parses (src/serve/request.cc,
+// openai_request.cc): POST /v1/predict (JSON pixels, or JPEG/PNG bytes
+// through cohort's decoder and the eval transform), POST /v1/generate and
+// the OpenAI routes' POST /v1/completions and /v1/chat/completions, as a
+// client on the network sends them.
 //
 // Input: one byte choosing the model and the route, one choosing the
 // Content-Type, then the body. A bad body must end in a DataError (the
 // server's 400); one that parses must give what the model takes: images
 // [C, H, W] of raw pixels in 0..255, a top-k within the classes, a prompt of
-// 1..block_size ids below the vocabulary. A body the fast reader of predict
+// 1..block_size ids below the vocabulary; an OpenAI body's refusal is a 4xx,
+// and what it accepts has n and logprobs within their bounds. A body the fast reader of predict
 // bodies (json_pixels.h) accepts, the general parser must accept with the
 // same pixels, top-k and logits flag. The answer's JSON of any text
 // (dumpJson) must not throw.
@@ -22,6 +24,7 @@
 
 #include "fuzz_util.h"
 #include "serve/detail/json_pixels.h"
+#include "serve/detail/openai_request.h"
 #include "serve/detail/request.h"
 
 namespace {
@@ -91,6 +94,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::require(r.sampling.topP > 0 && r.sampling.topP <= 1, "a top_p outside (0, 1]");
       fuzz::require(r.stops.size() <= 16, "more than 16 stop strings");
       for (const std::string& stop : r.stops) fuzz::require(!stop.empty() && stop.size() <= 256, "a stop string out of bounds");
+    }
+    // The same body on the OpenAI routes, as model "m".
+    const serve::detail::OpenAILimits limits{"m", kMaxNewTokens};
+    for (const bool chat : {false, true}) {
+      serve::detail::OpenAIRequest o;
+      try {
+        o = chat ? serve::detail::parseChat(body, info, limits, serve::detail::ChatTemplate(), 1)
+                 : serve::detail::parseCompletion(body, info, limits, 1);
+      } catch (const serve::detail::OpenAIError& e) {
+        fuzz::require(e.status >= 400 && e.status < 500, "an OpenAI refusal with status " + std::to_string(e.status));
+        continue;
+      } catch (const std::exception& e) {
+        fuzz::finding(std::string("an OpenAI body refused other than by OpenAIError: ") + e.what());
+      }
+      fuzz::require(!o.generate.prompt.empty() && static_cast<int64_t>(o.generate.prompt.size()) <= info.blockSize,
+                    "an OpenAI prompt of " + std::to_string(o.generate.prompt.size()) + " tokens was accepted");
+      for (int64_t id : o.generate.prompt) {
+        fuzz::require(id >= 0 && id < info.vocabSize, "OpenAI prompt id " + std::to_string(id) + " was accepted");
+      }
+      fuzz::require(o.generate.maxTokens >= 0 && o.generate.maxTokens <= kMaxNewTokens, "OpenAI max_tokens beyond its bound");
+      fuzz::require(o.n >= 1 && o.n <= serve::detail::kMaxChoices, "n beyond its bound");
+      fuzz::require(o.generate.logprobs >= -1 && o.generate.logprobs <= serve::detail::kMaxChatTopLogprobs,
+                    "logprobs beyond their bound");
+      fuzz::require(o.generate.sampling.topP > 0 && o.generate.sampling.topP <= 1, "an OpenAI top_p outside (0, 1]");
     }
   } else {
     // Gray 4x4 (resize 6) or RGB 8x8 (resize 8).

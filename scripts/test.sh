@@ -66,6 +66,12 @@ if [ ! -f tests/tokenizers/node_modules/.package-lock.json ] ||
    [ tests/tokenizers/package-lock.json -nt tests/tokenizers/node_modules/.package-lock.json ]; then
   (cd tests/tokenizers && npm ci --no-audit --no-fund)
 fi
+# OpenAI's Node.js SDK, the client of cohort serve's OpenAI API in
+# tests/serve/openai_test.cc (tests/openai).
+if [ ! -f tests/openai/node_modules/.package-lock.json ] ||
+   [ tests/openai/package-lock.json -nt tests/openai/node_modules/.package-lock.json ]; then
+  (cd tests/openai && npm ci --no-audit --no-fund)
+fi
 stage_end install
 # Sanitizers: build-asan or build-tsan instead of build (docs/security.md).
 if [ -n "$sanitize" ]; then

@@ -13,6 +13,7 @@
 #include "cohort/data/tokens.h"
 #include "cohort/infer/decoding.h"
 #include "serve/detail/generation.h"
+#include "serve/detail/openai.h"
 #include "serve/detail/request.h"
 
 namespace cohort::serve::detail {
@@ -26,45 +27,11 @@ void reply(httplib::Response& res, int status, const json& body) {
   res.set_content(dumpJson(body), "application/json");
 }
 
-void replyError(httplib::Response& res, int status, const std::string& message) {
-  res.status = status;
-  res.set_content(errorBody(message), "application/json");
-}
-
 // A query parameter (?key=): the body is ours (read by withBody), never
 // parsed into req.params, so these are the URL's only.
 std::optional<std::string> param(const httplib::Request& req, const char* key) {
   if (!req.has_param(key)) return std::nullopt;
   return req.get_param_value(key);
-}
-
-// A request counted in flight while the returned token lives (a streamed
-// answer keeps it until its last chunk); nullptr after answering 503
-// (draining) or 429 (max concurrency).
-std::shared_ptr<void> admit(ServeState& s, httplib::Response& res) {
-  if (s.draining.load()) {
-    replyError(res, 503, "the server is shutting down");
-    return nullptr;
-  }
-  if (s.metrics.inFlight.fetch_add(1) >= s.options.maxConcurrency) {
-    s.metrics.inFlight.fetch_sub(1);
-    replyError(res, 429, fmt::format("too many requests in flight (at most {})", s.options.maxConcurrency));
-    return nullptr;
-  }
-  class Slot {
-   public:
-    explicit Slot(ServeState& s) : s_(s) {}
-    ~Slot() {
-      s_.metrics.inFlight.fetch_sub(1);
-      s_.batcher.requestDone();  // a batch may have waited for this request to join
-    }
-    Slot(const Slot&) = delete;
-    Slot& operator=(const Slot&) = delete;
-
-   private:
-    ServeState& s_;
-  };
-  return std::make_shared<Slot>(s);
 }
 
 void predict(ServeState& s, const httplib::Request& req, const std::string& body, httplib::Response& res) {
@@ -168,16 +135,41 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
       });
 }
 
-using BodyHandler = void (*)(ServeState&, const httplib::Request&, const std::string& body, httplib::Response&);
+}  // namespace
 
-// A POST route that reads its own body, whatever its Content-Type: httplib's
-// reading would cap application/x-www-form-urlencoded (what `curl -d` sends)
-// at 8 KiB, compiled into the library, and parse it into req.params. The
-// body is bounded by --max-body-bytes here (413); multipart/form-data is
-// refused (415). Then `handler` runs; whatever it throws becomes a 500 with
-// the message.
-httplib::Server::HandlerWithContentReader withBody(ServeState& s, BodyHandler handler) {
-  return [&s, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+void replyError(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(errorBody(message), "application/json");
+}
+
+std::shared_ptr<void> admit(ServeState& s, httplib::Response& res, ErrorReply error) {
+  if (s.draining.load()) {
+    error(res, 503, "the server is shutting down");
+    return nullptr;
+  }
+  if (s.metrics.inFlight.fetch_add(1) >= s.options.maxConcurrency) {
+    s.metrics.inFlight.fetch_sub(1);
+    error(res, 429, fmt::format("too many requests in flight (at most {})", s.options.maxConcurrency));
+    return nullptr;
+  }
+  class Slot {
+   public:
+    explicit Slot(ServeState& s) : s_(s) {}
+    ~Slot() {
+      s_.metrics.inFlight.fetch_sub(1);
+      s_.batcher.requestDone();  // a batch may have waited for this request to join
+    }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    ServeState& s_;
+  };
+  return std::make_shared<Slot>(s);
+}
+
+httplib::Server::HandlerWithContentReader withBody(ServeState& s, BodyHandler handler, ErrorReply error) {
+  return [&s, handler, error](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
     const auto limit = static_cast<size_t>(s.options.maxBodyBytes);
     std::string body;
     bool tooLarge = false;
@@ -203,16 +195,16 @@ httplib::Server::HandlerWithContentReader withBody(ServeState& s, BodyHandler ha
     // same bound) 413 without reading; `receive` catches chunked bodies.
     if (tooLarge || res.status == 413) {
       res.set_header("Connection", "close");
-      replyError(res, 413, fmt::format("the body is larger than {} bytes (--max-body-bytes)", limit));
+      error(res, 413, fmt::format("the body is larger than {} bytes (--max-body-bytes)", limit));
       return;
     }
     if (!read) {
       res.set_header("Connection", "close");
-      replyError(res, 400, "the body could not be read (cut short, or a malformed encoding)");
+      error(res, 400, "the body could not be read (cut short, or a malformed encoding)");
       return;
     }
     if (multipart) {
-      replyError(res, 415, "multipart/form-data is not taken: send JSON (Content-Type: application/json) "
+      error(res, 415, "multipart/form-data is not taken: send JSON (Content-Type: application/json) "
                            "or the bytes of one image");
       return;
     }
@@ -220,16 +212,15 @@ httplib::Server::HandlerWithContentReader withBody(ServeState& s, BodyHandler ha
       handler(s, req, body, res);
     } catch (const std::exception& e) {
       log::warn("serve: {} {}: {}", req.method, req.path, e.what());
-      replyError(res, 500, e.what());
+      error(res, 500, e.what());
     }
   };
 }
 
-}  // namespace
-
 void addRoutes(httplib::Server& server, ServeState& state) {
   server.Post("/v1/predict", withBody(state, predict));
   server.Post("/v1/generate", withBody(state, generate));
+  addOpenAIRoutes(server, state);
   server.Get("/v1/model", [&state](const httplib::Request&, httplib::Response& res) {
     reply(res, 200, state.info.toJson());
   });

@@ -83,7 +83,8 @@ std::string ServeMetrics::render() const {
 }
 
 std::string endpointLabel(const std::string& path) {
-  for (const char* known : {"/v1/predict", "/v1/generate", "/v1/model", "/healthz", "/readyz", "/metrics"}) {
+  for (const char* known : {"/v1/predict", "/v1/generate", "/v1/model", "/v1/completions", "/v1/chat/completions",
+                            "/v1/models", "/healthz", "/readyz", "/metrics"}) {
     if (path == known) return path;
   }
   return "other";

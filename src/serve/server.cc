@@ -24,6 +24,7 @@
 #include "core/detail/http_server.h"
 #include "serve/detail/batcher.h"
 #include "serve/detail/handlers.h"
+#include "serve/detail/openai.h"
 #include "serve/detail/request.h"
 #include "serve/detail/serve_metrics.h"
 
@@ -73,10 +74,15 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
     if (token.empty() || req.path == "/healthz" || req.path == "/readyz" || http::bearerMatches(req, token)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    res.status = 401;
     res.set_header("WWW-Authenticate", "Bearer");
-    res.set_content(detail::errorBody("missing or wrong bearer token (Authorization: Bearer ...)"),
-                    "application/json");
+    const std::string message = "missing or wrong bearer token (Authorization: Bearer ...)";
+    if (detail::isOpenAIPath(req.path)) {
+      // The OpenAI API's key is the bearer token: refused in OpenAI's shape.
+      detail::replyOpenAIError(res, 401, "Incorrect API key provided: " + message);
+    } else {
+      res.status = 401;
+      res.set_content(detail::errorBody(message), "application/json");
+    }
     return httplib::Server::HandlerResponse::Handled;
   });
   // Counted before the response is written (httplib's post-routing

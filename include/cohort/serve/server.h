@@ -26,6 +26,7 @@ struct ServeOptions {
   std::string portFile;          // --port-file: the bound port is written there once listening
   int computeThreads = 0;        // intra-op threads for the model; 0: LibTorch's default
   double drainSeconds = 60;      // after SIGTERM, how long requests in flight may take; then 503
+  std::string modelName;         // --model-name: the OpenAI API's model; "": MODEL's base name
 };
 
 // Serves until SIGTERM or SIGINT, then stops taking requests, answers those
