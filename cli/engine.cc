@@ -179,6 +179,11 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
                        "After SIGTERM, how long requests in flight may take before they get 503")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
   serveCmd->add_option("--job", so2.job, "Job file of a weights file outside a run directory");
+  serveCmd->add_option("--procs", so2.procs,
+                       "Split a language model across N local processes, N pipeline stages (docs/deploy.md)")
+      ->capture_default_str();
+  serveCmd->add_option("--split-rank", so2.splitRank, "(internal) run one rank of a split model")->group("");
+  serveCmd->add_option("--split-store", so2.splitStorePort, "(internal) the split model's store port")->group("");
 
   scoreCmd = app.add_subcommand("score", engineCommandDescription("score"));
   scoreCmd->add_option("model", scoreOptions.model, modelHelp)->required();

@@ -154,10 +154,16 @@ struct Generation {
   std::string text;    // the completion's, cut before a stop string
   bool stopped = false;  // at a stop string
   size_t sentTokens = 0;  // streamed so far
+  Batcher& batcher;       // told when the sequence ends
 
-  Generation(GenerateRequest r, const ServeState& s, bool cached)
+  Generation(GenerateRequest r, ServeState& s, bool cached)
       : request(std::move(r)), seq(request.prompt, s.info.blockSize, cached), promptTokens(request.prompt.size()),
-        generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)) {}
+        generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)), batcher(s.batcher) {}
+  ~Generation() {
+    if (seq.cached()) batcher.endSequence(seq.cache());
+  }
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
 
   bool done() const { return stopped || generated >= request.maxTokens; }
 
