@@ -182,6 +182,8 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
   serveCmd->add_option("--procs", so2.procs,
                        "Split a language model across N local processes, N pipeline stages (docs/deploy.md)")
       ->capture_default_str();
+  serveCmd->add_flag("--tensor", so2.tensor,
+                     "With --procs N: split every layer over the N processes (tensor parallel), not into stages");
   serveCmd->add_option("--split-rank", so2.splitRank, "(internal) run one rank of a split model")->group("");
   serveCmd->add_option("--split-store", so2.splitStorePort, "(internal) the split model's store port")->group("");
 

@@ -51,6 +51,7 @@ void validate(const ServeOptions& o) {
           fmt::format("--drain-seconds must be in [0, 86400], got {}", o.drainSeconds));
   require(o.computeThreads >= 0, fmt::format("--compute-threads must be >= 0, got {}", o.computeThreads));
   require(o.procs >= 1, fmt::format("--procs {}: must be >= 1", o.procs));
+  require(!o.tensor || o.procs >= 2, fmt::format("--tensor: needs --procs 2 or more, got {}", o.procs));
 }
 
 // The bearer token: --token-file (owner-only), else $COHORT_SERVE_TOKEN.
@@ -143,6 +144,7 @@ int serveCommand(const ServeOptions& o) {
   if (o.procs > 1) {
     SplitOptions so;
     so.procs = o.procs;
+    so.tensor = o.tensor;
     so.computeThreads = o.computeThreads;
     predictor = openSplitPredictor(o.model, o.job, so);
   } else {

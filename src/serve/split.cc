@@ -20,6 +20,10 @@
 #include "cohort/core/log.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
+#include "cohort/models/gpt.h"
+#include "cohort/models/llama.h"
+#include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_llama.h"
 #include "serve/detail/split.h"
 
 namespace cohort::serve {
@@ -34,7 +38,7 @@ std::string absoluteArg(const std::string& p) { return p.empty() ? p : fs::absol
 class SplitPredictor : public Predictor {
  public:
   SplitPredictor(const std::string& model, const std::string& jobPath, const SplitOptions& o)
-      : procs_(o.procs), timeout_(o.timeout) {
+      : procs_(o.procs), tensor_(o.tensor), timeout_(o.timeout) {
     {
       TrainedModel t = loadTrainedModel(model, jobPath, true);  // names and shapes: no weights held
       if (!t.weights) {
@@ -43,7 +47,21 @@ class SplitPredictor : public Predictor {
                                      o.procs, model, t.info.arch, t.job.model.lora.rank > 0 ? " with LoRA" : ""));
       }
       const int64_t blocks = pipelineBlocks(t.job.model);
-      if (o.procs < 1 || o.procs > blocks) {
+      if (o.tensor) {
+        ModelConfig mc = t.job.model;
+        mc.vocabSize = t.info.vocabSize;
+        try {
+          if (o.procs < 2) throw ConfigError("expected 2 or more ranks");
+          if (mc.arch == ModelArch::llama) {
+            parallel::checkLlamaTensorSplit(models::llamaOptions(mc, mc.vocabSize), o.procs);
+          } else {
+            parallel::checkGptTensorSplit(models::gptOptions(mc, mc.vocabSize), o.procs);
+          }
+        } catch (const ConfigError& e) {
+          throw UsageError(fmt::format("--procs {} --tensor: {} cannot be split over {} ranks: {}", o.procs, model,
+                                       o.procs, e.what()));
+        }
+      } else if (o.procs < 1 || o.procs > blocks) {
         throw UsageError(fmt::format("--procs {}: expected 1 to {}, the blocks of {} (model.n_layer): each rank "
                                      "holds at least one",
                                      o.procs, blocks, model));
@@ -57,6 +75,7 @@ class SplitPredictor : public Predictor {
       std::vector<std::string> args = {exe, "serve", absoluteArg(model), "--procs", std::to_string(procs_),
                                        "--split-rank", std::to_string(r), "--split-store",
                                        std::to_string(store_.port)};
+      if (tensor_) args.push_back("--tensor");
       if (!jobPath.empty()) args.insert(args.end(), {"--job", absoluteArg(jobPath)});
       if (o.computeThreads > 0) args.insert(args.end(), {"--compute-threads", std::to_string(o.computeThreads)});
       ranks_.start(r, exe, args, nullptr, nullptr, "cohort-torch for a rank of a split model");
@@ -71,7 +90,8 @@ class SplitPredictor : public Predictor {
     comm_ = comm::connect(co);
     comm_.timeout = timeout_;  // this process's waits are bounded
     watcher_ = std::thread([this] { watch(); });
-    log::info("serve: {} split across {} ranks (pipeline stages); this process holds no weights", model, procs_);
+    log::info("serve: {} split across {} ranks ({}); this process holds no weights", model, procs_,
+              tensor_ ? "tensor parallel" : "pipeline stages");
   }
 
   ~SplitPredictor() override {
@@ -97,7 +117,7 @@ class SplitPredictor : public Predictor {
   }
 
   const ModelInfo& info() const override { return info_; }
-  bool decodes() const override { return true; }
+  bool decodes() const override { return !tensor_; }
 
   at::Tensor forward(const at::Tensor& input) override {
     detail::checkInput(input, info_);
@@ -111,6 +131,7 @@ class SplitPredictor : public Predictor {
   }
 
   at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<models::KvCache*>& caches) override {
+    if (tensor_) return Predictor::decode(rows, caches);  // throws: no cache
     if (rows.empty() || rows.size() != caches.size()) {
       throw DataError(fmt::format("{} rows for {} caches: expected one cache per row, at least one", rows.size(),
                                   caches.size()));
@@ -249,9 +270,21 @@ class SplitPredictor : public Predictor {
     if (std::string why = broken(); !why.empty()) throw Error("the split model cannot answer: " + why);
     try {
       send(c);
-      std::vector<at::Tensor> out = {torch::empty(shape, torch::kFloat)};
-      comm::wait(comm_.pg->recv(out, procs_ - 1, detail::kTagLogits), comm_, "receive the logits of the last stage");
-      return out[0];
+      if (!tensor_) {
+        std::vector<at::Tensor> out = {torch::empty(shape, torch::kFloat)};
+        comm::wait(comm_.pg->recv(out, procs_ - 1, detail::kTagLogits), comm_, "receive the logits of the last stage");
+        return out[0];
+      }
+      // Each rank's columns of the vocabulary, in rank order.
+      std::vector<int64_t> sliceShape = shape;
+      sliceShape.back() /= procs_;
+      std::vector<at::Tensor> slices;
+      for (int r = 0; r < procs_; ++r) {
+        std::vector<at::Tensor> out = {torch::empty(sliceShape, torch::kFloat)};
+        comm::wait(comm_.pg->recv(out, r, detail::kTagLogits), comm_, "receive a rank's slice of the logits");
+        slices.push_back(out[0]);
+      }
+      return torch::cat(slices, -1);
     } catch (const std::exception& e) {
       {
         std::lock_guard<std::mutex> g(mutex_);
@@ -263,6 +296,7 @@ class SplitPredictor : public Predictor {
   }
 
   int procs_;
+  bool tensor_;
   std::chrono::milliseconds timeout_;
   ModelInfo info_;
   comm::HostedStore store_;

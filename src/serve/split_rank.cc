@@ -19,7 +19,11 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/models/model.h"
+#include "cohort/models/gpt.h"
+#include "cohort/models/llama.h"
 #include "cohort/parallel/pipeline.h"
+#include "cohort/parallel/tensor_gpt.h"
+#include "cohort/parallel/tensor_llama.h"
 
 namespace cohort::serve::detail {
 
@@ -92,28 +96,45 @@ void joinCgroup(int rank) {
   log::info("split rank {}: in cgroup {}", rank, dir);
 }
 
-class StageRank {
+// A rank's model, as SplitPredictor's ranks hold it: a pipeline stage of
+// consecutive blocks, or (--tensor) a slice of every tensor of the whole
+// model over the tensor group of all ranks.
+class SplitRank {
  public:
-  explicit StageRank(const ServeOptions& o) : rank_(o.splitRank), procs_(o.procs) {
+  // The tensor group `tensorGroup` (tensor mode only) is this rank's with
+  // the other ranks, without the front.
+  SplitRank(const ServeOptions& o, const comm::Comm* tensorGroup) : rank_(o.splitRank), procs_(o.procs) {
     TrainedModel t = loadTrainedModel(o.model, o.job, true);
     if (!t.weights) throw UsageError(fmt::format("{}: only gpt and llama without LoRA are served split (--procs)", o.model));
     ModelConfig mc = t.job.model;
     mc.vocabSize = t.info.vocabSize;
     mc.memoryFormat = MemoryLayout::contiguous;
     width_ = mc.nEmbd;
-    const auto [first, end] = stageBlocks(pipelineBlocks(mc), procs_)[static_cast<size_t>(rank_)];
-    models::ModelPart part;
-    part.firstBlock = first;
-    part.endBlock = end;
-    part.input = rank_ == 0;
-    part.output = rank_ == procs_ - 1;
-    part.exact = false;  // its values are the trained ones, loaded next
     torch::NoGradGuard noGrad;
-    model_ = models::createModel(mc, {t.info.channels, t.info.height, t.info.width}, part);
-    models::loadWeights(*model_, *t.weights, t.info.weights, true);
+    if (tensorGroup != nullptr) {
+      tensor_ = true;
+      // Its slices are drawn as the whole model draws its values, then
+      // overwritten by the trained ones: one whole tensor read at a time.
+      model_ = mc.arch == ModelArch::llama
+                   ? parallel::createTensorParallelLlama(models::llamaOptions(mc, mc.vocabSize), *tensorGroup)
+                   : parallel::createTensorParallelGpt(models::gptOptions(mc, mc.vocabSize), *tensorGroup);
+      loadSlices(*t.weights, t.info.weights);
+      log::info("split rank {}: a slice of {} of {} ranks (tensor parallel) loaded from {} ({} parameters)", rank_,
+                t.info.arch, procs_, t.info.weights, models::parameterCount(*model_));
+    } else {
+      const auto [first, end] = stageBlocks(pipelineBlocks(mc), procs_)[static_cast<size_t>(rank_)];
+      models::ModelPart part;
+      part.firstBlock = first;
+      part.endBlock = end;
+      part.input = rank_ == 0;
+      part.output = rank_ == procs_ - 1;
+      part.exact = false;  // its values are the trained ones, loaded next
+      model_ = models::createModel(mc, {t.info.channels, t.info.height, t.info.width}, part);
+      models::loadWeights(*model_, *t.weights, t.info.weights, true);
+      log::info("split rank {}: blocks [{}, {}) of {} loaded from {} ({} parameters)", rank_, first, end,
+                pipelineBlocks(mc), t.info.weights, models::parameterCount(*model_));
+    }
     model_->eval();
-    log::info("split rank {}: blocks [{}, {}) of {} loaded from {} ({} parameters)", rank_, first, end,
-              pipelineBlocks(mc), t.info.weights, models::parameterCount(*model_));
   }
 
   // Answers commands until stop.
@@ -131,6 +152,12 @@ class StageRank {
       for (int64_t id : cmd.frees) caches.erase(id);
       const auto rows = static_cast<int64_t>(cmd.ids.size());
       const int64_t longest = cmd.tokens.size(1);
+      if (tensor_) {  // every rank embeds the tokens; each returns its slice of the vocabulary
+        torch::NoGradGuard noGrad;
+        std::vector<at::Tensor> send = {model_->forward(cmd.tokens).to(torch::kFloat).contiguous()};
+        comm::wait(c.pg->send(send, front, kTagLogits), c, "send the logits");
+        continue;
+      }
       at::Tensor hidden;
       if (rank_ > 0) {
         std::vector<at::Tensor> in = {torch::empty({rows, longest, width_}, torch::kFloat)};
@@ -159,7 +186,33 @@ class StageRank {
   }
 
  private:
+  // Each tensor of the model takes this rank's slice of the trained one.
+  void loadSlices(ckpt::TensorSource& source, const std::string& origin) {
+    const int tensors = procs_;
+    std::map<std::string, at::Tensor> entries;  // names and shapes, no data
+    for (const auto& [name, e] : source.entries()) entries.emplace(name, e);
+    auto load = [&](const std::string& name, at::Tensor& into) {
+      if (entries.count(name) == 0) {
+        throw DataError(fmt::format("{}: missing tensor '{}' that the model needs", origin, name));
+      }
+      const at::Tensor slice = parallel::sliceByCut(source.load(name), parallel::tensorCut(name), tensors, rank_);
+      source.drop(name);
+      if (!slice.sizes().equals(into.sizes())) {
+        throw DataError(fmt::format("{}: tensor '{}' of shape [{}] cuts into [{}] on rank {} of {}, the split "
+                                    "model's is [{}]",
+                                    origin, name, fmt::join(entries.at(name).sizes(), ", "),
+                                    fmt::join(slice.sizes(), ", "), rank_, tensors, fmt::join(into.sizes(), ", ")));
+      }
+      into.copy_(slice);
+    };
+    for (auto& p : model_->named_parameters()) load(p.key(), p.value());
+    for (auto& b : model_->named_buffers()) {
+      if (entries.count(b.key()) != 0) load(b.key(), b.value());
+    }
+  }
+
   int rank_, procs_;
+  bool tensor_ = false;
   int64_t width_ = 0;
   std::shared_ptr<models::Model> model_;
 };
@@ -173,7 +226,19 @@ int runSplitRank(const ServeOptions& o) {
   try {
     if (o.computeThreads > 0) at::set_num_threads(o.computeThreads);
     joinCgroup(o.splitRank);
-    StageRank stage(o);
+    // The tensor group of the ranks alone (the front is not in it), before
+    // the model, whose slices are built over it.
+    std::optional<comm::Comm> tensorGroup;
+    if (o.tensor) {
+      comm::CommOptions to;
+      to.rank = o.splitRank;
+      to.worldSize = o.procs;
+      to.masterPort = o.splitStorePort;
+      to.storePrefix = "cohort-split-tensor";
+      to.timeout = kSplitIdle;
+      tensorGroup = comm::connect(to);
+    }
+    SplitRank stage(o, tensorGroup ? &*tensorGroup : nullptr);
     const std::chrono::milliseconds connectTimeout(300000);
     auto store = comm::connectStoreClient("127.0.0.1", o.splitStorePort, "", connectTimeout);
     store->set(splitReadyKey(o.splitRank), std::vector<uint8_t>{1});

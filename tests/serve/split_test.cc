@@ -1,7 +1,8 @@
 // A language model served split across local ranks (`cohort serve --procs
 // N`, openSplitPredictor): real rank processes on small trained gpt and
 // llama runs. The logits of forward() and of decode() (ragged rows, fresh
-// and ended sequences) equal the whole model's within 1e-4; a split server
+// and ended sequences) of pipeline stages, and forward() over a tensor
+// group (--tensor), equal the whole model's within 1e-4; a split server
 // answers /v1/generate with the whole model's greedy text and stops on
 // SIGTERM with its ranks; a rank killed makes the server exit 1 naming it;
 // --procs outside 1..n_layer exits 2 naming the option. With per-rank
@@ -152,6 +153,21 @@ class SplitServe : public ::testing::Test {
     step({t.narrow(0, 1, 6)}, {&wa}, {&sa});
   }
 
+  // forward() of the model split over a tensor group (--tensor): the whole
+  // model's logits within 1e-4.
+  static void expectSameTensorLogits(const std::string& run, int procs) {
+    const auto whole = serve::openPredictor(run);
+    serve::SplitOptions o = split(procs);
+    o.tensor = true;
+    const auto parts = serve::openSplitPredictor(run, "", o);
+    EXPECT_FALSE(parts->decodes());
+    torch::manual_seed(5);
+    for (const auto& shape : {std::vector<int64_t>{2, 9}, std::vector<int64_t>{1, 16}}) {
+      const at::Tensor batch = torch::randint(whole->info().vocabSize, shape, torch::kLong);
+      EXPECT_LT(maxDiff(parts->forward(batch), whole->forward(batch)), 1e-4);
+    }
+  }
+
   static test::TempDir* dir_;
   static std::string *gpt_, *llama_;
 };
@@ -167,10 +183,17 @@ TEST_F(SplitServe, GptOnTwoAndThreeStagesGivesTheWholeModelsLogits) {
 
 TEST_F(SplitServe, LlamaOnTwoStagesGivesTheWholeModelsLogits) { expectSameLogits(*llama_, 2); }
 
+TEST_F(SplitServe, GptAndLlamaOverATensorGroupOfTwoGiveTheWholeModelsLogits) {
+  expectSameTensorLogits(*gpt_, 2);
+  expectSameTensorLogits(*llama_, 2);
+}
+
 TEST_F(SplitServe, ServesTheWholeModelsGreedyTextAndStopsWithItsRanksOnSigterm) {
-  for (const std::string* run : {gpt_, llama_}) {
+  for (const auto& [run, tensor] : {std::pair{gpt_, false}, std::pair{llama_, false}, std::pair{gpt_, true}}) {
     Server whole({*run});
-    Server parts({*run, "--procs", "2"});
+    std::vector<std::string> args = {*run, "--procs", "2"};
+    if (tensor) args.push_back("--tensor");
+    Server parts(args);
     ASSERT_GT(whole.port, 0) << whole.process->stderrSoFar();
     ASSERT_GT(parts.port, 0) << parts.process->stderrSoFar();
     for (const char* prompt : {"The ", "Once upon a"}) {
@@ -212,6 +235,10 @@ TEST_F(SplitServe, ProcsOutsideOneToTheBlocksExits2NamingTheOption) {
   }
   auto r = test::cohort({"serve", *gpt_, "--procs", "4", "--port", "0"});
   EXPECT_NE(r.err.find("expected 1 to 3"), std::string::npos) << r.describe();
+  // n_head 2 does not split over 3 ranks.
+  r = test::cohort({"serve", *gpt_, "--procs", "3", "--tensor", "--port", "0"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find("--procs 3 --tensor"), std::string::npos) << r.describe();
 }
 
 // 8 blocks of n_embd 1536 over the byte vocabulary: 227M parameters, 866

@@ -154,6 +154,12 @@ std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::st
 // --procs N`): N pipeline stages of consecutive blocks, one per process.
 struct SplitOptions {
   int procs = 2;
+  // Tensor parallel instead: every rank holds a slice of every layer (the
+  // Megatron-LM cuts of parallel/tensor_model.h) over one tensor group of
+  // the N ranks, and returns its slice of the vocabulary's logits. Such a
+  // model keeps no key/value cache (decodes() is false): generation runs
+  // the whole window each token.
+  bool tensor = false;
   std::string exe;          // the cohort-torch program the ranks run; "": launch::engineExecutable()
   int computeThreads = 0;   // each rank's intra-op threads; 0: LibTorch's default
   // Loading the ranks, and each forward or decode, waits at most this.
@@ -167,11 +173,14 @@ struct SplitOptions {
 // also the embeddings, the last the final norm and head), read one tensor
 // at a time; it keeps the key/value caches of its own blocks, by an id this
 // process gives each cache. forward() and decode() send the tokens to the
-// ranks, the stages pass activations on, the last returns the logits. A
+// ranks, the stages pass activations on, the last returns the logits (with
+// o.tensor: every rank computes its slice of every layer, and of the
+// logits, which this process puts together). A
 // rank that ends makes every call after throw Error naming it (broken());
 // destroying the predictor stops the ranks (bounded). Throws UsageError for
-// --procs outside 1..the model's blocks or a model that is not gpt or
-// llama, Error when a rank ends while loading (its log above says why),
+// --procs outside 1..the model's blocks (with o.tensor: a count that does
+// not divide the heads, the MLP or the vocabulary) or a model that is not
+// gpt or llama, Error when a rank ends while loading (its log above says why),
 // TimeoutError when loading takes longer than o.timeout.
 std::unique_ptr<Predictor> openSplitPredictor(const std::string& model, const std::string& jobPath,
                                               const SplitOptions& o);

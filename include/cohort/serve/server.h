@@ -28,6 +28,7 @@ struct ServeOptions {
   // --procs N: the model split across N local rank processes, N pipeline
   // stages (openSplitPredictor in serve/model.h); 1: this process holds it.
   int procs = 1;
+  bool tensor = false;  // --tensor: the N ranks split every layer (tensor parallel), not into stages
   // Internal, what the front gives the ranks it starts: this process is
   // rank splitRank of a split model, its group's store on
   // 127.0.0.1:splitStorePort. -1: not a rank.

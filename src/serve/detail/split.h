@@ -12,7 +12,10 @@
 // count tokens; the rest is padding). Rank 0 embeds the tokens; each rank
 // sends its result to the next (kTagActivations), float32 [rows, longest,
 // n_embd]; the last sends the logits to the front (kTagLogits): forward's
-// [rows, longest, vocab], decode's [rows, vocab]. A rank that fails exits;
+// [rows, longest, vocab], decode's [rows, vocab]. Split over a tensor group
+// instead (--tensor, forward only), every rank embeds the tokens and sends
+// the front its columns of the logits [rows, longest, vocab / N], the
+// blocks' sums going over the ranks' own group. A rank that fails exits;
 // its peers' and the front's waits then fail as its connections close.
 
 #include <ATen/core/Tensor.h>
