@@ -313,7 +313,24 @@ class SplitPredictor : public Predictor {
   int64_t nextId_ = 1;
 };
 
+class PredictorModel : public models::Model {
+ public:
+  explicit PredictorModel(std::unique_ptr<Predictor> p) : p_(std::move(p)) {}
+  at::Tensor forward(const at::Tensor& input) override { return p_->forward(input); }
+  bool decodes() const override { return p_->decodes(); }
+  at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<models::KvCache*>& caches) override {
+    return p_->decode(rows, caches);
+  }
+
+ private:
+  std::unique_ptr<Predictor> p_;
+};
+
 }  // namespace
+
+std::shared_ptr<models::Model> predictorModel(std::unique_ptr<Predictor> predictor) {
+  return std::make_shared<PredictorModel>(std::move(predictor));
+}
 
 std::unique_ptr<Predictor> openSplitPredictor(const std::string& model, const std::string& jobPath,
                                               const SplitOptions& o) {

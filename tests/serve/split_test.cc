@@ -7,7 +7,8 @@
 // SIGTERM with its ranks; a rank killed makes the server exit 1 naming it;
 // --procs outside 1..n_layer exits 2 naming the option. With per-rank
 // memory cgroups (root only, skipped otherwise) a model whose weights pass
-// each rank's limit answers.
+// each rank's limit answers. `cohort generate --procs N` prints the whole
+// model's text.
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -210,6 +211,26 @@ TEST_F(SplitServe, ServesTheWholeModelsGreedyTextAndStopsWithItsRanksOnSigterm) 
     const auto r = parts.process->wait(std::chrono::seconds(60));
     EXPECT_EQ(r.exitCode, 0) << r.describe();
     for (pid_t pid : ranks) EXPECT_NE(::kill(pid, 0), 0) << "rank pid " << pid << " still runs";
+  }
+}
+
+// 24 tokens after a prompt of 9 pass block_size 16: the window shifts, and
+// the split model's caches start again.
+TEST_F(SplitServe, GenerateWithProcsPrintsTheWholeModelsText) {
+  for (const std::string* run : {gpt_, llama_}) {
+    // Sampled (temperature 1, a seed): the draws follow the logits closely.
+    const std::vector<std::string> base = {"generate", *run, "--prompt", "Once upon", "--tokens",
+                                           "24",       "--temperature", "1", "--seed", "3"};
+    const auto whole = test::cohort(base);
+    ASSERT_EQ(whole.exitCode, 0) << whole.describe();
+    for (const std::vector<std::string>& extra :
+         {std::vector<std::string>{"--procs", "2"}, {"--procs", "3"}, {"--procs", "2", "--tensor"}}) {
+      std::vector<std::string> args = base;
+      args.insert(args.end(), extra.begin(), extra.end());
+      const auto split = test::cohort(args);
+      EXPECT_EQ(split.exitCode, 0) << split.describe();
+      EXPECT_EQ(split.out, whole.out) << fmt::format("{}", fmt::join(extra, " "));
+    }
   }
 }
 

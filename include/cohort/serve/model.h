@@ -185,6 +185,11 @@ struct SplitOptions {
 std::unique_ptr<Predictor> openSplitPredictor(const std::string& model, const std::string& jobPath,
                                               const SplitOptions& o);
 
+// `predictor` as a models::Model, for code that samples from a model
+// (infer::generateCommand): forward, decodes and decode are the
+// predictor's; it has no parameters.
+std::shared_ptr<models::Model> predictorModel(std::unique_ptr<Predictor> predictor);
+
 // The tokenizer of a language model's `info`: info.text, or the byte
 // tokenizer. Throws DataError when the model's tokenizer is not here.
 const data::Tokenizer& textTokenizer(const ModelInfo& info);
