@@ -109,8 +109,9 @@ class SplitPredictor : public Predictor {
         log::warn("serve: could not tell the ranks to stop: {}", e.what());
       }
     }
-    // They exit on stop; what does not within the grace is killed.
-    ranks_.stop(0, std::chrono::seconds(10));
+    // They exit on stop; what does not within the grace is killed. Broken,
+    // they are killed at once: they may wait for a command that never comes.
+    ranks_.stop(broken().empty() ? 0 : SIGKILL, std::chrono::seconds(10));
     launch::Supervisor::Watch w;
     w.ended = [](const launch::Supervisor::Child&) {};
     ranks_.watch(w);
@@ -232,6 +233,7 @@ class SplitPredictor : public Predictor {
       });
       lock.lock();
       if (!ended.empty() && !stopping_) {
+        if (!broken_.empty()) log::error("serve: {}", ended);  // what broke the calls already
         fail(ended);
         lock.unlock();
         ranks_.killAll();

@@ -20,10 +20,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cohort/core/error.h"
 #include "cohort/models/model.h"
 #include "cohort/serve/model.h"
 #include "util/cgroup.h"
@@ -231,6 +233,32 @@ TEST_F(SplitServe, GenerateWithProcsPrintsTheWholeModelsText) {
       EXPECT_EQ(split.exitCode, 0) << split.describe();
       EXPECT_EQ(split.out, whole.out) << fmt::format("{}", fmt::join(extra, " "));
     }
+  }
+}
+
+// In-process: the forward after a rank's death fails (HTTP answers it 500),
+// and so does every later one, naming the rank once the front has reaped it.
+TEST_F(SplitServe, ARankKilledFailsTheCallsAfterIt) {
+  const auto parts = serve::openSplitPredictor(*gpt_, "", split(2));
+  const at::Tensor batch = torch::zeros({1, 4}, torch::kLong);
+  ASSERT_NO_THROW(parts->forward(batch));
+  std::vector<pid_t> ranks;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t pid; in >> pid;) {
+      const std::string cmdline = test::readText(fmt::format("/proc/{}/cmdline", pid));
+      if (cmdline.find(std::string("--split-rank") + '\0' + "1") != std::string::npos) ranks.push_back(pid);
+    }
+  }
+  ASSERT_EQ(ranks.size(), 1u);
+  ASSERT_EQ(::kill(ranks[0], SIGKILL), 0);
+  EXPECT_THROW(parts->forward(batch), Error);
+  ASSERT_TRUE(test::waitUntil([&] { return !parts->broken().empty(); }, std::chrono::seconds(30)));
+  try {
+    parts->forward(batch);
+    ADD_FAILURE() << "a forward after a rank's death answered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot answer"), std::string::npos) << e.what();
   }
 }
 
