@@ -9,6 +9,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/text.h"
+#include "cohort/serve/model.h"
 #include "cohort/train/worker.h"
 #include "commands.h"
 #include "common.h"
@@ -109,6 +110,10 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
   generate->add_flag("--no-kv-cache", generateNoCache,
                      "Run the whole window again for every token instead of keeping its keys and values");
   generate->add_flag("--timing", generateTiming, "Print tokens/s and the first token's latency on stderr");
+  generate->add_option("--procs", generateProcs,
+                       "Split the model across N local processes, N pipeline stages (as cohort serve --procs)")
+      ->capture_default_str();
+  generate->add_flag("--tensor", generateTensor, "With --procs N: split every layer over them (tensor parallel)");
 
   CLI::App* ckpt = base.ckpt;
   ckptInspect = ckpt->add_subcommand("inspect", engineCommandDescription("inspect", true));
@@ -183,6 +188,13 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
   serveCmd->add_option("--job", so2.job, "Job file of a weights file outside a run directory");
   serveCmd->add_option("--model-name", so2.modelName,
                        "The model's name in the OpenAI API (/v1/models); default: MODEL's base name");
+  serveCmd->add_option("--procs", so2.procs,
+                       "Split a language model across N local processes, N pipeline stages (docs/deploy.md)")
+      ->capture_default_str();
+  serveCmd->add_flag("--tensor", so2.tensor,
+                     "With --procs N: split every layer over the N processes (tensor parallel), not into stages");
+  serveCmd->add_option("--split-rank", so2.splitRank, "(internal) run one rank of a split model")->group("");
+  serveCmd->add_option("--split-store", so2.splitStorePort, "(internal) the split model's store port")->group("");
 
   scoreCmd = app.add_subcommand("score", engineCommandDescription("score"));
   scoreCmd->add_option("model", scoreOptions.model, modelHelp)->required();
@@ -230,6 +242,18 @@ std::optional<int> TorchCommands::dispatch() {
   }
   if (*generate) {
     generateOptions.kvCache = !generateNoCache;
+    if (generateProcs < 1) throw UsageError(fmt::format("--procs {}: must be >= 1", generateProcs));
+    if (generateTensor && generateProcs < 2) {
+      throw UsageError(fmt::format("--tensor: needs --procs 2 or more, got {}", generateProcs));
+    }
+    if (generateProcs > 1) {
+      serve::SplitOptions so;
+      so.procs = generateProcs;
+      so.tensor = generateTensor;
+      generateOptions.model = serve::predictorModel(serve::openSplitPredictor(generateOptions.runDir, "", so));
+      generateOptions.modelWeights = fmt::format("{} split across {} processes{}", generateOptions.runDir,
+                                                 generateProcs, generateTensor ? " (tensor parallel)" : "");
+    }
     if (generateTiming) generateOptions.timing = &std::cerr;
     return infer::generateCommand(generateOptions, std::cout);
   }

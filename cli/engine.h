@@ -35,7 +35,8 @@ struct TorchCommands {
   // generate
   CLI::App* generate = nullptr;
   infer::GenerateOptions generateOptions;
-  bool generateNoCache = false, generateTiming = false;
+  bool generateNoCache = false, generateTiming = false, generateTensor = false;
+  int generateProcs = 1;
   // ckpt inspect, consolidate (under the base commands' `ckpt`)
   CLI::App *ckptInspect = nullptr, *ckptConsolidate = nullptr;
   std::string ckptPath;

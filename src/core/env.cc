@@ -272,6 +272,7 @@ std::optional<std::string> azureStorageBearerToken() {
 }
 std::optional<std::string> storeToken() { return get(kStoreTokenVar); }
 std::optional<std::string> serveToken() { return get(kServeTokenVar); }
+std::optional<std::string> serveRankCgroup() { return get(kServeRankCgroupVar); }
 std::optional<std::string> urlCredentials() { return get(kUrlCredentialsVar); }
 std::optional<std::string> namedVariable(const std::string& name) { return get(name.c_str()); }
 

@@ -55,8 +55,12 @@ int generateCommand(const GenerateOptions& o, std::ostream& out) {
   torch::InferenceMode inference;
   ModelConfig mc = job.model;
   if (mc.vocabSize == 0) mc.vocabSize = m.vocabSize;
-  auto model = models::createModel(mc, {});
-  const std::string weights = loadTrainedWeights(*model, job, runDir);
+  std::shared_ptr<models::Model> model = o.model;
+  std::string weights = o.modelWeights;
+  if (model == nullptr) {
+    model = models::createModel(mc, {});
+    weights = loadTrainedWeights(*model, job, runDir);
+  }
   model->eval();
   const bool cached = o.kvCache && model->decodes();
   std::cerr << "cohort generate: weights from " << weights

@@ -48,12 +48,24 @@ DecodeRows decodeRows(const std::vector<at::Tensor>& rows, const std::vector<KvC
   return out;
 }
 
-at::Tensor lastOfEachRow(const at::Tensor& x, const DecodeRows& rows, const std::vector<KvCache*>& caches) {
-  std::vector<int64_t> last(rows.counts.size());
-  for (size_t r = 0; r < rows.counts.size(); ++r) {
-    caches[r]->length += rows.counts[r];
-    last[r] = rows.counts[r] - 1;
+void advanceCaches(const DecodeRows& rows, const std::vector<KvCache*>& caches) {
+  for (size_t r = 0; r < rows.counts.size(); ++r) caches[r]->length += rows.counts[r];
+}
+
+void checkStageInput(const at::Tensor& hidden, const DecodeRows& rows, int64_t width, const char* model) {
+  const auto b = static_cast<int64_t>(rows.counts.size());
+  const int64_t t = rows.tokens.size(1);
+  if (!hidden.defined() || hidden.dim() != 3 || hidden.size(0) != b || hidden.size(1) != t ||
+      hidden.size(2) != width) {
+    throw DataError(fmt::format("{}: a later pipeline stage decodes activations [{}, {}, {}], got [{}]", model, b,
+                                t, width, hidden.defined() ? fmt::format("{}", fmt::join(hidden.sizes(), ", ")) : ""));
   }
+}
+
+at::Tensor lastOfEachRow(const at::Tensor& x, const DecodeRows& rows, const std::vector<KvCache*>& caches) {
+  advanceCaches(rows, caches);
+  std::vector<int64_t> last(rows.counts.size());
+  for (size_t r = 0; r < rows.counts.size(); ++r) last[r] = rows.counts[r] - 1;
   const auto b = static_cast<int64_t>(last.size());
   return x.index({torch::arange(b, torch::kLong).to(x.device()), torch::tensor(last, torch::kLong).to(x.device())});
 }

@@ -28,6 +28,13 @@ struct DecodeRows {
 DecodeRows decodeRows(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches, int64_t capacity,
                       const char* model, const at::Device& device);
 
+// After a part's blocks: each cache advanced by its row's count.
+void advanceCaches(const DecodeRows& rows, const std::vector<KvCache*>& caches);
+
+// The residual stream a pipeline stage takes from the stage before for
+// `rows`: [rows, longest row, width]. Throws DataError naming `model`.
+void checkStageInput(const at::Tensor& hidden, const DecodeRows& rows, int64_t width, const char* model);
+
 // After the blocks: each cache advanced by its row's count, and x [rows,
 // longest, C] at each row's last new token: [rows, C].
 at::Tensor lastOfEachRow(const at::Tensor& x, const DecodeRows& rows, const std::vector<KvCache*>& caches);

@@ -188,14 +188,30 @@ class Gpt : public Model {
     return {{kTiedHeadName, "transformer.wte.weight"}};
   }
 
-  bool decodes() const override { return part_.whole(); }
+  bool decodes() const override { return true; }
 
   at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches) override {
-    if (!part_.whole()) throw Error("gpt: a part of the model (a pipeline stage) cannot decode");
+    if (!part_.whole()) throw Error("gpt: a part of the model (a pipeline stage) decodes with decodePart");
+    return decodePart({}, rows, caches);
+  }
+
+  at::Tensor decodePart(const at::Tensor& hidden, const std::vector<at::Tensor>& rows,
+                        const std::vector<KvCache*>& caches) override {
     Transformer& tr = transformer_;
-    const DecodeRows batch = decodeRows(rows, caches, blockSize_, "gpt", tr->wte->weight.device());
-    at::Tensor x = tr->drop(tr->wte(batch.tokens) + tr->wpe(batch.positions));
+    const at::Device device = part_.input ? tr->wte->weight.device() : hidden.device();
+    const DecodeRows batch = decodeRows(rows, caches, blockSize_, "gpt", device);
+    at::Tensor x;
+    if (part_.input) {
+      x = tr->drop(tr->wte(batch.tokens) + tr->wpe(batch.positions));
+    } else {
+      checkStageInput(hidden, batch, nEmbd_, "gpt");
+      x = hidden;
+    }
     for (size_t i = 0; i < tr->blocks.size(); ++i) x = tr->blocks[i]->decode(x, caches, i, batch, blockSize_);
+    if (!part_.output) {
+      advanceCaches(batch, caches);
+      return x;
+    }
     x = lastOfEachRow(x, batch, caches);
     return torch::linear(tr->ln_f(x), tr->wte->weight);
   }

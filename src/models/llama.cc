@@ -166,19 +166,34 @@ class Llama : public Model {
     return {{kLlamaHeadName, kLlamaEmbeddingName}};
   }
 
-  bool decodes() const override { return part_.whole(); }
+  bool decodes() const override { return true; }
 
   at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches) override {
-    if (!part_.whole()) throw Error("llama: a part of the model (a pipeline stage) cannot decode");
-    const at::Device device = body_->embed_tokens->weight.device();
+    if (!part_.whole()) throw Error("llama: a part of the model (a pipeline stage) decodes with decodePart");
+    return decodePart({}, rows, caches);
+  }
+
+  at::Tensor decodePart(const at::Tensor& hidden, const std::vector<at::Tensor>& rows,
+                        const std::vector<KvCache*>& caches) override {
+    const at::Device device = part_.input ? body_->embed_tokens->weight.device() : hidden.device();
     const DecodeRows batch = decodeRows(rows, caches, o_.blockSize, "llama", device);
     tables(device);
     // Each row's angles at its own positions: [B, 1, T, D].
     const at::Tensor cos = cos_.index({batch.positions}).unsqueeze(1);
     const at::Tensor sin = sin_.index({batch.positions}).unsqueeze(1);
-    at::Tensor x = body_->embed_tokens(batch.tokens);
+    at::Tensor x;
+    if (part_.input) {
+      x = body_->embed_tokens(batch.tokens);
+    } else {
+      checkStageInput(hidden, batch, o_.nEmbd, "llama");
+      x = hidden;
+    }
     for (size_t i = 0; i < body_->layers.size(); ++i) {
       x = body_->layers[i]->decode(x, cos, sin, caches, i, batch, o_.blockSize);
+    }
+    if (!part_.output) {
+      advanceCaches(batch, caches);
+      return x;
     }
     return head(body_->norm(lastOfEachRow(x, batch, caches)));
   }

@@ -30,7 +30,11 @@ at::Tensor restrided(const at::Tensor& t, at::MemoryFormat format) {
 }  // namespace
 
 at::Tensor Model::decode(const std::vector<at::Tensor>&, const std::vector<KvCache*>&) {
-  throw Error("this model keeps no key/value cache (only the gpt decodes position by position)");
+  throw Error("this model keeps no key/value cache (only gpt and llama decode position by position)");
+}
+
+at::Tensor Model::decodePart(const at::Tensor&, const std::vector<at::Tensor>&, const std::vector<KvCache*>&) {
+  throw Error("this model keeps no key/value cache (only gpt and llama decode position by position)");
 }
 
 at::Tensor Model::compute(const at::Tensor& input) {

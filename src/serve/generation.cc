@@ -34,7 +34,11 @@ TokenChoice choiceOf(const at::Tensor& logits, int64_t token, int64_t top) {
 
 Generation::Generation(GenerateRequest r, const ServeState& s, bool cached)
     : request(std::move(r)), seq(request.prompt, s.info.blockSize, cached), promptTokens(request.prompt.size()),
-      generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)) {}
+      generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)), batcher(s.batcher) {}
+
+Generation::~Generation() {
+  if (seq.cached()) batcher.endSequence(seq.cache());
+}
 
 void Generation::step(ServeState& s) {
   if (s.stopping.load()) {

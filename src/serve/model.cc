@@ -30,6 +30,7 @@
 #include "cohort/storage/storage.h"
 #include "cohort/core/malloc_policy.h"
 #include "cohort/infer/weights.h"
+#include "serve/detail/split.h"
 
 namespace cohort::serve {
 
@@ -280,7 +281,10 @@ std::string describeSizes(const at::Tensor& t) {
   return s + "]";
 }
 
-// Throws DataError unless `input` is what `info` takes (the contract in model.h).
+}  // namespace
+
+namespace detail {
+
 void checkInput(const at::Tensor& input, const ModelInfo& info) {
   if (info.tokens || info.texts) {
     if (input.dim() != 2 || input.scalar_type() != torch::kLong) {
@@ -303,6 +307,12 @@ void checkInput(const at::Tensor& input, const ModelInfo& info) {
                                 describeSizes(input)));
   }
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::checkInput;
 
 class ZooPredictor : public Predictor {
  public:

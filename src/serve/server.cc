@@ -27,6 +27,7 @@
 #include "serve/detail/openai.h"
 #include "serve/detail/request.h"
 #include "serve/detail/serve_metrics.h"
+#include "serve/detail/split.h"
 
 namespace cohort::serve {
 
@@ -50,6 +51,8 @@ void validate(const ServeOptions& o) {
   require(o.drainSeconds >= 0 && o.drainSeconds <= 86400,
           fmt::format("--drain-seconds must be in [0, 86400], got {}", o.drainSeconds));
   require(o.computeThreads >= 0, fmt::format("--compute-threads must be >= 0, got {}", o.computeThreads));
+  require(o.procs >= 1, fmt::format("--procs {}: must be >= 1", o.procs));
+  require(!o.tensor || o.procs >= 2, fmt::format("--tensor: needs --procs 2 or more, got {}", o.procs));
 }
 
 // The bearer token: --token-file (owner-only), else $COHORT_SERVE_TOKEN.
@@ -135,6 +138,7 @@ void configure(httplib::Server& server, detail::ServeState& state, const std::st
 }  // namespace
 
 int serveCommand(const ServeOptions& o) {
+  if (o.splitRank >= 0) return detail::runSplitRank(o);
   validate(o);
   const std::string token = bearerToken(o);
   // Before any thread starts, so that every thread inherits the mask and
@@ -142,7 +146,16 @@ int serveCommand(const ServeOptions& o) {
   BlockedSignals signals({SIGTERM, SIGINT});
   if (o.computeThreads > 0) at::set_num_threads(o.computeThreads);
 
-  std::unique_ptr<Predictor> predictor = openPredictor(o.model, o.job);
+  std::unique_ptr<Predictor> predictor;
+  if (o.procs > 1) {
+    SplitOptions so;
+    so.procs = o.procs;
+    so.tensor = o.tensor;
+    so.computeThreads = o.computeThreads;
+    predictor = openSplitPredictor(o.model, o.job, so);
+  } else {
+    predictor = openPredictor(o.model, o.job);
+  }
   const ModelInfo& info = predictor->info();
   detail::ServeMetrics metrics;
   detail::BatcherOptions bo;
@@ -179,12 +192,17 @@ int serveCommand(const ServeOptions& o) {
   std::cout << "listening on http://" << http::bracketed(o.host) << ":" << port << std::endl;
 
   int sig = 0;
-  while (sig == 0) sig = signals.wait(std::chrono::milliseconds(500));
+  std::string broken;  // a split model's rank ended: the server stops, and fails
+  while (sig == 0 && broken.empty()) {
+    sig = signals.wait(std::chrono::milliseconds(200));
+    broken = predictor->broken();
+  }
   // Draining: new work gets 503 (the socket stays open so that clients learn
   // it) and in-flight requests are answered, their batches run without
   // waiting to fill, for at most --drain-seconds; what still waits for the
   // model then gets 503; then the socket closes.
-  log::info("serve: {}: draining {} requests in flight", strsignal(sig), metrics.inFlight.load());
+  log::info("serve: {}: draining {} requests in flight", sig != 0 ? strsignal(sig) : broken.c_str(),
+            metrics.inFlight.load());
   state.draining = true;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drainSeconds);
   // Nothing new will fill a batch: run what waits at once (with no time to
@@ -202,6 +220,10 @@ int serveCommand(const ServeOptions& o) {
   // join waits for.
   state.stopping = true;
   listener.stop();
+  if (!broken.empty()) {
+    log::error("serve: stopped: {}", broken);
+    return 1;
+  }
   log::info("serve: stopped");
   return 0;
 }

@@ -146,6 +146,13 @@ std::optional<std::string> storeToken();
 inline constexpr const char* kServeTokenVar = "COHORT_SERVE_TOKEN";
 std::optional<std::string> serveToken();
 
+// COHORT_SERVE_RANK_CGROUP: a cgroup directory (with "{rank}" in it) each
+// rank of a split model (`cohort serve --procs N`) moves itself into
+// before it loads anything, {rank} replaced by its rank: per-rank memory
+// limits an operator (or a test) set up beforehand.
+inline constexpr const char* kServeRankCgroupVar = "COHORT_SERVE_RANK_CGROUP";
+std::optional<std::string> serveRankCgroup();
+
 inline constexpr const char* kUrlCredentialsVar = "COHORT_URL_CREDENTIALS";
 std::optional<std::string> urlCredentials();
 

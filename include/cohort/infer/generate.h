@@ -4,11 +4,13 @@
 // can see what it learned.
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "cohort/infer/decoding.h"
+#include "cohort/models/model.h"
 
 namespace cohort::infer {
 
@@ -20,6 +22,11 @@ struct GenerateOptions {
   std::vector<std::string> stops;  // the text ends before the first of them
   bool kvCache = true;       // false: the whole window again for every token (to compare)
   std::ostream* timing = nullptr;  // when set: a line of tokens/s and first-token latency
+  // When set, the model to sample from instead of building the run's (a
+  // split model's front, `cohort generate --procs N`); `modelWeights` says
+  // where its weights are, for the first line.
+  std::shared_ptr<models::Model> model;
+  std::string modelWeights;
 };
 
 // Loads RUN_DIR's resolved job, builds its model (model.arch: gpt) with the

@@ -69,8 +69,8 @@ class Model : public torch::nn::Module {
   // fine-tuned from a pretrained encoder.
   virtual std::vector<std::string> optionalWeights() const { return {}; }
 
-  // Language models that keep a KvCache (the GPT; not a TorchScript
-  // module): decode() works.
+  // Language models that keep a KvCache (gpt, llama; not a TorchScript
+  // module): decode() works on the whole model, decodePart() on any part.
   virtual bool decodes() const { return false; }
   // Token rows that continue the sequences of `caches` (one cache per row,
   // each of its own length L_r; rows[r] [T_r] int64 of its own length):
@@ -83,6 +83,18 @@ class Model : public torch::nn::Module {
   // block_size (the caller starts a shorter sequence instead), Error for a
   // model that does not decode.
   virtual at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<KvCache*>& caches);
+  // decode() of a pipeline stage's part (ModelPart) of such a model: the
+  // same rows, each cache holding this part's blocks only (by their index in
+  // the part), and `hidden` what the part before returned for these rows
+  // ([rows, longest row, n_embd]; the part that holds the input embeds
+  // `rows` instead and takes an undefined tensor). Returns what the part
+  // after takes, or, from the part that holds the output, decode()'s logits
+  // [rows, vocab]; each cache then holds its row's new positions too. Parts
+  // without the input read only the lengths of `rows`. decode() is this on
+  // the whole model. Throws as decode() does, and DataError for `hidden` of
+  // another shape.
+  virtual at::Tensor decodePart(const at::Tensor& hidden, const std::vector<at::Tensor>& rows,
+                                const std::vector<KvCache*>& caches);
 
  protected:
   // `images` in the layout the model computes in; forward() starts with it.

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -136,10 +137,58 @@ class Predictor {
   // decode.
   virtual bool decodes() const { return false; }
   virtual at::Tensor decode(const std::vector<at::Tensor>& rows, const std::vector<models::KvCache*>& caches);
+  // The sequence of `cache` ended: a predictor that keeps state of its own
+  // per cache (a split model's ranks keep the keys and values) drops it.
+  // Thread-safe: called from any thread, while another forwards; a later
+  // decode() may still name the cache only if it was cleared (length 0).
+  virtual void endSequence(const models::KvCache& cache) { (void)cache; }
+  // Why the predictor can answer no more (a split model's rank ended); ""
+  // while it can. Thread-safe.
+  virtual std::string broken() const { return ""; }
 };
 
 // A Predictor for MODEL: any of the forms above, a TorchScript export too.
 std::unique_ptr<Predictor> openPredictor(const std::string& model, const std::string& jobPath = "");
+
+// How a language model is split across local rank processes (`cohort serve
+// --procs N`): N pipeline stages of consecutive blocks, one per process.
+struct SplitOptions {
+  int procs = 2;
+  // Tensor parallel instead: every rank holds a slice of every layer (the
+  // Megatron-LM cuts of parallel/tensor_model.h) over one tensor group of
+  // the N ranks, and returns its slice of the vocabulary's logits. Such a
+  // model keeps no key/value cache (decodes() is false): generation runs
+  // the whole window each token.
+  bool tensor = false;
+  std::string exe;          // the cohort-torch program the ranks run; "": launch::engineExecutable()
+  int computeThreads = 0;   // each rank's intra-op threads; 0: LibTorch's default
+  // Loading the ranks, and each forward or decode, waits at most this.
+  std::chrono::milliseconds timeout{300000};
+};
+
+// A Predictor for a gpt or llama MODEL (as openPredictor's) split across
+// o.procs rank processes this process starts (`exe serve MODEL --procs N
+// --split-rank r ...`) and joins over Gloo as a member that holds no
+// weights: each rank builds and loads only its stage's blocks (the first
+// also the embeddings, the last the final norm and head), read one tensor
+// at a time; it keeps the key/value caches of its own blocks, by an id this
+// process gives each cache. forward() and decode() send the tokens to the
+// ranks, the stages pass activations on, the last returns the logits (with
+// o.tensor: every rank computes its slice of every layer, and of the
+// logits, which this process puts together). A
+// rank that ends makes every call after throw Error naming it (broken());
+// destroying the predictor stops the ranks (bounded). Throws UsageError for
+// --procs outside 1..the model's blocks (with o.tensor: a count that does
+// not divide the heads, the MLP or the vocabulary) or a model that is not
+// gpt or llama, Error when a rank ends while loading (its log above says why),
+// TimeoutError when loading takes longer than o.timeout.
+std::unique_ptr<Predictor> openSplitPredictor(const std::string& model, const std::string& jobPath,
+                                              const SplitOptions& o);
+
+// `predictor` as a models::Model, for code that samples from a model
+// (infer::generateCommand): forward, decodes and decode are the
+// predictor's; it has no parameters.
+std::shared_ptr<models::Model> predictorModel(std::unique_ptr<Predictor> predictor);
 
 // The tokenizer of a language model's `info`: info.text, or the byte
 // tokenizer. Throws DataError when the model's tokenizer is not here.

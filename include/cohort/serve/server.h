@@ -27,11 +27,21 @@ struct ServeOptions {
   int computeThreads = 0;        // intra-op threads for the model; 0: LibTorch's default
   double drainSeconds = 60;      // after SIGTERM, how long requests in flight may take; then 503
   std::string modelName;         // --model-name: the OpenAI API's model; "": MODEL's base name
+  // --procs N: the model split across N local rank processes, N pipeline
+  // stages (openSplitPredictor in serve/model.h); 1: this process holds it.
+  int procs = 1;
+  bool tensor = false;  // --tensor: the N ranks split every layer (tensor parallel), not into stages
+  // Internal, what the front gives the ranks it starts: this process is
+  // rank splitRank of a split model, its group's store on
+  // 127.0.0.1:splitStorePort. -1: not a rank.
+  int splitRank = -1;
+  int splitStorePort = 0;
 };
 
 // Serves until SIGTERM or SIGINT, then stops taking requests, answers those
 // in flight (those still waiting for the model after drainSeconds get 503)
-// and returns 0. Throws UsageError for bad options (e.g. a
+// and returns 0; a split model whose rank ended stops it the same way and
+// returns 1. With splitRank >= 0, runs that rank instead (its exit code). Throws UsageError for bad options (e.g. a
 // non-loopback host without a token) and what loading MODEL throws.
 int serveCommand(const ServeOptions& options);
 

@@ -72,6 +72,9 @@ class Batcher {
   // waiting). Invalid (no state) when the queue is full.
   std::future<at::Tensor> submitDecode(at::Tensor tokens, std::shared_ptr<models::KvCache> cache);
 
+  // The sequence of `cache` ended (Predictor::endSequence). Thread-safe.
+  void endSequence(const models::KvCache& cache) { predictor_.endSequence(cache); }
+
   // The server drains: no new request will fill a batch, so from now on
   // batches run as soon as an input waits, without maxDelay. Non-blocking.
   void drain();

@@ -71,7 +71,12 @@ struct Generation {
   // With request.logprobs >= 0: one per completion token, in order.
   std::vector<TokenChoice> choices;
 
+  Batcher& batcher;  // told when the sequence ends (Predictor::endSequence)
+
   Generation(GenerateRequest r, const ServeState& s, bool cached);
+  ~Generation();
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
 
   bool done() const { return stopped || generated >= request.maxTokens; }
 
