@@ -23,6 +23,11 @@ int64_t KvPool::blocksTotal() const {
   return total_;
 }
 
+int64_t KvPool::blocksReserved() const {
+  std::lock_guard<std::mutex> g(mutex_);
+  return reserved_;
+}
+
 int64_t KvPool::bytesPerBlock() const {
   std::lock_guard<std::mutex> g(mutex_);
   return bytesPerBlock_;
@@ -58,8 +63,9 @@ at::Tensor& KvPool::storage(std::vector<at::Tensor>& of, size_t layer, int64_t k
   const int64_t blocks = blocksTotal();
   const int64_t have = s.defined() ? s.size(0) / blockTokens_ : 0;
   if (blocks <= have && s.defined()) return s;
-  // Grow by half or more, so that a pool filling up copies O(log n) times.
-  const int64_t want = std::max({blocks, have + have / 2, int64_t{4}});
+  // Grow by a quarter or more: a pool filling up copies O(log n) times, and
+  // reserves at most a quarter beyond what was handed out.
+  const int64_t want = std::max({blocks, have + have / 4, int64_t{4}});
   at::Tensor grown = torch::zeros({want * blockTokens_, kvHeads, headDim}, options);
   if (s.defined()) grown.narrow(0, 0, s.size(0)).copy_(s);
   s = grown;
@@ -71,6 +77,7 @@ at::Tensor& KvPool::storage(std::vector<at::Tensor>& of, size_t layer, int64_t k
   }
   std::lock_guard<std::mutex> g(mutex_);
   bytesPerBlock_ = std::max(bytesPerBlock_, bytes);
+  reserved_ = std::max(reserved_, want);
   return s;
 }
 

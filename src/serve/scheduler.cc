@@ -115,7 +115,7 @@ void Scheduler::publish(int64_t waiting) {
   metrics_.queueDepth = waiting;
   metrics_.requestsRunning = static_cast<int64_t>(running_.size());
   metrics_.kvBlocksInUse = pool_->blocksInUse();
-  metrics_.kvBlocksTotal = pool_->blocksTotal();
+  metrics_.kvBlocksTotal = pool_->blocksReserved();
   metrics_.kvBlockBytes = pool_->bytesPerBlock();
 }
 
@@ -204,7 +204,10 @@ void Scheduler::iterate() {
     return;
   }
   metrics_.batch(static_cast<int64_t>(rows.size()), secondsSince(start));
-  int64_t tokens = 0;
+  // The tokens go to their requests last, once the metrics count them and
+  // the generations that are done have left (their blocks back): a client
+  // that has its last token finds them so at /metrics.
+  std::vector<std::pair<std::shared_ptr<Ticket>, TokenChoice>> handed;
   for (size_t k = 0; k < order.size(); ++k) {
     if (!complete[k]) continue;  // a prompt part-way in: its next part next time
     Running& r = *running_[order[k]];
@@ -219,20 +222,24 @@ void Scheduler::iterate() {
     }
     r.seq.append(token);
     ++r.generated;
-    ++tokens;
     if (r.generated == 1) {
       metrics_.firstToken(secondsSince(r.arrived));
     } else {
       metrics_.betweenTokens(secondsSince(r.last));
     }
     r.last = SchedulerClock::now();
-    r.ticket->push(std::move(c));
+    handed.emplace_back(r.ticket, std::move(c));
   }
-  metrics_.generatedTokens += tokens;
+  metrics_.generatedTokens += static_cast<int64_t>(handed.size());
   // Those that reached max_tokens leave now.
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](const auto& r) { return r->generated >= r->request.maxTokens; }),
                  running_.end());
+  metrics_.requestsRunning = static_cast<int64_t>(running_.size());
+  metrics_.kvBlocksInUse = pool_->blocksInUse();
+  metrics_.kvBlocksTotal = pool_->blocksReserved();
+  metrics_.kvBlockBytes = pool_->bytesPerBlock();
+  for (auto& [ticket, c] : handed) ticket->push(std::move(c));
 }
 
 }  // namespace cohort::serve::detail

@@ -100,7 +100,7 @@ std::string ServeMetrics::render() const {
             static_cast<double>(requestsRunning.load()));
     t.gauge("cohort_serve_kv_cache_blocks_in_use", "Key/value cache blocks held by running generations",
             static_cast<double>(kvBlocksInUse.load()));
-    t.gauge("cohort_serve_kv_cache_blocks", "Key/value cache blocks the pool has room for",
+    t.gauge("cohort_serve_kv_cache_blocks", "Key/value cache blocks the pool's memory has room for",
             static_cast<double>(kvBlocksTotal.load()));
     t.gauge("cohort_serve_kv_cache_block_bytes", "Bytes of one key/value cache block over all layers",
             static_cast<double>(kvBlockBytes.load()));

@@ -68,6 +68,8 @@ TEST(KvPool, BlocksFollowTheTokensHeldAndComeBack) {
     EXPECT_EQ(pool->blocksInUse(), 3);
     EXPECT_EQ(other.length, 0);
     EXPECT_EQ(pool->blocksTotal(), 4);
+    EXPECT_GE(pool->blocksReserved(), 4) << "the storage has room for every block handed out";
+    EXPECT_LE(pool->blocksReserved(), 5) << "and at most a quarter more";
   }
   EXPECT_EQ(pool->blocksInUse(), 0) << "a dropped cache gives its blocks back";
   KvCache again(pool);

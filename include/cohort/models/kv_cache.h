@@ -13,8 +13,8 @@
 // share a pool (cohort serve: every running generation), or a cache makes
 // a private one at its first decode (cohort generate, tests).
 //
-// The storage grows when blocks beyond it are handed out (by half its size
-// or more, copying what it holds) and keeps its size: the pool holds its
+// The storage grows when blocks beyond it are handed out (by a quarter of
+// its size or more, copying what it holds) and keeps its size: the pool holds its
 // peak, what the caches hold follows their tokens. Freed blocks are reused
 // first.
 
@@ -37,10 +37,13 @@ class KvPool {
   KvPool& operator=(const KvPool&) = delete;
 
   int64_t blockTokens() const { return blockTokens_; }
-  // Blocks held by caches, and blocks handed out at most so far (the
-  // storage has room for these). Thread-safe.
+  // Blocks held by caches; block ids handed out so far (in use or free);
+  // blocks the storage has room for (its memory: blocksReserved() x
+  // bytesPerBlock(); at least blocksTotal() once decoded, at most a quarter
+  // more). Thread-safe.
   int64_t blocksInUse() const;
   int64_t blocksTotal() const;
+  int64_t blocksReserved() const;
   // Bytes of storage per block over every layer (keys and values), once
   // the first decode has made the storage; 0 before.
   int64_t bytesPerBlock() const;
@@ -71,6 +74,7 @@ class KvPool {
   int64_t inUse_ = 0;
   std::vector<at::Tensor> keys_, values_;  // per layer, the decoding thread's
   int64_t bytesPerBlock_ = 0;
+  int64_t reserved_ = 0;
 };
 
 // One sequence's positions in a pool. Made empty; Model::decode fills it,
