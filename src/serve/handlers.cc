@@ -121,7 +121,8 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
   }
   std::shared_ptr<Generation> g;
   try {
-    g = std::make_shared<Generation>(parseGenerate(body, s.info, s.options.maxNewTokens, s.options.truncatePrompt), s, s.decodes);
+    g = std::make_shared<Generation>(
+        parseGenerate(body, s.info, s.options.maxNewTokens, s.options.truncatePrompt), s, s.decodes);
   } catch (const DataError& e) {
     replyError(res, 400, e.what());
     return;

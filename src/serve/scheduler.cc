@@ -83,8 +83,8 @@ Scheduler::~Scheduler() {
   }
   cv_.notify_all();
   thread_.join();
-  const auto stopped =
-      std::make_exception_ptr(Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed"));
+  const auto stopped = std::make_exception_ptr(
+      Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed"));
   for (auto& w : waiting_) w->ticket->fail(stopped);
   for (auto& r : running_) r->ticket->fail(stopped);
 }
@@ -124,8 +124,9 @@ void Scheduler::loop() {
   // calling thread's own setting.
   if (options_.computeThreads > 0) at::set_num_threads(options_.computeThreads);
   auto purge = [&] {
-    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [](const auto& w) { return w->ticket->cancelled(); }),
-                   waiting_.end());
+    waiting_.erase(
+        std::remove_if(waiting_.begin(), waiting_.end(), [](const auto& w) { return w->ticket->cancelled(); }),
+        waiting_.end());
   };
   while (true) {
     {
