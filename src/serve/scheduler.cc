@@ -170,8 +170,9 @@ void Scheduler::loop() {
 
 void Scheduler::iterate() {
   // Sequences whose handler is done with them leave: their blocks go back.
-  running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& r) { return r->ticket->cancelled(); }),
-                 running_.end());
+  running_.erase(
+      std::remove_if(running_.begin(), running_.end(), [](const auto& r) { return r->ticket->cancelled(); }),
+      running_.end());
   if (running_.empty()) return;
   // Rows under way (one token each) first, then prompts and refills in the
   // order they came, each at least one token, the rest within stepTokens.
