@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "cohort/ckpt/tools.h"
 #include "cohort/core/error.h"
@@ -195,6 +196,17 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
                      "With --procs N: split every layer over the N processes (tensor parallel), not into stages");
   serveCmd->add_option("--split-rank", so2.splitRank, "(internal) run one rank of a split model")->group("");
   serveCmd->add_option("--split-store", so2.splitStorePort, "(internal) the split model's store port")->group("");
+  serveCmd->add_option("--max-step-tokens", so2.maxStepTokens,
+                       "Generation: tokens one step feeds the model beyond one per running generation "
+                       "(longer prompts are fed over several steps)")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  serveCmd->add_option("--kv-block-tokens", so2.kvBlockTokens, "Generation: positions per key/value cache block")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  static const std::map<std::string, serve::TruncatePrompt> kTruncations{{"none", serve::TruncatePrompt::none},
+                                                                        {"left", serve::TruncatePrompt::left}};
+  serveCmd->add_option("--truncate-prompt", so2.truncatePrompt,
+                       "A prompt longer than block_size: none (400) or left (keep its last block_size - 1 tokens)")
+      ->transform(CLI::CheckedTransformer(kTruncations));
 
   scoreCmd = app.add_subcommand("score", engineCommandDescription("score"));
   scoreCmd->add_option("model", scoreOptions.model, modelHelp)->required();

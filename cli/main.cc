@@ -11,6 +11,7 @@
 //   cohort generate RUN_DIR --prompt TEXT --tokens N [--top-p P] [--stop S] [--no-kv-cache]
 //   cohort export MODEL --format onnx|torchscript|safetensors|huggingface [--out PATH] [--batch dynamic|N]
 //   cohort serve MODEL [--port P] [--host H] [--max-batch B] [--max-delay-ms D] [--threads T]
+//                [--max-step-tokens N] [--kv-block-tokens N] [--truncate-prompt none|left]
 //   cohort score MODEL --data DATA --out predictions.jsonl [--procs N]
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
 //   cohort logs RUN_DIR [--rank r] [--follow]

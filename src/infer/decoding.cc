@@ -40,8 +40,9 @@ int64_t sampleNext(const at::Tensor& logits, const Sampling& s, at::Generator& g
   return torch::multinomial(probs, 1, false, gen).item<int64_t>();
 }
 
-Sequence::Sequence(std::vector<int64_t> prompt, int64_t blockSize, bool cached)
-    : tokens_(std::move(prompt)), blockSize_(blockSize), cached_(cached) {}
+Sequence::Sequence(std::vector<int64_t> prompt, int64_t blockSize, bool cached, std::shared_ptr<models::KvPool> pool)
+    : tokens_(std::move(prompt)), blockSize_(blockSize), cached_(cached),
+      cache_(std::make_shared<models::KvCache>(std::move(pool))) {}
 
 std::vector<int64_t> Sequence::input() {
   const size_t block = static_cast<size_t>(blockSize_);

@@ -45,6 +45,46 @@ DecodeRows decodeRows(const std::vector<at::Tensor>& rows, const std::vector<KvC
   }
   out.tokens = out.tokens.to(device);
   out.positions = out.positions.to(device);
+  // Blocks for the new positions, then the slots of every row's positions,
+  // gathered per pool.
+  std::vector<int64_t> ends(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    KvCache& c = *caches[r];
+    if (c.pool == nullptr) c.pool = std::make_shared<KvPool>();
+    ends[r] = out.lengths[r] + out.counts[r];
+    out.longest = std::max(out.longest, ends[r]);
+    const int64_t bt = c.pool->blockTokens();
+    const int64_t need = (ends[r] + bt - 1) / bt - static_cast<int64_t>(c.blocks.size());
+    if (need > 0) {
+      const std::vector<int64_t> more = c.pool->allocate(need);
+      c.blocks.insert(c.blocks.end(), more.begin(), more.end());
+    }
+  }
+  std::vector<size_t> todo(rows.size());
+  for (size_t r = 0; r < todo.size(); ++r) todo[r] = r;
+  while (!todo.empty()) {
+    KvPool* pool = caches[todo.front()]->pool.get();
+    const int64_t bt = pool->blockTokens();
+    std::vector<int64_t> members, source, dest, read;
+    std::vector<size_t> rest;
+    for (size_t r : todo) {
+      const KvCache& c = *caches[r];
+      if (c.pool.get() != pool) {
+        rest.push_back(r);
+        continue;
+      }
+      members.push_back(static_cast<int64_t>(r));
+      auto slot = [&](int64_t p) { return c.blocks[static_cast<size_t>(p / bt)] * bt + p % bt; };
+      for (int64_t i = 0; i < out.counts[r]; ++i) {
+        source.push_back(static_cast<int64_t>(r) * t + i);
+        dest.push_back(slot(out.lengths[r] + i));
+      }
+      for (int64_t p = 0; p < out.longest; ++p) read.push_back(p < ends[r] ? slot(p) : 0);
+    }
+    auto onDevice = [&](const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong).to(device); };
+    out.groups.push_back({pool, onDevice(members), onDevice(source), onDevice(dest), onDevice(read)});
+    todo = std::move(rest);
+  }
   return out;
 }
 
@@ -71,39 +111,38 @@ at::Tensor lastOfEachRow(const at::Tensor& x, const DecodeRows& rows, const std:
 }
 
 at::Tensor cachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const std::vector<KvCache*>& caches, size_t layer, const DecodeRows& rows,
-                           int64_t capacity) {
+                           const std::vector<KvCache*>& /*caches: rows.groups has their slots*/, size_t layer,
+                           const DecodeRows& rows, int64_t /*capacity*/) {
   const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3), kv = k.size(1);
   const int64_t group = heads / kv;
   const std::vector<int64_t>& lengths = rows.lengths;
   const std::vector<int64_t>& counts = rows.counts;
-  int64_t longest = 0;
+  const int64_t longest = rows.longest;
   bool ragged = false;
-  for (int64_t r = 0; r < b; ++r) {
-    const auto i = static_cast<size_t>(r);
-    KvCache& kc = *caches[i];
-    if (kc.keys.size() <= layer) {
-      kc.keys.push_back(torch::zeros({kv, capacity, d}, k.options()));
-      kc.values.push_back(torch::zeros({kv, capacity, d}, v.options()));
-    }
-    kc.keys[layer].narrow(1, lengths[i], counts[i]).copy_(k[r].narrow(1, 0, counts[i]));
-    kc.values[layer].narrow(1, lengths[i], counts[i]).copy_(v[r].narrow(1, 0, counts[i]));
-    ragged = ragged || (r > 0 && lengths[i] + counts[i] != longest);
-    longest = std::max(longest, lengths[i] + counts[i]);
-  }
+  for (size_t r = 0; r < counts.size(); ++r) ragged = ragged || lengths[r] + counts[r] != longest;
+  // Each new position's key and value into its slot; then every row's
+  // positions 0 .. longest - 1 gathered from their slots, [B, KV, longest, D].
+  const at::Tensor newKeys = k.permute({0, 2, 1, 3}).reshape({b * t, kv, d});
+  const at::Tensor newValues = v.permute({0, 2, 1, 3}).reshape({b * t, kv, d});
   at::Tensor keys, values;
-  if (b == 1) {
-    keys = caches[0]->keys[layer].narrow(1, 0, longest).unsqueeze(0);
-    values = caches[0]->values[layer].narrow(1, 0, longest).unsqueeze(0);
-  } else {
-    keys = torch::zeros({b, kv, longest, d}, k.options());
-    values = torch::zeros({b, kv, longest, d}, v.options());
-    for (int64_t r = 0; r < b; ++r) {
-      const auto i = static_cast<size_t>(r);
-      const KvCache& kc = *caches[i];
-      const int64_t n = lengths[i] + counts[i];
-      keys[r].narrow(1, 0, n).copy_(kc.keys[layer].narrow(1, 0, n));
-      values[r].narrow(1, 0, n).copy_(kc.values[layer].narrow(1, 0, n));
+  for (const DecodeRows::Group& g : rows.groups) {
+    at::Tensor& keyStore = g.pool->keys(layer, kv, d, k.options());
+    at::Tensor& valueStore = g.pool->values(layer, kv, d, v.options());
+    keyStore.index_copy_(0, g.dest, newKeys.index_select(0, g.source));
+    valueStore.index_copy_(0, g.dest, newValues.index_select(0, g.source));
+    const int64_t n = g.rows.size(0);
+    const at::Tensor ks = keyStore.index_select(0, g.read).view({n, longest, kv, d}).permute({0, 2, 1, 3});
+    const at::Tensor vs = valueStore.index_select(0, g.read).view({n, longest, kv, d}).permute({0, 2, 1, 3});
+    if (rows.groups.size() == 1) {
+      keys = ks.contiguous();
+      values = vs.contiguous();
+    } else {
+      if (!keys.defined()) {
+        keys = torch::zeros({b, kv, longest, d}, k.options());
+        values = torch::zeros({b, kv, longest, d}, v.options());
+      }
+      keys.index_copy_(0, g.rows, ks);
+      values.index_copy_(0, g.rows, vs);
     }
   }
   // A group's query heads side by side against their one key/value head:

@@ -17,10 +17,23 @@ namespace cohort::models {
 // Model::decode's rows as one batch: tokens [rows, longest] padded with
 // token 0, each row's positions from its cache's length on (clamped below
 // `capacity`: padding positions stay inside a position table), on `device`.
+// Each cache has its blocks for the new positions (KvCache; a cache without
+// a pool gets a private one), and `groups` says where in the pools' slots
+// the new keys go and the rows' keys are read from: the same for every layer.
 struct DecodeRows {
   at::Tensor tokens, positions;
   std::vector<int64_t> lengths;  // positions each row's cache held before
   std::vector<int64_t> counts;   // each row's new tokens
+  int64_t longest = 0;           // the longest row's positions, cached and new
+  // The rows whose caches share one pool (usually all of them).
+  struct Group {
+    KvPool* pool = nullptr;
+    at::Tensor rows;    // [n] the group's rows
+    at::Tensor source;  // [new tokens] each new token's index in the batch's [rows * time] positions
+    at::Tensor dest;    // [new tokens] the slot it is written to
+    at::Tensor read;    // [n * longest] the slot of each row's positions 0 .. longest - 1 (padding: slot 0)
+  };
+  std::vector<Group> groups;
 };
 
 // Checks the rows and caches as Model::decode documents (DataError naming
@@ -41,8 +54,8 @@ at::Tensor lastOfEachRow(const at::Tensor& x, const DecodeRows& rows, const std:
 
 // Causal attention of q [B, H, T, D] over each row's cached keys and values
 // and the new k, v [B, KV, T, D] (KV divides H: query head h reads key/value
-// head h / (H / KV)), which are first written into caches[r] at block
-// `layer` (a cache keeps [KV, capacity, D] per block: the grouped heads
+// head h / (H / KV)), which are first written into caches[r]'s blocks at
+// layer `layer` (a pool keeps [KV, D] per position: the grouped heads
 // only). Row r's first counts[r] positions are its new tokens at positions
 // lengths[r] ..; the rest is padding, never seen. Returns [B, T, H D].
 at::Tensor cachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

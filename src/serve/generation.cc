@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "serve/detail/scheduler.h"
+
 namespace cohort::serve::detail {
 
 at::Tensor waitResult(const ServeState& s, std::future<at::Tensor>& f) {
@@ -37,12 +39,23 @@ Generation::Generation(GenerateRequest r, const ServeState& s, bool cached)
       generator(at::make_generator<at::CPUGeneratorImpl>(request.sampling.seed)), batcher(s.batcher) {}
 
 Generation::~Generation() {
-  if (seq.cached()) batcher.endSequence(seq.cache());
+  cancel();
+  // Without the scheduler, this generation's own cache was the sequence's.
+  if (ticket_ == nullptr && seq.cached()) batcher.endSequence(seq.cache());
+}
+
+void Generation::cancel() {
+  if (ticket_ != nullptr) ticket_->cancel();
 }
 
 void Generation::step(ServeState& s) {
   if (s.stopping.load()) {
+    cancel();
     throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
+  }
+  if (seq.cached() && s.scheduler != nullptr) {
+    stepScheduled(s);
+    return;
   }
   const at::Tensor input = torch::tensor(seq.input(), torch::kInt64);
   std::future<at::Tensor> future;
@@ -63,6 +76,34 @@ void Generation::step(ServeState& s) {
   if (const size_t stop = infer::findStop(text, request.stops); stop != std::string::npos) {
     text.resize(stop);
     stopped = true;
+  }
+}
+
+void Generation::stepScheduled(ServeState& s) {
+  if (ticket_ == nullptr) {
+    ticket_ = s.scheduler->submit(request);
+    if (ticket_ == nullptr) throw Unavailable("the queue of generations is full; retry later");
+  }
+  TokenChoice c;
+  const auto deadline = std::chrono::steady_clock::now() + kResultTimeout;
+  while (!ticket_->next(c, std::chrono::duration_cast<std::chrono::milliseconds>(kStoppingCheck))) {
+    if (s.stopping.load()) {
+      cancel();
+      throw Unavailable("the server is shutting down and the drain limit (--drain-seconds) has passed");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      cancel();
+      throw Error("the model did not answer within 5 minutes");
+    }
+  }
+  seq.append(c.token);
+  if (request.logprobs >= 0) choices.push_back(std::move(c));
+  ++generated;
+  text = textTokenizer(s.info).decode(completion());
+  if (const size_t stop = infer::findStop(text, request.stops); stop != std::string::npos) {
+    text.resize(stop);
+    stopped = true;
+    cancel();  // no more tokens of it: its place in the batch goes now
   }
 }
 

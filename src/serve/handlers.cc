@@ -91,7 +91,8 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
   }
   std::shared_ptr<Generation> g;
   try {
-    g = std::make_shared<Generation>(parseGenerate(body, s.info, s.options.maxNewTokens), s, s.decodes);
+    g = std::make_shared<Generation>(
+        parseGenerate(body, s.info, s.options.maxNewTokens, s.options.truncatePrompt), s, s.decodes);
   } catch (const DataError& e) {
     replyError(res, 400, e.what());
     return;
@@ -112,6 +113,12 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
   // its last line.
   res.set_chunked_content_provider(
       "application/x-ndjson", [&s, g, slot](size_t, httplib::DataSink& sink) {
+        // A client that went away: its generation leaves the batch (and its
+        // cache's blocks go back) at the scheduler's next iteration.
+        if (!sink.is_writable()) {
+          g->cancel();
+          return false;
+        }
         std::string line;
         if (g->done()) {
           json last = g->summary(s);
@@ -131,7 +138,11 @@ void generate(ServeState& s, const httplib::Request&, const std::string& body, h
           sink.done();
           return true;
         }
-        return sink.write(line.data(), line.size());
+        if (!sink.write(line.data(), line.size())) {
+          g->cancel();
+          return false;
+        }
+        return true;
       });
 }
 

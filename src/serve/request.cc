@@ -279,7 +279,29 @@ PredictRequest parsePredictJsonGeneral(const std::string& body, const ModelInfo&
   return r;
 }
 
-GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens) {
+void fitPrompt(std::vector<int64_t>& prompt, const ModelInfo& info, TruncatePrompt truncate) {
+  // An id beyond the model's embedding would fail the forward of the whole
+  // batch this prompt joins (batcher.cc, scheduler.cc): refuse it here, alone.
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= info.vocabSize) {
+      throw DataError(fmt::format("the prompt's token {} is id {}: the model's vocabulary is 0..{}", i, prompt[i],
+                                  info.vocabSize - 1));
+    }
+  }
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (n <= info.blockSize) return;
+  if (truncate == TruncatePrompt::left) {
+    const int64_t keep = std::max<int64_t>(info.blockSize - 1, 1);
+    prompt.erase(prompt.begin(), prompt.begin() + (n - keep));
+    return;
+  }
+  throw DataError(fmt::format("the prompt is {} tokens: the model reads at most {} (block_size); shorten it, or "
+                              "start the server with --truncate-prompt left to keep its last {}",
+                              n, info.blockSize, std::max<int64_t>(info.blockSize - 1, 1)));
+}
+
+GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens,
+                              TruncatePrompt truncate) {
   const json j = parseJson(body);
   checkKeys(j, {"prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stream"});
   GenerateRequest r;
@@ -288,18 +310,7 @@ GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, in
   if (prompt.empty()) prompt = "\n";  // as `cohort generate`
   r.prompt = textTokenizer(info).encode(prompt);
   if (r.prompt.empty()) throw DataError("the prompt encodes to no tokens with this model's tokenizer");
-  // An id beyond the model's embedding would fail the forward of the whole
-  // batch this prompt joins (batcher.cc): refuse it here, alone.
-  for (size_t i = 0; i < r.prompt.size(); ++i) {
-    if (r.prompt[i] < 0 || r.prompt[i] >= info.vocabSize) {
-      throw DataError(fmt::format("the prompt's token {} is id {}: the model's vocabulary is 0..{}", i, r.prompt[i],
-                                  info.vocabSize - 1));
-    }
-  }
-  if (static_cast<int64_t>(r.prompt.size()) > info.blockSize) {
-    throw DataError(fmt::format("the prompt is {} tokens: the model reads at most {} (block_size)",
-                                r.prompt.size(), info.blockSize));
-  }
+  fitPrompt(r.prompt, info, truncate);
   if (j.contains("max_tokens")) r.maxTokens = integerOf(j["max_tokens"], "max_tokens", 0, maxNewTokens);
   r.maxTokens = std::min(r.maxTokens, maxNewTokens);
   if (j.contains("temperature")) {

@@ -39,7 +39,13 @@ Histogram::Snapshot Histogram::snapshot() const {
   return s;
 }
 
-ServeMetrics::ServeMetrics() : batchSize_(kBatchBounds), batchSeconds_(kLatencyBounds) {}
+ServeMetrics::ServeMetrics()
+    : batchSize_(kBatchBounds), batchSeconds_(kLatencyBounds), firstToken_(kLatencyBounds),
+      betweenTokens_(kLatencyBounds) {}
+
+void ServeMetrics::firstToken(double seconds) { firstToken_.observe(seconds); }
+
+void ServeMetrics::betweenTokens(double seconds) { betweenTokens_.observe(seconds); }
 
 void ServeMetrics::request(const std::string& endpoint, int status, std::optional<double> seconds) {
   std::lock_guard<std::mutex> g(mutex_);
@@ -79,6 +85,29 @@ std::string ServeMetrics::render() const {
   t.gauge("cohort_serve_queue_depth", "Inputs waiting for the model",
           static_cast<double>(queueDepth.load()));
   t.gauge("cohort_serve_in_flight", "Requests being answered", static_cast<double>(inFlight.load()));
+  if (generation.load()) {
+    const auto first = firstToken_.snapshot();
+    t.histogram("cohort_serve_time_to_first_token_seconds",
+                "Time from a generation's arrival to its first token", first.bounds, first.cumulative, first.sum,
+                first.count);
+    const auto between = betweenTokens_.snapshot();
+    t.histogram("cohort_serve_time_between_tokens_seconds", "Time from one token of a generation to its next",
+                between.bounds, between.cumulative, between.sum, between.count);
+    t.counter("cohort_serve_generated_tokens_total", "Tokens generated (rate(): tokens per second)",
+              static_cast<double>(generatedTokens.load()));
+    t.counter("cohort_serve_prompt_tokens_total", "Prompt tokens of the generations admitted",
+              static_cast<double>(promptTokens.load()));
+    t.gauge("cohort_serve_requests_waiting", "Generations waiting to join the running batch",
+            static_cast<double>(requestsWaiting.load()));
+    t.gauge("cohort_serve_requests_running", "Generations in the running batch",
+            static_cast<double>(requestsRunning.load()));
+    t.gauge("cohort_serve_kv_cache_blocks_in_use", "Key/value cache blocks held by running generations",
+            static_cast<double>(kvBlocksInUse.load()));
+    t.gauge("cohort_serve_kv_cache_blocks", "Key/value cache blocks the pool's memory has room for",
+            static_cast<double>(kvBlocksTotal.load()));
+    t.gauge("cohort_serve_kv_cache_block_bytes", "Bytes of one key/value cache block over all layers",
+            static_cast<double>(kvBlockBytes.load()));
+  }
   return t.str();
 }
 

@@ -1,6 +1,7 @@
 // `cohort serve`: options, the listening socket, authentication, the
 // request log into the metrics, and the shutdown on SIGTERM/SIGINT. The
-// routes are handlers.cc's, the batching batcher.cc's.
+// routes are handlers.cc's, the batching batcher.cc's (inputs) and
+// scheduler.cc's (generations of a model that decodes).
 
 #include "cohort/serve/server.h"
 
@@ -26,6 +27,7 @@
 #include "serve/detail/handlers.h"
 #include "serve/detail/openai.h"
 #include "serve/detail/request.h"
+#include "serve/detail/scheduler.h"
 #include "serve/detail/serve_metrics.h"
 #include "serve/detail/split.h"
 
@@ -53,6 +55,9 @@ void validate(const ServeOptions& o) {
   require(o.computeThreads >= 0, fmt::format("--compute-threads must be >= 0, got {}", o.computeThreads));
   require(o.procs >= 1, fmt::format("--procs {}: must be >= 1", o.procs));
   require(!o.tensor || o.procs >= 2, fmt::format("--tensor: needs --procs 2 or more, got {}", o.procs));
+  require(o.maxStepTokens >= 0, fmt::format("--max-step-tokens must be >= 0, got {}", o.maxStepTokens));
+  require(o.kvBlockTokens >= 1 && o.kvBlockTokens <= 65536,
+          fmt::format("--kv-block-tokens must be in [1, 65536], got {}", o.kvBlockTokens));
 }
 
 // The bearer token: --token-file (owner-only), else $COHORT_SERVE_TOKEN.
@@ -165,7 +170,22 @@ int serveCommand(const ServeOptions& o) {
   bo.computeThreads = o.computeThreads;
   bo.waitAlone = o.waitAlone;
   detail::Batcher batcher(*predictor, bo, metrics);
-  detail::ServeState state{o, info, batcher, metrics, predictor->decodes()};
+  // A model that decodes: generations are batched token by token by the
+  // scheduler (continuous batching, a paged key/value cache).
+  std::unique_ptr<detail::Scheduler> scheduler;
+  if (predictor->decodes()) {
+    detail::SchedulerOptions so;
+    so.maxRows = o.maxBatch;
+    so.maxDelay = bo.maxDelay;
+    so.maxWaiting = o.maxQueue;
+    so.stepTokens = o.maxStepTokens;
+    so.blockTokens = o.kvBlockTokens;
+    so.blockSize = info.blockSize;
+    so.vocab = info.tokenizerVocab > 0 ? std::min(info.tokenizerVocab, info.vocabSize) : info.vocabSize;
+    so.computeThreads = o.computeThreads;
+    scheduler = std::make_unique<detail::Scheduler>(*predictor, so, metrics);
+  }
+  detail::ServeState state{o, info, batcher, metrics, predictor->decodes(), scheduler.get()};
 
   httplib::Server server;
   configure(server, state, token);
@@ -186,9 +206,14 @@ int serveCommand(const ServeOptions& o) {
   const std::string what = info.tokens ? fmt::format("{}, block {}", info.arch, info.blockSize)
                                        : fmt::format("{}, {}x{}x{}, {} classes", info.arch, info.channels,
                                                      info.height, info.width, info.numClasses);
-  log::info("serve: {} ({}) at http://{}:{}; batches of up to {} within {} ms; {} HTTP threads{}",
-            o.model, what, http::bracketed(o.host), port, o.maxBatch, o.maxDelayMs, o.threads,
-            token.empty() ? "" : "; bearer token required");
+  const std::string batching =
+      scheduler != nullptr
+          ? fmt::format("continuous batching of up to {} generations, {} tokens a step beyond one each, "
+                        "key/value cache blocks of {} positions",
+                        o.maxBatch, o.maxStepTokens, o.kvBlockTokens)
+          : fmt::format("batches of up to {} within {} ms", o.maxBatch, o.maxDelayMs);
+  log::info("serve: {} ({}) at http://{}:{}; {}; {} HTTP threads{}", o.model, what, http::bracketed(o.host), port,
+            batching, o.threads, token.empty() ? "" : "; bearer token required");
   std::cout << "listening on http://" << http::bracketed(o.host) << ":" << port << std::endl;
 
   int sig = 0;
@@ -207,7 +232,10 @@ int serveCommand(const ServeOptions& o) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drainSeconds);
   // Nothing new will fill a batch: run what waits at once (with no time to
   // drain, --drain-seconds 0, what waits is answered 503 below instead).
-  if (std::chrono::steady_clock::now() < deadline) batcher.drain();
+  if (std::chrono::steady_clock::now() < deadline) {
+    batcher.drain();
+    if (scheduler != nullptr) scheduler->drain();
+  }
   while (metrics.inFlight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

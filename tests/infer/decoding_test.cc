@@ -65,7 +65,7 @@ TEST(KvCache, EachCachedStepHasTheWholeSequencesLogits) {
       EXPECT_LT(maxDiff(logits[0], full[0][t]), 1e-5) << "position " << t;
     }
     EXPECT_EQ(cache.length, 12);
-    EXPECT_EQ(cache.keys[0].size(0), 2) << "heads of keys held";
+    EXPECT_EQ(cache.pool->keys(0).size(1), 2) << "heads of keys held";
     // block_size is the end: the caller shifts the window instead.
     EXPECT_NE(test::errorOf<DataError>([&] { model->decode({tokens[0].narrow(0, 0, 1)}, {&cache}); })
                   .find("pass model.block_size (12)"),

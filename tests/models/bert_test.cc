@@ -5,6 +5,7 @@
 
 #include "cohort/models/bert.h"
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -6,6 +6,7 @@
 
 #include "cohort/models/llama.h"
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

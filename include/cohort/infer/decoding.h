@@ -51,7 +51,10 @@ int64_t sampleNext(const at::Tensor& logits, const Sampling& s, at::Generator& g
 // of a prompt longer than block_size is its last block_size tokens.
 class Sequence {
  public:
-  Sequence(std::vector<int64_t> prompt, int64_t blockSize, bool cached);
+  // `pool`: where the cache takes its blocks (shared with other sequences);
+  // nullptr: a private pool of its own.
+  Sequence(std::vector<int64_t> prompt, int64_t blockSize, bool cached,
+           std::shared_ptr<models::KvPool> pool = nullptr);
 
   // What the model takes next: with the cache, the window's tokens it has
   // not seen (one, but all of them at the start or after a shift), to feed
@@ -71,7 +74,7 @@ class Sequence {
   int64_t blockSize_;
   bool cached_;
   bool started_ = false;
-  std::shared_ptr<models::KvCache> cache_ = std::make_shared<models::KvCache>();
+  std::shared_ptr<models::KvCache> cache_;
 };
 
 // The logits [vocab] (float) for `seq`'s next token: one decode() of its

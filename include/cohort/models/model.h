@@ -16,19 +16,10 @@
 #include "cohort/ckpt/state_dict.h"
 
 #include "cohort/config/job.h"
+#include "cohort/models/kv_cache.h"
 #include "cohort/models/unit_runner.h"
 
 namespace cohort::models {
-
-// The keys and values a language model has computed for one sequence's
-// positions so far, per block: what generation keeps so that each new
-// token costs one position's forward (Model::decode). Made empty; the
-// model fills it. Holds block_size positions at most.
-struct KvCache {
-  std::vector<at::Tensor> keys, values;  // per block: [heads, block_size, head_dim]
-  int64_t length = 0;                    // positions held
-  void clear() { *this = KvCache{}; }
-};
 
 class Model : public torch::nn::Module {
  public:

@@ -8,6 +8,10 @@
 
 namespace cohort::serve {
 
+// What /v1/generate does with a prompt longer than the model's context
+// (block_size): refuse it (400), or keep its last block_size - 1 tokens.
+enum class TruncatePrompt { none, left };
+
 struct ServeOptions {
   std::string model;             // MODEL (serve/model.h)
   std::string job;               // --job
@@ -36,6 +40,13 @@ struct ServeOptions {
   // 127.0.0.1:splitStorePort. -1: not a rank.
   int splitRank = -1;
   int splitStorePort = 0;
+  // Continuous batching of generations (a model that decodes with a
+  // key/value cache): tokens one iteration feeds the model beyond one per
+  // running generation (prompts beyond it are fed over several iterations),
+  // and positions per key/value cache block.
+  int64_t maxStepTokens = 512;
+  int64_t kvBlockTokens = 16;
+  TruncatePrompt truncatePrompt = TruncatePrompt::none;
 };
 
 // Serves until SIGTERM or SIGINT, then stops taking requests, answers those

@@ -16,7 +16,9 @@
 // are grouped by length. Generation steps with a key/value cache
 // (submitDecode) all run together, whatever the length of their sequences
 // and of their new tokens (a prompt beside single tokens): concurrent
-// generations share every forward (Predictor::decode).
+// generations share every forward (Predictor::decode). `cohort serve`
+// batches those token by token in its scheduler instead (scheduler.h);
+// submitDecode serves a ServeState without one.
 // The predictor is only ever called from this thread.
 
 #include <ATen/core/Tensor.h>

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,12 @@ struct TokenChoice {
 // `top` most likely tokens.
 TokenChoice choiceOf(const at::Tensor& logits, int64_t token, int64_t top);
 
-// One generation: with a model that decodes, each step feeds the new
-// token and the sequence's key/value cache, and steps of concurrent
-// generations run together; otherwise the whole window, with contexts of
-// the same length together.
+class Ticket;
+
+// One generation: with a model that decodes, the scheduler (scheduler.h)
+// runs it in its batch of generations, each with its key/value cache, and
+// step() takes its next token from there; otherwise each step is the whole
+// window through the batcher, with contexts of the same length together.
 struct Generation {
   GenerateRequest request;
   infer::Sequence seq;
@@ -74,6 +77,7 @@ struct Generation {
   Batcher& batcher;  // told when the sequence ends (Predictor::endSequence)
 
   Generation(GenerateRequest r, const ServeState& s, bool cached);
+  // Leaves the scheduler (cancel()).
   ~Generation();
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
@@ -83,7 +87,13 @@ struct Generation {
   // Samples and appends the next token, as `cohort generate` does (the
   // same infer::sampleNext and window). Throws Unavailable when the queue
   // is full or the drain limit has passed; what the forward threw otherwise.
+  // With the scheduler: the first step queues the generation there, each
+  // step waits for its next token (checking ServeState::stopping every
+  // kStoppingCheck, at most kResultTimeout).
   void step(ServeState& s);
+  // The generation is given up (the client went away): the scheduler drops
+  // it, and frees its cache, at its next iteration. Idempotent.
+  void cancel();
 
   std::vector<int64_t> completion() const;
   // The text of the completion's first `n` tokens.
@@ -100,6 +110,10 @@ struct Generation {
 
   // /v1/generate's answer: text, tokens, prompt_tokens, finish_reason.
   nlohmann::json summary(const ServeState& s) const;
+
+ private:
+  void stepScheduled(ServeState& s);
+  std::shared_ptr<Ticket> ticket_;  // in the scheduler since the first step
 };
 
 }  // namespace cohort::serve::detail

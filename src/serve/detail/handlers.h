@@ -18,13 +18,16 @@
 
 namespace cohort::serve::detail {
 
+class Scheduler;
+
 // What the handlers share; owned by serveCommand, outlives the server.
 struct ServeState {
   const ServeOptions& options;
   const ModelInfo& info;  // the predictor's; its forward is the batcher's alone
   Batcher& batcher;
   ServeMetrics& metrics;
-  bool decodes = false;  // the predictor keeps a key/value cache: generation steps go through submitDecode
+  bool decodes = false;  // the predictor keeps a key/value cache: generations go through `scheduler`
+  Scheduler* scheduler = nullptr;  // continuous batching (scheduler.h); set when `decodes`
   std::atomic<bool> draining{false};  // SIGTERM seen: new work gets 503
   // The drain limit (--drain-seconds) passed: work still waiting for the
   // model gets 503 (a stream its {"error"} line) at its next check.

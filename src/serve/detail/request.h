@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cohort/serve/model.h"
+#include "cohort/serve/server.h"
 #include "cohort/infer/decoding.h"
 
 namespace cohort::serve::detail {
@@ -59,11 +60,19 @@ struct GenerateRequest {
   int64_t logprobs = -1;
 };
 
+// A prompt of token ids for `info`'s model: ids within its vocabulary, at
+// most block_size of them. A longer one is refused (DataError naming its
+// length and the context) unless `truncate` is left: then its last
+// block_size - 1 tokens are kept (room for one new token before the window
+// first shifts).
+void fitPrompt(std::vector<int64_t>& prompt, const ModelInfo& info, TruncatePrompt truncate);
+
 // POST /v1/generate of a language model: {"prompt", "max_tokens",
 // "temperature", "top_k", "top_p", "seed", "stop", "stream"}; only "prompt"
 // is required; "stop" is a string or a list of at most 16 non-empty ones.
-// `maxNewTokens` bounds max_tokens.
-GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens);
+// `maxNewTokens` bounds max_tokens; the prompt goes through fitPrompt.
+GenerateRequest parseGenerate(const std::string& body, const ModelInfo& info, int64_t maxNewTokens,
+                              TruncatePrompt truncate = TruncatePrompt::none);
 
 // JSON text for a client: invalid UTF-8 (a byte token cut from a character)
 // becomes U+FFFD instead of failing.

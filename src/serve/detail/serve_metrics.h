@@ -50,6 +50,20 @@ class ServeMetrics {
   std::atomic<int64_t> inFlight{0};    // requests being answered (admitted ones)
   std::atomic<int64_t> queueDepth{0};  // inputs waiting for the model
 
+  // Generation with continuous batching (scheduler.h), rendered once
+  // `generation` is set: a token's latency from the request's arrival
+  // (the first) or from the token before, and the scheduler's state.
+  void firstToken(double seconds);
+  void betweenTokens(double seconds);
+  std::atomic<bool> generation{false};
+  std::atomic<int64_t> generatedTokens{0};  // counters
+  std::atomic<int64_t> promptTokens{0};
+  std::atomic<int64_t> requestsWaiting{0};  // gauges
+  std::atomic<int64_t> requestsRunning{0};
+  std::atomic<int64_t> kvBlocksInUse{0};
+  std::atomic<int64_t> kvBlocksTotal{0};
+  std::atomic<int64_t> kvBlockBytes{0};
+
   // The Prometheus text exposition.
   std::string render() const;
 
@@ -60,6 +74,8 @@ class ServeMetrics {
   Histogram batchSize_;
   Histogram batchSeconds_;
   std::atomic<uint64_t> batchesAtOnce_{0};
+  Histogram firstToken_;
+  Histogram betweenTokens_;
 };
 
 // The label of a request path: one of the server's routes, else "other" (so
