@@ -334,12 +334,24 @@ TEST_F(SlurmTest, ASweepIsAJobArrayOfRunDirectories) {
   ASSERT_TRUE(test::waitUntil([&] { return completed(runs[0]) && completed(runs[1]) && completed(runs[2]); }, 240s))
       << cluster.client({"/usr/bin/squeue", "-t", "all"}).out;
   EXPECT_TRUE(has(test::readText(runs[2] + "/job.yaml"), "lr: 0.1"));
-  const auto list = test::cohort({"runs", sweep}, cluster.env());
+  // A task's run directory is complete a moment before Slurm records the
+  // task as ended (its step still exiting): wait for Slurm's word, bounded.
+  auto completedTasks = [](const std::string& out) {
+    size_t done = 0;
+    for (size_t at = 0; (at = out.find("completed", at)) != std::string::npos; at += 9) ++done;
+    return done;
+  };
+  test::ProcessResult list;
+  ASSERT_TRUE(test::waitUntil(
+      [&] {
+        list = test::cohort({"runs", sweep}, cluster.env());
+        return list.exitCode != 0 || completedTasks(list.out) == 3;
+      },
+      60s))
+      << list.out;
   ASSERT_EQ(list.exitCode, 0) << list.describe();
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(has(list.out, id + "_" + std::to_string(i))) << list.out;
-  size_t done = 0;
-  for (size_t at = 0; (at = list.out.find("completed", at)) != std::string::npos; at += 9) ++done;
-  EXPECT_EQ(done, 3u) << list.out;
+  EXPECT_EQ(completedTasks(list.out), 3u) << list.out;
   // Different learning rates, different weights.
   EXPECT_GT(test::maxDifference(ckpt::readStateDict(runs[0] + "/model/final.pt"),
                                 ckpt::readStateDict(runs[2] + "/model/final.pt")),
