@@ -32,17 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using BatchClock = std::chrono::steady_clock;
-
-template <class F>
-bool waitFor(F done, std::chrono::milliseconds limit = std::chrono::seconds(60)) {
-  const auto deadline = BatchClock::now() + limit;
-  while (BatchClock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
 
 // A `cohort serve` process on a free port (SIGKILLed by its Process guard
 // when a test ends early).
@@ -54,9 +43,8 @@ class GptServer {
     std::vector<std::string> argv{test::cohortBin(), "serve", run, "--port", "0", "--port-file", portFile_};
     argv.insert(argv.end(), args.begin(), args.end());
     process_ = std::make_unique<test::Process>(argv);
-    const bool up = waitFor([&] { return fs::exists(portFile_); }, std::chrono::seconds(120));
-    EXPECT_TRUE(up) << "no port file; stderr:\n" << process_->stderrSoFar();
-    if (up) port_ = std::stoi(test::readText(portFile_));
+    port_ = test::waitForPortFile(portFile_);
+    EXPECT_GT(port_, 0) << "no port file; stderr:\n" << process_->stderrSoFar();
   }
   int port() const { return port_; }
   test::Process& process() { return *process_; }
@@ -154,10 +142,10 @@ TEST_F(ContinuousBatching, AClientThatLeavesMidStreamFreesItsBlocks) {
   EXPECT_GE(heldWhileStreaming, 3) << "9 prompt tokens and more in blocks of 4";
   EXPECT_LE(heldWhileStreaming, 4) << "never more than the context's 16 positions";
   EXPECT_EQ(running, 1);
-  EXPECT_TRUE(waitFor([&] {
+  EXPECT_TRUE(test::waitUntil([&] {
     return server.metric("cohort_serve_kv_cache_blocks_in_use") == 0 &&
            server.metric("cohort_serve_requests_running") == 0 && server.metric("cohort_serve_in_flight") == 0;
-  })) << server.metricsText();
+  }, std::chrono::seconds(60))) << server.metricsText();
   // The server goes on, and reuses the blocks rather than adding some.
   const double total = server.metric("cohort_serve_kv_cache_blocks");
   EXPECT_EQ(server.generate({{"prompt", "a"}, {"max_tokens", 20}}).first, 200);
@@ -187,7 +175,7 @@ TEST_F(ContinuousBatching, RequestsJoinAGenerationUnderWayAndGetTheirTextAlone) 
   std::vector<std::pair<int, json>> joined(requests.size());
   double runningSeen = 0;
   std::thread endless([&] { server.streamUntil(kEndless, [&](int) { return !joinedDone.load(); }); });
-  if (!waitFor([&] { return server.metric("cohort_serve_requests_running") == 1; })) {
+  if (!test::waitUntil([&] { return server.metric("cohort_serve_requests_running") == 1; }, std::chrono::seconds(60))) {
     joinedDone = true;
     endless.join();
     FAIL() << "the endless generation did not start:\n" << server.metricsText();
@@ -219,7 +207,8 @@ TEST_F(ContinuousBatching, RequestsJoinAGenerationUnderWayAndGetTheirTextAlone) 
   // Forwards of more than one row ran: the requests' steps beside the
   // endless one's.
   EXPECT_LT(server.metric(R"(cohort_serve_batch_size_bucket{le="1"})"), server.metric("cohort_serve_batch_size_count"));
-  EXPECT_TRUE(waitFor([&] { return server.metric("cohort_serve_kv_cache_blocks_in_use") == 0; }));
+  EXPECT_TRUE(test::waitUntil([&] { return server.metric("cohort_serve_kv_cache_blocks_in_use") == 0; },
+                              std::chrono::seconds(60)));
   EXPECT_EQ(server.stop(), 0);
 }
 
