@@ -222,6 +222,11 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
   scoreCmd->add_option("--top-k", scoreOptions.topK, "Classes per image")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   scoreCmd->add_option("--job", scoreOptions.job, "Job file of a weights file outside a run directory");
+  scoreCmd->add_option("--split", scoreOptions.split,
+                       "Split a gpt or llama across N local processes per rank, N pipeline stages (docs/deploy.md)")
+      ->capture_default_str();
+  scoreCmd->add_flag("--tensor", scoreOptions.tensor,
+                     "With --split N: split every layer over the N processes (tensor parallel), not into stages");
   scoreCmd->add_option("--rank", scoreOptions.rank, "(internal) score one part")->group("");
   scoreCmd->add_option("--stall-seconds", scoreOptions.stallSeconds,
                        "A rank whose part has not grown for this long is hung: stop every rank (0: never)")

@@ -57,8 +57,19 @@ detail::ScoreRecord describeRun(const ScoreOptions& o) {
   detail::ScoreRecord r;
   r.model = absolutePath(o.model);
   r.data = absolutePath(o.data);
-  const std::unique_ptr<Predictor> predictor = openPredictor(r.model, o.job);
-  const ModelInfo& info = predictor->info();
+  // A split model is never built here: its names and shapes are enough.
+  std::unique_ptr<Predictor> predictor;
+  ModelInfo splitInfo;
+  if (o.split > 1) {
+    splitInfo = loadTrainedModel(r.model, o.job, /*weightsOnly=*/true).info;
+    if (splitInfo.arch != "gpt" && splitInfo.arch != "llama") {
+      throw UsageError(fmt::format("--split {}: {} is {}; only gpt and llama are split", o.split, r.model,
+                                   splitInfo.arch));
+    }
+  } else {
+    predictor = openPredictor(r.model, o.job);
+  }
+  const ModelInfo& info = o.split > 1 ? splitInfo : predictor->info();
   const std::unique_ptr<detail::ScoreData> data = detail::openScoreData(r.data, info, o.storage);
   log::info("model {} ({}), data {}", r.model, info.arch, data->describe());
   // A TorchScript export holds its weights: info.weights is only where they
@@ -153,6 +164,11 @@ std::vector<std::string> rankArgs(const std::string& exe, const ScoreOptions& o,
     args.push_back("--job");
     args.push_back(absolutePath(o.job));
   }
+  if (o.split > 1) {
+    args.push_back("--split");
+    args.push_back(std::to_string(o.split));
+    if (o.tensor) args.push_back("--tensor");
+  }
   const storage::StorageOptions& so = o.storage;
   for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--credentials-file", so.credentialsFile},
                                     {"--endpoint", so.endpoint},
@@ -241,6 +257,8 @@ int scoreCommand(const ScoreOptions& o) {
   lo.tag = "score";
   log::init(lo);
   if (o.procs < 1) throw UsageError(fmt::format("--procs must be >= 1, got {}", o.procs));
+  if (o.split < 1) throw UsageError(fmt::format("--split must be >= 1, got {}", o.split));
+  if (o.tensor && o.split < 2) throw UsageError(fmt::format("--tensor: needs --split 2 or more, got {}", o.split));
   if (o.batchSize < 1) throw UsageError(fmt::format("--batch-size must be >= 1, got {}", o.batchSize));
   if (o.topK < 1) throw UsageError(fmt::format("--top-k must be >= 1, got {}", o.topK));
   if (!(o.stallSeconds >= 0)) throw UsageError(fmt::format("--stall-seconds must be >= 0, got {}", o.stallSeconds));

@@ -154,14 +154,26 @@ void scorePart(const ScoreOptions& o, const ScorePaths& paths) {
   if (o.rank >= record.procs) {
     throw UsageError(fmt::format("--rank {} is not below the run's {} procs", o.rank, record.procs));
   }
-  at::set_num_threads(std::max(1, env::availableCores() / record.procs));
+  const int threads = std::max(1, env::availableCores() / (record.procs * std::max(1, o.split)));
+  at::set_num_threads(threads);
   at::set_num_interop_threads(1);
   const auto [begin, end] = record.parts[static_cast<size_t>(o.rank)];
   const int64_t kept = keptLines(paths.part(o.rank), begin, end - begin);
   log::info("samples {} to {}: {} already scored", begin, end - 1, kept);
   if (begin + kept >= end) return;
 
-  const std::unique_ptr<Predictor> predictor = openPredictor(record.model, o.job);
+  std::unique_ptr<Predictor> predictor;
+  if (o.split > 1) {
+    // This rank holds no weights: its model is split across o.split
+    // processes of its own, as `cohort serve --procs` splits it.
+    SplitOptions so;
+    so.procs = o.split;
+    so.tensor = o.tensor;
+    so.computeThreads = threads;
+    predictor = openSplitPredictor(record.model, o.job, so);
+  } else {
+    predictor = openPredictor(record.model, o.job);
+  }
   const std::unique_ptr<ScoreData> data = openScoreData(record.data, predictor->info(), o.storage);
   if (data->size() != record.samples) {
     throw DataError(fmt::format("{}: {} samples, the run started with {}", data->describe(), data->size(),

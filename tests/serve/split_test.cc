@@ -290,6 +290,44 @@ TEST_F(SplitServe, ProcsOutsideOneToTheBlocksExits2NamingTheOption) {
   EXPECT_NE(r.err.find("--procs 3 --tensor"), std::string::npos) << r.describe();
 }
 
+// cohort score --split N: each score rank's model split across N
+// processes of its own; the same losses as the whole model's score within
+// 1e-4, pipeline stages (gpt, 2 score ranks) and tensor parallel (llama).
+TEST_F(SplitServe, ScoreWithSplitGivesTheWholeModelsLosses) {
+  const std::string data = dir_->file("tok") + "/train";
+  for (const auto& [run, extra] :
+       {std::pair<const std::string*, std::vector<std::string>>{gpt_, {"--split", "2", "--procs", "2"}},
+        {llama_, {"--split", "2", "--tensor"}}}) {
+    const std::string tag = std::filesystem::path(*run).filename().string();
+    const std::string whole = dir_->file(tag + "-whole.jsonl"), split = dir_->file(tag + "-split.jsonl");
+    auto r = test::cohort({"score", *run, "--data", data, "--out", whole, "--batch-size", "4"});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    std::vector<std::string> args = {"score", *run, "--data", data, "--out", split, "--batch-size", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    r = test::cohort(args);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    // The score rank held no weights: its model was split (its log says so,
+    // and the split ranks' lines, which write to it, what each loaded).
+    const std::string log = test::readText(split + ".run/rank-0.log");
+    EXPECT_NE(log.find("split across 2 ranks"), std::string::npos) << log;
+    EXPECT_NE(log.find("split rank 1:"), std::string::npos) << log;
+    const auto a = test::readJsonLines(whole), b = test::readJsonLines(split);
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_GE(a.size(), 2u);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i]["index"], b[i]["index"]);
+      EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-4) << tag << " line " << i;
+    }
+  }
+  // Bad input, before any rank starts: exit 2 naming the option.
+  auto r = test::cohort({"score", *gpt_, "--data", data, "--out", dir_->file("bad.jsonl"), "--split", "0"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find("--split"), std::string::npos) << r.describe();
+  r = test::cohort({"score", *gpt_, "--data", data, "--out", dir_->file("bad.jsonl"), "--tensor"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.err.find("--tensor"), std::string::npos) << r.describe();
+}
+
 // 8 blocks of n_embd 1536 over the byte vocabulary: 227M parameters, 866
 // MiB of float32 weights; each of 2 ranks is limited to 85% of that (its
 // half, LibTorch and the tensor being read are below it).

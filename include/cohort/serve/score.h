@@ -17,6 +17,11 @@ struct ScoreOptions {
   std::string data;          // DATA: see docs/deploy.md
   std::string out;           // predictions.jsonl
   int procs = 1;             // ranks
+  // --split N: each rank's model split across N local processes of its own
+  // (serve --procs: pipeline stages, or with `tensor` tensor parallel), for a
+  // gpt or llama no process can hold whole; 1: each rank holds the model.
+  int split = 1;
+  bool tensor = false;
   int64_t batchSize = 64;
   int64_t topK = 5;          // classes per image
   int rank = -1;             // >= 0: this process is one rank of a score run (internal)
