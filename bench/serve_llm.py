@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import launch_env  # noqa: E402
+from serve import cpu_line, free_port, stop  # noqa: E402  (bench/serve.py: the same helpers)
 
 COHORT = os.path.join(ROOT, "build", "cli", "cohort")
 PYTHON = "/usr/bin/python3"
@@ -71,20 +71,6 @@ def prompt(i):
     n = PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]
     start = (i * 37) % (len(TEXT) - n)
     return TEXT[start:start + n]
-
-
-def cpu_line():
-    cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True,
-                         text=True).stdout.strip()
-    flags = [f for f in open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
-             if f.startswith(("avx", "fma", "amx"))]
-    return "CPU: %s, %d cores; %s" % (cpu, os.cpu_count(), " ".join(flags))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def status_kib(pid, key):
@@ -214,18 +200,9 @@ class Servers:
         if loaded != ([] if allocator == "glibc" else [allocator]):
             sys.exit("%s runs with %s, the benchmark expects %s" % (side, loaded or "glibc", allocator))
 
-    def stop(self, p):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
     def stop_all(self):
         for p in self.procs:
-            self.stop(p)
+            stop(p)
 
 
 def train(work, steps):
@@ -261,14 +238,14 @@ def memory(servers, side, clients, max_tokens):
         t.join(2 * REQUEST_TIMEOUT_S)
     peak = status_kib(p.pid, "VmHWM")
     errors = [r[2] for r in results if r is None or r[2]]
-    servers.stop(p)
+    stop(p)
     return {"idle_mib": idle / 1024, "peak_mib": peak / 1024, "per_generation_mib": (peak - idle) / 1024 / clients,
             "errors": len(errors)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--label", default="padded cache", help="names the cohort build in the memory table")
+    ap.add_argument("--label", default="paged cache, continuous batching", help="names the cohort build in the memory table")
     ap.add_argument("--run", help="a trained run of the GPT above (default: train one)")
     ap.add_argument("--steps", type=int, default=20, help="training steps of the run made here")
     ap.add_argument("--concurrency", default="1,8,32")

@@ -103,48 +103,44 @@ def uses(known):
     return deps
 
 
-def forbidden():
-    """Lines that include a header their file may not: "path:line: header"."""
-    found = []
+def source_lines():
+    """(path, component, line number, line) of every .h and .cc under src/ and include/cohort/."""
     for base in ("src", os.path.join("include", "cohort")):
         for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
+            comp = os.path.relpath(dirpath, os.path.join(ROOT, base)).split(os.sep)[0]
             for f in sorted(files):
                 if not f.endswith((".h", ".cc")):
                     continue
                 path = os.path.relpath(os.path.join(dirpath, f), ROOT)
                 with open(os.path.join(ROOT, path), encoding="utf-8") as text:
                     for number, line in enumerate(text, 1):
-                        for header, allowed in PRIVATE_HEADERS:
-                            if f'"{header}"' not in line or not line.lstrip().startswith("#"):
-                                continue
-                            if path in ALSO_CHECKED or not path.startswith(allowed):
-                                found.append(f"{path}:{number}: includes {header}")
+                        yield path, comp, number, line
+
+
+def forbidden():
+    """Lines that include a header their file may not: "path:line: header"."""
+    found = []
+    for path, _, number, line in source_lines():
+        for header, allowed in PRIVATE_HEADERS:
+            if f'"{header}"' not in line or not line.lstrip().startswith("#"):
+                continue
+            if path in ALSO_CHECKED or not path.startswith(allowed):
+                found.append(f"{path}:{number}: includes {header}")
     return found
 
 
 def disallowed(known):
     """Lines that add an edge ALLOWED does not list: "path:line: comp uses other"."""
     found = []
-    for base in ("src", os.path.join("include", "cohort")):
-        for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
-            rel = os.path.relpath(dirpath, os.path.join(ROOT, base)).split(os.sep)
-            comp = rel[0]
-            if comp not in known:
-                continue
-            for f in sorted(files):
-                if not f.endswith((".h", ".cc")):
-                    continue
-                path = os.path.relpath(os.path.join(dirpath, f), ROOT)
-                with open(os.path.join(ROOT, path), encoding="utf-8") as text:
-                    for number, line in enumerate(text, 1):
-                        m = INCLUDE.match(line)
-                        if not m or m.group(1) not in known or m.group(1) == comp:
-                            continue
-                        if comp not in ALLOWED:
-                            found.append(f"{path}:{number}: component {comp} is not in ALLOWED")
-                        elif m.group(1) not in ALLOWED[comp]:
-                            found.append(f"{path}:{number}: {comp} may not use {m.group(1)} "
-                                         f"(#include \"{line.split(chr(34))[1]}\")")
+    for path, comp, number, line in source_lines():
+        m = INCLUDE.match(line)
+        if comp not in known or not m or m.group(1) not in known or m.group(1) == comp:
+            continue
+        if comp not in ALLOWED:
+            found.append(f"{path}:{number}: component {comp} is not in ALLOWED")
+        elif m.group(1) not in ALLOWED[comp]:
+            found.append(f"{path}:{number}: {comp} may not use {m.group(1)} "
+                         f"(#include \"{line.split(chr(34))[1]}\")")
     return found
 
 
