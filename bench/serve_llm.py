@@ -245,7 +245,8 @@ def memory(servers, side, clients, max_tokens):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--label", default="paged cache, continuous batching", help="names the cohort build in the memory table")
+    ap.add_argument("--label", default="paged cache, continuous batching",
+                    help="names the cohort build in the memory table")
     ap.add_argument("--run", help="a trained run of the GPT above (default: train one)")
     ap.add_argument("--steps", type=int, default=20, help="training steps of the run made here")
     ap.add_argument("--concurrency", default="1,8,32")
