@@ -37,9 +37,9 @@ void checkTensor(const JobConfig& job, const Where& where) {
   const bool llama = m.arch == ModelArch::llama;
   const std::vector<std::pair<int64_t, std::string>> cut =
       llama ? std::vector<std::pair<int64_t, std::string>>{
-                  {m.nKvHead > 0 ? m.nKvHead : m.nHead,
+                  {kvHeads(m),
                    m.nKvHead > 0 ? "model.n_kv_head" : "model.n_kv_head (unset: model.n_head)"},
-                  {m.intermediateSize > 0 ? m.intermediateSize : (8 * m.nEmbd / 3 + 63) / 64 * 64,
+                  {intermediateWidth(m),
                    m.intermediateSize > 0 ? "model.intermediate_size" : "model.intermediate_size (unset: 8/3 model.n_embd)"},
                   {m.vocabSize, "model.vocab_size"}}
             : std::vector<std::pair<int64_t, std::string>>{{m.nHead, "model.n_head"},

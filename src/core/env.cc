@@ -275,6 +275,12 @@ std::optional<std::string> serveToken() { return get(kServeTokenVar); }
 std::optional<std::string> serveRankCgroup() { return get(kServeRankCgroupVar); }
 std::optional<std::string> urlCredentials() { return get(kUrlCredentialsVar); }
 std::optional<std::string> namedVariable(const std::string& name) { return get(name.c_str()); }
+std::string machineCacheDir() {
+  if (auto dir = get(kCacheDirVar)) return *dir;
+  if (auto xdg = get("XDG_CACHE_HOME")) return *xdg + "/cohort";
+  if (auto home = get("HOME")) return *home + "/.cache/cohort";
+  return "/var/tmp/cohort-cache";
+}
 
 MallocInfo servingMalloc() {
   // The first object in the global scope that defines malloc: a preloaded

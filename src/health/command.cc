@@ -23,9 +23,11 @@
 
 #include "cohort/comm/comm.h"
 #include "cohort/config/load.h"
+#include "cohort/core/cpu.h"
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/health/ceiling.h"
 #include "cohort/health/health.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
@@ -59,6 +61,15 @@ int ranksOf(const HealthCommandOptions& o, const JobConfig& job) {
 // directories would go.
 std::string diskDirOf(const JobConfig& job) {
   return job.health.diskDir.empty() ? job.output.dir : job.health.diskDir;
+}
+
+// Whether the CPU has bfloat16 products (training.precision auto picks bf16 there).
+bool bf16Kernels() {
+  const CpuInfo cpu = cpuInfo();
+  for (const std::string& f : cpu.features) {
+    if (f == "avx512_bf16" || f == "amx_bf16") return true;
+  }
+  return false;
 }
 
 std::chrono::milliseconds timeoutOf(const JobConfig& job) {
@@ -191,6 +202,15 @@ void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
     const HealthReport mine = runHealthChecks(comm, job.health, diskDirOf(job));
     const std::vector<HealthReport> all = gatherHealthReports(comm, mine);
     const std::string failures = healthFailures(all);
+    // The GEMM ceiling of a rank's threads (health/ceiling.h), measured
+    // again by rank 0 while the others wait, and kept when higher.
+    comm::barrier(comm, "GEMM ceiling");
+    std::vector<GemmCeiling> ceilings;
+    if (o.rank == 0) {
+      ceilings.push_back(remeasureGemmCeiling("float32", threads));
+      if (bf16Kernels()) ceilings.push_back(remeasureGemmCeiling("bfloat16", threads));
+    }
+    comm::barrier(comm, "GEMM ceiling");
     if (o.rank == 0) {
       if (o.json) {
         out << healthReportsJson(all) << "\n";
@@ -199,6 +219,8 @@ void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
         out << (failures.empty() ? fmt::format("every check passed on {} rank{}\n", world,
                                                world == 1 ? "" : "s")
                                  : std::string("FAILED (see below)\n"));
+        for (const GemmCeiling& c : ceilings) out << "GEMM ceiling: " << describe(c) << "\n";
+        if (!ceilings.empty()) out << "  kept in " << ceilings.front().file << "\n";
       }
       out.flush();
       if (!failures.empty()) log::error("{}", failures);

@@ -247,7 +247,7 @@ BertOptions bertOptions(const ModelConfig& config, int64_t vocabSize, int64_t pa
   o.nLayer = config.nLayer;
   o.nHead = config.nHead;
   o.nEmbd = config.nEmbd;
-  o.intermediate = config.intermediateSize > 0 ? config.intermediateSize : 4 * config.nEmbd;
+  o.intermediate = intermediateWidth(config);
   o.normEps = config.normEps > 0 ? config.normEps : 1e-12;
   o.dropout = config.dropout;
   o.numClasses = config.task == BertTask::classify ? config.numClasses : 0;

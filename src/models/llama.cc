@@ -260,9 +260,9 @@ LlamaOptions llamaOptions(const ModelConfig& config, int64_t vocabSize) {
   o.blockSize = config.blockSize;
   o.nLayer = config.nLayer;
   o.nHead = config.nHead;
-  o.nKvHead = config.nKvHead > 0 ? config.nKvHead : config.nHead;
+  o.nKvHead = kvHeads(config);
   o.nEmbd = config.nEmbd;
-  o.intermediate = config.intermediateSize > 0 ? config.intermediateSize : (8 * config.nEmbd / 3 + 63) / 64 * 64;
+  o.intermediate = intermediateWidth(config);
   o.normEps = config.normEps > 0 ? config.normEps : 1e-5;
   o.tiedHead = config.tieEmbeddings;
   o.dropout = config.dropout;

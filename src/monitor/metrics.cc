@@ -7,6 +7,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -47,6 +48,8 @@ void MetricsWriter::write(const TrainRecord& r) {
                       {"images_per_s", r.imagesPerS}, {"data_wait_frac", r.dataWaitFrac}};
   if (r.tokensPerS > 0) j["tokens_per_s"] = r.tokensPerS;
   if (r.corruptSkipped > 0) j["corrupt_skipped"] = r.corruptSkipped;
+  if (r.modelFlopsPerS > 0) j["model_gflops_per_s"] = r.modelFlopsPerS / 1e9;
+  if (std::isfinite(r.mfu)) j["mfu"] = r.mfu;
   writeLine(j.dump());
 }
 

@@ -26,7 +26,7 @@ void Progress::startEpoch(int64_t epoch, int64_t steps) {
   if (mode_ == ProgressMode::bar) log::setStatusLine(line(0, NAN, NAN, true));
 }
 
-std::string Progress::line(int64_t step, double loss, double imagesPerS, bool bar) const {
+std::string Progress::line(int64_t step, double loss, double imagesPerS, bool bar, double mfu) const {
   const double frac = std::clamp(static_cast<double>(step) / static_cast<double>(steps_), 0.0, 1.0);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -44,20 +44,21 @@ std::string Progress::line(int64_t step, double loss, double imagesPerS, bool ba
   }
   if (std::isfinite(loss)) out += fmt::format(" loss {:.4f}", loss);
   if (std::isfinite(imagesPerS)) out += fmt::format(" {:.0f} img/s", imagesPerS);
+  if (std::isfinite(mfu)) out += fmt::format(" MFU {:.0f}%", 100 * mfu);
   out += " ETA " + formatDuration(eta);
   return out;
 }
 
-void Progress::update(int64_t step, double loss, double imagesPerS, bool milestone) {
+void Progress::update(int64_t step, double loss, double imagesPerS, bool milestone, double mfu) {
   if (mode_ == ProgressMode::off) return;
   if (mode_ == ProgressMode::plain) {
-    if (milestone) log::info("{}", line(step, loss, imagesPerS, false));
+    if (milestone) log::info("{}", line(step, loss, imagesPerS, false, mfu));
     return;
   }
   const auto now = std::chrono::steady_clock::now();
   if (step < steps_ && now - lastDraw_ < std::chrono::milliseconds(100)) return;
   lastDraw_ = now;
-  log::setStatusLine(line(step, loss, imagesPerS, true));
+  log::setStatusLine(line(step, loss, imagesPerS, true, mfu));
 }
 
 void Progress::endEpoch() {

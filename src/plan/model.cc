@@ -133,6 +133,12 @@ SpeedEstimate predictSpeed(const Fit& fit, const JobConfig& job, const Setting& 
   return e;
 }
 
+void addUtilization(const Fit& fit, const Setting& s, SpeedEstimate& e) {
+  if (fit.modelFlopsPerSample <= 0 || s.ranks() < 1) return;
+  e.modelGflopsPerRank = e.samplesPerSecond * fit.modelFlopsPerSample / double(s.ranks()) / 1e9;
+  if (fit.ceilingGflops > 0 && s.threads == fit.ceilingThreads) e.mfu = e.modelGflopsPerRank / fit.ceilingGflops;
+}
+
 CostEstimate predictCost(const Fit& fit, const JobConfig& job, const Setting& s, const SpeedEstimate& speed,
                          double pricePerNodeHour) {
   CostEstimate c;

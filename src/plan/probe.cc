@@ -175,6 +175,15 @@ ProbeRun Prober::run(const Setting& s, const std::string& name) {
     p.elements.unit = e.value("unit", 0.0);
     p.elements.unitWithFrozen = e.value("unit_with_frozen", 0.0);
   }
+  if (summary.contains("utilization") && summary["utilization"].is_object()) {
+    const PlanJson& u = summary["utilization"];
+    p.modelFlopsPerSample = u.value("model_flops_per_sample", 0.0);
+    if (u.contains("gemm_ceiling") && u["gemm_ceiling"].is_object()) {
+      p.ceilingGflops = u["gemm_ceiling"].value("gflops_per_s", 0.0);
+      p.ceilingThreads = u["gemm_ceiling"].value("threads", int64_t{0});
+      p.ceilingDtype = u["gemm_ceiling"].value("dtype", "");
+    }
+  }
   // Steps after the first two: allocations, kernel choices and the
   // loader's first batches are behind them.
   const double globalBatch = summary.value("global_batch", 0.0);
@@ -252,6 +261,10 @@ Fit fitProbes(const JobConfig& job, const Probes& p, const Link& link) {
   f.blockSize = decoderArch(job.model.arch) ? job.model.blockSize : 0;
   f.threads = a.setting.threads;
   f.link = link;
+  f.modelFlopsPerSample = a.modelFlopsPerSample;
+  f.ceilingGflops = a.ceilingGflops;
+  f.ceilingThreads = a.ceilingThreads;
+  f.ceilingDtype = a.ceilingDtype;
   const double state0 = train::stateBytes(f.elements, 0, 1, job.training.optimizer, a.setting.bucketCapMb).total() / kMiB;
   const double db = double(a.setting.batchSize - b.setting.batchSize);
   const double bA = double(a.setting.batchSize);

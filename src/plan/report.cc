@@ -31,6 +31,7 @@ Row predictRow(const Fit& fit, const JobConfig& job, const Setting& s, double li
   r.setting = s;
   r.memory = predictMemory(fit, job, s, limitMb);
   r.speed = predictSpeed(fit, job, s);
+  addUtilization(fit, s, r.speed);
   r.cost = predictCost(fit, job, s, r.speed, price);
   return r;
 }
@@ -76,7 +77,9 @@ ReportJson rowJson(const Row& row) {
             {"tensor_exchange_ms", row.speed.tensorExchangeMs},
             {"step_ms", row.speed.stepMs},
             {"samples_per_s", row.speed.samplesPerSecond},
-            {"efficiency", row.speed.efficiency}}},
+            {"efficiency", row.speed.efficiency},
+            {"model_gflops_per_s_per_rank", row.speed.modelGflopsPerRank},
+            {"mfu", row.speed.mfu > 0 ? ReportJson(row.speed.mfu) : ReportJson()}}},
           {"cost",
            {{"steps", row.cost.steps},
             {"hours", row.cost.hours},
@@ -103,6 +106,11 @@ ReportJson reportJson(const Report& r) {
               {"exchange_mb_per_gradient_mb", f.exchangeMbPerGradientMb},
               {"exchange_measured_at_zero", f.exchangeStage},
               {"threads", f.threads},
+              {"model_flops_per_sample", f.modelFlopsPerSample},
+              {"gemm_ceiling", f.ceilingGflops > 0 ? ReportJson{{"gflops_per_s", f.ceilingGflops},
+                                                                 {"threads", f.ceilingThreads},
+                                                                 {"dtype", f.ceilingDtype}}
+                                                   : ReportJson()},
               {"ms_per_sample", f.msPerSample},
               {"recompute_ms_per_sample", f.measuredRecompute ? f.recomputeMsPerSample : 0.0},
               {"ms_per_step", f.msPerStep},
@@ -192,14 +200,25 @@ void printReport(const Report& r, std::ostream& out) {
                        t.setting.tensor, t.speed.tensorMbPerStep, t.speed.tensorExchangeMs);
   }
   if (!f.splitProbe.empty()) out << fmt::format("  (the split fitted to a probe of {})\n", f.splitProbe);
-  out << fmt::format("  {}, weak-scaling efficiency {:.0f}%\n\n", throughputText(f, t.speed.samplesPerSecond),
+  out << fmt::format("  {}, weak-scaling efficiency {:.0f}%\n", throughputText(f, t.speed.samplesPerSecond),
                      100 * t.speed.efficiency);
-  out << fmt::format("{:>6} {:>6} {:>10} {:>16} {:>6} {:>10} {:>11}{}\n", "nodes", "ranks", "step ms", "throughput",
-                     "eff.", "time", "node-hours", r.pricePerNodeHour > 0 ? "       price" : "");
+  if (t.speed.modelGflopsPerRank > 0) {
+    out << fmt::format("  model {:.1f} GFLOP/s per rank", t.speed.modelGflopsPerRank);
+    if (t.speed.mfu > 0) {
+      out << fmt::format(", {:.0f}% of the GEMM ceiling ({:.1f} GFLOP/s {} x {})", 100 * t.speed.mfu, f.ceilingGflops,
+                         f.ceilingDtype, f.ceilingThreads);
+    }
+    out << "\n";
+  }
+  out << "\n";
+  out << fmt::format("{:>6} {:>6} {:>10} {:>16} {:>6} {:>5} {:>10} {:>11}{}\n", "nodes", "ranks", "step ms",
+                     "throughput", "eff.", "MFU", "time", "node-hours", r.pricePerNodeHour > 0 ? "       price" : "");
   for (const Row& row : r.byNodes) {
-    out << fmt::format("{:>6} {:>6} {:>10.1f} {:>16} {:>5.0f}% {:>10} {:>11.2f}", row.setting.nodes,
+    out << fmt::format("{:>6} {:>6} {:>10.1f} {:>16} {:>5.0f}% {:>5} {:>10} {:>11.2f}", row.setting.nodes,
                        row.setting.ranks(), row.speed.stepMs, throughputText(f, row.speed.samplesPerSecond),
-                       100 * row.speed.efficiency, durationText(row.cost.hours), row.cost.nodeHours);
+                       100 * row.speed.efficiency,
+                       row.speed.mfu > 0 ? fmt::format("{:.0f}%", 100 * row.speed.mfu) : std::string("-"),
+                       durationText(row.cost.hours), row.cost.nodeHours);
     if (r.pricePerNodeHour > 0) out << fmt::format(" {:>11.2f}", row.cost.price);
     out << (row.setting.nodes == t.setting.nodes ? "  <- this job" : "") << "\n";
   }

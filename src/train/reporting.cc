@@ -8,6 +8,7 @@
 
 #include "cohort/core/log.h"
 #include "cohort/monitor/straggler.h"
+#include "train/detail/utilization.h"
 
 namespace cohort::train::detail {
 
@@ -28,8 +29,9 @@ monitor::ProgressMode progressMode(ProgressStyle style, bool terminal) {
 }  // namespace
 
 Reporter::Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-                   const data::BatchLoader& loader, const PhaseTimes& phases, int stages)
-    : job_(job), comm_(comm), loader_(loader), phases_(phases), stages_(stages) {
+                   const data::BatchLoader& loader, const PhaseTimes& phases, int stages,
+                   const TrainSummary::Utilization* utilization)
+    : job_(job), comm_(comm), loader_(loader), phases_(phases), stages_(stages), utilization_(utilization) {
   if (comm.rank != 0) return;
   metrics_ = std::make_unique<monitor::MetricsWriter>(runDir.metrics());
   if (job.output.tensorboard) {
@@ -93,6 +95,11 @@ void Reporter::microBatch(double loss, int64_t images, int64_t skipped) {
   epochImages_ += images;
 }
 
+double Reporter::mfu(double samplesPerS) const {
+  if (utilization_ == nullptr || !utilization_->ceiling || !std::isfinite(samplesPerS)) return NAN;
+  return utilizationFraction(*utilization_, samplesPerS, comm_.worldSize);
+}
+
 void Reporter::stepDone(int64_t step, int64_t epoch, double lr) {
   ++epochSteps_;
   ++windowSteps_;
@@ -100,9 +107,8 @@ void Reporter::stepDone(int64_t step, int64_t epoch, double lr) {
     record(step, epoch, lr);
   } else if (progress_) {
     const double elapsed = secondsSince(epochStart_);
-    progress_->update(epochSteps_, epochLossSum_ / std::max<int64_t>(1, epochLossCount_),
-                      elapsed > 0 ? double(epochImages_) * comm_.worldSize / stages_ / elapsed : NAN,
-                      false);
+    const double rate = elapsed > 0 ? double(epochImages_) * comm_.worldSize / stages_ / elapsed : NAN;
+    progress_->update(epochSteps_, epochLossSum_ / std::max<int64_t>(1, epochLossCount_), rate, false, mfu(rate));
   }
 }
 
@@ -147,13 +153,18 @@ void Reporter::record(int64_t step, int64_t epoch, double lr) {
   if (tokenModel(job_)) r.tokensPerS = r.imagesPerS * double(job_.model.blockSize);
   r.dataWaitFrac = a[3] > 0 ? a[2] / a[3] : 0;
   r.corruptSkipped = static_cast<int64_t>(a[5]);
+  if (utilization_ != nullptr && utilization_->flops.known) {
+    r.modelFlopsPerS = utilization_->flops.trainingPerSample * r.imagesPerS;
+    r.mfu = mfu(r.imagesPerS);
+  }
   if (metrics_) metrics_->write(r);
   board(step, {{"train/loss", r.loss},
                {"train/lr", r.lr},
                {"train/images_per_s", r.imagesPerS},
                {"train/data_wait_frac", r.dataWaitFrac}});
   if (r.tokensPerS > 0) board(step, {{"train/tokens_per_s", r.tokensPerS}});
-  if (progress_) progress_->update(epochSteps_, r.loss, r.imagesPerS, true);
+  if (std::isfinite(r.mfu)) board(step, {{"train/mfu", r.mfu}});
+  if (progress_) progress_->update(epochSteps_, r.loss, r.imagesPerS, true, r.mfu);
   resetWindow();
 }
 

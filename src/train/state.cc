@@ -25,6 +25,7 @@
 #include "train/detail/memory_fit.h"
 #include "train/detail/optimizer_cut.h"
 #include "train/detail/stages.h"
+#include "train/detail/utilization.h"
 #include "cohort/parallel/pipeline.h"
 
 namespace cohort::train::detail {
@@ -203,7 +204,7 @@ void makeLoopParts(TrainState& s) {
   summary.globalBatch = s.steps.globalBatch;
   summary.restartCount = s.options.restartCount;
   s.reporter = std::make_unique<Reporter>(job, s.comm, s.runDir, *s.loaders.train, summary.phases,
-                                          s.mesh.stages * s.mesh.tensors);
+                                          s.mesh.stages * s.mesh.tensors, &summary.utilization);
   s.runner = std::make_unique<StepRunner>(job, *s.plan, *s.optimizer, s.faults, summary.phases,
                                           s.model.precision);
   s.checkpoints = std::make_unique<CheckpointPolicy>(job, *s.plan, s.runDir, *s.optimizer,
@@ -326,6 +327,8 @@ void setUp(TrainState& s) {
   if (buildsByUnit(job)) checkFitBeforeBuild(s, part);
   env::pauseForTest("model");
   s.model = buildModel(job, s.datasets, s.mesh, s.options.resumeFrom, part, s.restaged);
+  s.summary.utilization = measureUtilization(s.model.config, s.datasets.shape.height, s.datasets.shape.width,
+                                             s.model.precision, s.model.compute.intraOpThreads, s.comm);
   if (s.mesh.pipelined()) logStage(s, part);
   if (s.resumed && !s.model.frozenUnits) checkFrozenBase(s);
   // Before the plan, which shards the parameters at ZeRO stage 3 (with

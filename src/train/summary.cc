@@ -11,6 +11,7 @@
 #include "cohort/core/file.h"
 #include "cohort/core/memory_limit.h"
 #include "train/detail/setup.h"
+#include "train/detail/utilization.h"
 
 namespace cohort::train {
 
@@ -146,6 +147,7 @@ void writeSummary(const JobConfig& job, const TrainSummary& s, const RunDir& run
     }
   }
   j["compute"] = toJson(s.compute);
+  j["utilization"] = detail::utilizationJson(s.utilization, s.imagesPerS, worldSize, s.globalBatch);
   j["restart_count"] = s.restartCount;
   if (s.resumedFromStep >= 0) {
     j["resumed_from"] = {{"step", s.resumedFromStep}, {"checkpoint", s.resumedFrom}};

@@ -33,6 +33,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/train/stop.h"
 #include "cohort/train/trainer.h"
+#include "train/detail/utilization.h"
 
 namespace cohort::train {
 namespace {
@@ -317,6 +318,7 @@ int runWorker(const WorkerOptions& o) {
       log::info("throughput {:.0f} images/s on {} ranks (data wait {:.1f}%)", s.imagesPerS,
                 re.worldSize, 100 * s.dataWaitFrac);
     }
+    log::info("{}", detail::utilizationText(s.utilization, s.imagesPerS, re.worldSize));
     log::info("outputs in {}: {}job.yaml, metrics.jsonl, summary.json, logs/", runDir.root,
               job.output.saveFinal
                   ? (job.output.weightsFormat == WeightsFormat::safetensors ? "model/final.safetensors, "

@@ -5,6 +5,8 @@
 
 #include "cohort/health/health.h"
 
+#include <stdlib.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +15,8 @@
 
 #include "cohort/comm/comm.h"
 #include "cohort/core/error.h"
+#include "cohort/core/file.h"
+#include "cohort/health/ceiling.h"
 #include "util/jobs.h"
 #include "util/rank_threads.h"
 
@@ -183,6 +187,97 @@ TEST(HealthMeasure, EachMeasurementIsPositive) {
   EXPECT_GT(health::measureDiskWriteMbps(dir.path(), (size_t{5} << 20) + 100, 5, &method), 0);
   EXPECT_TRUE(method == "O_DIRECT" || method == "buffered") << method;
   EXPECT_TRUE(dirIsEmpty(dir.path()));
+}
+
+// COHORT_CACHE_DIR for one test, restored after it.
+class CacheDir {
+ public:
+  explicit CacheDir(const std::string& dir) {
+    if (const char* old = std::getenv("COHORT_CACHE_DIR")) old_ = old;
+    setenv("COHORT_CACHE_DIR", dir.c_str(), 1);
+  }
+  ~CacheDir() {
+    if (old_.empty()) {
+      unsetenv("COHORT_CACHE_DIR");
+    } else {
+      setenv("COHORT_CACHE_DIR", old_.c_str(), 1);
+    }
+  }
+
+ private:
+  std::string old_;
+};
+
+// Rewrites the cache file's one entry with `gflops`.
+void setCachedGflops(const std::string& file, double gflops) {
+  auto j = nlohmann::json::parse(readFile(file));
+  ASSERT_EQ(j.at("entries").size(), 1u) << j.dump(2);
+  j["entries"][0]["gflops"] = gflops;
+  writeFileAtomic(file, j.dump());
+}
+
+TEST(HealthCeiling, MeasuredOnceThenReadFromTheMachinesCache) {
+  test::TempDir dir;
+  CacheDir cache(dir.path() + "/cache");
+  EXPECT_EQ(health::ceilingCacheFile(), dir.path() + "/cache/gemm-ceiling.json");
+  EXPECT_FALSE(health::gemmCeiling("float32", 1, /*measure=*/false).has_value()) << "nothing cached yet";
+  const auto first = health::gemmCeiling("float32", 1, true, 0.05);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_FALSE(first->cached);
+  EXPECT_GT(first->gflops, 0);
+  EXPECT_EQ(first->n, 1024);
+  EXPECT_FALSE(first->measuredAt.empty());
+  ASSERT_TRUE(std::filesystem::exists(first->file));
+  const auto again = health::gemmCeiling("float32", 1, /*measure=*/false);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->cached);
+  EXPECT_EQ(again->gflops, first->gflops);
+  EXPECT_EQ(again->measuredAt, first->measuredAt);
+  // Another thread count or dtype is another entry.
+  EXPECT_FALSE(health::gemmCeiling("float32", 3, false).has_value());
+  EXPECT_FALSE(health::gemmCeiling("bfloat16", 1, false).has_value());
+}
+
+TEST(HealthCeiling, AMeasurementReplacesTheCachedOneOnlyWhenHigher) {
+  test::TempDir dir;
+  CacheDir cache(dir.path());
+  const auto first = health::gemmCeiling("float32", 1, true, 0.05);
+  ASSERT_TRUE(first.has_value());
+  setCachedGflops(first->file, 1e-6);  // as if measured on a very busy machine
+  const health::GemmCeiling raised = health::remeasureGemmCeiling("float32", 1, 0.05);
+  EXPECT_GT(raised.gflops, 1e-6);
+  EXPECT_EQ(health::gemmCeiling("float32", 1, false)->gflops, raised.gflops);
+  setCachedGflops(first->file, 1e9);
+  EXPECT_EQ(health::remeasureGemmCeiling("float32", 1, 0.05).gflops, 1e9) << "a lower measurement is not kept";
+  EXPECT_EQ(health::gemmCeiling("float32", 1, false)->gflops, 1e9);
+}
+
+TEST(HealthCeiling, ACacheFileCohortCannotReadIsMeasuredAgainAndReplaced) {
+  test::TempDir dir;
+  CacheDir cache(dir.path());
+  writeFileAtomic(health::ceilingCacheFile(), "{not json");
+  EXPECT_FALSE(health::gemmCeiling("float32", 1, false).has_value());
+  const auto c = health::gemmCeiling("float32", 1, true, 0.05);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->cached);
+  const auto j = nlohmann::json::parse(readFile(health::ceilingCacheFile()), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j.at("entries").size(), 1u);
+}
+
+TEST(HealthCli, TheTablePrintsTheGemmCeilingAndKeepsIt) {
+  test::TempDir dir;
+  auto r = test::cohort({"health", "--procs", "1", "--set", "health.disk_dir=" + dir.path(), "--set",
+                         "distribution.threads_per_rank=1"},
+                        {{"COHORT_CACHE_DIR", dir.path() + "/cache"}}, 3min);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.out.find("GEMM ceiling: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("float32 x 1 thread"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(dir.path() + "/cache/gemm-ceiling.json"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(readFile(dir.path() + "/cache/gemm-ceiling.json"));
+  EXPECT_GE(j.at("entries").size(), 1u);
+  EXPECT_EQ(j["entries"][0].at("dtype"), "float32");
+  EXPECT_GT(j["entries"][0].at("gflops").get<double>(), 0);
 }
 
 TEST(HealthMeasure, DiskErrorNamesThePath) {

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -59,7 +60,7 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   EXPECT_NE(tok.out.find("tokens/s, 1.00 bytes per token"), std::string::npos) << tok.out;
 
   const std::string run = dir.file("run");
-  auto r = test::cohort({"run", job(), "--run-dir", run});
+  auto r = test::cohort({"run", job(), "--run-dir", run}, {{"COHORT_CACHE_DIR", dir.file("cache")}});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
 
   const double baseline = unigramLoss(text.substr(0, 54'000), text.substr(54'000));
@@ -76,16 +77,37 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   EXPECT_EQ(summary["eval"]["tokens"].get<int64_t>(), 187 * 32);
   EXPECT_GT(summary["train_tokens_per_s"].get<double>(), 0);
 
-  bool sawEval = false, sawTrainTokens = false;
+  // Model FLOPs utilization (models/flops.h): 1 layer 48 wide, 32 positions,
+  // 256 tokens; 2 FLOPs a weight per token, attention 4 T C, training 3x.
+  const auto& u = summary["utilization"];
+  const double perToken = 2.0 * (12 * 48 * 48 + 48 * 256) + 4 * 32 * 48;
+  const double perSample = u.at("model_flops_per_sample").get<double>();
+  EXPECT_DOUBLE_EQ(perSample, 3 * 32 * perToken) << u.dump(2);
+  EXPECT_DOUBLE_EQ(u.at("model_flops_per_step").get<double>(), perSample * summary["global_batch"].get<double>());
+  const double perRank = perSample * summary["train_images_per_s"].get<double>() / 2 / 1e9;
+  EXPECT_NEAR(u.at("model_gflops_per_s_per_rank").get<double>(), perRank, 1e-9 * perRank);
+  const auto& ceiling = u.at("gemm_ceiling");
+  EXPECT_EQ(ceiling.at("dtype").get<std::string>(),
+            summary["compute"]["precision"].get<std::string>() == "bf16" ? "bfloat16" : "float32");
+  EXPECT_EQ(ceiling.at("cache").get<std::string>(), dir.file("cache") + "/gemm-ceiling.json");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("cache") + "/gemm-ceiling.json"));
+  EXPECT_NEAR(u.at("mfu").get<double>(), perRank / ceiling.at("gflops_per_s").get<double>(), 1e-9);
+  EXPECT_NE((r.out + r.err).find("of the GEMM ceiling ("), std::string::npos) << r.describe();
+
+  bool sawEval = false, sawTrainTokens = false, sawMfu = false;
   for (const auto& line : test::readJsonLines(run + "/metrics.jsonl")) {
     if (line.value("event", "") == "eval") {
       sawEval = true;
       EXPECT_GT(line["perplexity"].get<double>(), 1.0);
     }
-    if (line.value("event", "") == "train") sawTrainTokens = line.contains("tokens_per_s");
+    if (line.value("event", "") == "train") {
+      sawTrainTokens = line.contains("tokens_per_s");
+      sawMfu = line.value("mfu", 0.0) > 0 && line.value("model_gflops_per_s", 0.0) > 0;
+    }
   }
   EXPECT_TRUE(sawEval);
   EXPECT_TRUE(sawTrainTokens);
+  EXPECT_TRUE(sawMfu) << "metrics.jsonl's train records carry the utilization";
 
   // model/final.pt names the tied head twice, as PyTorch's GPT does.
   const ckpt::StateDict final = ckpt::readStateDict(run + "/model/final.pt");

@@ -326,6 +326,16 @@ struct JobConfig {
 // next-token logits out, generation with a KvCache.
 inline bool decoderArch(ModelArch arch) { return arch == ModelArch::gpt || arch == ModelArch::llama; }
 
+// The MLP's width of llama and bert: model.intermediate_size, or the
+// architecture's default (llama: 8/3 n_embd rounded up to 64, bert: 4 n_embd).
+inline int64_t intermediateWidth(const ModelConfig& m) {
+  if (m.intermediateSize > 0) return m.intermediateSize;
+  return m.arch == ModelArch::llama ? (8 * m.nEmbd / 3 + 63) / 64 * 64 : 4 * m.nEmbd;
+}
+
+// Key/value heads of llama's grouped-query attention: model.n_kv_head, or n_head.
+inline int64_t kvHeads(const ModelConfig& m) { return m.nKvHead > 0 ? m.nKvHead : m.nHead; }
+
 // Whether the job pretrains bert by masked language modelling: windows of
 // block_size tokens, some masked, the targets the tokens they hid.
 inline bool maskedLm(const JobConfig& job) {

@@ -156,6 +156,12 @@ std::optional<std::string> serveRankCgroup();
 inline constexpr const char* kUrlCredentialsVar = "COHORT_URL_CREDENTIALS";
 std::optional<std::string> urlCredentials();
 
+// Where cohort keeps what it measured of the machine (health/ceiling.h):
+// COHORT_CACHE_DIR, else $XDG_CACHE_HOME/cohort, else $HOME/.cache/cohort,
+// else /var/tmp/cohort-cache.
+inline constexpr const char* kCacheDirVar = "COHORT_CACHE_DIR";
+std::string machineCacheDir();
+
 // The variable a job file names (security.encryption.key_env). Its value may
 // be a secret: never log it.
 std::optional<std::string> namedVariable(const std::string& name);

@@ -69,8 +69,9 @@ struct HealthReport {
 // `seconds` have passed (at least two), except where noted, and throws on
 // error.
 
-// Best GFLOP/s (2 n^3 flops per product) of n x n float32 torch::mm.
-double measureMatmulGflops(int64_t n, double seconds);
+// Best GFLOP/s (2 n^3 flops per product) of n x n float32 (or bfloat16)
+// torch::mm with the calling thread's intra-op threads.
+double measureMatmulGflops(int64_t n, double seconds, bool bfloat16 = false);
 
 // Best GB/s of copying `bytes` between two buffers of that size (counting
 // bytes read and bytes written). The buffers are touched before timing.

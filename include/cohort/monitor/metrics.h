@@ -3,6 +3,7 @@
 // metrics.jsonl: one JSON object per line, appended and flushed as it
 // happens, so a crashed run keeps every record written before the crash.
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -18,6 +19,8 @@ struct TrainRecord {
   double tokensPerS = 0;  // language models: predicted tokens per second; 0 otherwise
   double dataWaitFrac = 0;  // share of the time ranks waited for batches
   int64_t corruptSkipped = 0;  // undecodable samples skipped since the last record, all ranks
+  double modelFlopsPerS = 0;   // model FLOPs per second, all ranks (models/flops.h); 0: not counted
+  double mfu = NAN;            // model FLOPs utilization per rank against the GEMM ceiling; NaN: not known
 };
 
 struct EvalRecord {

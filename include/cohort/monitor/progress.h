@@ -3,9 +3,10 @@
 // Per-epoch progress on rank 0's console: an in-place bar on a terminal,
 // plain log lines otherwise.
 //
-//   epoch 3/10 [=========>          ]  45% 210/468 loss 0.3121 2450 img/s ETA 0:12
+//   epoch 3/10 [=========>          ]  45% 210/468 loss 0.3121 2450 img/s MFU 41% ETA 0:12
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -22,13 +23,14 @@ class Progress {
   Progress(ProgressMode mode, int64_t epochs);
   void startEpoch(int64_t epoch, int64_t steps);
   // After optimizer step `step` (1-based within the epoch). A plain line is
-  // printed when `milestone` (the metrics cadence) is set.
-  void update(int64_t step, double loss, double imagesPerS, bool milestone);
+  // printed when `milestone` (the metrics cadence) is set. `mfu`: model
+  // FLOPs utilization per rank (NaN: not shown).
+  void update(int64_t step, double loss, double imagesPerS, bool milestone, double mfu = NAN);
   // Clears the bar; the caller logs the epoch's summary line.
   void endEpoch();
 
  private:
-  std::string line(int64_t step, double loss, double imagesPerS, bool bar) const;
+  std::string line(int64_t step, double loss, double imagesPerS, bool bar, double mfu = NAN) const;
 
   ProgressMode mode_;
   int64_t epochs_;

@@ -112,6 +112,13 @@ struct Fit {
   // received and keeps for backward, the send and receive buffers), MB.
   double pipelineExtraMb = 0;
   std::string splitProbe;      // what calibrated the split ("" : nothing)
+  // Utilization (models/flops.h, health/ceiling.h), as the probe's
+  // summary.json reported them: the model's FLOPs per training sample and
+  // the GEMM ceiling of a rank of `ceilingThreads` threads (0: not known).
+  double modelFlopsPerSample = 0;
+  double ceilingGflops = 0;
+  int64_t ceilingThreads = 0;
+  std::string ceilingDtype;
 };
 
 struct MemoryEstimate {
@@ -133,7 +140,15 @@ struct SpeedEstimate {
   double stepMs = 0;
   double samplesPerSecond = 0; // all ranks
   double efficiency = 1;       // weak scaling: one rank's step time / this step time
+  // Model FLOP/s of a rank at samplesPerSecond, and that against the GEMM
+  // ceiling of its threads (0: not known; the ceiling is the probe's, so a
+  // setting of other threads has none).
+  double modelGflopsPerRank = 0;
+  double mfu = 0;
 };
+
+// The utilization of `e` for setting `s` (SpeedEstimate's last two fields).
+void addUtilization(const Fit& fit, const Setting& s, SpeedEstimate& e);
 
 struct CostEstimate {
   int64_t steps = 0;           // to the job's end (training.epochs, capped by max_steps)

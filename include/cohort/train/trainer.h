@@ -4,6 +4,7 @@
 // optimizer step, LR schedule, evaluation, metrics and progress.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "cohort/comm/comm.h"
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/health/ceiling.h"
+#include "cohort/models/flops.h"
 #include "cohort/monitor/metrics.h"
 #include "cohort/parallel/mesh.h"
 #include "cohort/train/compute.h"
@@ -102,6 +105,14 @@ struct TrainSummary {
   // per step (Plan::splitStats), beside what Megatron's count expects of
   // the blocks (summary.json "tensor"); null without one.
   nlohmann::json tensor;
+  // Model FLOPs utilization: the model's FLOPs per training sample
+  // (models/flops.h) and rank 0's GEMM ceiling (health/ceiling.h), which
+  // achieved throughput is measured against.
+  struct Utilization {
+    models::ModelFlops flops;
+    std::optional<health::GemmCeiling> ceiling;
+    std::string why;  // no ceiling: why
+  } utilization;
 };
 
 struct TrainOptions {

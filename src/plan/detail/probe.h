@@ -25,6 +25,12 @@ struct ProbeRun {
   bool elementsKnown = false;
   train::ModelElements elements;
   int64_t epochSamples = 0;
+  // summary.json's utilization: the model's FLOPs per training sample and
+  // the GEMM ceiling of the probe's threads (0: not known).
+  double modelFlopsPerSample = 0;
+  double ceilingGflops = 0;
+  int64_t ceilingThreads = 0;
+  std::string ceilingDtype;
 };
 
 class Prober {

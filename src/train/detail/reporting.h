@@ -41,8 +41,11 @@ class Reporter {
   // `stages`: the ranks that train on each sample (a pipeline's stages
   // times a tensor split's ranks; 1 without), so that throughput counts
   // every sample once.
+  // `utilization`, when given, turns throughput into model FLOPs
+  // utilization in each record and the progress line.
   Reporter(const JobConfig& job, const comm::Comm& comm, const RunDir& runDir,
-           const data::BatchLoader& loader, const PhaseTimes& phases, int stages = 1);
+           const data::BatchLoader& loader, const PhaseTimes& phases, int stages = 1,
+           const TrainSummary::Utilization* utilization = nullptr);
 
   // A line of metrics.jsonl (rank 0; other ranks ignore it).
   void event(const nlohmann::json& line);
@@ -65,12 +68,15 @@ class Reporter {
  private:
   void record(int64_t step, int64_t epoch, double lr);
   void resetWindow();
+  // Model FLOPs utilization at `samplesPerS`, all ranks; NaN when not known.
+  double mfu(double samplesPerS) const;
 
   const JobConfig& job_;
   const comm::Comm& comm_;
   const data::BatchLoader& loader_;
   const PhaseTimes& phases_;
   const int stages_;
+  const TrainSummary::Utilization* utilization_;
   std::unique_ptr<monitor::MetricsWriter> metrics_;
   std::unique_ptr<monitor::TensorBoardWriter> board_;
   std::unique_ptr<monitor::Progress> progress_;
