@@ -57,6 +57,16 @@ TEST(PlanCli, PredictsTheJobAndARunWithThePlanReportsTheError) {
   EXPECT_GT(predicted["memory_mb"]["runtime"].get<double>(), 10);
   EXPECT_GT(predicted["speed"]["samples_per_s"].get<double>(), 0);
   EXPECT_TRUE(predicted["memory_mb"]["fits"].get<bool>());
+  // Utilization: the probes' count of the model's FLOPs (summary.json's), the
+  // model FLOP/s a rank is predicted to reach, and that against the ceiling.
+  const double flops = p["fit"]["model_flops_per_sample"].get<double>();
+  EXPECT_GT(flops, 0) << p["fit"].dump(2);
+  const double perRank = predicted["speed"]["samples_per_s"].get<double>() * flops / 2 / 1e9;
+  EXPECT_NEAR(predicted["speed"]["model_gflops_per_s_per_rank"].get<double>(), perRank, 1e-9 * perRank);
+  ASSERT_TRUE(p["fit"]["gemm_ceiling"].is_object()) << p["fit"].dump(2);
+  EXPECT_EQ(p["fit"]["gemm_ceiling"]["threads"], predicted["setting"]["threads_per_rank"]);
+  EXPECT_NEAR(predicted["speed"]["mfu"].get<double>(),
+              perRank / p["fit"]["gemm_ceiling"]["gflops_per_s"].get<double>(), 1e-9);
   // The table over node counts: more nodes, more node-hours' price per step.
   ASSERT_GE(p["by_nodes"].size(), 7u);
   EXPECT_EQ(p["by_nodes"][0]["setting"]["nodes"], 1);
