@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -305,6 +306,20 @@ int availableCores() {
   }
   unsigned hc = std::thread::hardware_concurrency();
   return hc > 0 ? static_cast<int>(hc) : 1;
+}
+
+std::optional<std::pair<std::string, std::string>> rankOpenMpWait() {
+  if (get("OMP_WAIT_POLICY") || get("GOMP_SPINCOUNT")) return std::nullopt;
+  return std::make_pair(std::string("GOMP_SPINCOUNT"), std::string(kRankSpinCount));
+}
+
+std::optional<double> loadAverage() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return std::nullopt;
+  double load = 0;
+  const bool ok = std::fscanf(f, "%lf", &load) == 1;
+  std::fclose(f);
+  return ok ? std::optional<double>(load) : std::nullopt;
 }
 
 std::optional<int> slurmCpusPerTask() {

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/launch/spawn.h"
@@ -352,6 +353,7 @@ ForkServer* ForkServer::forEngine(const std::string& exe) {
   }
   // As in a rank's environment (rankEnvironment): OpenMP reads it as it loads.
   env.emplace_back("OMP_NUM_THREADS=1");
+  if (auto wait = env::rankOpenMpWait()) env.push_back(wait->first + "=" + wait->second);
   env.push_back(fmt::format("{}={}", kForkServerFdVar, sv[1]));
   env.push_back(fmt::format("{}={}", kEnvRoomVar, std::string(kEnvRoom, '.')));
   sigset_t all;

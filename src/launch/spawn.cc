@@ -86,6 +86,7 @@ std::vector<std::string> rankEnvironment(const env::RankEnv& r, int restartCount
     vars.emplace_back(env::kUrlCredentialsVar, encodeUrlCredentials(credentials));
   }
   vars.emplace_back("OMP_NUM_THREADS", "1");  // the rank sets its own thread count
+  if (auto wait = env::rankOpenMpWait()) vars.push_back(*wait);
   vars.emplace_back("COHORT_RESTART_COUNT", std::to_string(restartCount));
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {

@@ -119,17 +119,28 @@ ComputeState observeCompute() {
   s.gradMode = at::GradMode::is_enabled();
   s.boundCores = boundToCores;
   s.cores = describeCores(allowedCores());
+  if (auto v = env::namedVariable("OMP_WAIT_POLICY")) {
+    s.openMpWait = "OMP_WAIT_POLICY=" + *v;
+  } else if (auto c = env::namedVariable("GOMP_SPINCOUNT")) {
+    s.openMpWait = "GOMP_SPINCOUNT=" + *c;
+  } else {
+    s.openMpWait = "default";
+  }
+  s.loadAverage = env::loadAverage().value_or(-1);
   return s;
 }
+
+bool machineBusy(const ComputeState& s, int cores) { return s.loadAverage >= double(cores); }
 
 std::string describe(const ComputeState& s) {
   return fmt::format(
       "compute: {} intra-op thread(s), {} inter-op; allocator {} ({}); oneDNN {}; LibTorch kernels {}; "
-      "memory format {} ({}); profiler observers {}; anomaly detection {}; cores {}{}; CPU {}",
+      "memory format {} ({}); profiler observers {}; anomaly detection {}; cores {}{}; OpenMP wait {}; "
+      "load average {:.2f}; CPU {}",
       s.intraOpThreads, s.interOpThreads, s.allocator, s.mallocName, s.onednn ? "on" : "off", s.kernels,
       s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
       s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", s.cores,
-      s.boundCores ? " (bound)" : "", cohort::describe(s.cpu));
+      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, cohort::describe(s.cpu));
 }
 
 nlohmann::json toJson(const ComputeState& s) {
@@ -150,7 +161,9 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"precision_reason", s.precisionReason},
                         {"observers", s.observers},
                         {"anomaly_mode", s.anomalyMode},
-                        {"grad_mode", s.gradMode}};
+                        {"grad_mode", s.gradMode},
+                        {"openmp_wait", s.openMpWait},
+                        {"load_average", s.loadAverage}};
 }
 
 namespace {

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include "cohort/core/env.h"
@@ -93,7 +94,8 @@ std::map<std::string, std::string> documentedDefaults() {
 }
 
 nlohmann::json runCompute(const test::TempDir& dir, const std::string& tag, int procs,
-                          const std::vector<std::string>& sets) {
+                          const std::vector<std::string>& sets,
+                          const std::map<std::string, std::string>& environment = {}) {
   const std::string job = dir.file(tag + ".yaml");
   test::writeText(job, test::tinyJobYaml(tag));
   std::vector<std::string> args = {"run", job, "--procs", std::to_string(procs), "--run-dir",
@@ -102,7 +104,7 @@ nlohmann::json runCompute(const test::TempDir& dir, const std::string& tag, int 
     args.push_back("--set");
     args.push_back(s);
   }
-  const auto r = test::cohort(args);
+  const auto r = test::cohort(args, environment);
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   std::ifstream in(dir.file(tag + "/summary.json"));
   if (!in) return nlohmann::json::object();
@@ -131,6 +133,16 @@ TEST(Compute, StartUpStateIsTheDocumentedOne) {
     }
   }
   EXPECT_FALSE(c["cpu"].get<std::string>().empty());
+}
+
+TEST(Compute, TheUsersOpenMpWaitPolicyIsKeptOverCohortsShortSpin) {
+  test::TempDir dir;
+  // The fork server and exec'd ranks (2 ranks: one of each path's kind of start).
+  const nlohmann::json c = runCompute(dir, "passive", 2, {}, {{"OMP_WAIT_POLICY", "PASSIVE"}});
+  EXPECT_EQ(c.value("openmp_wait", ""), "OMP_WAIT_POLICY=PASSIVE") << c.dump();
+  const std::string log = test::readText(dir.file("passive/logs/rank-1.log"));
+  EXPECT_NE(log.find("OpenMP wait OMP_WAIT_POLICY=PASSIVE;"), std::string::npos) << log;
+  EXPECT_GE(c.value("load_average", -1.0), 0) << c.dump();
 }
 
 TEST(Compute, TheJobFileOverridesEveryChoice) {

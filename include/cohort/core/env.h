@@ -169,6 +169,21 @@ std::optional<std::string> namedVariable(const std::string& name);
 // Number of CPU cores this process may use (affinity mask), at least 1.
 int availableCores();
 
+// How long an idle OpenMP thread of a rank spins before it sleeps. LibTorch's
+// intra-op threads wait at the end of each parallel region; GNU OpenMP's
+// default spins for about 300,000 rounds first, which on a machine whose
+// cores other work also wants keeps a thread on a core its sibling needs:
+// measured, one rank of 2 threads fell from thousands of tokens/s to
+// hundreds (docs/performance.md, "A busy machine"). cohort's launchers give
+// their ranks (and the fork server they fork from: GNU OpenMP reads it as it
+// loads) GOMP_SPINCOUNT=kRankSpinCount, unless OMP_WAIT_POLICY or
+// GOMP_SPINCOUNT is set already. nullopt then; else the variable to set.
+inline constexpr const char* kRankSpinCount = "10000";
+std::optional<std::pair<std::string, std::string>> rankOpenMpWait();
+
+// The 1-minute load average (/proc/loadavg); nullopt when unreadable.
+std::optional<double> loadAverage();
+
 // A task of an srun step asked for `--cpus-per-task`: SLURM_CPUS_PER_TASK
 // when SLURM_STEP_ID is set too (a batch script's own environment has the
 // first, not the second). The rank's intra-op threads default to it. Not

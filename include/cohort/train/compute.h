@@ -42,7 +42,16 @@ struct ComputeState {
   bool observers = false;    // RecordFunction callbacks (a profiler) registered
   bool anomalyMode = false;  // autograd's anomaly detection
   bool gradMode = true;
+  // How idle OpenMP threads wait: "GOMP_SPINCOUNT=10000" as cohort's
+  // launchers set it (core/env.h, rankOpenMpWait), the user's
+  // OMP_WAIT_POLICY or GOMP_SPINCOUNT, or "default" (GNU OpenMP's own).
+  std::string openMpWait;
+  double loadAverage = -1;  // the machine's 1-minute load average as training started; -1: unknown
 };
+
+// Whether other work already fills the cores a rank may use: the load
+// average as the rank started is at least their number.
+bool machineBusy(const ComputeState& s, int cores);
 
 // Binds the process to its cores (compute.bind_cores, train/bind_cores.h:
 // local rank `localRank` of `localRanks`), then sets the intra-op threads
