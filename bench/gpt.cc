@@ -117,7 +117,17 @@ struct CohortResult {
   double tokensPerS = 0;
   nlohmann::json phases;
   nlohmann::json compute;  // summary.json's "compute": what the rank chose
+  nlohmann::json utilization;  // summary.json's "utilization": FLOPs per sample, the GEMM ceiling
 };
+
+// cohort's model FLOPs utilization per rank at `tokensPerS` over `procs`
+// ranks (summary.json's count and ceiling); 0 when not known.
+double mfuOf(const CohortResult& r, double tokensPerS, int procs) {
+  const double perSample = r.utilization.value("model_flops_per_sample", 0.0);
+  const auto ceiling = r.utilization.value("gemm_ceiling", nlohmann::json());
+  if (perSample <= 0 || !ceiling.is_object()) return 0;
+  return tokensPerS / kBlock * perSample / procs / (ceiling.value("gflops_per_s", 0.0) * 1e9);
+}
 
 CohortResult readRun(const std::string& run) {
   const std::vector<double> windows = bench::windowRates(run, "tokens_per_s");
@@ -127,7 +137,7 @@ CohortResult readRun(const std::string& run) {
   std::ifstream in(run + "/summary.json");
   const auto s = nlohmann::json::parse(in);
   return {bench::overallRate(windows), s.value("phase_ms_per_step", nlohmann::json::object()),
-          s.value("compute", nlohmann::json::object())};
+          s.value("compute", nlohmann::json::object()), s.value("utilization", nlohmann::json::object())};
 }
 
 std::atomic<int> runs{0};  // each run its own directory
@@ -209,6 +219,8 @@ nlohmann::json rowJson(const Row& r, const Data& data) {
           {"ratio_min", r.ratioMin},
           {"ratio_max", r.ratioMax},
           {"cohort_kernels", r.cohort.compute.value("kernels", "")},
+          {"cohort_mfu", mfuOf(r.cohort, r.cohortTps, r.procs)},
+          {"gemm_ceiling", r.cohort.utilization.value("gemm_ceiling", nlohmann::json())},
           {"cohort_phase_ms", r.cohort.phases},
           {"pytorch_phase_ms", r.torch["phase_ms"]},
           {"torch", r.torch.value("torch", "")},
@@ -250,13 +262,14 @@ int runBench(const std::string& only, double scale, int repeat) {
   std::cout << fmt::format(
       "model: GPT {} layers x {} heads, n_embd {}, block {}, vocab {}; batch {} windows per rank\n\n",
       kLayers, kHeads, kEmbd, kBlock, data.vocab, kBatch);
-  std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12} {:>9} {:>7} {:>13} | {:>10} {:>11} {:>9} {:>6}\n",
-                           "precision", "ranks", "threads", "cohort tok/s", "PyTorch", "ratio", "(one pair)",
+  std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12} {:>6} {:>9} {:>7} {:>13} | {:>10} {:>11} {:>9} {:>6}\n",
+                           "precision", "ranks", "threads", "cohort tok/s", "MFU", "PyTorch", "ratio", "(one pair)",
                            "eff cohort", "eff PyTorch", "no comm", "of it");
   auto print = [](const Row& r, double effC, double effT, double ceiling) {
-    std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12.0f} {:>9.0f} {:>6.2f}x {:>5.2f}-{:<5.2f}x |",
-                             r.c.precision, r.procs, r.c.threads, r.cohortTps, r.torchTps,
-                             r.cohortTps / r.torchTps, r.ratioMin, r.ratioMax);
+    std::cout << fmt::format("{:<9} {:>5} {:>7} | {:>12.0f} {:>5.1f}% {:>9.0f} {:>6.2f}x {:>5.2f}-{:<5.2f}x |",
+                             r.c.precision, r.procs, r.c.threads, r.cohortTps,
+                             100 * mfuOf(r.cohort, r.cohortTps, r.procs), r.torchTps, r.cohortTps / r.torchTps,
+                             r.ratioMin, r.ratioMax);
     if (r.procs > 1) {
       std::cout << fmt::format(" {:>9.1f}% {:>10.1f}% {:>8.1f}% {:>6.3f}", 100 * effC, 100 * effT,
                                100 * ceiling, effC / ceiling);
