@@ -335,17 +335,21 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
 
 using flash::FlashAttentionFunction;
 
-bool flashAttentionApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+bool flashAttentionTakes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const at::ScalarType t = q.scalar_type();
   return (t == at::kFloat || t == at::kDouble || t == at::kBFloat16) && k.scalar_type() == t &&
          v.scalar_type() == t && q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && q.dim() == 4 &&
-         k.sizes() == q.sizes() && v.sizes() == q.sizes() && !flash::matmulOnly();
+         k.sizes() == q.sizes() && v.sizes() == q.sizes();
+}
+
+bool flashAttentionApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return q.scalar_type() != at::kBFloat16 && flashAttentionTakes(q, k, v) && !flash::matmulOnly();
 }
 
 void setAttentionMatmulOnly(bool only) { flash::matmulOnlyState.store(only ? 1 : 0, std::memory_order_relaxed); }
 
 at::Tensor flashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  COHORT_ASSERT(flashAttentionApplies(q, k, v), "flashAttention: q ", q.sizes(), " ", q.scalar_type(), ", k ",
+  COHORT_ASSERT(flashAttentionTakes(q, k, v), "flashAttention: q ", q.sizes(), " ", q.scalar_type(), ", k ",
                 k.sizes(), ", v ", v.sizes());
   return FlashAttentionFunction::apply(q, k, v);
 }

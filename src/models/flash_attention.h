@@ -19,17 +19,23 @@
 namespace cohort::models {
 
 // True when flashAttention takes q, k, v: 4-d CPU tensors of one dtype,
-// float32, float64 or bfloat16 (computed in float32, as under bf16
-// autocast), of one shape [B, H, T, D], and COHORT_ATTENTION is not
-// "matmul" (core/env.h). CUDA tensors and other dtypes take the product of
-// the whole matrix (causalAttention, models/gpt.h).
+// float32, float64 or bfloat16 (computed in float32), of one shape
+// [B, H, T, D].
+bool flashAttentionTakes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// True when causalAttention (models/gpt.h) should use flashAttention:
+// flashAttentionTakes, not bfloat16, and COHORT_ATTENTION not "matmul"
+// (core/env.h). bfloat16 (q, k, v under bf16 autocast) keeps the product
+// of the whole matrix: there LibTorch's bfloat16 products (AMX,
+// avx512_bf16) beat converting to float32 for this kernel
+// (docs/performance.md). CUDA tensors and other dtypes keep it too.
 bool flashAttentionApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Causal attention, q, k, v [B, H, T, D] (any strides) -> [B, T, H D] of
 // q's dtype: row t of each head is softmax(q_t k_s^T / sqrt(D), s <= t)
 // times v. Differentiable once in q, k and v (its backward is not itself
-// differentiable). Preconditions: flashAttentionApplies, else
-// COHORT_ASSERT fails.
+// differentiable). Preconditions: flashAttentionTakes, else COHORT_ASSERT
+// fails.
 at::Tensor flashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Forces the product of the whole matrix (true) or lets the blockwise kernel

@@ -271,8 +271,9 @@ class Gpt : public Model {
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& mask,
                            const at::TensorOptions& maskOptions,
                            const std::function<at::Tensor(const at::Tensor&)>& dropAttention) {
-  // Without dropout on the weights, blockwise where it applies (CPU, float
-  // types): the same values up to rounding, without the [B, H, T, T] scores.
+  // Without dropout on the weights, blockwise where it applies (CPU,
+  // float32 or float64): the same values up to rounding, without the
+  // [B, H, T, T] scores.
   if (!dropAttention && flashAttentionApplies(q, k, v)) return flashAttention(q, k, v);
   const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3);
   if (!mask.defined() || mask.size(0) != t || mask.dtype() != maskOptions.dtype() ||

@@ -131,8 +131,8 @@ TEST(FlashAttention, TakesTheGptsNonContiguousViews) {
   }
 }
 
-// bfloat16 (the GPT's q, k, v under bf16 autocast) is computed in float32:
-// the output is the float result on the same inputs, rounded once.
+// bfloat16, when asked for (causalAttention keeps the whole matrix for it),
+// is computed in float32: the float result on the same inputs, rounded once.
 TEST(FlashAttention, BFloat16IsComputedInFloat) {
   torch::manual_seed(5);
   const AttentionShape s{2, 2, 70, 16};
@@ -162,6 +162,10 @@ TEST(FlashAttention, CausalAttentionChoosesItWithoutDropout) {
   setAttentionMatmulOnly(false);
   EXPECT_TRUE(flashAttentionApplies(qkv[0], qkv[1], qkv[2]));
   EXPECT_FALSE(flashAttentionApplies(qkv[0].to(at::kHalf), qkv[1].to(at::kHalf), qkv[2].to(at::kHalf)));
+  // bfloat16 is taken, but causalAttention keeps LibTorch's bfloat16 products.
+  const std::vector<at::Tensor> bf16 = {qkv[0].to(at::kBFloat16), qkv[1].to(at::kBFloat16), qkv[2].to(at::kBFloat16)};
+  EXPECT_TRUE(flashAttentionTakes(bf16[0], bf16[1], bf16[2]));
+  EXPECT_FALSE(flashAttentionApplies(bf16[0], bf16[1], bf16[2]));
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize);
 // between calls, of `maskOptions`' dtype and device (the residual
 // stream's: float32 under autocast, which casts it with the product's other
 // inputs); `dropAttention`, if set, applies to the attention weights.
-// Without `dropAttention`, CPU tensors of float32, float64 or bfloat16 take
+// Without `dropAttention`, CPU tensors of float32 or float64 take
 // the blockwise kernel of models/flash_attention.h instead, which never
 // holds the [B, H, S, S] scores (nor builds `mask`); the values agree up to
 // rounding.
