@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   std::cout << "cpu: " << describe(cpuInfo()) << "\n"
             << fmt::format("causal attention forward + backward, float32; median of {} rounds of {} calls\n\n",
                            repeat, iters)
-            << fmt::format("{:>3} {:>3} {:>5} {:>4} {:>3} | {:>11} {:>11} | {:>7} | {:>10} {:>10}\n", "B", "H", "T",
+            << fmt::format("{:>3} {:>3} {:>5} {:>4} {:>3} | {:>11} {:>12} | {:>7} | {:>10} {:>10}\n", "B", "H", "T",
                            "D", "thr", "matmul ms", "blockwise ms", "speedup", "matmul MB", "block MB");
   std::vector<nlohmann::json> lines;
   for (const Shape& s : {Shape{16, 4, 256, 32}, Shape{8, 12, 512, 64}}) {
@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
       // output in [B, T, H D], nothing more: it is the output).
       const double matmulMb = double(s.b * s.h * s.t * s.t) * 4 / 1e6;
       const double blockMb = double(s.b * s.h * s.t) * 4 / 1e6;
-      std::cout << fmt::format("{:>3} {:>3} {:>5} {:>4} {:>3} | {:>11.2f} {:>12.2f} | {:>6.2f}x | {:>10.2f} {:>10.3f}\n",
+      std::cout << fmt::format("{:>3} {:>3} {:>5} {:>4} {:>3} | {:>11.2f} {:>12.2f} | {:>6.2f}x | {:>10.2f} "
+                               "{:>10.3f}\n",
                                s.b, s.h, s.t, s.d, n, m * 1e3, f * 1e3, m / f, matmulMb, blockMb);
       lines.push_back({{"bench", "attention"},
                        {"b", s.b},

@@ -362,8 +362,10 @@ std::pair<at::Tensor, at::Tensor> flashForward(const at::Tensor& qIn, const at::
   at::Tensor out = at::empty({nb, nt, nh * nd}, q.options());
   at::Tensor lse = at::empty({nb, nh, nt}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flashForward", [&] {
-    flash::forwardKernel<scalar_t>(flash::rowsOf<scalar_t>(q), flash::rowsOf<scalar_t>(k), flash::rowsOf<scalar_t>(v),
-                            flash::headRows(out.data_ptr<scalar_t>(), nt, nh, nd), lse.data_ptr<scalar_t>(), nb, nh, nt, nd);
+    using flash::rowsOf;
+    flash::forwardKernel<scalar_t>(rowsOf<scalar_t>(q), rowsOf<scalar_t>(k), rowsOf<scalar_t>(v),
+                                   flash::headRows(out.data_ptr<scalar_t>(), nt, nh, nd), lse.data_ptr<scalar_t>(),
+                                   nb, nh, nt, nd);
   });
   return {out, lse};
 }
@@ -380,11 +382,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flashBackward(const at::Tensor& q
   at::Tensor dk = at::empty({nb, nt, nh, nd}, q.options());
   at::Tensor dv = at::empty({nb, nt, nh, nd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flashBackward", [&] {
-    flash::backwardKernel<scalar_t>(flash::rowsOf<scalar_t>(q), flash::rowsOf<scalar_t>(k), flash::rowsOf<scalar_t>(v),
-                             flash::headRows(out.data_ptr<scalar_t>(), nt, nh, nd), lse.data_ptr<scalar_t>(),
-                             flash::headRows(dOut.data_ptr<scalar_t>(), nt, nh, nd), flash::headRows(dq.data_ptr<scalar_t>(), nt, nh, nd),
-                             flash::headRows(dk.data_ptr<scalar_t>(), nt, nh, nd), flash::headRows(dv.data_ptr<scalar_t>(), nt, nh, nd),
-                             nb, nh, nt, nd);
+    using flash::rowsOf;
+    auto heads = [&](const at::Tensor& x) { return flash::headRows(x.data_ptr<scalar_t>(), nt, nh, nd); };
+    flash::backwardKernel<scalar_t>(rowsOf<scalar_t>(q), rowsOf<scalar_t>(k), rowsOf<scalar_t>(v), heads(out),
+                                    lse.data_ptr<scalar_t>(), heads(dOut), heads(dq), heads(dk), heads(dv), nb, nh, nt,
+                                    nd);
   });
   return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
 }

@@ -63,7 +63,8 @@ std::string describe(const AttentionShape& s) {
 TEST(FlashAttention, ForwardEqualsTheWholeMatrixInFloatAndDouble) {
   torch::manual_seed(1);
   for (const AttentionShape& s : kAttentionShapes) {
-    for (const auto& [dtype, rtol, atol] : {std::tuple{at::kFloat, 1e-4, 2e-5}, std::tuple{at::kDouble, 1e-12, 1e-12}}) {
+    for (const auto& [dtype, rtol, atol] :
+         {std::tuple{at::kFloat, 1e-4, 2e-5}, std::tuple{at::kDouble, 1e-12, 1e-12}}) {
       const std::vector<at::Tensor> qkv = randomQkv(s, dtype, false);
       const at::Tensor got = flashAttention(qkv[0], qkv[1], qkv[2]);
       EXPECT_EQ(got.scalar_type(), dtype);
@@ -114,7 +115,8 @@ TEST(FlashAttention, GradientsEqualFiniteDifferences) {
 // split and transposed to [B, H, T, D], none contiguous.
 TEST(FlashAttention, TakesTheGptsNonContiguousViews) {
   torch::manual_seed(4);
-  for (const AttentionShape& s : {AttentionShape{2, 4, 67, 8}, AttentionShape{1, 3, 1, 5}, AttentionShape{2, 2, 9, 1}}) {
+  for (const AttentionShape& s :
+       {AttentionShape{2, 4, 67, 8}, AttentionShape{1, 3, 1, 5}, AttentionShape{2, 2, 9, 1}}) {
     const at::Tensor projected = torch::randn({s.b, s.t, 3 * s.h * s.d}, torch::kDouble).set_requires_grad(true);
     std::vector<at::Tensor> qkv;
     for (const at::Tensor& m : projected.split(s.h * s.d, 2)) {
