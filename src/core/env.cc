@@ -223,6 +223,13 @@ void pauseForTest(const char* point) {
   }
 }
 
+bool attentionMatmulOnly() {
+  const auto v = get("COHORT_ATTENTION");
+  if (!v || *v == "auto") return false;
+  if (*v == "matmul") return true;
+  throw ConfigError("environment variable COHORT_ATTENTION must be auto or matmul, got '" + *v + "'");
+}
+
 std::optional<std::string> onednnMaxIsa() {
   if (auto v = get("ONEDNN_MAX_CPU_ISA")) return v;
   return get("DNNL_MAX_CPU_ISA");

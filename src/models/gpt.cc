@@ -12,6 +12,7 @@
 #include "cohort/core/error.h"
 #include "cohort/models/lora.h"
 #include "models/attention.h"
+#include "models/flash_attention.h"
 #include "models/init_order.h"
 #include "models/recompute.h"
 
@@ -56,8 +57,11 @@ class CausalSelfAttentionImpl : public nn::Module {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
     const std::vector<at::Tensor> qkv = c_attn_(x).split(c, 2);
     auto split = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
-    const at::Tensor y = causalAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), bias_, x.options(),
-                                         [this](const at::Tensor& a) { return attnDropout_(a); });
+    // Dropout only where it drops something: without it the attention
+    // weights need not exist whole (models/flash_attention.h).
+    std::function<at::Tensor(const at::Tensor&)> drop;
+    if (is_training() && attnDropout_->options.p() > 0) drop = [this](const at::Tensor& a) { return attnDropout_(a); };
+    const at::Tensor y = causalAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), bias_, x.options(), drop);
     return residDropout_(c_proj_(y));
   }
 
@@ -267,6 +271,10 @@ class Gpt : public Model {
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& mask,
                            const at::TensorOptions& maskOptions,
                            const std::function<at::Tensor(const at::Tensor&)>& dropAttention) {
+  // Without dropout on the weights, blockwise where it applies (CPU,
+  // float32 or float64): the same values up to rounding, without the
+  // [B, H, T, T] scores.
+  if (!dropAttention && flashAttentionApplies(q, k, v)) return flashAttention(q, k, v);
   const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3);
   if (!mask.defined() || mask.size(0) != t || mask.dtype() != maskOptions.dtype() ||
       mask.device() != maskOptions.device()) {

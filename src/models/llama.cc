@@ -43,8 +43,10 @@ class LlamaAttentionImpl : public nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     auto [q, k, v] = project(x, cos, sin);
     // Each key/value head read by its group of query heads.
-    const at::Tensor y = causalAttention(q, widenHeads(k, heads_), widenHeads(v, heads_), mask_, x.options(),
-                                         [this](const at::Tensor& a) { return attnDropout_(a); });
+    // Dropout only where it drops something (see the GPT's).
+    std::function<at::Tensor(const at::Tensor&)> drop;
+    if (is_training() && attnDropout_->options.p() > 0) drop = [this](const at::Tensor& a) { return attnDropout_(a); };
+    const at::Tensor y = causalAttention(q, widenHeads(k, heads_), widenHeads(v, heads_), mask_, x.options(), drop);
     return residDropout_(o_proj_(y));
   }
 

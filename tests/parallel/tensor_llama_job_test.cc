@@ -24,8 +24,11 @@
 namespace cohort::tensor_llama_job_test {
 
 // As the GPT's (tensor_job_test.cc): 6 AdamW steps at lr 0.01 of sums
-// grouped otherwise stay within about S x lr x 2^-12.
-constexpr double kTolerance = 1e-5;
+// grouped otherwise stay within about S x lr x 2^-12 = 1.46e-5. The tied
+// head's split came closest: 9.5e-6 with attention's whole score matrix,
+// 1.15e-5 with the blockwise kernel (models/flash_attention.h), whose
+// rounding differs and is then grouped otherwise like the rest.
+constexpr double kTolerance = 1.5e-5;
 
 class TensorLlamaJob : public test::JobRuns {
  protected:

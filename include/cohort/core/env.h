@@ -81,6 +81,12 @@ std::optional<CheckpointPause> checkpointPause();
 // final save).
 void pauseForTest(const char* point);
 
+// COHORT_ATTENTION: "matmul" holds causal attention to the product of the
+// whole score matrix (models/flash_attention.h), to compare the two; unset
+// or "auto", the blockwise kernel wherever it applies. Throws ConfigError
+// on another value.
+bool attentionMatmulOnly();
+
 // ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA): the instruction
 // set oneDNN is held to, as set; nullopt when neither is.
 std::optional<std::string> onednnMaxIsa();

@@ -53,6 +53,10 @@ GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize);
 // between calls, of `maskOptions`' dtype and device (the residual
 // stream's: float32 under autocast, which casts it with the product's other
 // inputs); `dropAttention`, if set, applies to the attention weights.
+// Without `dropAttention`, CPU tensors of float32 or float64 take
+// the blockwise kernel of models/flash_attention.h instead, which never
+// holds the [B, H, S, S] scores (nor builds `mask`); the values agree up to
+// rounding.
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& mask,
                            const at::TensorOptions& maskOptions,
                            const std::function<at::Tensor(const at::Tensor&)>& dropAttention = {});

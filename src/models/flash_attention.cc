@@ -1,0 +1,395 @@
+#include "models/flash_attention.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <cblas.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cohort/core/env.h"
+#include "cohort/core/error.h"
+
+namespace cohort::models {
+namespace {
+// Named apart from the other files of a unity batch (src/CMakeLists.txt).
+namespace flash {
+
+// Rows of queries and of keys per block: a block's scores (64 x 64 floats,
+// 16 KB) and its output rows stay in L1/L2 while the keys stream past. The
+// two are equal, so that a block of keys starts where a block of queries
+// does and the diagonal crosses one block of each row of blocks.
+constexpr int64_t kBlock = 64;
+
+// -1 unset (read COHORT_ATTENTION on first use), 0 blockwise, 1 matmul only.
+std::atomic<int> matmulOnlyState{-1};
+
+// Row-major C = alpha op(A) op(B) + beta C: BLAS (the OpenBLAS LibTorch
+// itself links), whose small-matrix kernels beat ATen's dispatch of a
+// matmul per block and loops of our own (docs/performance.md). Called from
+// inside at::parallel_for's threads, where OpenBLAS's OpenMP build runs
+// single-threaded.
+void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// exp(x) for x <= 0 (scores minus their row's maximum, or minus the
+// logsumexp): Cephes' expf, 2^n p(r) with |r| <= ln 2 / 2, within 2 ulp of
+// std::exp, in branch-free steps the compiler vectorizes. Below -87 it
+// gives 0 or a denormal, where exp's value underflows anyway.
+inline __attribute__((always_inline)) void expInPlaceBody(float* x, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) {
+    float y = std::max(x[i] - shift, -87.0f);
+    const float t = y * 1.44269504088896341f + 0.5f;
+    int e = static_cast<int>(t);
+    e -= static_cast<float>(e) > t ? 1 : 0;  // floor
+    const float f = static_cast<float>(e);
+    y = y - f * 0.693359375f + f * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * y + 1.3981999507e-3f;
+    p = p * y + 8.3334519073e-3f;
+    p = p * y + 4.1665795894e-2f;
+    p = p * y + 1.6666665459e-1f;
+    p = p * y + 5.0000001201e-1f;
+    p = p * y * y + y + 1.0f;
+    const int32_t bits = (e + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    x[i] = p * scale;
+  }
+}
+
+// The same loop compiled for AVX2 and FMA, which every CPU LibTorch's AVX2
+// kernels run on has: cohort itself is compiled for baseline x86-64, where
+// the loop gets 4-wide SSE.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) void expInPlaceAvx2(float* x, int64_t n, float shift) {
+  expInPlaceBody(x, n, shift);
+}
+bool hasAvx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+}
+#endif
+
+// x[i] = exp(x[i] - shift), i < n.
+void expInPlace(float* x, int64_t n, float shift) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (hasAvx2()) return expInPlaceAvx2(x, n, shift);
+#endif
+  expInPlaceBody(x, n, shift);
+}
+void expInPlace(double* x, int64_t n, double shift) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
+}
+
+using at::vec::Vectorized;
+
+template <class T>
+T rowMax(const T* x, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+template <class T>
+T rowSum(const T* x, int64_t n) {
+  using V = Vectorized<T>;
+  V acc(T(0));
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) acc = acc + V::loadu(x + i);
+  T lanes[V::size()];
+  acc.store(lanes);
+  T s = 0;
+  for (int64_t j = 0; j < V::size(); ++j) s += lanes[j];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+// x[i] *= a.
+template <class T>
+void scaleRow(T* x, int64_t n, T a) {
+  using V = Vectorized<T>;
+  const V va(a);
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) (V::loadu(x + i) * va).store(x + i);
+  for (; i < n; ++i) x[i] *= a;
+}
+
+// y[i] = x[i] * a (y and x of n elements).
+template <class T>
+void scaledCopy(T* y, const T* x, int64_t n, T a) {
+  using V = Vectorized<T>;
+  const V va(a);
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) (V::loadu(x + i) * va).store(y + i);
+  for (; i < n; ++i) y[i] = x[i] * a;
+}
+
+// ds[i] = p[i] * (ds[i] - d): the gradient of the scores from the
+// probabilities p and the gradient of the probabilities (in ds).
+template <class T>
+void scoreGrad(T* ds, const T* p, int64_t n, T d) {
+  using V = Vectorized<T>;
+  const V vd(d);
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) (V::loadu(p + i) * (V::loadu(ds + i) - vd)).store(ds + i);
+  for (; i < n; ++i) ds[i] = p[i] * (ds[i] - d);
+}
+
+template <class T>
+T dot(const T* a, const T* b, int64_t n) {
+  using V = Vectorized<T>;
+  V acc(T(0));
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) acc = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), acc);
+  T lanes[V::size()];
+  acc.store(lanes);
+  T s = 0;
+  for (int64_t j = 0; j < V::size(); ++j) s += lanes[j];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// One of q, k, v (or a gradient) as rows of D contiguous elements: element
+// (b, h, t, d) at p[b * sB + h * sH + t * ld + d].
+template <class T>
+struct Rows {
+  T* p;
+  int64_t sB, sH, ld;
+  T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sB + h * sH + t * ld; }
+};
+
+// A [B, H, T, D] tensor whose rows BLAS can read in place (unit stride along
+// D, rows apart by at least D); otherwise a contiguous copy.
+at::Tensor readable(const at::Tensor& x) {
+  const int64_t t = x.size(2), d = x.size(3);
+  const bool unit = d == 1 || x.stride(3) == 1;
+  const bool rows = t == 1 || x.stride(2) >= d;
+  return unit && rows ? x : x.contiguous();
+}
+
+template <class T>
+Rows<T> rowsOf(const at::Tensor& x) {
+  const int64_t d = x.size(3);
+  return {const_cast<T*>(x.data_ptr<T>()), x.stride(0), x.stride(1), x.size(2) == 1 ? d : x.stride(2)};
+}
+
+// Rows of an output laid out [B, T, H, D] (the [B, T, H D] the model
+// projects next).
+template <class T>
+Rows<T> headRows(T* p, int64_t t, int64_t h, int64_t d) {
+  return {p, t * h * d, d, h * d};
+}
+
+template <class T>
+void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& out, T* lse, int64_t nb,
+                   int64_t nh, int64_t nt, int64_t nd) {
+  const T scale = T(1) / std::sqrt(static_cast<T>(nd));
+  const int64_t blocks = (nt + kBlock - 1) / kBlock;
+  // Tasks in (batch, head, query block) order: a thread's contiguous range
+  // of them costs about the same as another's.
+  at::parallel_for(0, nb * nh * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> s(kBlock * kBlock), acc(kBlock * nd), m(kBlock), l(kBlock);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / blocks, q0 = (task % blocks) * kBlock;
+      const int64_t b = bh / nh, h = bh % nh, nq = std::min(kBlock, nt - q0);
+      const T* qp = q.at(b, h, q0);
+      std::fill(acc.begin(), acc.begin() + nq * nd, T(0));
+      std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
+      std::fill(l.begin(), l.end(), T(0));
+      // Keys 0 .. q0 + nq - 1: the blocks above the diagonal are never touched.
+      for (int64_t k0 = 0; k0 < q0 + nq; k0 += kBlock) {
+        const int64_t nk = std::min(kBlock, q0 + nq - k0);
+        gemm(false, true, nq, nk, nd, scale, qp, q.ld, k.at(b, h, k0), k.ld, T(0), s.data(), kBlock);
+        for (int64_t r = 0; r < nq; ++r) {
+          T* row = s.data() + r * kBlock;
+          // Keys after query q0 + r are masked: only the diagonal block has any.
+          const int64_t valid = std::min(nk, q0 + r - k0 + 1);
+          const T mx = std::max(m[r], rowMax(row, valid));
+          expInPlace(row, valid, mx);
+          std::fill(row + valid, row + nk, T(0));
+          const T sum = rowSum(row, valid);
+          // The first block's correction multiplies zeros: exp(-inf) = 0.
+          const T correction = m[r] == mx ? T(1) : std::exp(m[r] - mx);
+          if (correction != T(1)) scaleRow(acc.data() + r * nd, nd, correction);
+          l[r] = l[r] * correction + sum;
+          m[r] = mx;
+        }
+        gemm(false, false, nq, nd, nk, T(1), s.data(), kBlock, v.at(b, h, k0), v.ld, T(1), acc.data(), nd);
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        scaledCopy(out.at(b, h, q0 + r), acc.data() + r * nd, nd, T(1) / l[r]);
+        lse[bh * nt + q0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  });
+}
+
+// Blocks of keys outside, blocks of queries inside: one (batch, head) per
+// task, so that its dq, dk and dv rows have one writer and no thread waits
+// on another. dq must hold zeros.
+template <class T>
+void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& out, const T* lse,
+                    const Rows<T>& dOut, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t nb,
+                    int64_t nh, int64_t nt, int64_t nd) {
+  const T scale = T(1) / std::sqrt(static_cast<T>(nd));
+  at::parallel_for(0, nb * nh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(kBlock * kBlock), ds(kBlock * kBlock), dkAcc(kBlock * nd), dvAcc(kBlock * nd), rowDot(nt);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / nh, h = bh % nh;
+      const T* rowLse = lse + bh * nt;
+      // dOut . out per row: the softmax's backward subtracts it.
+      for (int64_t t = 0; t < nt; ++t) rowDot[t] = dot(dOut.at(b, h, t), out.at(b, h, t), nd);
+      for (int64_t k0 = 0; k0 < nt; k0 += kBlock) {
+        const int64_t nk = std::min(kBlock, nt - k0);
+        const T* kp = k.at(b, h, k0);
+        const T* vp = v.at(b, h, k0);
+        std::fill(dkAcc.begin(), dkAcc.end(), T(0));
+        std::fill(dvAcc.begin(), dvAcc.end(), T(0));
+        // Queries from k0 on: the earlier ones never see these keys.
+        for (int64_t q0 = k0; q0 < nt; q0 += kBlock) {
+          const int64_t nq = std::min(kBlock, nt - q0);
+          const T* qp = q.at(b, h, q0);
+          const T* dop = dOut.at(b, h, q0);
+          gemm(false, true, nq, nk, nd, scale, qp, q.ld, kp, k.ld, T(0), p.data(), kBlock);
+          for (int64_t r = 0; r < nq; ++r) {
+            T* row = p.data() + r * kBlock;
+            const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + r - k0 + 1));
+            expInPlace(row, valid, rowLse[q0 + r]);
+            std::fill(row + valid, row + nk, T(0));
+          }
+          gemm(true, false, nk, nd, nq, T(1), p.data(), kBlock, dop, dOut.ld, T(1), dvAcc.data(), nd);
+          gemm(false, true, nq, nk, nd, T(1), dop, dOut.ld, vp, v.ld, T(0), ds.data(), kBlock);
+          for (int64_t r = 0; r < nq; ++r) {
+            scoreGrad(ds.data() + r * kBlock, p.data() + r * kBlock, nk, rowDot[q0 + r]);
+          }
+          gemm(false, false, nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, T(1), dq.at(b, h, q0), dq.ld);
+          gemm(true, false, nk, nd, nq, scale, ds.data(), kBlock, qp, q.ld, T(1), dkAcc.data(), nd);
+        }
+        for (int64_t r = 0; r < nk; ++r) {
+          std::copy_n(dkAcc.data() + r * nd, nd, dk.at(b, h, k0 + r));
+          std::copy_n(dvAcc.data() + r * nd, nd, dv.at(b, h, k0 + r));
+        }
+      }
+    }
+  });
+}
+
+bool matmulOnly() {
+  int state = matmulOnlyState.load(std::memory_order_relaxed);
+  if (state < 0) {
+    state = env::attentionMatmulOnly() ? 1 : 0;
+    matmulOnlyState.store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
+}
+
+class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v) {
+    auto [out, lse] = detail::flashForward(compute(q), compute(k), compute(v));
+    // bfloat16 inputs: the float output is kept for backward, whose row
+    // dots would otherwise see it rounded.
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out.to(q.scalar_type());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& q = saved[0];
+    auto [dq, dk, dv] = detail::flashBackward(compute(q), compute(saved[1]), compute(saved[2]), saved[3], saved[4],
+                                              grads[0].to(saved[3].scalar_type()));
+    return {dq.to(q.scalar_type()), dk.to(q.scalar_type()), dv.to(q.scalar_type())};
+  }
+
+ private:
+  // bfloat16 is computed in float32.
+  static at::Tensor compute(const at::Tensor& x) {
+    return x.scalar_type() == at::kBFloat16 ? x.to(at::kFloat) : x;
+  }
+};
+
+}  // namespace flash
+}  // namespace
+
+using flash::FlashAttentionFunction;
+
+bool flashAttentionTakes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const at::ScalarType t = q.scalar_type();
+  return (t == at::kFloat || t == at::kDouble || t == at::kBFloat16) && k.scalar_type() == t &&
+         v.scalar_type() == t && q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && q.dim() == 4 &&
+         k.sizes() == q.sizes() && v.sizes() == q.sizes();
+}
+
+bool flashAttentionApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return q.scalar_type() != at::kBFloat16 && flashAttentionTakes(q, k, v) && !flash::matmulOnly();
+}
+
+void setAttentionMatmulOnly(bool only) { flash::matmulOnlyState.store(only ? 1 : 0, std::memory_order_relaxed); }
+
+at::Tensor flashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  COHORT_ASSERT(flashAttentionTakes(q, k, v), "flashAttention: q ", q.sizes(), " ", q.scalar_type(), ", k ",
+                k.sizes(), ", v ", v.sizes());
+  return FlashAttentionFunction::apply(q, k, v);
+}
+
+namespace detail {
+
+std::pair<at::Tensor, at::Tensor> flashForward(const at::Tensor& qIn, const at::Tensor& kIn, const at::Tensor& vIn) {
+  const at::Tensor q = flash::readable(qIn), k = flash::readable(kIn), v = flash::readable(vIn);
+  const int64_t nb = q.size(0), nh = q.size(1), nt = q.size(2), nd = q.size(3);
+  at::Tensor out = at::empty({nb, nt, nh * nd}, q.options());
+  at::Tensor lse = at::empty({nb, nh, nt}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flashForward", [&] {
+    using flash::rowsOf;
+    flash::forwardKernel<scalar_t>(rowsOf<scalar_t>(q), rowsOf<scalar_t>(k), rowsOf<scalar_t>(v),
+                                   flash::headRows(out.data_ptr<scalar_t>(), nt, nh, nd), lse.data_ptr<scalar_t>(),
+                                   nb, nh, nt, nd);
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flashBackward(const at::Tensor& qIn, const at::Tensor& kIn,
+                                                             const at::Tensor& vIn, const at::Tensor& outIn,
+                                                             const at::Tensor& lseIn, const at::Tensor& dOutIn) {
+  const at::Tensor q = flash::readable(qIn), k = flash::readable(kIn), v = flash::readable(vIn);
+  const at::Tensor out = outIn.contiguous(), lse = lseIn.contiguous(), dOut = dOutIn.contiguous();
+  const int64_t nb = q.size(0), nh = q.size(1), nt = q.size(2), nd = q.size(3);
+  // Laid out [B, T, H, D] as the model's q, k, v are (views of one
+  // projection), returned as [B, H, T, D] views.
+  at::Tensor dq = at::zeros({nb, nt, nh, nd}, q.options());
+  at::Tensor dk = at::empty({nb, nt, nh, nd}, q.options());
+  at::Tensor dv = at::empty({nb, nt, nh, nd}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flashBackward", [&] {
+    using flash::rowsOf;
+    auto heads = [&](const at::Tensor& x) { return flash::headRows(x.data_ptr<scalar_t>(), nt, nh, nd); };
+    flash::backwardKernel<scalar_t>(rowsOf<scalar_t>(q), rowsOf<scalar_t>(k), rowsOf<scalar_t>(v), heads(out),
+                                    lse.data_ptr<scalar_t>(), heads(dOut), heads(dq), heads(dk), heads(dv), nb, nh, nt,
+                                    nd);
+  });
+  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
+}
+
+}  // namespace detail
+}  // namespace cohort::models

@@ -1,0 +1,174 @@
+// The blockwise causal attention kernel (models/flash_attention.h) against
+// the product of the whole score matrix written out in ATen: forward in
+// float32 (within 2e-5 + 1e-4 relative) and float64 (1e-12), gradients of q,
+// k and v in float64 against ATen's autograd (1e-10) and against finite
+// differences; shapes around the block size (64), primes, T = 1, D = 1,
+// non-contiguous inputs as the GPT makes them, many heads; bfloat16.
+
+#include "models/flash_attention.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cohort/models/gpt.h"
+
+namespace cohort::models {
+namespace {
+
+struct AttentionShape {
+  int64_t b, h, t, d;
+};
+
+// Every shape the kernel must get right: T = 1, primes, multiples of the
+// block size and one past them, head dim 1 and odd ones, B = 1, many heads.
+const std::vector<AttentionShape> kAttentionShapes = {
+    {1, 1, 1, 1},  {1, 1, 1, 32},  {2, 3, 7, 5},   {1, 2, 31, 32}, {2, 1, 64, 16}, {1, 1, 65, 1},
+    {1, 1, 128, 8}, {1, 2, 257, 7}, {1, 16, 13, 4}, {3, 2, 100, 33}, {1, 1, 2, 3},
+};
+
+// softmax(q k^T / sqrt(D) with the future masked) v, [B, T, H D], in ATen.
+at::Tensor referenceAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  const at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  const at::Tensor future = torch::ones({t, t}, torch::kBool).triu(1);
+  const at::Tensor p = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  return torch::matmul(p, v).transpose(1, 2).contiguous().view({b, t, h * d});
+}
+
+std::vector<at::Tensor> randomQkv(const AttentionShape& s, at::ScalarType dtype, bool grad) {
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < 3; ++i) {
+    out.push_back(torch::randn({s.b, s.h, s.t, s.d}, torch::dtype(dtype)).set_requires_grad(grad));
+  }
+  return out;
+}
+
+::testing::AssertionResult closeTo(const at::Tensor& got, const at::Tensor& want, double rtol, double atol) {
+  if (got.sizes() != want.sizes()) {
+    return ::testing::AssertionFailure() << "shape " << got.sizes() << " vs " << want.sizes();
+  }
+  if (got.allclose(want, rtol, atol)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |difference| " << (got - want).abs().max().item<double>();
+}
+
+std::string describe(const AttentionShape& s) {
+  return "B " + std::to_string(s.b) + " H " + std::to_string(s.h) + " T " + std::to_string(s.t) + " D " +
+         std::to_string(s.d);
+}
+
+TEST(FlashAttention, ForwardEqualsTheWholeMatrixInFloatAndDouble) {
+  torch::manual_seed(1);
+  for (const AttentionShape& s : kAttentionShapes) {
+    for (const auto& [dtype, rtol, atol] :
+         {std::tuple{at::kFloat, 1e-4, 2e-5}, std::tuple{at::kDouble, 1e-12, 1e-12}}) {
+      const std::vector<at::Tensor> qkv = randomQkv(s, dtype, false);
+      const at::Tensor got = flashAttention(qkv[0], qkv[1], qkv[2]);
+      EXPECT_EQ(got.scalar_type(), dtype);
+      EXPECT_TRUE(closeTo(got, referenceAttention(qkv[0], qkv[1], qkv[2]), rtol, atol)) << describe(s) << " " << dtype;
+    }
+  }
+}
+
+TEST(FlashAttention, GradientsEqualAutogradsOfTheWholeMatrixInDouble) {
+  torch::manual_seed(2);
+  for (const AttentionShape& s : kAttentionShapes) {
+    const std::vector<at::Tensor> qkv = randomQkv(s, at::kDouble, true);
+    const at::Tensor weight = torch::randn({s.b, s.t, s.h * s.d}, torch::kDouble);
+    const at::Tensor got = flashAttention(qkv[0], qkv[1], qkv[2]);
+    const std::vector<at::Tensor> gotGrads = torch::autograd::grad({(got * weight).sum()}, qkv);
+    const at::Tensor want = referenceAttention(qkv[0], qkv[1], qkv[2]);
+    const std::vector<at::Tensor> wantGrads = torch::autograd::grad({(want * weight).sum()}, qkv);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_TRUE(closeTo(gotGrads[i], wantGrads[i], 1e-10, 1e-10)) << describe(s) << " gradient of " << "qkv"[i];
+    }
+  }
+}
+
+TEST(FlashAttention, GradientsEqualFiniteDifferences) {
+  torch::manual_seed(3);
+  const AttentionShape s{1, 2, 5, 3};
+  std::vector<at::Tensor> qkv = randomQkv(s, at::kDouble, true);
+  const at::Tensor weight = torch::randn({s.b, s.t, s.h * s.d}, torch::kDouble);
+  const std::vector<at::Tensor> grads =
+      torch::autograd::grad({(flashAttention(qkv[0], qkv[1], qkv[2]) * weight).sum()}, qkv);
+  torch::NoGradGuard noGrad;
+  const double eps = 1e-6;
+  for (size_t i = 0; i < 3; ++i) {
+    at::Tensor flat = qkv[i].view({-1});
+    for (int64_t j = 0; j < flat.numel(); ++j) {
+      const double x = flat[j].item<double>();
+      flat[j] = x + eps;
+      const double up = (flashAttention(qkv[0], qkv[1], qkv[2]) * weight).sum().item<double>();
+      flat[j] = x - eps;
+      const double down = (flashAttention(qkv[0], qkv[1], qkv[2]) * weight).sum().item<double>();
+      flat[j] = x;
+      EXPECT_NEAR(grads[i].reshape({-1})[j].item<double>(), (up - down) / (2 * eps), 1e-7) << "qkv"[i] << " " << j;
+    }
+  }
+}
+
+// q, k, v as the GPT makes them: views of one projection [B, T, 3 H D],
+// split and transposed to [B, H, T, D], none contiguous.
+TEST(FlashAttention, TakesTheGptsNonContiguousViews) {
+  torch::manual_seed(4);
+  for (const AttentionShape& s :
+       {AttentionShape{2, 4, 67, 8}, AttentionShape{1, 3, 1, 5}, AttentionShape{2, 2, 9, 1}}) {
+    const at::Tensor projected = torch::randn({s.b, s.t, 3 * s.h * s.d}, torch::kDouble).set_requires_grad(true);
+    std::vector<at::Tensor> qkv;
+    for (const at::Tensor& m : projected.split(s.h * s.d, 2)) {
+      qkv.push_back(m.view({s.b, s.t, s.h, s.d}).transpose(1, 2));
+    }
+    if (s.t > 1) EXPECT_FALSE(qkv[0].is_contiguous());
+    const at::Tensor weight = torch::randn({s.b, s.t, s.h * s.d}, torch::kDouble);
+    const at::Tensor got = flashAttention(qkv[0], qkv[1], qkv[2]);
+    const at::Tensor gotGrad = torch::autograd::grad({(got * weight).sum()}, {projected})[0];
+    const at::Tensor want = referenceAttention(qkv[0], qkv[1], qkv[2]);
+    const at::Tensor wantGrad = torch::autograd::grad({(want * weight).sum()}, {projected})[0];
+    EXPECT_TRUE(closeTo(got, want, 1e-12, 1e-12)) << describe(s);
+    EXPECT_TRUE(closeTo(gotGrad, wantGrad, 1e-10, 1e-10)) << describe(s);
+  }
+}
+
+// bfloat16, when asked for (causalAttention keeps the whole matrix for it),
+// is computed in float32: the float result on the same inputs, rounded once.
+TEST(FlashAttention, BFloat16IsComputedInFloat) {
+  torch::manual_seed(5);
+  const AttentionShape s{2, 2, 70, 16};
+  const std::vector<at::Tensor> qkv = randomQkv(s, at::kBFloat16, true);
+  const at::Tensor got = flashAttention(qkv[0], qkv[1], qkv[2]);
+  ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+  const at::Tensor want = referenceAttention(qkv[0].to(at::kFloat), qkv[1].to(at::kFloat), qkv[2].to(at::kFloat));
+  EXPECT_TRUE(closeTo(got.to(at::kFloat), want, 1e-2, 1e-2));
+  const std::vector<at::Tensor> grads = torch::autograd::grad({got.to(at::kFloat).sum()}, qkv);
+  for (const at::Tensor& g : grads) EXPECT_EQ(g.scalar_type(), at::kBFloat16);
+}
+
+// causalAttention (models/gpt.h) takes the kernel without dropout and keeps
+// the product of the whole matrix with it, or when held to it.
+TEST(FlashAttention, CausalAttentionChoosesItWithoutDropout) {
+  torch::manual_seed(6);
+  const std::vector<at::Tensor> qkv = randomQkv({2, 4, 40, 8}, at::kFloat, false);
+  at::Tensor mask;
+  const at::Tensor flash = causalAttention(qkv[0], qkv[1], qkv[2], mask, torch::dtype(torch::kFloat));
+  EXPECT_FALSE(mask.defined());
+  const at::Tensor dropped = causalAttention(qkv[0], qkv[1], qkv[2], mask, torch::dtype(torch::kFloat),
+                                             [](const at::Tensor& a) { return a; });
+  EXPECT_TRUE(mask.defined());
+  EXPECT_TRUE(closeTo(flash, dropped, 1e-4, 2e-5));
+  setAttentionMatmulOnly(true);
+  EXPECT_FALSE(flashAttentionApplies(qkv[0], qkv[1], qkv[2]));
+  setAttentionMatmulOnly(false);
+  EXPECT_TRUE(flashAttentionApplies(qkv[0], qkv[1], qkv[2]));
+  EXPECT_FALSE(flashAttentionApplies(qkv[0].to(at::kHalf), qkv[1].to(at::kHalf), qkv[2].to(at::kHalf)));
+  // bfloat16 is taken, but causalAttention keeps LibTorch's bfloat16 products.
+  const std::vector<at::Tensor> bf16 = {qkv[0].to(at::kBFloat16), qkv[1].to(at::kBFloat16), qkv[2].to(at::kBFloat16)};
+  EXPECT_TRUE(flashAttentionTakes(bf16[0], bf16[1], bf16[2]));
+  EXPECT_FALSE(flashAttentionApplies(bf16[0], bf16[1], bf16[2]));
+}
+
+}  // namespace
+}  // namespace cohort::models
