@@ -15,11 +15,12 @@ case "${1:-}" in
 esac
 
 # To build cohort (lld: the linker, scripts/build.sh) and run its jobs
-# (OpenBLAS for the linear layers, Fashion-MNIST for the Quick start).
+# (OpenBLAS for the linear layers, libblas-dev for the CBLAS header and link
+# the attention kernel calls it through, Fashion-MNIST for the Quick start).
 RUN_PKGS="build-essential cmake ninja-build ccache pkg-config lld
 libtorch-dev libgloo-dev
 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-zlib1g-dev libxxhash-dev libopenblas0-openmp
+zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 libsentencepiece-dev libicu-dev
