@@ -1,10 +1,10 @@
-// adamwUpdate's loop compiled for AVX2 and FMA (src/CMakeLists.txt gives
-// this file -mavx2 -mfma). ATen's generic Vectorized<float> (8 floats: its
-// AVX2 specialization needs SLEEF's headers, which Debian's LibTorch does
-// not ship) becomes 8-wide instructions here (vsqrtps, vdivps, vfmadd),
-// where the build's baseline (x86-64, SSE2) leaves it to scalar square
-// roots and divisions that cost about what the fusion saves in memory
-// traffic. train/fused_adamw.cc calls it only on a CPU with AVX2 and FMA.
+// adamwUpdate's loop with ATen's AVX2 Vectorized<float> (src/CMakeLists.txt
+// gives this file -mavx2 -mfma and ATen's CPU_CAPABILITY_AVX2): the same
+// intrinsics as ATen's own AVX2 kernels, fused multiply-add included. The
+// build's baseline (x86-64) has only ATen's generic Vectorized<float>, which
+// GCC leaves to scalar square roots and divisions: slower than the memory
+// traffic the fusion saves. train/fused_adamw.cc calls this only on a CPU
+// with AVX2 and FMA.
 
 #include "train/detail/fused_adamw_loop.h"
 
