@@ -90,6 +90,7 @@ TEST_P(FusedAdamW, MatchesLibTorchsAdamWWithinTolerance) {
   double worst = 0;
   for (size_t k = 0; k < pa.size(); ++k) worst = std::max(worst, worstOverTolerance(pa[k], pb[k]));
   EXPECT_LE(worst, 1.0) << "worst difference in units of the tolerance";
+  RecordProperty("worst_in_units_of_tolerance", std::to_string(worst));
   // The state agrees too, under LibTorch's keys and types.
   ASSERT_EQ(fused.state().size(), reference.state().size());
   for (size_t k = 0; k < pa.size(); ++k) {
