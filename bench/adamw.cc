@@ -143,9 +143,17 @@ int main(int argc, char** argv) {
     for (int t : threads) {
       at::set_num_threads(t);
       Side reference = makeSide(shapes, false), fused = makeSide(shapes, true);
-      // Warm-up (the states' allocation), and the steps per round.
-      const double once = std::max(secondsPerStep(*reference.optimizer, 3), secondsPerStep(*fused.optimizer, 3));
-      const int steps = std::max(1, static_cast<int>(seconds / once));
+      // Warm-up (the states' allocation), then the steps per round from the
+      // slower side's fastest step (at least 5: on a loaded machine one step
+      // can stall far beyond its usual time).
+      double once = 0;
+      for (auto* o : {reference.optimizer.get(), fused.optimizer.get()}) {
+        o->step();
+        double fastest = secondsPerStep(*o, 1);
+        for (int i = 0; i < 2; ++i) fastest = std::min(fastest, secondsPerStep(*o, 1));
+        once = std::max(once, fastest);
+      }
+      const int steps = std::max(5, static_cast<int>(seconds / once));
       std::vector<double> a, b;
       for (int r = 0; r < rounds; ++r) {
         if (r % 2 == 0) {
@@ -159,7 +167,8 @@ int main(int argc, char** argv) {
       const double ma = median(a), mb = median(b);
       const double gbps = 28.0 * static_cast<double>(count) / mb / 1e9;
       std::cout << fmt::format("{:<9} {:>8} {:>7} {:>3} | {:>12.3f} {:>12.3f} | {:>6.2f}x {:>9.1f}\n", name,
-                               count, shapes.size(), t, ma * 1e3, mb * 1e3, ma / mb, gbps);
+                               count, shapes.size(), t, ma * 1e3, mb * 1e3, ma / mb, gbps)
+                << std::flush;
       lines.push_back({{"params", name},
                        {"count", count},
                        {"tensors", shapes.size()},
