@@ -22,9 +22,11 @@
 //   d = sqrt(v) / sqrt(1-b2^step) + eps
 //   p = p + (-(lr / (1-b1^step)) * m) / d (addcdiv_)
 //
-// so results agree with torch::optim::AdamW to float rounding (whether a
-// multiply-add is fused may differ; tests/train/fused_adamw_test.cc bounds
-// the difference).
+// so results agree with torch::optim::AdamW to float rounding. With ATen's
+// AVX2 vectors (a CPU with AVX2 and FMA) the roundings are those of ATen's
+// own AVX2 and AVX-512 kernels: bitwise equal results on the machine of
+// docs/performance.md. With the generic vectors a multiply-add may round
+// twice; tests/train/fused_adamw_test.cc bounds the difference either way.
 
 #include <torch/optim/adamw.h>
 
