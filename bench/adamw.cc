@@ -2,9 +2,9 @@
 // (src/train/fused_adamw.cc) against LibTorch's torch::optim::AdamW on the
 // same parameters and gradients, side by side in one process.
 //
-// Two parameter sets: the GPT example's shapes (4 layers of width 128, a
-// 65-token vocabulary, 256 positions: 0.83M parameters in 52 tensors) and
-// ResNet-18's (11.7M in 62 tensors), each at 1 and 2 threads. Each round
+// Two parameter sets, the shapes of cohort's own models: the GPT of
+// examples/gpt-kjv.yaml (0.8M parameters) and ResNet-18 (11.7M in 62
+// tensors), each at 1 and 2 threads. Each round
 // times --steps steps of one optimizer then of the other, the order
 // alternating between rounds; the figure is the median over --rounds
 // rounds of the time per step, and the headline the ratio of the medians.
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "cohort/models/model.h"
 #include "train/detail/fused_adamw.h"
 
 using namespace cohort;
@@ -35,34 +36,22 @@ namespace {
 
 using Shapes = std::vector<std::vector<int64_t>>;
 
-Shapes gptShapes() {
-  const int64_t d = 128, vocab = 65, positions = 256, layers = 4;
-  Shapes s = {{vocab, d}, {positions, d}};
-  for (int64_t l = 0; l < layers; ++l) {
-    for (const Shapes& block : {Shapes{{d}, {d}, {3 * d, d}, {3 * d}, {d, d}, {d}},
-                                Shapes{{d}, {d}, {4 * d, d}, {4 * d}, {d, 4 * d}, {d}}}) {
-      s.insert(s.end(), block.begin(), block.end());
-    }
-  }
-  s.push_back({d});
-  s.push_back({d});
-  return s;
-}
-
-Shapes resnet18Shapes() {
-  Shapes s = {{64, 3, 7, 7}, {64}, {64}};
-  int64_t in = 64;
-  for (int64_t width : {64, 128, 256, 512}) {
-    for (int block = 0; block < 2; ++block) {
-      s.push_back({width, in, 3, 3});
-      s.insert(s.end(), {{width}, {width}, {width, width, 3, 3}, {width}, {width}});
-      if (in != width) s.insert(s.end(), {{width, in, 1, 1}, {width}, {width}});
-      in = width;
-    }
-  }
-  s.push_back({1000, 512});
-  s.push_back({1000});
-  return s;
+// The parameter shapes of cohort's model `arch` as the examples build it:
+// gpt as examples/gpt-kjv.yaml (byte-level, 4 layers of 4 heads, 128 wide,
+// 256 positions), resnet18 for 1000 classes.
+Shapes modelShapes(const std::string& arch) {
+  ModelConfig mc;
+  mc.arch = choiceFromName<ModelArch>(arch).value();
+  mc.numClasses = 1000;
+  mc.nLayer = 4;
+  mc.nHead = 4;
+  mc.nEmbd = 128;
+  mc.blockSize = 256;
+  mc.vocabSize = 256;
+  mc.memoryFormat = MemoryLayout::contiguous;
+  Shapes out;
+  for (const auto& p : models::createModel(mc, {3, 32, 32})->parameters()) out.push_back(p.sizes().vec());
+  return out;
 }
 
 struct Side {
@@ -132,8 +121,8 @@ int main(int argc, char** argv) {
             << fmt::format("{:<9} {:>8} {:>7} {:>3} | {:>12} {:>12} | {:>7} {:>9}\n", "params", "count",
                            "tensors", "thr", "AdamW ms", "fused ms", "ratio", "fused GB/s");
   std::vector<nlohmann::json> lines;
-  for (const auto& [name, shapes] : {std::pair{std::string("gpt"), gptShapes()},
-                                     std::pair{std::string("resnet18"), resnet18Shapes()}}) {
+  for (const std::string name : {"gpt", "resnet18"}) {
+    const Shapes shapes = modelShapes(name);
     int64_t count = 0;
     for (const auto& s : shapes) {
       int64_t n = 1;
