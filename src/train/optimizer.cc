@@ -10,6 +10,7 @@
 
 #include "cohort/core/dense_floats.h"
 #include "cohort/core/error.h"
+#include "train/detail/fused_adamw.h"
 
 namespace cohort::train {
 namespace {
@@ -144,7 +145,7 @@ std::unique_ptr<torch::optim::Optimizer> createOptimizer(const OptimizerConfig& 
     case OptimizerKind::adamw: {
       torch::optim::AdamWOptions o(c.lr);
       o.betas({c.betas.at(0), c.betas.at(1)}).eps(c.eps).weight_decay(c.weightDecay);
-      return std::make_unique<torch::optim::AdamW>(std::move(parameters), o);
+      return std::make_unique<detail::FusedAdamW>(std::move(parameters), o);
     }
   }
   throw ConfigError(fmt::format("training.optimizer.name: unknown optimizer ({})", static_cast<int>(c.name)));

@@ -384,7 +384,9 @@ void describe(V& v, ElasticConfig& c) {
 
 template <class V>
 void describe(V& v, OptimizerConfig& c) {
-  v.field("name", c.name, "Optimizer.");
+  v.field("name", c.name,
+          "Optimizer. adamw steps each float32 CPU parameter in one fused pass over its memory "
+          "(docs/performance.md), equal to LibTorch's AdamW to float rounding.");
   v.field("lr", c.lr, "Base learning rate.", above(0));
   v.field("base_batch", c.baseBatch,
           "Linear scaling rule: the peak lr is lr * global_batch / base_batch; 0 uses lr as is.",
