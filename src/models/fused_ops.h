@@ -10,7 +10,8 @@
 // and for CPU tensors of float32 or float64, all of one dtype, with
 // autocast off; otherwise (CUDA, bfloat16, mixed dtypes, autocast) it runs
 // the ATen ops it replaces. Their backwards are not differentiable again
-// (no double backward).
+// (no double backward), and a trace (TorchScript, ONNX) of a model would
+// hold them as opaque functions: export with fused ops off.
 //
 // Off by default: built against Debian's LibTorch, whose headers lack
 // sleef.h, at::vec::Vectorized is the portable (non-AVX2) one, and the

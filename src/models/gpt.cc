@@ -123,6 +123,10 @@ class BlockImpl : public nn::Module {
     mlp_ = register_module("mlp", Mlp(o));
   }
   at::Tensor forward(at::Tensor x) {
+    if (!fusedOpsOn()) {
+      x = x + attn_(ln_1_(x));
+      return x + mlp_(ln_2_(x));
+    }
     // The residual add after attention and ln_2 in one pass
     // (models/fused_ops.h), ln_2's parameters looked up each time: they
     // are the module's, whatever replaced them.

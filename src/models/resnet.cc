@@ -76,7 +76,8 @@ at::Tensor ResidualBlock::forward(const at::Tensor& x) {
     if (bottleneck_) out = conv3_(out.relu_());
     return out.add_(downsample_ ? downsample_[0]->as<nn::Conv2d>()->forward(x) : x).relu_();
   }
-  // relu(bn(.)) in one op (models/fused_ops.h): fused in training.
+  // relu(bn(.)) in one op (models/fused_ops.h): fused in training when
+  // fused ops are on.
   at::Tensor out = batchNormRelu(*bn1_, conv1_(x));
   out = bottleneck_ ? bn3_(conv3_(batchNormRelu(*bn2_, conv2_(out)))) : bn2_(conv2_(out));
   at::Tensor identity = downsample_ ? downsample_->forward(x) : x;
