@@ -71,7 +71,9 @@ void compare(const at::Tensor& got, const at::Tensor& want, double tol, const st
   cohort::fuzz::require(got.defined() && want.defined() && got.sizes() == want.sizes(), what + ": shape");
   const at::Tensor g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
   double allowance = 0;
-  if (aten.defined() && w.numel() > 0) allowance = 4 * (aten.detach().to(torch::kDouble) - w).abs().max().item<double>();
+  if (aten.defined() && w.numel() > 0) {
+    allowance = 4 * (aten.detach().to(torch::kDouble) - w).abs().max().item<double>();
+  }
   const at::Tensor excess = (g - w).abs() - tol * (1 + w.abs()) - allowance;
   if (excess.numel() > 0 && excess.max().item<double>() > 0) {
     cohort::fuzz::finding(what + " off by " + std::to_string((g - w).abs().max().item<double>()) +

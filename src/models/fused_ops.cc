@@ -262,7 +262,9 @@ at::Tensor batchNormReluFused(const at::Tensor& x, const at::Tensor& weight, con
 }  // namespace detail
 
 at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
-  if (!fusedOpsOn() || !detail::fusedKernelsTake({h, bias}) || !bias.defined()) return torch::gelu(h + bias, tanh ? "tanh" : "none");
+  if (!fusedOpsOn() || !detail::fusedKernelsTake({h, bias}) || !bias.defined()) {
+    return torch::gelu(h + bias, tanh ? "tanh" : "none");
+  }
   return detail::biasGeluFused(h, bias, tanh);
 }
 
