@@ -13,6 +13,7 @@
 #include "cohort/models/lora.h"
 #include "models/attention.h"
 #include "models/flash_attention.h"
+#include "models/fused_ops.h"
 #include "models/init_order.h"
 #include "models/recompute.h"
 
@@ -20,6 +21,11 @@ namespace cohort::models {
 namespace {
 
 namespace nn = torch::nn;
+
+// Whether the MLP fuses c_fc's bias with GELU (models/fused_ops.h), when
+// fused ops are on: not, as it measured 0.2-0.6x the speed of addmm's bias
+// and ATen's GELU (docs/performance.md "Fused kernels").
+constexpr bool kFuseBiasGelu = false;
 
 // The layers model.lora may adapt.
 AdaptableLinear linear(int64_t in, int64_t out, bool bias) {
@@ -85,15 +91,28 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public nn::Module {
  public:
-  explicit MlpImpl(const GptOptions& o) : approximate_(o.geluTanh ? "tanh" : "none") {
+  explicit MlpImpl(const GptOptions& o) : approximate_(o.geluTanh ? "tanh" : "none"), tanh_(o.geluTanh) {
     c_fc_ = register_module("c_fc", linear(o.nEmbd, 4 * o.nEmbd, o.bias));
     c_proj_ = register_module("c_proj", linear(4 * o.nEmbd, o.nEmbd, o.bias));
     dropout_ = register_module("dropout", nn::Dropout(o.dropout));
   }
-  at::Tensor forward(const at::Tensor& x) { return dropout_(c_proj_(torch::gelu(c_fc_(x), approximate_))); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h;
+    // The product without its bias, then bias and GELU in one pass
+    // (models/fused_ops.h); an adapted layer (LoRA) or one without a bias
+    // keeps Linear's path.
+    if (kFuseBiasGelu && fusedOpsOn() && !c_fc_->adapted() && c_fc_->bias.defined() &&
+        detail::fusedKernelsTake({x, c_fc_->weight, c_fc_->bias})) {
+      h = biasGelu(at::matmul(x, c_fc_->weight.t()), c_fc_->bias, tanh_);
+    } else {
+      h = torch::gelu(c_fc_(x), approximate_);
+    }
+    return dropout_(c_proj_(h));
+  }
 
  private:
   const char* approximate_;
+  bool tanh_;
   AdaptableLinear c_fc_{nullptr}, c_proj_{nullptr};
   nn::Dropout dropout_{nullptr};
 };
@@ -108,8 +127,17 @@ class BlockImpl : public nn::Module {
     mlp_ = register_module("mlp", Mlp(o));
   }
   at::Tensor forward(at::Tensor x) {
-    x = x + attn_(ln_1_(x));
-    return x + mlp_(ln_2_(x));
+    if (!fusedOpsOn()) {
+      x = x + attn_(ln_1_(x));
+      return x + mlp_(ln_2_(x));
+    }
+    // The residual add after attention and ln_2 in one pass
+    // (models/fused_ops.h), ln_2's parameters looked up each time: they
+    // are the module's, whatever replaced them.
+    const auto ln2 = ln_2_->named_parameters(/*recurse=*/false);
+    const at::Tensor* ln2Bias = ln2.find("bias");
+    const AddNorm a = addLayerNorm(x, attn_(ln_1_(x)), ln2["weight"], ln2Bias ? *ln2Bias : at::Tensor(), 1e-5);
+    return a.sum + mlp_(a.norm);
   }
   at::Tensor decode(at::Tensor x, const std::vector<KvCache*>& caches, size_t layer, const DecodeRows& rows,
                     int64_t capacity) {

@@ -5,6 +5,7 @@
 #include <array>
 
 #include "cohort/core/error.h"
+#include "models/fused_ops.h"
 #include "models/recompute.h"
 
 namespace cohort::models {
@@ -75,9 +76,10 @@ at::Tensor ResidualBlock::forward(const at::Tensor& x) {
     if (bottleneck_) out = conv3_(out.relu_());
     return out.add_(downsample_ ? downsample_[0]->as<nn::Conv2d>()->forward(x) : x).relu_();
   }
-  at::Tensor out = torch::relu(bn1_(conv1_(x)));
-  out = bn2_(conv2_(out));
-  if (bottleneck_) out = bn3_(conv3_(torch::relu(out)));
+  // relu(bn(.)) in one op (models/fused_ops.h): fused in training when
+  // fused ops are on.
+  at::Tensor out = batchNormRelu(*bn1_, conv1_(x));
+  out = bottleneck_ ? bn3_(conv3_(batchNormRelu(*bn2_, conv2_(out)))) : bn2_(conv2_(out));
   at::Tensor identity = downsample_ ? downsample_->forward(x) : x;
   return torch::relu(out + identity);
 }
@@ -184,7 +186,7 @@ void ResNet::foldForInference() {
 at::Tensor ResNet::forward(const at::Tensor& input) {
   at::Tensor x = inLayout(input);
   if (part_.input) {
-    x = folded_ ? conv1_(x).relu_() : torch::relu(bn1_(conv1_(x)));
+    x = folded_ ? conv1_(x).relu_() : batchNormRelu(*bn1_, conv1_(x));
     if (!smallInput_) x = torch::max_pool2d(x, 3, 2, 1);
   } else if (x.dim() != 4) {
     throw DataError(fmt::format("resnet: a stage from layer group {} expects activations [batch, "

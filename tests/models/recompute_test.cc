@@ -2,7 +2,7 @@
 // activations in backward must give the gradients, and leave the buffers,
 // that keeping them gives: with dropout (the generator is put back), under
 // bf16 autocast (its state is put back) and with BatchNorm (its statistics
-// are updated once).
+// are updated once); with the fused training ops as without.
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include "cohort/ckpt/state_dict.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
+#include "models/fused_ops.h"
 #include "models/recompute.h"
 #include "util/gpt.h"
 
@@ -128,12 +129,17 @@ TEST(Recompute, GptBlocksGiveBitwiseTheSameGradientsWithDropoutAndInBf16) {
   torch::manual_seed(1);
   const at::Tensor tokens = torch::randint(0, 64, {4, 16}, torch::kLong);
   const at::Tensor targets = torch::randint(0, 64, {4, 16}, torch::kLong);
-  for (bool bf16 : {false, true}) {
-    GptOptions r = o;
-    r.recompute = true;
-    const Outcome kept = step([&] { return createGpt(o); }, tokens, targets, bf16);
-    const Outcome again = step([&] { return createGpt(r); }, tokens, targets, bf16);
-    expectSame(kept, again, bf16 ? "bf16" : "fp32");
+  for (bool fused : {false, true}) {
+    // With the fused ops (models/fused_ops.h) too, whose sums do not
+    // depend on how the threads split them.
+    FusedOpsScope scope(fused);
+    for (bool bf16 : {false, true}) {
+      GptOptions r = o;
+      r.recompute = true;
+      const Outcome kept = step([&] { return createGpt(o); }, tokens, targets, bf16);
+      const Outcome again = step([&] { return createGpt(r); }, tokens, targets, bf16);
+      expectSame(kept, again, std::string(bf16 ? "bf16" : "fp32") + (fused ? ", fused ops" : ""));
+    }
   }
   // A negative control: without the generator put back, dropout in the
   // recomputation would differ; other dropout draws give other gradients.
@@ -156,10 +162,15 @@ TEST(Recompute, ResNetStagesGiveTheSameGradientsAndBatchNormStatistics) {
   torch::manual_seed(1);
   const at::Tensor images = torch::randn({4, 3, 32, 32});
   const at::Tensor labels = torch::randint(0, 10, {4}, torch::kLong);
-  const Outcome kept = step([&] { return createModel(c, {3, 32, 32}); }, images, labels, false);
-  const Outcome again = step([&] { return createModel(r, {3, 32, 32}); }, images, labels, false);
-  // running_mean, running_var and num_batches_tracked are in the state.
-  expectSame(kept, again, "resnet18");
+  for (bool fused : {false, true}) {
+    FusedOpsScope scope(fused);
+    const int64_t calls = fusedOpCalls();
+    const Outcome kept = step([&] { return createModel(c, {3, 32, 32}); }, images, labels, false);
+    const Outcome again = step([&] { return createModel(r, {3, 32, 32}); }, images, labels, false);
+    EXPECT_EQ(fusedOpCalls() > calls, fused);
+    // running_mean, running_var and num_batches_tracked are in the state.
+    expectSame(kept, again, fused ? "resnet18, fused ops" : "resnet18");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,149 @@
+// The fused training ops (src/models/fused_ops.h) against the ATen ops they
+// replace: forward and backward of each, side by side on the same tensors,
+// alternating, repeated; the median of each and their ratio. At the GPT
+// example's shapes (4096 rows: 16 sequences of 256; n_embd 128, the MLP
+// 512 wide) and ResNet-18's layer groups at 32 px (small_input), batch 32,
+// channels-first and channels-last; on 1 and 2 threads. Prints the CPU, a
+// table, and one JSON line per row.
+//
+//   build/bench/cohort_bench_fused_ops [--repeats 11] [--min-ms 60] [--threads 1,2 | 1 | 2]
+//                                      [--only SUBSTRING-OF-OP]
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cohort/core/cpu.h"
+#include "models/fused_ops.h"
+
+using namespace cohort;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Case {
+  std::string op, shape;
+  std::function<void()> aten, fused;
+};
+
+double msOf(const std::function<void()>& f, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / iterations;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+at::Tensor leaf(std::vector<int64_t> sizes) { return torch::randn(sizes).requires_grad_(true); }
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  const int64_t rows = 16 * 256;
+  for (bool tanh : {false, true}) {
+    // The MLP's c_fc: [4096, 128] -> [4096, 512], with its product.
+    auto x = leaf({rows, 128}), w = leaf({512, 128}), b = leaf({512});
+    auto g = torch::randn({rows, 512});
+    const char* approx = tanh ? "tanh" : "none";
+    out.push_back({tanh ? "linear+gelu(tanh)" : "linear+gelu", "[4096,128]x[512,128]^T",
+                   [=] { torch::gelu(torch::linear(x, w, b), approx).backward(g); },
+                   [=] { models::detail::biasGeluFused(at::matmul(x, w.t()), b, tanh).backward(g); }});
+    // The elementwise part alone.
+    auto h = leaf({rows, 512});
+    out.push_back({tanh ? "bias+gelu(tanh)" : "bias+gelu", "[4096,512]",
+                   [=] { torch::gelu(h + b, approx).backward(g); },
+                   [=] { models::detail::biasGeluFused(h, b, tanh).backward(g); }});
+  }
+  {
+    auto x = leaf({rows, 128}), d = leaf({rows, 128}), w = leaf({128}), b = leaf({128});
+    auto gs = torch::randn({rows, 128}), gy = torch::randn({rows, 128});
+    out.push_back({"add+layer_norm", "[4096,128]",
+                   [=] {
+                     at::Tensor s = x + d;
+                     at::Tensor y = torch::layer_norm(s, {128}, w, b, 1e-5);
+                     torch::autograd::backward({s, y}, {gs, gy});
+                   },
+                   [=] {
+                     const models::AddNorm a = models::detail::addLayerNormFused(x, d, w, b, 1e-5);
+                     torch::autograd::backward({a.sum, a.norm}, {gs, gy});
+                   }});
+  }
+  {
+    // Forward alone, without gradients.
+    auto x = torch::randn({rows, 128}), d = torch::randn({rows, 128}), w = torch::randn({128}),
+         b = torch::randn({128});
+    out.push_back({"add+layer_norm fwd", "[4096,128]",
+                   [=] { torch::layer_norm(x + d, {128}, w, b, 1e-5); },
+                   [=] { models::detail::addLayerNormFused(x, d, w, b, 1e-5); }});
+  }
+  const std::vector<std::vector<int64_t>> images = {{32, 64, 32, 32}, {32, 128, 16, 16}, {32, 256, 8, 8},
+                                                    {32, 512, 4, 4}};
+  for (bool channelsLast : {false, true}) {
+    for (const auto& s : images) {
+      const at::MemoryFormat f = channelsLast ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      auto x = torch::randn(s).contiguous(f).requires_grad_(true);
+      auto w = leaf({s[1]}), b = leaf({s[1]});
+      auto rm = torch::zeros({s[1]}), rv = torch::ones({s[1]});
+      auto g = torch::randn(s).contiguous(f);
+      out.push_back({channelsLast ? "bn+relu (nhwc)" : "bn+relu", fmt::format("[{}]", fmt::join(s, ",")),
+                     [=] { torch::relu(torch::batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, false)).backward(g); },
+                     [=] { models::detail::batchNormReluFused(x, w, b, rm, rv, 0.1, 1e-5).backward(g); }});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 11;
+  double minMs = 60;
+  std::vector<int> threadCounts = {1, 2};
+  std::string only;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--repeats") == 0) repeats = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--min-ms") == 0) minMs = std::atof(argv[i + 1]);
+    if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+    if (std::strcmp(argv[i], "--threads") == 0 && std::strcmp(argv[i + 1], "1,2") != 0) {
+      threadCounts = {std::atoi(argv[i + 1])};
+    }
+  }
+  torch::manual_seed(0);
+  fmt::print("cpu: {}\nforward + backward, ms per call: median of {} alternating runs of >= {} ms each\n",
+             describe(cpuInfo()), repeats, minMs);
+  fmt::print("{:<20} {:<24} {:>7} {:>10} {:>10} {:>8}\n", "op", "shape", "threads", "aten ms", "fused ms",
+             "speedup");
+  std::vector<std::string> json;
+  const std::vector<Case> all = cases();
+  for (int threads : threadCounts) {
+    at::set_num_threads(threads);
+    for (const Case& c : all) {
+      if (c.op.find(only) == std::string::npos) continue;
+      // Warm up, and size a run to at least minMs.
+      msOf(c.aten, 2);
+      msOf(c.fused, 2);
+      const int iterations = std::max(1, static_cast<int>(minMs / std::max(0.01, msOf(c.aten, 3))));
+      std::vector<double> aten, fused;
+      for (int r = 0; r < repeats; ++r) {
+        aten.push_back(msOf(c.aten, iterations));
+        fused.push_back(msOf(c.fused, iterations));
+      }
+      const double a = median(aten), f = median(fused);
+      fmt::print("{:<20} {:<24} {:>7} {:>10.3f} {:>10.3f} {:>7.2f}x\n", c.op, c.shape, threads, a, f, a / f);
+      json.push_back(fmt::format(R"({{"op":"{}","shape":"{}","threads":{},"aten_ms":{:.4f},"fused_ms":{:.4f},)"
+                                 R"("speedup":{:.3f}}})",
+                                 c.op, c.shape, threads, a, f, a / f));
+    }
+  }
+  for (const std::string& j : json) fmt::print("{}\n", j);
+  return 0;
+}

@@ -1,0 +1,189 @@
+// The fused training ops (src/models/fused_ops.h) against the ATen ops they
+// replace, forward and backward, on shapes and values the input picks.
+//
+// Input: byte 0 the op (bias+GELU, add+LayerNorm, BatchNorm+ReLU), byte 1
+// flags (float64, non-contiguous or channels-last, GELU's tanh, a bias),
+// bytes 2-5 the sizes (each from 1, 2, 3, 5, 7, 8, 9, 16, 17, 31), the rest
+// the values, in [-4, 4) by 1/32, repeated to fill. The reference is the
+// ATen ops in float64 on the same values; a fused value or gradient off by
+// more than tol * (1 + |reference|) (float32: 1e-4, float64: 1e-9), plus in
+// float32 for the gradients four times the float32 ATen ops' own error, is
+// a finding, as is any exception but BatchNorm's refusal of one value per
+// channel, which ATen refuses alike.
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "fuzz_util.h"
+#include "models/fused_ops.h"
+
+namespace {
+
+constexpr int64_t kSizes[] = {1, 2, 3, 5, 7, 8, 9, 16, 17, 31};
+
+struct Input {
+  const uint8_t* data;
+  size_t size;
+  size_t next = 0;
+  int64_t dim() { return kSizes[(next < size ? data[next++] : 0) % 10]; }
+};
+
+// `sizes` filled with the input's values from `offset` on, in float64.
+at::Tensor values(const uint8_t* data, size_t size, size_t offset, std::vector<int64_t> sizes) {
+  at::Tensor t = torch::zeros(sizes, torch::kDouble);
+  const int64_t n = t.numel();
+  double* p = t.data_ptr<double>();
+  for (int64_t i = 0; i < n && offset < size; ++i) {
+    p[i] = (static_cast<int>(data[offset + static_cast<size_t>(i) % (size - offset)]) - 128) / 32.0;
+  }
+  return t;
+}
+
+// t (float64) as the fused op's input: `dtype`, made non-contiguous (a
+// strided view of a wider tensor) or channels-last when asked.
+at::Tensor asInput(const at::Tensor& t, at::ScalarType dtype, int layout) {
+  at::Tensor r;
+  if (layout == 1 && t.dim() >= 1) {
+    std::vector<int64_t> wide = t.sizes().vec();
+    wide.back() *= 2;
+    r = torch::zeros(wide, dtype).slice(-1, 0, wide.back(), 2);
+    r.copy_(t);
+  } else if (layout == 2 && t.dim() == 4) {
+    r = t.to(dtype).contiguous(at::MemoryFormat::ChannelsLast);
+  } else {
+    r = t.to(dtype);
+  }
+  return r.detach().requires_grad_(true);
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+// got (the fused op's) against want (float64 ATen's): within
+// tol * (1 + |want|), plus in float32 four times the largest error of the
+// float32 ATen ops on the same values (`aten`), which is what the
+// problem's conditioning allows (LayerNorm's and BatchNorm's gradients
+// scale with 1 / std: nearly constant rows amplify rounding).
+void compare(const at::Tensor& got, const at::Tensor& want, double tol, const std::string& what,
+             const at::Tensor& aten = {}) {
+  cohort::fuzz::require(got.defined() && want.defined() && got.sizes() == want.sizes(), what + ": shape");
+  const at::Tensor g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
+  double allowance = 0;
+  if (aten.defined() && w.numel() > 0) {
+    allowance = 4 * (aten.detach().to(torch::kDouble) - w).abs().max().item<double>();
+  }
+  const at::Tensor excess = (g - w).abs() - tol * (1 + w.abs()) - allowance;
+  if (excess.numel() > 0 && excess.max().item<double>() > 0) {
+    cohort::fuzz::finding(what + " off by " + std::to_string((g - w).abs().max().item<double>()) +
+                          " (float32 ATen: " + std::to_string(allowance / 4) + ")");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  namespace models = cohort::models;
+  if (size < 2) return 0;
+  static const bool once = [] {
+    at::set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+  const int op = data[0] % 3;
+  const uint8_t flags = data[1];
+  const at::ScalarType dtype = (flags & 1) ? at::kDouble : at::kFloat;
+  const double tol = dtype == at::kDouble ? 1e-9 : 1e-4;
+  const int layout = (flags >> 1) % 3;  // contiguous, strided, channels-last
+  const bool tanh = (flags & 8) != 0, bias = (flags & 16) != 0;
+  Input in{data, size, 2};
+  const size_t v = 6;  // values from here on
+  if (op == 0) {
+    const int64_t rows = in.dim(), n = in.dim();
+    const at::Tensor h = values(data, size, v, {rows, n}), b = values(data, size, v + 3, {n});
+    at::Tensor hf = asInput(h, dtype, layout), bf = asInput(b, dtype, 0), hr = leaf(h), br = leaf(b);
+    at::Tensor y = models::detail::biasGeluFused(hf, bf, tanh);
+    at::Tensor want = torch::gelu(hr + br, tanh ? "tanh" : "none");
+    compare(y, want, tol, "bias+gelu");
+    const at::Tensor g = values(data, size, v + 1, {rows, n});
+    y.backward(g.to(dtype));
+    want.backward(g);
+    compare(hf.grad(), hr.grad(), tol, "bias+gelu dh");
+    compare(bf.grad(), br.grad(), tol, "bias+gelu db");
+  } else if (op == 1) {
+    const int64_t rows = in.dim(), n = in.dim();
+    const at::Tensor x = values(data, size, v, {rows, n}), d = values(data, size, v + 5, {rows, n});
+    const at::Tensor w = values(data, size, v + 2, {n}), b = values(data, size, v + 7, {n});
+    at::Tensor xf = asInput(x, dtype, layout), df = asInput(d, dtype, layout), wf = asInput(w, dtype, 0);
+    at::Tensor bf = bias ? asInput(b, dtype, 0) : at::Tensor();
+    at::Tensor xr = leaf(x), dr = leaf(d), wr = leaf(w), br = bias ? leaf(b) : at::Tensor();
+    const models::AddNorm got = models::detail::addLayerNormFused(xf, df, wf, bf, 1e-5);
+    const at::Tensor s = xr + dr, y = torch::layer_norm(s, {n}, wr, br, 1e-5);
+    compare(got.sum, s, tol, "add+layer_norm s");
+    compare(got.norm, y, tol, "add+layer_norm y");
+    const at::Tensor gs = values(data, size, v + 3, {rows, n}), gy = values(data, size, v + 4, {rows, n});
+    ((got.sum * gs.to(dtype)).sum() + (got.norm * gy.to(dtype)).sum()).backward();
+    ((s * gs).sum() + (y * gy).sum()).backward();
+    // The float32 ATen ops on the same values, for their error (compare()).
+    at::Tensor xa, da, wa, ba;
+    if (dtype == at::kFloat) {
+      xa = asInput(x, dtype, 0), da = asInput(d, dtype, 0), wa = asInput(w, dtype, 0);
+      ba = bias ? asInput(b, dtype, 0) : at::Tensor();
+      const at::Tensor sa = xa + da, ya = torch::layer_norm(sa, {n}, wa, ba, 1e-5);
+      ((sa * gs.to(dtype)).sum() + (ya * gy.to(dtype)).sum()).backward();
+    }
+    auto gradOf = [](const at::Tensor& t) { return t.defined() ? t.grad() : at::Tensor(); };
+    compare(xf.grad(), xr.grad(), tol, "add+layer_norm dx", gradOf(xa));
+    compare(df.grad(), dr.grad(), tol, "add+layer_norm ddelta", gradOf(da));
+    compare(wf.grad(), wr.grad(), tol, "add+layer_norm dweight", gradOf(wa));
+    if (bias) compare(bf.grad(), br.grad(), tol, "add+layer_norm dbias", gradOf(ba));
+  } else {
+    const int64_t n = in.dim(), c = in.dim(), h = in.dim(), w = in.dim();
+    const at::Tensor x = values(data, size, v, {n, c, h, w});
+    const at::Tensor wt = values(data, size, v + 1, {c}), b = values(data, size, v + 2, {c});
+    at::Tensor xf = asInput(x, dtype, layout), wf = asInput(wt, dtype, 0), bf = asInput(b, dtype, 0);
+    at::Tensor xr = leaf(x), wr = leaf(wt), br = leaf(b);
+    at::Tensor rm = torch::zeros({c}, dtype), rv = torch::ones({c}, dtype);
+    at::Tensor rmr = torch::zeros({c}, torch::kDouble), rvr = torch::ones({c}, torch::kDouble);
+    if (n * h * w == 1) {
+      bool refused = false;
+      try {
+        models::detail::batchNormReluFused(xf, wf, bf, rm, rv, 0.1, 1e-5);
+      } catch (const c10::Error&) {
+        refused = true;
+      }
+      cohort::fuzz::require(refused, "batch norm of one value per channel was not refused");
+      return 0;
+    }
+    at::Tensor y = models::detail::batchNormReluFused(xf, wf, bf, rm, rv, 0.1, 1e-5);
+    at::Tensor want = torch::relu(torch::batch_norm(xr, wr, br, rmr, rvr, true, 0.1, 1e-5, false));
+    // Where x * scale + shift is within rounding of 0, float32 and float64
+    // may disagree on the ReLU: compare only away from it. The rounding
+    // scales with the terms' size: a channel of nearly equal values has a
+    // large 1 / std, and x * scale and shift are then large and cancel.
+    const at::Tensor pre = torch::batch_norm(xr.detach(), wr.detach(), br.detach(), {}, {}, true, 0.1, 1e-5, false);
+    const at::Tensor mu = x.mean({0, 2, 3}), sd = (x.var({0, 2, 3}, /*unbiased=*/false) + 1e-5).rsqrt();
+    const at::Tensor sc = (wt * sd).view({1, c, 1, 1});
+    const at::Tensor terms = (x * sc).abs() + (mu.view({1, c, 1, 1}) * sc).abs() + b.abs().view({1, c, 1, 1});
+    const at::Tensor clear = (pre.abs() > (dtype == at::kDouble ? 1e-9 : 1e-5) * (1 + terms)).to(torch::kDouble);
+    compare(y.to(torch::kDouble) * clear, want * clear, tol, "bn+relu y");
+    compare(rm, rmr, tol, "bn running mean");
+    compare(rv, rvr, tol, "bn running var");
+    if (clear.min().item<double>() < 1) return 0;  // a mask in doubt: its gradients may differ anywhere
+    const at::Tensor g = values(data, size, v + 3, {n, c, h, w});
+    y.backward(g.to(dtype));
+    want.backward(g);
+    at::Tensor xa, wa, ba;
+    if (dtype == at::kFloat) {
+      xa = asInput(x, dtype, 0), wa = asInput(wt, dtype, 0), ba = asInput(b, dtype, 0);
+      at::Tensor rma = torch::zeros({c}, dtype), rva = torch::ones({c}, dtype);
+      torch::relu(torch::batch_norm(xa, wa, ba, rma, rva, true, 0.1, 1e-5, false)).backward(g.to(dtype));
+    }
+    auto gradOf = [](const at::Tensor& t) { return t.defined() ? t.grad() : at::Tensor(); };
+    compare(xf.grad(), xr.grad(), tol, "bn+relu dx", gradOf(xa));
+    compare(wf.grad(), wr.grad(), tol, "bn+relu dweight", gradOf(wa));
+    compare(bf.grad(), br.grad(), tol, "bn+relu dbias", gradOf(ba));
+  }
+  return 0;
+}

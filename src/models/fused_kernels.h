@@ -1,0 +1,55 @@
+#pragma once
+
+// The loops of the fused training ops (models/fused_ops.h) over raw,
+// dense memory: float or double, the caller having checked dtypes, sizes
+// and layouts. Each runs on LibTorch's intra-op threads (at::parallel_for).
+// Reductions over rows are cut into blocks of a fixed number of rows,
+// summed in block order: the same inputs give the same bits whatever the
+// number of threads.
+
+#include <cstdint>
+
+namespace cohort::models::detail {
+
+// y = gelu(h + b) over `rows` rows of `n`; tanh: GELU's tanh approximation.
+template <typename T>
+void biasGeluForward(const T* h, const T* b, T* y, int64_t rows, int64_t n, bool tanh);
+
+// gh = gy * gelu'(h + b); gb (when not null) = gh summed over the rows.
+template <typename T>
+void biasGeluBackward(const T* gy, const T* h, const T* b, T* gh, T* gb, int64_t rows, int64_t n, bool tanh);
+
+// s = x + d; y = (s - mean) * rstd * w + b (b may be null), per row of `n`;
+// mean and rstd (one per row) kept for the backward.
+template <typename T>
+void addLayerNormForward(const T* x, const T* d, const T* w, const T* b, T* s, T* y, T* mean, T* rstd,
+                         int64_t rows, int64_t n, double eps);
+
+// gx = gs + LayerNorm's input gradient from gy; gw, gb (either may be null):
+// the weight's and bias's gradients.
+template <typename T>
+void addLayerNormBackward(const T* gs, const T* gy, const T* s, const T* mean, const T* rstd, const T* w, T* gx,
+                          T* gw, T* gb, int64_t rows, int64_t n);
+
+// A batch of images [n, c, hw] (channels-first) or [n, hw, c] (channels-last).
+struct BnShape {
+  int64_t n = 0, c = 0, hw = 0;
+  bool channelsLast = false;
+};
+
+// Per channel: the mean and the biased variance over n * hw values.
+template <typename T>
+void batchNormStats(const T* x, BnShape shape, T* mean, T* var);
+
+// y = max(x * scale + shift, 0), per channel's scale and shift.
+template <typename T>
+void batchNormReluForward(const T* x, const T* scale, const T* shift, T* y, BnShape shape);
+
+// BatchNorm's training backward with the gradient gy masked where
+// x * scale + shift <= 0 (the ReLU's), as forward computed it: gx, and
+// the weight's and bias's gradients gw, gb.
+template <typename T>
+void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invstd, const T* scale, const T* shift,
+                           T* gx, T* gw, T* gb, BnShape shape);
+
+}  // namespace cohort::models::detail
