@@ -95,13 +95,17 @@ GemmCeiling measure(const GemmCeiling& key, double seconds) {
 
 std::string ceilingCacheFile() { return env::machineCacheDir() + "/gemm-ceiling.json"; }
 
-std::optional<GemmCeiling> gemmCeiling(const std::string& dtype, int threads, bool measureIfMissing,
+std::optional<GemmCeiling> gemmCeiling(const std::string& dtype, int threads, Measure measureIfMissing,
                                        double seconds) {
   const GemmCeiling key = keyOf(dtype, threads);
   if (auto c = lookUp(key)) return c;
-  if (!measureIfMissing) return std::nullopt;
+  if (measureIfMissing == Measure::no) return std::nullopt;
   try {
     GemmCeiling c = measure(key, seconds);
+    if (measureIfMissing == Measure::once) {
+      c.busy = true;
+      return c;
+    }
     store(c);
     return c;
   } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cohort/core/env.h"
 #include "cohort/core/log.h"
 
 namespace cohort::train::detail {
@@ -15,7 +16,17 @@ Utilization measureUtilization(const ModelConfig& model, int64_t height, int64_t
   // product timed beside another rank's work would set the ceiling low.
   comm::barrier(comm, "GEMM ceiling");
   if (comm.rank == 0) {
-    u.ceiling = health::gemmCeiling(dtype, threads, /*measure=*/true);
+    // On a busy machine (the load average already at its cores) the
+    // measurement serves this run only: measured beside other work, one rank
+    // of 2 threads once got 68.7 GFLOP/s where the quiet machine gives 134.
+    const double load = env::loadAverage().value_or(0);
+    const bool busy = load >= double(env::availableCores());
+    u.ceiling = health::gemmCeiling(dtype, threads, busy ? health::Measure::once : health::Measure::keep);
+    if (u.ceiling && u.ceiling->busy) {
+      log::warn("the GEMM ceiling was measured while the machine was busy (load average {:.1f} on {} cores): "
+                "used for this run, not kept in {}; `cohort health` on a quiet machine keeps one",
+                load, env::availableCores(), u.ceiling->file);
+    }
     if (u.ceiling) {
       log::info("GEMM ceiling {} ({} {})", health::describe(*u.ceiling), u.ceiling->cached ? "from" : "kept in",
                 u.ceiling->file);
@@ -55,7 +66,8 @@ nlohmann::json utilizationJson(const Utilization& u, double samplesPerS, int wor
     const health::GemmCeiling& c = *u.ceiling;
     j["gemm_ceiling"] = {{"gflops_per_s", c.gflops}, {"dtype", c.dtype}, {"threads", c.threads},
                          {"n", c.n},                 {"cpu", c.cpu},     {"measured_at", c.measuredAt},
-                         {"cache", c.file},          {"cached", c.cached}};
+                         {"cache", c.file},          {"cached", c.cached},
+                         {"busy", c.busy}};
     j["mfu"] = utilizationFraction(u, samplesPerS, worldSize);
   } else {
     j["gemm_ceiling"] = nullptr;

@@ -220,44 +220,50 @@ TEST(HealthCeiling, MeasuredOnceThenReadFromTheMachinesCache) {
   test::TempDir dir;
   CacheDir cache(dir.path() + "/cache");
   EXPECT_EQ(health::ceilingCacheFile(), dir.path() + "/cache/gemm-ceiling.json");
-  EXPECT_FALSE(health::gemmCeiling("float32", 1, /*measure=*/false).has_value()) << "nothing cached yet";
-  const auto first = health::gemmCeiling("float32", 1, true, 0.05);
+  EXPECT_FALSE(health::gemmCeiling("float32", 1, health::Measure::no).has_value()) << "nothing cached yet";
+  // A busy machine's measurement serves the caller and is not kept.
+  const auto busy = health::gemmCeiling("float32", 1, health::Measure::once, 0.05);
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_TRUE(busy->busy);
+  EXPECT_GT(busy->gflops, 0);
+  EXPECT_FALSE(std::filesystem::exists(health::ceilingCacheFile()));
+  const auto first = health::gemmCeiling("float32", 1, health::Measure::keep, 0.05);
   ASSERT_TRUE(first.has_value());
   EXPECT_FALSE(first->cached);
   EXPECT_GT(first->gflops, 0);
   EXPECT_EQ(first->n, 1024);
   EXPECT_FALSE(first->measuredAt.empty());
   ASSERT_TRUE(std::filesystem::exists(first->file));
-  const auto again = health::gemmCeiling("float32", 1, /*measure=*/false);
+  const auto again = health::gemmCeiling("float32", 1, health::Measure::no);
   ASSERT_TRUE(again.has_value());
   EXPECT_TRUE(again->cached);
   EXPECT_EQ(again->gflops, first->gflops);
   EXPECT_EQ(again->measuredAt, first->measuredAt);
   // Another thread count or dtype is another entry.
-  EXPECT_FALSE(health::gemmCeiling("float32", 3, false).has_value());
-  EXPECT_FALSE(health::gemmCeiling("bfloat16", 1, false).has_value());
+  EXPECT_FALSE(health::gemmCeiling("float32", 3, health::Measure::no).has_value());
+  EXPECT_FALSE(health::gemmCeiling("bfloat16", 1, health::Measure::no).has_value());
 }
 
 TEST(HealthCeiling, AMeasurementReplacesTheCachedOneOnlyWhenHigher) {
   test::TempDir dir;
   CacheDir cache(dir.path());
-  const auto first = health::gemmCeiling("float32", 1, true, 0.05);
+  const auto first = health::gemmCeiling("float32", 1, health::Measure::keep, 0.05);
   ASSERT_TRUE(first.has_value());
   setCachedGflops(first->file, 1e-6);  // as if measured on a very busy machine
   const health::GemmCeiling raised = health::remeasureGemmCeiling("float32", 1, 0.05);
   EXPECT_GT(raised.gflops, 1e-6);
-  EXPECT_EQ(health::gemmCeiling("float32", 1, false)->gflops, raised.gflops);
+  EXPECT_EQ(health::gemmCeiling("float32", 1, health::Measure::no)->gflops, raised.gflops);
   setCachedGflops(first->file, 1e9);
   EXPECT_EQ(health::remeasureGemmCeiling("float32", 1, 0.05).gflops, 1e9) << "a lower measurement is not kept";
-  EXPECT_EQ(health::gemmCeiling("float32", 1, false)->gflops, 1e9);
+  EXPECT_EQ(health::gemmCeiling("float32", 1, health::Measure::no)->gflops, 1e9);
 }
 
 TEST(HealthCeiling, ACacheFileCohortCannotReadIsMeasuredAgainAndReplaced) {
   test::TempDir dir;
   CacheDir cache(dir.path());
   writeFileAtomic(health::ceilingCacheFile(), "{not json");
-  EXPECT_FALSE(health::gemmCeiling("float32", 1, false).has_value());
-  const auto c = health::gemmCeiling("float32", 1, true, 0.05);
+  EXPECT_FALSE(health::gemmCeiling("float32", 1, health::Measure::no).has_value());
+  const auto c = health::gemmCeiling("float32", 1, health::Measure::keep, 0.05);
   ASSERT_TRUE(c.has_value());
   EXPECT_FALSE(c->cached);
   const auto j = nlohmann::json::parse(readFile(health::ceilingCacheFile()), nullptr, false);

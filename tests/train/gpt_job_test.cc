@@ -90,7 +90,8 @@ TEST_F(GptJob, TrainsOnTwoRanksBelowTheUnigramLossAndGenerates) {
   EXPECT_EQ(ceiling.at("dtype").get<std::string>(),
             summary["compute"]["precision"].get<std::string>() == "bf16" ? "bfloat16" : "float32");
   EXPECT_EQ(ceiling.at("cache").get<std::string>(), dir.file("cache") + "/gemm-ceiling.json");
-  EXPECT_TRUE(std::filesystem::exists(dir.file("cache") + "/gemm-ceiling.json"));
+  // Kept for later runs, unless measured while the machine was busy.
+  EXPECT_EQ(std::filesystem::exists(dir.file("cache") + "/gemm-ceiling.json"), !ceiling.at("busy").get<bool>());
   EXPECT_NEAR(u.at("mfu").get<double>(), perRank / ceiling.at("gflops_per_s").get<double>(), 1e-9);
   EXPECT_NE((r.out + r.err).find("of the GEMM ceiling ("), std::string::npos) << r.describe();
 

@@ -27,19 +27,25 @@ struct GemmCeiling {
   std::string measuredAt;  // UTC, ISO 8601
   std::string file;        // the cache file it was read from or written to
   bool cached = false;     // read from the file (else measured now)
+  bool busy = false;       // measured now on a busy machine (Measure::once): not kept
 };
 
 // <machineCacheDir()>/gemm-ceiling.json
 std::string ceilingCacheFile();
 
+// What gemmCeiling does when the cache has no entry: nothing, measure and
+// keep, or measure for the caller only (a busy machine's figure would stay
+// low, and every later run's utilization high).
+enum class Measure { no, keep, once };
+
 // The ceiling for `dtype` with `threads` threads: from the cache file, or,
-// when it has no entry and `measure` is set, measured now (about
-// `seconds`, with the calling process's intra-op threads, which must be
-// `threads`) and written to it. nullopt when not cached and not measured,
+// when it has no entry, measured now as `measure` says (about `seconds`,
+// with the calling process's intra-op threads, which must be `threads`).
+// nullopt when not cached and not measured,
 // or when the measurement failed. A cache file cohort cannot read is
 // replaced; one it cannot write leaves the measurement unsaved (logged),
 // never an error.
-std::optional<GemmCeiling> gemmCeiling(const std::string& dtype, int threads, bool measure,
+std::optional<GemmCeiling> gemmCeiling(const std::string& dtype, int threads, Measure measure,
                                        double seconds = 0.5);
 
 // Measures now and records the result when it is higher than the cached
