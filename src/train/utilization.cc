@@ -18,7 +18,7 @@ Utilization measureUtilization(const ModelConfig& model, int64_t height, int64_t
   if (comm.rank == 0) {
     // On a busy machine (the load average already at its cores) the
     // measurement serves this run only: measured beside other work, one rank
-    // of 2 threads once got 68.7 GFLOP/s where the quiet machine gives 134.
+    // of 2 threads once got 68.7 GFLOP/s where the quiet machine gives 298.
     const double load = env::loadAverage().value_or(0);
     const bool busy = load >= double(env::availableCores());
     u.ceiling = health::gemmCeiling(dtype, threads, busy ? health::Measure::once : health::Measure::keep);
