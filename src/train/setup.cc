@@ -327,7 +327,7 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
   s.compute.precision = choiceName(s.precision);
   s.compute.precisionReason = precision.reason;
   log::info("{}", describe(s.compute));
-  if (machineBusy(s.compute, env::availableCores())) {
+  if (machineBusy(s.compute, env::availableCores()) && s.compute.intraOpThreads > 1) {
     log::warn("the machine is busy: load average {:.1f} on the {} core(s) this rank may use, before this job's "
               "work; its {} thread(s) share cores with other work (OpenMP wait: {}). Fewer threads per rank "
               "(distribution.threads_per_rank) may be faster",
