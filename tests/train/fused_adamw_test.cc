@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "cohort/train/optimizer.h"
+#include "util/optimizer_parameters.h"
 #include "train/detail/fused_adamw.h"
 #include "train/detail/fused_adamw_loop.h"
 
@@ -210,16 +211,6 @@ TEST(FusedAdamWKernel, PiecesOfAnySizeGiveTheSameResult) {
   for (size_t i = 0; i < whole.size(); ++i) EXPECT_LE(worstOverTolerance(generic[i], whole[i]), 1.0) << i;
 }
 
-std::vector<at::Tensor> stateParameters() {
-  torch::manual_seed(3);
-  std::vector<at::Tensor> ps;
-  ps.push_back(torch::randn({37, 11}));
-  ps.push_back(torch::randn({8, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast));
-  ps.push_back(torch::randn({13}, torch::kFloat64));
-  for (auto& p : ps) p.set_requires_grad(true);
-  return ps;
-}
-
 // createOptimizer's adamw is the fused one; its state saved (as a
 // checkpoint holds it: contiguous copies) and restored into a fresh one
 // continues as an uninterrupted LibTorch AdamW; the state cache of the
@@ -231,7 +222,7 @@ TEST(FusedAdamWState, ARestoredStateContinuesAsLibTorchsAdamW) {
   oc.lr = 1e-2;
   oc.weightDecay = 1e-2;
   const std::vector<std::string> names = {"a", "b", "c"};
-  auto pa = stateParameters();
+  auto pa = test::optimizerParameters();
   auto pb = copies(pa);
   auto first = createOptimizer(oc, pa);
   ASSERT_NE(dynamic_cast<detail::FusedAdamW*>(first.get()), nullptr);

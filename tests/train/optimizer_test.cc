@@ -3,21 +3,10 @@
 #include <torch/torch.h>
 
 #include "cohort/train/optimizer.h"
+#include "util/optimizer_parameters.h"
 
 namespace cohort::train {
 namespace {
-
-// Three parameters: a plain one, a channels-last convolution weight and a
-// double one (which the fused loop does not take).
-std::vector<at::Tensor> makeParameters() {
-  torch::manual_seed(3);
-  std::vector<at::Tensor> ps;
-  ps.push_back(torch::randn({37, 11}));
-  ps.push_back(torch::randn({8, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast));
-  ps.push_back(torch::randn({13}, torch::kFloat64));
-  for (auto& p : ps) p.set_requires_grad(true);
-  return ps;
-}
 
 std::vector<at::Tensor> copies(const std::vector<at::Tensor>& ps) {
   std::vector<at::Tensor> out;
@@ -67,7 +56,7 @@ TEST_P(FusedSgd, MatchesLibTorchsSgd) {
   oc.momentum = c.momentum;
   oc.nesterov = c.nesterov;
   oc.weightDecay = c.weightDecay;
-  auto pa = makeParameters();
+  auto pa = test::optimizerParameters();
   auto pb = copies(pa);
   auto ours = createOptimizer(oc, pa);
   torch::optim::SGDOptions so(oc.lr);
@@ -83,7 +72,7 @@ TEST_P(FusedSgd, MatchesLibTorchsSgd) {
   const double diff = maxDifference(*ours, pa, reference, pb, 5);
   EXPECT_LT(diff, 1e-5);
   // The parameters did move (a step that does nothing would also match at 0).
-  auto fresh = makeParameters();
+  auto fresh = test::optimizerParameters();
   EXPECT_GT((pa[1] - fresh[1]).abs().max().item<double>(), 1e-2);
   // The state is LibTorch's: a checkpoint holds the momentum buffers.
   auto state = optimizerState(*ours, {"a", "b", "c"});
@@ -106,7 +95,7 @@ TEST(FusedSgdState, ARestoredContiguousBufferOfAChannelsLastWeightContinuesTheSa
   oc.lr = 0.05;
   oc.momentum = 0.9;
   oc.nesterov = true;
-  auto pa = makeParameters();
+  auto pa = test::optimizerParameters();
   auto pb = copies(pa);
   auto first = createOptimizer(oc, pa);
   torch::optim::SGD reference(pb, torch::optim::SGDOptions(oc.lr).momentum(0.9).nesterov(true));
