@@ -328,7 +328,7 @@ void setUp(TrainState& s) {
   env::pauseForTest("model");
   s.model = buildModel(job, s.datasets, s.mesh, s.options.resumeFrom, part, s.restaged);
   s.summary.utilization = measureUtilization(s.model.config, s.datasets.shape.height, s.datasets.shape.width,
-                                             s.model.precision, s.model.compute.intraOpThreads, s.comm);
+                                             s.model.precision, s.model.compute, s.comm);
   if (s.mesh.pipelined()) logStage(s, part);
   if (s.resumed && !s.model.frozenUnits) checkFrozenBase(s);
   // Before the plan, which shards the parameters at ZeRO stage 3 (with

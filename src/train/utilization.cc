@@ -8,7 +8,7 @@
 namespace cohort::train::detail {
 
 Utilization measureUtilization(const ModelConfig& model, int64_t height, int64_t width, Precision precision,
-                               int threads, const comm::Comm& comm) {
+                               const ComputeState& compute, const comm::Comm& comm) {
   Utilization u;
   u.flops = models::countModelFlops(model, height, width);
   const std::string dtype = precision == Precision::bf16 ? "bfloat16" : "float32";
@@ -16,16 +16,14 @@ Utilization measureUtilization(const ModelConfig& model, int64_t height, int64_t
   // product timed beside another rank's work would set the ceiling low.
   comm::barrier(comm, "GEMM ceiling");
   if (comm.rank == 0) {
-    // On a busy machine (the load average already at its cores) the
-    // measurement serves this run only: measured beside other work, one rank
-    // of 2 threads once got 68.7 GFLOP/s where the quiet machine gives 298.
-    const double load = env::loadAverage().value_or(0);
-    const bool busy = load >= double(env::availableCores());
-    u.ceiling = health::gemmCeiling(dtype, threads, busy ? health::Measure::once : health::Measure::keep);
+    // Measured beside other work, one rank of 2 threads once got 68.7
+    // GFLOP/s where the quiet machine gives 298.
+    const bool busy = machineBusy(compute, env::availableCores());
+    u.ceiling = health::gemmCeiling(dtype, compute.intraOpThreads, busy ? health::Measure::once : health::Measure::keep);
     if (u.ceiling && u.ceiling->busy) {
       log::warn("the GEMM ceiling was measured while the machine was busy (load average {:.1f} on {} cores): "
                 "used for this run, not kept in {}; `cohort health` on a quiet machine keeps one",
-                load, env::availableCores(), u.ceiling->file);
+                compute.loadAverage, env::availableCores(), u.ceiling->file);
     }
     if (u.ceiling) {
       log::info("GEMM ceiling {} ({} {})", health::describe(*u.ceiling), u.ceiling->cached ? "from" : "kept in",

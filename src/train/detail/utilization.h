@@ -19,11 +19,12 @@ using Utilization = TrainSummary::Utilization;
 
 // Counts the model's FLOPs (`model` resolved against the data, images of
 // height x width) and, on rank 0, looks up the ceiling for `precision` and
-// `threads`, measuring it when the machine's cache lacks it while the other
-// ranks wait at a barrier (collective: every rank calls it; the ceiling is
-// rank 0's only).
+// the rank's threads (`compute`), measuring it when the machine's cache
+// lacks it while the other ranks wait at a barrier (collective: every rank
+// calls it; the ceiling is rank 0's only). On a busy machine (machineBusy)
+// the measurement serves this run only.
 Utilization measureUtilization(const ModelConfig& model, int64_t height, int64_t width, Precision precision,
-                               int threads, const comm::Comm& comm);
+                               const ComputeState& compute, const comm::Comm& comm);
 
 // The model FLOP/s of one rank at `samplesPerS` (all ranks), and that as a
 // fraction of the ceiling; 0 when not known.
