@@ -19,7 +19,8 @@ Utilization measureUtilization(const ModelConfig& model, int64_t height, int64_t
     // Measured beside other work, one rank of 2 threads once got 68.7
     // GFLOP/s where the quiet machine gives 298.
     const bool busy = machineBusy(compute, env::availableCores());
-    u.ceiling = health::gemmCeiling(dtype, compute.intraOpThreads, busy ? health::Measure::once : health::Measure::keep);
+    const health::Measure how = busy ? health::Measure::once : health::Measure::keep;
+    u.ceiling = health::gemmCeiling(dtype, compute.intraOpThreads, how);
     if (u.ceiling && u.ceiling->busy) {
       log::warn("the GEMM ceiling was measured while the machine was busy (load average {:.1f} on {} cores): "
                 "used for this run, not kept in {}; `cohort health` on a quiet machine keeps one",
@@ -78,9 +79,10 @@ std::string utilizationText(const Utilization& u, double samplesPerS, int worldS
   if (!u.flops.known) return "model FLOPs not counted: " + u.flops.why;
   std::string out = fmt::format("model {:.1f} GFLOP/s per rank", modelFlopsPerRank(u, samplesPerS, worldSize) / 1e9);
   if (u.ceiling) {
-    out += fmt::format(", {:.1f}% of the GEMM ceiling ({} GFLOP/s {} x {})",
-                       100 * utilizationFraction(u, samplesPerS, worldSize), fmt::format("{:.1f}", u.ceiling->gflops),
-                       u.ceiling->dtype, u.ceiling->threads == 1 ? "1 thread" : fmt::format("{} threads", u.ceiling->threads));
+    const int threads = u.ceiling->threads;
+    out += fmt::format(", {:.1f}% of the GEMM ceiling ({:.1f} GFLOP/s {} x {} thread{})",
+                       100 * utilizationFraction(u, samplesPerS, worldSize), u.ceiling->gflops, u.ceiling->dtype,
+                       threads, threads == 1 ? "" : "s");
   }
   return out;
 }
