@@ -16,11 +16,13 @@ esac
 
 # To build cohort (lld: the linker, scripts/build.sh) and run its jobs
 # (OpenBLAS for the linear layers, libblas-dev for the CBLAS header and link
-# the attention kernel calls it through, Fashion-MNIST for the Quick start).
+# the attention kernel calls it through, libsleef-dev for the header of the
+# SLEEF LibTorch links, which ATen's AVX2 and AVX-512 vectors include,
+# Fashion-MNIST for the Quick start).
 RUN_PKGS="build-essential cmake ninja-build ccache pkg-config lld
 libtorch-dev libgloo-dev
 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev
+zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev libsleef-dev
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 libsentencepiece-dev libicu-dev
