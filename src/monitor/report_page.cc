@@ -313,7 +313,8 @@ class PageBuilder {
                  "ms", {}, {}};
       for (size_t i = 0; i < r.operators.size() && i < 8; ++i) {
         std::string name = r.operators[i].name;
-        if (name.size() > 14) name = name.substr(name.rfind(':') == std::string::npos ? 0 : name.rfind(':') + 1, 14);
+        if (name.rfind("aten::", 0) == 0) name = name.substr(6);
+        if (name.size() > 16) name = name.substr(0, 15) + "\u2026";
         c.bars.push_back({name, {r.operators[i].selfUs / 1000}});
       }
       inner += plot(drawBars(c), c.id);

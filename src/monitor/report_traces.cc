@@ -283,6 +283,9 @@ void readTimelines(RunData& run) {
   run.stepSource = fmt::format("timeline/rank-<r>.json of {} rank(s): each step from its first span to the end of "
                                "its optimizer, evaluations left out",
                                files);
+  if (!run.resumes.empty()) {
+    run.stepSource += fmt::format("; steps from {} on only: a restart begins the timeline again", firstStep);
+  }
   run.rankSource = samplesPerStep > 0
                        ? fmt::format("timeline/rank-<r>.json: steps per second x {} samples per rank and step",
                                      formatNumber(samplesPerStep))
