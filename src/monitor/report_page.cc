@@ -183,8 +183,11 @@ class PageBuilder {
     }
     if (rate.bars.empty() && wait.bars.empty()) {
       missing("ranks", "Throughput and data wait per rank",
-              "no per-rank figures: run with --timeline (timeline/rank-<r>.json), or the ranks' epoch lines in "
-              "logs/rank-<r>.log once an epoch ends");
+              run_.timelineFiles > 0
+                  ? "no per-rank figures yet: the timelines hold no complete step (a rank writes its events every "
+                    "second)"
+                  : "no per-rank figures: run with --timeline (timeline/rank-<r>.json), or the ranks' epoch lines in "
+                    "logs/rank-<r>.log once an epoch ends");
       return;
     }
     std::string inner = "<div class=\"plots\">\n";
@@ -272,7 +275,8 @@ class PageBuilder {
                           escapeHtml(e.kind), escapeHtml(e.text));
     }
     std::string inner = plot(drawLines(c), c.id);
-    inner += "<table id=\"events\"><tr><th class=\"num\">s</th><th>event</th><th>what</th></tr>\n" + rows + "</table>\n";
+    inner += "<table id=\"events\"><tr><th class=\"num\">s</th><th>event</th><th>what</th></tr>\n" + rows +
+             "</table>\n";
     section("events", "Restarts and elastic events",
             "metrics.jsonl (train and resume records), logs/launcher.log, events/agent-*.jsonl", inner);
   }
@@ -292,8 +296,10 @@ class PageBuilder {
       c.bars.push_back({r.what, {1.0, r.measured >= 0 && r.predicted > 0 ? r.measured / r.predicted : -1}});
       rows += fmt::format("<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
                           "</tr>\n",
-                          escapeHtml(r.what), formatNumber(r.predicted), r.measured >= 0 ? formatNumber(r.measured) : "-",
-                          r.measured > 0 ? fmt::format("{:+.1f}%", 100 * (r.predicted - r.measured) / r.measured) : "-");
+                          escapeHtml(r.what), formatNumber(r.predicted),
+                          r.measured >= 0 ? formatNumber(r.measured) : "-",
+                          r.measured > 0 ? fmt::format("{:+.1f}%", 100 * (r.predicted - r.measured) / r.measured)
+                                         : "-");
     }
     std::string inner = plot(drawBars(c), c.id);
     inner += "<table id=\"plan-table\"><tr><th>figure</th><th class=\"num\">predicted</th><th class=\"num\">measured"

@@ -183,7 +183,8 @@ void placeResumes(RunData& run) {
 
 // The ranks' own lines: each epoch's throughput, and the memory at the end.
 void readRankLogs(RunData& run) {
-  static const std::regex kEpoch(R"(\] epoch \d+/\d+: \d+ steps in ([0-9.]+) s, loss [-0-9.naif]+, ([0-9.]+) (img|tokens)/s)");
+  static const std::regex kEpoch(
+      R"(\] epoch \d+/\d+: \d+ steps in ([0-9.]+) s, loss [-0-9.naif]+, ([0-9.]+) (img|tokens)/s)");
   static const std::regex kMemory(R"(\] memory held: .*; peak resident ([0-9.]+) MB)");
   std::error_code ec;
   int ranksSeen = 0;

@@ -248,6 +248,7 @@ void readTimelines(RunData& run) {
   for (const auto& e : fs::directory_iterator(run.dir + "/timeline", ec)) {
     int rank = -1;
     if (std::sscanf(e.path().filename().c_str(), "rank-%d.json", &rank) != 1 || rank < 0) continue;
+    ++run.timelineFiles;
     int64_t unreadable = 0;
     const auto spans = trainingSpans(e.path().string(), unreadable);
     if (unreadable > 1) run.warnings.push_back(fmt::format("{}: {} lines unreadable", e.path().string(), unreadable));
@@ -331,8 +332,9 @@ void readOperators(RunData& run) {
         op.calls = o.value("calls", int64_t{0});
         op.selfUs = o.value("self_us", 0.0);
         op.totalUs = o.value("total_us", 0.0);
-        op.inputShapes = o.contains("input_shapes") && o["input_shapes"].is_string() ? o["input_shapes"].get<std::string>()
-                                                                                       : "";
+        if (o.contains("input_shapes") && o["input_shapes"].is_string()) {
+          op.inputShapes = o["input_shapes"].get<std::string>();
+        }
         if (o.contains("flops") && o["flops"].is_number()) op.flops = o["flops"].get<double>();
         r.operators.push_back(std::move(op));
       }

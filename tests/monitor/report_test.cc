@@ -81,8 +81,10 @@ struct RunFixture {
                              R"("data_wait_frac":{}}})"
                              "\n",
                              kStart + i, i * 2, 2.0 / i, 0.1 * i, 1000 + 10 * i, 0.01 * i);
-      if (i == 3) metrics += R"({"event":"straggler","step":6,"rank":1,"compute_ms_per_step":30,"median_ms_per_step":12})"
-                             "\n";
+      if (i == 3) {
+        metrics += R"({"event":"straggler","step":6,"rank":1,"compute_ms_per_step":30,"median_ms_per_step":12})"
+                   "\n";
+      }
     }
     for (int i = 1; i <= evals; ++i) {
       metrics += fmt::format(R"({{"event":"eval","time":{},"step":{},"epoch":{},"top1":{},"top5":0.99,"loss":{},)"

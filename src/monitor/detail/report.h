@@ -81,6 +81,7 @@ struct RunData {
   std::map<int, RankFigures> ranks;
   std::string rankSource, memorySource;
 
+  int timelineFiles = 0;         // timeline/rank-<r>.json files, complete steps or not
   std::vector<double> stepMs;    // every step of every rank
   std::string stepSource;
   std::vector<SlowStep> slowest;
