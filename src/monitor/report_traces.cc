@@ -105,13 +105,12 @@ std::string describePhases(const std::map<std::string, double>& phases) {
     if (it == phases.end() || it->second < 0.05) continue;
     out += fmt::format("{}{} {:.1f} ms", out.empty() ? "" : ", ", name, it->second);
   }
-  for (const auto& [name, ms] : phases) {
-    if (std::find_if(std::begin(kOrder), std::end(kOrder), [&](const char* k) { return name == k; }) !=
-            std::end(kOrder) ||
-        ms < 0.05) {
-      continue;
-    }
-    out += fmt::format("{}{} {:.1f} ms", out.empty() ? "" : ", ", name, ms);
+  // Then any other span of the training thread (a pipeline's waits, ZeRO's gathers), by name.
+  for (const auto& phase : phases) {
+    const std::string& name = phase.first;
+    const bool known = std::any_of(std::begin(kOrder), std::end(kOrder), [&name](const char* k) { return name == k; });
+    if (known || phase.second < 0.05) continue;
+    out += fmt::format("{}{} {:.1f} ms", out.empty() ? "" : ", ", name, phase.second);
   }
   return out;
 }
