@@ -28,7 +28,8 @@ libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 libsentencepiece-dev libicu-dev
 dataset-fashion-mnist"
 
-# To build and run the tests, the benchmarks and the fuzzing.
+# To build and run the tests, the benchmarks and the fuzzing (chromium: the
+# report page's test renders it headless).
 TEST_PKGS="git libgtest-dev libgmock-dev libbenchmark-dev
 openmpi-bin libopenmpi-dev
 python3-sentencepiece bible-kjv bible-kjv-text
@@ -36,7 +37,8 @@ python3 python3-torch python3-torchvision python3-protobuf python3-onnx wrk time
 libtcmalloc-minimal4 libjemalloc2
 clang libclang-rt-14-dev
 etcd-client iproute2 nftables
-slurmctld slurmd slurm-client munge"
+slurmctld slurmd slurm-client munge
+chromium"
 
 PKGS=$RUN_PKGS
 [ "$profile" = run ] || PKGS="$PKGS $TEST_PKGS"
