@@ -5,6 +5,7 @@
 
 #include <cctype>
 
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/exit_codes.h"
 
@@ -240,7 +241,18 @@ std::string sbatchScript(const SlurmRequest& r) {
     s += "run_dir=" + shellQuote(r.runDirs.front()) + "\n";
   }
   s += "requeue=" + std::string(r.requeue ? "1" : "0") + "\n";
-  if (!elastic) s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
+  if (!elastic) {
+    s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
+    // srun starts the ranks here, not cohort's launcher: the same short spin
+    // of idle OpenMP threads it gives them (core/env.h, rankOpenMpWait).
+    s += fmt::format(
+        "# Idle OpenMP threads spin briefly, then sleep, as under `cohort run`, unless\n"
+        "# a wait policy is set (docs/performance.md, \"A busy machine\").\n"
+        "if [ -z \"${{OMP_WAIT_POLICY:-}}\" ] && [ -z \"${{GOMP_SPINCOUNT:-}}\" ]; then\n"
+        "  export GOMP_SPINCOUNT={}\n"
+        "fi\n",
+        env::kRankSpinCount);
+  }
   s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
        "run directory $run_dir\"\n";
   s += stopHandling();

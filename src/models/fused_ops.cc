@@ -6,7 +6,6 @@
 #include <atomic>
 
 #include "cohort/core/env.h"
-#include "cohort/models/cpu_kernels.h"
 #include "models/fused_kernels.h"
 
 namespace cohort::models {

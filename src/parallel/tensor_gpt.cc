@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "cohort/models/fused_ops.h"
 #include "cohort/parallel/tensor_layers.h"
 #include "parallel/detail/split_decoder.h"
 
@@ -34,6 +35,11 @@ class NormImpl : public nn::Module {
     if (bias) bias_ = register_parameter("bias", at::zeros({n}));
   }
   at::Tensor forward(const at::Tensor& x) { return torch::layer_norm(x, {weight_.size(0)}, weight_, bias_, 1e-5); }
+  // x + delta and this LayerNorm of it, as the whole model's block takes
+  // them (fused where fused ops are on, cohort/models/fused_ops.h).
+  models::AddNorm addThenNorm(const at::Tensor& x, const at::Tensor& delta) {
+    return models::addLayerNorm(x, delta, weight_, bias_, 1e-5);
+  }
 
  private:
   at::Tensor weight_, bias_;
@@ -90,8 +96,14 @@ class BlockImpl : public nn::Module {
         ln2_(register_module("ln_2", std::move(ln2))),
         mlp_(register_module("mlp", std::move(mlp))) {}
   at::Tensor forward(at::Tensor x, bool sequence) {
-    x = x + attn_->forward(ln1_(x), sequence);
-    return x + mlp_->forward(ln2_(x), sequence);
+    if (!models::fusedOpsOn()) {
+      x = x + attn_->forward(ln1_(x), sequence);
+      return x + mlp_->forward(ln2_(x), sequence);
+    }
+    // The residual add after attention and ln_2 in one pass, as the whole
+    // model's block (models/gpt.cc) does.
+    const models::AddNorm a = ln2_->addThenNorm(x, attn_->forward(ln1_(x), sequence));
+    return a.sum + mlp_->forward(a.norm, sequence);
   }
 
  private:

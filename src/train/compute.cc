@@ -20,7 +20,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/malloc_policy.h"
-#include "cohort/models/cpu_kernels.h"
+#include "cohort/models/fused_ops.h"
 #include "cohort/models/model.h"
 #include "cohort/train/bind_cores.h"
 #include "cohort/train/precision.h"

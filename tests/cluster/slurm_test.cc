@@ -11,9 +11,9 @@
 // nodes resumes on the layout they hold.
 
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -143,6 +143,11 @@ TEST_F(SlurmTest, OneNodeRunsToTheEndAndIsTrackedByItsRunDirectory) {
   const auto summary = summaryOf(run);
   EXPECT_EQ(summary.value("status", ""), "completed") << summary.dump();
   EXPECT_EQ(summary.value("world_size", 0), 2);
+  // srun's ranks wait as cohort run's do (the script's GOMP_SPINCOUNT),
+  // unless this environment sets a wait policy of its own.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
+    EXPECT_EQ(summary["compute"].value("openmp_wait", ""), "GOMP_SPINCOUNT=10000") << summary.dump();
+  }
   EXPECT_TRUE(has(test::readText(run + "/logs/rank-1.log"), "rank 1/2 started by slurm"));
   // status, runs and logs find the job from the run directory alone.
   const auto status = test::cohort({"status", run}, cluster.env());

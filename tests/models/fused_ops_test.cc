@@ -16,7 +16,6 @@
 
 #include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
-#include "cohort/models/cpu_kernels.h"
 #include "models/fused_kernels.h"
 #include "models/fused_ops.h"
 

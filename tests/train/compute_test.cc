@@ -128,6 +128,12 @@ TEST(Compute, StartUpStateIsTheDocumentedOne) {
       // Measured: either layout, with the times that decided it.
       EXPECT_TRUE(c[key] == "channels_last" || c[key] == "contiguous") << c.dump();
       EXPECT_EQ(c["memory_format_reason"].get<std::string>().rfind(value, 0), 0u) << c.dump();
+    } else if (key == "fused_ops") {
+      // The widest build of the fused ops' loops this CPU runs.
+      const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+      EXPECT_EQ(c[key], avx512 ? "avx512" : avx2 ? "avx2" : "off (no AVX2)") << c.dump();
     } else {
       EXPECT_EQ(c[key], nlohmann::json::parse(value)) << key << " in " << c.dump();
     }
@@ -143,6 +149,22 @@ TEST(Compute, TheUsersOpenMpWaitPolicyIsKeptOverCohortsShortSpin) {
   const std::string log = test::readText(dir.file("passive/logs/rank-1.log"));
   EXPECT_NE(log.find("OpenMP wait OMP_WAIT_POLICY=PASSIVE;"), std::string::npos) << log;
   EXPECT_GE(c.value("load_average", -1.0), 0) << c.dump();
+}
+
+// COHORT_FUSED_OPS=off keeps the ATen ops, and the summary says so; a value
+// other than auto or off is refused naming the variable.
+TEST(Compute, CohortFusedOpsOffKeepsTheAtenOpsAndABadValueIsRefused) {
+  test::TempDir dir;
+  const nlohmann::json c = runCompute(dir, "unfused", 1, {}, {{"COHORT_FUSED_OPS", "off"}});
+  EXPECT_EQ(c.value("fused_ops", ""), "off (COHORT_FUSED_OPS)") << c.dump();
+  const std::string job = dir.file("bad.yaml");
+  test::writeText(job, test::tinyJobYaml("bad"));
+  const auto r = test::cohort({"run", job, "--procs", "1", "--run-dir", dir.file("bad"), "--set",
+                               "training.max_steps=2"},
+                              {{"COHORT_FUSED_OPS", "yes"}});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE((r.out + r.err).find("COHORT_FUSED_OPS must be auto or off, got 'yes'"), std::string::npos)
+      << r.describe();
 }
 
 TEST(Compute, TheJobFileOverridesEveryChoice) {

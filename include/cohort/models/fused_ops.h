@@ -1,0 +1,83 @@
+#pragma once
+
+// Fused elementwise ops of training: each replaces a chain of ATen ops by
+// one pass over memory forward and one or two backward (autograd functions
+// over the loops of src/models/fused_kernels.h). They compute what the chains
+// compute, to rounding (tests/models/fused_ops_test.cc states the
+// tolerances); docs/performance.md "Fused kernels" has what each saves.
+//
+// Each op takes the fused path only while fused ops are on (fusedOpsOn())
+// and for CPU tensors of float32 or float64, all of one dtype, with
+// autocast off; otherwise (CUDA, bfloat16, mixed dtypes, autocast) it runs
+// the ATen ops it replaces. Their backwards are not differentiable again
+// (no double backward), and a trace (TorchScript, ONNX) of a model would
+// hold them as opaque functions: export with fused ops off.
+//
+// On by default where the CPU runs a vector build of the loops (AVX2 or
+// AVX-512, src/models/fused_kernels.h): there add + LayerNorm and BatchNorm +
+// ReLU measured faster than the ATen ops (docs/performance.md "Fused
+// kernels"). The baseline build was slower: without AVX2 they stay off, as
+// with COHORT_FUSED_OPS=off. The GPT leaves bias + GELU to ATen either way
+// (models/gpt.cc). The detail:: entry points for tests and benchmarks are
+// in src/models/fused_ops.h.
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/batchnorm.h>
+
+#include <cstdint>
+#include <string>
+
+namespace cohort::models {
+
+// gelu(h + bias), h [..., n], bias [n]; tanh: GELU's tanh approximation.
+// With h = x W^T from at::matmul it is torch::gelu(linear(x, W, bias)).
+at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh);
+
+// s = x + delta and layer_norm(s) over the last dimension (weight [n],
+// bias [n] or undefined), as one op: a transformer block's residual add and
+// the LayerNorm after it.
+struct AddNorm {
+  at::Tensor sum;   // s
+  at::Tensor norm;  // layer_norm(s)
+};
+AddNorm addLayerNorm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, const at::Tensor& bias,
+                     double eps);
+
+// relu(bn(x)) for x [N, C, H, W]. In training mode, fused: batch statistics,
+// bn's running statistics and num_batches_tracked updated as
+// BatchNorm2d::forward updates them. In eval mode, or without affine
+// parameters or running statistics, bn's own forward then relu.
+at::Tensor batchNormRelu(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x);
+
+// Fused calls made in this process (the three ops): tests check a model
+// takes the fused path.
+int64_t fusedOpCalls();
+
+// Whether the ops above take the fused path on this thread: what the
+// innermost FusedOpsScope says, else fusedOpsByDefault().
+bool fusedOpsOn();
+
+// Whether fused ops are on outside any FusedOpsScope: a vector build of the
+// loops runs here and COHORT_FUSED_OPS is not "off" (which throws
+// ConfigError on a value other than auto or off).
+bool fusedOpsByDefault();
+
+// What fusedOpsByDefault() chose, for the run's summary (compute.fused_ops):
+// "avx512" or "avx2" (the build of the loops that runs), "off
+// (COHORT_FUSED_OPS)" or "off (no AVX2)". Throws ConfigError as above.
+std::string fusedOpsDescription();
+
+// While it lives, fusedOpsOn() is `on` on this thread: tests and
+// benchmarks compare a model's two paths.
+class FusedOpsScope {
+ public:
+  explicit FusedOpsScope(bool on);
+  ~FusedOpsScope();
+  FusedOpsScope(const FusedOpsScope&) = delete;
+  FusedOpsScope& operator=(const FusedOpsScope&) = delete;
+
+ private:
+  int before_;
+};
+
+}  // namespace cohort::models
