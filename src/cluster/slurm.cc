@@ -241,6 +241,7 @@ std::string sbatchScript(const SlurmRequest& r) {
   }
   s += "requeue=" + std::string(r.requeue ? "1" : "0") + "\n";
   if (!elastic) s += fmt::format("max_restarts={}  # distribution.max_restarts\n", r.maxRestarts);
+  for (const auto& [name, value] : r.env) s += "export " + name + "=" + shellQuote(value) + "  # --debug\n";
   s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
        "run directory $run_dir\"\n";
   s += stopHandling();
