@@ -3,8 +3,9 @@
 //
 // A fatal signal is taken by a handler that only calls async-signal-safe
 // functions: everything it needs (gdbserver's arguments, the message) is
-// built when it is installed. It forks gdbserver attached to this process,
-// writes how to attach, and waits until gdbserver ends (the debugger
+// built when it is installed. It writes how to attach and starts gdbserver
+// attached to this process under a watcher that keeps the time
+// (startWatchedServer), and waits until gdbserver ends (the debugger
 // detached) or the time is up; then the signal takes its default action, as
 // it would have at once. An exception is waited on where the rank's
 // training ended, with the process's state (its process groups among it)
@@ -26,7 +27,6 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/launch/debug.h"
-#include "cohort/launch/spawn.h"
 #include "launch/detail/debug_attach.h"
 
 extern char** environ;
@@ -64,19 +64,41 @@ double monotonicSeconds() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
-// Waits until `server` ends or `seconds` pass, then ends it. Async-signal-safe.
-void waitForServer(pid_t server, int seconds) {
+// gdbserver stops this process as it attaches, and keeps it stopped until
+// a debugger connects and lets it go: the time can only be kept outside it.
+// A watcher, forked from this process, starts gdbserver (`path`, `argv`)
+// and ends it when it has not ended `seconds` later, which detaches it and
+// lets this process go on. Returns the watcher's pid, -1 when fork failed.
+// Async-signal-safe.
+pid_t startWatchedServer(const char* path, char* const* argv, int seconds) {
+  const pid_t watcher = _Fork();
+  if (watcher != 0) return watcher;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  const pid_t server = _Fork();
+  if (server == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execve(path, argv, environ);
+    say("cohort: cannot execute gdbserver\n");
+    _exit(127);
+  }
   const double until = monotonicSeconds() + seconds;
   while (server > 0 && monotonicSeconds() < until) {
-    int status = 0;
-    if (::waitpid(server, &status, WNOHANG) == server) return;
+    if (::waitpid(server, nullptr, WNOHANG) == server) _exit(0);
     const timespec tick{0, 100'000'000};
     ::nanosleep(&tick, nullptr);
   }
-  if (server > 0) {
-    ::kill(server, SIGKILL);
-    while (::waitpid(server, nullptr, 0) < 0 && errno == EINTR) {
-    }
+  if (server > 0) ::kill(server, SIGKILL);
+  _exit(0);
+}
+
+// Waits for the watcher: until the debugger detached, or the time is up.
+// Async-signal-safe.
+void waitForWatcher(pid_t watcher) {
+  if (watcher <= 0) return;
+  while (::waitpid(watcher, nullptr, 0) < 0 && errno == EINTR) {
   }
 }
 
@@ -94,17 +116,7 @@ void onFatalSignal(int sig) {
   const char* name = sigabbrev_np(sig);
   say(name != nullptr ? name : "?");
   say(w->tail.c_str());
-  const pid_t server = _Fork();
-  if (server == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(w->gdbserver.c_str(), w->argv.data(), environ);
-    say("cohort: cannot execute gdbserver\n");
-    _exit(127);
-  }
-  waitForServer(server, w->seconds);
+  waitForWatcher(startWatchedServer(w->gdbserver.c_str(), w->argv.data(), w->seconds));
   say("cohort: no longer waiting for a debugger; the rank ends as it would have\n");
   // The default action now: at once for a signal sent (raise, abort), on
   // returning for a fault (the instruction runs again).
@@ -172,11 +184,11 @@ void waitForDebuggerOnFailure(const std::string& what) {
     log::error("rank {}: attach with: {}", rank, gdbCommand(at.shown, at.program));
     log::error("rank {}: the other ranks are held; detach in the debugger to end the wait", rank);
     log::flush();
-    sigset_t none;
-    sigemptyset(&none);
-    const pid_t server = spawn(gdbserver, {gdbserver, "--once", "--attach", at.listen, std::to_string(::getpid())},
-                               nullptr, &none, "gdbserver");
-    waitForServer(server, seconds);
+    std::vector<std::string> args = {gdbserver, "--once", "--attach", at.listen, std::to_string(::getpid())};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    waitForWatcher(startWatchedServer(gdbserver.c_str(), argv.data(), seconds));
     log::error("rank {}: no longer waiting for a debugger; the rank ends as it would have", rank);
   } catch (const std::exception& e) {
     log::error("--debug-on-failure: cannot wait for a debugger: {}", e.what());
