@@ -216,15 +216,21 @@ void holdForDebugger(int rank, const std::string& masterAddr, const std::string&
   const pid_t server = spawn(gdbserver, {gdbserver, "--once", "--attach", at.listen, std::to_string(::getpid())},
                              nullptr, &none, "gdbserver");
   // gdbserver stops this process as it attaches: the loop ends when a
-  // debugger lets it go on.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
-  while (detail::tracerPid() == 0) {
+  // debugger lets it go on, traced still, or detached (gdbserver then ends
+  // with 0). Its turns are counted, not the time: it may be stopped for
+  // hours between two of them.
+  constexpr int kAttachTurns = 3000;  // a minute of 20 ms turns
+  bool ended = false;
+  for (int turn = 0; !ended && detail::tracerPid() == 0; ++turn) {
     int status = 0;
     if (::waitpid(server, &status, WNOHANG) == server) {
+      // Exit 0: a debugger came and detached while this loop was stopped.
+      ended = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (ended) break;
       throw Error(fmt::format("rank {}: gdbserver {} before it attached to this rank (its message is above)",
                               rank, describeStatus(status)));
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (turn == kAttachTurns) {
       ::kill(server, SIGKILL);
       ::waitpid(server, nullptr, 0);
       throw Error(fmt::format("rank {}: gdbserver did not attach to this rank within a minute", rank));
@@ -232,10 +238,12 @@ void holdForDebugger(int rank, const std::string& masterAddr, const std::string&
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // gdbserver ends when the debugger detaches (--once): reap it then.
-  std::thread([server] {
-    while (::waitpid(server, nullptr, 0) < 0 && errno == EINTR) {
-    }
-  }).detach();
+  if (!ended) {
+    std::thread([server] {
+      while (::waitpid(server, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }).detach();
+  }
   log::info("rank {}: the debugger let it go on", rank);
 }
 

@@ -105,6 +105,28 @@ TEST_F(Debugger, BreakpointInTheStepThenTheJobCompletesBitwiseAsWithout) {
   EXPECT_EQ(test::readText(dir.file("plain/model/final.pt")), test::readText(dir.file("held/model/final.pt")));
 }
 
+// `cohort agent --debug 0`: the agent's rank is held the same way; a
+// debugger that detaches at once (before the rank saw it attach) lets it go
+// on, and the job completes.
+TEST_F(Debugger, TheAgentHoldsARankAndAnAtOnceDetachLetsItGoOn) {
+  test::TempDir dir;
+  test::writeText(dir.file("job.yaml"), test::tinyJobYaml("agent"));
+  test::Process agent({test::cohortBin(), "agent", dir.file("job.yaml"), "--nnodes", "1", "--procs", "2", "--rdzv",
+                       "store://127.0.0.1:" + std::to_string(test::freePort()) + "/held", "--run-dir",
+                       dir.file("run"), "--debug", "0"});
+  std::pair<std::string, std::string> at;
+  ASSERT_TRUE(test::waitUntil([&] { return !(at = attachLine(agent.stderrSoFar())).first.empty() || agent.exited(); },
+                              2min))
+      << agent.stderrSoFar();
+  ASSERT_FALSE(at.first.empty()) << agent.stderrSoFar();
+  const auto r = gdb(at.first, at.second, {"detach"});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  const auto done = agent.wait(5min);
+  EXPECT_EQ(done.exitCode, 0) << done.describe();
+  EXPECT_NE(done.err.find("rank 0: the debugger let it go on"), std::string::npos) << done.describe();
+  EXPECT_EQ(done.err.find("re-forming"), std::string::npos) << done.describe();
+}
+
 TEST_F(Debugger, AFailedRankWaitsForADebuggerThenTheJobFails) {
   test::TempDir dir;
   test::writeText(dir.file("job.yaml"), test::tinyJobYaml("fails"));
