@@ -90,7 +90,11 @@ pid_t startWatchedServer(const char* path, char* const* argv, int seconds) {
     const timespec tick{0, 100'000'000};
     ::nanosleep(&tick, nullptr);
   }
-  if (server > 0) ::kill(server, SIGKILL);
+  if (server > 0) {
+    ::kill(server, SIGKILL);
+    while (::waitpid(server, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
   _exit(0);
 }
 
