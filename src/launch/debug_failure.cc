@@ -171,6 +171,12 @@ void installDebugOnFailure(int rank, int world, const std::string& masterAddr) {
   log::info("--debug-on-failure: if this rank fails it waits {} s for a debugger on {}", seconds, at.shown);
 }
 
+void skipDebuggerOnFailure(const std::string& what) {
+  if (env::debugOnFailureSeconds().value_or(0) <= 0 || failureTaken.exchange(true)) return;
+  log::warn("--debug-on-failure: this rank failed because a peer did ({}); it does not wait for a debugger",
+            what);
+}
+
 void waitForDebuggerOnFailure(const std::string& what) {
   const int seconds = env::debugOnFailureSeconds().value_or(0);
   if (seconds <= 0 || failureTaken.exchange(true)) return;

@@ -300,6 +300,9 @@ int runWorker(const WorkerOptions& o) {
   TrainSummary s = [&] {
     try {
       return train(job, mesh, runDir, to);
+    } catch (const CommError& e) {
+      launch::skipDebuggerOnFailure(e.what());
+      throw;
     } catch (const std::exception& e) {
       // Here the process groups still stand: the other ranks wait in
       // their collective while a debugger looks (--debug-on-failure).

@@ -140,15 +140,17 @@ TEST_F(Debugger, AFailedRankWaitsForADebuggerThenTheJobFails) {
       << launcher.stderrSoFar();
   ASSERT_FALSE(at.first.empty()) << launcher.stderrSoFar();
   EXPECT_NE(launcher.stderrSoFar().find("rank 1/2 failed (SIGSEGV)"), std::string::npos) << launcher.stderrSoFar();
+  EXPECT_FALSE(launcher.exited()) << "the job ended while rank 1 was held";
   // The backtrace reaches the step where the rank failed.
   const auto r = gdb(at.first, at.second, {"thread apply all bt", "detach"});
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_NE(r.out.find("FaultPlan::afterStep"), std::string::npos) << r.describe();
-  EXPECT_FALSE(launcher.exited()) << "the job ended while rank 1 was held";
   // Detached: the wait ends, and the job fails as it would have.
   const auto done = launcher.wait(5min);
   EXPECT_EQ(done.exitCode, 1) << done.describe();
   EXPECT_NE(done.err.find("was killed by signal 11 (SIGSEGV)"), std::string::npos) << done.describe();
+  // Rank 0, which then lost its peer, does not wait for a debugger too.
+  EXPECT_EQ(done.err.find("rank 0 failed ("), std::string::npos) << done.describe();
 }
 
 TEST_F(Debugger, AnExceptionWaitsTheWindowThenTheJobFails) {

@@ -84,6 +84,11 @@ void installDebugOnFailure(int rank, int world, const std::string& masterAddr);
 // the option.
 void waitForDebuggerOnFailure(const std::string& what);
 
+// In a rank whose training ended because a peer's did (a CommError: the
+// peer ended, or its connection did): no wait, the peer is the one to look
+// at; later waitForDebuggerOnFailure calls return at once.
+void skipDebuggerOnFailure(const std::string& what);
+
 // How to attach: "gdb -ex 'target remote HOST:PORT' PROGRAM".
 std::string gdbCommand(const std::string& hostPort, const std::string& program);
 
