@@ -55,6 +55,7 @@ void BaseCommands::addTraining(CLI::App& app) {
   run->add_flag("--new-run", newRun,
                 "Start a new run directory even if an interrupted run of the same job could be "
                 "resumed");
+  addDebugFlags(run, debug);
 
   validate = app.add_subcommand("validate", "Check a job file and print the resolved job");
   validate->add_option("job", jobPath, "Job file (YAML)")->required();
@@ -266,6 +267,7 @@ std::optional<int> BaseCommands::dispatch(CLI::App& app, int argc) {
     o.resume = resume;
     o.newRun = newRun;
     o.plan = planFile;
+    o.debug = debug;
     return run::runLauncher(o);
   }
   return std::nullopt;

@@ -13,6 +13,7 @@
 #include "cluster.h"
 #include "cohort/data/pack.h"
 #include "cohort/data/tokens.h"
+#include "cohort/launch/debug.h"
 #include "cohort/monitor/logs.h"
 #include "cohort/monitor/report.h"
 #include "cohort/security/sealed.h"
@@ -36,6 +37,7 @@ struct BaseCommands {
   std::string planFile;
   bool timeline = false;
   int metricsPort = 0;
+  launch::DebugOptions debug;  // run: --debug, --debug-on-failure
   // ckpt: the parent, and its commands without LibTorch
   CLI::App *ckpt = nullptr, *ckptList = nullptr, *ckptVerify = nullptr, *ckptDecrypt = nullptr;
   std::string ckptPath;

@@ -6,6 +6,7 @@
 #include "cohort/cluster/runs.h"
 #include "cohort/core/error.h"
 #include "cohort/core/net.h"
+#include "common.h"
 
 namespace cohort::cli {
 
@@ -40,6 +41,7 @@ void ClusterCommands::add(CLI::App& app) {
                      "distribution.stop_timeout_s + 60)");
   submit->add_option("--image", o.image, "--k8s: container image holding cohort");
   submit->add_flag("--dry-run", o.dryRun, "Write the run directory and script; submit nothing");
+  addDebugFlags(submit, o.debug);
 
   runs = app.add_subcommand("runs", "List runs (local or submitted) with state, step, best metric and time");
   runs->add_option("dir", dir, "A run directory, a sweep's directory or output.dir")->required();

@@ -37,6 +37,19 @@ void addStorageFlags(CLI::App* sub, storage::StorageOptions& so) {
                 "Blob storage, emulator only: plain http, no certificate verification");
 }
 
+void addDebugFlags(CLI::App* sub, launch::DebugOptions& o) {
+  sub->add_option("--debug", o.ranks,
+                  "RANK[,RANK...]: these ranks wait for a debugger (gdbserver) before they connect; the log "
+                  "and <run>/debug/launch.json say how to attach; timeouts are suspended")
+      ->check([](const std::string& v) { return v.empty() ? std::string("expected ranks, e.g. 1 or 0,3") : ""; });
+  sub->add_option("--debug-on-failure", o.onFailureS,
+                  "A rank that fails (fatal signal, exception) waits this many seconds for a debugger "
+                  "before it ends; timeouts are suspended")
+      ->expected(0, 1)
+      ->default_str(std::to_string(launch::kDefaultDebugOnFailureS))
+      ->check(CLI::Range(1, 7 * 24 * 3600));
+}
+
 void describeApp(CLI::App& app) {
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", std::string("cohort ") + version() + " (LibTorch " + torchVersion() + ")");

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "cohort/launch/debug.h"
 #include "cohort/storage/storage.h"
 
 namespace cohort::cli {
@@ -25,6 +26,10 @@ int reportCurrentException();
 
 // Where a command reads or writes blob URLs: how it reaches the storage.
 void addStorageFlags(CLI::App* sub, storage::StorageOptions& so);
+
+// --debug and --debug-on-failure of a command that starts ranks (run,
+// agent, submit): cohort/launch/debug.h.
+void addDebugFlags(CLI::App* sub, launch::DebugOptions& o);
 
 // The top level: its description, --version and the exit codes.
 void describeApp(CLI::App& app);

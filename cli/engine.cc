@@ -28,6 +28,8 @@ namespace {
     code = train::runWorker(options);
   } catch (...) {
     code = reportEngineException();
+    // A rank that failed before its training (or after): the same wait.
+    launch::waitForDebuggerOnFailure("the error above");
   }
   log::flush();
   std::fflush(stdout);
@@ -72,6 +74,7 @@ void TorchCommands::add(CLI::App& app, BaseCommands& base) {
                     "whole job checkpoints and stops, as on SIGUSR2 (every node signalled at once: "
                     "Slurm)")
       ->check(CLI::IsMember({"leave", "stop"}));
+  addDebugFlags(agent, agentOptions.debug);
 
   worker = app.add_subcommand("worker", engineCommandDescription("worker"));
   worker->add_option("job", jobPath, "Job file (YAML)")->required();

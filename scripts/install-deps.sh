@@ -37,6 +37,7 @@ python3 python3-torch python3-torchvision python3-protobuf python3-onnx wrk time
 libtcmalloc-minimal4 libjemalloc2
 clang libclang-rt-14-dev
 etcd-client iproute2 nftables
+gdb gdbserver
 slurmctld slurmd slurm-client munge
 chromium"
 

@@ -20,7 +20,8 @@ std::string dnsLabel(const std::string& name) {
 
 std::string k8sManifest(const K8sRequest& r) {
   const std::string name = dnsLabel(r.name);
-  std::string resources;
+  std::string resources, env;
+  for (const auto& [n, v] : r.env) env += fmt::format("            - name: {}\n              value: \"{}\"\n", n, v);
   if (r.cpusPerRank > 0 || r.gpusPerRank > 0) {
     resources = "          resources:\n            limits:\n";
     if (r.cpusPerRank > 0) resources += fmt::format("              cpu: \"{}\"\n", r.cpusPerRank);
@@ -82,7 +83,7 @@ spec:
                 secretKeyRef:
                   name: {secret}
                   key: token
-{resources}          volumeMounts:
+{env}{resources}          volumeMounts:
             - name: runs
               mountPath: {run}
       volumes:
@@ -93,7 +94,7 @@ spec:
       fmt::arg("name", name), fmt::arg("secret", r.storeTokenSecret.empty() ? name + "-store-token" : r.storeTokenSecret),
       fmt::arg("port", r.masterPort), fmt::arg("ranks", r.ranks), fmt::arg("backoff", r.backoffLimit),
       fmt::arg("image", r.image.empty() ? "cohort:latest" : r.image), fmt::arg("run", r.runDir),
-      fmt::arg("resources", resources));
+      fmt::arg("resources", resources), fmt::arg("env", env));
 }
 
 }  // namespace cohort::cluster

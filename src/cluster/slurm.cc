@@ -253,6 +253,7 @@ std::string sbatchScript(const SlurmRequest& r) {
         "fi\n",
         env::kRankSpinCount);
   }
+  for (const auto& [name, value] : r.env) s += "export " + name + "=" + shellQuote(value) + "  # --debug\n";
   s += "echo \"cohort: Slurm job ${SLURM_JOB_ID} (start ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: "
        "run directory $run_dir\"\n";
   s += stopHandling();

@@ -154,6 +154,7 @@ int runSubmit(const SubmitOptions& o, std::ostream& out) {
     k.masterPort = first.distribution.masterPort > 0 ? first.distribution.masterPort : 29500;
     k.backoffLimit = first.distribution.maxRestarts;
     k.runDir = top;
+    k.env = launch::debugEnvironment(o.debug, static_cast<int>(k.ranks), false);
     const std::string manifest = k8sManifest(k);
     writeFileAtomic(top + "/k8s.yaml", manifest);
     made.keep();
@@ -178,6 +179,9 @@ int runSubmit(const SubmitOptions& o, std::ostream& out) {
   r.masterPort = first.distribution.masterPort;
   r.maxRestarts = first.distribution.maxRestarts;
   r.cohortBinary = exe;
+  r.env = launch::debugEnvironment(
+      o.debug, static_cast<int>(maxNodes > 0 ? maxNodes * first.distribution.procsPerNode : requestedWorldSize(first)),
+      false);
   for (const auto& p : jobs) r.runDirs.push_back(p.runDir);
   r.outputFile = top + (sweep ? "/slurm-%A_%a.out" : "/slurm-%j.out");
   const std::string script = top + "/submit.sbatch";

@@ -168,12 +168,12 @@ std::optional<Fault> fault() {
   auto v = get("COHORT_FAULT");
   if (!v) return std::nullopt;
   static const std::regex re(
-      R"(((exit|sleep|slow)(\d+)|kill|nan)@rank(\d+):step(\d+)(:always)?)");
+      R"(((exit|sleep|slow)(\d+)|kill|nan|segv|throw)@rank(\d+):step(\d+)(:always)?)");
   std::smatch m;
   if (!std::regex_match(*v, m, re)) {
     throw ConfigError(fmt::format(
         "environment variable COHORT_FAULT: expected "
-        "'<exitN|kill|sleepS|slowMS|nan>@rank<R>:step<S>[:always]', got '{}'",
+        "'<exitN|kill|sleepS|slowMS|nan|segv|throw>@rank<R>:step<S>[:always]', got '{}'",
         *v));
   }
   Fault f;
@@ -182,6 +182,10 @@ std::optional<Fault> fault() {
     f.action = Fault::Action::kill;
   } else if (action == "nan") {
     f.action = Fault::Action::nan;
+  } else if (action == "segv") {
+    f.action = Fault::Action::segv;
+  } else if (action == "throw") {
+    f.action = Fault::Action::throwError;
   } else if (action == "exit") {
     f.exitCode = parseInt("COHORT_FAULT", m[3]);
   } else {
@@ -284,6 +288,8 @@ std::optional<std::string> machineId(int rank) {
 std::optional<std::string> elasticStateDir() { return get(kElasticStateVar); }
 std::optional<std::string> nodeAddress() { return get(kNodeAddressVar); }
 std::optional<std::string> nodeId() { return get(kNodeIdVar); }
+std::optional<std::string> debugRanks() { return get(kDebugRanksVar); }
+std::optional<int> debugOnFailureSeconds() { return getInt(kDebugOnFailureVar); }
 std::optional<std::string> sampleLogDir() { return get("COHORT_TEST_SAMPLE_LOG"); }
 
 std::optional<std::string> azureStorageKey() { return get("AZURE_STORAGE_KEY"); }

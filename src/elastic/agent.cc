@@ -157,6 +157,7 @@ class Agent {
   RunDir runDir_;
   std::string nodeId_, address_, stateDir_, storeToken_, exe_;
   int procs_ = 1;
+  std::vector<std::pair<std::string, std::string>> debugVars_;  // launch/debug.h
   int failures_ = 0;
   bool leaving_ = false;
   bool reformAsked_ = false;
@@ -172,6 +173,7 @@ int Agent::run() {
   env::pauseForTest("agent");
   procs_ = static_cast<int>(o_.procs > 0 ? o_.procs : job_.distribution.procsPerNode);
   checkRoundPolicy(job_, o_.minNodes, o_.maxNodes);
+  debugVars_ = launch::debugEnvironment(o_.debug, o_.maxNodes * procs_);
   const std::string service = splitRdzvUrl(o_.rdzv).first;
   storeToken_ = security::storeToken(job_.security.storeTokenFile);
   KvOptions ko;
@@ -395,13 +397,14 @@ void Agent::startRanks(const Round& r, const std::string& storeHostPort) {
     re.masterAddr = storeHostPort.substr(0, colon);
     re.masterPort = std::stoi(storeHostPort.substr(colon + 1));
     re.agentStore = true;
-    const std::vector<std::pair<std::string, std::string>> extra = {
+    std::vector<std::pair<std::string, std::string>> extra = {
         {env::kElasticStateVar, stateDir_},
         {env::kNodeAddressVar, address_},
         {env::kNodeIdVar, nodeId_},
         // Ranks of one node share memory; nodes never do, even on one host.
         {"COHORT_MACHINE_ID", nodeId_},
     };
+    extra.insert(extra.end(), debugVars_.begin(), debugVars_.end());
     // job.yaml holds the job as resolved, overrides included.
     const std::vector<std::string> args = {exe_, "worker", runDir_.jobFile(), "--run-dir", runDir_.root};
     const auto envBlock =

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -12,12 +13,35 @@
 #include "cohort/launch/spawn.h"
 
 namespace cohort::launch {
+namespace {
+
+// Processes this process adopted as a child subreaper (fork_server.h): a
+// rank's own children that outlived it (the gdbserver of --debug-on-failure
+// when the rank was killed, say). Nobody else waits for them: reaped here,
+// so that none stays a zombie. A zombie that is one of `children` is left
+// to the caller's reap.
+void reapAdopted(const std::vector<Supervisor::Child>& children) {
+  int subreaper = 0;
+  if (prctl(PR_GET_CHILD_SUBREAPER, &subreaper) != 0 || subreaper == 0) return;
+  for (;;) {
+    siginfo_t info{};
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+    for (const auto& c : children) {
+      if (c.running && c.pid == info.si_pid) return;
+    }
+    if (::waitpid(info.si_pid, nullptr, WNOHANG) != info.si_pid) return;
+  }
+}
+
+}  // namespace
 
 Supervisor::~Supervisor() {
   killAll();
   for (auto& c : children_) {
     if (c.running) ::waitpid(c.pid, nullptr, 0);
   }
+  for (auto& c : children_) c.running = false;
+  reapAdopted(children_);
 }
 
 void Supervisor::start(int rank, const std::string& exe, const std::vector<std::string>& args,
@@ -48,6 +72,7 @@ std::vector<int> Supervisor::reap(const std::function<void(const Child&)>& ended
     c.status = status;
     ended(c);
   }
+  reapAdopted(children_);
   return lost;
 }
 

@@ -27,6 +27,7 @@
 #include "cohort/core/memory_limit.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/monitor/prometheus.h"
+#include "cohort/launch/debug.h"
 #include "cohort/launch/spawn.h"
 #include "cohort/launch/supervisor.h"
 #include "cohort/run/run_metrics.h"
@@ -142,6 +143,7 @@ struct AttemptSetup {
   const UrlCredentials& credentials;
   const std::string& storeToken;
   std::chrono::milliseconds stopGrace;  // distribution.stop_timeout_s
+  const std::vector<std::pair<std::string, std::string>>& debugVars;  // launch/debug.h
 };
 
 // One attempt: start every rank, watch them, stop them all when one fails,
@@ -209,7 +211,7 @@ void AttemptRun::startRanks() {
       args.push_back("--resume");
       args.push_back(s_.o.resume);
     }
-    const auto envBlock = rankEnvironment(re, attempt_, s_.credentials, s_.storeToken, {});
+    const auto envBlock = rankEnvironment(re, attempt_, s_.credentials, s_.storeToken, s_.debugVars);
     ranks_.start(r, s_.exe, args, &envBlock, &rankMask, "the worker binary");
     log::debug("rank {} is pid {}", r, ranks_.children().back().pid);
   }
@@ -374,6 +376,8 @@ int runLauncher(const LaunchOptions& o) {
     throw UsageError(fmt::format("--resume {}: no such directory", o.resume));
   }
   const int world = static_cast<int>(job.distribution.procsPerNode);
+  // --debug ranks checked, gdbserver found: before anything is written.
+  const auto debugVars = launch::debugEnvironment(o.debug, world);
   // --plan: checked now, kept in the run directory for the summary.
   std::string planText;
   if (!o.plan.empty()) {
@@ -442,7 +446,7 @@ int runLauncher(const LaunchOptions& o) {
   }
 
   const AttemptSetup setup{o,     job,   runDir, exe, signals, world, store.port(), credentials,
-                           storeToken, stopGrace};
+                           storeToken, stopGrace, debugVars};
   std::vector<std::string> causes;
   env::pauseForTest("launcher");
   for (int attempt = 0;; ++attempt) {

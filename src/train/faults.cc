@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "cohort/core/error.h"
 #include "cohort/core/log.h"
 
 namespace cohort::train::detail {
@@ -45,6 +46,14 @@ void FaultPlan::afterStep(int64_t step) const {
     log::warn("COHORT_FAULT: killing this rank with SIGKILL after step {}", step);
     log::flush();
     ::kill(::getpid(), SIGKILL);
+  }
+  if (fault_->action == A::segv) {
+    log::warn("COHORT_FAULT: SIGSEGV to this rank after step {}", step);
+    log::flush();
+    ::raise(SIGSEGV);
+  }
+  if (fault_->action == A::throwError) {
+    throw Error(fmt::format("COHORT_FAULT: an error thrown after step {}", step));
   }
   log::warn("COHORT_FAULT: exiting with code {} after step {}", fault_->exitCode, step);
   log::flush();

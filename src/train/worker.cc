@@ -20,6 +20,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/run_dir.h"
 #include "cohort/core/signals.h"
+#include "cohort/launch/debug.h"
 #include "cohort/launch/fork_server.h"
 #include "cohort/monitor/progress.h"
 #include "cohort/monitor/timeline.h"
@@ -186,12 +187,18 @@ int runWorker(const WorkerOptions& o) {
   if (co.interface.empty()) co.interface = env::nodeAddress().value_or("");
   co.glooConnections = static_cast<int>(job.distribution.glooConnections);
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.distribution.timeoutS * 1000));
+  // --debug, --debug-on-failure: a rank held in a debugger ends nothing by
+  // a timeout (launch/debug.h).
+  const bool debugging = launch::debugging();
+  if (debugging) co.timeout = launch::kSuspendedTimeout;
   const int restarts = env::restartCount();
   co.storePrefix = fmt::format("cohort/attempt-{}", restarts);
   if (re.worldSize > 1 && !re.masterFromEnv && re.rank == 0) {
     log::warn("MASTER_ADDR/MASTER_PORT not set: using {}:{} (set both for runs across machines)",
               re.masterAddr, re.masterPort);
   }
+  launch::installDebugOnFailure(re.rank, re.worldSize, re.masterAddr);
+  launch::holdForDebugger(re.rank, re.masterAddr, o.runDir);
   env::pauseForTest("rendezvous");
   comm::Comm comm = comm::connect(co);
 
@@ -238,7 +245,13 @@ int runWorker(const WorkerOptions& o) {
   wo.heartbeatS = dc.heartbeatS;
   wo.warnS = dc.stallWarnS;
   wo.failS = dc.stallTimeoutS > 0 ? dc.stallTimeoutS : 0.8 * dc.timeoutS;
-  if (wo.failS >= dc.timeoutS) {
+  if (debugging) {
+    wo.failS = 0;
+    if (re.rank == 0) {
+      log::info("debugging: timeouts suspended (distribution.timeout_s is {} h; the stall inspector only warns)",
+                launch::kSuspendedTimeout.count());
+    }
+  } else if (wo.failS >= dc.timeoutS) {
     throw ConfigError(fmt::format(
         "distribution.stall_timeout_s is {} s but must be below distribution.timeout_s ({} s), "
         "or Gloo's timeout ends a stalled collective first, with a less telling error",
@@ -284,7 +297,19 @@ int runWorker(const WorkerOptions& o) {
 
   // The named groups of the job's ranks (data, pipeline), once.
   const parallel::Mesh mesh = parallel::buildMesh(comm, meshShape(job));
-  TrainSummary s = train(job, mesh, runDir, to);
+  TrainSummary s = [&] {
+    try {
+      return train(job, mesh, runDir, to);
+    } catch (const CommError& e) {
+      launch::skipDebuggerOnFailure(e.what());
+      throw;
+    } catch (const std::exception& e) {
+      // Here the process groups still stand: the other ranks wait in
+      // their collective while a debugger looks (--debug-on-failure).
+      launch::waitForDebuggerOnFailure(e.what());
+      throw;
+    }
+  }();
   if (s.reformed) {
     log::flush();
     return kExitStateHeld;

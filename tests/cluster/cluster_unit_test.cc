@@ -19,6 +19,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/text.h"
+#include "cohort/launch/debug.h"
 #include "util/process.h"
 
 namespace cohort::cluster {
@@ -235,6 +236,41 @@ TEST(K8s, AnIndexedJobOfOnePodPerRank) {
   EXPECT_TRUE(has(m, "image: registry/cohort:1")) << m;
   EXPECT_EQ(dnsLabel("--A..b--"), "a--b");
   EXPECT_EQ(dnsLabel("___"), "cohort");
+}
+
+// --debug and --debug-on-failure of `cohort submit` reach the ranks as
+// variables the script exports (or the pods' environment), checked against
+// the job's ranks where they are given.
+TEST(SubmitDebug, TheScriptAndTheManifestPassTheOptionsToTheRanks) {
+  const launch::DebugOptions o{"3,1", 60};
+  SlurmRequest r = request();
+  r.env = launch::debugEnvironment(o, 4, false);
+  const std::string s = sbatchScript(r);
+  EXPECT_TRUE(has(s, "export COHORT_DEBUG_RANKS=1,3")) << s;
+  EXPECT_TRUE(has(s, "export COHORT_DEBUG_ON_FAILURE=60")) << s;
+  test::TempDir dir;
+  test::writeText(dir.file("s.sh"), s);
+  EXPECT_EQ(test::run({"/bin/bash", "-n", dir.file("s.sh")}).exitCode, 0);
+  K8sRequest k;
+  k.name = "tiny";
+  k.env = launch::debugEnvironment(o, 4, false);
+  const std::string m = k8sManifest(k);
+  EXPECT_TRUE(has(m, "            - name: COHORT_DEBUG_RANKS\n              value: \"1,3\"\n")) << m;
+  EXPECT_TRUE(launch::debugEnvironment({}, 4, false).empty());
+}
+
+TEST(SubmitDebug, RanksOutsideTheJobAreUsageErrorsNamingTheOption) {
+  EXPECT_EQ(launch::parseDebugRanks("2,0,2", 4), (std::vector<int>{0, 2}));
+  EXPECT_EQ(launch::parseDebugRanks("7", 0), (std::vector<int>{7}));  // no world known: not bounded
+  for (const char* bad : {"4", "-1", "x", "1,", ",1", "1;2", " 1", "1.5", ""}) {
+    try {
+      launch::parseDebugRanks(bad, 4);
+      ADD_FAILURE() << "'" << bad << "' was taken";
+    } catch (const UsageError& e) {
+      EXPECT_TRUE(has(e.what(), "--debug")) << e.what();
+    }
+  }
+  EXPECT_THROW(launch::debugEnvironment({"1", -5}, 4, false), UsageError);
 }
 
 TEST(Record, RoundTripsAndNamesABadFile) {

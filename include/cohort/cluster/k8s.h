@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace cohort::cluster {
 
@@ -20,6 +22,8 @@ struct K8sRequest {
   int64_t backoffLimit = 3;  // distribution.max_restarts
   std::string runDir;        // on a volume every pod mounts at the same path
   std::string storeTokenSecret;  // a Secret with key `token`
+  // Variables every rank gets (--debug: launch::debugEnvironment).
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 std::string k8sManifest(const K8sRequest& request);

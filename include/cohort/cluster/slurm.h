@@ -18,6 +18,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 #include <vector>
 
 namespace cohort::cluster {
@@ -41,6 +43,8 @@ struct SlurmRequest {
   // One run directory per array task; one entry: no array.
   std::vector<std::string> runDirs;
   std::string outputFile;     // sbatch --output (%j, %A, %a allowed)
+  // Variables every step gets (--debug: launch::debugEnvironment).
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 // The script's text. Throws UsageError for a request Slurm could not take

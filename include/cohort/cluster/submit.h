@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/launch/debug.h"
+
 namespace cohort::cluster {
 
 enum class Scheduler { slurm, k8s };
@@ -39,6 +41,7 @@ struct SubmitOptions {
   int64_t warnSeconds = 0;    // SIGUSR2 before the time limit; 0: stop_timeout_s + 60
   std::string executable;     // the cohort binary the ranks run; empty: this one
   std::string image;          // --k8s: the container image holding cohort
+  launch::DebugOptions debug;  // --debug, --debug-on-failure: passed to the ranks (launch/debug.h)
 };
 
 // Returns the exit code (0). Throws UsageError/ConfigError (exit 2) for a bad

@@ -44,11 +44,12 @@ std::optional<std::string> sentencePieceLibrary();
 // Syntax "<action>@rank<R>:step<S>[:always]" with action "exit<code>",
 // "kill" (SIGKILL to itself), "sleep<seconds>" (the rank hangs after step S),
 // "slow<ms>" (every step from S on computes that much longer: a straggler)
-// or "nan" (the images of step S+1 are NaN), e.g. "exit3@rank1:step5". It fires
+// "nan" (the images of step S+1 are NaN), "segv" (SIGSEGV to itself) or
+// "throw" (an exception ends its training), e.g. "exit3@rank1:step5". It fires
 // in the first attempt of a job only (see restartCount), or in every one
 // with ":always".
 struct Fault {
-  enum class Action { exit, kill, sleep, slow, nan } action = Action::exit;
+  enum class Action { exit, kill, sleep, slow, nan, segv, throwError } action = Action::exit;
   int exitCode = 1;
   int amount = 0;  // sleep: seconds; slow: milliseconds
   int rank = 0;
@@ -138,6 +139,15 @@ std::optional<std::string> nodeAddress();
 // (cohort/core/fence.h).
 inline constexpr const char* kNodeIdVar = "COHORT_NODE_ID";
 std::optional<std::string> nodeId();
+// Set by cohort's launchers for --debug and --debug-on-failure
+// (cohort/launch/debug.h, docs/monitoring.md). COHORT_DEBUG_RANKS: the
+// ranks that wait for a debugger before they connect, "1" or "1,3";
+// COHORT_DEBUG_ON_FAILURE: the seconds a failed rank waits for one. With
+// either set, the rank's timeouts are suspended.
+inline constexpr const char* kDebugRanksVar = "COHORT_DEBUG_RANKS";
+inline constexpr const char* kDebugOnFailureVar = "COHORT_DEBUG_ON_FAILURE";
+std::optional<std::string> debugRanks();
+std::optional<int> debugOnFailureSeconds();
 // COHORT_TEST_SAMPLE_LOG=<dir>: a test hook; every rank appends the sample
 // ids of each optimizer step it applies to <dir>/samples-<pid>.txt.
 std::optional<std::string> sampleLogDir();

@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/launch/debug.h"
+
 namespace cohort::elastic {
 
 struct AgentOptions {
@@ -55,6 +57,9 @@ struct AgentOptions {
   // leaving: under a scheduler that signals every node at once (Slurm's
   // scancel and time limit), nobody would be left to go on.
   bool termStopsJob = false;
+  // --debug, --debug-on-failure (launch/debug.h): ranks of the job, checked
+  // against MAX nodes x procs; a round without the rank holds none.
+  launch::DebugOptions debug;
 };
 
 // Returns the exit code (see above). Throws ConfigError for a bad job or

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/launch/debug.h"
+
 namespace cohort::run {
 
 struct LaunchOptions {
@@ -33,6 +35,7 @@ struct LaunchOptions {
   std::string executable;              // cohort binary for the ranks; empty: launch::engineExecutable()
   std::string plan;                    // --plan: `cohort plan --json` output, kept as <run>/plan.json
   std::chrono::milliseconds termGrace{5000};  // SIGTERM -> SIGKILL
+  launch::DebugOptions debug;          // --debug, --debug-on-failure (launch/debug.h)
 };
 
 // Returns the exit code: 0 when every rank succeeded, 1 when a rank failed
