@@ -34,6 +34,7 @@ struct BaseCommands {
   bool newRun = false;
   std::string planFile;
   bool timeline = false;
+  std::string profile;  // --profile STEPS; given when run->count("--profile")
   int metricsPort = 0;
   // ckpt: the parent, and its commands without LibTorch
   CLI::App *ckpt = nullptr, *ckptList = nullptr, *ckptVerify = nullptr, *ckptDecrypt = nullptr;
