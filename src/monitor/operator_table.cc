@@ -70,6 +70,23 @@ std::vector<OperatorRow> operatorTable(std::vector<ProfiledEvent> events) {
 
 namespace detail {
 
+double productFlops(const std::string& name, const std::vector<std::vector<int64_t>>& shapes) {
+  // The two matrices' positions among the inputs.
+  size_t a = 0;
+  if (name == "aten::addmm" || name == "aten::baddbmm") {
+    a = 1;
+  } else if (name != "aten::mm" && name != "aten::bmm") {
+    return -1;
+  }
+  const size_t rank = name == "aten::mm" || name == "aten::addmm" ? 2 : 3;
+  if (shapes.size() < a + 2 || shapes[a].size() != rank || shapes[a + 1].size() != rank) return -1;
+  const std::vector<int64_t>& x = shapes[a];
+  const std::vector<int64_t>& y = shapes[a + 1];
+  const double batch = rank == 3 ? static_cast<double>(x[0]) : 1.0;
+  return 2.0 * batch * static_cast<double>(x[rank - 2]) * static_cast<double>(x[rank - 1]) *
+         static_cast<double>(y[rank - 1]);
+}
+
 std::string operatorJson(int rank, int64_t first, int64_t last, const std::vector<OperatorRow>& rows) {
   nlohmann::json ops = nlohmann::json::array();
   for (const OperatorRow& r : rows) {

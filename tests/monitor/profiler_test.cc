@@ -13,6 +13,7 @@
 
 #include "cohort/core/net.h"
 #include "cohort/monitor/profiler.h"
+#include "monitor/detail/profile_files.h"
 #include "util/jobs.h"
 
 namespace cohort {
@@ -50,6 +51,18 @@ TEST(OperatorTable, SelfTimeLeavesOutTheNestedEvents) {
   EXPECT_DOUBLE_EQ(rows[2].selfUs, 20);
   EXPECT_EQ(rows[3].inputShapes, "[[2], [8, 16], [16, 2]]");
   EXPECT_DOUBLE_EQ(rows[3].selfUs, 10);
+}
+
+TEST(OperatorTable, MatrixProductsCountTheirFlopsFromTheirShapes) {
+  using monitor::detail::productFlops;
+  EXPECT_DOUBLE_EQ(productFlops("aten::mm", {{4096, 128}, {128, 512}}), 2.0 * 4096 * 128 * 512);
+  EXPECT_DOUBLE_EQ(productFlops("aten::addmm", {{16}, {8, 32}, {32, 16}, {}, {}}), 2.0 * 8 * 32 * 16);
+  EXPECT_DOUBLE_EQ(productFlops("aten::bmm", {{64, 256, 32}, {64, 32, 256}}), 2.0 * 64 * 256 * 32 * 256);
+  EXPECT_DOUBLE_EQ(productFlops("aten::baddbmm", {{256, 256}, {64, 256, 32}, {64, 32, 256}, {}, {}}),
+                   2.0 * 64 * 256 * 32 * 256);
+  EXPECT_LT(productFlops("aten::relu", {{8, 8}}), 0);
+  EXPECT_LT(productFlops("aten::mm", {{8, 8}}), 0);           // shapes missing
+  EXPECT_LT(productFlops("aten::bmm", {{8, 8}, {8, 8}}), 0);  // not batched
 }
 
 // A 2-rank run of the tiny job (6 steps) with `args` after the job.

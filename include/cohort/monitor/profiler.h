@@ -82,7 +82,7 @@ struct OperatorRow {
   double selfUs = 0;   // in it, not in the operators it called
   double totalUs = 0;
   std::string inputShapes;  // "[[64, 128], [128, 512]]"; "[]" for none
-  double flops = -1;        // total over the calls; < 0: not known for this operator
+  double flops = -1;        // total over the calls; < 0: not known (counted for matrix products)
 };
 
 // Records the steps options.first..last on the thread that calls it (the

@@ -4,12 +4,20 @@
 // recording itself: the table's CSV, JSON and log lines, and the trace's
 // text. Plain code, tested without LibTorch.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cohort/monitor/profiler.h"
 
 namespace cohort::monitor::detail {
+
+// The floating-point operations of one call of a matrix product (aten::mm,
+// addmm, bmm, baddbmm) from its input shapes: 2 n k m per matrix, the
+// additions of addmm and baddbmm left out; < 0 for any other operator.
+// (LibTorch's own count, with_flops, keeps the inputs of every operator
+// alive while the profiler records: gigabytes over a few GPT steps.)
+double productFlops(const std::string& name, const std::vector<std::vector<int64_t>>& shapes);
 
 // The layout another page reads (docs/monitoring.md): {"rank", "steps":
 // [first, last], "operators": [{"name", "calls", "self_us", "total_us",
