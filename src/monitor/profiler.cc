@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -146,6 +147,7 @@ void Profiler::closeStep() {
 }
 
 void Profiler::stop() {
+  const auto stopping = std::chrono::steady_clock::now();
   done_ = true;
   detail::profilerRecording.store(false);
   const std::unique_ptr<tp::ProfilerResult> result = tp::disableProfiler();
@@ -190,8 +192,10 @@ void Profiler::stop() {
   writeFileAtomic(csv, detail::operatorCsv(table));
   writeFileAtomic(json, detail::operatorJson(o_.rank, firstRecorded_, lastRecorded_, table));
   writeFileAtomic(tracePath_, detail::traceText(o_.rank, o_.worldSize, trace));
-  log::info("operator profile of steps {} on rank {} ({} operators and ranges; all in {}, trace {}):",
-            recorded, o_.rank, table.size(), csv, tracePath_);
+  log::info("operator profile of steps {} on rank {} ({} operators and ranges, stopped and written in {:.2f} s; "
+            "all in {}, trace {}):",
+            recorded, o_.rank, table.size(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - stopping).count(), csv, tracePath_);
   for (const std::string& line : detail::operatorLines(table, o_.printRows)) log::info("  {}", line);
 }
 
