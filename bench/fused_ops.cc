@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "models/fused_kernels.h"
 #include "models/fused_ops.h"
 
 using namespace cohort;
@@ -118,8 +119,9 @@ int main(int argc, char** argv) {
     }
   }
   torch::manual_seed(0);
-  fmt::print("cpu: {}\nforward + backward, ms per call: median of {} alternating runs of >= {} ms each\n",
-             describe(cpuInfo()), repeats, minMs);
+  fmt::print("cpu: {}\nfused loops: the {} build (the widest; ATEN_CPU_CAPABILITY=avx2 holds them and LibTorch "
+             "to AVX2)\nforward + backward, ms per call: median of {} alternating runs of >= {} ms each\n",
+             describe(cpuInfo()), models::detail::fusedKernelsIsa(), repeats, minMs);
   fmt::print("{:<20} {:<24} {:>7} {:>10} {:>10} {:>8}\n", "op", "shape", "threads", "aten ms", "fused ms",
              "speedup");
   std::vector<std::string> json;
@@ -140,8 +142,8 @@ int main(int argc, char** argv) {
       const double a = median(aten), f = median(fused);
       fmt::print("{:<20} {:<24} {:>7} {:>10.3f} {:>10.3f} {:>7.2f}x\n", c.op, c.shape, threads, a, f, a / f);
       json.push_back(fmt::format(R"({{"op":"{}","shape":"{}","threads":{},"aten_ms":{:.4f},"fused_ms":{:.4f},)"
-                                 R"("speedup":{:.3f}}})",
-                                 c.op, c.shape, threads, a, f, a / f));
+                                 R"("speedup":{:.3f},"isa":"{}"}})",
+                                 c.op, c.shape, threads, a, f, a / f, models::detail::fusedKernelsIsa()));
     }
   }
   for (const std::string& j : json) fmt::print("{}\n", j);

@@ -165,6 +165,14 @@ void BaseCommands::addLogsHelp(CLI::App& app) {
                  "Keep printing lines as they are written until the run ends (summary.json) or "
                  "Ctrl-C");
 
+  report = app.add_subcommand(
+      "report", "Write a run's report page (one HTML file: curves, per-rank figures, step times, memory, "
+                "checkpoints, restarts, the plan against the run, operators) and print its path");
+  report->add_option("run_dir", reportOptions.runDir, "Run directory")->required();
+  report->add_option("-o,--output", reportOptions.output, "The page to write (default RUN_DIR/report.html)");
+  report->add_option("--plan", reportOptions.planFile,
+                     "Compare with this plan (`cohort plan --json` output) rather than the run's own");
+
   help = app.add_subcommand("help", "Show help for cohort or one of its commands");
   help->add_option("command", helpTopic, "Command to explain, or `job` for every job-file key");
 }
@@ -248,6 +256,7 @@ std::optional<int> BaseCommands::dispatch(CLI::App& app, int argc) {
   if (*dataInspect) return data::inspectCommand(dataPath, inspectRecords, so, std::cout);
   if (*dataVerify) return data::verifyCommand(dataPath, decode, so, std::cout);
   if (*logs) return cli::ClusterCommands::logs(logsOptions);
+  if (*report) return monitor::printReport(reportOptions, std::cout);
   if (auto code = cluster.dispatch()) return *code;
   if (auto code = planCommand.dispatch()) return *code;
   if (*run) {

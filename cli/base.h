@@ -1,7 +1,7 @@
 #pragma once
 
 // The commands without LibTorch, which both programs run (common.h): run,
-// validate, ckpt list|verify|decrypt, data, logs, help, submit, runs,
+// validate, ckpt list|verify|decrypt, data, logs, report, help, submit, runs,
 // status, cancel, plan.
 
 #include <CLI/CLI.hpp>
@@ -14,6 +14,7 @@
 #include "cohort/data/pack.h"
 #include "cohort/data/tokens.h"
 #include "cohort/monitor/logs.h"
+#include "cohort/monitor/report.h"
 #include "cohort/security/sealed.h"
 #include "plan.h"
 
@@ -51,9 +52,10 @@ struct BaseCommands {
   double shardMb = 256;
   bool noProgress = false, decode = false;
   int64_t inspectRecords = 0;
-  // logs, help
-  CLI::App *logs = nullptr, *help = nullptr;
+  // logs, report, help
+  CLI::App *logs = nullptr, *report = nullptr, *help = nullptr;
   monitor::LogsOptions logsOptions;
+  monitor::ReportOptions reportOptions;
   std::string helpTopic;
   // submit, runs, status, cancel; plan
   ClusterCommands cluster;

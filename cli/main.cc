@@ -15,6 +15,7 @@
 //   cohort score MODEL --data DATA --out predictions.jsonl [--procs N]
 //   cohort health [JOB] [--procs N] [--json] [--set ...]
 //   cohort logs RUN_DIR [--rank r] [--follow]
+//   cohort report RUN_DIR [-o PAGE.html] [--plan PLAN.json]
 //   cohort submit JOB.yaml --slurm|--k8s [--sweep key=v1,v2 ...] [--nodes N] [--time T] ...
 //   cohort runs DIR | status RUN_DIR | cancel RUN_DIR
 //   cohort help [COMMAND] | cohort --version

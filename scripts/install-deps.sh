@@ -16,17 +16,20 @@ esac
 
 # To build cohort (lld: the linker, scripts/build.sh) and run its jobs
 # (OpenBLAS for the linear layers, libblas-dev for the CBLAS header and link
-# the attention kernel calls it through, Fashion-MNIST for the Quick start).
+# the attention kernel calls it through, libsleef-dev for the header of the
+# SLEEF LibTorch links, which ATen's AVX2 and AVX-512 vectors include,
+# Fashion-MNIST for the Quick start).
 RUN_PKGS="build-essential cmake ninja-build ccache pkg-config lld
 libtorch-dev libgloo-dev
 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev
+zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev libsleef-dev
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 libsentencepiece-dev libicu-dev
 dataset-fashion-mnist"
 
-# To build and run the tests, the benchmarks and the fuzzing.
+# To build and run the tests, the benchmarks and the fuzzing (chromium: the
+# report page's test renders it headless).
 TEST_PKGS="git libgtest-dev libgmock-dev libbenchmark-dev
 openmpi-bin libopenmpi-dev
 python3-sentencepiece bible-kjv bible-kjv-text
@@ -34,7 +37,8 @@ python3 python3-torch python3-torchvision python3-protobuf python3-onnx wrk time
 libtcmalloc-minimal4 libjemalloc2
 clang libclang-rt-14-dev
 etcd-client iproute2 nftables
-slurmctld slurmd slurm-client munge"
+slurmctld slurmd slurm-client munge
+chromium"
 
 PKGS=$RUN_PKGS
 [ "$profile" = run ] || PKGS="$PKGS $TEST_PKGS"

@@ -63,6 +63,7 @@ void readMetrics(const std::string& path, RunInfo& r) {
     if (event == "train") {
       r.step = j.value("step", r.step);
       lastLoss = j.value("loss", lastLoss);
+      r.samplesPerS = j.value("images_per_s", r.samplesPerS);
     } else if (event == "eval") {
       const double top1 = j.value("top1", 0.0);
       const double loss = j.value("loss", -1.0);
@@ -163,6 +164,8 @@ RunInfo describeRun(const std::string& runDir, bool askSlurm) {
   r.job = jobName(runDir + "/job.yaml");
   readMetrics(runDir + "/metrics.jsonl", r);
   r.checkpointStep = newestCheckpoint(runDir, summary ? &*summary : nullptr);
+  std::error_code ec;
+  r.hasReport = fs::is_regular_file(runDir + "/report.html", ec);
   const auto record = readSlurmRecord(runDir);
   if (record) {
     r.slurmRef = record->ref();
@@ -172,6 +175,7 @@ RunInfo describeRun(const std::string& runDir, bool askSlurm) {
   if (summary) {
     r.job = summary->value("job", r.job);
     r.seconds = summary->value("wall_time_s", -1.0);
+    r.samplesPerS = summary->value("train_images_per_s", r.samplesPerS);
     r.step = std::max<int64_t>(r.step, summary->value("steps", int64_t{-1}));
   }
   if (!r.slurm.state.empty() && active(r.slurm.state)) {
@@ -229,6 +233,22 @@ std::string shown(const std::string& path, const std::string& base) {
   return rel.empty() || rel == "." ? fs::path(path).filename().string() : rel;
 }
 
+// The path of a run as the user can open it: below the directory they
+// named, as they named it.
+std::string userPath(const std::string& path, const std::string& base) {
+  const std::string rel = fs::relative(path, fs::absolute(base)).string();
+  if (rel.empty() || rel == ".") return base;
+  return (fs::path(base) / rel).lexically_normal().string();
+}
+
+// The run's report page, or the command that writes it.
+std::string reportOf(const RunInfo& r, const std::string& base) {
+  const std::string path = userPath(r.path, base);
+  return r.hasReport ? path + "/report.html" : "cohort report " + path;
+}
+
+std::string describeRate(double perS) { return perS < 0 ? "-" : fmt::format("{:.0f}", perS); }
+
 }  // namespace
 
 int printRuns(const std::string& dir, std::ostream& out, bool askSlurm) {
@@ -243,12 +263,13 @@ int printRuns(const std::string& dir, std::ostream& out, bool askSlurm) {
     infos.push_back(describeRun(path, askSlurm));
     width = std::max(width, shown(path, dir).size());
   }
-  out << fmt::format("{:<{}}  {:<12} {:>8}  {:<18} {:>8}  {}\n", "RUN", width, "STATE", "STEP", "BEST", "TIME",
-                     "SLURM");
+  out << fmt::format("{:<{}}  {:<12} {:>8}  {:<18} {:>9} {:>8}  {:<8} {}\n", "RUN", width, "STATE", "STEP", "BEST",
+                     "SAMPLES/S", "TIME", "SLURM", "REPORT");
   for (const auto& r : infos) {
-    out << fmt::format("{:<{}}  {:<12} {:>8}  {:<18} {:>8}  {}\n", shown(r.path, dir), width, r.state,
+    out << fmt::format("{:<{}}  {:<12} {:>8}  {:<18} {:>9} {:>8}  {:<8} {}\n", shown(r.path, dir), width, r.state,
                        r.step >= 0 ? std::to_string(r.step) : "-", r.best.empty() ? "-" : r.best,
-                       describeTime(r.seconds), r.slurmRef.empty() ? "-" : r.slurmRef);
+                       describeRate(r.samplesPerS), describeTime(r.seconds), r.slurmRef.empty() ? "-" : r.slurmRef,
+                       reportOf(r, dir));
   }
   return 0;
 }
@@ -277,6 +298,8 @@ int printStatus(const std::string& runDir, std::ostream& out) {
     if (!r.best.empty()) out << fmt::format("best        {}\n", r.best);
     if (r.seconds >= 0) out << fmt::format("time        {}\n", describeTime(r.seconds));
     out << fmt::format("checkpoint  {}\n", r.checkpointStep >= 0 ? "step " + std::to_string(r.checkpointStep) : "none");
+    if (r.samplesPerS >= 0) out << fmt::format("samples/s   {}\n", describeRate(r.samplesPerS));
+    out << fmt::format("report      {}\n", reportOf(r, runs[i]));
   }
   return 0;
 }

@@ -230,9 +230,22 @@ bool attentionMatmulOnly() {
   throw ConfigError("environment variable COHORT_ATTENTION must be auto or matmul, got '" + *v + "'");
 }
 
+bool fusedOpsOff() {
+  const auto v = get("COHORT_FUSED_OPS");
+  if (!v || *v == "auto") return false;
+  if (*v == "off") return true;
+  throw ConfigError("environment variable COHORT_FUSED_OPS must be auto or off, got '" + *v + "'");
+}
+
 std::optional<std::string> onednnMaxIsa() {
   if (auto v = get("ONEDNN_MAX_CPU_ISA")) return v;
   return get("DNNL_MAX_CPU_ISA");
+}
+
+std::optional<std::string> atenCpuCapability() {
+  auto v = get("ATEN_CPU_CAPABILITY");
+  if (v) std::transform(v->begin(), v->end(), v->begin(), [](unsigned char c) { return std::tolower(c); });
+  return v;
 }
 
 ParseOnly parseOnly() {

@@ -5,7 +5,10 @@
 // and layouts. Each runs on LibTorch's intra-op threads (at::parallel_for).
 // Reductions over rows are cut into blocks of a fixed number of rows,
 // summed in block order: the same inputs give the same bits whatever the
-// number of threads.
+// number of threads. Each loop is built for the baseline, AVX2 and
+// AVX-512 (models/detail/fused_kernels_impl.h); the calls below take the
+// widest build the CPU runs, or the narrower one ATEN_CPU_CAPABILITY holds
+// LibTorch's kernels to (models/fused_kernels.cc).
 
 #include <cstdint>
 
@@ -51,5 +54,34 @@ void batchNormReluForward(const T* x, const T* scale, const T* shift, T* y, BnSh
 template <typename T>
 void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invstd, const T* scale, const T* shift,
                            T* gx, T* gw, T* gb, BnShape shape);
+
+// The loops of one instruction set's build, for one dtype.
+template <typename T>
+struct FusedKernelTable {
+  void (*biasGeluForward)(const T*, const T*, T*, int64_t, int64_t, bool);
+  void (*biasGeluBackward)(const T*, const T*, const T*, T*, T*, int64_t, int64_t, bool);
+  void (*addLayerNormForward)(const T*, const T*, const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, double);
+  void (*addLayerNormBackward)(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t,
+                               int64_t);
+  void (*batchNormStats)(const T*, BnShape, T*, T*);
+  void (*batchNormReluForward)(const T*, const T*, const T*, T*, BnShape);
+  void (*batchNormReluBackward)(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, BnShape);
+};
+
+// The build the calls above take: "avx512", "avx2" or "base".
+const char* fusedKernelsIsa();
+
+// Each build's table (the argument picks the dtype); avx2 and avx512 exist
+// on x86-64 only, and run only on a CPU that has the instructions.
+namespace isa {
+const FusedKernelTable<float>& base(float);
+const FusedKernelTable<double>& base(double);
+#if defined(__x86_64__)
+const FusedKernelTable<float>& avx2(float);
+const FusedKernelTable<double>& avx2(double);
+const FusedKernelTable<float>& avx512(float);
+const FusedKernelTable<double>& avx512(double);
+#endif
+}  // namespace isa
 
 }  // namespace cohort::models::detail

@@ -5,6 +5,8 @@
 
 #include <atomic>
 
+#include "cohort/core/env.h"
+#include "cohort/models/cpu_kernels.h"
 #include "models/fused_kernels.h"
 
 namespace cohort::models {
@@ -14,7 +16,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::atomic<int64_t> fusedCalls{0};
-thread_local int fusedScope = -1;  // -1: kFusedOpsOn; else the innermost FusedOpsScope's
+thread_local int fusedScope = -1;  // -1: fusedOpsByDefault(); else the innermost FusedOpsScope's
 
 // f(T{}) with T the tensors' element type (float or double).
 template <typename F>
@@ -203,7 +205,17 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
 
 int64_t fusedOpCalls() { return fusedCalls.load(std::memory_order_relaxed); }
 
-bool fusedOpsOn() { return fusedScope < 0 ? kFusedOpsOn : fusedScope == 1; }
+bool fusedOpsOn() { return fusedScope < 0 ? fusedOpsByDefault() : fusedScope == 1; }
+
+bool fusedOpsByDefault() {
+  static const bool on = !env::fusedOpsOff() && std::string(detail::fusedKernelsIsa()) != "base";
+  return on;
+}
+
+std::string fusedOpsDescription() {
+  if (env::fusedOpsOff()) return "off (COHORT_FUSED_OPS)";
+  return fusedOpsByDefault() ? detail::fusedKernelsIsa() : "off (no AVX2)";
+}
 
 FusedOpsScope::FusedOpsScope(bool on) : before_(fusedScope) { fusedScope = on ? 1 : 0; }
 FusedOpsScope::~FusedOpsScope() { fusedScope = before_; }

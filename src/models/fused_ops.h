@@ -13,10 +13,12 @@
 // (no double backward), and a trace (TorchScript, ONNX) of a model would
 // hold them as opaque functions: export with fused ops off.
 //
-// Off by default: built against Debian's LibTorch, whose headers lack
-// sleef.h, at::vec::Vectorized is the portable (non-AVX2) one, and the
-// fused loops measured slower on one thread than the ATen kernels they
-// replace (docs/performance.md "Fused kernels").
+// On by default where the CPU runs a vector build of the loops (AVX2 or
+// AVX-512, models/fused_kernels.h): there add + LayerNorm and BatchNorm +
+// ReLU measured faster than the ATen ops (docs/performance.md "Fused
+// kernels"). The baseline build was slower: without AVX2 they stay off, as
+// with COHORT_FUSED_OPS=off. The GPT leaves bias + GELU to ATen either way
+// (models/gpt.cc).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -50,10 +52,15 @@ at::Tensor batchNormRelu(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x);
 // takes the fused path.
 int64_t fusedOpCalls();
 
-// Whether the ops above take the fused path on this thread: kFusedOpsOn,
-// or what the innermost FusedOpsScope says.
-constexpr bool kFusedOpsOn = false;
+// Whether the ops above take the fused path on this thread: what the
+// innermost FusedOpsScope says, else fusedOpsByDefault().
 bool fusedOpsOn();
+
+// Whether fused ops are on outside any FusedOpsScope: a vector build of the
+// loops runs here and COHORT_FUSED_OPS is not "off" (which throws
+// ConfigError on a value other than auto or off).
+bool fusedOpsByDefault();
+// (cohort/models/cpu_kernels.h says which, for the run's summary.)
 
 // While it lives, fusedOpsOn() is `on` on this thread: tests and
 // benchmarks compare a model's two paths.

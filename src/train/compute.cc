@@ -20,6 +20,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/malloc_policy.h"
+#include "cohort/models/cpu_kernels.h"
 #include "cohort/models/model.h"
 #include "cohort/train/bind_cores.h"
 #include "cohort/train/precision.h"
@@ -127,6 +128,7 @@ ComputeState observeCompute() {
     s.openMpWait = "default";
   }
   s.loadAverage = env::loadAverage().value_or(-1);
+  s.fusedOps = models::fusedOpsDescription();
   return s;
 }
 
@@ -136,11 +138,11 @@ std::string describe(const ComputeState& s) {
   return fmt::format(
       "compute: {} intra-op thread(s), {} inter-op; allocator {} ({}); oneDNN {}; LibTorch kernels {}; "
       "memory format {} ({}); profiler observers {}; anomaly detection {}; cores {}{}; OpenMP wait {}; "
-      "load average {:.2f}; CPU {}",
+      "load average {:.2f}; fused ops {}; CPU {}",
       s.intraOpThreads, s.interOpThreads, s.allocator, s.mallocName, s.onednn ? "on" : "off", s.kernels,
       s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
       s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", s.cores,
-      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, cohort::describe(s.cpu));
+      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, s.fusedOps, cohort::describe(s.cpu));
 }
 
 nlohmann::json toJson(const ComputeState& s) {
@@ -163,7 +165,8 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"anomaly_mode", s.anomalyMode},
                         {"grad_mode", s.gradMode},
                         {"openmp_wait", s.openMpWait},
-                        {"load_average", s.loadAverage}};
+                        {"load_average", s.loadAverage},
+                        {"fused_ops", s.fusedOps}};
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// adamwUpdate's loop with ATen's AVX2 Vectorized<float> (src/CMakeLists.txt
+// adamwUpdate's loop with ATen's AVX2 Vectorized<float> (cmake/cpu_kernels.cmake
 // gives this file -mavx2 -mfma and ATen's CPU_CAPABILITY_AVX2): the same
 // intrinsics as ATen's own AVX2 kernels, fused multiply-add included. The
 // build's baseline (x86-64) has only ATen's generic Vectorized<float>, which

@@ -3,7 +3,9 @@
 // Runs as a user keeps track of them, local or on Slurm:
 //
 //   cohort runs DIR      every run under DIR (a run directory, a sweep's
-//                        directory, output.dir): state, step, best metric, time
+//                        directory, output.dir): state, step, best metric,
+//                        throughput, time, and its report page (the path of
+//                        report.html, or the `cohort report` that writes it)
 //   cohort status RUN    one run, with its Slurm job's state when submitted
 //   cohort cancel RUN    scancel its Slurm job (the ranks checkpoint and stop)
 //
@@ -37,6 +39,8 @@ struct RunInfo {
   int64_t step = -1;            // the last step recorded; -1: none
   std::string best;             // "top1 0.874", "eval loss 2.31", "loss 0.42"; "" none
   double seconds = -1;          // wall time of a finished run; -1: unknown
+  double samplesPerS = -1;      // training samples per second: the run's (summary.json), else the last record's
+  bool hasReport = false;       // <path>/report.html exists (`cohort report`)
   int64_t checkpointStep = -1;  // the newest committed checkpoint
   std::string slurmRef;         // "" when not submitted to Slurm
   SlurmState slurm;

@@ -87,9 +87,20 @@ void pauseForTest(const char* point);
 // on another value.
 bool attentionMatmulOnly();
 
+// COHORT_FUSED_OPS: "off" keeps the ATen ops the fused training ops
+// replace (models/fused_ops.h), to compare the two; unset or "auto", the
+// fused ops run wherever a vector build of their loops does. Throws
+// ConfigError on another value.
+bool fusedOpsOff();
+
 // ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA): the instruction
 // set oneDNN is held to, as set; nullopt when neither is.
 std::optional<std::string> onednnMaxIsa();
+
+// ATEN_CPU_CAPABILITY: the instruction set LibTorch's kernels are held to
+// ("default", "avx2", "avx512"), lowercased; nullopt when unset. cohort's
+// own vector loops follow it (models/fused_kernels.h).
+std::optional<std::string> atenCpuCapability();
 
 // COHORT_PARSE_ONLY: the command line is parsed and nothing is run (exit 0
 // when it parses, 2 naming what is wrong otherwise): how the tests check

@@ -47,6 +47,7 @@ struct ComputeState {
   // OMP_WAIT_POLICY or GOMP_SPINCOUNT, or "default" (GNU OpenMP's own).
   std::string openMpWait;
   double loadAverage = -1;  // the machine's 1-minute load average as training started; -1: unknown
+  std::string fusedOps;     // the fused training ops: avx512 | avx2 | off (why) (models/cpu_kernels.h)
 };
 
 // Whether other work already fills the cores a rank may use: the load

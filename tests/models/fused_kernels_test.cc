@@ -1,0 +1,156 @@
+// The builds of the fused ops' loops per instruction set
+// (models/fused_kernels.h): every build this CPU runs gives what the
+// baseline build gives, on sizes that leave vector tails (1, primes) and
+// rows that fill several blocks; and the calls take the widest build, or the
+// one ATEN_CPU_CAPABILITY holds LibTorch to (the `/avx2` run holds it to AVX2).
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "models/fused_kernels.h"
+
+namespace cohort::models::detail {
+namespace {
+
+template <typename T>
+struct Build {
+  std::string name;
+  const FusedKernelTable<T>* table;
+};
+
+// The builds this CPU can run, the baseline first.
+template <typename T>
+std::vector<Build<T>> buildsHere() {
+  std::vector<Build<T>> builds{{"base", &isa::base(T{})}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) builds.push_back({"avx2", &isa::avx2(T{})});
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    builds.push_back({"avx512", &isa::avx512(T{})});
+  }
+#endif
+  return builds;
+}
+
+template <typename T>
+std::vector<T> values(int64_t count, double scale, uint64_t seed) {
+  torch::manual_seed(seed);
+  const at::Tensor t = (torch::randn({count}, torch::kDouble) * scale).to(c10::CppTypeToScalarType<T>::value);
+  return std::vector<T>(t.data_ptr<T>(), t.data_ptr<T>() + count);
+}
+
+// Relative to 1 + |want|: 1e-12 in double, 2e-6 in float; LayerNorm's
+// gradients over rows of width 1 in float 1e-4 (`loose`: the centred value
+// is rounding noise, and rstd = 1/sqrt(eps) = 316 scales one rounding of it,
+// 6e-8, to 2e-5; the builds round it differently, fused multiply-adds in
+// the vector ones).
+template <typename T>
+void expectNear(const std::vector<T>& got, const std::vector<T>& want, const std::string& what, bool loose = false) {
+  const double tol = sizeof(T) == 8 ? 1e-12 : loose ? 1e-4 : 2e-6;
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    ASSERT_LE(std::abs(g - w), tol * (1 + std::abs(w))) << what << " [" << i << "]: " << g << " vs " << w;
+  }
+}
+
+// Each kernel on the same inputs through every build; outputs compared
+// with the baseline's.
+template <typename T>
+void checkEveryBuild(int64_t rows, int64_t n) {
+  SCOPED_TRACE(testing::Message() << "rows " << rows << " n " << n << (sizeof(T) == 8 ? " double" : " float"));
+  const auto builds = buildsHere<T>();
+  const int64_t size = rows * n;
+  const std::vector<T> x = values<T>(size, 2.0, 1), d = values<T>(size, 1.0, 2), g = values<T>(size, 1.0, 3);
+  const std::vector<T> w = values<T>(n, 1.0, 4), b = values<T>(n, 0.5, 5);
+  struct Out {
+    std::vector<T> y, gh, gb, s, ln, mean, rstd, gx, gw, gb2;
+  };
+  std::vector<Out> outs;
+  for (const Build<T>& build : builds) {
+    const FusedKernelTable<T>& k = *build.table;
+    Out o{std::vector<T>(size), std::vector<T>(size), std::vector<T>(n), std::vector<T>(size), std::vector<T>(size),
+          std::vector<T>(rows), std::vector<T>(rows), std::vector<T>(size), std::vector<T>(n), std::vector<T>(n)};
+    k.biasGeluForward(x.data(), b.data(), o.y.data(), rows, n, /*tanh=*/false);
+    k.biasGeluBackward(g.data(), x.data(), b.data(), o.gh.data(), o.gb.data(), rows, n, /*tanh=*/true);
+    k.addLayerNormForward(x.data(), d.data(), w.data(), b.data(), o.s.data(), o.ln.data(), o.mean.data(),
+                          o.rstd.data(), rows, n, 1e-5);
+    k.addLayerNormBackward(d.data(), g.data(), o.s.data(), o.mean.data(), o.rstd.data(), w.data(), o.gx.data(),
+                           o.gw.data(), o.gb2.data(), rows, n);
+    outs.push_back(std::move(o));
+  }
+  for (size_t i = 1; i < builds.size(); ++i) {
+    const std::string& name = builds[i].name;
+    expectNear(outs[i].y, outs[0].y, name + " bias+gelu");
+    expectNear(outs[i].gh, outs[0].gh, name + " bias+gelu (tanh) dh");
+    expectNear(outs[i].gb, outs[0].gb, name + " bias+gelu (tanh) db");
+    expectNear(outs[i].ln, outs[0].ln, name + " add+layernorm");
+    expectNear(outs[i].gx, outs[0].gx, name + " add+layernorm dx", n == 1);
+    expectNear(outs[i].gw, outs[0].gw, name + " add+layernorm dw", n == 1);
+  }
+}
+
+// BatchNorm + ReLU in both layouts through every build.
+template <typename T>
+void checkEveryBuildBatchNorm(BnShape sh) {
+  SCOPED_TRACE(testing::Message() << "n " << sh.n << " c " << sh.c << " hw " << sh.hw
+                                  << (sh.channelsLast ? " channels-last" : "") << (sizeof(T) == 8 ? " double" : ""));
+  const auto builds = buildsHere<T>();
+  const int64_t size = sh.n * sh.c * sh.hw;
+  const std::vector<T> x = values<T>(size, 2.0, 6), gy = values<T>(size, 1.0, 7);
+  const std::vector<T> scale = values<T>(sh.c, 1.0, 8), shift = values<T>(sh.c, 0.5, 9);
+  std::vector<std::vector<T>> outs;
+  for (const Build<T>& build : builds) {
+    const FusedKernelTable<T>& k = *build.table;
+    std::vector<T> mean(sh.c), var(sh.c), y(size), gx(size), gw(sh.c), gb(sh.c), invstd(sh.c);
+    k.batchNormStats(x.data(), sh, mean.data(), var.data());
+    for (int64_t c = 0; c < sh.c; ++c) invstd[c] = static_cast<T>(1 / std::sqrt(var[c] + 1e-5));
+    k.batchNormReluForward(x.data(), scale.data(), shift.data(), y.data(), sh);
+    k.batchNormReluBackward(gy.data(), x.data(), mean.data(), invstd.data(), scale.data(), shift.data(), gx.data(),
+                            gw.data(), gb.data(), sh);
+    std::vector<T> all;
+    for (const auto* part : {&mean, &var, &y, &gx, &gw, &gb}) all.insert(all.end(), part->begin(), part->end());
+    outs.push_back(std::move(all));
+  }
+  for (size_t i = 1; i < builds.size(); ++i) expectNear(outs[i], outs[0], builds[i].name + " batchnorm+relu");
+}
+
+TEST(FusedKernels, EveryBuildThisCpuRunsAgreesWithTheBaseline) {
+  ASSERT_GE(buildsHere<float>().size(), 1u);
+  for (int64_t rows : {1, 7, 131}) {
+    for (int64_t n : {1, 7, 16, 31, 257}) {
+      checkEveryBuild<float>(rows, n);
+      checkEveryBuild<double>(rows, n);
+    }
+  }
+  for (bool last : {false, true}) {
+    for (BnShape sh : {BnShape{2, 3, 5}, BnShape{4, 17, 9}, BnShape{3, 64, 49}}) {
+      sh.channelsLast = last;
+      checkEveryBuildBatchNorm<float>(sh);
+      checkEveryBuildBatchNorm<double>(sh);
+    }
+  }
+}
+
+// The calls take the widest build the CPU runs, or the one
+// ATEN_CPU_CAPABILITY holds LibTorch to (AVX2 in the test's /avx2 run).
+TEST(FusedKernels, TheCallsTakeTheWidestBuildOrTheOneLibTorchIsHeldTo) {
+  const std::string chosen = fusedKernelsIsa();
+  const char* held = std::getenv("ATEN_CPU_CAPABILITY");
+  if (held != nullptr && std::string(held) == "avx2") {
+    EXPECT_EQ(chosen, "avx2");
+    return;
+  }
+  if (held != nullptr && std::string(held) == "default") {
+    EXPECT_EQ(chosen, "base");
+    return;
+  }
+  EXPECT_EQ(chosen, buildsHere<float>().back().name);
+}
+
+}  // namespace
+}  // namespace cohort::models::detail
