@@ -9,6 +9,7 @@
 
 #include "cohort/ckpt/tools.h"
 #include "cohort/config/load.h"
+#include "cohort/config/step_range.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/run/launcher.h"
@@ -49,6 +50,9 @@ void BaseCommands::addTraining(CLI::App& app) {
                   "measured figures in summary.json");
   run->add_flag("--timeline", timeline,
                 "Each rank writes a Chrome trace to <run>/timeline/rank-<r>.json (output.timeline)");
+  run->add_option("--profile", profile,
+                  "Record LibTorch's operator profiler over these steps on every rank: FIRST-LAST or N "
+                  "(<run>/profile/, a trace in <run>/tensorboard/plugins/profile/; output.profile)");
   run->add_option("--metrics-port", metricsPort,
                   "Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (output.metrics_port)")
       ->check(CLI::Range(1, 65535));
@@ -261,6 +265,14 @@ std::optional<int> BaseCommands::dispatch(CLI::App& app, int argc) {
     o.jobPath = jobPath;
     o.overrides = overrides;
     if (timeline) o.overrides.push_back("output.timeline=true");
+    if (run->count("--profile") > 0) {
+      try {
+        parseStepRange(profile);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("--profile: {}", e.what()));
+      }
+      o.overrides.push_back("output.profile=" + profile);
+    }
     if (metricsPort > 0) o.overrides.push_back(fmt::format("output.metrics_port={}", metricsPort));
     o.runDir = runDir;
     o.procs = procs;

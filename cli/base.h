@@ -36,6 +36,7 @@ struct BaseCommands {
   bool newRun = false;
   std::string planFile;
   bool timeline = false;
+  std::string profile;  // --profile STEPS; given when run->count("--profile")
   int metricsPort = 0;
   launch::DebugOptions debug;  // run: --debug, --debug-on-failure
   // ckpt: the parent, and its commands without LibTorch

@@ -151,6 +151,7 @@ std::string jobHash(const JobConfig& job) {
   hashed.output.progress = defaults.output.progress;
   hashed.output.tensorboard = defaults.output.tensorboard;
   hashed.output.timeline = defaults.output.timeline;
+  hashed.output.profile = defaults.output.profile;
   hashed.output.metricsPort = defaults.output.metricsPort;
   hashed.output.metricsHost = defaults.output.metricsHost;
   hashed.output.metricsTokenFile = defaults.output.metricsTokenFile;

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cohort/config/load.h"
+#include "cohort/config/step_range.h"
 #include "cohort/core/error.h"
 #include "cohort/core/text.h"
 #include "config/detail/did_you_mean.h"
@@ -558,6 +559,13 @@ void validate(JobConfig& job, const Locations& locs, const std::string& origin) 
     job.checkpoint.remote = absolutePath(job.checkpoint.remote).string();
   }
   if (job.output.dir.empty()) fail(where("output.dir"), "output.dir", "must not be empty");
+  if (!job.output.profile.empty()) {
+    try {
+      parseStepRange(job.output.profile);
+    } catch (const ConfigError& e) {
+      fail(where("output.profile"), "output.profile", e.what());
+    }
+  }
   job.output.dir = absolutePath(job.output.dir).string();
 }
 

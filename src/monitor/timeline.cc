@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "cohort/core/error.h"
@@ -42,18 +43,26 @@ Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank)
     throw IoError(fmt::format("cannot create the timeline {}: {}", path, std::strerror(errno)));
   }
   std::fputs("[\n", file_);
+  nameProcess();
+}
+
+Timeline::Timeline(int rank) : rank_(rank) { nameProcess(); }
+
+void Timeline::nameProcess() {
   std::lock_guard<std::mutex> g(mutex_);
-  writeLocked(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", rank_},
-                             {"args", {{"name", fmt::format("rank {}", rank_)}}}}
-                  .dump());
-  writeLocked(nlohmann::json{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_},
-                             {"args", {{"sort_index", rank_}}}}
-                  .dump());
+  names_.push_back(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", rank_},
+                                  {"args", {{"name", fmt::format("rank {}", rank_)}}}}
+                       .dump());
+  names_.push_back(nlohmann::json{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_},
+                                  {"args", {{"sort_index", rank_}}}}
+                       .dump());
+  for (const auto& n : names_) writeLocked(n);
 }
 
 Timeline::~Timeline() {
   if (timeline() == this) setTimeline(nullptr);
   flush();
+  if (file_ == nullptr) return;
   std::fputs("\n]\n", file_);
   std::fclose(file_);
 }
@@ -66,9 +75,15 @@ void Timeline::complete(const std::string& name, const char* category, Clock::ti
                               jsonText(name), category, ts, dur, rank_, tid);
   if (!args.empty()) e += ",\"args\":" + args;
   e += "}";
-  const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> g(mutex_);
-  pending_.push_back(std::move(e));
+  recordLocked(std::move(e));
+}
+
+void Timeline::recordLocked(std::string event) {
+  if (capturing_) captured_.push_back(event);
+  if (file_ == nullptr) return;
+  const auto now = std::chrono::steady_clock::now();
+  pending_.push_back(std::move(event));
   // In batches, and at least every second: a rank that dies keeps its trace
   // up to then.
   if (pending_.size() >= kBatch || now - lastWrite_ > std::chrono::seconds(1)) {
@@ -81,18 +96,36 @@ void Timeline::complete(const std::string& name, const char* category, Clock::ti
 
 void Timeline::nameThread(int tid, const std::string& name) {
   std::lock_guard<std::mutex> g(mutex_);
-  writeLocked(jsonText({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid},
-                        {"args", {{"name", name}}}}));
+  names_.push_back(jsonText({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid},
+                             {"args", {{"name", name}}}}));
+  writeLocked(names_.back());
+}
+
+void Timeline::startCapture() {
+  std::lock_guard<std::mutex> g(mutex_);
+  capturing_ = true;
+  captured_.clear();
+}
+
+std::vector<std::string> Timeline::takeCapture() {
+  std::lock_guard<std::mutex> g(mutex_);
+  capturing_ = false;
+  std::vector<std::string> out = names_;
+  out.insert(out.end(), std::make_move_iterator(captured_.begin()), std::make_move_iterator(captured_.end()));
+  captured_.clear();
+  return out;
 }
 
 void Timeline::flush() {
   std::lock_guard<std::mutex> g(mutex_);
+  if (file_ == nullptr) return;
   for (const auto& p : pending_) writeLocked(p);
   pending_.clear();
   std::fflush(file_);
 }
 
 void Timeline::writeLocked(const std::string& event) {
+  if (file_ == nullptr) return;
   if (!first_) std::fputs(",\n", file_);
   first_ = false;
   std::fputs(event.c_str(), file_);

@@ -14,6 +14,7 @@
 #include "cohort/models/lora.h"
 #include "cohort/parallel/ddp.h"
 #include "cohort/monitor/activity.h"
+#include "cohort/monitor/profiler.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/core/text.h"
 #include "parallel/detail/stage_link.h"
@@ -161,6 +162,7 @@ std::vector<double> Pipeline::runRound(const std::vector<at::Tensor>& inputs, bo
     const auto backwardStart = SteadyClock::now();
     {
       monitor::TimelineSpan span("backward", "compute");
+      monitor::ProfileRange range("backward");
       if (grad.defined()) {
         from.backward(grad);
       } else {

@@ -9,6 +9,7 @@
 #include "cohort/models/lora.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
+#include "cohort/monitor/profiler.h"
 #include "cohort/monitor/timeline.h"
 
 namespace cohort::parallel {
@@ -63,6 +64,7 @@ std::vector<double> Plan::runRound(const std::vector<at::Tensor>& inputs, bool e
   const auto start = SteadyClock::now();
   {
     monitor::TimelineSpan span("backward", "compute");
+    monitor::ProfileRange range("backward");
     loss.backward.backward();
   }
   // ZeRO stages 2 and 3 exchange every micro-step (their full gradients are freed).

@@ -18,6 +18,7 @@
 #include "cohort/core/memory_limit.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
+#include "cohort/monitor/profiler.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/security/keys.h"
 #include "cohort/models/lora.h"
@@ -232,6 +233,7 @@ bool CheckpointPolicy::take(int64_t step, int64_t epoch, int64_t micro, double l
   const auto since = SteadyClock::now();
   monitor::setPhase(monitor::Phase::checkpoint);
   monitor::TimelineSpan span("checkpoint (training blocked)", "checkpoint");
+  monitor::ProfileRange range("checkpoint");
   const bool taken =
       checkpointer_->mark(manifestAt(step, epoch, micro, lr), filesOf(role_.writesShared), since);
   reporter.board(step, {{"checkpoint/blocked_ms", 1000 * secondsSince(since)}});

@@ -10,6 +10,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
 #include "cohort/monitor/activity.h"
+#include "cohort/monitor/profiler.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/train/optimizer.h"
 #include "cohort/train/precision.h"
@@ -93,6 +94,7 @@ at::Tensor StepRunner::forward(models::Model& model, const at::Tensor& input, si
   at::Tensor output;
   {
     monitor::TimelineSpan span("forward", "compute");
+    monitor::ProfileRange range("forward");
     at::Tensor x = input.to(comm_.device, /*non_blocking=*/true);
     AutocastScope autocast(precision_, comm_.device);
     output = faults_.poisonInputs(step_) ? poisoned(model, x) : model.compute(x);
@@ -109,6 +111,7 @@ parallel::MicroBatchOps::Loss StepRunner::loss(const at::Tensor& output, size_t 
   at::Tensor loss;
   {
     monitor::TimelineSpan span("loss", "compute");
+    monitor::ProfileRange range("loss");
     // The loss and its softmax in float32, whatever the forward ran in. A
     // language model's [B, T, vocab] logits are B x T predictions; each
     // window holds T of them, so the mean over tokens is the mean over
@@ -142,6 +145,7 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
   monitor::setPhase(monitor::Phase::exchange);
   {
     monitor::TimelineSpan span("gradient exchange (wait)", "comm");
+    monitor::ProfileRange range("exchange");
     plan_.finishGradients();
   }
   const auto t4 = SteadyClock::now();
@@ -150,6 +154,7 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
   Update u;
   {
     monitor::TimelineSpan span("optimizer", "compute");
+    monitor::ProfileRange range("optimizer");
     // Every rank reaches the same verdict: from the same gradients, or at
     // ZeRO stage 2 through the exchange or one collective (every rank
     // calls this every step).

@@ -29,6 +29,7 @@
 #include "cohort/models/lora.h"
 #include "cohort/models/model.h"
 #include "cohort/monitor/activity.h"
+#include "cohort/monitor/profiler.h"
 #include "cohort/monitor/timeline.h"
 #include "cohort/parallel/pipeline.h"
 #include "cohort/train/optimizer.h"
@@ -74,9 +75,11 @@ bool runEpoch(TrainState& s, int64_t epoch, int64_t startBatch, int64_t from) {
   std::vector<data::Batch> round;
   int64_t roundStart = startBatch;
   for (int64_t micro = startBatch;;) {
+    if (s.profiler) s.profiler->beforeStep(step + 1);
     monitor::setPhase(monitor::Phase::data);
     auto batch = [&] {
       monitor::TimelineSpan span("data wait", "data");
+      monitor::ProfileRange range("data");
       return loader.next();
     }();
     if (!batch && round.empty()) break;
@@ -126,6 +129,7 @@ bool runEpoch(TrainState& s, int64_t epoch, int64_t startBatch, int64_t from) {
       summary.stopped = true;
       summary.reformed = checkpoints.reformed();
     }
+    if (s.profiler) s.profiler->afterStep(step);
     if (summary.stopped || step >= plan.totalSteps) {
       end = true;
       break;
@@ -414,6 +418,7 @@ void recordSplit(TrainState& s) {
 // model/final.pt.
 TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   monitor::setPhase(monitor::Phase::finishing);
+  if (s.profiler) s.profiler->finish();
   TrainSummary& summary = s.summary;
   summary.steps = s.step;
   summary.seconds = secondsSince(runStart);
@@ -502,6 +507,7 @@ TrainSummary train(const JobConfig& job, const parallel::Mesh& mesh, const RunDi
   TrainState s(job, mesh, runDir, options);
   setUp(s);
   resume(s);
+  setUpProfiler(s);
   const auto runStart = SteadyClock::now();
   try {
     runEpochs(s);

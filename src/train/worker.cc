@@ -233,6 +233,12 @@ int runWorker(const WorkerOptions& o) {
   if (job.output.timeline) {
     timeline = std::make_unique<monitor::Timeline>(
         fmt::format("{}/timeline/rank-{}.json", runDir.root, re.rank), re.rank);
+  } else if (!job.output.profile.empty()) {
+    // The operator profiler merges the timeline's events into its trace:
+    // a timeline without a file of its own.
+    timeline = std::make_unique<monitor::Timeline>(re.rank);
+  }
+  if (timeline) {
     timeline->nameThread(0, "training");
     timeline->nameThread(1, "checkpoint copy");
     timeline->nameThread(2, "Gloo allreduce");

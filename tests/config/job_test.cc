@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "cohort/config/load.h"
+#include "cohort/config/step_range.h"
 #include "cohort/core/error.h"
 #include "util/process.h"
 
@@ -338,6 +339,47 @@ TEST(JobConfig, RelativeDataPathsBecomeAbsolute) {
   JobConfig j = loadJobFromString(yaml, "job.yaml");
   EXPECT_EQ(j.data.train.images, dir.file("i.gz"));
   EXPECT_EQ(j.output.dir.front(), '/');
+}
+
+}  // namespace
+}  // namespace cohort
+
+namespace cohort {
+namespace {
+
+TEST(StepRange, ParsesARangeOrOneStep) {
+  const StepRange r = parseStepRange("20-22");
+  EXPECT_EQ(r.first, 20);
+  EXPECT_EQ(r.last, 22);
+  EXPECT_EQ(r.count(), 3);
+  EXPECT_EQ(r.describe(), "20-22");
+  const StepRange one = parseStepRange("20");
+  EXPECT_EQ(one.first, 20);
+  EXPECT_EQ(one.last, 20);
+  EXPECT_EQ(one.describe(), "20");
+  EXPECT_EQ(parseStepRange(" 3 - 5 ").describe(), "3-5");
+  EXPECT_EQ(parseStepRange("7-7").describe(), "7");
+}
+
+TEST(StepRange, RefusesEmptyReversedAndGarbage) {
+  for (const char* bad : {"", " ", "-", "abc", "0-", "-3", "0", "0-2", "22-20", "3-x", "1.5", "2-3-4", "+2"}) {
+    EXPECT_THROW(parseStepRange(bad), ConfigError) << "'" << bad << "'";
+  }
+  try {
+    parseStepRange("22-20");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("reversed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StepRange, OutputProfileIsCheckedWhereItIsWritten) {
+  EXPECT_EQ(loadJobFromString(kValid, "job.yaml", {"output.profile=2-3"}).output.profile, "2-3");
+  const std::string e = errorOf<ConfigError>(kValid, {"output.profile=5-2"});
+  EXPECT_NE(e.find("output.profile"), std::string::npos) << e;
+  EXPECT_NE(e.find("reversed"), std::string::npos) << e;
+  // Watching a run changes nothing of what it trains: the same job.
+  EXPECT_EQ(jobHash(loadJobFromString(kValid, "job.yaml", {"output.profile=2-3"})),
+            jobHash(loadJobFromString(kValid, "job.yaml")));
 }
 
 }  // namespace

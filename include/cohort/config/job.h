@@ -256,6 +256,7 @@ struct OutputConfig {
   WeightsFormat weightsFormat = WeightsFormat::pt;  // model/final.pt or model/final.safetensors
   bool tensorboard = true;         // rank 0 writes <run>/tensorboard/ event files
   bool timeline = false;           // each rank writes <run>/timeline/rank-<r>.json
+  std::string profile;             // steps the operator profiler records ("20-22", "20"); empty: off
   int64_t metricsPort = 0;         // `cohort run` serves Prometheus /metrics here; 0: off
   std::string metricsHost = "127.0.0.1";
   std::string metricsTokenFile;  // bearer token scrapers must send; required beyond loopback

@@ -11,6 +11,11 @@
 // are written when 512 are pending or a second has passed, and at close. The
 // array is left open until then, which both viewers accept, so a crashed
 // rank's trace still loads, up to its last second.
+//
+// The operator profiler (monitor/profiler.h) merges the events of the steps
+// it records into its own trace: it captures them here (startCapture,
+// takeCapture). A run with the profiler but without output.timeline has a
+// timeline that writes no file, whose events only go to a capture.
 
 #include <chrono>
 #include <cstdio>
@@ -26,6 +31,8 @@ class Timeline {
 
   // Creates `path` (and its directory). Throws IoError naming it.
   Timeline(const std::string& path, int rank);
+  // A timeline that writes no file: its events only go to a capture.
+  explicit Timeline(int rank);
   // Writes what is left and closes the array.
   ~Timeline();
   Timeline(const Timeline&) = delete;
@@ -40,10 +47,18 @@ class Timeline {
   void nameThread(int tid, const std::string& name);
   void flush();
 
-  const std::string& path() const { return path_; }
+  // From now on, every event recorded is also kept in memory, until
+  // takeCapture returns them: the process and thread names first, then the
+  // events since startCapture, each a JSON object's text. Thread-safe.
+  void startCapture();
+  std::vector<std::string> takeCapture();
+
+  const std::string& path() const { return path_; }  // empty: no file
 
  private:
   void writeLocked(const std::string& event);
+  void recordLocked(std::string event);
+  void nameProcess();
 
   std::string path_;
   int rank_;
@@ -52,6 +67,9 @@ class Timeline {
   std::vector<std::string> pending_;
   std::chrono::steady_clock::time_point lastWrite_ = std::chrono::steady_clock::now();
   bool first_ = true;
+  std::vector<std::string> names_;  // the metadata events: process and thread names
+  bool capturing_ = false;
+  std::vector<std::string> captured_;
 };
 
 // The process's timeline, or nullptr when there is none (the default).

@@ -482,6 +482,10 @@ void describe(V& v, OutputConfig& c) {
   v.field("timeline", c.timeline,
           "Each rank writes a Chrome trace of its steps to <run>/timeline/rank-<r>.json "
           "(cohort run --timeline).");
+  v.field("profile", c.profile,
+          "Steps the operator profiler records on every rank, FIRST-LAST or one step N (cohort run "
+          "--profile): LibTorch's operators with cohort's phases, as <run>/profile/operators-rank-<r>.csv "
+          "and .json and a trace in <run>/tensorboard/plugins/profile/; empty: off.");
   v.field("metrics_port", c.metricsPort,
           "`cohort run` serves Prometheus metrics at http://<metrics_host>:<port>/metrics; 0: off.",
           between(0, 65535));

@@ -10,6 +10,7 @@
 //   resume(s)      what the checkpoint holds beyond the weights: this rank's
 //                  random state, the optimizer state, the loss scale, and
 //                  where in the data training goes on (state.cc)
+//   setUpProfiler(s) the operator profiler of output.profile (profiling.cc)
 //   runEpochs(s)   the epochs of steps and their evaluations (trainer.cc)
 //   finish(s)      the summary's figures and model/final.pt (trainer.cc)
 //
@@ -26,6 +27,7 @@
 #include "cohort/ckpt/manifest.h"
 #include "cohort/config/job.h"
 #include "cohort/core/run_dir.h"
+#include "cohort/monitor/profiler.h"
 #include "cohort/parallel/mesh.h"
 #include "cohort/parallel/plan.h"
 #include "cohort/train/lr_schedule.h"
@@ -76,6 +78,7 @@ struct TrainState {
   std::unique_ptr<StepRunner> runner;
   std::unique_ptr<CheckpointPolicy> checkpoints;
   std::unique_ptr<SampleLog> samples;
+  std::unique_ptr<monitor::Profiler> profiler;  // output.profile; null: off
 
   // resume: where the first epoch begins.
   ResumeAt at;
@@ -91,5 +94,10 @@ struct TrainState {
 // peer fails).
 void setUp(TrainState& s);
 void resume(TrainState& s);
+// After resume: the operator profiler of output.profile, when it has steps
+// left to record (profiling.cc). Throws ConfigError naming output.profile
+// and --profile when its steps begin past the run's last step; warns and
+// cuts a range that ends past it.
+void setUpProfiler(TrainState& s);
 
 }  // namespace cohort::train::detail
