@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cohort/core/error.h"
+#include "cohort/models/fused_ops.h"
 
 namespace cohort::models {
 
@@ -26,12 +27,12 @@ SimpleCnn::SimpleCnn(const ModelConfig& c, const InputShape& in) {
 }
 
 at::Tensor SimpleCnn::forward(const at::Tensor& input) {
+  // relu(bn(conv(x))) as one op in training where fused ops are on
+  // (cohort/models/fused_ops.h); bn's own forward, then relu, otherwise.
   at::Tensor x = conv1_(inLayout(input));
-  if (bn1_) x = bn1_(x);
-  x = torch::max_pool2d(torch::relu(x), 2);
+  x = torch::max_pool2d(bn1_ ? batchNormRelu(*bn1_, x) : torch::relu(x), 2);
   x = conv2_(x);
-  if (bn2_) x = bn2_(x);
-  x = torch::max_pool2d(torch::relu(x), 2);
+  x = torch::max_pool2d(bn2_ ? batchNormRelu(*bn2_, x) : torch::relu(x), 2);
   x = torch::relu(fc1_(x.flatten(1)));
   return fc2_(dropout_(x));
 }

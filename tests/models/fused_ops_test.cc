@@ -382,5 +382,27 @@ TEST(FusedOps, ResNetTrainsAlikeWithAndWithoutTheFusedOps) {
   }
 }
 
+// The Fashion-MNIST example's CNN takes the fused BatchNorm + ReLU twice a
+// step (bn1, bn2) and trains as with ATen's ops.
+TEST(FusedOps, SimpleCnnTrainsAlikeWithAndWithoutTheFusedOps) {
+  ModelConfig c;
+  c.arch = ModelArch::simpleCnn;
+  c.numClasses = 10;
+  c.batchNorm = true;
+  c.dropout = 0;
+  torch::manual_seed(11);
+  std::shared_ptr<Model> m = createModel(c, {1, 12, 12});
+  m->train();
+  const at::Tensor input = torch::randn({4, 1, 12, 12});
+  int64_t before = 0;
+  {
+    FusedOpsScope on(true);
+    before = fusedOpCalls();
+    m->forward(input);
+    EXPECT_EQ(fusedOpCalls(), before + 2);
+  }
+  expectSameStep(*m, input, 1e-4);
+}
+
 }  // namespace
 }  // namespace cohort::models
