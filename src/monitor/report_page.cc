@@ -332,7 +332,7 @@ class PageBuilder {
         inner += fmt::format("<tr class=\"op\"><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.3f}</td>"
                              "<td class=\"num\">{:.3f}</td><td class=\"num\">{}</td><td>{}</td></tr>\n",
                              escapeHtml(o.name), o.calls, o.selfUs / 1000, o.totalUs / 1000,
-                             o.flops ? formatNumber(*o.flops / 1e9) : "-", escapeHtml(o.inputShapes));
+                             o.flops >= 0 ? formatNumber(o.flops / 1e9) : "-", escapeHtml(o.inputShapes));
       }
       inner += "</table>\n";
     }

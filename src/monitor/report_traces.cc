@@ -326,7 +326,7 @@ void readOperators(RunData& run) {
         r.lastStep = j["steps"][1].get<int64_t>();
       }
       for (const auto& o : j.at("operators")) {
-        Operator op;
+        OperatorRow op;
         op.name = o.at("name").get<std::string>();
         op.calls = o.value("calls", int64_t{0});
         op.selfUs = o.value("self_us", 0.0);
@@ -338,7 +338,7 @@ void readOperators(RunData& run) {
         r.operators.push_back(std::move(op));
       }
       std::stable_sort(r.operators.begin(), r.operators.end(),
-                       [](const Operator& a, const Operator& b) { return a.selfUs > b.selfUs; });
+                       [](const OperatorRow& a, const OperatorRow& b) { return a.selfUs > b.selfUs; });
       run.operators.push_back(std::move(r));
     } catch (const std::exception& ex) {
       run.warnings.push_back(fmt::format("{}: not an operator table ({})", e.path().string(), ex.what()));

@@ -40,6 +40,14 @@ std::pair<std::string, std::string> attachLine(const std::string& text) {
   return {m[1].str(), m[2].str()};
 }
 
+// Waits at most 2 minutes for `p` to print the attach instructions: the
+// host:port and program, both empty when `p` ended or the time ran out.
+std::pair<std::string, std::string> awaitAttachLine(test::Process& p) {
+  std::pair<std::string, std::string> at;
+  test::waitUntil([&] { return !(at = attachLine(p.stderrSoFar())).first.empty() || p.exited(); }, 2min);
+  return at;
+}
+
 // gdb in batch mode against gdbserver at `hostPort`, running `commands`
 // after it connected. Local libraries are read from this machine's files.
 test::ProcessResult gdb(const std::string& hostPort, const std::string& program,
@@ -69,11 +77,7 @@ TEST_F(Debugger, BreakpointInTheStepThenTheJobCompletesBitwiseAsWithout) {
   test::writeText(dir.file("held.yaml"), test::tinyJobYaml("held"));
   test::Process launcher({test::cohortBin(), "run", dir.file("held.yaml"), "--procs", "2", "--run-dir",
                           dir.file("held"), "--debug", "1"});
-  std::pair<std::string, std::string> at;
-  ASSERT_TRUE(test::waitUntil([&] { return !(at = attachLine(launcher.stderrSoFar())).first.empty() ||
-                                           launcher.exited(); },
-                              2min))
-      << launcher.stderrSoFar();
+  const auto at = awaitAttachLine(launcher);
   ASSERT_FALSE(at.first.empty()) << launcher.stderrSoFar();
   EXPECT_NE(launcher.stderrSoFar().find("timeouts suspended"), std::string::npos);
   // VS Code's configuration names the same server and program.
@@ -114,10 +118,7 @@ TEST_F(Debugger, TheAgentHoldsARankAndAnAtOnceDetachLetsItGoOn) {
   test::Process agent({test::cohortBin(), "agent", dir.file("job.yaml"), "--nnodes", "1", "--procs", "2", "--rdzv",
                        "store://127.0.0.1:" + std::to_string(test::freePort()) + "/held", "--run-dir",
                        dir.file("run"), "--debug", "0"});
-  std::pair<std::string, std::string> at;
-  ASSERT_TRUE(test::waitUntil([&] { return !(at = attachLine(agent.stderrSoFar())).first.empty() || agent.exited(); },
-                              2min))
-      << agent.stderrSoFar();
+  const auto at = awaitAttachLine(agent);
   ASSERT_FALSE(at.first.empty()) << agent.stderrSoFar();
   const auto r = gdb(at.first, at.second, {"detach"});
   EXPECT_EQ(r.exitCode, 0) << r.describe();
@@ -133,11 +134,7 @@ TEST_F(Debugger, AFailedRankWaitsForADebuggerThenTheJobFails) {
   test::Process launcher({test::cohortBin(), "run", dir.file("job.yaml"), "--procs", "2", "--run-dir",
                           dir.file("run"), "--set", "distribution.max_restarts=0", "--debug-on-failure", "600"},
                          {{"COHORT_FAULT", "segv@rank1:step2"}});
-  std::pair<std::string, std::string> at;
-  ASSERT_TRUE(test::waitUntil([&] { return !(at = attachLine(launcher.stderrSoFar())).first.empty() ||
-                                           launcher.exited(); },
-                              2min))
-      << launcher.stderrSoFar();
+  const auto at = awaitAttachLine(launcher);
   ASSERT_FALSE(at.first.empty()) << launcher.stderrSoFar();
   EXPECT_NE(launcher.stderrSoFar().find("rank 1/2 failed (SIGSEGV)"), std::string::npos) << launcher.stderrSoFar();
   EXPECT_FALSE(launcher.exited()) << "the job ended while rank 1 was held";

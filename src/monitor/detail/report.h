@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/monitor/profiler.h"
+
 namespace cohort::monitor::detail {
 
 using XY = std::pair<double, double>;
@@ -49,19 +51,10 @@ struct PlanRow {
   double measured = -1;  // -1: not measured
 };
 
-struct Operator {
-  std::string name;
-  int64_t calls = 0;
-  double selfUs = 0;
-  double totalUs = 0;
-  std::string inputShapes;
-  std::optional<double> flops;
-};
-
 struct RankOperators {
   int rank = 0;
   int64_t firstStep = 0, lastStep = 0;
-  std::vector<Operator> operators;
+  std::vector<OperatorRow> operators;  // sorted by self time
 };
 
 // Everything the page shows; a source string says where each part came from.
