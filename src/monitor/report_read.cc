@@ -271,14 +271,15 @@ const nlohmann::json* planRow(const nlohmann::json& plan, int world) {
   return nullptr;
 }
 
+
+}  // namespace
+
 double medianOf(std::vector<double> v) {
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-
-}  // namespace
 
 bool isRunDir(const std::string& dir) {
   std::error_code ec;

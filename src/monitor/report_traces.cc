@@ -46,13 +46,6 @@ std::vector<Span> trainingSpans(const std::string& path, int64_t& unreadable) {
   return spans;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 struct StepOfRank {
   int64_t step = 0;
   double startUs = 0, ms = 0;
@@ -269,7 +262,7 @@ void readTimelines(RunData& run) {
     }
     RankFigures& f = run.ranks[rank];
     f.steps = int64_t(steps.size());
-    f.medianStepMs = median(ms);
+    f.medianStepMs = medianOf(ms);
     if (totalMs > 0) {
       f.stepsPerS = 1000.0 * double(steps.size()) / totalMs;
       f.dataWaitFrac = waitMs / totalMs;

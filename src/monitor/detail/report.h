@@ -146,4 +146,7 @@ struct Page {
 };
 Page renderPage(const RunData& run);
 
+// The median of v; -1 when it is empty.
+double medianOf(std::vector<double> v);
+
 }  // namespace cohort::monitor::detail
