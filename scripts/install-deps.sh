@@ -22,7 +22,7 @@ esac
 RUN_PKGS="build-essential cmake ninja-build ccache pkg-config lld
 libtorch-dev libgloo-dev
 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev libsleef-dev
+zlib1g-dev libxxhash-dev libopenblas0-openmp libblas-dev libsleef-dev libdnnl-dev
 libcurl4-openssl-dev libssl-dev libcpp-httplib-dev openssl
 libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev
 libsentencepiece-dev libicu-dev

@@ -241,6 +241,13 @@ bool fusedOpsOff() {
   throw ConfigError("environment variable COHORT_FUSED_OPS must be auto or off, got '" + *v + "'");
 }
 
+bool linearGemmAten() {
+  const auto v = get("COHORT_GEMM");
+  if (!v || *v == "auto") return false;
+  if (*v == "aten") return true;
+  throw ConfigError("environment variable COHORT_GEMM must be auto or aten, got '" + *v + "'");
+}
+
 std::optional<std::string> onednnMaxIsa() {
   if (auto v = get("ONEDNN_MAX_CPU_ISA")) return v;
   return get("DNNL_MAX_CPU_ISA");

@@ -10,12 +10,16 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "cohort/models/linear.h"
 #include "models/recompute.h"
 
 namespace cohort::models {
 namespace {
 
 namespace nn = torch::nn;
+
+// A linear module's product through models::linear (oneDNN on the CPU).
+at::Tensor bertDense(const nn::Linear& l, const at::Tensor& x) { return linear(x, l->weight, l->bias); }
 
 nn::LayerNorm layerNorm(int64_t n, double eps) {
   return nn::LayerNorm(nn::LayerNormOptions({n}).eps(eps).elementwise_affine(true));
@@ -34,11 +38,11 @@ class BertSelfAttentionImpl : public nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& hidden) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
     auto heads = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
-    at::Tensor scores = torch::matmul(heads(query_(x)), heads(key_(x)).transpose(2, 3)) /
+    at::Tensor scores = torch::matmul(heads(bertDense(query_, x)), heads(bertDense(key_, x)).transpose(2, 3)) /
                         std::sqrt(static_cast<double>(d));
     if (hidden.defined()) scores = scores + hidden.to(scores.scalar_type());
     const at::Tensor att = dropout_(torch::softmax(scores, -1));
-    return torch::matmul(att, heads(value_(x))).transpose(1, 2).contiguous().view({b, t, c});
+    return torch::matmul(att, heads(bertDense(value_, x))).transpose(1, 2).contiguous().view({b, t, c});
   }
 
  private:
@@ -58,7 +62,7 @@ class BertResidualImpl : public nn::Module {
     dropout_ = register_module("dropout", nn::Dropout(o.dropout));
   }
   at::Tensor forward(const at::Tensor& h, const at::Tensor& residual) {
-    return LayerNorm_(dropout_(dense_(h)) + residual);
+    return LayerNorm_(dropout_(bertDense(dense_, h)) + residual);
   }
 
  private:
@@ -85,7 +89,7 @@ TORCH_MODULE(BertAttention);
 class BertDenseImpl : public nn::Module {  // BertIntermediate: dense then GELU
  public:
   explicit BertDenseImpl(const BertOptions& o) { dense_ = register_module("dense", nn::Linear(o.nEmbd, o.intermediate)); }
-  at::Tensor forward(const at::Tensor& x) { return torch::gelu(dense_(x)); }
+  at::Tensor forward(const at::Tensor& x) { return torch::gelu(bertDense(dense_, x)); }
 
  private:
   nn::Linear dense_{nullptr};
@@ -222,11 +226,11 @@ class Bert : public Model {
       x = again ? recomputed(f, x) : f(x);
     }
     if (o_.numClasses > 0) {
-      const at::Tensor pooled = torch::tanh(bert_->pooler_dense(x.select(1, 0)));
-      return classifier_(dropout_(pooled));
+      const at::Tensor pooled = torch::tanh(bertDense(bert_->pooler_dense, x.select(1, 0)));
+      return bertDense(classifier_, dropout_(pooled));
     }
-    const at::Tensor h = transform_norm_(torch::gelu(transform_dense_(x)));
-    return torch::linear(h, bert_->embeddings->word_embeddings->weight, bias_);
+    const at::Tensor h = transform_norm_(torch::gelu(bertDense(transform_dense_, x)));
+    return models::linear(h, bert_->embeddings->word_embeddings->weight, bias_);
   }
 
  private:

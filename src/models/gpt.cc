@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "cohort/models/linear.h"
 #include "cohort/models/lora.h"
 #include "models/attention.h"
 #include "models/flash_attention.h"
@@ -245,7 +246,7 @@ class Gpt : public Model {
       return x;
     }
     x = lastOfEachRow(x, batch, caches);
-    return torch::linear(tr->ln_f(x), tr->wte->weight);
+    return models::linear(tr->ln_f(x), tr->wte->weight);
   }
 
   at::Tensor forward(const at::Tensor& in) override {
@@ -283,7 +284,7 @@ class Gpt : public Model {
     if (!part_.output) return x;
     x = tr->ln_f(x);
     // The head is the token embedding (weight tying).
-    return torch::linear(x, tr->wte->weight);
+    return models::linear(x, tr->wte->weight);
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "cohort/models/linear.h"
 #include "cohort/models/gpt.h"
 #include "cohort/models/lora.h"
 #include "models/attention.h"
@@ -238,7 +239,7 @@ class Llama : public Model {
 
  private:
   at::Tensor head(const at::Tensor& x) {
-    return o_.tiedHead ? torch::linear(x, body_->embed_tokens->weight) : lm_head_(x);
+    return o_.tiedHead ? models::linear(x, body_->embed_tokens->weight) : models::linear(x, lm_head_->weight);
   }
   // The angle tables on the device the model computes on.
   void tables(const at::Device& device) {

@@ -9,6 +9,7 @@
 
 #include "cohort/core/checksum.h"
 #include "cohort/core/error.h"
+#include "cohort/models/linear.h"
 #include "cohort/models/pretrained.h"
 #include "cohort/models/pretrained.h"
 
@@ -17,7 +18,7 @@ namespace cohort::models {
 namespace nn = torch::nn;
 
 at::Tensor AdaptableLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = LinearImpl::forward(x);
+  at::Tensor y = linear(x, weight, bias);
   if (!adapted()) return y;
   return y + b_(a_(dropout_(x))) * scaling_;
 }

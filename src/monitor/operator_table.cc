@@ -71,6 +71,15 @@ std::vector<OperatorRow> operatorTable(std::vector<ProfiledEvent> events) {
 namespace detail {
 
 double productFlops(const std::string& name, const std::vector<std::vector<int64_t>>& shapes) {
+  // Linear layers' products through oneDNN (models/linear.h): A [m, p] and
+  // B [q, r], m p q for the forward (x, W) and m p r for the gradients
+  // (dy, W) and (dy, x).
+  const bool linearForward = name == "cohort::linear";
+  if (linearForward || name == "cohort::linear_grad_input" || name == "cohort::linear_grad_weight") {
+    if (shapes.size() < 2 || shapes[0].size() != 2 || shapes[1].size() != 2) return -1;
+    return 2.0 * static_cast<double>(shapes[0][0]) * static_cast<double>(shapes[0][1]) *
+           static_cast<double>(shapes[1][linearForward ? 0 : 1]);
+  }
   // The two matrices' positions among the inputs.
   size_t a = 0;
   if (name == "aten::addmm" || name == "aten::baddbmm") {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cohort/models/linear.h"
 #include "cohort/core/error.h"
 #include "cohort/parallel/tensor_layers.h"
 #include "models/recompute.h"
@@ -191,7 +192,7 @@ at::Tensor SplitDecoder::columnInput(const at::Tensor& x) const {
 }
 
 at::Tensor SplitDecoder::head(const at::Tensor& x, const at::Tensor& weight) const {
-  return torch::linear(columnInput(x), weight);
+  return models::linear(columnInput(x), weight);
 }
 
 at::Tensor SplitDecoder::loss(const at::Tensor& logits, const at::Tensor& targets) {

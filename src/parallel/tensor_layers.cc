@@ -1,5 +1,6 @@
 // Tensor parallelism's layers and exchanges (parallel/tensor_layers.h).
 
+#include "cohort/models/linear.h"
 #include "cohort/parallel/tensor_layers.h"
 
 #include <fmt/format.h>
@@ -187,7 +188,7 @@ struct GatheredLinear : torch::autograd::Function<GatheredLinear> {
                             const comm::Comm* group) {
     keep(ctx, group);
     ctx->saved_data["dim"] = dim;
-    at::Tensor y = torch::nn::functional::linear(gathered(x, dim, *group, "sequence-parallel all-gather"), weight);
+    at::Tensor y = models::linear(gathered(x, dim, *group, "sequence-parallel all-gather"), weight);
     // The product's type (bf16 under autocast), for backward.
     ctx->saved_data["dtype"] = static_cast<int64_t>(y.scalar_type());
     ctx->save_for_backward({x, weight});
@@ -313,22 +314,22 @@ SplitLinearImpl::SplitLinearImpl(at::Tensor w, at::Tensor b, comm::Comm group) :
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  return torch::nn::functional::linear(copyToSlices(x, group_), weight, bias);
+  return models::linear(copyToSlices(x, group_), weight, bias);
 }
 
 at::Tensor ColumnParallelLinearImpl::forwardGathered(const at::Tensor& x, int64_t dim) {
-  if (group_.worldSize == 1) return torch::nn::functional::linear(x, weight, bias);
+  if (group_.worldSize == 1) return models::linear(x, weight, bias);
   const at::Tensor y = GatheredLinear::apply(x, weight, dim, &group_);
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;  // in the product's type, as linear adds it
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = sumOfSlices(torch::nn::functional::linear(x, weight), group_);
+  at::Tensor y = sumOfSlices(models::linear(x, weight), group_);
   return bias.defined() ? y + bias : y;
 }
 
 at::Tensor RowParallelLinearImpl::forwardScattered(const at::Tensor& x, int64_t dim) {
-  at::Tensor y = reduceScatterSequence(torch::nn::functional::linear(x, weight), dim, group_);
+  at::Tensor y = reduceScatterSequence(models::linear(x, weight), dim, group_);
   return bias.defined() ? y + bias : y;
 }
 

@@ -2,6 +2,7 @@
 // its modules, and the build that draws the whole model's numbers in its
 // order (models/llama.cc) keeping only this rank's slices.
 
+#include "cohort/models/linear.h"
 #include "cohort/parallel/tensor_llama.h"
 
 #include <fmt/format.h>
@@ -53,7 +54,7 @@ class SplitLlamaAttentionImpl : public nn::Module {
     const at::Tensor in = ex.in(x);
     const int64_t b = in.size(0), s = in.size(1), d = q_->weight.size(0) / heads_;
     auto heads = [&](const ColumnParallelLinear& l, int64_t n) {
-      return torch::linear(in, l->weight).view({b, s, n, d}).transpose(1, 2);
+      return models::linear(in, l->weight).view({b, s, n, d}).transpose(1, 2);
     };
     const at::Tensor q = models::rotate(heads(q_, heads_), cos, sin);
     const at::Tensor k = models::rotate(heads(k_, kvHeads_), cos, sin);
@@ -78,7 +79,7 @@ class SplitLlamaMlpImpl : public nn::Module {
         down_(register_module("down_proj", std::move(down))) {}
   at::Tensor forward(const at::Tensor& x, const SliceIo& ex) {
     const at::Tensor in = ex.in(x);
-    return ex.out(down_, torch::silu(torch::linear(in, gate_->weight)) * torch::linear(in, up_->weight));
+    return ex.out(down_, torch::silu(models::linear(in, gate_->weight)) * models::linear(in, up_->weight));
   }
 
  private:

@@ -21,6 +21,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/malloc_policy.h"
 #include "cohort/models/fused_ops.h"
+#include "cohort/models/linear.h"
 #include "cohort/models/model.h"
 #include "cohort/train/bind_cores.h"
 #include "cohort/train/precision.h"
@@ -129,6 +130,7 @@ ComputeState observeCompute() {
   }
   s.loadAverage = env::loadAverage().value_or(-1);
   s.fusedOps = models::fusedOpsDescription();
+  s.gemm = models::linearGemmDescription();
   return s;
 }
 
@@ -138,11 +140,11 @@ std::string describe(const ComputeState& s) {
   return fmt::format(
       "compute: {} intra-op thread(s), {} inter-op; allocator {} ({}); oneDNN {}; LibTorch kernels {}; "
       "memory format {} ({}); profiler observers {}; anomaly detection {}; cores {}{}; OpenMP wait {}; "
-      "load average {:.2f}; fused ops {}; CPU {}",
+      "load average {:.2f}; fused ops {}; linear layers {}; CPU {}",
       s.intraOpThreads, s.interOpThreads, s.allocator, s.mallocName, s.onednn ? "on" : "off", s.kernels,
       s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
       s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", s.cores,
-      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, s.fusedOps, cohort::describe(s.cpu));
+      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, s.fusedOps, s.gemm, cohort::describe(s.cpu));
 }
 
 nlohmann::json toJson(const ComputeState& s) {
@@ -166,7 +168,8 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"grad_mode", s.gradMode},
                         {"openmp_wait", s.openMpWait},
                         {"load_average", s.loadAverage},
-                        {"fused_ops", s.fusedOps}};
+                        {"fused_ops", s.fusedOps},
+                        {"gemm", s.gemm}};
 }
 
 namespace {

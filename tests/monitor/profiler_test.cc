@@ -60,6 +60,11 @@ TEST(OperatorTable, MatrixProductsCountTheirFlopsFromTheirShapes) {
   EXPECT_DOUBLE_EQ(productFlops("aten::bmm", {{64, 256, 32}, {64, 32, 256}}), 2.0 * 64 * 256 * 32 * 256);
   EXPECT_DOUBLE_EQ(productFlops("aten::baddbmm", {{256, 256}, {64, 256, 32}, {64, 32, 256}, {}, {}}),
                    2.0 * 64 * 256 * 32 * 256);
+  // Linear layers through oneDNN (models/linear.h): x [m, in], W [out, in], dy [m, out].
+  EXPECT_DOUBLE_EQ(productFlops("cohort::linear", {{4096, 128}, {384, 128}}), 2.0 * 4096 * 128 * 384);
+  EXPECT_DOUBLE_EQ(productFlops("cohort::linear_grad_input", {{4096, 384}, {384, 128}}), 2.0 * 4096 * 128 * 384);
+  EXPECT_DOUBLE_EQ(productFlops("cohort::linear_grad_weight", {{4096, 384}, {4096, 128}}), 2.0 * 4096 * 128 * 384);
+  EXPECT_LT(productFlops("cohort::linear", {{4096, 128}}), 0);
   EXPECT_LT(productFlops("aten::relu", {{8, 8}}), 0);
   EXPECT_LT(productFlops("aten::mm", {{8, 8}}), 0);           // shapes missing
   EXPECT_LT(productFlops("aten::bmm", {{8, 8}, {8, 8}}), 0);  // not batched

@@ -35,6 +35,12 @@ namespace cohort::tensor_job_test {
 // halves, the cross-entropy from the vocabulary's slices) stay within
 // about S x lr x 2^-12.
 constexpr double kTolerance = 1e-5;
+// Against one process, the slices' own products: oneDNN's sgemm (linear
+// layers, models/linear.h) blocks a product by its shape, so a column
+// slice's sums are grouped otherwise than the whole product's too, where
+// OpenBLAS gave the whole's bitwise. Measured: 1.53e-5 at most over the
+// variants below (t2), against 1e-5 with OpenBLAS's products; S x lr x 2^-11.
+constexpr double kSlicedTolerance = 6 * 0.01 / 2048;
 // bf16 rounds each product to 8 bits of mantissa; a slice's matrix product
 // is blocked otherwise than the whole one's (pipeline_test.cc derives it).
 constexpr double kBf16Tolerance = 6 * 0.01 / 64;
@@ -107,7 +113,7 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
     if (run.empty()) continue;
     // The whole model in the usual names and shapes.
     const double diff = test::maxDifference(v.clip ? clipped : reference, run);
-    EXPECT_LT(diff, kTolerance) << v.tag;
+    EXPECT_LT(diff, kSlicedTolerance) << v.tag;
     RecordProperty(std::string("max_parameter_difference_") + v.tag, fmt::format("{:.3g}", diff));
     const int t = v.procs == 4 && std::string(v.tag).rfind("t4", 0) == 0 ? 4 : 2;
     EXPECT_NE(log(v.tag, 0).find(fmt::format("x {} tensor ranks; this rank is slice 0/{}", t, t)),
@@ -119,7 +125,7 @@ TEST_F(TensorJob, SplitLayersEqualOneProcessWithTheGlobalBatch) {
     EXPECT_EQ(summaryOf(v.tag)["train_images"], summaryOf("single")["train_images"]) << v.tag;
   }
   // The comparison can fail: clipping at 0.3 changes these weights.
-  EXPECT_GT(test::maxDifference(reference, clipped), 100 * kTolerance);
+  EXPECT_GT(test::maxDifference(reference, clipped), 100 * kSlicedTolerance);
   // What the exchanges carried per step, against Megatron's count: per
   // block one sum after attention and one after the MLP, forward and
   // backward; then the embedding's sum, the head's input gradient, and the

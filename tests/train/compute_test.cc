@@ -157,6 +157,7 @@ TEST(Compute, CohortFusedOpsOffKeepsTheAtenOpsAndABadValueIsRefused) {
   test::TempDir dir;
   const nlohmann::json c = runCompute(dir, "unfused", 1, {}, {{"COHORT_FUSED_OPS", "off"}});
   EXPECT_EQ(c.value("fused_ops", ""), "off (COHORT_FUSED_OPS)") << c.dump();
+  EXPECT_EQ(c.value("gemm", ""), "onednn") << c.dump();
   const std::string job = dir.file("bad.yaml");
   test::writeText(job, test::tinyJobYaml("bad"));
   const auto r = test::cohort({"run", job, "--procs", "1", "--run-dir", dir.file("bad"), "--set",
@@ -165,6 +166,21 @@ TEST(Compute, CohortFusedOpsOffKeepsTheAtenOpsAndABadValueIsRefused) {
   EXPECT_EQ(r.exitCode, 2) << r.describe();
   EXPECT_NE((r.out + r.err).find("COHORT_FUSED_OPS must be auto or off, got 'yes'"), std::string::npos)
       << r.describe();
+}
+
+// COHORT_GEMM=aten holds linear layers to ATen's products, and the summary
+// says so; a value other than auto or aten is refused naming the variable.
+TEST(Compute, CohortGemmAtenKeepsAtensProductsAndABadValueIsRefused) {
+  test::TempDir dir;
+  const nlohmann::json c = runCompute(dir, "aten", 1, {}, {{"COHORT_GEMM", "aten"}});
+  EXPECT_EQ(c.value("gemm", ""), "aten (COHORT_GEMM)") << c.dump();
+  const std::string job = dir.file("bad.yaml");
+  test::writeText(job, test::tinyJobYaml("bad"));
+  const auto r = test::cohort({"run", job, "--procs", "1", "--run-dir", dir.file("bad"), "--set",
+                               "training.max_steps=2"},
+                              {{"COHORT_GEMM", "mkl"}});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE((r.out + r.err).find("COHORT_GEMM must be auto or aten, got 'mkl'"), std::string::npos) << r.describe();
 }
 
 TEST(Compute, TheJobFileOverridesEveryChoice) {
@@ -176,6 +192,7 @@ TEST(Compute, TheJobFileOverridesEveryChoice) {
   ASSERT_FALSE(c.empty());
   EXPECT_EQ(c["allocator"], "system");
   EXPECT_EQ(c["onednn"], false);
+  EXPECT_EQ(c["gemm"], "aten (compute.onednn off)");
   EXPECT_EQ(c["memory_format"], "contiguous");
   EXPECT_EQ(c["memory_format_reason"], "model.memory_format");
   EXPECT_EQ(c["intra_op_threads"], 2);

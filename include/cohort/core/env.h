@@ -94,6 +94,12 @@ bool attentionMatmulOnly();
 // ConfigError on another value.
 bool fusedOpsOff();
 
+// COHORT_GEMM: "aten" holds linear layers to LibTorch's product
+// (cohort/models/linear.h), to compare the two; unset or "auto", CPU
+// float32 linear layers run oneDNN's sgemm. Throws ConfigError on another
+// value.
+bool linearGemmAten();
+
 // ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA): the instruction
 // set oneDNN is held to, as set; nullopt when neither is.
 std::optional<std::string> onednnMaxIsa();

@@ -48,6 +48,7 @@ struct ComputeState {
   std::string openMpWait;
   double loadAverage = -1;  // the machine's 1-minute load average as training started; -1: unknown
   std::string fusedOps;     // the fused training ops: avx512 | avx2 | off (why) (models/fused_ops.h)
+  std::string gemm;         // linear layers' float32 products: onednn | aten (why) (models/linear.h)
 };
 
 // Whether other work already fills the cores a rank may use: the load

@@ -1,0 +1,134 @@
+#include "cohort/models/linear.h"
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
+#include <c10/util/accumulate.h>
+#include <torch/torch.h>
+
+#include <atomic>
+
+#include "cohort/core/env.h"
+#include "cohort/core/sgemm.h"
+
+namespace cohort::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::atomic<int64_t> oneDnnCalls{0};
+
+bool takesOneDnn(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!oneDnnLinearOn() || !at::globalContext().userEnabledMkldnn()) return false;
+  if (at::autocast::is_cpu_enabled() || at::autocast::is_enabled()) return false;
+  for (const at::Tensor* t : {&x, &weight, &bias}) {
+    if (!t->defined()) continue;
+    if (!t->device().is_cpu() || t->layout() != at::kStrided || t->scalar_type() != at::kFloat) return false;
+    if (t->is_quantized() || t->is_conj() || t->is_neg()) return false;
+  }
+  return weight.defined() && weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
+         (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)));
+}
+
+// y [m, out] = x [m, in] W^T (+ bias), into a new tensor.
+at::Tensor forwardProduct(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias) {
+  const int64_t m = x2.size(0), in = x2.size(1), out = w.size(0);
+  at::Tensor y = at::empty({m, out}, x2.options());
+  if (m == 0 || out == 0) return y;
+  if (in == 0) {
+    y.zero_();
+  } else {
+    RECORD_FUNCTION("cohort::linear", std::vector<c10::IValue>({x2, w}));
+    oneDnnSgemm(false, true, m, out, in, 1.0f, x2.data_ptr<float>(), in, w.data_ptr<float>(), in, 0.0f,
+                y.data_ptr<float>(), out);
+  }
+  if (bias.defined()) y.add_(bias);
+  return y;
+}
+
+class OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFunction> {
+ public:
+  // `bias` is an empty placeholder when !hasBias: LibTorch's custom
+  // functions take defined tensors only.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, bool hasBias) {
+    const int64_t in = weight.size(1);
+    const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
+    const at::Tensor x2 = x.reshape({rows, in}).contiguous();
+    const at::Tensor w = weight.contiguous();
+    at::Tensor y = forwardProduct(x2, w, hasBias ? bias : at::Tensor());
+    // The inputs themselves: double backward differentiates through them.
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["bias"] = hasBias;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return y.view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const int64_t in = saved[1].size(1), out = saved[1].size(0);
+    const int64_t m = c10::multiply_integers(saved[0].sizes().begin(), saved[0].sizes().end() - 1);
+    const at::Tensor x2 = saved[0].reshape({m, in}).contiguous();
+    const at::Tensor w = saved[1].contiguous();
+    const at::Tensor g = grads[0].reshape({m, out}).contiguous();
+    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = g.sum(0);
+    if (torch::GradMode::is_enabled()) {
+      // The graph of the gradients is kept: ATen's products, differentiable.
+      if (ctx->needs_input_grad(0)) gx = g.mm(w).view(shape);
+      if (ctx->needs_input_grad(1)) gw = g.t().mm(x2);
+      return {gx, gw, gb, at::Tensor()};
+    }
+    if (ctx->needs_input_grad(0)) {
+      gx = at::empty({m, in}, x2.options());
+      if (out == 0) {
+        gx.zero_();
+      } else if (m > 0 && in > 0) {
+        RECORD_FUNCTION("cohort::linear_grad_input", std::vector<c10::IValue>({g, w}));
+        oneDnnSgemm(false, false, m, in, out, 1.0f, g.data_ptr<float>(), out, w.data_ptr<float>(), in, 0.0f,
+                    gx.data_ptr<float>(), in);
+      }
+      gx = gx.view(shape);
+    }
+    if (ctx->needs_input_grad(1)) {
+      gw = at::empty({out, in}, w.options());
+      if (m == 0) {
+        gw.zero_();
+      } else if (out > 0 && in > 0) {
+        RECORD_FUNCTION("cohort::linear_grad_weight", std::vector<c10::IValue>({g, x2}));
+        oneDnnSgemm(true, false, out, in, m, 1.0f, g.data_ptr<float>(), out, x2.data_ptr<float>(), in, 0.0f,
+                    gw.data_ptr<float>(), in);
+      }
+    }
+    return {gx, gw, gb, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // LibTorch's nn::Linear computes it so (a product, then the bias added in
+  // place; at::linear fuses the bias into the product for some shapes and
+  // rounds otherwise under autocast): the same numbers as the modules.
+  if (!takesOneDnn(x, weight, bias)) return torch::nn::functional::linear(x, weight, bias);
+  oneDnnCalls.fetch_add(1, std::memory_order_relaxed);
+  return OneDnnLinearFunction::apply(x, weight, bias.defined() ? bias : weight.new_empty({0}), bias.defined());
+}
+
+bool oneDnnLinearOn() {
+  static const bool on = !env::linearGemmAten();
+  return on;
+}
+
+std::string linearGemmDescription() {
+  if (env::linearGemmAten()) return "aten (COHORT_GEMM)";
+  return at::globalContext().userEnabledMkldnn() ? "onednn" : "aten (compute.onednn off)";
+}
+
+int64_t oneDnnLinearCalls() { return oneDnnCalls.load(std::memory_order_relaxed); }
+
+}  // namespace cohort::models

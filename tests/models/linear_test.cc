@@ -1,0 +1,225 @@
+// Linear layers through oneDNN's sgemm (models/linear.h) against at::linear
+// in float64: values and the gradients of x, W and b, on odd shapes (1,
+// primes, empty), non-contiguous inputs and weights, 3-D inputs, a frozen
+// weight; double backward; the paths that keep LibTorch's; and a GPT's
+// gradients with and without oneDNN.
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cohort/models/gpt.h"
+#include "cohort/core/sgemm.h"
+#include "cohort/models/linear.h"
+
+namespace cohort::models {
+namespace {
+
+constexpr double kEps32 = std::numeric_limits<float>::epsilon();
+
+// A float32 sum of n products is within about n eps of the exact sum of
+// their magnitudes (the classic bound gamma_n); `scale` is that magnitude
+// (|x| |W|^T + |b|, in float64) and the bound here 2 n eps + eps of it.
+void expectWithinRounding(const at::Tensor& got, const at::Tensor& want, const at::Tensor& scale, int64_t n,
+                          const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor diff = (got.detach().to(torch::kDouble) - want.detach()).abs();
+  const at::Tensor bound = (2.0 * double(std::max<int64_t>(n, 1)) + 1.0) * kEps32 * scale + 1e-30;
+  EXPECT_TRUE(diff.numel() == 0 || (diff <= bound).all().item<bool>())
+      << what << ": largest difference " << (diff.numel() ? diff.max().item<double>() : 0.0) << ", n " << n;
+}
+
+struct Case {
+  std::vector<int64_t> xSizes;
+  int64_t out;
+  bool bias;
+  bool xContiguous;
+  bool wContiguous;
+};
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
+
+void checkCase(const Case& c) {
+  const int64_t in = c.xSizes.back();
+  const std::string what = "x " + c10::str(c.xSizes) + " out " + std::to_string(c.out) +
+                           (c.bias ? " bias" : "") + (c.xContiguous ? "" : " x strided") +
+                           (c.wContiguous ? "" : " W transposed");
+  at::Tensor x64 = torch::randn(c.xSizes, torch::kDouble);
+  if (!c.xContiguous) {
+    std::vector<int64_t> wide = c.xSizes;
+    wide.back() *= 2;
+    x64 = torch::randn(wide, torch::kDouble).slice(-1, 0, wide.back(), 2);
+  }
+  at::Tensor w64 = c.wContiguous ? torch::randn({c.out, in}, torch::kDouble)
+                                 : torch::randn({in, c.out}, torch::kDouble).t();  // a transposed view
+  const at::Tensor b64 = c.bias ? torch::randn({c.out}, torch::kDouble) : at::Tensor();
+  const at::Tensor gy64 = torch::randn([&] {
+    std::vector<int64_t> s = c.xSizes;
+    s.back() = c.out;
+    return s;
+  }(), torch::kDouble);
+
+  // float32 leaves with the same values and strides.
+  at::Tensor x = leaf(x64.to(torch::kFloat)), w = leaf(w64.to(torch::kFloat));
+  if (!c.wContiguous) w = leaf(w64.t().contiguous().to(torch::kFloat).t());
+  at::Tensor b = c.bias ? leaf(b64.to(torch::kFloat)) : at::Tensor();
+  ASSERT_EQ(w.is_contiguous(), c.wContiguous);
+  const int64_t before = oneDnnLinearCalls();
+  const at::Tensor y = models::linear(x, w, b);
+  EXPECT_EQ(oneDnnLinearCalls(), before + 1) << what << ": not through oneDNN";
+  y.backward(gy64.to(torch::kFloat));
+
+  const at::Tensor xr = leaf(x.detach().to(torch::kDouble)), wr = leaf(w.detach().to(torch::kDouble));
+  const at::Tensor br = c.bias ? leaf(b.detach().to(torch::kDouble)) : at::Tensor();
+  const at::Tensor yr = at::linear(xr, wr, br);
+  yr.backward(gy64);
+  const at::Tensor gy = gy64.to(torch::kFloat).to(torch::kDouble);
+  expectWithinRounding(y, yr, at::linear(xr.detach().abs(), wr.detach().abs(), c.bias ? br.detach().abs() : br),
+                       in, what + ": y");
+  expectWithinRounding(x.grad(), xr.grad(), gy.abs().matmul(wr.detach().abs()), c.out, what + ": grad x");
+  const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  const at::Tensor gy2 = gy.reshape({-1, c.out}).abs(), x2 = xr.detach().reshape({-1, in}).abs();
+  expectWithinRounding(w.grad(), wr.grad(), gy2.t().mm(x2), rows, what + ": grad W");
+  if (c.bias) expectWithinRounding(b.grad(), br.grad(), gy2.sum(0), rows, what + ": grad b");
+}
+
+TEST(Linear, AgreesWithAtenInFloat64OnOddShapesAndLayouts) {
+  torch::manual_seed(3);
+  const std::vector<Case> cases = {
+      {{1, 1}, 1, true, true, true},          {{3, 7}, 5, true, true, true},
+      {{17, 128}, 130, true, true, true},     {{64, 128}, 384, false, true, true},
+      {{2, 31, 13}, 29, true, true, true},    {{4, 9, 33}, 66, true, false, true},
+      {{5, 64}, 17, true, true, false},       {{2, 3, 257}, 7, false, false, false},
+      {{1, 768}, 3072, true, true, true},     {{8, 1, 96}, 96, true, true, true},
+  };
+  for (const Case& c : cases) checkCase(c);
+}
+
+TEST(Linear, EmptyInputsGiveEmptyOrZeroResults) {
+  const at::Tensor x = torch::zeros({0, 4}).requires_grad_(true);
+  const at::Tensor w = torch::randn({3, 4}).requires_grad_(true);
+  const at::Tensor b = torch::randn({3}).requires_grad_(true);
+  at::Tensor y = models::linear(x, w, b);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 3}));
+  y.sum().backward();
+  EXPECT_EQ(w.grad().abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(b.grad().abs().sum().item<float>(), 0.0f);
+  // No input features: y is the bias, and W's gradient is empty.
+  const at::Tensor x0 = torch::randn({5, 0}).requires_grad_(true);
+  const at::Tensor w0 = torch::randn({3, 0}).requires_grad_(true);
+  const at::Tensor b0 = torch::randn({3}).requires_grad_(true);
+  const at::Tensor y0 = models::linear(x0, w0, b0);
+  EXPECT_TRUE(torch::equal(y0, b0.detach().expand({5, 3})));
+  y0.sum().backward();
+  EXPECT_EQ(w0.grad().sizes(), w0.sizes());
+  EXPECT_TRUE(torch::equal(b0.grad(), torch::full({3}, 5.0f)));
+}
+
+TEST(Linear, AFrozenWeightGetsNoGradientAndTheInputStillDoes) {
+  const at::Tensor x = torch::randn({6, 10}).requires_grad_(true);
+  const at::Tensor w = torch::randn({4, 10});  // frozen, as a LoRA base layer's
+  models::linear(x, w).sum().backward();
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_TRUE(torch::allclose(x.grad(), torch::ones({6, 4}).mm(w), 1e-5, 1e-5));
+}
+
+// create_graph: the gradients are differentiable again, as at::linear's.
+TEST(Linear, DoubleBackwardMatchesAten) {
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({7, 12}).requires_grad_(true);
+  const at::Tensor w = torch::randn({9, 12}).requires_grad_(true);
+  const at::Tensor b = torch::randn({9}).requires_grad_(true);
+  auto secondOrder = [&](auto f) {
+    const at::Tensor y = f(x, w, b);
+    const auto g = torch::autograd::grad({y.pow(2).sum()}, {x, w}, {}, true, true);
+    return torch::autograd::grad({g[0].pow(2).sum() + g[1].pow(2).sum()}, {x, w, b});
+  };
+  const auto got = secondOrder([](auto& a, auto& bw, auto& bb) { return models::linear(a, bw, bb); });
+  const auto want = secondOrder([](auto& a, auto& bw, auto& bb) { return at::linear(a, bw, bb); });
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-3)) << "input " << i << ": largest difference "
+                                                               << (got[i] - want[i]).abs().max().item<float>();
+  }
+}
+
+TEST(Linear, OtherDtypesAutocastAndOneDnnOffKeepLibTorchsLinear) {
+  const int64_t before = oneDnnLinearCalls();
+  const at::Tensor xd = torch::randn({4, 8}, torch::kDouble), wd = torch::randn({3, 8}, torch::kDouble);
+  namespace F = torch::nn::functional;
+  EXPECT_TRUE(torch::equal(models::linear(xd, wd), F::linear(xd, wd)));
+  const at::Tensor xb = torch::randn({4, 8}).to(torch::kBFloat16), wb = torch::randn({3, 8}).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(models::linear(xb, wb), F::linear(xb, wb)));
+  const at::Tensor x = torch::randn({4, 8}), w = torch::randn({3, 8});
+  {
+    at::autocast::set_cpu_enabled(true);
+    const at::Tensor y = models::linear(x, w);
+    at::autocast::set_cpu_enabled(false);
+    EXPECT_EQ(y.scalar_type(), torch::kBFloat16) << "autocast's bfloat16 product";
+  }
+  at::globalContext().setUserEnabledMkldnn(false);
+  EXPECT_EQ(linearGemmDescription(), "aten (compute.onednn off)");
+  EXPECT_TRUE(torch::equal(models::linear(x, w), F::linear(x, w)));
+  at::globalContext().setUserEnabledMkldnn(true);
+  EXPECT_EQ(oneDnnLinearCalls(), before) << "one of them went through oneDNN";
+  EXPECT_EQ(linearGemmDescription(), "onednn");
+  models::linear(x, w);
+  EXPECT_EQ(oneDnnLinearCalls(), before + 1);
+}
+
+TEST(Linear, SgemmTakesEitherOperandTransposed) {
+  torch::manual_seed(7);
+  const at::Tensor a = torch::randn({5, 3}), b = torch::randn({3, 4});
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const at::Tensor as = ta ? a.t().contiguous() : a, bs = tb ? b.t().contiguous() : b;
+      at::Tensor c = torch::full({5, 4}, 1.0f);
+      cohort::oneDnnSgemm(ta, tb, 5, 4, 3, 2.0f, as.data_ptr<float>(), as.size(1), bs.data_ptr<float>(),
+                          bs.size(1), 0.5f, c.data_ptr<float>(), 4);
+      EXPECT_TRUE(torch::allclose(c, 2 * a.mm(b) + 0.5, 1e-5, 1e-5)) << "transA " << ta << " transB " << tb;
+    }
+  }
+}
+
+// A GPT's loss and every gradient with the products through oneDNN and
+// through ATen (oneDNN off), to float rounding.
+TEST(Linear, AGptTrainsAlikeThroughOneDnnAndAten) {
+  GptOptions o;
+  o.vocabSize = 64;
+  o.blockSize = 16;
+  o.nLayer = 2;
+  o.nHead = 2;
+  o.nEmbd = 32;
+  o.dropout = 0;
+  torch::manual_seed(11);
+  auto model = createGpt(o);
+  const at::Tensor idx = torch::randint(0, 64, {3, 16}, torch::kLong);
+  auto lossAndGrads = [&] {
+    model->zero_grad();
+    const at::Tensor logits = model->forward(idx);
+    const at::Tensor loss = torch::nn::functional::cross_entropy(logits.view({-1, 64}), idx.view({-1}));
+    loss.backward();
+    std::vector<at::Tensor> g{loss.detach()};
+    for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const int64_t before = oneDnnLinearCalls();
+  const auto viaOneDnn = lossAndGrads();
+  EXPECT_GE(oneDnnLinearCalls() - before, 2 * 4 + 1) << "the GPT's layers did not take oneDNN";
+  at::globalContext().setUserEnabledMkldnn(false);
+  const auto viaAten = lossAndGrads();
+  at::globalContext().setUserEnabledMkldnn(true);
+  ASSERT_EQ(viaOneDnn.size(), viaAten.size());
+  for (size_t i = 0; i < viaOneDnn.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(viaOneDnn[i], viaAten[i], 1e-4, 1e-5))
+        << "tensor " << i << ": largest difference " << (viaOneDnn[i] - viaAten[i]).abs().max().item<float>();
+  }
+}
+
+}  // namespace
+}  // namespace cohort::models
