@@ -18,10 +18,21 @@ namespace cohort::health {
 namespace {
 
 constexpr int kN = 1024;
+// What an entry measured: since cohort 2026-12-07 float32 entries are the
+// better of torch::mm and oneDNN's sgemm. Entries without it measured
+// torch::mm alone, which BLAS's own choice of kernels can hold far below
+// the CPU (OPENBLAS_CORETYPE), and are measured again.
+constexpr const char* kProducts = "torch::mm, oneDNN sgemm";
 
-bool sameEntry(const nlohmann::json& e, const GemmCeiling& c) {
+// The entry for c's machine, dtype and threads, of any cohort.
+bool sameKey(const nlohmann::json& e, const GemmCeiling& c) {
   return e.is_object() && e.value("cpu", "") == c.cpu && e.value("dtype", "") == c.dtype &&
          e.value("threads", 0) == c.threads && e.value("n", 0) == c.n && e.value("libtorch", "") == c.libtorch;
+}
+
+// ... measured as this cohort measures it.
+bool sameEntry(const nlohmann::json& e, const GemmCeiling& c) {
+  return sameKey(e, c) && e.value("products", "") == kProducts;
 }
 
 // The file's entries; an array even when the file is missing or not
@@ -56,6 +67,7 @@ std::optional<GemmCeiling> lookUp(const GemmCeiling& key) {
     GemmCeiling c = key;
     c.gflops = g;
     c.measuredAt = e.value("measured_at", "");
+    c.library = e.value("library", "");
     c.cached = true;
     return c;
   }
@@ -67,13 +79,15 @@ std::optional<GemmCeiling> lookUp(const GemmCeiling& key) {
 void store(const GemmCeiling& c) {
   nlohmann::json entries = nlohmann::json::array();
   for (const auto& e : readEntries(c.file)) {
-    if (!sameEntry(e, c)) entries.push_back(e);
+    if (!sameKey(e, c)) entries.push_back(e);
   }
   entries.push_back({{"cpu", c.cpu},
                      {"dtype", c.dtype},
                      {"threads", c.threads},
                      {"n", c.n},
                      {"libtorch", c.libtorch},
+                     {"products", kProducts},
+                     {"library", c.library},
                      {"gflops", c.gflops},
                      {"measured_at", c.measuredAt}});
   try {
@@ -86,7 +100,7 @@ void store(const GemmCeiling& c) {
 
 GemmCeiling measure(const GemmCeiling& key, double seconds) {
   GemmCeiling c = key;
-  c.gflops = measureMatmulGflops(c.n, seconds, c.dtype == "bfloat16");
+  c.gflops = measureMatmulGflops(c.n, seconds, c.dtype == "bfloat16", &c.library);
   c.measuredAt = utcNow();
   return c;
 }
@@ -123,8 +137,9 @@ GemmCeiling remeasureGemmCeiling(const std::string& dtype, int threads, double s
 }
 
 std::string describe(const GemmCeiling& c) {
-  return fmt::format("{:.1f} GFLOP/s {} x {} thread{} (n {}, measured {})", c.gflops, c.dtype, c.threads,
-                     c.threads == 1 ? "" : "s", c.n, c.measuredAt.empty() ? "now" : c.measuredAt);
+  return fmt::format("{:.1f} GFLOP/s {} x {} thread{} (n {}, {}, measured {})", c.gflops, c.dtype, c.threads,
+                     c.threads == 1 ? "" : "s", c.n, c.library.empty() ? "torch::mm" : c.library,
+                     c.measuredAt.empty() ? "now" : c.measuredAt);
 }
 
 }  // namespace cohort::health

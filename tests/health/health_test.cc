@@ -232,6 +232,7 @@ TEST(HealthCeiling, MeasuredOnceThenReadFromTheMachinesCache) {
   EXPECT_FALSE(first->cached);
   EXPECT_GT(first->gflops, 0);
   EXPECT_EQ(first->n, 1024);
+  EXPECT_TRUE(first->library == "torch::mm" || first->library == "oneDNN sgemm") << first->library;
   EXPECT_FALSE(first->measuredAt.empty());
   ASSERT_TRUE(std::filesystem::exists(first->file));
   const auto again = health::gemmCeiling("float32", 1, health::Measure::no);
@@ -239,6 +240,7 @@ TEST(HealthCeiling, MeasuredOnceThenReadFromTheMachinesCache) {
   EXPECT_TRUE(again->cached);
   EXPECT_EQ(again->gflops, first->gflops);
   EXPECT_EQ(again->measuredAt, first->measuredAt);
+  EXPECT_EQ(again->library, first->library);
   // Another thread count or dtype is another entry.
   EXPECT_FALSE(health::gemmCeiling("float32", 3, health::Measure::no).has_value());
   EXPECT_FALSE(health::gemmCeiling("bfloat16", 1, health::Measure::no).has_value());
@@ -256,6 +258,23 @@ TEST(HealthCeiling, AMeasurementReplacesTheCachedOneOnlyWhenHigher) {
   setCachedGflops(first->file, 1e9);
   EXPECT_EQ(health::remeasureGemmCeiling("float32", 1, 0.05).gflops, 1e9) << "a lower measurement is not kept";
   EXPECT_EQ(health::gemmCeiling("float32", 1, health::Measure::no)->gflops, 1e9);
+}
+
+// An entry an older cohort wrote measured torch::mm alone (no "products"):
+// it is not read, and the next measurement replaces it.
+TEST(HealthCeiling, AnEntryOfTorchMmAloneIsMeasuredAgain) {
+  test::TempDir dir;
+  CacheDir cache(dir.path());
+  const auto first = health::gemmCeiling("float32", 1, health::Measure::keep, 0.05);
+  ASSERT_TRUE(first.has_value());
+  auto j = nlohmann::json::parse(readFile(first->file));
+  EXPECT_EQ(j["entries"][0].at("products"), "torch::mm, oneDNN sgemm");
+  j["entries"][0].erase("products");
+  j["entries"][0].erase("library");
+  writeFileAtomic(first->file, j.dump());
+  EXPECT_FALSE(health::gemmCeiling("float32", 1, health::Measure::no).has_value());
+  ASSERT_TRUE(health::gemmCeiling("float32", 1, health::Measure::keep, 0.05).has_value());
+  EXPECT_EQ(nlohmann::json::parse(readFile(first->file)).at("entries").size(), 1u) << "the old entry was replaced";
 }
 
 TEST(HealthCeiling, ACacheFileCohortCannotReadIsMeasuredAgainAndReplaced) {

@@ -1,7 +1,9 @@
 #pragma once
 
 // The machine's GEMM ceiling: the best a rank's threads reach in an n x n
-// matrix product (n = 1024) through LibTorch, in float32 or bfloat16. Model
+// matrix product (n = 1024) in float32 or bfloat16, through LibTorch's
+// torch::mm or, in float32, through oneDNN's sgemm, which cohort's linear
+// layers run (models/linear.h). Model
 // FLOPs utilization (MFU, models/flops.h) is achieved model FLOP/s against
 // it. It is measured once per machine and kept in
 // <machineCacheDir()>/gemm-ceiling.json (core/env.h: COHORT_CACHE_DIR,
@@ -19,6 +21,7 @@ namespace cohort::health {
 
 struct GemmCeiling {
   double gflops = 0;       // best GFLOP/s of one product
+  std::string library;     // the product that reached it: torch::mm | oneDNN sgemm
   std::string dtype;       // float32 | bfloat16
   int threads = 1;         // the rank's intra-op threads
   int n = 1024;            // n x n x n

@@ -70,8 +70,12 @@ struct HealthReport {
 // error.
 
 // Best GFLOP/s (2 n^3 flops per product) of n x n float32 (or bfloat16)
-// torch::mm with the calling thread's intra-op threads.
-double measureMatmulGflops(int64_t n, double seconds, bool bfloat16 = false);
+// products with the calling thread's intra-op threads: torch::mm, and in
+// float32 also oneDNN's sgemm, which cohort's linear layers run
+// (models/linear.h); the better of the two, each timed for `seconds`.
+// `library`, when given, is set to the one that reached it: "torch::mm"
+// or "oneDNN sgemm".
+double measureMatmulGflops(int64_t n, double seconds, bool bfloat16 = false, std::string* library = nullptr);
 
 // Best GB/s of copying `bytes` between two buffers of that size (counting
 // bytes read and bytes written). The buffers are touched before timing.
