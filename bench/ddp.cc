@@ -17,7 +17,7 @@
 // cohort's per-step breakdown (summary.json's phase_ms_per_step, rank 0).
 //
 //   cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] [--repeat N]
-//                    [--isa avx2] [--zero S] [--allocator glibc|tcmalloc|jemalloc]
+//                    [--isa native|avx2|env] [--zero S] [--allocator glibc|tcmalloc|jemalloc]
 // --allocator starts both sides with that allocator preloaded (glibc: none,
 // and cohort on glibc's defaults too: compute.allocator: system) and the
 // peer with OMP_NUM_THREADS at the run's threads (bench/launch_env.py, as
@@ -28,9 +28,11 @@
 // counts stops the benchmark (bench/launch_env.h).
 // --zero S also runs cohort's 2 ranks at distribution.zero S, right after
 // the ceiling's runs, and prints its efficiency against that ceiling.
-// --isa avx2 runs both sides as on a CPU without AVX-512: LibTorch's kernels
-// (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and OpenBLAS's
-// (OPENBLAS_CORETYPE) are held to AVX2.
+// --isa (bench/launch_env.h applyIsa): native (the default) runs each
+// library's own choice of kernels, the variables that would hold them
+// removed; avx2 runs both sides as on a CPU without AVX-512: LibTorch's
+// kernels (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and
+// OpenBLAS's (OPENBLAS_CORETYPE) held to AVX2; env keeps the environment's.
 
 #include <fmt/format.h>
 
@@ -212,6 +214,7 @@ int runBench(int argc, char** argv) {
   double scale = 1;
   int repeat = 2;
   int zero = 0;
+  std::string isa = "native";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--only") {
@@ -224,23 +227,23 @@ int runBench(int argc, char** argv) {
       zero = std::atoi(argv[i + 1]);
     } else if (a == "--allocator") {
       allocator = argv[i + 1];
-    } else if (a == "--isa" && std::string(argv[i + 1]) == "avx2") {
-      // Inherited by both sides' processes.
-      setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
-      setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
-      setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
-      setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    } else if (a == "--isa") {
+      isa = argv[i + 1];
     } else {
       std::cerr << "usage: cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] "
-                   "[--repeat N] [--isa avx2] [--zero S] [--allocator glibc|tcmalloc|jemalloc]\n";
+                   "[--repeat N] [--isa native|avx2|env] [--zero S] [--allocator glibc|tcmalloc|jemalloc]\n";
       return 2;
     }
   }
+  std::string isaLine;
+  try {
+    isaLine = bench::applyIsa(isa);  // inherited by both sides' processes
+  } catch (const std::invalid_argument& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
   const CpuInfo cpu = cpuInfo();
-  const char* isa = std::getenv("ATEN_CPU_CAPABILITY");
-  std::cout << "cpu: " << describe(cpu) << "\n"
-            << "instruction sets held to: " << (isa ? isa : "none (each library's own choice)")
-            << "\n\n";
+  std::cout << "cpu: " << describe(cpu) << "\n" << isaLine << "\n\n";
   std::vector<Config> configs = {{"resnet18", 32, 32, 10, 40}, {"resnet50", 64, 8, 3, 15}};
   test::TempDir dir;
   std::vector<Row> rows;
@@ -323,7 +326,7 @@ int runBench(int argc, char** argv) {
         l["pytorch_phase_ms"]["optimizer"].get<double>());
   }
   std::cout << nlohmann::json{{"bench", "cpu"}, {"model", cpu.model}, {"features", cpu.features},
-                              {"isa_held_to", isa ? isa : ""}}
+                              {"isa", isa}, {"isa_line", isaLine}}
                    .dump()
             << "\n";
   for (const auto& l : lines) std::cout << l.dump() << "\n";

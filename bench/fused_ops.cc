@@ -3,8 +3,9 @@
 // alternating, repeated; the median of each and their ratio. At the GPT
 // example's shapes (4096 rows: 16 sequences of 256; n_embd 128, the MLP
 // 512 wide) and ResNet-18's layer groups at 32 px (small_input), batch 32,
-// channels-first and channels-last; on 1 and 2 threads. Prints the CPU, a
-// table, and one JSON line per row.
+// channels-first and channels-last; linear layers through oneDNN
+// (models/linear.h) against at::linear at the GPT's and decoding's shapes;
+// on 1 and 2 threads. Prints the CPU, a table, and one JSON line per row.
 //
 //   build/bench/cohort_bench_fused_ops [--repeats 11] [--min-ms 60] [--threads 1,2 | 1 | 2]
 //                                      [--only SUBSTRING-OF-OP]
@@ -15,12 +16,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "cohort/models/linear.h"
 #include "models/fused_kernels.h"
 #include "models/fused_ops.h"
 
@@ -86,6 +91,22 @@ std::vector<Case> cases() {
                    [=] { torch::layer_norm(x + d, {128}, w, b, 1e-5); },
                    [=] { models::detail::addLayerNormFused(x, d, w, b, 1e-5); }});
   }
+  // Linear layers through oneDNN's sgemm (models/linear.h) against
+  // at::linear: the GPT example's products forward and backward, and
+  // decoding's few rows (GPT-2 small's widths) forward alone.
+  for (const auto& [in, width] :
+       std::vector<std::pair<int64_t, int64_t>>{{128, 384}, {128, 512}, {512, 128}, {128, 256}}) {
+    auto x = leaf({rows, in}), w = leaf({width, in}), b = leaf({width});
+    auto g = torch::randn({rows, width});
+    out.push_back({"linear (onednn)", fmt::format("[4096,{}]x[{},{}]^T", in, width, in),
+                   [=] { at::linear(x, w, b).backward(g); }, [=] { models::linear(x, w, b).backward(g); }});
+  }
+  for (const auto& [m, in, width] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 768, 3072}, {8, 768, 768}}) {
+    auto x = torch::randn({m, in}), w = torch::randn({width, in}), b = torch::randn({width});
+    out.push_back({"linear fwd (onednn)", fmt::format("[{},{}]x[{},{}]^T", m, in, width, in),
+                   [=] { at::linear(x, w, b); }, [=] { models::linear(x, w, b); }});
+  }
   const std::vector<std::vector<int64_t>> images = {{32, 64, 32, 32}, {32, 128, 16, 16}, {32, 256, 8, 8},
                                                     {32, 512, 4, 4}};
   for (bool channelsLast : {false, true}) {
@@ -119,9 +140,12 @@ int main(int argc, char** argv) {
     }
   }
   torch::manual_seed(0);
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   fmt::print("cpu: {}\nfused loops: the {} build (the widest; ATEN_CPU_CAPABILITY=avx2 holds them and LibTorch "
-             "to AVX2)\nforward + backward, ms per call: median of {} alternating runs of >= {} ms each\n",
-             describe(cpuInfo()), models::detail::fusedKernelsIsa(), repeats, minMs);
+             "to AVX2)\nat::linear's products: LibTorch's BLAS, OPENBLAS_CORETYPE {}\n"
+             "forward + backward, ms per call: median of {} alternating runs of >= {} ms each\n",
+             describe(cpuInfo()), models::detail::fusedKernelsIsa(), coretype ? coretype : "unset (its own choice)",
+             repeats, minMs);
   fmt::print("{:<20} {:<24} {:>7} {:>10} {:>10} {:>8}\n", "op", "shape", "threads", "aten ms", "fused ms",
              "speedup");
   std::vector<std::string> json;

@@ -21,7 +21,9 @@
 // phase_ms_per_step, rank 0) beside PyTorch's.
 //
 //   cohort_bench_gpt [--repeat N] [--steps-scale F] [--only fp32|bf16]
-//                    [--allocator glibc|tcmalloc|jemalloc]
+//                    [--allocator glibc|tcmalloc|jemalloc] [--isa native|avx2|env]
+// --isa as cohort_bench_ddp's (bench/launch_env.h applyIsa): each
+// library's own kernels by default.
 // --allocator starts both sides with that allocator preloaded (glibc: none,
 // and cohort on glibc's defaults too: compute.allocator: system) and the
 // peer with OMP_NUM_THREADS at the run's threads (bench/launch_env.py;
@@ -343,6 +345,7 @@ int main(int argc, char** argv) {
   std::string only;
   double scale = 1;
   int repeat = 2;
+  std::string isa = "native";
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
@@ -354,11 +357,19 @@ int main(int argc, char** argv) {
       repeat = std::max(1, std::atoi(v.c_str()));
     } else if (a == "--allocator" && !v.empty()) {
       allocator = v;
+    } else if (a == "--isa" && !v.empty()) {
+      isa = v;
     } else {
       std::cerr << "usage: cohort_bench_gpt [--repeat N] [--steps-scale F] [--only fp32|bf16] "
-                   "[--allocator glibc|tcmalloc|jemalloc]\n";
+                   "[--allocator glibc|tcmalloc|jemalloc] [--isa native|avx2|env]\n";
       return 2;
     }
+  }
+  try {
+    std::cout << bench::applyIsa(isa) << "\n";  // inherited by both sides' processes
+  } catch (const std::invalid_argument& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
   }
   try {
     return runBench(only, scale, repeat);  // its temporary directory is gone when it returns or throws

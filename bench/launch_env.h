@@ -6,6 +6,7 @@
 // the two sides' reports are held to it (tests/bench/launch_env_test.cc
 // checks that they report what they were started with).
 
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -46,6 +47,42 @@ inline void requireSameLaunch(const nlohmann::json& cohortCompute, const nlohman
                                b.dump() + " (peer)");
     }
   }
+}
+
+// The variables that hold a library's instruction sets below the CPU's:
+// LibTorch's kernels, oneDNN's (two names) and OpenBLAS's.
+inline constexpr const char* kIsaVariables[] = {"ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                                                "OPENBLAS_CORETYPE"};
+
+// Sets, in this process's environment (both sides inherit it), the
+// instruction sets the libraries run: "native", each library's own choice
+// (the variables above removed: an OPENBLAS_CORETYPE=Haswell left in a
+// machine's environment holds OpenBLAS to AVX2 on a CPU with AVX-512, and
+// the peer's products with it); "avx2", every library held to AVX2; "env",
+// as the environment has them. Returns the line the benchmark prints.
+// Throws std::invalid_argument on another value.
+inline std::string applyIsa(const std::string& isa) {
+  std::string before;
+  for (const char* v : kIsaVariables) {
+    if (const char* value = std::getenv(v)) before += std::string(before.empty() ? "" : " ") + v + "=" + value;
+  }
+  if (isa == "native") {
+    for (const char* v : kIsaVariables) unsetenv(v);
+    return "instruction sets: each library's own choice" +
+           (before.empty() ? std::string() : " (removed from the environment: " + before + ")");
+  }
+  if (isa == "avx2") {
+    setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+    setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+    setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    return "instruction sets held to AVX2 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell)";
+  }
+  if (isa == "env") {
+    return "instruction sets: as the environment says (" + (before.empty() ? std::string("nothing held") : before) +
+           ")";
+  }
+  throw std::invalid_argument("--isa must be native, avx2 or env, got '" + isa + "'");
 }
 
 }  // namespace cohort::bench

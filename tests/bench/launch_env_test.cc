@@ -152,5 +152,28 @@ TEST(LaunchEnvCheck, APeerStartedOtherwiseExits3NamingTheSetting) {
   EXPECT_NE(bad.err.find("allocator 'mimalloc'"), std::string::npos) << bad.describe();
 }
 
+// --isa: "native" removes what would hold a library below the CPU (an
+// OPENBLAS_CORETYPE=Haswell a machine's environment left there), "avx2"
+// holds every library, "env" keeps what is set, anything else is refused.
+TEST(BenchIsa, NativeRemovesTheHoldsAvx2SetsThemEnvKeepsThem) {
+  std::map<std::string, std::string> saved;
+  for (const char* v : bench::kIsaVariables) {
+    if (const char* value = std::getenv(v)) saved[v] = value;
+  }
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  EXPECT_NE(bench::applyIsa("env").find("OPENBLAS_CORETYPE=Haswell"), std::string::npos);
+  EXPECT_STREQ(std::getenv("OPENBLAS_CORETYPE"), "Haswell");
+  const std::string native = bench::applyIsa("native");
+  EXPECT_NE(native.find("removed from the environment: OPENBLAS_CORETYPE=Haswell"), std::string::npos) << native;
+  for (const char* v : bench::kIsaVariables) EXPECT_EQ(std::getenv(v), nullptr) << v;
+  bench::applyIsa("avx2");
+  EXPECT_STREQ(std::getenv("ATEN_CPU_CAPABILITY"), "avx2");
+  EXPECT_STREQ(std::getenv("ONEDNN_MAX_CPU_ISA"), "AVX2");
+  EXPECT_STREQ(std::getenv("OPENBLAS_CORETYPE"), "Haswell");
+  EXPECT_THROW(bench::applyIsa("avx512"), std::invalid_argument);
+  for (const char* v : bench::kIsaVariables) unsetenv(v);
+  for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
+}
+
 }  // namespace
 }  // namespace cohort
