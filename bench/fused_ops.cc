@@ -5,6 +5,8 @@
 // 512 wide) and ResNet-18's layer groups at 32 px (small_input), batch 32,
 // channels-first and channels-last; linear layers through oneDNN
 // (models/linear.h) against at::linear at the GPT's and decoding's shapes;
+// one-pixel convolutions as a product over their window
+// (models/window_conv.h) against the module's forward;
 // on 1 and 2 threads. Prints the CPU, a table, and one JSON line per row.
 //
 //   build/bench/cohort_bench_fused_ops [--repeats 11] [--min-ms 60] [--threads 1,2 | 1 | 2]
@@ -28,6 +30,7 @@
 #include "cohort/models/linear.h"
 #include "models/fused_kernels.h"
 #include "models/fused_ops.h"
+#include "models/window_conv.h"
 
 using namespace cohort;
 using Clock = std::chrono::steady_clock;
@@ -106,6 +109,23 @@ std::vector<Case> cases() {
     auto x = torch::randn({m, in}), w = torch::randn({width, in}), b = torch::randn({width});
     out.push_back({"linear fwd (onednn)", fmt::format("[{},{}]x[{},{}]^T", m, in, width, in),
                    [=] { at::linear(x, w, b); }, [=] { models::linear(x, w, b); }});
+  }
+  // Convolutions of one output pixel as a product over their window
+  // (models/window_conv.h): ResNet-18's last layer group at 32 px, batch 32.
+  struct OnePixel {
+    std::vector<int64_t> x;
+    int64_t out, k, stride;
+  };
+  for (const OnePixel& c : std::vector<OnePixel>{{{32, 512, 1, 1}, 512, 3, 1},
+                                                 {{32, 256, 2, 2}, 512, 3, 2},
+                                                 {{32, 256, 2, 2}, 512, 1, 2}}) {
+    auto conv = std::make_shared<torch::nn::Conv2dImpl>(
+        torch::nn::Conv2dOptions(c.x[1], c.out, c.k).stride(c.stride).padding(c.k / 2).bias(false));
+    auto x = leaf(c.x);
+    auto g = torch::randn({c.x[0], c.out, 1, 1});
+    out.push_back({"conv 1 pixel (window)",
+                   fmt::format("[{}]*{}x{} s{}", fmt::join(c.x, ","), c.k, c.k, c.stride),
+                   [=] { conv->forward(x).backward(g); }, [=] { models::conv2d(*conv, x).backward(g); }});
   }
   const std::vector<std::vector<int64_t>> images = {{32, 64, 32, 32}, {32, 128, 16, 16}, {32, 256, 8, 8},
                                                     {32, 512, 4, 4}};

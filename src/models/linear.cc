@@ -20,12 +20,8 @@ using torch::autograd::variable_list;
 std::atomic<int64_t> oneDnnCalls{0};
 
 bool takesOneDnn(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!oneDnnLinearOn() || !at::globalContext().userEnabledMkldnn()) return false;
-  if (at::autocast::is_cpu_enabled() || at::autocast::is_enabled()) return false;
   for (const at::Tensor* t : {&x, &weight, &bias}) {
-    if (!t->defined()) continue;
-    if (!t->device().is_cpu() || t->layout() != at::kStrided || t->scalar_type() != at::kFloat) return false;
-    if (t->is_quantized() || t->is_conj() || t->is_neg()) return false;
+    if (t->defined() && !oneDnnProductsTake(*t)) return false;
   }
   return weight.defined() && weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
          (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)));
@@ -117,6 +113,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   if (!takesOneDnn(x, weight, bias)) return torch::nn::functional::linear(x, weight, bias);
   oneDnnCalls.fetch_add(1, std::memory_order_relaxed);
   return OneDnnLinearFunction::apply(x, weight, bias.defined() ? bias : weight.new_empty({0}), bias.defined());
+}
+
+bool oneDnnProductsTake(const at::Tensor& t) {
+  if (!oneDnnLinearOn() || !at::globalContext().userEnabledMkldnn()) return false;
+  if (at::autocast::is_cpu_enabled() || at::autocast::is_enabled()) return false;
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat && !t.is_quantized() &&
+         !t.is_conj() && !t.is_neg();
 }
 
 bool oneDnnLinearOn() {

@@ -7,6 +7,7 @@
 #include "cohort/core/error.h"
 #include "models/fused_ops.h"
 #include "models/recompute.h"
+#include "models/window_conv.h"
 
 namespace cohort::models {
 namespace nn = torch::nn;
@@ -72,15 +73,19 @@ at::Tensor ResidualBlock::forward(const at::Tensor& x) {
   if (folded_) {
     // Inference: the normalizations are in the convolutions; nothing keeps
     // an activation for backward, so the ReLUs work in place.
-    at::Tensor out = conv2_(conv1_(x).relu_());
-    if (bottleneck_) out = conv3_(out.relu_());
-    return out.add_(downsample_ ? downsample_[0]->as<nn::Conv2d>()->forward(x) : x).relu_();
+    at::Tensor out = conv2d(*conv2_, conv2d(*conv1_, x).relu_());
+    if (bottleneck_) out = conv2d(*conv3_, out.relu_());
+    return out.add_(downsample_ ? conv2d(*downsample_[0]->as<nn::Conv2d>(), x) : x).relu_();
   }
   // relu(bn(.)) in one op (models/fused_ops.h): fused in training when
-  // fused ops are on.
-  at::Tensor out = batchNormRelu(*bn1_, conv1_(x));
-  out = bottleneck_ ? bn3_(conv3_(batchNormRelu(*bn2_, conv2_(out)))) : bn2_(conv2_(out));
-  at::Tensor identity = downsample_ ? downsample_->forward(x) : x;
+  // fused ops are on. conv2d (models/window_conv.h): a convolution whose
+  // output is one pixel as a product over the taps that meet the input.
+  at::Tensor out = batchNormRelu(*bn1_, conv2d(*conv1_, x));
+  out = bottleneck_ ? bn3_(conv2d(*conv3_, batchNormRelu(*bn2_, conv2d(*conv2_, out))))
+                    : bn2_(conv2d(*conv2_, out));
+  at::Tensor identity =
+      downsample_ ? downsample_[1]->as<nn::BatchNorm2d>()->forward(conv2d(*downsample_[0]->as<nn::Conv2d>(), x))
+                  : x;
   return torch::relu(out + identity);
 }
 

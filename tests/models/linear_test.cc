@@ -9,33 +9,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <limits>
 #include <string>
 #include <vector>
 
-#include "cohort/models/gpt.h"
 #include "cohort/core/sgemm.h"
+#include "cohort/models/gpt.h"
 #include "cohort/models/linear.h"
+#include "util/rounding.h"
 
 namespace cohort::models {
 namespace {
 
-constexpr double kEps32 = std::numeric_limits<float>::epsilon();
-
-// A float32 sum of n products is within about n eps of the exact sum of
-// their magnitudes (the classic bound gamma_n); `scale` is that magnitude
-// (|x| |W|^T + |b|, in float64) and the bound here 2 n eps + eps of it.
-void expectWithinRounding(const at::Tensor& got, const at::Tensor& want, const at::Tensor& scale, int64_t n,
-                          const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const at::Tensor diff = (got.detach().to(torch::kDouble) - want.detach()).abs();
-  const at::Tensor bound = (2.0 * double(std::max<int64_t>(n, 1)) + 1.0) * kEps32 * scale + 1e-30;
-  EXPECT_TRUE(diff.numel() == 0 || (diff <= bound).all().item<bool>())
-      << what << ": largest difference " << (diff.numel() ? diff.max().item<double>() : 0.0) << ", n " << n;
-}
-
-struct Case {
+struct LinearCase {
   std::vector<int64_t> xSizes;
   int64_t out;
   bool bias;
@@ -45,7 +30,7 @@ struct Case {
 
 at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
 
-void checkCase(const Case& c) {
+void checkCase(const LinearCase& c) {
   const int64_t in = c.xSizes.back();
   const std::string what = "x " + c10::str(c.xSizes) + " out " + std::to_string(c.out) +
                            (c.bias ? " bias" : "") + (c.xContiguous ? "" : " x strided") +
@@ -80,25 +65,25 @@ void checkCase(const Case& c) {
   const at::Tensor yr = at::linear(xr, wr, br);
   yr.backward(gy64);
   const at::Tensor gy = gy64.to(torch::kFloat).to(torch::kDouble);
-  expectWithinRounding(y, yr, at::linear(xr.detach().abs(), wr.detach().abs(), c.bias ? br.detach().abs() : br),
+  test::expectWithinSumRounding(y, yr, at::linear(xr.detach().abs(), wr.detach().abs(), c.bias ? br.detach().abs() : br),
                        in, what + ": y");
-  expectWithinRounding(x.grad(), xr.grad(), gy.abs().matmul(wr.detach().abs()), c.out, what + ": grad x");
+  test::expectWithinSumRounding(x.grad(), xr.grad(), gy.abs().matmul(wr.detach().abs()), c.out, what + ": grad x");
   const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
   const at::Tensor gy2 = gy.reshape({-1, c.out}).abs(), x2 = xr.detach().reshape({-1, in}).abs();
-  expectWithinRounding(w.grad(), wr.grad(), gy2.t().mm(x2), rows, what + ": grad W");
-  if (c.bias) expectWithinRounding(b.grad(), br.grad(), gy2.sum(0), rows, what + ": grad b");
+  test::expectWithinSumRounding(w.grad(), wr.grad(), gy2.t().mm(x2), rows, what + ": grad W");
+  if (c.bias) test::expectWithinSumRounding(b.grad(), br.grad(), gy2.sum(0), rows, what + ": grad b");
 }
 
 TEST(Linear, AgreesWithAtenInFloat64OnOddShapesAndLayouts) {
   torch::manual_seed(3);
-  const std::vector<Case> cases = {
+  const std::vector<LinearCase> cases = {
       {{1, 1}, 1, true, true, true},          {{3, 7}, 5, true, true, true},
       {{17, 128}, 130, true, true, true},     {{64, 128}, 384, false, true, true},
       {{2, 31, 13}, 29, true, true, true},    {{4, 9, 33}, 66, true, false, true},
       {{5, 64}, 17, true, true, false},       {{2, 3, 257}, 7, false, false, false},
       {{1, 768}, 3072, true, true, true},     {{8, 1, 96}, 96, true, true, true},
   };
-  for (const Case& c : cases) checkCase(c);
+  for (const LinearCase& c : cases) checkCase(c);
 }
 
 TEST(Linear, EmptyInputsGiveEmptyOrZeroResults) {

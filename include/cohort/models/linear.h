@@ -47,6 +47,10 @@ bool oneDnnLinearOn();
 // off)".
 std::string linearGemmDescription();
 
+// Whether oneDNN's products take t here: a CPU float32 strided tensor,
+// with oneDnnLinearOn(), oneDNN on (compute.onednn) and autocast off.
+bool oneDnnProductsTake(const at::Tensor& t);
+
 // Calls of linear() that took oneDNN in this process: tests check a model
 // takes it.
 int64_t oneDnnLinearCalls();
