@@ -44,7 +44,7 @@ training:
   batch_size: 8
   optimizer: {name: adamw, lr: 0.003}
 output: {progress: off, weights_format: safetensors}
-checkpoint: {every_steps: 15}
+checkpoint: {every_steps: 15, when_behind: wait}
 )");
     return path;
   }
@@ -117,7 +117,9 @@ TEST_F(LmFormats, SentencePieceTokensSafetensorsWeightsAndTheExportsAUserNeeds) 
             "In the beginning");
   fs::rename(dir.file("tok-moved"), dir.file("tok"));
 
-  // A checkpoint consolidated to safetensors holds the trained tensors.
+  // A checkpoint consolidated to safetensors holds the trained tensors
+  // (when_behind: wait above: on a busy machine the writer can still be on
+  // step 15 at step 30, which would otherwise skip the last checkpoint).
   auto c = test::cohort({"ckpt", "consolidate", run + "/checkpoints", dir.file("consolidated.safetensors")});
   ASSERT_EQ(c.exitCode, 0) << c.describe();
   EXPECT_NE(c.out.find("safetensors"), std::string::npos) << c.out;
