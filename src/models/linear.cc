@@ -112,6 +112,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   // rounds otherwise under autocast): the same numbers as the modules.
   if (!takesOneDnn(x, weight, bias)) return torch::nn::functional::linear(x, weight, bias);
   oneDnnCalls.fetch_add(1, std::memory_order_relaxed);
+  const bool grads = torch::GradMode::is_enabled() &&
+                     (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (!grads) {
+    // Inference (decoding one token at a time): no autograd node to build.
+    const int64_t in = weight.size(1);
+    const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return forwardProduct(x.reshape({rows, in}).contiguous(), weight.contiguous(), bias).view(shape);
+  }
   return OneDnnLinearFunction::apply(x, weight, bias.defined() ? bias : weight.new_empty({0}), bias.defined());
 }
 

@@ -59,6 +59,11 @@ void checkCase(const LinearCase& c) {
   const at::Tensor y = models::linear(x, w, b);
   EXPECT_EQ(oneDnnLinearCalls(), before + 1) << what << ": not through oneDNN";
   y.backward(gy64.to(torch::kFloat));
+  {
+    // Without gradients (decoding): no autograd node, the same product.
+    torch::NoGradGuard noGrad;
+    EXPECT_TRUE(torch::equal(models::linear(x, w, b), y.detach())) << what << ": without gradients";
+  }
 
   const at::Tensor xr = leaf(x.detach().to(torch::kDouble)), wr = leaf(w.detach().to(torch::kDouble));
   const at::Tensor br = c.bias ? leaf(b.detach().to(torch::kDouble)) : at::Tensor();

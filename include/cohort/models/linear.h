@@ -9,7 +9,8 @@
 // of kernels is (OPENBLAS_CORETYPE can hold OpenBLAS to AVX2 on a CPU with
 // AVX-512), and its products of few rows (decoding: 1 to 8) were 2-5x ATen's
 // (docs/performance.md "Linear layers through oneDNN"). Results change by
-// float rounding only (tests/models/linear_test.cc).
+// float rounding only (tests/models/linear_test.cc). Without gradients to
+// keep (inference) the product runs without an autograd node.
 //
 // Other tensors (CUDA, bfloat16, float64, autocast on) take LibTorch's
 // torch::nn::functional::linear (nn::Linear's forward), and so does every
