@@ -43,24 +43,24 @@ at::Tensor forwardProduct(const at::Tensor& x2, const at::Tensor& w, const at::T
   return y;
 }
 
+// y [..., out] = x [..., in] W^T (+ bias).
+at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = weight.size(0);
+  return forwardProduct(x.reshape({rows, weight.size(1)}).contiguous(), weight.contiguous(), bias).view(shape);
+}
+
 class OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFunction> {
  public:
   // `bias` is an empty placeholder when !hasBias: LibTorch's custom
   // functions take defined tensors only.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, bool hasBias) {
-    const int64_t in = weight.size(1);
-    const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
-    const at::Tensor x2 = x.reshape({rows, in}).contiguous();
-    const at::Tensor w = weight.contiguous();
-    at::Tensor y = forwardProduct(x2, w, hasBias ? bias : at::Tensor());
     // The inputs themselves: double backward differentiates through them.
     ctx->save_for_backward({x, weight});
-    ctx->saved_data["shape"] = x.sizes().vec();
     ctx->saved_data["bias"] = hasBias;
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    return y.view(shape);
+    return product(x, weight, hasBias ? bias : at::Tensor());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -70,7 +70,7 @@ class OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFuncti
     const at::Tensor x2 = saved[0].reshape({m, in}).contiguous();
     const at::Tensor w = saved[1].contiguous();
     const at::Tensor g = grads[0].reshape({m, out}).contiguous();
-    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
+    const c10::IntArrayRef shape = saved[0].sizes();
     at::Tensor gx, gw, gb;
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = g.sum(0);
     if (torch::GradMode::is_enabled()) {
@@ -116,11 +116,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (!grads) {
     // Inference (decoding one token at a time): no autograd node to build.
-    const int64_t in = weight.size(1);
-    const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    return forwardProduct(x.reshape({rows, in}).contiguous(), weight.contiguous(), bias).view(shape);
+    return product(x, weight, bias);
   }
   return OneDnnLinearFunction::apply(x, weight, bias.defined() ? bias : weight.new_empty({0}), bias.defined());
 }

@@ -151,20 +151,25 @@ class WindowConvFunction : public torch::autograd::Function<WindowConvFunction> 
   }
 };
 
-}  // namespace
-
-bool windowConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
+// The window when conv2d takes the product for x.
+bool windowTaken(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, Window* w) {
   const at::Tensor& b = conv.bias;
   if (!oneDnnProductsTake(x) || !oneDnnProductsTake(conv.weight) || (b.defined() && !oneDnnProductsTake(b))) {
     return false;
   }
+  return windowOf(conv, x, w);
+}
+
+}  // namespace
+
+bool windowConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   Window w;
-  return windowOf(conv, x, &w);
+  return windowTaken(conv, x, &w);
 }
 
 at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   Window w;
-  if (!windowConvTakes(conv, x) || !windowOf(conv, x, &w)) return conv.forward(x);
+  if (!windowTaken(conv, x, &w)) return conv.forward(x);
   windowCalls.fetch_add(1, std::memory_order_relaxed);
   const bool hasBias = conv.bias.defined();
   return WindowConvFunction::apply(x, conv.weight, hasBias ? conv.bias : conv.weight.new_empty({0}), hasBias,
