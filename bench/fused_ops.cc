@@ -7,7 +7,9 @@
 // (models/linear.h) against at::linear at the GPT's and decoding's shapes;
 // one-pixel convolutions as a product over their window
 // (models/window_conv.h) against the module's forward;
-// on 1 and 2 threads. Prints the CPU, a table, and one JSON line per row.
+// on 1 and 2 threads. Both sides allocate as a cohort rank does
+// (compute.allocator: keep, core/malloc_policy.h), unless another allocator
+// is preloaded. Prints the CPU, a table, and one JSON line per row.
 //
 //   build/bench/cohort_bench_fused_ops [--repeats 11] [--min-ms 60] [--threads 1,2 | 1 | 2]
 //                                      [--only SUBSTRING-OF-OP]
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "cohort/core/cpu.h"
+#include "cohort/core/malloc_policy.h"
 #include "cohort/models/linear.h"
 #include "models/fused_kernels.h"
 #include "models/fused_ops.h"
@@ -59,15 +62,18 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   const int64_t rows = 16 * 256;
   for (bool tanh : {false, true}) {
-    // The MLP's c_fc: [4096, 128] -> [4096, 512], with its product.
+    // The MLP's c_fc: [4096, 128] -> [4096, 512], the same product (bias
+    // inside) on both sides, then ATen's GELU or the fused one.
     auto x = leaf({rows, 128}), w = leaf({512, 128}), b = leaf({512});
     auto g = torch::randn({rows, 512});
     const char* approx = tanh ? "tanh" : "none";
     out.push_back({tanh ? "linear+gelu(tanh)" : "linear+gelu", "[4096,128]x[512,128]^T",
-                   [=] { torch::gelu(torch::linear(x, w, b), approx).backward(g); },
-                   [=] { models::detail::biasGeluFused(at::matmul(x, w.t()), b, tanh).backward(g); }});
-    // The elementwise part alone.
+                   [=] { torch::gelu(models::linear(x, w, b), approx).backward(g); },
+                   [=] { models::detail::biasGeluFused(models::linear(x, w, b), {}, tanh).backward(g); }});
+    // The elementwise part alone: GELU, then bias + GELU.
     auto h = leaf({rows, 512});
+    out.push_back({tanh ? "gelu(tanh)" : "gelu", "[4096,512]", [=] { torch::gelu(h, approx).backward(g); },
+                   [=] { models::detail::biasGeluFused(h, {}, tanh).backward(g); }});
     out.push_back({tanh ? "bias+gelu(tanh)" : "bias+gelu", "[4096,512]",
                    [=] { torch::gelu(h + b, approx).backward(g); },
                    [=] { models::detail::biasGeluFused(h, b, tanh).backward(g); }});
@@ -160,6 +166,11 @@ int main(int argc, char** argv) {
     }
   }
   torch::manual_seed(0);
+  const char* preload = std::getenv("LD_PRELOAD");
+  const bool keep = preload == nullptr && keepFreedMemory();
+  fmt::print("allocator: {}\n", keep ? "glibc keeping freed memory, as a cohort rank (compute.allocator: keep)"
+                                      : preload != nullptr ? fmt::format("LD_PRELOAD={}", preload)
+                                                           : std::string("glibc"));
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   fmt::print("cpu: {}\nfused loops: the {} build (the widest; ATEN_CPU_CAPABILITY=avx2 holds them and LibTorch "
              "to AVX2)\nat::linear's products: LibTorch's BLAS, OPENBLAS_CORETYPE {}\n"

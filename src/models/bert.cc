@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "cohort/models/fused_ops.h"
 #include "cohort/models/linear.h"
 #include "models/recompute.h"
 
@@ -89,7 +90,7 @@ TORCH_MODULE(BertAttention);
 class BertDenseImpl : public nn::Module {  // BertIntermediate: dense then GELU
  public:
   explicit BertDenseImpl(const BertOptions& o) { dense_ = register_module("dense", nn::Linear(o.nEmbd, o.intermediate)); }
-  at::Tensor forward(const at::Tensor& x) { return torch::gelu(bertDense(dense_, x)); }
+  at::Tensor forward(const at::Tensor& x) { return biasGelu(bertDense(dense_, x), at::Tensor(), false); }
 
  private:
   nn::Linear dense_{nullptr};
@@ -229,7 +230,7 @@ class Bert : public Model {
       const at::Tensor pooled = torch::tanh(bertDense(bert_->pooler_dense, x.select(1, 0)));
       return bertDense(classifier_, dropout_(pooled));
     }
-    const at::Tensor h = transform_norm_(torch::gelu(bertDense(transform_dense_, x)));
+    const at::Tensor h = transform_norm_(biasGelu(bertDense(transform_dense_, x), at::Tensor(), false));
     return models::linear(h, bert_->embeddings->word_embeddings->weight, bias_);
   }
 

@@ -60,13 +60,13 @@ const char* fusedKernelsIsa() {
 }
 
 template <typename T>
-void biasGeluForward(const T* h, const T* b, T* y, int64_t rows, int64_t n, bool tanh) {
-  kernels<T>().biasGeluForward(h, b, y, rows, n, tanh);
+void biasGeluForward(const T* h, const T* b, T* y, T* slope, int64_t rows, int64_t n, bool tanh) {
+  kernels<T>().biasGeluForward(h, b, y, slope, rows, n, tanh);
 }
 
 template <typename T>
-void biasGeluBackward(const T* gy, const T* h, const T* b, T* gh, T* gb, int64_t rows, int64_t n, bool tanh) {
-  kernels<T>().biasGeluBackward(gy, h, b, gh, gb, rows, n, tanh);
+void biasGeluBackward(const T* gy, const T* slope, T* gh, T* gb, int64_t rows, int64_t n) {
+  kernels<T>().biasGeluBackward(gy, slope, gh, gb, rows, n);
 }
 
 template <typename T>
@@ -98,8 +98,8 @@ void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invs
 }
 
 #define COHORT_FUSED_KERNELS(T)                                                                                   \
-  template void biasGeluForward<T>(const T*, const T*, T*, int64_t, int64_t, bool);                               \
-  template void biasGeluBackward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, bool);                \
+  template void biasGeluForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, bool);                          \
+  template void biasGeluBackward<T>(const T*, const T*, T*, T*, int64_t, int64_t);                                 \
   template void addLayerNormForward<T>(const T*, const T*, const T*, const T*, T*, T*, T*, T*, int64_t, int64_t,  \
                                        double);                                                                   \
   template void addLayerNormBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*,   \

@@ -14,13 +14,17 @@
 
 namespace cohort::models::detail {
 
-// y = gelu(h + b) over `rows` rows of `n`; tanh: GELU's tanh approximation.
+// y = gelu(h + b) over `rows` rows of `n` (b may be null: gelu(h)), and,
+// when slope is not null, slope = gelu'(h + b), computed in the same pass for
+// the backward; tanh: GELU's tanh approximation. Float32's exact GELU takes
+// erf from the polynomial oneDNN's gelu_erf (ATen's float32 CPU gelu)
+// computes, |error| <= 1.5e-7.
 template <typename T>
-void biasGeluForward(const T* h, const T* b, T* y, int64_t rows, int64_t n, bool tanh);
+void biasGeluForward(const T* h, const T* b, T* y, T* slope, int64_t rows, int64_t n, bool tanh);
 
-// gh = gy * gelu'(h + b); gb (when not null) = gh summed over the rows.
+// gh = gy * slope; gb (when not null) = gh summed over the rows.
 template <typename T>
-void biasGeluBackward(const T* gy, const T* h, const T* b, T* gh, T* gb, int64_t rows, int64_t n, bool tanh);
+void biasGeluBackward(const T* gy, const T* slope, T* gh, T* gb, int64_t rows, int64_t n);
 
 // s = x + d; y = (s - mean) * rstd * w + b (b may be null), per row of `n`;
 // mean and rstd (one per row) kept for the backward.
@@ -58,8 +62,8 @@ void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invs
 // The loops of one instruction set's build, for one dtype.
 template <typename T>
 struct FusedKernelTable {
-  void (*biasGeluForward)(const T*, const T*, T*, int64_t, int64_t, bool);
-  void (*biasGeluBackward)(const T*, const T*, const T*, T*, T*, int64_t, int64_t, bool);
+  void (*biasGeluForward)(const T*, const T*, T*, T*, int64_t, int64_t, bool);
+  void (*biasGeluBackward)(const T*, const T*, T*, T*, int64_t, int64_t);
   void (*addLayerNormForward)(const T*, const T*, const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, double);
   void (*addLayerNormBackward)(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t,
                                int64_t);

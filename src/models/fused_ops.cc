@@ -42,39 +42,54 @@ void checkTaken(std::initializer_list<at::Tensor> tensors, const char* op) {
               ": the fused kernels take CPU tensors of float32 or float64, of one dtype, autocast off");
 }
 
+// Keeps gelu'(h + b) from the forward pass (the size of the h it replaces
+// among the saved tensors): the backward is one product, no erf or exp.
 class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& bias, bool tanh) {
-    const at::Tensor hc = h.contiguous(), bc = bias.contiguous();
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const c10::optional<at::Tensor>& bias,
+                            bool tanh) {
+    const at::Tensor hc = h.contiguous();
+    const at::Tensor bc = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
     at::Tensor y = at::empty_like(hc, at::MemoryFormat::Contiguous);
-    const int64_t n = bc.numel(), rows = n == 0 ? 0 : hc.numel() / n;
+    at::Tensor slope = at::empty_like(hc, at::MemoryFormat::Contiguous);
+    const int64_t n = hc.dim() == 0 ? 1 : hc.size(-1), rows = n == 0 ? 0 : hc.numel() / n;
     byDtype(hc, [&](auto tag) {
       using T = decltype(tag);
-      detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), rows, n, tanh);
+      detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), mutablePtr<T>(slope), rows, n, tanh);
     });
-    ctx->save_for_backward({hc, bc});
-    ctx->saved_data["tanh"] = tanh;
+    ctx->save_for_backward({slope});
+    ctx->saved_data["bias"] = bc.defined();
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& h = saved[0];
-    const at::Tensor& b = saved[1];
+    const at::Tensor slope = ctx->get_saved_variables()[0];
     const at::Tensor gy = grads[0].contiguous();
-    at::Tensor gh = at::empty_like(h, at::MemoryFormat::Contiguous);
-    at::Tensor gb = ctx->needs_input_grad(1) ? at::empty_like(b) : at::Tensor();
-    const int64_t n = b.numel(), rows = n == 0 ? 0 : h.numel() / n;
-    const bool tanh = ctx->saved_data["tanh"].toBool();
-    byDtype(h, [&](auto tag) {
+    at::Tensor gh = at::empty_like(slope, at::MemoryFormat::Contiguous);
+    const int64_t n = slope.dim() == 0 ? 1 : slope.size(-1), rows = n == 0 ? 0 : slope.numel() / n;
+    at::Tensor gb = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(1) ? at::empty({n}, slope.options())
+                                                                                  : at::Tensor();
+    byDtype(slope, [&](auto tag) {
       using T = decltype(tag);
-      detail::biasGeluBackward<T>(ptr<T>(gy), ptr<T>(h), ptr<T>(b), mutablePtr<T>(gh), mutablePtr<T>(gb), rows, n,
-                                  tanh);
+      detail::biasGeluBackward<T>(ptr<T>(gy), ptr<T>(slope), mutablePtr<T>(gh), mutablePtr<T>(gb), rows, n);
     });
     if (gb.defined() && rows == 0) gb.zero_();
     return {gh, gb, at::Tensor()};
   }
 };
+
+// Without a gradient to keep: the forward alone, no slope, no autograd node.
+at::Tensor biasGeluValues(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
+  const at::Tensor hc = h.contiguous();
+  const at::Tensor bc = bias.defined() ? bias.contiguous() : at::Tensor();
+  at::Tensor y = at::empty_like(hc, at::MemoryFormat::Contiguous);
+  const int64_t n = hc.dim() == 0 ? 1 : hc.size(-1), rows = n == 0 ? 0 : hc.numel() / n;
+  byDtype(hc, [&](auto tag) {
+    using T = decltype(tag);
+    detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), nullptr, rows, n, tanh);
+  });
+  return y;
+}
 
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
  public:
@@ -236,10 +251,13 @@ bool fusedKernelsTake(std::initializer_list<at::Tensor> tensors) {
 
 at::Tensor biasGeluFused(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
   checkTaken({h, bias}, "biasGelu");
-  TORCH_CHECK(bias.defined() && bias.dim() == 1 && h.dim() >= 1 && h.size(-1) == bias.size(0),
-              "biasGelu: h [..., n] and bias [n], got ", h.sizes(), " and ", bias.sizes());
+  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && h.dim() >= 1 && h.size(-1) == bias.size(0)),
+              "biasGelu: h [..., n] and bias [n] or none, got ", h.sizes(), " and ", bias.sizes());
   fusedCalls.fetch_add(1, std::memory_order_relaxed);
-  return BiasGeluFunction::apply(h, bias, tanh);
+  const bool keep = at::GradMode::is_enabled() && (h.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (!keep) return biasGeluValues(h, bias, tanh);
+  const c10::optional<at::Tensor> b = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+  return BiasGeluFunction::apply(h, b, tanh);
 }
 
 AddNorm addLayerNormFused(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
@@ -273,8 +291,8 @@ at::Tensor batchNormReluFused(const at::Tensor& x, const at::Tensor& weight, con
 }  // namespace detail
 
 at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
-  if (!fusedOpsOn() || !detail::fusedKernelsTake({h, bias}) || !bias.defined()) {
-    return torch::gelu(h + bias, tanh ? "tanh" : "none");
+  if (!fusedOpsOn() || !detail::fusedKernelsTake({h, bias})) {
+    return torch::gelu(bias.defined() ? h + bias : h, tanh ? "tanh" : "none");
   }
   return detail::biasGeluFused(h, bias, tanh);
 }

@@ -23,11 +23,6 @@ namespace {
 
 namespace nn = torch::nn;
 
-// Whether the MLP fuses c_fc's bias with GELU (models/fused_ops.h), when
-// fused ops are on: not, as it measured 0.2-0.6x the speed of addmm's bias
-// and ATen's GELU (docs/performance.md "Fused kernels").
-constexpr bool kFuseBiasGelu = false;
-
 // The layers model.lora may adapt.
 AdaptableLinear linear(int64_t in, int64_t out, bool bias) {
   return AdaptableLinear(nn::LinearOptions(in, out).bias(bias));
@@ -92,27 +87,19 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public nn::Module {
  public:
-  explicit MlpImpl(const GptOptions& o) : approximate_(o.geluTanh ? "tanh" : "none"), tanh_(o.geluTanh) {
+  explicit MlpImpl(const GptOptions& o) : tanh_(o.geluTanh) {
     c_fc_ = register_module("c_fc", linear(o.nEmbd, 4 * o.nEmbd, o.bias));
     c_proj_ = register_module("c_proj", linear(4 * o.nEmbd, o.nEmbd, o.bias));
     dropout_ = register_module("dropout", nn::Dropout(o.dropout));
   }
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h;
-    // The product without its bias, then bias and GELU in one pass
-    // (models/fused_ops.h); an adapted layer (LoRA) or one without a bias
-    // keeps Linear's path.
-    if (kFuseBiasGelu && fusedOpsOn() && !c_fc_->adapted() && c_fc_->bias.defined() &&
-        detail::fusedKernelsTake({x, c_fc_->weight, c_fc_->bias})) {
-      h = biasGelu(at::matmul(x, c_fc_->weight.t()), c_fc_->bias, tanh_);
-    } else {
-      h = torch::gelu(c_fc_(x), approximate_);
-    }
+    // GELU keeping its slope for the backward where fused ops are on
+    // (models/fused_ops.h), else ATen's.
+    const at::Tensor h = biasGelu(c_fc_(x), at::Tensor(), tanh_);
     return dropout_(c_proj_(h));
   }
 
  private:
-  const char* approximate_;
   bool tanh_;
   AdaptableLinear c_fc_{nullptr}, c_proj_{nullptr};
   nn::Dropout dropout_{nullptr};

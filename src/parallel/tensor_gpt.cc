@@ -73,16 +73,17 @@ TORCH_MODULE(Attention);
 class MlpImpl : public nn::Module {
  public:
   MlpImpl(ColumnParallelLinear fc, RowParallelLinear proj, bool tanh)
-      : approximate_(tanh ? "tanh" : "none"),
+      : tanh_(tanh),
         fc_(register_module("c_fc", std::move(fc))),
         proj_(register_module("c_proj", std::move(proj))) {}
   at::Tensor forward(const at::Tensor& x, bool sequence) {
-    if (sequence) return proj_->forwardScattered(torch::gelu(fc_->forwardGathered(x, 1), approximate_), 1);
-    return proj_(torch::gelu(fc_(x), approximate_));
+    // As the whole GPT's MLP (models/gpt.cc): GELU keeping its slope where fused ops are on.
+    if (sequence) return proj_->forwardScattered(models::biasGelu(fc_->forwardGathered(x, 1), {}, tanh_), 1);
+    return proj_(models::biasGelu(fc_(x), {}, tanh_));
   }
 
  private:
-  const char* approximate_;
+  bool tanh_;
   ColumnParallelLinear fc_;
   RowParallelLinear proj_;
 };

@@ -74,14 +74,22 @@ void checkEveryBuild(int64_t rows, int64_t n) {
   const std::vector<T> w = values<T>(n, 1.0, 4), b = values<T>(n, 0.5, 5);
   struct Out {
     std::vector<T> y, gh, gb, s, ln, mean, rstd, gx, gw, gb2;
+    std::vector<T> slope = {}, yTanh = {}, slopeTanh = {};
   };
   std::vector<Out> outs;
   for (const Build<T>& build : builds) {
     const FusedKernelTable<T>& k = *build.table;
     Out o{std::vector<T>(size), std::vector<T>(size), std::vector<T>(n), std::vector<T>(size), std::vector<T>(size),
           std::vector<T>(rows), std::vector<T>(rows), std::vector<T>(size), std::vector<T>(n), std::vector<T>(n)};
-    k.biasGeluForward(x.data(), b.data(), o.y.data(), rows, n, /*tanh=*/false);
-    k.biasGeluBackward(g.data(), x.data(), b.data(), o.gh.data(), o.gb.data(), rows, n, /*tanh=*/true);
+    o.slope.resize(size);
+    o.yTanh.resize(size);
+    o.slopeTanh.resize(size);
+    k.biasGeluForward(x.data(), b.data(), o.y.data(), o.slope.data(), rows, n, /*tanh=*/false);
+    k.biasGeluForward(x.data(), nullptr, o.yTanh.data(), o.slopeTanh.data(), rows, n, /*tanh=*/true);
+    // The exact GELU's slope: the tanh form's, far into the negative tail,
+    // is 1 - t^2 of a t one rounding from -1 (up to 1.5e-6 apart between
+    // libm's tanh and SLEEF's), which gy would scale past the bound.
+    k.biasGeluBackward(g.data(), o.slope.data(), o.gh.data(), o.gb.data(), rows, n);
     k.addLayerNormForward(x.data(), d.data(), w.data(), b.data(), o.s.data(), o.ln.data(), o.mean.data(),
                           o.rstd.data(), rows, n, 1e-5);
     k.addLayerNormBackward(d.data(), g.data(), o.s.data(), o.mean.data(), o.rstd.data(), w.data(), o.gx.data(),
@@ -91,8 +99,11 @@ void checkEveryBuild(int64_t rows, int64_t n) {
   for (size_t i = 1; i < builds.size(); ++i) {
     const std::string& name = builds[i].name;
     expectNear(outs[i].y, outs[0].y, name + " bias+gelu");
-    expectNear(outs[i].gh, outs[0].gh, name + " bias+gelu (tanh) dh");
-    expectNear(outs[i].gb, outs[0].gb, name + " bias+gelu (tanh) db", rows);
+    expectNear(outs[i].slope, outs[0].slope, name + " bias+gelu slope");
+    expectNear(outs[i].yTanh, outs[0].yTanh, name + " gelu (tanh)");
+    expectNear(outs[i].slopeTanh, outs[0].slopeTanh, name + " gelu (tanh) slope");
+    expectNear(outs[i].gh, outs[0].gh, name + " bias+gelu dh");
+    expectNear(outs[i].gb, outs[0].gb, name + " bias+gelu db", rows);
     expectNear(outs[i].ln, outs[0].ln, name + " add+layernorm", n);
     expectNear(outs[i].gx, outs[0].gx, name + " add+layernorm dx", n, n == 1);
     expectNear(outs[i].gw, outs[0].gw, name + " add+layernorm dw", rows, n == 1);

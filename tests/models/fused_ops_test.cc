@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,63 @@ TEST(FusedOps, BiasGeluOfABatchOfSequencesAndNoRows) {
   at::Tensor b0 = torch::randn({16}, torch::kDouble).requires_grad_(true);
   detail::biasGeluFused(empty, b0, true).sum().backward();
   EXPECT_EQ(b0.grad().abs().sum().item<double>(), 0.0);
+}
+
+// Without a bias, the MLP's form (the bias inside the product before it);
+// without gradients to keep, the values alone, bitwise those of the
+// autograd path, and no graph.
+TEST(FusedOps, GeluWithoutABiasAndWithoutGradientsToKeep) {
+  torch::manual_seed(3);
+  for (bool tanh : {false, true}) {
+    SCOPED_TRACE(tanh ? "tanh" : "erf");
+    at::Tensor h = (torch::randn({5, 3, 64}) * 3).requires_grad_(true);
+    at::Tensor h2 = h.detach().to(at::kDouble).requires_grad_(true);
+    at::Tensor y = detail::biasGeluFused(h, {}, tanh);
+    at::Tensor want = torch::gelu(h2, tanh ? "tanh" : "none");
+    expectClose(y, want, kFloatTol, "y");
+    const at::Tensor g = torch::randn_like(want);
+    y.backward(g.to(at::kFloat));
+    want.backward(g);
+    expectClose(h.grad(), h2.grad(), kFloatTol, "dh");
+    at::Tensor values;
+    {
+      torch::NoGradGuard noGrad;
+      values = detail::biasGeluFused(h, {}, tanh);
+    }
+    EXPECT_FALSE(values.grad_fn());
+    EXPECT_TRUE(torch::equal(values, y.detach()));
+  }
+}
+
+// Float32's exact GELU takes erf as oneDNN's gelu_erf does (what ATen's
+// float32 CPU gelu runs): within a few float roundings of exact, far
+// into both tails.
+TEST(FusedOps, FloatGeluStaysWithinRoundingOfTheExactOne) {
+  at::Tensor h = torch::linspace(-12, 12, 48001);
+  at::Tensor exact = torch::gelu(h.to(at::kDouble));
+  at::Tensor y = detail::biasGeluFused(h.clone().requires_grad_(true), {}, false);
+  // |error of erf| <= 1.5e-7, times |h| / 2, plus roundings of y.
+  const at::Tensor bound = 1.5e-7 * h.to(at::kDouble).abs() / 2 + 2.4e-7 * (1 + exact.abs());
+  const at::Tensor err = (y.detach().to(at::kDouble) - exact).abs();
+  EXPECT_TRUE((err <= bound).all().item<bool>()) << "worst " << (err - bound).max().item<double>();
+  // Negative tail: zero or a tiny negative value, never a positive one.
+  EXPECT_LE(y.detach().slice(0, 0, 100).max().item<float>(), 0.0f);
+}
+
+// Neither form makes a subnormal float, in its output or its slope, however
+// far into the tails: the products that read them would run on microcode
+// assists.
+TEST(FusedOps, FloatGeluMakesNoSubnormals) {
+  for (bool tanh : {false, true}) {
+    SCOPED_TRACE(tanh ? "tanh" : "erf");
+    at::Tensor h = torch::linspace(-60, 60, 120001).requires_grad_(true);
+    at::Tensor y = detail::biasGeluFused(h, {}, tanh);
+    y.backward(torch::ones_like(y));
+    for (const at::Tensor& t : {y.detach(), h.grad()}) {
+      const at::Tensor subnormal = (t != 0) & (t.abs() < std::numeric_limits<float>::min());
+      EXPECT_EQ(subnormal.sum().item<int64_t>(), 0);
+    }
+  }
 }
 
 // --- residual add + LayerNorm -----------------------------------------------

@@ -15,10 +15,10 @@
 //
 // On by default where the CPU runs a vector build of the loops (AVX2 or
 // AVX-512, src/models/fused_kernels.h): there add + LayerNorm and BatchNorm +
-// ReLU measured faster than the ATen ops (docs/performance.md "Fused
-// kernels"). The baseline build was slower: without AVX2 they stay off, as
-// with COHORT_FUSED_OPS=off. The GPT leaves bias + GELU to ATen either way
-// (models/gpt.cc). The detail:: entry points for tests and benchmarks are
+// ReLU measured faster than the ATen ops, and GELU with its slope kept faster
+// than ATen's GELU and its backward (docs/performance.md "Fused kernels").
+// The baseline build was slower: without AVX2 they stay off, as with
+// COHORT_FUSED_OPS=off. The detail:: entry points for tests and benchmarks are
 // in src/models/fused_ops.h.
 
 #include <ATen/core/Tensor.h>
@@ -29,8 +29,9 @@
 
 namespace cohort::models {
 
-// gelu(h + bias), h [..., n], bias [n]; tanh: GELU's tanh approximation.
-// With h = x W^T from at::matmul it is torch::gelu(linear(x, W, bias)).
+// gelu(h + bias), h [..., n], bias [n] or undefined (gelu(h)); tanh: GELU's
+// tanh approximation. The fused path computes GELU's slope in the same pass
+// and keeps it, in place of h, for a backward of one product.
 at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh);
 
 // s = x + delta and layer_norm(s) over the last dimension (weight [n],

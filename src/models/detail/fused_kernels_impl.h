@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "models/fused_kernels.h"
@@ -83,49 +84,88 @@ void sumBlocks(const std::vector<double>& part, int64_t blocks, int64_t n, T* ou
   }
 }
 
-// --- GELU, as ATen computes it (GeluKernel.cpp) -----------------------------
+// --- GELU and its slope ------------------------------------------------------
 
+// Exact GELU's normal CDF at u, Phi(u) = (1 + erf(u / sqrt 2)) / 2, and its
+// density phi(u) = exp(-u^2 / 2) / sqrt(2 pi). Float32 takes erf as oneDNN's
+// gelu_erf does, which is what ATen's float32 CPU gelu runs (the polynomial of
+// Abramowitz and Stegun 7.1.26 times exp(-x^2), |error| <= 1.5e-7): the
+// density's exp serves both. Float64 keeps SLEEF's erf (1 ulp).
 template <typename T>
-inline Vec<T> gelu(Vec<T> u, bool tanh) {
+inline void normalCdfPdf(const Vec<T>& u, Vec<T>& cdf, Vec<T>& pdf) {
   const Vec<T> half(0.5), one(1);
-  if (tanh) {
-    const Vec<T> beta(M_SQRT2 * M_2_SQRTPI * 0.5), kappa(0.044715);
-    const Vec<T> inner = beta * (u + kappa * (u * u * u));
-    return half * u * (one + inner.tanh());
+  const Vec<T> u2 = u * u;
+  Vec<T> e;
+  if constexpr (std::is_same_v<T, float>) {
+    // Past |u| = 12.6 the tail and the density are zero rather than
+    // subnormal, and exp never makes a subnormal on its way (its argument
+    // held at -80): subnormals cost microcode assists in every operation
+    // that makes or reads them (the products after this one among them),
+    // where the values differ from zero by under 1e-34.
+    e = at::vec::maximum(u2 * Vec<T>(-0.5), Vec<T>(-80)).exp() & (u2 < Vec<T>(160));
+  } else {
+    e = (u2 * Vec<T>(-0.5)).exp();
   }
-  return u * half * (one + (u * Vec<T>(M_SQRT1_2)).erf());
+  pdf = Vec<T>(M_2_SQRTPI * M_SQRT1_2 * 0.5) * e;
+  if constexpr (std::is_same_v<T, float>) {
+    const Vec<T> t = one / (one + Vec<T>(0.3275911 * M_SQRT1_2) * u.abs());
+    Vec<T> poly = Vec<T>(1.061405429);
+    poly = poly * t + Vec<T>(-1.453152027);
+    poly = poly * t + Vec<T>(1.421413741);
+    poly = poly * t + Vec<T>(-0.284496736);
+    poly = poly * t + Vec<T>(0.254829592);
+    // erfc(|u| / sqrt 2) / 2: the CDF's distance from 0 or 1.
+    const Vec<T> tail = half * poly * t * e;
+    cdf = Vec<T>::blendv(one - tail, tail, u < Vec<T>(0));
+  } else {
+    cdf = half * (one + (u * Vec<T>(M_SQRT1_2)).erf());
+  }
 }
 
+// y = gelu(u) and slope = gelu'(u); tanh: GELU's tanh approximation, as
+// ATen's GeluKernel computes it.
 template <typename T>
-inline Vec<T> geluGrad(Vec<T> u, bool tanh) {
+inline void geluAndSlope(const Vec<T>& u, bool tanh, Vec<T>& y, Vec<T>& slope) {
   const Vec<T> half(0.5), one(1);
   if (tanh) {
     const Vec<T> beta(M_SQRT2 * M_2_SQRTPI * 0.5), kappa(0.044715), three(3);
     const Vec<T> u2 = u * u;
-    const Vec<T> t = (beta * (u + kappa * u2 * u)).tanh();
+    // tanh is +-1 in float past |x| = 9.1; held to +-10, its argument
+    // makes no subnormal inside SLEEF's tanh (see normalCdfPdf).
+    Vec<T> inner = beta * (u + kappa * u2 * u);
+    if constexpr (std::is_same_v<T, float>) inner = at::vec::clamp(inner, Vec<T>(-10), Vec<T>(10));
+    const Vec<T> t = inner.tanh();
     const Vec<T> left = half * u;
-    return half * (one + t) + left * (one - t * t) * beta * (one + three * kappa * u2);
+    y = left * (one + t);
+    slope = half * (one + t) + left * (one - t * t) * beta * (one + three * kappa * u2);
+    return;
   }
-  const Vec<T> cdf = half * (one + (u * Vec<T>(M_SQRT1_2)).erf());
-  const Vec<T> pdf = Vec<T>(M_2_SQRTPI * M_SQRT1_2 * 0.5) * (u * u * Vec<T>(-0.5)).exp();
-  return cdf + u * pdf;
+  Vec<T> cdf, pdf;
+  normalCdfPdf(u, cdf, pdf);
+  y = u * cdf;
+  slope = cdf + u * pdf;
 }
 
 template <typename T>
-void biasGeluForward(const T* h, const T* b, T* y, int64_t rows, int64_t n, bool tanh) {
+void biasGeluForward(const T* h, const T* b, T* y, T* slope, int64_t rows, int64_t n, bool tanh) {
   at::parallel_for(0, rows, rowGrain(n), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* hr = h + r * n;
       T* yr = y + r * n;
+      T* sr = slope != nullptr ? slope + r * n : nullptr;
       eachVector<T>(n, [&](int64_t j, int64_t k) {
-        gelu(load(hr + j, k) + load(b + j, k), tanh).store(yr + j, static_cast<int>(k));
+        const Vec<T> u = b != nullptr ? load(hr + j, k) + load(b + j, k) : load(hr + j, k);
+        Vec<T> g, s;
+        geluAndSlope(u, tanh, g, s);
+        g.store(yr + j, static_cast<int>(k));
+        if (sr != nullptr) s.store(sr + j, static_cast<int>(k));
       });
     }
   });
 }
 
 template <typename T>
-void biasGeluBackward(const T* gy, const T* h, const T* b, T* gh, T* gb, int64_t rows, int64_t n, bool tanh) {
+void biasGeluBackward(const T* gy, const T* slope, T* gh, T* gb, int64_t rows, int64_t n) {
   // Blocks of rows; each sums its rows' gradients for the bias in float,
   // at most kBlockRows values per sum.
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
@@ -138,10 +178,10 @@ void biasGeluBackward(const T* gy, const T* h, const T* b, T* gh, T* gb, int64_t
       const int64_t rEnd = std::min(rows, (blk + 1) * kBlockRows);
       for (int64_t r = blk * kBlockRows; r < rEnd; ++r) {
         const T* gyr = gy + r * n;
-        const T* hr = h + r * n;
+        const T* sr = slope + r * n;
         T* ghr = gh + r * n;
         eachVector<T>(n, [&](int64_t j, int64_t k) {
-          const Vec<T> g = load(gyr + j, k) * geluGrad(load(hr + j, k) + load(b + j, k), tanh);
+          const Vec<T> g = load(gyr + j, k) * load(sr + j, k);
           g.store(ghr + j, static_cast<int>(k));
           if (gb != nullptr) (load(acc.data() + j, k) + g).store(acc.data() + j, static_cast<int>(k));
         });
