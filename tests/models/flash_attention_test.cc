@@ -60,6 +60,36 @@ std::string describe(const AttentionShape& s) {
          std::to_string(s.d);
 }
 
+// The softmax's exp in each build this CPU runs (the scalar loop, AVX2,
+// AVX-512), over rows of lengths that leave tails for the narrower ones:
+// within 2 ulp of std::exp down to -87, and exp(-87) = 1.6e-38 below it,
+// where exp's value nears the smallest normal float.
+TEST(FlashAttention, TheExpOfEveryBuildIsWithinTwoUlpOfStdExp) {
+  std::vector<int> builds{0};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) builds.push_back(1);
+  if (__builtin_cpu_supports("avx512f")) builds.push_back(2);
+#endif
+  const float shift = 3.5f;
+  for (int build : builds) {
+    for (int64_t n : {1, 7, 8, 15, 16, 31, 64, 1000}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) x[i] = shift - 100.0f * static_cast<float>(i) / static_cast<float>(n);
+      const std::vector<float> in = x;
+      detail::expShiftedInPlace(build, x.data(), n, shift);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = std::exp(in[i] - shift);
+        if (in[i] - shift >= -87.0f) {
+          EXPECT_LE(std::abs(x[i] - want), 2 * (std::nextafter(want, std::numeric_limits<float>::infinity()) - want))
+              << "build " << build << " n " << n << " x " << in[i] - shift << ": " << x[i] << " vs " << want;
+        } else {
+          EXPECT_NEAR(x[i], std::exp(-87.0f), 2e-45f) << "build " << build << " x " << in[i] - shift;
+        }
+      }
+    }
+  }
+}
+
 TEST(FlashAttention, ForwardEqualsTheWholeMatrixInFloatAndDouble) {
   torch::manual_seed(1);
   for (const AttentionShape& s : kAttentionShapes) {
