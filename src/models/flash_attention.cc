@@ -3,21 +3,18 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <cblas.h>
-#include <immintrin.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
-#include "models/fused_kernels.h"
+#include "models/softmax_rows.h"
 
 namespace cohort::models {
 namespace {
@@ -51,130 +48,27 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alph
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-// exp(x) for x <= 0 (scores minus their row's maximum, or minus the
-// logsumexp): Cephes' expf, 2^n p(r) with |r| <= ln 2 / 2, within 2 ulp of
-// std::exp. Below -87 it gives exp(-87) = 1.6e-38, a normal float where
-// exp's value is about to underflow anyway. The scalar form serves the baseline build and
-// the tails of rows; the vector builds below compute the same steps.
-constexpr float kExpLow = -87.0f, kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-inline float expShifted(float x, float shift) {
-  float y = std::max(x - shift, kExpLow);
-  const float f = std::floor(y * kLog2e + 0.5f);
-  y = y - f * kLn2Hi - f * kLn2Lo;
-  float p = kExpPoly[0];
-  for (int j = 1; j < 6; ++j) p = p * y + kExpPoly[j];
-  p = p * y * y + y + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(f) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-void expInPlaceScalar(float* x, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) x[i] = expShifted(x[i], shift);
-}
-
-// The same steps 8 and 16 lanes wide, in functions compiled for AVX2 with
-// FMA and for AVX-512 (cohort itself is compiled for baseline x86-64, and
-// the compiler left the scalar loop scalar: a third of the kernel's time
-// went there).
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) void expInPlaceAvx2(float* x, int64_t n, float shift) {
-  const __m256 vshift = _mm256_set1_ps(shift), low = _mm256_set1_ps(kExpLow), log2e = _mm256_set1_ps(kLog2e);
-  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-  const __m256 ln2Hi = _mm256_set1_ps(kLn2Hi), ln2Lo = _mm256_set1_ps(kLn2Lo);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 y = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vshift), low);
-    const __m256 f = _mm256_floor_ps(_mm256_fmadd_ps(y, log2e, half));
-    y = _mm256_fnmadd_ps(f, ln2Lo, _mm256_fnmadd_ps(f, ln2Hi, y));
-    __m256 p = _mm256_set1_ps(kExpPoly[0]);
-    for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(kExpPoly[j]));
-    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, y), y, y), one);
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(f), _mm256_set1_epi32(127)), 23);
-    _mm256_storeu_ps(x + i, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+// x[i] = exp(x[i] - shift) for x[i] <= shift, and their sum: float32
+// through the row kernels (models/softmax_rows.h), float64 with std::exp.
+float expInPlace(float* x, int64_t n, float shift) { return detail::expShiftedInPlace(x, n, shift); }
+double expInPlace(double* x, int64_t n, double shift) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
   }
-  expInPlaceScalar(x + i, n - i, shift);
+  return sum;
 }
 
-__attribute__((target("avx512f"))) void expInPlaceAvx512(float* x, int64_t n, float shift) {
-  const __m512 vshift = _mm512_set1_ps(shift), low = _mm512_set1_ps(kExpLow), log2e = _mm512_set1_ps(kLog2e);
-  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-  const __m512 ln2Hi = _mm512_set1_ps(kLn2Hi), ln2Lo = _mm512_set1_ps(kLn2Lo);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 y = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vshift), low);
-    const __m512 f = _mm512_floor_ps(_mm512_fmadd_ps(y, log2e, half));
-    y = _mm512_fnmadd_ps(f, ln2Lo, _mm512_fnmadd_ps(f, ln2Hi, y));
-    __m512 p = _mm512_set1_ps(kExpPoly[0]);
-    for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(kExpPoly[j]));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, y), y, y), one);
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(f), _mm512_set1_epi32(127)), 23);
-    _mm512_storeu_ps(x + i, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
-  }
-  expInPlaceAvx2(x + i, n - i, shift);
-}
-
-// 2: AVX-512, 1: AVX2 with FMA, 0: neither: the build the fused kernels
-// take (models/fused_kernels.h), which ATEN_CPU_CAPABILITY holds as it
-// holds LibTorch's.
-int expBuild() {
-  static const int build = [] {
-    const std::string isa = detail::fusedKernelsIsa();
-    return isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0;
-  }();
-  return build;
-}
-#endif
-
-// x[i] = exp(x[i] - shift), i < n.
-void expInPlace(float* x, int64_t n, float shift) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  const int build = expBuild();
-  if (build == 2) return expInPlaceAvx512(x, n, shift);
-  if (build == 1) return expInPlaceAvx2(x, n, shift);
-#endif
-  expInPlaceScalar(x, n, shift);
-}
-void expInPlace(double* x, int64_t n, double shift) {
-  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
-}
-
-using at::vec::Vectorized;
-
-// The largest of x[0..n): lanes of vectors, then the lanes (a scalar
-// std::max loop kept its running maximum in memory, a store and a load per
-// element).
-template <class T>
-T rowMax(const T* x, int64_t n) {
-  using V = Vectorized<T>;
-  V acc(-std::numeric_limits<T>::infinity());
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) acc = at::vec::maximum(acc, V::loadu(x + i));
-  T lanes[V::size()];
-  acc.store(lanes);
-  T m = lanes[0];
-  for (int64_t j = 1; j < V::size(); ++j) m = lanes[j] > m ? lanes[j] : m;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+// The largest of x[0..n).
+float rowMax(const float* x, int64_t n) { return detail::rowMax(x, n); }
+double rowMax(const double* x, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
 
-template <class T>
-T rowSum(const T* x, int64_t n) {
-  using V = Vectorized<T>;
-  V acc(T(0));
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) acc = acc + V::loadu(x + i);
-  T lanes[V::size()];
-  acc.store(lanes);
-  T s = 0;
-  for (int64_t j = 0; j < V::size(); ++j) s += lanes[j];
-  for (; i < n; ++i) s += x[i];
-  return s;
-}
+using at::vec::Vectorized;
 
 // x[i] *= a.
 template <class T>
@@ -277,9 +171,8 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
           // Keys after query q0 + r are masked: only the diagonal block has any.
           const int64_t valid = std::min(nk, q0 + r - k0 + 1);
           const T mx = std::max(m[r], rowMax(row, valid));
-          expInPlace(row, valid, mx);
+          const T sum = expInPlace(row, valid, mx);
           std::fill(row + valid, row + nk, T(0));
-          const T sum = rowSum(row, valid);
           // The first block's correction multiplies zeros: exp(-inf) = 0.
           const T correction = m[r] == mx ? T(1) : std::exp(m[r] - mx);
           if (correction != T(1)) scaleRow(acc.data() + r * nd, nd, correction);
@@ -407,15 +300,6 @@ at::Tensor flashAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 namespace detail {
-
-void expShiftedInPlace(int build, float* x, int64_t n, float shift) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (build == 2) return flash::expInPlaceAvx512(x, n, shift);
-  if (build == 1) return flash::expInPlaceAvx2(x, n, shift);
-#endif
-  if (build < 0) return flash::expInPlace(x, n, shift);
-  flash::expInPlaceScalar(x, n, shift);
-}
 
 std::pair<at::Tensor, at::Tensor> flashForward(const at::Tensor& qIn, const at::Tensor& kIn, const at::Tensor& vIn) {
   const at::Tensor q = flash::readable(qIn), k = flash::readable(kIn), v = flash::readable(vIn);

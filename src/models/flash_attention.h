@@ -55,10 +55,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flashBackward(const at::Tensor& q
                                                              const at::Tensor& v, const at::Tensor& out,
                                                              const at::Tensor& logsumexp, const at::Tensor& dOut);
 
-// x[i] = exp(x[i] - shift) for x[i] <= shift, i < n, as the kernels
-// compute it: `build` 0 the scalar loop, 1 AVX2 with FMA, 2 AVX-512 (the
-// caller checks the CPU has them); -1 the one the kernels take here.
-void expShiftedInPlace(int build, float* x, int64_t n, float shift);
-
 }  // namespace detail
 }  // namespace cohort::models

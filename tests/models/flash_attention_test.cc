@@ -10,11 +10,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "cohort/models/gpt.h"
+#include "models/softmax_rows.h"
 
 namespace cohort::models {
 namespace {
@@ -60,34 +62,42 @@ std::string describe(const AttentionShape& s) {
          std::to_string(s.d);
 }
 
-// The softmax's exp in each build this CPU runs (the scalar loop, AVX2,
-// AVX-512), over rows of lengths that leave tails for the narrower ones:
-// within 2 ulp of std::exp down to -87, and exp(-87) = 1.6e-38 below it,
-// where exp's value nears the smallest normal float.
-TEST(FlashAttention, TheExpOfEveryBuildIsWithinTwoUlpOfStdExp) {
-  std::vector<int> builds{0};
+// The softmax's row kernels in each build this CPU runs (the scalar loops,
+// AVX2, AVX-512), over rows of lengths that leave tails for the narrower
+// ones: exp within 2 ulp of std::exp down to -87 and exp(-87) = 1.6e-38
+// below, the returned sum the sum of what was written (to float rounding),
+// and the maximum exactly the largest element.
+TEST(FlashAttention, TheRowKernelsOfEveryBuildAgreeWithTheStandardLibrary) {
+  using detail::RowBuild;
+  std::vector<RowBuild> builds{RowBuild::scalar};
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) builds.push_back(1);
-  if (__builtin_cpu_supports("avx512f")) builds.push_back(2);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) builds.push_back(RowBuild::avx2);
+  if (__builtin_cpu_supports("avx512f")) builds.push_back(RowBuild::avx512);
 #endif
   const float shift = 3.5f;
-  for (int build : builds) {
+  for (RowBuild build : builds) {
     for (int64_t n : {1, 7, 8, 15, 16, 31, 64, 1000}) {
+      SCOPED_TRACE(testing::Message() << "build " << static_cast<int>(build) << " n " << n);
       std::vector<float> x(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) x[i] = shift - 100.0f * static_cast<float>(i) / static_cast<float>(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = shift - 100.0f * static_cast<float>((i * 37) % n) / static_cast<float>(n);
+      EXPECT_EQ(detail::rowMax(build, x.data(), n), *std::max_element(x.begin(), x.end()));
       const std::vector<float> in = x;
-      detail::expShiftedInPlace(build, x.data(), n, shift);
+      const float sum = detail::expShiftedInPlace(build, x.data(), n, shift);
+      double written = 0;
       for (int64_t i = 0; i < n; ++i) {
+        written += x[i];
         const float want = std::exp(in[i] - shift);
         if (in[i] - shift >= -87.0f) {
           EXPECT_LE(std::abs(x[i] - want), 2 * (std::nextafter(want, std::numeric_limits<float>::infinity()) - want))
-              << "build " << build << " n " << n << " x " << in[i] - shift << ": " << x[i] << " vs " << want;
+              << "x " << in[i] - shift << ": " << x[i] << " vs " << want;
         } else {
-          EXPECT_NEAR(x[i], std::exp(-87.0f), 2e-45f) << "build " << build << " x " << in[i] - shift;
+          EXPECT_NEAR(x[i], std::exp(-87.0f), 2e-45f) << "x " << in[i] - shift;
         }
       }
+      EXPECT_NEAR(sum, written, 1e-6 * written);
     }
   }
+  EXPECT_EQ(detail::rowMax(RowBuild::scalar, nullptr, 0), -std::numeric_limits<float>::infinity());
 }
 
 TEST(FlashAttention, ForwardEqualsTheWholeMatrixInFloatAndDouble) {
