@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <utility>
 
 #include "cohort/core/env.h"
 #include "models/fused_kernels.h"
@@ -42,23 +43,31 @@ void checkTaken(std::initializer_list<at::Tensor> tensors, const char* op) {
               ": the fused kernels take CPU tensors of float32 or float64, of one dtype, autocast off");
 }
 
+// gelu(h + bias) (bias may be undefined) and, with `slope`, gelu'(h + bias),
+// in one pass: {y, slope or undefined}.
+std::pair<at::Tensor, at::Tensor> geluPass(const at::Tensor& h, const at::Tensor& bias, bool tanh, bool slope) {
+  const at::Tensor hc = h.contiguous();
+  const at::Tensor bc = bias.defined() ? bias.contiguous() : at::Tensor();
+  at::Tensor y = at::empty_like(hc, at::MemoryFormat::Contiguous);
+  at::Tensor s = slope ? at::empty_like(hc, at::MemoryFormat::Contiguous) : at::Tensor();
+  const int64_t n = hc.dim() == 0 ? 1 : hc.size(-1), rows = n == 0 ? 0 : hc.numel() / n;
+  byDtype(hc, [&](auto tag) {
+    using T = decltype(tag);
+    detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), mutablePtr<T>(s), rows, n, tanh);
+  });
+  return {y, s};
+}
+
 // Keeps gelu'(h + b) from the forward pass (the size of the h it replaces
 // among the saved tensors): the backward is one product, no erf or exp.
 class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const c10::optional<at::Tensor>& bias,
                             bool tanh) {
-    const at::Tensor hc = h.contiguous();
-    const at::Tensor bc = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
-    at::Tensor y = at::empty_like(hc, at::MemoryFormat::Contiguous);
-    at::Tensor slope = at::empty_like(hc, at::MemoryFormat::Contiguous);
-    const int64_t n = hc.dim() == 0 ? 1 : hc.size(-1), rows = n == 0 ? 0 : hc.numel() / n;
-    byDtype(hc, [&](auto tag) {
-      using T = decltype(tag);
-      detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), mutablePtr<T>(slope), rows, n, tanh);
-    });
+    const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+    auto [y, slope] = geluPass(h, b, tanh, /*slope=*/true);
     ctx->save_for_backward({slope});
-    ctx->saved_data["bias"] = bc.defined();
+    ctx->saved_data["bias"] = b.defined();
     return y;
   }
 
@@ -77,19 +86,6 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     return {gh, gb, at::Tensor()};
   }
 };
-
-// Without a gradient to keep: the forward alone, no slope, no autograd node.
-at::Tensor biasGeluValues(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
-  const at::Tensor hc = h.contiguous();
-  const at::Tensor bc = bias.defined() ? bias.contiguous() : at::Tensor();
-  at::Tensor y = at::empty_like(hc, at::MemoryFormat::Contiguous);
-  const int64_t n = hc.dim() == 0 ? 1 : hc.size(-1), rows = n == 0 ? 0 : hc.numel() / n;
-  byDtype(hc, [&](auto tag) {
-    using T = decltype(tag);
-    detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), nullptr, rows, n, tanh);
-  });
-  return y;
-}
 
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
  public:
@@ -255,7 +251,8 @@ at::Tensor biasGeluFused(const at::Tensor& h, const at::Tensor& bias, bool tanh)
               "biasGelu: h [..., n] and bias [n] or none, got ", h.sizes(), " and ", bias.sizes());
   fusedCalls.fetch_add(1, std::memory_order_relaxed);
   const bool keep = at::GradMode::is_enabled() && (h.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (!keep) return biasGeluValues(h, bias, tanh);
+  // Without a gradient to keep: the values alone, no slope, no autograd node.
+  if (!keep) return geluPass(h, bias, tanh, /*slope=*/false).first;
   const c10::optional<at::Tensor> b = bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
   return BiasGeluFunction::apply(h, b, tanh);
 }
