@@ -179,6 +179,15 @@ TEST(GradCopy, EveryNonFiniteElementIsFoundWhereverItIs) {
   img[1][2][3][4] = std::nanf("");
   EXPECT_EQ(detail::copyCheckingFinite(other, img), std::nullopt);
   EXPECT_TRUE(torch::equal(other.isnan(), img.isnan()));
+  // A 1x1 convolution's channels-last weight and a gradient whose size-1
+  // dimensions have other strides: the same memory order, so checked.
+  at::Tensor view = torch::empty_strided({8, 4, 1, 1}, {4, 1, 4, 4});
+  at::Tensor grad = torch::randn({8, 4, 1, 1});
+  ASSERT_NE(view.strides(), grad.strides());
+  EXPECT_EQ(detail::copyCheckingFinite(view, grad), std::optional<bool>(true));
+  EXPECT_TRUE(torch::equal(view, grad));
+  grad[5][2][0][0] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(detail::copyCheckingFinite(view, grad), std::optional<bool>(false));
 }
 
 TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
