@@ -49,6 +49,14 @@ float maxScalar(const float* x, int64_t n) {
 }
 
 #ifdef COHORT_ROW_VECTORS
+// GCC 12 takes the self-initialized operand of its own _mm512_undefined_*
+// (inside _mm512_max_ps, _mm512_cvtps_epi32, _mm512_reduce_*_ps) for an uninitialized one once
+// inlined into a function compiled by a target attribute.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 __attribute__((target("avx2,fma"))) float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -118,6 +126,9 @@ __attribute__((target("avx512f"))) float maxAvx512(const float* x, int64_t n) {
   for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + i));
   return std::max(_mm512_reduce_max_ps(acc), maxAvx2(x + i, n - i));
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace
