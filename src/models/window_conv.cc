@@ -7,6 +7,7 @@
 
 #include "cohort/core/sgemm.h"
 #include "cohort/models/linear.h"
+#include "models/gemm_conv.h"
 
 namespace cohort::models {
 namespace {
@@ -169,7 +170,7 @@ bool windowConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
 
 at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   Window w;
-  if (!windowTaken(conv, x, &w)) return conv.forward(x);
+  if (!windowTaken(conv, x, &w)) return gemmConvTakes(conv, x) ? gemmConv(conv, x) : conv.forward(x);
   windowCalls.fetch_add(1, std::memory_order_relaxed);
   const bool hasBias = conv.bias.defined();
   return WindowConvFunction::apply(x, conv.weight, hasBias ? conv.bias : conv.weight.new_empty({0}), hasBias,

@@ -15,6 +15,10 @@
 // COHORT_GEMM=aten), groups 1, dilation 1, zero padding given as numbers;
 // otherwise, and for outputs larger than one pixel, the module's own
 // forward. The backward is not differentiable again (no double backward).
+//
+// conv2d() takes the window product first, then for larger outputs a
+// layer whose weight outweighs its output as one product over the unfolded
+// input (models/gemm_conv.h), then the module's forward.
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/conv.h>
@@ -23,7 +27,8 @@
 
 namespace cohort::models {
 
-// conv(x), x [N, C, H, W].
+// conv(x), x [N, C, H, W]: the window product, the unfolded product or the
+// module's forward, as above.
 at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x);
 
 // Whether conv2d() takes the window product for x.

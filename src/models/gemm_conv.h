@@ -1,0 +1,45 @@
+#pragma once
+
+// A convolution as one matrix product over its unfolded input, for layers
+// whose weight outweighs their output: out channels >= the batch's output
+// pixels (ResNet-50's last layer group at 64 px, batch 8: 512 and 2048
+// channels on 32 pixels). oneDNN's direct convolution reorders the weight
+// into its blocked layout for the forward, again (transposed blocks) for
+// the input gradient, and reorders the weight gradient back: three passes
+// over the largest tensor of the layer, each costing more than the
+// layer's arithmetic at these shapes. Here the input is unfolded into
+// [N x Ho x Wo, taps] in the order the weight is stored (channels-last
+// weights: kh, kw, C; contiguous: C, kh, kw), so the weight and its
+// gradient are read and written in place as [out, taps] matrices by
+// oneDNN's sgemm (core/sgemm.h): output = cols W^T, input gradient =
+// fold(g W), weight gradient = g^T cols. A 1x1 convolution with stride 1
+// on a channels-last input unfolds to the input itself. The output keeps
+// the input's memory format; the weight gradient the weight's. Results
+// change by float rounding only (tests/models/gemm_conv_test.cc).
+//
+// Taken for CPU float32 tensors where linear layers take oneDNN
+// (cohort/models/linear.h: not under autocast, compute.onednn on, not
+// COHORT_GEMM=aten), groups 1, dilation 1, zero padding given as numbers,
+// a weight dense as channels-last or contiguous, and out channels >= output
+// pixels; otherwise the module's own forward (models/window_conv.h's
+// conv2d decides). The unfolded input is kept for the backward: by the
+// rule above it is no larger than the weight. The backward is not
+// differentiable again (no double backward).
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/conv.h>
+
+#include <cstdint>
+
+namespace cohort::models {
+
+// Whether gemmConv() takes x through `conv`.
+bool gemmConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x);
+
+// conv(x) as a matrix product; gemmConvTakes(conv, x) must hold.
+at::Tensor gemmConv(torch::nn::Conv2dImpl& conv, const at::Tensor& x);
+
+// Calls that took the product in this process: tests check a model takes it.
+int64_t gemmConvCalls();
+
+}  // namespace cohort::models
