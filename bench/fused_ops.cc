@@ -6,7 +6,8 @@
 // channels-first and channels-last; linear layers through oneDNN
 // (models/linear.h) against at::linear at the GPT's and decoding's shapes;
 // one-pixel convolutions as a product over their window
-// (models/window_conv.h) against the module's forward;
+// (models/window_conv.h) and weight-heavy ones over the unfolded input
+// (models/gemm_conv.h) against the module's forward;
 // on 1 and 2 threads. Both sides allocate as a cohort rank does
 // (compute.allocator: keep, core/malloc_policy.h), unless another allocator
 // is preloaded. Prints the CPU, a table, and one JSON line per row.
@@ -131,6 +132,29 @@ std::vector<Case> cases() {
     auto g = torch::randn({c.x[0], c.out, 1, 1});
     out.push_back({"conv 1 pixel (window)",
                    fmt::format("[{}]*{}x{} s{}", fmt::join(c.x, ","), c.k, c.k, c.stride),
+                   [=] { conv->forward(x).backward(g); }, [=] { models::conv2d(*conv, x).backward(g); }});
+  }
+  // Convolutions whose weight outweighs their output over the unfolded
+  // input (models/gemm_conv.h), channels-last as the models run them:
+  // ResNet-50's layer4 and layer3 at 64 px, batch 8; ResNet-18's layer3 at
+  // 32 px, batch 32.
+  for (const OnePixel& c : std::vector<OnePixel>{{{8, 512, 2, 2}, 512, 3, 1},
+                                                 {{8, 512, 2, 2}, 2048, 1, 1},
+                                                 {{8, 2048, 2, 2}, 512, 1, 1},
+                                                 {{8, 1024, 4, 4}, 2048, 1, 2},
+                                                 {{8, 256, 4, 4}, 256, 3, 1},
+                                                 {{8, 1024, 4, 4}, 256, 1, 1},
+                                                 {{32, 256, 2, 2}, 256, 3, 1}}) {
+    auto conv = std::make_shared<torch::nn::Conv2dImpl>(
+        torch::nn::Conv2dOptions(c.x[1], c.out, c.k).stride(c.stride).padding(c.k / 2).bias(false));
+    {
+      torch::NoGradGuard noGrad;
+      conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+    auto x = torch::randn(c.x).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+    const int64_t side = (c.x[2] - 1) / c.stride + 1;
+    auto g = torch::randn({c.x[0], c.out, side, side}).contiguous(at::MemoryFormat::ChannelsLast);
+    out.push_back({"conv (unfolded, nhwc)", fmt::format("[{}]*{}x{}->{} s{}", fmt::join(c.x, ","), c.k, c.k, c.out, c.stride),
                    [=] { conv->forward(x).backward(g); }, [=] { models::conv2d(*conv, x).backward(g); }});
   }
   const std::vector<std::vector<int64_t>> images = {{32, 64, 32, 32}, {32, 128, 16, 16}, {32, 256, 8, 8},

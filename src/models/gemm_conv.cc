@@ -9,6 +9,7 @@
 
 #include "cohort/core/sgemm.h"
 #include "cohort/models/linear.h"
+#include "models/detail/weight_product.h"
 
 namespace cohort::models {
 namespace {
@@ -145,6 +146,11 @@ at::Tensor fold(const at::Tensor& gcols, const Geometry& g, at::MemoryFormat for
   return gx;
 }
 
+// The weight as the [out, taps] matrix it is stored as.
+at::Tensor matrixOf(const at::Tensor& weight, const Geometry& g) {
+  return weight.as_strided({g.out, g.taps()}, {g.taps(), 1});
+}
+
 at::MemoryFormat formatOf(const at::Tensor& x) {
   return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
                                                                        : at::MemoryFormat::Contiguous;
@@ -158,13 +164,8 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
     const Geometry g = Geometry::unpack(geometry);
     const at::MemoryFormat format = formatOf(x);
     const at::Tensor cols = unfold(x, g);
-    at::Tensor y = at::empty({g.rows(), g.out}, x.options());
-    {
-      RECORD_FUNCTION("cohort::gemm_conv", std::vector<c10::IValue>({cols, weight}));
-      oneDnnSgemm(false, true, g.rows(), g.out, g.taps(), 1.0f, cols.data_ptr<float>(), g.taps(),
-                  weight.data_ptr<float>(), g.taps(), 0.0f, y.data_ptr<float>(), g.out);
-    }
-    if (hasBias) y.add_(bias);
+    const at::Tensor y = detail::weightProduct(cols, matrixOf(weight, g), hasBias ? bias : at::Tensor(),
+                                               "cohort::gemm_conv");
     ctx->save_for_backward({cols, weight});
     ctx->saved_data["geometry"] = geometry;
     ctx->saved_data["bias"] = hasBias;
@@ -186,7 +187,7 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
     if (ctx->needs_input_grad(0)) {
       at::Tensor gcols = at::empty({g.rows(), g.taps()}, cols.options());
       {
-        RECORD_FUNCTION("cohort::gemm_conv_grad_input", std::vector<c10::IValue>({gy, weight}));
+        RECORD_FUNCTION("cohort::gemm_conv_grad_input", std::vector<c10::IValue>({gy, matrixOf(weight, g)}));
         oneDnnSgemm(false, false, g.rows(), g.taps(), g.out, 1.0f, gy.data_ptr<float>(), g.out,
                     weight.data_ptr<float>(), g.taps(), 0.0f, gcols.data_ptr<float>(), g.taps());
       }

@@ -10,6 +10,7 @@
 
 #include "cohort/core/env.h"
 #include "cohort/core/sgemm.h"
+#include "models/detail/weight_product.h"
 
 namespace cohort::models {
 namespace {
@@ -27,28 +28,14 @@ bool takesOneDnn(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
          (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)));
 }
 
-// y [m, out] = x [m, in] W^T (+ bias), into a new tensor.
-at::Tensor forwardProduct(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias) {
-  const int64_t m = x2.size(0), in = x2.size(1), out = w.size(0);
-  at::Tensor y = at::empty({m, out}, x2.options());
-  if (m == 0 || out == 0) return y;
-  if (in == 0) {
-    y.zero_();
-  } else {
-    RECORD_FUNCTION("cohort::linear", std::vector<c10::IValue>({x2, w}));
-    oneDnnSgemm(false, true, m, out, in, 1.0f, x2.data_ptr<float>(), in, w.data_ptr<float>(), in, 0.0f,
-                y.data_ptr<float>(), out);
-  }
-  if (bias.defined()) y.add_(bias);
-  return y;
-}
-
 // y [..., out] = x [..., in] W^T (+ bias).
 at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = weight.size(0);
-  return forwardProduct(x.reshape({rows, weight.size(1)}).contiguous(), weight.contiguous(), bias).view(shape);
+  return detail::weightProduct(x.reshape({rows, weight.size(1)}).contiguous(), weight.contiguous(), bias,
+                               "cohort::linear")
+      .view(shape);
 }
 
 class OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFunction> {
@@ -139,5 +126,30 @@ std::string linearGemmDescription() {
 }
 
 int64_t oneDnnLinearCalls() { return oneDnnCalls.load(std::memory_order_relaxed); }
+
+namespace detail {
+
+at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const char* name) {
+  const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
+  at::Tensor y = at::empty({m, out}, x.options());
+  if (m == 0 || out == 0) return y;
+  if (in == 0) {
+    y.zero_();
+  } else if (m >= 16 && m < 128) {
+    RECORD_FUNCTION(name, std::vector<c10::IValue>({x, weight}));
+    at::Tensor yt = at::empty({out, m}, x.options());
+    oneDnnSgemm(false, true, out, m, in, 1.0f, weight.data_ptr<float>(), in, x.data_ptr<float>(), in, 0.0f,
+                yt.data_ptr<float>(), m);
+    y.copy_(yt.t());
+  } else {
+    RECORD_FUNCTION(name, std::vector<c10::IValue>({x, weight}));
+    oneDnnSgemm(false, true, m, out, in, 1.0f, x.data_ptr<float>(), in, weight.data_ptr<float>(), in, 0.0f,
+                y.data_ptr<float>(), out);
+  }
+  if (bias.defined()) y.add_(bias);
+  return y;
+}
+
+}  // namespace detail
 
 }  // namespace cohort::models

@@ -7,6 +7,7 @@
 
 #include "cohort/core/sgemm.h"
 #include "cohort/models/linear.h"
+#include "models/detail/weight_product.h"
 #include "models/gemm_conv.h"
 
 namespace cohort::models {
@@ -91,14 +92,7 @@ class WindowConvFunction : public torch::autograd::Function<WindowConvFunction> 
     const at::Tensor x2 = x.slice(2, 0, rows).slice(3, 0, cols).contiguous().view({n, -1});
     at::Tensor w2 = at::empty({out, weight.size(1) * rows * cols}, weight.options());
     windowTaps(weight, w2, rows, cols, padH, padW, false);
-    const int64_t k = x2.size(1);
-    at::Tensor y = at::empty({n, out}, x.options());
-    if (n > 0 && out > 0) {
-      RECORD_FUNCTION("cohort::window_conv", std::vector<c10::IValue>({x2, w2}));
-      oneDnnSgemm(false, true, n, out, k, 1.0f, x2.data_ptr<float>(), k, w2.data_ptr<float>(), k, 0.0f,
-                  y.data_ptr<float>(), out);
-    }
-    if (hasBias) y.add_(bias);
+    const at::Tensor y = detail::weightProduct(x2, w2, hasBias ? bias : at::Tensor(), "cohort::window_conv");
     ctx->save_for_backward({x2, w2});
     ctx->saved_data["x"] = x.sizes().vec();
     ctx->saved_data["w"] = weight.sizes().vec();

@@ -71,11 +71,19 @@ std::vector<OperatorRow> operatorTable(std::vector<ProfiledEvent> events) {
 namespace detail {
 
 double productFlops(const std::string& name, const std::vector<std::vector<int64_t>>& shapes) {
-  // Linear layers' products through oneDNN (models/linear.h): A [m, p] and
+  // Linear layers' products through oneDNN (models/linear.h), and
+  // convolutions' (models/window_conv.h, models/gemm_conv.h): A [m, p] and
   // B [q, r], m p q for the forward (x, W) and m p r for the gradients
   // (dy, W) and (dy, x).
-  const bool linearForward = name == "cohort::linear";
-  if (linearForward || name == "cohort::linear_grad_input" || name == "cohort::linear_grad_weight") {
+  std::string base = name;
+  for (const char* grad : {"_grad_input", "_grad_weight"}) {
+    const std::string suffix = grad;
+    if (base.size() > suffix.size() && base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      base.resize(base.size() - suffix.size());
+    }
+  }
+  const bool linearForward = base == name;
+  if (base == "cohort::linear" || base == "cohort::gemm_conv" || base == "cohort::window_conv") {
     if (shapes.size() < 2 || shapes[0].size() != 2 || shapes[1].size() != 2) return -1;
     return 2.0 * static_cast<double>(shapes[0][0]) * static_cast<double>(shapes[0][1]) *
            static_cast<double>(shapes[1][linearForward ? 0 : 1]);

@@ -65,6 +65,13 @@ TEST(OperatorTable, MatrixProductsCountTheirFlopsFromTheirShapes) {
   EXPECT_DOUBLE_EQ(productFlops("cohort::linear_grad_input", {{4096, 384}, {384, 128}}), 2.0 * 4096 * 128 * 384);
   EXPECT_DOUBLE_EQ(productFlops("cohort::linear_grad_weight", {{4096, 384}, {4096, 128}}), 2.0 * 4096 * 128 * 384);
   EXPECT_LT(productFlops("cohort::linear", {{4096, 128}}), 0);
+  // Convolutions as products (models/gemm_conv.h, models/window_conv.h):
+  // unfolded input [rows, taps], W [out, taps], dy [rows, out].
+  EXPECT_DOUBLE_EQ(productFlops("cohort::gemm_conv", {{32, 4608}, {512, 4608}}), 2.0 * 32 * 4608 * 512);
+  EXPECT_DOUBLE_EQ(productFlops("cohort::gemm_conv_grad_input", {{32, 512}, {512, 4608}}), 2.0 * 32 * 4608 * 512);
+  EXPECT_DOUBLE_EQ(productFlops("cohort::gemm_conv_grad_weight", {{32, 512}, {32, 4608}}), 2.0 * 32 * 4608 * 512);
+  EXPECT_DOUBLE_EQ(productFlops("cohort::window_conv", {{32, 512}, {512, 512}}), 2.0 * 32 * 512 * 512);
+  EXPECT_LT(productFlops("cohort::gemm_conv_grad_bias", {{32, 512}, {512, 4608}}), 0);
   EXPECT_LT(productFlops("aten::relu", {{8, 8}}), 0);
   EXPECT_LT(productFlops("aten::mm", {{8, 8}}), 0);           // shapes missing
   EXPECT_LT(productFlops("aten::bmm", {{8, 8}, {8, 8}}), 0);  // not batched
