@@ -137,14 +137,18 @@ std::vector<Case> cases() {
   // Convolutions whose weight outweighs their output over the unfolded
   // input (models/gemm_conv.h), channels-last as the models run them:
   // ResNet-50's layer4 and layer3 at 64 px, batch 8; ResNet-18's layer3 at
-  // 32 px, batch 32.
+  // 32 px, batch 32; ResNet-50's layer4 at 224 px, batch 8 (392 output
+  // pixels: the rule's edge).
   for (const OnePixel& c : std::vector<OnePixel>{{{8, 512, 2, 2}, 512, 3, 1},
                                                  {{8, 512, 2, 2}, 2048, 1, 1},
                                                  {{8, 2048, 2, 2}, 512, 1, 1},
                                                  {{8, 1024, 4, 4}, 2048, 1, 2},
                                                  {{8, 256, 4, 4}, 256, 3, 1},
                                                  {{8, 1024, 4, 4}, 256, 1, 1},
-                                                 {{32, 256, 2, 2}, 256, 3, 1}}) {
+                                                 {{32, 256, 2, 2}, 256, 3, 1},
+                                                 {{8, 512, 7, 7}, 512, 3, 1},
+                                                 {{8, 512, 7, 7}, 2048, 1, 1},
+                                                 {{8, 2048, 7, 7}, 512, 1, 1}}) {
     auto conv = std::make_shared<torch::nn::Conv2dImpl>(
         torch::nn::Conv2dOptions(c.x[1], c.out, c.k).stride(c.stride).padding(c.k / 2).bias(false));
     {

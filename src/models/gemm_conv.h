@@ -21,8 +21,10 @@
 // (cohort/models/linear.h: not under autocast, compute.onednn on, not
 // COHORT_GEMM=aten), groups 1, dilation 1, zero padding given as numbers,
 // a weight dense as channels-last or contiguous, and out channels >= output
-// pixels; otherwise the module's own forward (models/window_conv.h's
-// conv2d decides). The unfolded input is kept for the backward: by the
+// pixels (N x Ho x Wo); for a kernel of several taps also out channels >
+// twice the output pixels or output rows of at most 2 pixels (measured:
+// docs/performance.md); otherwise the module's own forward
+// (models/window_conv.h's conv2d decides). The unfolded input is kept for the backward: by the
 // rule above it is no larger than the weight. The backward is not
 // differentiable again (no double backward).
 
