@@ -3,8 +3,13 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "cohort/core/sgemm.h"
@@ -212,13 +217,97 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
 
 }  // namespace
 
+namespace {
+
+std::mutex choicesMutex;
+std::map<std::vector<int64_t>, bool> unfoldedChoices;  // under choicesMutex
+
+struct Recording {
+  std::vector<UnfoldedCandidate> candidates;
+  std::set<std::vector<int64_t>> seen;
+};
+thread_local Recording* recording = nullptr;
+
+// The geometry, then whether x is channels-last and whether there is a bias.
+std::vector<int64_t> keyOf(const Geometry& g, bool channelsLast, bool bias) {
+  std::vector<int64_t> key = g.pack();
+  key.push_back(channelsLast ? 1 : 0);
+  key.push_back(bias ? 1 : 0);
+  return key;
+}
+
+}  // namespace
+
 bool gemmConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   const at::Tensor& b = conv.bias;
   if (!oneDnnProductsTake(x) || !oneDnnProductsTake(conv.weight) || (b.defined() && !oneDnnProductsTake(b))) {
     return false;
   }
   Geometry g;
-  return geometryOf(conv, x, &g);
+  if (!geometryOf(conv, x, &g)) return false;
+  const std::vector<int64_t> key = keyOf(g, formatOf(x) == at::MemoryFormat::ChannelsLast, b.defined());
+  if (recording != nullptr && recording->seen.insert(key).second) {
+    recording->candidates.push_back(
+        {key, fmt::format("[{},{},{},{}]{} {}x{} s{} -> {}", g.n, g.c, g.h, g.w,
+                          formatOf(x) == at::MemoryFormat::ChannelsLast ? " nhwc" : "", g.kh, g.kw, g.sh, g.out)});
+  }
+  std::lock_guard<std::mutex> lock(choicesMutex);
+  const auto chosen = unfoldedChoices.find(key);
+  return chosen == unfoldedChoices.end() || chosen->second;
+}
+
+std::vector<UnfoldedCandidate> recordUnfoldedCandidates(const std::function<void()>& pass) {
+  Recording r;
+  Recording* const outer = recording;
+  recording = &r;
+  try {
+    pass();
+  } catch (...) {
+    recording = outer;
+    throw;
+  }
+  recording = outer;
+  return std::move(r.candidates);
+}
+
+std::array<double, 2> timeUnfoldedCandidate(const UnfoldedCandidate& candidate, int rounds) {
+  TORCH_CHECK(candidate.key.size() == 16, "timeUnfoldedCandidate: a key of ", candidate.key.size(), " values");
+  const Geometry g = Geometry::unpack(candidate.key);
+  const at::MemoryFormat format =
+      candidate.key[14] != 0 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  torch::AutoGradMode gradients(true);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(g.c, g.out, {g.kh, g.kw})
+                             .stride({g.sh, g.sw})
+                             .padding({g.ph, g.pw})
+                             .bias(candidate.key[15] != 0));
+  if (g.tapsLast) {
+    torch::NoGradGuard noGrad;
+    conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  const at::Tensor x = torch::randn({g.n, g.c, g.h, g.w}).contiguous(format).requires_grad_(true);
+  const at::Tensor gy = torch::randn({g.n, g.out, g.oh, g.ow}).contiguous(format);
+  auto pass = [&](bool unfolded) {
+    const auto start = std::chrono::steady_clock::now();
+    (unfolded ? gemmConv(*conv, x) : conv->forward(x)).backward(gy);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (at::Tensor t : {x, conv->weight, conv->bias}) {
+      if (t.defined()) t.mutable_grad() = at::Tensor();
+    }
+    return seconds;
+  };
+  pass(false);
+  pass(true);
+  std::array<double, 2> best{1e300, 1e300};
+  for (int r = 0; r < rounds; ++r) {
+    best[0] = std::min(best[0], pass(false));
+    best[1] = std::min(best[1], pass(true));
+  }
+  return best;
+}
+
+void setUnfoldedChoices(std::map<std::vector<int64_t>, bool> choices) {
+  std::lock_guard<std::mutex> lock(choicesMutex);
+  unfoldedChoices = std::move(choices);
 }
 
 at::Tensor gemmConv(torch::nn::Conv2dImpl& conv, const at::Tensor& x) {

@@ -31,7 +31,12 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/conv.h>
 
+#include <array>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace cohort::models {
 
@@ -43,5 +48,28 @@ at::Tensor gemmConv(torch::nn::Conv2dImpl& conv, const at::Tensor& x);
 
 // Calls that took the product in this process: tests check a model takes it.
 int64_t gemmConvCalls();
+
+// Chosen per layer by measurement. A shape the rule takes (input sizes and
+// layout, kernel, stride, padding, bias, the weight's layout) is a
+// candidate; at start a training rank records the candidates of one
+// forward pass, times each both ways and sets what it found
+// (train/conv_products.cc): gemmConvTakes then follows that choice for
+// those shapes, and the rule for shapes not measured.
+struct UnfoldedCandidate {
+  std::vector<int64_t> key;
+  std::string description;  // "[8,512,2,2] 3x3 s1 -> 512"
+};
+
+// The candidates `pass` meets (each once, in order of first use).
+std::vector<UnfoldedCandidate> recordUnfoldedCandidates(const std::function<void()>& pass);
+
+// The fastest of `rounds` forward + backward passes of a convolution of
+// the candidate's shape, the module's forward and the unfolded product
+// alternating after one warm-up each: {module seconds, unfolded seconds}.
+std::array<double, 2> timeUnfoldedCandidate(const UnfoldedCandidate& candidate, int rounds);
+
+// Key -> whether to take the unfolded product; replaces earlier choices
+// (an empty map: the rule everywhere).
+void setUnfoldedChoices(std::map<std::vector<int64_t>, bool> choices);
 
 }  // namespace cohort::models

@@ -140,11 +140,12 @@ std::string describe(const ComputeState& s) {
   return fmt::format(
       "compute: {} intra-op thread(s), {} inter-op; allocator {} ({}); oneDNN {}; LibTorch kernels {}; "
       "memory format {} ({}); profiler observers {}; anomaly detection {}; cores {}{}; OpenMP wait {}; "
-      "load average {:.2f}; fused ops {}; linear layers {}; CPU {}",
+      "load average {:.2f}; fused ops {}; linear layers {}; unfolded convolutions {}; CPU {}",
       s.intraOpThreads, s.interOpThreads, s.allocator, s.mallocName, s.onednn ? "on" : "off", s.kernels,
       s.memoryFormat.empty() ? "-" : s.memoryFormat, s.memoryFormatReason,
       s.observers ? "PRESENT" : "none", s.anomalyMode ? "ON" : "off", s.cores,
-      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, s.fusedOps, s.gemm, cohort::describe(s.cpu));
+      s.boundCores ? " (bound)" : "", s.openMpWait, s.loadAverage, s.fusedOps, s.gemm,
+      s.convProducts.empty() ? "-" : s.convProducts, cohort::describe(s.cpu));
 }
 
 nlohmann::json toJson(const ComputeState& s) {
@@ -169,7 +170,8 @@ nlohmann::json toJson(const ComputeState& s) {
                         {"openmp_wait", s.openMpWait},
                         {"load_average", s.loadAverage},
                         {"fused_ops", s.fusedOps},
-                        {"gemm", s.gemm}};
+                        {"gemm", s.gemm},
+                        {"conv_products", s.convProducts}};
 }
 
 namespace {

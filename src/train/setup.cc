@@ -322,6 +322,14 @@ ModelSetup buildModel(const JobConfig& job, const Datasets& data, const parallel
           : MemoryFormatChoice{model.channelsLast() ? "channels_last" : "contiguous",
                                "a pipeline stage: the model's default (no trial input fits a stage)"};
   s.compute = observeCompute();
+  // Measured with the memory format (auto); a given memory format fixes
+  // the kernels (runs compared by their weights take the same ones), and a
+  // pipeline stage has no trial input: there the rule decides.
+  s.compute.convProducts =
+      !part.whole() ? "the rule (a pipeline stage: no trial input fits a stage)"
+      : mc.memoryFormat != MemoryLayout::automatic
+          ? "the rule (model.memory_format is given: nothing measured)"
+          : chooseConvProducts(model, tc.batchSize, shape.channels, shape.height, shape.width, comm, s.precision);
   s.compute.memoryFormat = layout.format;
   s.compute.memoryFormatReason = layout.reason;
   s.compute.precision = choiceName(s.precision);

@@ -162,7 +162,9 @@ TEST(FlashAttention, TakesTheGptsNonContiguousViews) {
     for (const at::Tensor& m : projected.split(s.h * s.d, 2)) {
       qkv.push_back(m.view({s.b, s.t, s.h, s.d}).transpose(1, 2));
     }
-    if (s.t > 1) EXPECT_FALSE(qkv[0].is_contiguous());
+    if (s.t > 1) {
+      EXPECT_FALSE(qkv[0].is_contiguous());
+    }
     const at::Tensor weight = torch::randn({s.b, s.t, s.h * s.d}, torch::kDouble);
     const at::Tensor got = flashAttention(qkv[0], qkv[1], qkv[2]);
     const at::Tensor gotGrad = torch::autograd::grad({(got * weight).sum()}, {projected})[0];

@@ -159,6 +159,38 @@ TEST(GemmConv, OutputsLargerThanTheWeightKeepTheModulesForward) {
   EXPECT_EQ(gemmConvCalls(), before);
 }
 
+// The choices training measures at start (train/conv_products.cc) are per
+// shape: a shape set to the convolution keeps the module's forward, a shape
+// not measured follows the rule; recording a pass lists each shape the
+// rule takes once, in order of first use; timing one gives both times.
+TEST(GemmConv, ChoicesPerShapeOverrideTheRuleAndAPassListsItsShapes) {
+  nn::Conv2d a(nn::Conv2dOptions(8, 16, 3).padding(1).bias(false));
+  nn::Conv2d b(nn::Conv2dOptions(8, 16, 1));
+  const at::Tensor x = torch::randn({4, 8, 2, 2});
+  const auto candidates = recordUnfoldedCandidates([&] {
+    conv2d(*a, x);
+    conv2d(*b, x.contiguous(at::MemoryFormat::ChannelsLast));
+    conv2d(*a, x);
+    conv2d(*a, torch::randn({5, 8, 2, 2}));  // 20 output pixels: not taken
+  });
+  ASSERT_EQ(candidates.size(), 2u);
+  EXPECT_EQ(candidates[0].description, "[4,8,2,2] 3x3 s1 -> 16");
+  EXPECT_EQ(candidates[1].description, "[4,8,2,2] nhwc 1x1 s1 -> 16");
+  EXPECT_TRUE(recordUnfoldedCandidates([] {}).empty());
+  setUnfoldedChoices({{candidates[0].key, false}});
+  EXPECT_FALSE(gemmConvTakes(*a, x));
+  EXPECT_TRUE(gemmConvTakes(*b, x.contiguous(at::MemoryFormat::ChannelsLast)));
+  EXPECT_TRUE(gemmConvTakes(*b, x)) << "another layout, not measured: the rule";
+  const int64_t before = gemmConvCalls();
+  EXPECT_TRUE(torch::equal(conv2d(*a, x), a->forward(x))) << "the module's own forward, bitwise";
+  EXPECT_EQ(gemmConvCalls(), before);
+  setUnfoldedChoices({});
+  EXPECT_TRUE(gemmConvTakes(*a, x));
+  const std::array<double, 2> t = timeUnfoldedCandidate(candidates[1], 1);
+  EXPECT_GT(t[0], 0);
+  EXPECT_GT(t[1], 0);
+}
+
 TEST(WindowConv, LargerOutputsAndOtherConvolutionsKeepTheModulesForward) {
   nn::Conv2d conv(nn::Conv2dOptions(8, 4, 3).padding(1).bias(false));
   EXPECT_FALSE(windowConvTakes(*conv, torch::randn({2, 8, 2, 2}))) << "a 2x2 output";

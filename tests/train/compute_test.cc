@@ -128,6 +128,9 @@ TEST(Compute, StartUpStateIsTheDocumentedOne) {
       // Measured: either layout, with the times that decided it.
       EXPECT_TRUE(c[key] == "channels_last" || c[key] == "contiguous") << c.dump();
       EXPECT_EQ(c["memory_format_reason"].get<std::string>().rfind(value, 0), 0u) << c.dump();
+    } else if (key == "conv_products") {
+      // This job's model has no convolution the rule takes.
+      EXPECT_EQ(c[key].get<std::string>().rfind(value, 0), 0u) << c.dump();
     } else if (key == "fused_ops") {
       // The widest build of the fused ops' loops this CPU runs.
       const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -139,6 +142,36 @@ TEST(Compute, StartUpStateIsTheDocumentedOne) {
     }
   }
   EXPECT_FALSE(c["cpu"].get<std::string>().empty());
+}
+
+// A ResNet-18 on 8x8 images, batch 8, with memory_format auto: its
+// convolutions the unfolded product's rule takes (layer2's downsample,
+// layer3's three shapes) are timed both ways at start and the summary says
+// how many went which way; with the memory format given nothing is timed.
+TEST(Compute, AResNetsUnfoldedConvolutionsAreChosenByMeasurement) {
+  test::TempDir dir;
+  auto run = [&](const std::string& tag, const std::string& layout) {
+    const std::string job = dir.file(tag + ".yaml");
+    test::writeText(job, "name: " + tag + R"(
+model: {arch: resnet18, num_classes: 4, small_input: true, memory_format: )" + layout + R"(}
+data:
+  train: {kind: synthetic, size: 16, shape: [3, 8, 8], seed: 3}
+  loader_threads: 1
+distribution: {procs_per_node: 1, threads_per_rank: 1, timeout_s: 60}
+training: {epochs: 1, max_steps: 1, batch_size: 8, optimizer: {name: sgd, lr: 0.01}}
+checkpoint: {enabled: false}
+output: {progress: off, save_final: false}
+)");
+    const auto r = test::cohort({"run", job, "--procs", "1", "--run-dir", dir.file(tag)});
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    std::ifstream in(dir.file(tag + "/summary.json"));
+    return in ? nlohmann::json::parse(in).value("compute", nlohmann::json::object()) : nlohmann::json::object();
+  };
+  const std::string measured = run("auto", "auto").value("conv_products", "");
+  EXPECT_EQ(measured.rfind("measured: ", 0), 0u) << measured;
+  EXPECT_NE(measured.find(" of 4 shapes unfolded"), std::string::npos) << measured;
+  EXPECT_EQ(run("given", "channels_last").value("conv_products", ""),
+            "the rule (model.memory_format is given: nothing measured)");
 }
 
 TEST(Compute, TheUsersOpenMpWaitPolicyIsKeptOverCohortsShortSpin) {

@@ -49,6 +49,10 @@ struct ComputeState {
   double loadAverage = -1;  // the machine's 1-minute load average as training started; -1: unknown
   std::string fusedOps;     // the fused training ops: avx512 | avx2 | off (why) (models/fused_ops.h)
   std::string gemm;         // linear layers' float32 products: onednn | aten (why) (models/linear.h)
+  // Convolutions as products over the unfolded input (models/gemm_conv.h),
+  // chosen per shape by chooseConvProducts: "none", or how many shapes
+  // measured faster so and which did not.
+  std::string convProducts;
 };
 
 // Whether other work already fills the cores a rank may use: the load
@@ -84,6 +88,21 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
                                       int64_t batch, int64_t channels, int64_t height,
                                       int64_t width, const comm::Comm& comm,
                                       Precision precision);
+
+// Which convolutions run as products over their unfolded input
+// (models/gemm_conv.h), chosen per shape by measurement: one forward pass
+// of `model` on a random batch of `batch` samples (eval mode, no
+// gradients) records the shapes the rule takes; every rank times each
+// both ways (forward and backward, 3 rounds after a warm-up); the mean of
+// all ranks' times decides, the same on every rank: unfolded where it is
+// 3% faster than the module's convolution, the convolution otherwise.
+// Shapes met later that were not measured (another batch size) follow the
+// rule. Buffers, gradients and the CPU generator are left as they were.
+// Training calls it when model.memory_format is auto and the model is
+// whole (not a pipeline stage); otherwise the rule decides everywhere.
+// Returns what summary.json's compute.conv_products says.
+std::string chooseConvProducts(models::Model& model, int64_t batch, int64_t channels, int64_t height,
+                               int64_t width, const comm::Comm& comm, Precision precision);
 
 // The state in effect now (threads, oneDNN, observers, ...), with the
 // allocator policy last applied; memoryFormat is left empty.
