@@ -163,6 +163,7 @@ nlohmann::json rowJson(const Row& r) {
           {"ratio_min", r.ratioMin},
           {"ratio_max", r.ratioMax},
           {"cohort_memory_format", r.cohort.compute.value("memory_format", "")},
+          {"cohort_conv_products", r.cohort.compute.value("conv_products", "")},
           {"pytorch_memory_format", r.torch.value("memory_format", "")},
           {"cohort_kernels", r.cohort.compute.value("kernels", "")},
           {"cohort_phase_ms", r.cohort.phases},
@@ -318,12 +319,12 @@ int runBench(int argc, char** argv) {
     std::cout << fmt::format(
         "{:<9} {} ranks x {} threads ({}): data wait {:.1f}, forward {:.1f}, backward {:.1f}, exposed comm "
         "{:.1f} ({:.1f}% of the step), optimizer {:.1f} | PyTorch: forward {:.1f}, backward {:.1f}, "
-        "optimizer {:.1f}\n",
+        "optimizer {:.1f}\n  unfolded convolutions: {}\n",
         l["arch"].get<std::string>(), l["ranks"].get<int>(), l["threads"].get<int>(),
         l["cohort_memory_format"].get<std::string>(), g("data_wait"), g("forward"), g("backward"),
         g("exposed_comm"), total > 0 ? 100 * g("exposed_comm") / total : 0.0, g("optimizer"),
         l["pytorch_phase_ms"]["forward"].get<double>(), l["pytorch_phase_ms"]["backward"].get<double>(),
-        l["pytorch_phase_ms"]["optimizer"].get<double>());
+        l["pytorch_phase_ms"]["optimizer"].get<double>(), l.value("cohort_conv_products", "-"));
   }
   std::cout << nlohmann::json{{"bench", "cpu"}, {"model", cpu.model}, {"features", cpu.features},
                               {"isa", isa}, {"isa_line", isaLine}}
