@@ -175,7 +175,8 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
     const at::MemoryFormat format = formatOf(x);
     const at::Tensor cols = unfold(x, g);
     const at::Tensor y = detail::weightProduct(cols, matrixOf(weight, g), hasBias ? bias : at::Tensor(),
-                                               "cohort::gemm_conv");
+                                               "cohort::gemm_conv",
+                                               /*transposeFewRows=*/true);
     ctx->save_for_backward({cols, weight});
     ctx->saved_data["geometry"] = geometry;
     ctx->saved_data["bias"] = hasBias;

@@ -34,7 +34,7 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = weight.size(0);
   return detail::weightProduct(x.reshape({rows, weight.size(1)}).contiguous(), weight.contiguous(), bias,
-                               "cohort::linear")
+                               "cohort::linear", /*transposeFewRows=*/false)
       .view(shape);
 }
 
@@ -129,13 +129,14 @@ int64_t oneDnnLinearCalls() { return oneDnnCalls.load(std::memory_order_relaxed)
 
 namespace detail {
 
-at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const char* name) {
+at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const char* name,
+                         bool transposeFewRows) {
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
   at::Tensor y = at::empty({m, out}, x.options());
   if (m == 0 || out == 0) return y;
   if (in == 0) {
     y.zero_();
-  } else if (m >= 16 && m < 128) {
+  } else if (transposeFewRows && m >= 16 && m < 128) {
     RECORD_FUNCTION(name, std::vector<c10::IValue>({x, weight}));
     at::Tensor yt = at::empty({out, m}, x.options());
     oneDnnSgemm(false, true, out, m, in, 1.0f, weight.data_ptr<float>(), in, x.data_ptr<float>(), in, 0.0f,

@@ -92,7 +92,8 @@ class WindowConvFunction : public torch::autograd::Function<WindowConvFunction> 
     const at::Tensor x2 = x.slice(2, 0, rows).slice(3, 0, cols).contiguous().view({n, -1});
     at::Tensor w2 = at::empty({out, weight.size(1) * rows * cols}, weight.options());
     windowTaps(weight, w2, rows, cols, padH, padW, false);
-    const at::Tensor y = detail::weightProduct(x2, w2, hasBias ? bias : at::Tensor(), "cohort::window_conv");
+    const at::Tensor y = detail::weightProduct(x2, w2, hasBias ? bias : at::Tensor(), "cohort::window_conv",
+                                               /*transposeFewRows=*/true);
     ctx->save_for_backward({x2, w2});
     ctx->saved_data["x"] = x.sizes().vec();
     ctx->saved_data["w"] = weight.sizes().vec();

@@ -36,8 +36,10 @@ double observedForwardFlops(Model& model, const at::Tensor& input) {
     } else if (name == "aten::bmm" || name == "aten::baddbmm") {
       const auto a = sizesOf(in[name == "aten::bmm" ? 0 : 1]), b = sizesOf(in[name == "aten::bmm" ? 1 : 2]);
       flops += 2.0 * double(a[0]) * double(a[1]) * double(a[2]) * double(b[2]);
-    } else if (name == "cohort::linear") {
-      // Linear layers through oneDNN (models/linear.h): x [m, in], W [out, in].
+    } else if (name == "cohort::linear" || name == "cohort::gemm_conv") {
+      // Linear layers through oneDNN (models/linear.h): x [m, in], W [out, in];
+      // convolutions over their unfolded input (models/gemm_conv.h), every
+      // tap: cols [pixels, taps], W [out, taps].
       const auto x = sizesOf(in[0]), w = sizesOf(in[1]);
       flops += 2.0 * double(x[0]) * double(x[1]) * double(w[0]);
     } else if (name == "aten::convolution") {

@@ -87,7 +87,8 @@ TEST(Linear, AgreesWithAtenInFloat64OnOddShapesAndLayouts) {
       {{2, 31, 13}, 29, true, true, true},    {{4, 9, 33}, 66, true, false, true},
       {{5, 64}, 17, true, true, false},       {{2, 3, 257}, 7, false, false, false},
       {{1, 768}, 3072, true, true, true},     {{8, 1, 96}, 96, true, true, true},
-      // The bounds of the rows whose product runs transposed (16 to 127).
+      // Both sides of 16 and 128 rows, where the convolutions' products run
+      // transposed (models/detail/weight_product.h) and linear layers' not.
       {{15, 40}, 24, true, true, true},       {{16, 40}, 24, true, true, true},
       {{127, 9}, 33, false, true, true},      {{128, 9}, 33, true, true, true},
   };
