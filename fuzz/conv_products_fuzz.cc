@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_tensor.h"
 #include "fuzz_util.h"
 #include "models/window_conv.h"
 
@@ -33,15 +34,7 @@ constexpr int64_t kBatch[] = {1, 2, 3, 5};
 constexpr int64_t kChannels[] = {1, 2, 3, 5, 7, 8, 9, 16, 17};
 constexpr int64_t kSides[] = {1, 2, 3, 5, 7};
 
-at::Tensor values(const uint8_t* data, size_t size, size_t offset, const std::vector<int64_t>& sizes) {
-  at::Tensor t = torch::zeros(sizes, torch::kDouble);
-  const int64_t n = t.numel();
-  double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < n && offset < size; ++i) {
-    p[i] = (static_cast<int>(data[offset + static_cast<size_t>(i) % (size - offset)]) - 128) / 32.0;
-  }
-  return t;
-}
+using cohort::fuzz::inputValues;
 
 // got against want (float64) within the rounding of sums of `terms` terms
 // whose magnitudes sum to `scale`.
@@ -82,8 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   torch::nn::Conv2d conv(
       torch::nn::Conv2dOptions(c, out, {kh, kw}).stride({sh, sw}).padding({ph, pw}).bias(bias));
-  const at::Tensor x64 = values(data, size, v, {n, c, h, w});
-  const at::Tensor w64 = values(data, size, v + 1, {out, c, kh, kw}), b64 = values(data, size, v + 2, {out});
+  const at::Tensor x64 = inputValues(data, size, v, {n, c, h, w});
+  const at::Tensor w64 = inputValues(data, size, v + 1, {out, c, kh, kw}), b64 = inputValues(data, size, v + 2, {out});
   {
     torch::NoGradGuard noGrad;
     conv->weight.set_data(w64.to(at::kFloat).contiguous(weightChannelsLast ? at::MemoryFormat::ChannelsLast
@@ -98,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     x = x64.to(at::kFloat).contiguous(layout == 2 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
   }
   x = x.detach().requires_grad_(true);
-  const at::Tensor gy64 = values(data, size, v + 3, {n, out, oh, ow});
+  const at::Tensor gy64 = inputValues(data, size, v + 3, {n, out, oh, ow});
 
   at::Tensor y;
   try {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_tensor.h"
 #include "fuzz_util.h"
 #include "models/fused_ops.h"
 
@@ -31,16 +32,7 @@ struct Input {
   int64_t dim() { return kSizes[(next < size ? data[next++] : 0) % 10]; }
 };
 
-// `sizes` filled with the input's values from `offset` on, in float64.
-at::Tensor values(const uint8_t* data, size_t size, size_t offset, std::vector<int64_t> sizes) {
-  at::Tensor t = torch::zeros(sizes, torch::kDouble);
-  const int64_t n = t.numel();
-  double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < n && offset < size; ++i) {
-    p[i] = (static_cast<int>(data[offset + static_cast<size_t>(i) % (size - offset)]) - 128) / 32.0;
-  }
-  return t;
-}
+using cohort::fuzz::inputValues;
 
 // t (float64) as the fused op's input: `dtype`, made non-contiguous (a
 // strided view of a wider tensor) or channels-last when asked.
@@ -101,21 +93,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t v = 6;  // values from here on
   if (op == 0) {
     const int64_t rows = in.dim(), n = in.dim();
-    const at::Tensor h = values(data, size, v, {rows, n}), b = values(data, size, v + 3, {n});
+    const at::Tensor h = inputValues(data, size, v, {rows, n}), b = inputValues(data, size, v + 3, {n});
     at::Tensor hf = asInput(h, dtype, layout), hr = leaf(h);
     at::Tensor bf = bias ? asInput(b, dtype, 0) : at::Tensor(), br = bias ? leaf(b) : at::Tensor();
     at::Tensor y = models::detail::biasGeluFused(hf, bf, tanh);
     at::Tensor want = torch::gelu(bias ? hr + br : hr, tanh ? "tanh" : "none");
     compare(y, want, tol, "bias+gelu");
-    const at::Tensor g = values(data, size, v + 1, {rows, n});
+    const at::Tensor g = inputValues(data, size, v + 1, {rows, n});
     y.backward(g.to(dtype));
     want.backward(g);
     compare(hf.grad(), hr.grad(), tol, "bias+gelu dh");
     if (bias) compare(bf.grad(), br.grad(), tol, "bias+gelu db");
   } else if (op == 1) {
     const int64_t rows = in.dim(), n = in.dim();
-    const at::Tensor x = values(data, size, v, {rows, n}), d = values(data, size, v + 5, {rows, n});
-    const at::Tensor w = values(data, size, v + 2, {n}), b = values(data, size, v + 7, {n});
+    const at::Tensor x = inputValues(data, size, v, {rows, n}), d = inputValues(data, size, v + 5, {rows, n});
+    const at::Tensor w = inputValues(data, size, v + 2, {n}), b = inputValues(data, size, v + 7, {n});
     at::Tensor xf = asInput(x, dtype, layout), df = asInput(d, dtype, layout), wf = asInput(w, dtype, 0);
     at::Tensor bf = bias ? asInput(b, dtype, 0) : at::Tensor();
     at::Tensor xr = leaf(x), dr = leaf(d), wr = leaf(w), br = bias ? leaf(b) : at::Tensor();
@@ -123,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const at::Tensor s = xr + dr, y = torch::layer_norm(s, {n}, wr, br, 1e-5);
     compare(got.sum, s, tol, "add+layer_norm s");
     compare(got.norm, y, tol, "add+layer_norm y");
-    const at::Tensor gs = values(data, size, v + 3, {rows, n}), gy = values(data, size, v + 4, {rows, n});
+    const at::Tensor gs = inputValues(data, size, v + 3, {rows, n}), gy = inputValues(data, size, v + 4, {rows, n});
     ((got.sum * gs.to(dtype)).sum() + (got.norm * gy.to(dtype)).sum()).backward();
     ((s * gs).sum() + (y * gy).sum()).backward();
     // The float32 ATen ops on the same values, for their error (compare()).
@@ -141,8 +133,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (bias) compare(bf.grad(), br.grad(), tol, "add+layer_norm dbias", gradOf(ba));
   } else {
     const int64_t n = in.dim(), c = in.dim(), h = in.dim(), w = in.dim();
-    const at::Tensor x = values(data, size, v, {n, c, h, w});
-    const at::Tensor wt = values(data, size, v + 1, {c}), b = values(data, size, v + 2, {c});
+    const at::Tensor x = inputValues(data, size, v, {n, c, h, w});
+    const at::Tensor wt = inputValues(data, size, v + 1, {c}), b = inputValues(data, size, v + 2, {c});
     at::Tensor xf = asInput(x, dtype, layout), wf = asInput(wt, dtype, 0), bf = asInput(b, dtype, 0);
     at::Tensor xr = leaf(x), wr = leaf(wt), br = leaf(b);
     at::Tensor rm = torch::zeros({c}, dtype), rv = torch::ones({c}, dtype);
@@ -172,7 +164,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     compare(rm, rmr, tol, "bn running mean");
     compare(rv, rvr, tol, "bn running var");
     if (clear.min().item<double>() < 1) return 0;  // a mask in doubt: its gradients may differ anywhere
-    const at::Tensor g = values(data, size, v + 3, {n, c, h, w});
+    const at::Tensor g = inputValues(data, size, v + 3, {n, c, h, w});
     y.backward(g.to(dtype));
     want.backward(g);
     at::Tensor xa, wa, ba;

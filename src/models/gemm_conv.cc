@@ -45,14 +45,14 @@ struct Geometry {
   }
 };
 
+// The shapes of conv(x) when the rule takes it; productsTakeConvolution
+// must hold.
 bool geometryOf(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, Geometry* g) {
   const auto& o = conv.options;
-  if (o.groups() != 1 || o.transposed() || o.padding_mode().index() != 0) return false;
-  const auto* pad = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
-  if (pad == nullptr) return false;
-  const auto k = o.kernel_size(), s = o.stride(), d = o.dilation();
+  const auto& pad = c10::get<torch::ExpandingArray<2>>(o.padding());
+  const auto k = o.kernel_size(), s = o.stride();
   const at::Tensor& weight = conv.weight;
-  if (d->at(0) != 1 || d->at(1) != 1 || x.dim() != 4 || weight.dim() != 4 || x.size(1) != weight.size(1)) return false;
+  if (weight.dim() != 4 || x.size(1) != weight.size(1)) return false;
   if (weight.is_contiguous()) {
     g->tapsLast = false;
   } else if (weight.is_contiguous(at::MemoryFormat::ChannelsLast)) {
@@ -69,8 +69,8 @@ bool geometryOf(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, Geometry
   g->kw = k->at(1);
   g->sh = s->at(0);
   g->sw = s->at(1);
-  g->ph = (*pad)->at(0);
-  g->pw = (*pad)->at(1);
+  g->ph = pad->at(0);
+  g->pw = pad->at(1);
   const int64_t spanH = g->h + 2 * g->ph - g->kh, spanW = g->w + 2 * g->pw - g->kw;
   if (spanH < 0 || spanW < 0 || g->sh < 1 || g->sw < 1) return false;
   g->oh = spanH / g->sh + 1;
@@ -239,14 +239,21 @@ std::vector<int64_t> keyOf(const Geometry& g, bool channelsLast, bool bias) {
 
 }  // namespace
 
-bool gemmConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
+bool productsTakeConvolution(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   const at::Tensor& b = conv.bias;
   if (!oneDnnProductsTake(x) || !oneDnnProductsTake(conv.weight) || (b.defined() && !oneDnnProductsTake(b))) {
     return false;
   }
+  const auto& o = conv.options;
+  if (o.groups() != 1 || o.transposed() || o.padding_mode().index() != 0 || x.dim() != 4) return false;
+  const auto d = o.dilation();
+  return c10::get_if<torch::ExpandingArray<2>>(&o.padding()) != nullptr && d->at(0) == 1 && d->at(1) == 1;
+}
+
+bool gemmConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   Geometry g;
-  if (!geometryOf(conv, x, &g)) return false;
-  const std::vector<int64_t> key = keyOf(g, formatOf(x) == at::MemoryFormat::ChannelsLast, b.defined());
+  if (!productsTakeConvolution(conv, x) || !geometryOf(conv, x, &g)) return false;
+  const std::vector<int64_t> key = keyOf(g, formatOf(x) == at::MemoryFormat::ChannelsLast, conv.bias.defined());
   if (recording != nullptr && recording->seen.insert(key).second) {
     recording->candidates.push_back(
         {key, fmt::format("[{},{},{},{}]{} {}x{} s{} -> {}", g.n, g.c, g.h, g.w,
@@ -313,7 +320,7 @@ void setUnfoldedChoices(std::map<std::vector<int64_t>, bool> choices) {
 
 at::Tensor gemmConv(torch::nn::Conv2dImpl& conv, const at::Tensor& x) {
   Geometry g;
-  TORCH_CHECK(geometryOf(conv, x, &g), "gemmConv: a convolution it does not take");
+  TORCH_CHECK(productsTakeConvolution(conv, x) && geometryOf(conv, x, &g), "gemmConv: a convolution it does not take");
   gemmCalls.fetch_add(1, std::memory_order_relaxed);
   const bool hasBias = conv.bias.defined();
   return GemmConvFunction::apply(x, conv.weight, hasBias ? conv.bias : conv.weight.new_empty({0}), hasBias,

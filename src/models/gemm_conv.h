@@ -40,6 +40,12 @@
 
 namespace cohort::models {
 
+// What both convolution products take (this one and the window product of
+// models/window_conv.h): x, the weight and any bias CPU float32 tensors
+// oneDNN's products take (cohort/models/linear.h), x 4-D, groups 1,
+// dilation 1, zero padding given as numbers, not transposed.
+bool productsTakeConvolution(const torch::nn::Conv2dImpl& conv, const at::Tensor& x);
+
 // Whether gemmConv() takes x through `conv`.
 bool gemmConvTakes(const torch::nn::Conv2dImpl& conv, const at::Tensor& x);
 

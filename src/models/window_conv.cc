@@ -6,7 +6,6 @@
 #include <atomic>
 
 #include "cohort/core/sgemm.h"
-#include "cohort/models/linear.h"
 #include "models/detail/weight_product.h"
 #include "models/gemm_conv.h"
 
@@ -25,14 +24,12 @@ struct Window {
   int64_t rows = 0, cols = 0, padH = 0, padW = 0;
 };
 
+// productsTakeConvolution (models/gemm_conv.h) must hold.
 bool windowOf(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, Window* w) {
   const auto& o = conv.options;
-  if (o.groups() != 1 || o.transposed() || o.padding_mode().index() != 0) return false;
-  const auto* pad = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
-  if (pad == nullptr) return false;
-  const auto k = o.kernel_size(), s = o.stride(), d = o.dilation();
-  if (d->at(0) != 1 || d->at(1) != 1 || x.dim() != 4) return false;
-  const int64_t h = x.size(2), wd = x.size(3), ph = (*pad)->at(0), pw = (*pad)->at(1);
+  const auto& pad = c10::get<torch::ExpandingArray<2>>(o.padding());
+  const auto k = o.kernel_size(), s = o.stride();
+  const int64_t h = x.size(2), wd = x.size(3), ph = pad->at(0), pw = pad->at(1);
   if ((h + 2 * ph - k->at(0)) / s->at(0) + 1 != 1 || (wd + 2 * pw - k->at(1)) / s->at(1) + 1 != 1) return false;
   w->rows = std::min(h, k->at(0) - ph);
   w->cols = std::min(wd, k->at(1) - pw);
@@ -149,11 +146,7 @@ class WindowConvFunction : public torch::autograd::Function<WindowConvFunction> 
 
 // The window when conv2d takes the product for x.
 bool windowTaken(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, Window* w) {
-  const at::Tensor& b = conv.bias;
-  if (!oneDnnProductsTake(x) || !oneDnnProductsTake(conv.weight) || (b.defined() && !oneDnnProductsTake(b))) {
-    return false;
-  }
-  return windowOf(conv, x, w);
+  return productsTakeConvolution(conv, x) && windowOf(conv, x, w);
 }
 
 }  // namespace
