@@ -216,10 +216,8 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
   }
 };
 
-}  // namespace
-
-namespace {
-
+// The choices measured at start (setUnfoldedChoices) and the recording
+// of candidates (recordUnfoldedCandidates).
 std::mutex choicesMutex;
 std::map<std::vector<int64_t>, bool> unfoldedChoices;  // under choicesMutex
 
