@@ -548,9 +548,12 @@ void Checkpointer::poll() {
   }
   for (const auto& e : events) {
     if (e.skipped) {
-      // Another rank's writer was behind: like a skip here, a warning.
+      // Another rank's writer was behind: like a skip here, a warning. The
+      // step counted as taken when this rank marked it is not committed, so
+      // it moves to the skipped ones (each mark counts once).
       log::warn("{} (checkpoint.when_behind: skip)", e.message);
       std::lock_guard<std::mutex> g(mutex_);
+      --stats_.taken;
       ++stats_.skipped;
       continue;
     }

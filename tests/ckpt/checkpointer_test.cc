@@ -4,6 +4,7 @@
 // as an independent writer reads docs/security.md.
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -268,6 +269,43 @@ TEST(Checkpointer, SkipsWhenTheWriterIsBehindAndAppliesRetention) {
   EXPECT_FALSE(fs::exists(dir.file("step-3")));
   EXPECT_TRUE(fs::exists(dir.file("step-4/manifest.json")));
   EXPECT_TRUE(fs::exists(dir.file("step-5/manifest.json")));
+}
+
+// Rank 0 took step 2 but rank 1's writer was still busy with step 1: the
+// step is not committed and counts once, as skipped, on both ranks.
+TEST(Checkpointer, AStepAnotherRankSkippedCountsOnceAsSkipped) {
+  test::TempDir dir;
+  at::Tensor w = torch::ones({16});
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto o0 = oneRank(dir.path());
+  o0.worldSize = 2;
+  o0.store = store;
+  o0.maxInFlight = 2;  // rank 0 has a free buffer for step 2
+  auto o1 = o0;
+  o1.rank = 1;
+  o1.maxInFlight = 1;
+  o1.pauseAtStep = 1;  // rank 1's writer holds its one buffer in step 1 a while
+  o1.pauseSeconds = 3;
+  ckpt::Checkpointer r0(o0);
+  ckpt::Checkpointer r1(o1);
+  // Each rank writes a file of its own, as training ranks do.
+  const auto files = [&](int rank) {
+    return std::vector<ckpt::SnapshotFile>{{"rank-" + std::to_string(rank) + ".bin", {{"w", w, false}}, {}}};
+  };
+  EXPECT_TRUE(r0.mark(manifestFor(1), files(0)));
+  EXPECT_TRUE(r1.mark(manifestFor(1), files(1)));
+  r1.waitCopied();
+  EXPECT_FALSE(r1.mark(manifestFor(2), files(1)));
+  EXPECT_TRUE(r0.mark(manifestFor(2), files(0)));
+  r1.flush();
+  r0.flush();
+  EXPECT_EQ(r0.stats().committed, 1);
+  EXPECT_EQ(r0.stats().taken, 1);
+  EXPECT_EQ(r0.stats().skipped, 1);
+  EXPECT_EQ(r1.stats().taken, 1);
+  EXPECT_EQ(r1.stats().skipped, 1);
+  EXPECT_TRUE(fs::exists(dir.file("step-1/manifest.json")));
+  EXPECT_FALSE(fs::exists(dir.file("step-2/manifest.json")));
 }
 
 TEST(Checkpointer, WriteErrorsSurfaceOnTheTrainingThreadAsThePolicySays) {

@@ -111,8 +111,10 @@ struct SnapshotFile {
 };
 
 struct CheckpointStats {
+  // Each mark() counts once: taken, or skipped because this rank's writer
+  // was behind (or, on rank 0, another rank's was: not committed).
   int64_t taken = 0;      // mark() calls that took a snapshot
-  int64_t skipped = 0;    // skipped because the writer was behind
+  int64_t skipped = 0;
   int64_t committed = 0;  // rank 0: manifests written; other ranks: files written
   int64_t failed = 0;
   double blockedSeconds = 0;     // training thread: mark + waits, in all
