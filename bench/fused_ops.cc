@@ -101,6 +101,19 @@ std::vector<Case> cases() {
                    [=] { torch::layer_norm(x + d, {128}, w, b, 1e-5); },
                    [=] { models::detail::addLayerNormFused(x, d, w, b, 1e-5); }});
   }
+  // The attention's causal softmax (models/fused_ops.h): the GPT example's
+  // scores [16, 4, 256, 256] in bfloat16 (what autocast runs), masked above
+  // the diagonal; forward alone and forward + backward.
+  {
+    const at::Tensor mask = torch::full({256, 256}, -INFINITY).triu(1);
+    auto scores = (torch::randn({16, 4, 256, 256}) + mask).to(at::kBFloat16).requires_grad_(true);
+    auto g = torch::randn({16, 4, 256, 256}).to(at::kBFloat16);
+    out.push_back({"causal softmax bf16", "[16,4,256,256]", [=] { torch::softmax(scores, -1).backward(g); },
+                   [=] { models::detail::causalSoftmaxFused(scores).backward(g); }});
+    auto fixed = scores.detach();
+    out.push_back({"causal softmax bf16 fwd", "[16,4,256,256]", [=] { torch::softmax(fixed, -1); },
+                   [=] { models::detail::causalSoftmaxFused(fixed); }});
+  }
   // Linear layers through oneDNN's sgemm (models/linear.h) against
   // at::linear: the GPT example's products forward and backward, and
   // decoding's few rows (GPT-2 small's widths) forward alone.

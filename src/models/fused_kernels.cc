@@ -97,6 +97,32 @@ void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invs
   kernels<T>().batchNormReluBackward(gy, x, mean, invstd, scale, shift, gx, gw, gb, shape);
 }
 
+namespace {
+
+const CausalSoftmaxTable& softmaxKernels() {
+  switch (kernelIsa()) {
+#if defined(__x86_64__)
+    case KernelIsa::avx512:
+      return isa::avx512(CausalSoftmaxTable::Tag{});
+    case KernelIsa::avx2:
+      return isa::avx2(CausalSoftmaxTable::Tag{});
+#endif
+    default:
+      return isa::base(CausalSoftmaxTable::Tag{});
+  }
+}
+
+}  // namespace
+
+void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t t) {
+  softmaxKernels().forward(x, y, rows, t);
+}
+
+void causalSoftmaxBackward(const c10::BFloat16* y, const c10::BFloat16* gy, c10::BFloat16* gx, int64_t rows,
+                           int64_t t) {
+  softmaxKernels().backward(y, gy, gx, rows, t);
+}
+
 #define COHORT_FUSED_KERNELS(T)                                                                                   \
   template void biasGeluForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, bool);                          \
   template void biasGeluBackward<T>(const T*, const T*, T*, T*, int64_t, int64_t);                                 \

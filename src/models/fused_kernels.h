@@ -10,6 +10,8 @@
 // widest build the CPU runs, or the narrower one ATEN_CPU_CAPABILITY holds
 // LibTorch's kernels to (models/fused_kernels.cc).
 
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 
 namespace cohort::models::detail {
@@ -59,6 +61,25 @@ template <typename T>
 void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invstd, const T* scale, const T* shift,
                            T* gx, T* gw, T* gb, BnShape shape);
 
+// Softmax over each of `rows` rows of t values, the rows of [.., t, t]
+// causal attention scores in bfloat16: row r keeps its first r % t + 1
+// values (query r % t sees the keys up to its own position) and the others
+// become 0, whatever they held. Computed in float32; the row maximum and
+// exp are models/softmax_rows.h's.
+void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t t);
+
+// The softmax's input gradient from its output y and output gradient gy:
+// gx = y * (gy - sum(y * gy)) over each row's kept values, 0 after them.
+void causalSoftmaxBackward(const c10::BFloat16* y, const c10::BFloat16* gy, c10::BFloat16* gx, int64_t rows,
+                           int64_t t);
+
+// The causal softmax of one instruction set's build.
+struct CausalSoftmaxTable {
+  struct Tag {};
+  void (*forward)(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+  void (*backward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+};
+
 // The loops of one instruction set's build, for one dtype.
 template <typename T>
 struct FusedKernelTable {
@@ -80,11 +101,14 @@ const char* fusedKernelsIsa();
 namespace isa {
 const FusedKernelTable<float>& base(float);
 const FusedKernelTable<double>& base(double);
+const CausalSoftmaxTable& base(CausalSoftmaxTable::Tag);
 #if defined(__x86_64__)
 const FusedKernelTable<float>& avx2(float);
 const FusedKernelTable<double>& avx2(double);
+const CausalSoftmaxTable& avx2(CausalSoftmaxTable::Tag);
 const FusedKernelTable<float>& avx512(float);
 const FusedKernelTable<double>& avx512(double);
+const CausalSoftmaxTable& avx512(CausalSoftmaxTable::Tag);
 #endif
 }  // namespace isa
 

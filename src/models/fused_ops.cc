@@ -232,6 +232,8 @@ FusedOpsScope::~FusedOpsScope() { fusedScope = before_; }
 
 namespace detail {
 
+void countFusedCall() { fusedCalls.fetch_add(1, std::memory_order_relaxed); }
+
 bool fusedKernelsTake(std::initializer_list<at::Tensor> tensors) {
   if (at::autocast::is_cpu_enabled() || at::autocast::is_enabled()) return false;
   c10::optional<at::ScalarType> dtype;

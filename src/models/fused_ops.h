@@ -26,4 +26,12 @@ at::Tensor batchNormReluFused(const at::Tensor& x, const at::Tensor& weight, con
                               const at::Tensor& runningMean, const at::Tensor& runningVar, double momentum,
                               double eps);
 
+// The fused causal softmax alone (cohort/models/fused_ops.h): throws
+// c10::Error unless causalSoftmaxTakes(scores).
+bool causalSoftmaxTakes(const at::Tensor& scores);
+at::Tensor causalSoftmaxFused(const at::Tensor& scores);
+
+// Counts a fused call (fusedOpCalls()).
+void countFusedCall();
+
 }  // namespace cohort::models::detail

@@ -308,7 +308,9 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor att = at::baddbmm(mask, q.reshape({b * heads, t, d}), k.reshape({b * heads, t, d}).transpose(1, 2),
                                /*beta=*/1, /*alpha=*/scale)
                        .view({b, heads, t, t});
-  att = torch::softmax(att, -1);
+  // Each row over the keys it sees only (models/fused_ops.h), where the
+  // fused ops take the scores: bfloat16, under autocast.
+  att = causalSoftmax(att);
   if (dropAttention) att = dropAttention(att);
   return torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, heads * d});
 }

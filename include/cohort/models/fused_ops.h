@@ -8,8 +8,8 @@
 //
 // Each op takes the fused path only while fused ops are on (fusedOpsOn())
 // and for CPU tensors of float32 or float64, all of one dtype, with
-// autocast off; otherwise (CUDA, bfloat16, mixed dtypes, autocast) it runs
-// the ATen ops it replaces. Their backwards are not differentiable again
+// autocast off (causalSoftmax: bfloat16, autocast on or off); otherwise (CUDA, other dtypes, mixed dtypes, autocast) it runs the ATen
+// ops it replaces. Their backwards are not differentiable again
 // (no double backward), and a trace (TorchScript, ONNX) of a model would
 // hold them as opaque functions: export with fused ops off.
 //
@@ -50,7 +50,18 @@ AddNorm addLayerNorm(const at::Tensor& x, const at::Tensor& delta, const at::Ten
 // parameters or running statistics, bn's own forward then relu.
 at::Tensor batchNormRelu(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x);
 
-// Fused calls made in this process (the three ops): tests check a model
+// softmax(scores, -1) of causal attention scores [..., T, T] whose values
+// above the diagonal are -inf (as the product that adds the causal mask
+// writes them): row i of each matrix over its first i + 1 values, the
+// rest 0. The fused path, for bfloat16 CPU scores (what autocast makes;
+// autocast on or off), reads and computes only those i + 1 values, in
+// float32, and keeps its output for a backward of one pass. Float32 scores
+// take ATen's softmax: the fused loop measured slower in backward there,
+// and float32 attention without dropout is blockwise anyway
+// (models/flash_attention.h).
+at::Tensor causalSoftmax(const at::Tensor& scores);
+
+// Fused calls made in this process (the ops above): tests check a model
 // takes the fused path.
 int64_t fusedOpCalls();
 

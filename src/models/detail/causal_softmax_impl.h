@@ -1,0 +1,162 @@
+#pragma once
+
+// The causal softmax's loops (models/fused_kernels.h), compiled once per
+// instruction set beside the fused ops' loops: models/fused_kernels_{base,
+// avx2,avx512}.cc include this file after models/detail/fused_kernels_impl.h,
+// whose helpers (Vec, eachVector, load, firstLanes, hsum, rowGrain) it uses.
+// Values are computed in float32: a bfloat16 row is widened into a float
+// buffer of the thread's, and rounded to nearest even (ATen's conversion)
+// when stored. The row maximum and exp are
+// models/softmax_rows.h's, whose builds follow the same choice of
+// instruction set.
+
+#include <c10/util/BFloat16.h>
+
+#include <cstring>
+
+#include "models/softmax_rows.h"
+
+#ifndef COHORT_KERNEL_ISA
+#error "models/detail/causal_softmax_impl.h: include models/detail/fused_kernels_impl.h first"
+#endif
+
+// GCC 12 takes the self-initialized operand of its own _mm512_undefined_*
+// (inside ATen's AVX-512 bfloat16 conversions) for an uninitialized one once
+// inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace cohort::models::detail::kernels {
+namespace {
+
+using Bf16 = c10::BFloat16;
+
+// Whole vectors only: a partial vector's load or store goes through a copy
+// (ATen's loadu(p, count)), which per row of a few dozen values cost more
+// than the row. Rows are therefore read and written up to the end of their
+// last vector (their `span`, at most the row), and what lies past the kept
+// values is zeroed; a remainder shorter than a vector (t not a multiple of
+// it) goes one value at a time.
+
+// Calls vec(j) for each whole vector of V values in [0, n), then one(i)
+// for each value after them.
+template <int64_t V, typename FV, typename F1>
+inline void forVectors(int64_t n, FV vec, F1 one) {
+  int64_t j = 0;
+  for (; j + V <= n; j += V) vec(j);
+  for (; j < n; ++j) one(j);
+}
+
+// Values read or written for a row that keeps `kept` of its t: through the
+// end of the vector of V holding the last kept one.
+template <int64_t V>
+inline int64_t spanOf(int64_t kept, int64_t t) {
+  return std::min(t, (kept + V - 1) / V * V);
+}
+
+template <typename S>
+inline void zero(S* p, int64_t n) {
+  if (n > 0) std::memset(static_cast<void*>(p), 0, static_cast<size_t>(n) * sizeof(S));  // 0 is all bits 0
+}
+
+constexpr int64_t kF = Vec<float>::size();
+constexpr int64_t kB = Vec<Bf16>::size();
+
+// bfloat16 src[0..n) widened into the float buffer buf.
+inline void widen(const Bf16* src, float* buf, int64_t n) {
+  forVectors<kB>(
+      n,
+      [&](int64_t j) {
+        const auto [lo, hi] = at::vec::convert_bfloat16_float(Vec<Bf16>::loadu(src + j));
+        lo.store(buf + j);
+        hi.store(buf + j + kF);
+      },
+      [&](int64_t i) { buf[i] = static_cast<float>(src[i]); });
+}
+
+// dst[0..n) = buf[0..n) * scale, rounded to bfloat16 (nearest even).
+inline void narrowScaled(const float* buf, float scale, Bf16* dst, int64_t n) {
+  const Vec<float> s(scale);
+  forVectors<kB>(
+      n,
+      [&](int64_t j) {
+        at::vec::convert_float_bfloat16(Vec<float>::loadu(buf + j) * s, Vec<float>::loadu(buf + j + kF) * s)
+            .store(dst + j);
+      },
+      [&](int64_t i) { dst[i] = static_cast<Bf16>(buf[i] * scale); });
+}
+
+// Row r of [.., t, t] causal scores keeps its first r % t + 1 values.
+inline int64_t keptOf(int64_t r, int64_t t) { return r % t + 1; }
+
+// The largest value and exp of the row shifted by it, with their sum, are
+// models/softmax_rows.h's row operations (its own vector builds, the ones
+// the blockwise attention runs).
+inline float expRow(float* x, int64_t n) { return expShiftedInPlace(x, n, rowMax(x, n)); }
+
+void causalSoftmaxForward(const Bf16* x, Bf16* y, int64_t rows, int64_t t) {
+  at::parallel_for(0, rows, rowGrain(t), [=](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(t));
+    float* b = row.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t kept = keptOf(r, t), span = spanOf<kB>(kept, t);
+      Bf16* yr = y + r * t;
+      widen(x + r * t, b, span);
+      const float inv = 1.0f / expRow(b, kept);
+      zero(b + kept, span - kept);
+      narrowScaled(b, inv, yr, span);
+      zero(yr + span, t - span);
+    }
+  });
+}
+
+// gx = y * (gy - dot(y, gy)) over n values, in float; gx may be gy.
+inline void softmaxGrad(const float* y, const float* gy, float* gx, int64_t n) {
+  Vec<float> dotv(0);
+  float dot = 0;
+  forVectors<kF>(
+      n, [&](int64_t j) { dotv += Vec<float>::loadu(y + j) * Vec<float>::loadu(gy + j); },
+      [&](int64_t i) { dot += y[i] * gy[i]; });
+  const float d = static_cast<float>(hsum(dotv) + dot);
+  const Vec<float> dv(d);
+  forVectors<kF>(
+      n, [&](int64_t j) { (Vec<float>::loadu(y + j) * (Vec<float>::loadu(gy + j) - dv)).store(gx + j); },
+      [&](int64_t i) { gx[i] = y[i] * (gy[i] - d); });
+}
+
+void causalSoftmaxBackward(const Bf16* y, const Bf16* gy, Bf16* gx, int64_t rows, int64_t t) {
+  at::parallel_for(0, rows, rowGrain(t), [=](int64_t r0, int64_t r1) {
+    std::vector<float> rowY(static_cast<size_t>(t)), rowG(static_cast<size_t>(t));
+    float* yb = rowY.data();
+    float* gb = rowG.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t kept = keptOf(r, t), span = spanOf<kB>(kept, t);
+      Bf16* gxr = gx + r * t;
+      widen(y + r * t, yb, span);
+      widen(gy + r * t, gb, span);
+      softmaxGrad(yb, gb, gb, kept);
+      zero(gb + kept, span - kept);
+      narrowScaled(gb, 1.0f, gxr, span);
+      zero(gxr + span, t - span);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace cohort::models::detail::kernels
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+namespace cohort::models::detail::isa {
+
+const CausalSoftmaxTable& COHORT_KERNEL_ISA(CausalSoftmaxTable::Tag) {
+  static const CausalSoftmaxTable t{&kernels::causalSoftmaxForward, &kernels::causalSoftmaxBackward};
+  return t;
+}
+
+}  // namespace cohort::models::detail::isa

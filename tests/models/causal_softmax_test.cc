@@ -1,0 +1,259 @@
+// The fused causal softmax of attention (cohort/models/fused_ops.h) against
+// the float64 softmax of the same bfloat16 scores: values and gradients
+// within bfloat16's rounding, on T = 1, primes, vector widths and one past
+// them; what lies above the diagonal ignored; non-contiguous scores; the
+// fallbacks; the same bits on any thread count and on each instruction
+// set's build; a GPT under bf16 autocast taking it.
+
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cohort/models/gpt.h"
+#include "cohort/models/model.h"
+#include "models/fused_kernels.h"
+#include "models/fused_ops.h"
+
+namespace cohort::models {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// One rounding to bfloat16 is within half its 8-bit significand's step:
+// 2^-9 to 2^-8 of the value. The gradient y (gy - sum(y gy)) takes the
+// rounding of y, of the sum through y, and its own, and float32's
+// arithmetic on top.
+constexpr double kBf16Rel = 1.0 / 256;
+constexpr double kGradRel = 2.0 / 256 + 1.0 / 4096;
+
+// Causal scores [lead..., t, t] in bfloat16, -inf above the diagonal.
+at::Tensor scoresOf(std::vector<int64_t> lead, int64_t t, uint64_t seed, double scale = 3.0) {
+  torch::manual_seed(seed);
+  lead.push_back(t);
+  lead.push_back(t);
+  const at::Tensor mask = torch::full({t, t}, -kInf, torch::kDouble).triu(1);
+  return (torch::randn(lead, torch::kDouble) * scale + mask).to(at::kBFloat16);
+}
+
+// The float64 softmax of the bfloat16 scores, and its gradient for gy.
+struct Reference {
+  at::Tensor y, gx;
+};
+Reference referenceOf(const at::Tensor& scores, const at::Tensor& gy) {
+  const at::Tensor x = scores.to(torch::kDouble).requires_grad_(true);
+  const at::Tensor y = torch::softmax(x, -1);
+  y.backward(gy.to(torch::kDouble));
+  return {y.detach(), x.grad()};
+}
+
+// |got - want| <= tol elementwise, naming the worst.
+void expectWithin(const at::Tensor& got, const at::Tensor& want, const at::Tensor& tol, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor excess = (got.to(torch::kDouble) - want).abs() - tol;
+  const int64_t at = excess.flatten().argmax().item<int64_t>();
+  EXPECT_LE(excess.max().item<double>(), 0.0)
+      << what << ": at flat index " << at << ", " << got.to(torch::kDouble).flatten()[at].item<double>()
+      << " against " << want.flatten()[at].item<double>() << " (tolerance " << tol.flatten()[at].item<double>()
+      << ")";
+}
+
+void checkAgainstReference(std::vector<int64_t> lead, int64_t t, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "t " << t << ", " << lead.size() << " leading dims");
+  const at::Tensor scores = scoresOf(lead, t, seed).requires_grad_(true);
+  const at::Tensor gy = torch::randn(scores.sizes(), torch::kDouble).to(at::kBFloat16);
+  const Reference ref = referenceOf(scores.detach(), gy);
+  const at::Tensor y = detail::causalSoftmaxFused(scores);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  expectWithin(y, ref.y, kBf16Rel * ref.y.abs(), "values");
+  // Above the diagonal: exactly 0.
+  const at::Tensor above = torch::ones({t, t}, torch::kBool).triu(1);
+  EXPECT_EQ(y.masked_select(above.expand(y.sizes())).abs().sum().item<double>(), 0.0);
+  y.backward(gy);
+  // gx = y (gy - sum(y gy)): the rounding of y and of the sum, each within
+  // 2^-8 of its size, and of gx itself.
+  const at::Tensor g = gy.to(torch::kDouble);
+  const at::Tensor rowScale = (ref.y * g).abs().sum(-1, true) + g.abs();
+  expectWithin(scores.grad(), ref.gx, kGradRel * (ref.gx.abs() + ref.y * rowScale) + 1e-30, "gradient");
+}
+
+TEST(CausalSoftmax, MatchesTheFloat64SoftmaxWithinBfloat16Rounding) {
+  uint64_t seed = 1;
+  for (int64_t t : {1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 64, 65, 127, 257}) {
+    checkAgainstReference({2, 3}, t, seed++);
+  }
+  checkAgainstReference({}, 40, seed++);
+  checkAgainstReference({1, 1, 1}, 96, seed++);
+}
+
+// What the scores hold above the diagonal (the mask's -inf, a large value,
+// NaN) changes nothing, values or gradient.
+TEST(CausalSoftmax, ReadsNothingAboveTheDiagonal) {
+  const int64_t t = 37;
+  const at::Tensor masked = scoresOf({2, 2}, t, 11);
+  const at::Tensor above = torch::ones({t, t}, torch::kBool).triu(1);
+  const at::Tensor gy = torch::randn(masked.sizes()).to(at::kBFloat16);
+  auto run = [&](const at::Tensor& scores) {
+    const at::Tensor x = scores.clone().requires_grad_(true);
+    const at::Tensor y = detail::causalSoftmaxFused(x);
+    y.backward(gy);
+    return std::pair{y.detach(), x.grad()};
+  };
+  const auto [y0, g0] = run(masked);
+  for (double fill : {1e30, std::nan("")}) {
+    SCOPED_TRACE(fill);
+    const auto [y, g] = run(masked.masked_fill(above, fill));
+    EXPECT_TRUE(torch::equal(y, y0));
+    EXPECT_TRUE(torch::equal(g, g0));
+  }
+  // The gradient flowing in above the diagonal is not read either.
+  const at::Tensor x = masked.clone().requires_grad_(true);
+  detail::causalSoftmaxFused(x).backward(gy.masked_fill(above, std::nan("")));
+  EXPECT_TRUE(torch::equal(x.grad(), g0));
+}
+
+TEST(CausalSoftmax, TakesNonContiguousScoresAndGradients) {
+  const at::Tensor base = scoresOf({4, 3}, 33, 12);
+  const at::Tensor strided = base.transpose(0, 1).requires_grad_(true);  // [3, 4, 33, 33], not contiguous
+  ASSERT_FALSE(strided.is_contiguous());
+  const at::Tensor gy = torch::randn({4, 3, 33, 33}).to(at::kBFloat16).transpose(0, 1);
+  const at::Tensor dense = strided.detach().contiguous().requires_grad_(true);
+  const at::Tensor a = detail::causalSoftmaxFused(strided), b = detail::causalSoftmaxFused(dense);
+  EXPECT_TRUE(torch::equal(a, b));
+  a.backward(gy);
+  b.backward(gy.contiguous());
+  EXPECT_TRUE(torch::equal(strided.grad(), dense.grad()));
+}
+
+TEST(CausalSoftmax, NoRowsAndNoGradients) {
+  const at::Tensor empty = torch::zeros({0, 2, 5, 5}, at::kBFloat16);
+  EXPECT_EQ(detail::causalSoftmaxFused(empty).sizes(), empty.sizes());
+  // Without gradients: the values, and no autograd node.
+  const at::Tensor scores = scoresOf({3}, 9, 13);
+  const at::Tensor y = detail::causalSoftmaxFused(scores);
+  EXPECT_FALSE(y.requires_grad());
+  expectWithin(y, referenceOf(scores, torch::zeros_like(scores)).y, kBf16Rel * y.to(torch::kDouble).abs(),
+               "values");
+}
+
+TEST(CausalSoftmax, OtherScoresTakeAtensSoftmax) {
+  FusedOpsScope on(true);
+  const int64_t before = fusedOpCalls();
+  const at::Tensor f32 = scoresOf({2}, 8, 14).to(torch::kFloat);
+  EXPECT_TRUE(torch::equal(causalSoftmax(f32), torch::softmax(f32, -1)));
+  const at::Tensor wide = torch::randn({2, 3, 5}).to(at::kBFloat16);  // not [T, T]
+  EXPECT_TRUE(torch::equal(causalSoftmax(wide), torch::softmax(wide, -1)));
+  EXPECT_EQ(fusedOpCalls(), before);
+  EXPECT_FALSE(detail::causalSoftmaxTakes(f32));
+  EXPECT_THROW(detail::causalSoftmaxFused(f32), c10::Error);
+  {
+    FusedOpsScope off(false);
+    const at::Tensor bf = scoresOf({2}, 8, 15);
+    EXPECT_TRUE(torch::equal(causalSoftmax(bf), torch::softmax(bf, -1)));
+    EXPECT_EQ(fusedOpCalls(), before);
+  }
+  const at::Tensor bf = scoresOf({2}, 8, 15);
+  EXPECT_TRUE(torch::equal(causalSoftmax(bf), detail::causalSoftmaxFused(bf)));
+  EXPECT_GT(fusedOpCalls(), before);
+}
+
+// Rows are independent: the same bits on 1 and 2 threads.
+TEST(CausalSoftmax, ValuesAndGradientsDoNotDependOnTheThreadCount) {
+  const at::Tensor scores = scoresOf({8, 4}, 64, 16);
+  const at::Tensor gy = torch::randn(scores.sizes()).to(at::kBFloat16);
+  auto run = [&](int threads) {
+    at::set_num_threads(threads);
+    const at::Tensor x = scores.clone().requires_grad_(true);
+    const at::Tensor y = detail::causalSoftmaxFused(x);
+    y.backward(gy);
+    return std::pair{y.detach(), x.grad()};
+  };
+  const int threads = at::get_num_threads();
+  const auto one = run(1), two = run(2);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one.first, two.first));
+  EXPECT_TRUE(torch::equal(one.second, two.second));
+}
+
+// Each build this CPU runs against the baseline's: within one bfloat16
+// rounding of each other (the sums of a row add in another order).
+TEST(CausalSoftmax, EveryBuildGivesWhatTheBaselineGives) {
+  std::vector<std::pair<std::string, const detail::CausalSoftmaxTable*>> builds{
+      {"base", &detail::isa::base(detail::CausalSoftmaxTable::Tag{})}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    builds.emplace_back("avx2", &detail::isa::avx2(detail::CausalSoftmaxTable::Tag{}));
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    builds.emplace_back("avx512", &detail::isa::avx512(detail::CausalSoftmaxTable::Tag{}));
+  }
+#endif
+  for (int64_t t : {1, 31, 33, 100}) {
+    const at::Tensor x = scoresOf({3}, t, 17 + t), gy = torch::randn(x.sizes()).to(at::kBFloat16);
+    const int64_t rows = 3 * t;
+    auto run = [&](const detail::CausalSoftmaxTable& k) {
+      at::Tensor y = torch::empty_like(x), gx = torch::empty_like(x);
+      k.forward(x.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, t);
+      k.backward(y.data_ptr<c10::BFloat16>(), gy.data_ptr<c10::BFloat16>(), gx.data_ptr<c10::BFloat16>(), rows, t);
+      return std::pair{y.to(torch::kDouble), gx.to(torch::kDouble)};
+    };
+    const auto base = run(*builds[0].second);
+    for (size_t b = 1; b < builds.size(); ++b) {
+      SCOPED_TRACE(testing::Message() << builds[b].first << ", t " << t);
+      const auto got = run(*builds[b].second);
+      expectWithin(got.first, base.first, kBf16Rel * base.first.abs(), "values");
+      const at::Tensor rowScale = base.second.abs().amax(-1, true) + 1e-30;
+      expectWithin(got.second, base.second, kBf16Rel * rowScale, "gradient");
+    }
+  }
+}
+
+// A GPT under bfloat16 autocast takes the fused softmax once per block and
+// trains as with ATen's softmax, to bfloat16's rounding.
+TEST(CausalSoftmax, AGptUnderBf16AutocastTakesIt) {
+  GptOptions o;
+  o.vocabSize = 13;
+  o.blockSize = 24;
+  o.nLayer = 2;
+  o.nHead = 2;
+  o.nEmbd = 32;
+  o.dropout = 0;
+  torch::manual_seed(18);
+  std::shared_ptr<Model> m = createGpt(o);
+  m->train();
+  const at::Tensor tokens = torch::randint(13, {3, 24}, torch::kLong);
+  auto step = [&](bool fused) {
+    FusedOpsScope scope(fused);
+    m->zero_grad();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    const int64_t before = fusedOpCalls();
+    const at::Tensor logits = m->forward(tokens);
+    const int64_t calls = fusedOpCalls() - before;
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+    const at::Tensor loss = logits.to(torch::kFloat).pow(2).mean();
+    loss.backward();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+    return std::tuple{calls, loss.item<double>(), grads};
+  };
+  const auto [fusedCalls, fusedLoss, fusedGrads] = step(true);
+  const auto [plainCalls, plainLoss, plainGrads] = step(false);
+  EXPECT_EQ(fusedCalls, o.nLayer);
+  EXPECT_EQ(plainCalls, 0);
+  EXPECT_NEAR(fusedLoss, plainLoss, 2e-2 * std::abs(plainLoss));
+  ASSERT_EQ(fusedGrads.size(), plainGrads.size());
+  for (size_t k = 0; k < fusedGrads.size(); ++k) {
+    const double scale = plainGrads[k].abs().max().item<double>() + 1e-12;
+    EXPECT_LE((fusedGrads[k] - plainGrads[k]).abs().max().item<double>(), 5e-2 * scale) << k;
+  }
+}
+
+}  // namespace
+}  // namespace cohort::models
