@@ -75,6 +75,13 @@ std::vector<Case> cases() {
     auto h = leaf({rows, 512});
     out.push_back({tanh ? "gelu(tanh)" : "gelu", "[4096,512]", [=] { torch::gelu(h, approx).backward(g); },
                    [=] { models::detail::biasGeluFused(h, {}, tanh).backward(g); }});
+    // In bfloat16, as under bf16 autocast (the bias already added by the
+    // linear layer).
+    auto hb = h.detach().to(at::kBFloat16).requires_grad_(true);
+    auto gb = g.to(at::kBFloat16);
+    out.push_back({tanh ? "gelu(tanh) bf16" : "gelu bf16", "[4096,512]",
+                   [=] { torch::gelu(hb, approx).backward(gb); },
+                   [=] { models::detail::geluBf16Fused(hb, tanh).backward(gb); }});
     out.push_back({tanh ? "bias+gelu(tanh)" : "bias+gelu", "[4096,512]",
                    [=] { torch::gelu(h + b, approx).backward(g); },
                    [=] { models::detail::biasGeluFused(h, b, tanh).backward(g); }});

@@ -99,28 +99,36 @@ void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invs
 
 namespace {
 
-const CausalSoftmaxTable& softmaxKernels() {
+const Bf16KernelTable& bf16Kernels() {
   switch (kernelIsa()) {
 #if defined(__x86_64__)
     case KernelIsa::avx512:
-      return isa::avx512(CausalSoftmaxTable::Tag{});
+      return isa::avx512(Bf16KernelTable::Tag{});
     case KernelIsa::avx2:
-      return isa::avx2(CausalSoftmaxTable::Tag{});
+      return isa::avx2(Bf16KernelTable::Tag{});
 #endif
     default:
-      return isa::base(CausalSoftmaxTable::Tag{});
+      return isa::base(Bf16KernelTable::Tag{});
   }
 }
 
 }  // namespace
 
 void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t t) {
-  softmaxKernels().forward(x, y, rows, t);
+  bf16Kernels().causalSoftmaxForward(x, y, rows, t);
 }
 
 void causalSoftmaxBackward(const c10::BFloat16* y, const c10::BFloat16* gy, c10::BFloat16* gx, int64_t rows,
                            int64_t t) {
-  softmaxKernels().backward(y, gy, gx, rows, t);
+  bf16Kernels().causalSoftmaxBackward(y, gy, gx, rows, t);
+}
+
+void geluForwardBf16(const c10::BFloat16* h, c10::BFloat16* y, c10::BFloat16* slope, int64_t n, bool tanh) {
+  bf16Kernels().geluForward(h, y, slope, n, tanh);
+}
+
+void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::BFloat16* gh, int64_t n) {
+  bf16Kernels().geluBackward(gy, slope, gh, n);
 }
 
 #define COHORT_FUSED_KERNELS(T)                                                                                   \

@@ -73,11 +73,21 @@ void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows
 void causalSoftmaxBackward(const c10::BFloat16* y, const c10::BFloat16* gy, c10::BFloat16* gx, int64_t rows,
                            int64_t t);
 
-// The causal softmax of one instruction set's build.
-struct CausalSoftmaxTable {
+// y = gelu(h) over n bfloat16 values and, when slope is not null, slope =
+// gelu'(h), each computed in float32 as biasGeluForward computes them and
+// rounded once; tanh: GELU's tanh approximation.
+void geluForwardBf16(const c10::BFloat16* h, c10::BFloat16* y, c10::BFloat16* slope, int64_t n, bool tanh);
+
+// gh = gy * slope over n bfloat16 values (the product in float32).
+void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::BFloat16* gh, int64_t n);
+
+// The bfloat16 loops of one instruction set's build.
+struct Bf16KernelTable {
   struct Tag {};
-  void (*forward)(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
-  void (*backward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+  void (*causalSoftmaxForward)(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+  void (*causalSoftmaxBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+  void (*geluForward)(const c10::BFloat16*, c10::BFloat16*, c10::BFloat16*, int64_t, bool);
+  void (*geluBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t);
 };
 
 // The loops of one instruction set's build, for one dtype.
@@ -101,14 +111,14 @@ const char* fusedKernelsIsa();
 namespace isa {
 const FusedKernelTable<float>& base(float);
 const FusedKernelTable<double>& base(double);
-const CausalSoftmaxTable& base(CausalSoftmaxTable::Tag);
+const Bf16KernelTable& base(Bf16KernelTable::Tag);
 #if defined(__x86_64__)
 const FusedKernelTable<float>& avx2(float);
 const FusedKernelTable<double>& avx2(double);
-const CausalSoftmaxTable& avx2(CausalSoftmaxTable::Tag);
+const Bf16KernelTable& avx2(Bf16KernelTable::Tag);
 const FusedKernelTable<float>& avx512(float);
 const FusedKernelTable<double>& avx512(double);
-const CausalSoftmaxTable& avx512(CausalSoftmaxTable::Tag);
+const Bf16KernelTable& avx512(Bf16KernelTable::Tag);
 #endif
 }  // namespace isa
 

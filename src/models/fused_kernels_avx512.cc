@@ -1,4 +1,4 @@
 // The fused ops' loops built for AVX-512 (F, BW, VL, DQ) and FMA
 // (models/detail/fused_kernels_impl.h; flags in cmake/cpu_kernels.cmake).
 #include "models/detail/fused_kernels_impl.h"
-#include "models/detail/causal_softmax_impl.h"
+#include "models/detail/bf16_kernels_impl.h"

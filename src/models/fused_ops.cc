@@ -51,6 +51,11 @@ std::pair<at::Tensor, at::Tensor> geluPass(const at::Tensor& h, const at::Tensor
   at::Tensor y = at::empty_like(hc, at::MemoryFormat::Contiguous);
   at::Tensor s = slope ? at::empty_like(hc, at::MemoryFormat::Contiguous) : at::Tensor();
   const int64_t n = hc.dim() == 0 ? 1 : hc.size(-1), rows = n == 0 ? 0 : hc.numel() / n;
+  if (hc.scalar_type() == at::kBFloat16) {  // no bias (detail::geluBf16Takes)
+    detail::geluForwardBf16(hc.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(),
+                            s.defined() ? s.data_ptr<c10::BFloat16>() : nullptr, hc.numel(), tanh);
+    return {y, s};
+  }
   byDtype(hc, [&](auto tag) {
     using T = decltype(tag);
     detail::biasGeluForward<T>(ptr<T>(hc), ptr<T>(bc), mutablePtr<T>(y), mutablePtr<T>(s), rows, n, tanh);
@@ -78,6 +83,12 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     const int64_t n = slope.dim() == 0 ? 1 : slope.size(-1), rows = n == 0 ? 0 : slope.numel() / n;
     at::Tensor gb = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(1) ? at::empty({n}, slope.options())
                                                                                   : at::Tensor();
+    if (slope.scalar_type() == at::kBFloat16) {
+      const at::Tensor g = gy.to(at::kBFloat16);
+      detail::geluBackwardBf16(g.data_ptr<c10::BFloat16>(), slope.data_ptr<c10::BFloat16>(),
+                               gh.data_ptr<c10::BFloat16>(), slope.numel());
+      return {gh, gb, at::Tensor()};
+    }
     byDtype(slope, [&](auto tag) {
       using T = decltype(tag);
       detail::biasGeluBackward<T>(ptr<T>(gy), ptr<T>(slope), mutablePtr<T>(gh), mutablePtr<T>(gb), rows, n);
@@ -259,6 +270,19 @@ at::Tensor biasGeluFused(const at::Tensor& h, const at::Tensor& bias, bool tanh)
   return BiasGeluFunction::apply(h, b, tanh);
 }
 
+bool geluBf16Takes(const at::Tensor& h, const at::Tensor& bias) {
+  return !bias.defined() && h.defined() && h.device().is_cpu() && h.layout() == at::kStrided &&
+         h.scalar_type() == at::kBFloat16;
+}
+
+at::Tensor geluBf16Fused(const at::Tensor& h, bool tanh) {
+  TORCH_CHECK(geluBf16Takes(h, {}), "gelu: the fused bfloat16 path takes a CPU tensor of bfloat16, got ",
+              h.scalar_type(), " on ", h.device());
+  fusedCalls.fetch_add(1, std::memory_order_relaxed);
+  if (!(at::GradMode::is_enabled() && h.requires_grad())) return geluPass(h, {}, tanh, /*slope=*/false).first;
+  return BiasGeluFunction::apply(h, c10::nullopt, tanh);
+}
+
 AddNorm addLayerNormFused(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                           const at::Tensor& bias, double eps) {
   checkTaken({x, delta, weight, bias}, "addLayerNorm");
@@ -290,6 +314,7 @@ at::Tensor batchNormReluFused(const at::Tensor& x, const at::Tensor& weight, con
 }  // namespace detail
 
 at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
+  if (fusedOpsOn() && detail::geluBf16Takes(h, bias)) return detail::geluBf16Fused(h, tanh);
   if (!fusedOpsOn() || !detail::fusedKernelsTake({h, bias})) {
     return torch::gelu(bias.defined() ? h + bias : h, tanh ? "tanh" : "none");
   }

@@ -26,6 +26,12 @@ at::Tensor batchNormReluFused(const at::Tensor& x, const at::Tensor& weight, con
                               const at::Tensor& runningMean, const at::Tensor& runningVar, double momentum,
                               double eps);
 
+// GELU of bfloat16 h without a bias (what bf16 autocast's linear layers
+// give: the bias already added), its slope kept in bfloat16: whether it
+// takes h, and the path alone (throws c10::Error unless it does).
+bool geluBf16Takes(const at::Tensor& h, const at::Tensor& bias);
+at::Tensor geluBf16Fused(const at::Tensor& h, bool tanh);
+
 // The fused causal softmax alone (cohort/models/fused_ops.h): throws
 // c10::Error unless causalSoftmaxTakes(scores).
 bool causalSoftmaxTakes(const at::Tensor& scores);

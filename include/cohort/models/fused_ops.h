@@ -8,7 +8,7 @@
 //
 // Each op takes the fused path only while fused ops are on (fusedOpsOn())
 // and for CPU tensors of float32 or float64, all of one dtype, with
-// autocast off (causalSoftmax: bfloat16, autocast on or off); otherwise (CUDA, other dtypes, mixed dtypes, autocast) it runs the ATen
+// autocast off (and bfloat16 as biasGelu and causalSoftmax say); otherwise (CUDA, other dtypes, mixed dtypes, autocast) it runs the ATen
 // ops it replaces. Their backwards are not differentiable again
 // (no double backward), and a trace (TorchScript, ONNX) of a model would
 // hold them as opaque functions: export with fused ops off.
@@ -31,7 +31,10 @@ namespace cohort::models {
 
 // gelu(h + bias), h [..., n], bias [n] or undefined (gelu(h)); tanh: GELU's
 // tanh approximation. The fused path computes GELU's slope in the same pass
-// and keeps it, in place of h, for a backward of one product.
+// and keeps it, in place of h, for a backward of one product. A bfloat16 h
+// without a bias (what bf16 autocast's linear layers give) takes it too,
+// autocast on or off: computed in float32, y and the slope each rounded
+// to bfloat16 once.
 at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh);
 
 // s = x + delta and layer_norm(s) over the last dimension (weight [n],

@@ -1,9 +1,10 @@
 #pragma once
 
-// The causal softmax's loops (models/fused_kernels.h), compiled once per
-// instruction set beside the fused ops' loops: models/fused_kernels_{base,
-// avx2,avx512}.cc include this file after models/detail/fused_kernels_impl.h,
-// whose helpers (Vec, eachVector, load, firstLanes, hsum, rowGrain) it uses.
+// The fused ops' loops on bfloat16 storage (models/fused_kernels.h): the
+// causal softmax, and GELU with its slope. Compiled once per instruction
+// set beside the float loops: models/fused_kernels_{base,avx2,avx512}.cc
+// include this file after models/detail/fused_kernels_impl.h, whose
+// helpers (Vec, hsum, rowGrain, kGrain, geluAndSlope) it uses.
 // Values are computed in float32: a bfloat16 row is widened into a float
 // buffer of the thread's, and rounded to nearest even (ATen's conversion)
 // when stored. The row maximum and exp are
@@ -17,7 +18,7 @@
 #include "models/softmax_rows.h"
 
 #ifndef COHORT_KERNEL_ISA
-#error "models/detail/causal_softmax_impl.h: include models/detail/fused_kernels_impl.h first"
+#error "models/detail/bf16_kernels_impl.h: include models/detail/fused_kernels_impl.h first"
 #endif
 
 // GCC 12 takes the self-initialized operand of its own _mm512_undefined_*
@@ -145,6 +146,44 @@ void causalSoftmaxBackward(const Bf16* y, const Bf16* gy, Bf16* gx, int64_t rows
   });
 }
 
+// --- GELU and its slope ------------------------------------------------------
+
+// y = gelu(h), slope = gelu'(h) over n values (slope may be null), in
+// float32 from the widened h, each rounded to bfloat16 once.
+void geluForward(const Bf16* h, Bf16* y, Bf16* slope, int64_t n, bool tanh) {
+  at::parallel_for(0, n, kGrain, [=](int64_t i0, int64_t i1) {
+    auto pass = [&](int64_t j, int64_t k) {
+      const auto [lo, hi] = at::vec::convert_bfloat16_float(
+          k == kB ? Vec<Bf16>::loadu(h + j) : Vec<Bf16>::loadu(h + j, static_cast<int16_t>(k)));
+      Vec<float> ylo, yhi, slo, shi;
+      geluAndSlope(lo, tanh, ylo, slo);
+      geluAndSlope(hi, tanh, yhi, shi);
+      at::vec::convert_float_bfloat16(ylo, yhi).store(y + j, static_cast<int>(k));
+      if (slope != nullptr) at::vec::convert_float_bfloat16(slo, shi).store(slope + j, static_cast<int>(k));
+    };
+    int64_t j = i0;
+    for (; j + kB <= i1; j += kB) pass(j, kB);
+    if (j < i1) pass(j, i1 - j);
+  });
+}
+
+// gh = gy * slope over n values, in float32, rounded once.
+void geluBackward(const Bf16* gy, const Bf16* slope, Bf16* gh, int64_t n) {
+  at::parallel_for(0, n, kGrain, [=](int64_t i0, int64_t i1) {
+    auto pass = [&](int64_t j, int64_t k) {
+      const auto c = static_cast<int16_t>(k);
+      const auto [g0, g1] =
+          at::vec::convert_bfloat16_float(k == kB ? Vec<Bf16>::loadu(gy + j) : Vec<Bf16>::loadu(gy + j, c));
+      const auto [s0, s1] =
+          at::vec::convert_bfloat16_float(k == kB ? Vec<Bf16>::loadu(slope + j) : Vec<Bf16>::loadu(slope + j, c));
+      at::vec::convert_float_bfloat16(g0 * s0, g1 * s1).store(gh + j, static_cast<int>(k));
+    };
+    int64_t j = i0;
+    for (; j + kB <= i1; j += kB) pass(j, kB);
+    if (j < i1) pass(j, i1 - j);
+  });
+}
+
 }  // namespace
 }  // namespace cohort::models::detail::kernels
 
@@ -154,8 +193,9 @@ void causalSoftmaxBackward(const Bf16* y, const Bf16* gy, Bf16* gx, int64_t rows
 
 namespace cohort::models::detail::isa {
 
-const CausalSoftmaxTable& COHORT_KERNEL_ISA(CausalSoftmaxTable::Tag) {
-  static const CausalSoftmaxTable t{&kernels::causalSoftmaxForward, &kernels::causalSoftmaxBackward};
+const Bf16KernelTable& COHORT_KERNEL_ISA(Bf16KernelTable::Tag) {
+  static const Bf16KernelTable t{&kernels::causalSoftmaxForward, &kernels::causalSoftmaxBackward,
+                                 &kernels::geluForward, &kernels::geluBackward};
   return t;
 }
 

@@ -1,9 +1,11 @@
-// The fused causal softmax of attention (cohort/models/fused_ops.h) against
-// the float64 softmax of the same bfloat16 scores: values and gradients
-// within bfloat16's rounding, on T = 1, primes, vector widths and one past
-// them; what lies above the diagonal ignored; non-contiguous scores; the
-// fallbacks; the same bits on any thread count and on each instruction
-// set's build; a GPT under bf16 autocast taking it.
+// The fused ops on bfloat16 (cohort/models/fused_ops.h) against float64 on
+// the same bfloat16 values. The causal softmax of attention: values and
+// gradients within bfloat16's rounding, on T = 1, primes, vector widths and
+// one past them; what lies above the diagonal ignored; non-contiguous
+// scores; the fallbacks; the same bits on any thread count and on each
+// instruction set's build. GELU with its slope kept: values and gradients
+// within rounding, exact and tanh, on sizes that leave vector tails. A GPT
+// under bf16 autocast taking both.
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -60,6 +62,22 @@ void expectWithin(const at::Tensor& got, const at::Tensor& want, const at::Tenso
       << what << ": at flat index " << at << ", " << got.to(torch::kDouble).flatten()[at].item<double>()
       << " against " << want.flatten()[at].item<double>() << " (tolerance " << tol.flatten()[at].item<double>()
       << ")";
+}
+
+// The builds of the bfloat16 loops this CPU runs, the baseline first.
+std::vector<std::pair<std::string, const detail::Bf16KernelTable*>> bf16Builds() {
+  using Tag = detail::Bf16KernelTable::Tag;
+  std::vector<std::pair<std::string, const detail::Bf16KernelTable*>> builds{{"base", &detail::isa::base(Tag{})}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    builds.emplace_back("avx2", &detail::isa::avx2(Tag{}));
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    builds.emplace_back("avx512", &detail::isa::avx512(Tag{}));
+  }
+#endif
+  return builds;
 }
 
 void checkAgainstReference(std::vector<int64_t> lead, int64_t t, uint64_t seed) {
@@ -182,24 +200,14 @@ TEST(CausalSoftmax, ValuesAndGradientsDoNotDependOnTheThreadCount) {
 // Each build this CPU runs against the baseline's: within one bfloat16
 // rounding of each other (the sums of a row add in another order).
 TEST(CausalSoftmax, EveryBuildGivesWhatTheBaselineGives) {
-  std::vector<std::pair<std::string, const detail::CausalSoftmaxTable*>> builds{
-      {"base", &detail::isa::base(detail::CausalSoftmaxTable::Tag{})}};
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    builds.emplace_back("avx2", &detail::isa::avx2(detail::CausalSoftmaxTable::Tag{}));
-  }
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    builds.emplace_back("avx512", &detail::isa::avx512(detail::CausalSoftmaxTable::Tag{}));
-  }
-#endif
+  const auto builds = bf16Builds();
   for (int64_t t : {1, 31, 33, 100}) {
     const at::Tensor x = scoresOf({3}, t, 17 + t), gy = torch::randn(x.sizes()).to(at::kBFloat16);
     const int64_t rows = 3 * t;
-    auto run = [&](const detail::CausalSoftmaxTable& k) {
+    auto run = [&](const detail::Bf16KernelTable& k) {
       at::Tensor y = torch::empty_like(x), gx = torch::empty_like(x);
-      k.forward(x.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, t);
-      k.backward(y.data_ptr<c10::BFloat16>(), gy.data_ptr<c10::BFloat16>(), gx.data_ptr<c10::BFloat16>(), rows, t);
+      k.causalSoftmaxForward(x.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, t);
+      k.causalSoftmaxBackward(y.data_ptr<c10::BFloat16>(), gy.data_ptr<c10::BFloat16>(), gx.data_ptr<c10::BFloat16>(), rows, t);
       return std::pair{y.to(torch::kDouble), gx.to(torch::kDouble)};
     };
     const auto base = run(*builds[0].second);
@@ -213,9 +221,103 @@ TEST(CausalSoftmax, EveryBuildGivesWhatTheBaselineGives) {
   }
 }
 
-// A GPT under bfloat16 autocast takes the fused softmax once per block and
-// trains as with ATen's softmax, to bfloat16's rounding.
-TEST(CausalSoftmax, AGptUnderBf16AutocastTakesIt) {
+// --- GELU ---------------------------------------------------------------------
+
+// h in bfloat16 (values in [-6, 6) and beyond), gelu and its gradient
+// against float64's on the same values: y within one bfloat16 rounding plus
+// float32's erf (|error| <= 1.5e-7 of the CDF, times |h|); the gradient
+// gy * slope within the slope's and its own rounding.
+void checkGelu(std::vector<int64_t> sizes, bool tanh, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << (tanh ? "tanh" : "erf") << ", " << c10::IntArrayRef(sizes));
+  torch::manual_seed(seed);
+  const at::Tensor h = (torch::randn(sizes, torch::kDouble) * 3).to(at::kBFloat16).requires_grad_(true);
+  const at::Tensor gy = torch::randn(sizes, torch::kDouble).to(at::kBFloat16);
+  const at::Tensor hr = h.detach().to(torch::kDouble).requires_grad_(true);
+  const at::Tensor want = torch::gelu(hr, tanh ? "tanh" : "none");
+  want.backward(gy.to(torch::kDouble));
+  const at::Tensor y = detail::geluBf16Fused(h, tanh);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  const at::Tensor a = hr.detach().abs();
+  expectWithin(y, want.detach(), kBf16Rel * want.detach().abs() + 2e-7 * (1 + a), "values");
+  y.backward(gy);
+  const at::Tensor g = gy.to(torch::kDouble).abs();
+  expectWithin(h.grad(), hr.grad(), kGradRel * hr.grad().abs() + 4e-7 * g * (1 + a) + 1e-30, "gradient");
+}
+
+TEST(Bf16Gelu, MatchesTheFloat64GeluWithinBfloat16Rounding) {
+  uint64_t seed = 30;
+  for (bool tanh : {false, true}) {
+    for (const auto& sizes : std::vector<std::vector<int64_t>>{{1}, {7}, {31}, {32}, {33}, {4097}, {3, 5, 17}}) {
+      checkGelu(sizes, tanh, seed++);
+    }
+  }
+}
+
+TEST(Bf16Gelu, TakesNonContiguousInputAndNoGradients) {
+  torch::manual_seed(40);
+  const at::Tensor base = torch::randn({33, 20}).to(at::kBFloat16);
+  const at::Tensor strided = base.t().requires_grad_(true);
+  const at::Tensor dense = strided.detach().contiguous().requires_grad_(true);
+  const at::Tensor a = detail::geluBf16Fused(strided, false), b = detail::geluBf16Fused(dense, false);
+  EXPECT_TRUE(torch::equal(a, b));
+  const at::Tensor gy = torch::randn({20, 33}).to(at::kBFloat16);
+  a.backward(gy);
+  b.backward(gy);
+  EXPECT_TRUE(torch::equal(strided.grad(), dense.grad()));
+  // Without gradients: the same values, no autograd node.
+  const at::Tensor c = detail::geluBf16Fused(base.t(), false);
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_TRUE(torch::equal(c, a.detach()));
+}
+
+TEST(Bf16Gelu, ABiasOrAnotherDtypeTakesAtensGelu) {
+  FusedOpsScope on(true);
+  torch::manual_seed(41);
+  const at::Tensor h = torch::randn({5, 9}).to(at::kBFloat16), b = torch::randn({9}).to(at::kBFloat16);
+  const int64_t before = fusedOpCalls();
+  EXPECT_FALSE(detail::geluBf16Takes(h, b));
+  EXPECT_TRUE(torch::equal(biasGelu(h, b, false), torch::gelu(h + b)));
+  EXPECT_FALSE(detail::geluBf16Takes(torch::randn({3}).to(at::kHalf), {}));
+  EXPECT_THROW(detail::geluBf16Fused(torch::randn({3}), false), c10::Error);
+  EXPECT_EQ(fusedOpCalls(), before);
+  EXPECT_TRUE(torch::equal(biasGelu(h, {}, true), detail::geluBf16Fused(h, true)));
+  EXPECT_GT(fusedOpCalls(), before);
+  FusedOpsScope off(false);
+  EXPECT_TRUE(torch::equal(biasGelu(h, {}, true), torch::gelu(h, "tanh")));
+}
+
+// Each build this CPU runs against the baseline's, within one rounding.
+TEST(Bf16Gelu, EveryBuildGivesWhatTheBaselineGives) {
+  torch::manual_seed(42);
+  const int64_t n = 1000;  // tails at every vector width
+  const at::Tensor h = (torch::randn({n}) * 4).to(at::kBFloat16), gy = torch::randn({n}).to(at::kBFloat16);
+  for (bool tanh : {false, true}) {
+    auto run = [&](const detail::Bf16KernelTable& k) {
+      at::Tensor y = torch::empty_like(h), slope = torch::empty_like(h), gh = torch::empty_like(h);
+      k.geluForward(h.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), slope.data_ptr<c10::BFloat16>(), n,
+                    tanh);
+      k.geluBackward(gy.data_ptr<c10::BFloat16>(), slope.data_ptr<c10::BFloat16>(), gh.data_ptr<c10::BFloat16>(), n);
+      return std::pair{y.to(torch::kDouble), gh.to(torch::kDouble)};
+    };
+    const auto builds = bf16Builds();
+    const auto base = run(*builds[0].second);
+    for (size_t b = 1; b < builds.size(); ++b) {
+      SCOPED_TRACE(testing::Message() << builds[b].first << (tanh ? " tanh" : " erf"));
+      const auto got = run(*builds[b].second);
+      // Each within the float erf's error of float64 (checkGelu), so twice
+      // that of each other.
+      const at::Tensor a = 1 + h.to(torch::kDouble).abs(), g = gy.to(torch::kDouble).abs();
+      expectWithin(got.first, base.first, kBf16Rel * base.first.abs() + 4e-7 * a, "values");
+      expectWithin(got.second, base.second, kGradRel * base.second.abs() + 8e-7 * g * a, "gradient");
+    }
+  }
+}
+
+// --- the model ------------------------------------------------------------------
+
+// A GPT under bfloat16 autocast takes the fused softmax and GELU once per
+// block each and trains as with ATen's ops, to bfloat16's rounding.
+TEST(Bf16Ops, AGptUnderBf16AutocastTakesThem) {
   GptOptions o;
   o.vocabSize = 13;
   o.blockSize = 24;
@@ -245,7 +347,7 @@ TEST(CausalSoftmax, AGptUnderBf16AutocastTakesIt) {
   };
   const auto [fusedCalls, fusedLoss, fusedGrads] = step(true);
   const auto [plainCalls, plainLoss, plainGrads] = step(false);
-  EXPECT_EQ(fusedCalls, o.nLayer);
+  EXPECT_EQ(fusedCalls, 2 * o.nLayer);
   EXPECT_EQ(plainCalls, 0);
   EXPECT_NEAR(fusedLoss, plainLoss, 2e-2 * std::abs(plainLoss));
   ASSERT_EQ(fusedGrads.size(), plainGrads.size());
