@@ -4,11 +4,12 @@
 // Input: byte 0 the op (even: the causal softmax, odd: GELU, exact or tanh
 // by its second bit), byte 1 a size (from 1, 2, 3, 5, 15, 16, 17, 31, 32,
 // 33, 64, 65, 257), byte 2 the matrices or rows (1-4) and flags
-// (non-contiguous input; for the softmax what lies above the diagonal:
-// -inf, a large value or NaN), the rest the values in [-4, 4) by 1/32
+// (non-contiguous input; for the softmax what lies past each query's
+// position: -inf, a large value or NaN, and whether the queries are the
+// last half of the positions rather than all), the rest the values in [-4, 4) by 1/32
 // times 4, repeated to fill. A value or gradient off the reference by more
 // than the bounds tests/models/bf16_ops_test.cc states, a softmax value
-// above the diagonal not 0, or any exception is a finding.
+// past its query's position not 0, or any exception is a finding.
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -50,15 +51,16 @@ void within(const at::Tensor& got, const at::Tensor& want, const at::Tensor& tol
 }
 
 
-// Softmax of [matrices, t, t] scores.
-void causalSoftmax(const uint8_t* data, size_t size, int64_t t, int64_t matrices, bool strided, int above) {
+// Softmax of [matrices, q, t] scores, the queries the last q of t.
+void causalSoftmax(const uint8_t* data, size_t size, int64_t q, int64_t t, int64_t matrices, bool strided,
+                   int above) {
   const double inf = std::numeric_limits<double>::infinity();
-  const at::Tensor mask = torch::ones({t, t}, torch::kBool).triu(1);
+  const at::Tensor mask = torch::ones({q, t}, torch::kBool).triu(t - q + 1);
   // Scores as bfloat16, their float64 values the reference's.
-  const at::Tensor values = (cohort::fuzz::inputValues(data, size, 3, {matrices, t, t}) * 4).to(at::kBFloat16);
+  const at::Tensor values = (cohort::fuzz::inputValues(data, size, 3, {matrices, q, t}) * 4).to(at::kBFloat16);
   const at::Tensor fill = torch::full({}, above == 0 ? -inf : above == 1 ? 1e30 : std::nan(""), torch::kDouble);
   const at::Tensor scores = asInput(values.masked_fill(mask, fill.to(at::kBFloat16)), strided);
-  const at::Tensor gy = cohort::fuzz::inputValues(data, size, 4, {matrices, t, t}).to(at::kBFloat16);
+  const at::Tensor gy = cohort::fuzz::inputValues(data, size, 4, {matrices, q, t}).to(at::kBFloat16);
 
   const at::Tensor ref = values.to(torch::kDouble).masked_fill(mask, -inf).requires_grad_(true);
   const at::Tensor want = torch::softmax(ref, -1);
@@ -68,7 +70,7 @@ void causalSoftmax(const uint8_t* data, size_t size, int64_t t, int64_t matrices
   const at::Tensor y = cohort::models::detail::causalSoftmaxFused(scores);
   within(y, want.detach(), want.detach().abs() * kBf16Rel, "softmax");
   if (y.masked_select(mask.expand(y.sizes())).abs().sum().item<double>() != 0) {
-    cohort::fuzz::finding("a value above the diagonal is not 0");
+    cohort::fuzz::finding("a value past its query's position is not 0");
   }
   y.backward(gy);
   const at::Tensor w = want.detach();
@@ -104,7 +106,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t count = 1 + data[2] % 4;
   const bool strided = (data[2] >> 2) & 1;
   if (data[0] % 2 == 0) {
-    causalSoftmax(data, size, n, count, strided, (data[2] >> 3) % 3);
+    // Bit 5: the queries the last half of the positions (a block of them).
+    const int64_t q = (data[2] >> 5) & 1 ? (n + 1) / 2 : n;
+    causalSoftmax(data, size, q, n, count, strided, (data[2] >> 3) % 3);
   } else {
     gelu(data, size, n, count, strided, (data[0] >> 1) & 1);
   }

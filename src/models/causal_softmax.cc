@@ -17,7 +17,7 @@ int64_t rowsOf(const at::Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t
 at::Tensor softmaxValues(const at::Tensor& scores) {
   const at::Tensor x = scores.contiguous();
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  detail::causalSoftmaxForward(x.data_ptr<Bf16>(), y.data_ptr<Bf16>(), rowsOf(x), x.size(-1));
+  detail::causalSoftmaxForward(x.data_ptr<Bf16>(), y.data_ptr<Bf16>(), rowsOf(x), x.size(-2), x.size(-1));
   return y;
 }
 
@@ -35,7 +35,7 @@ class CausalSoftmaxFunction : public torch::autograd::Function<CausalSoftmaxFunc
     const at::Tensor gy = grads[0].to(at::kBFloat16).contiguous();
     at::Tensor gx = at::empty_like(y, at::MemoryFormat::Contiguous);
     detail::causalSoftmaxBackward(y.data_ptr<Bf16>(), gy.data_ptr<Bf16>(), gx.data_ptr<Bf16>(), rowsOf(y),
-                                  y.size(-1));
+                                  y.size(-2), y.size(-1));
     return {gx};
   }
 };
@@ -46,11 +46,11 @@ namespace detail {
 
 bool causalSoftmaxTakes(const at::Tensor& scores) {
   return scores.defined() && scores.device().is_cpu() && scores.layout() == at::kStrided &&
-         scores.scalar_type() == at::kBFloat16 && scores.dim() >= 2 && scores.size(-1) == scores.size(-2);
+         scores.scalar_type() == at::kBFloat16 && scores.dim() >= 2 && scores.size(-2) <= scores.size(-1);
 }
 
 at::Tensor causalSoftmaxFused(const at::Tensor& scores) {
-  TORCH_CHECK(causalSoftmaxTakes(scores), "causalSoftmax: the fused path takes CPU scores [..., T, T] of bfloat16, got ",
+  TORCH_CHECK(causalSoftmaxTakes(scores), "causalSoftmax: the fused path takes CPU scores [..., Q, T] (Q <= T) of bfloat16, got ",
               scores.sizes(), " ", scores.scalar_type(), " on ", scores.device());
   countFusedCall();
   // Without a gradient to keep: the values alone, no autograd node.

@@ -114,13 +114,13 @@ const Bf16KernelTable& bf16Kernels() {
 
 }  // namespace
 
-void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t t) {
-  bf16Kernels().causalSoftmaxForward(x, y, rows, t);
+void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t q, int64_t t) {
+  bf16Kernels().causalSoftmaxForward(x, y, rows, q, t);
 }
 
 void causalSoftmaxBackward(const c10::BFloat16* y, const c10::BFloat16* gy, c10::BFloat16* gx, int64_t rows,
-                           int64_t t) {
-  bf16Kernels().causalSoftmaxBackward(y, gy, gx, rows, t);
+                           int64_t q, int64_t t) {
+  bf16Kernels().causalSoftmaxBackward(y, gy, gx, rows, q, t);
 }
 
 void geluForwardBf16(const c10::BFloat16* h, c10::BFloat16* y, c10::BFloat16* slope, int64_t n, bool tanh) {

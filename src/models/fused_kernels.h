@@ -61,17 +61,18 @@ template <typename T>
 void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invstd, const T* scale, const T* shift,
                            T* gx, T* gw, T* gb, BnShape shape);
 
-// Softmax over each of `rows` rows of t values, the rows of [.., t, t]
-// causal attention scores in bfloat16: row r keeps its first r % t + 1
-// values (query r % t sees the keys up to its own position) and the others
-// become 0, whatever they held. Computed in float32; the row maximum and
-// exp are models/softmax_rows.h's.
-void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t t);
+// Softmax over each of `rows` rows of t values, the rows of [.., q, t]
+// causal attention scores in bfloat16 whose q queries are the last q of
+// the t positions (q <= t; q = t: square): row r keeps its first
+// t - q + r % q + 1 values (its query sees the keys up to its own
+// position) and the others become 0, whatever they held. Computed in
+// float32; the row maximum and exp are models/softmax_rows.h's.
+void causalSoftmaxForward(const c10::BFloat16* x, c10::BFloat16* y, int64_t rows, int64_t q, int64_t t);
 
 // The softmax's input gradient from its output y and output gradient gy:
 // gx = y * (gy - sum(y * gy)) over each row's kept values, 0 after them.
 void causalSoftmaxBackward(const c10::BFloat16* y, const c10::BFloat16* gy, c10::BFloat16* gx, int64_t rows,
-                           int64_t t);
+                           int64_t q, int64_t t);
 
 // y = gelu(h) over n bfloat16 values and, when slope is not null, slope =
 // gelu'(h), each computed in float32 as biasGeluForward computes them and
@@ -84,8 +85,9 @@ void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::
 // The bfloat16 loops of one instruction set's build.
 struct Bf16KernelTable {
   struct Tag {};
-  void (*causalSoftmaxForward)(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
-  void (*causalSoftmaxBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+  void (*causalSoftmaxForward)(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t, int64_t);
+  void (*causalSoftmaxBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t,
+                                int64_t);
   void (*geluForward)(const c10::BFloat16*, c10::BFloat16*, c10::BFloat16*, int64_t, bool);
   void (*geluBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t);
 };

@@ -291,6 +291,9 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   // float32 or float64): the same values up to rounding, without the
   // [B, H, T, T] scores.
   if (!dropAttention && flashAttentionApplies(q, k, v)) return flashAttention(q, k, v);
+  // bfloat16 with the fused ops: blocks of queries, each against the keys
+  // up to its end only.
+  if (detail::causalBlocksApply(q)) return detail::causalBlocksAttention(q, k, v, dropAttention);
   const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3);
   if (!mask.defined() || mask.size(0) != t || mask.dtype() != maskOptions.dtype() ||
       mask.device() != maskOptions.device()) {
@@ -314,6 +317,35 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   if (dropAttention) att = dropAttention(att);
   return torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, heads * d});
 }
+
+namespace detail {
+
+bool causalBlocksApply(const at::Tensor& q) {
+  return fusedOpsOn() && q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && q.dim() == 4 &&
+         q.size(2) > kCausalQueryBlock;
+}
+
+at::Tensor causalBlocksAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::function<at::Tensor(const at::Tensor&)>& dropAttention) {
+  const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3);
+  // [B H, T, D], contiguous once: each block a view of them. The scale on
+  // the queries, a [T, D] pass, rather than on the [T, T] scores.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const at::Tensor qs = (q * scale).reshape({b * heads, t, d});
+  const at::Tensor ks = k.reshape({b * heads, t, d}), vs = v.reshape({b * heads, t, d});
+  std::vector<at::Tensor> out;
+  for (int64_t start = 0; start < t; start += kCausalQueryBlock) {
+    const int64_t end = std::min(t, start + kCausalQueryBlock);
+    // Queries [start, end) see keys [0, end): scores [B H, end - start, end].
+    const at::Tensor scores = at::bmm(qs.narrow(1, start, end - start), ks.narrow(1, 0, end).transpose(1, 2));
+    at::Tensor att = causalSoftmax(scores);
+    if (dropAttention) att = dropAttention(att);
+    out.push_back(at::bmm(att, vs.narrow(1, 0, end)));
+  }
+  return at::cat(out, 1).view({b, heads, t, d}).transpose(1, 2).contiguous().view({b, t, heads * d});
+}
+
+}  // namespace detail
 
 GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize) {
   GptOptions o;

@@ -19,6 +19,7 @@
 
 #include "cohort/models/gpt.h"
 #include "cohort/models/model.h"
+#include "models/attention.h"
 #include "models/fused_kernels.h"
 #include "models/fused_ops.h"
 
@@ -33,13 +34,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kBf16Rel = 1.0 / 256;
 constexpr double kGradRel = 2.0 / 256 + 1.0 / 4096;
 
-// Causal scores [lead..., t, t] in bfloat16, -inf above the diagonal.
-at::Tensor scoresOf(std::vector<int64_t> lead, int64_t t, uint64_t seed, double scale = 3.0) {
+// Where query i of the last q of t positions sees no key: j > t - q + i.
+at::Tensor hiddenOf(int64_t q, int64_t t) { return torch::ones({q, t}, torch::kBool).triu(t - q + 1); }
+
+// Causal scores [lead..., q, t] in bfloat16 (q = 0: t), -inf where hidden.
+at::Tensor scoresOf(std::vector<int64_t> lead, int64_t t, uint64_t seed, int64_t q = 0) {
   torch::manual_seed(seed);
+  q = q > 0 ? q : t;
+  lead.push_back(q);
   lead.push_back(t);
-  lead.push_back(t);
-  const at::Tensor mask = torch::full({t, t}, -kInf, torch::kDouble).triu(1);
-  return (torch::randn(lead, torch::kDouble) * scale + mask).to(at::kBFloat16);
+  return (torch::randn(lead, torch::kDouble) * 3).masked_fill(hiddenOf(q, t), -kInf).to(at::kBFloat16);
 }
 
 // The float64 softmax of the bfloat16 scores, and its gradient for gy.
@@ -80,17 +84,17 @@ std::vector<std::pair<std::string, const detail::Bf16KernelTable*>> bf16Builds()
   return builds;
 }
 
-void checkAgainstReference(std::vector<int64_t> lead, int64_t t, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "t " << t << ", " << lead.size() << " leading dims");
-  const at::Tensor scores = scoresOf(lead, t, seed).requires_grad_(true);
+void checkAgainstReference(std::vector<int64_t> lead, int64_t t, uint64_t seed, int64_t q = 0) {
+  SCOPED_TRACE(testing::Message() << "t " << t << ", q " << q << ", " << lead.size() << " leading dims");
+  const at::Tensor scores = scoresOf(lead, t, seed, q).requires_grad_(true);
   const at::Tensor gy = torch::randn(scores.sizes(), torch::kDouble).to(at::kBFloat16);
   const Reference ref = referenceOf(scores.detach(), gy);
   const at::Tensor y = detail::causalSoftmaxFused(scores);
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
   expectWithin(y, ref.y, kBf16Rel * ref.y.abs(), "values");
-  // Above the diagonal: exactly 0.
-  const at::Tensor above = torch::ones({t, t}, torch::kBool).triu(1);
-  EXPECT_EQ(y.masked_select(above.expand(y.sizes())).abs().sum().item<double>(), 0.0);
+  // Past each query's position: exactly 0.
+  const at::Tensor hidden = hiddenOf(q > 0 ? q : t, t);
+  EXPECT_EQ(y.masked_select(hidden.expand(y.sizes())).abs().sum().item<double>(), 0.0);
   y.backward(gy);
   // gx = y (gy - sum(y gy)): the rounding of y and of the sum, each within
   // 2^-8 of its size, and of gx itself.
@@ -106,6 +110,15 @@ TEST(CausalSoftmax, MatchesTheFloat64SoftmaxWithinBfloat16Rounding) {
   }
   checkAgainstReference({}, 40, seed++);
   checkAgainstReference({1, 1, 1}, 96, seed++);
+}
+
+// Queries the last q of t positions: a block of queries against the keys
+// up to its end.
+TEST(CausalSoftmax, RectangularScoresOfTheLastQueries) {
+  uint64_t seed = 50;
+  for (const auto& [q, t] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 9}, {5, 40}, {31, 64}, {64, 256}}) {
+    checkAgainstReference({2, 3}, t, seed++, q);
+  }
 }
 
 // What the scores hold above the diagonal (the mask's -inf, a large value,
@@ -163,7 +176,7 @@ TEST(CausalSoftmax, OtherScoresTakeAtensSoftmax) {
   const int64_t before = fusedOpCalls();
   const at::Tensor f32 = scoresOf({2}, 8, 14).to(torch::kFloat);
   EXPECT_TRUE(torch::equal(causalSoftmax(f32), torch::softmax(f32, -1)));
-  const at::Tensor wide = torch::randn({2, 3, 5}).to(at::kBFloat16);  // not [T, T]
+  const at::Tensor wide = torch::randn({2, 5, 3}).to(at::kBFloat16);  // more queries than keys
   EXPECT_TRUE(torch::equal(causalSoftmax(wide), torch::softmax(wide, -1)));
   EXPECT_EQ(fusedOpCalls(), before);
   EXPECT_FALSE(detail::causalSoftmaxTakes(f32));
@@ -206,8 +219,9 @@ TEST(CausalSoftmax, EveryBuildGivesWhatTheBaselineGives) {
     const int64_t rows = 3 * t;
     auto run = [&](const detail::Bf16KernelTable& k) {
       at::Tensor y = torch::empty_like(x), gx = torch::empty_like(x);
-      k.causalSoftmaxForward(x.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, t);
-      k.causalSoftmaxBackward(y.data_ptr<c10::BFloat16>(), gy.data_ptr<c10::BFloat16>(), gx.data_ptr<c10::BFloat16>(), rows, t);
+      k.causalSoftmaxForward(x.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, t, t);
+      k.causalSoftmaxBackward(y.data_ptr<c10::BFloat16>(), gy.data_ptr<c10::BFloat16>(), gx.data_ptr<c10::BFloat16>(),
+                              rows, t, t);
       return std::pair{y.to(torch::kDouble), gx.to(torch::kDouble)};
     };
     const auto base = run(*builds[0].second);
@@ -311,6 +325,62 @@ TEST(Bf16Gelu, EveryBuildGivesWhatTheBaselineGives) {
       expectWithin(got.second, base.second, kGradRel * base.second.abs() + 8e-7 * g * a, "gradient");
     }
   }
+}
+
+// --- attention in blocks of queries ---------------------------------------------
+
+// q, k, v [B, H, T, D] -> out [B, T, H D] and the gradients of q, k, v for
+// gy: causalAttention with the fused ops on or off, or in float64.
+struct AttentionRun {
+  at::Tensor out, dq, dk, dv;
+};
+AttentionRun attentionOf(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& gy,
+                         bool fused, at::ScalarType dtype) {
+  FusedOpsScope scope(fused);
+  const at::Tensor q = q0.to(dtype).requires_grad_(true), k = k0.to(dtype).requires_grad_(true),
+                   v = v0.to(dtype).requires_grad_(true);
+  at::Tensor mask;
+  at::Tensor out = dtype == torch::kDouble
+                       ? [&] {
+                           // The whole matrix in float64 (the reference; not the blockwise kernel).
+                           const int64_t t = q.size(2), d = q.size(3);
+                           const at::Tensor s = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(double(d));
+                           const at::Tensor p = torch::softmax(s.masked_fill(hiddenOf(t, t), -kInf), -1);
+                           return torch::matmul(p, v).transpose(1, 2).reshape({q.size(0), t, -1});
+                         }()
+                       : causalAttention(q, k, v, mask, q.options());
+  out.backward(gy.to(out.scalar_type()));
+  return {out.detach().to(torch::kDouble), q.grad().to(torch::kDouble), k.grad().to(torch::kDouble),
+          v.grad().to(torch::kDouble)};
+}
+
+// Blocks of queries (T past one block, the last one short) against the
+// float64 whole matrix: no further from it than ATen's bfloat16 whole
+// matrix is (twice its largest error, each of the output and gradients).
+TEST(Bf16Ops, BlocksOfQueriesAreAsCloseToFloat64AsTheWholeMatrix) {
+  for (int64_t t : {detail::kCausalQueryBlock + 1, 2 * detail::kCausalQueryBlock, 2 * detail::kCausalQueryBlock + 44}) {
+    SCOPED_TRACE(t);
+    torch::manual_seed(60 + t);
+    const at::Tensor q = torch::randn({2, 3, t, 16}, torch::kDouble), k = torch::randn({2, 3, t, 16}, torch::kDouble);
+    const at::Tensor v = torch::randn({2, 3, t, 16}, torch::kDouble), gy = torch::randn({2, t, 48}, torch::kDouble);
+    ASSERT_TRUE(detail::causalBlocksApply(q.to(at::kBFloat16)));
+    FusedOpsScope on(true);
+    const int64_t before = fusedOpCalls();
+    const AttentionRun blocks = attentionOf(q, k, v, gy, true, at::kBFloat16);
+    EXPECT_EQ(fusedOpCalls() - before, (t + detail::kCausalQueryBlock - 1) / detail::kCausalQueryBlock);
+    const AttentionRun whole = attentionOf(q, k, v, gy, false, at::kBFloat16);
+    const AttentionRun ref = attentionOf(q, k, v, gy, false, torch::kDouble);
+    auto worst = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
+    EXPECT_LE(worst(blocks.out, ref.out), 2 * worst(whole.out, ref.out)) << worst(whole.out, ref.out);
+    EXPECT_LE(worst(blocks.dq, ref.dq), 2 * worst(whole.dq, ref.dq)) << worst(whole.dq, ref.dq);
+    EXPECT_LE(worst(blocks.dk, ref.dk), 2 * worst(whole.dk, ref.dk)) << worst(whole.dk, ref.dk);
+    EXPECT_LE(worst(blocks.dv, ref.dv), 2 * worst(whole.dv, ref.dv)) << worst(whole.dv, ref.dv);
+  }
+  // One block or less, float32, or fused ops off: the whole matrix (or the blockwise kernel).
+  EXPECT_FALSE(detail::causalBlocksApply(torch::zeros({1, 1, detail::kCausalQueryBlock, 4}, at::kBFloat16)));
+  EXPECT_FALSE(detail::causalBlocksApply(torch::zeros({1, 1, 300, 4})));
+  FusedOpsScope off(false);
+  EXPECT_FALSE(detail::causalBlocksApply(torch::zeros({1, 1, 300, 4}, at::kBFloat16)));
 }
 
 // --- the model ------------------------------------------------------------------

@@ -53,15 +53,16 @@ AddNorm addLayerNorm(const at::Tensor& x, const at::Tensor& delta, const at::Ten
 // parameters or running statistics, bn's own forward then relu.
 at::Tensor batchNormRelu(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x);
 
-// softmax(scores, -1) of causal attention scores [..., T, T] whose values
-// above the diagonal are -inf (as the product that adds the causal mask
-// writes them): row i of each matrix over its first i + 1 values, the
-// rest 0. The fused path, for bfloat16 CPU scores (what autocast makes;
-// autocast on or off), reads and computes only those i + 1 values, in
-// float32, and keeps its output for a backward of one pass. Float32 scores
-// take ATen's softmax: the fused loop measured slower in backward there,
-// and float32 attention without dropout is blockwise anyway
-// (models/flash_attention.h).
+// softmax(scores, -1) of causal attention scores [..., Q, T] (Q <= T; the
+// Q queries the last Q of the T positions, Q = T the square matrix) whose
+// values past each query's position are -inf (as the product that adds
+// the causal mask writes them): row i of each matrix over its first
+// T - Q + i + 1 values, the rest 0. The fused path, for bfloat16 CPU
+// scores (what autocast makes; autocast on or off), reads and computes only
+// those values, in float32, and keeps its output for a backward of one
+// pass. Float32 scores take ATen's softmax: the fused loop measured slower
+// in backward there, and float32 attention without dropout is blockwise
+// anyway (models/flash_attention.h).
 at::Tensor causalSoftmax(const at::Tensor& scores);
 
 // Fused calls made in this process (the ops above): tests check a model

@@ -56,7 +56,9 @@ GptOptions gptOptions(const ModelConfig& config, int64_t vocabSize);
 // Without `dropAttention`, CPU tensors of float32 or float64 take
 // the blockwise kernel of models/flash_attention.h instead, which never
 // holds the [B, H, S, S] scores (nor builds `mask`); the values agree up to
-// rounding.
+// rounding. bfloat16 CPU tensors (bf16 autocast) with the fused ops on take
+// blocks of 128 queries, each against the keys up to its end
+// (models/attention.h), nor build `mask` either.
 at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& mask,
                            const at::TensorOptions& maskOptions,
                            const std::function<at::Tensor(const at::Tensor&)>& dropAttention = {});

@@ -90,20 +90,21 @@ inline void narrowScaled(const float* buf, float scale, Bf16* dst, int64_t n) {
       [&](int64_t i) { dst[i] = static_cast<Bf16>(buf[i] * scale); });
 }
 
-// Row r of [.., t, t] causal scores keeps its first r % t + 1 values.
-inline int64_t keptOf(int64_t r, int64_t t) { return r % t + 1; }
+// Row r of [.., q, t] causal scores (the queries the last q of t
+// positions) keeps its first t - q + r % q + 1 values.
+inline int64_t keptOf(int64_t r, int64_t q, int64_t t) { return t - q + r % q + 1; }
 
 // The largest value and exp of the row shifted by it, with their sum, are
 // models/softmax_rows.h's row operations (its own vector builds, the ones
 // the blockwise attention runs).
 inline float expRow(float* x, int64_t n) { return expShiftedInPlace(x, n, rowMax(x, n)); }
 
-void causalSoftmaxForward(const Bf16* x, Bf16* y, int64_t rows, int64_t t) {
+void causalSoftmaxForward(const Bf16* x, Bf16* y, int64_t rows, int64_t q, int64_t t) {
   at::parallel_for(0, rows, rowGrain(t), [=](int64_t r0, int64_t r1) {
     std::vector<float> row(static_cast<size_t>(t));
     float* b = row.data();
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t kept = keptOf(r, t), span = spanOf<kB>(kept, t);
+      const int64_t kept = keptOf(r, q, t), span = spanOf<kB>(kept, t);
       Bf16* yr = y + r * t;
       widen(x + r * t, b, span);
       const float inv = 1.0f / expRow(b, kept);
@@ -128,13 +129,13 @@ inline void softmaxGrad(const float* y, const float* gy, float* gx, int64_t n) {
       [&](int64_t i) { gx[i] = y[i] * (gy[i] - d); });
 }
 
-void causalSoftmaxBackward(const Bf16* y, const Bf16* gy, Bf16* gx, int64_t rows, int64_t t) {
+void causalSoftmaxBackward(const Bf16* y, const Bf16* gy, Bf16* gx, int64_t rows, int64_t q, int64_t t) {
   at::parallel_for(0, rows, rowGrain(t), [=](int64_t r0, int64_t r1) {
     std::vector<float> rowY(static_cast<size_t>(t)), rowG(static_cast<size_t>(t));
     float* yb = rowY.data();
     float* gb = rowG.data();
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t kept = keptOf(r, t), span = spanOf<kB>(kept, t);
+      const int64_t kept = keptOf(r, q, t), span = spanOf<kB>(kept, t);
       Bf16* gxr = gx + r * t;
       widen(y + r * t, yb, span);
       widen(gy + r * t, gb, span);
