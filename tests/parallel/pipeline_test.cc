@@ -47,7 +47,8 @@ constexpr double kTolerance = 1e-5;
 // step (2^-8) apart. Through the forward and backward of a block that is
 // a relative difference of a few steps in a gradient: d = 2^-6 (four
 // steps) gives 6 * 0.01 * 2^-6 = 9.4e-4. Measured: 3.3e-4 on an AVX2-only
-// CPU, under 1e-5 with AVX-512 BF16. An element whose gradient is within
+// CPU, under 1e-5 with AVX-512 BF16; with the attention's key bias left
+// out (withoutKeyBias), 1.2e-4 held to AVX2. An element whose gradient is within
 // d of zero could change the sign of its move (2 * lr); the bound assumes
 // none does, and a run that broke it would say so here.
 constexpr double kBf16Tolerance = 6 * 0.01 / 64;
@@ -60,6 +61,28 @@ ckpt::StateDict parametersOnly(const ckpt::StateDict& d) {
     if (name.find("running_") == std::string::npos && name.find("num_batches") == std::string::npos) {
       out.emplace_back(name, t);
     }
+  }
+  return out;
+}
+
+// Without the attention's key bias (the middle third of c_attn.bias): its
+// gradient is 0 in exact arithmetic (it adds q . b_k to every score of a
+// query's row, and the softmax ignores a shift of its row), so in bf16 it
+// is rounding noise alone, which AdamW turns into steps of about lr either
+// way: the element "whose gradient is within d of zero" of kBf16Tolerance,
+// in every block. Measured: the runs of the test below held to AVX2 part
+// there by up to 1.4e-3 and everywhere else by under 1.2e-4.
+ckpt::StateDict withoutKeyBias(const ckpt::StateDict& d) {
+  ckpt::StateDict out;
+  const std::string suffix = "attn.c_attn.bias";
+  for (const auto& [name, t] : d) {
+    const bool key = name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (!key) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    const int64_t width = t.size(0) / 3;
+    out.emplace_back(name, torch::cat({t.narrow(0, 0, width), t.narrow(0, 2 * width, width)}));
   }
   return out;
 }
@@ -203,7 +226,7 @@ TEST_F(Pipeline, Bf16StagesFollowTheUnsplitModelOnTheSameMicroBatches) {
   auto plain = gpt("bf16-plain", 1, 3, {bf16, "training.accumulate_steps=4"});
   auto staged = gpt("bf16-p2", 2, 3,
                     {bf16, "distribution.pipeline.stages=2", "distribution.pipeline.micro_batches=4"});
-  const double diff = test::maxDifference(plain, staged);
+  const double diff = test::maxDifference(withoutKeyBias(plain), withoutKeyBias(staged));
   EXPECT_LT(diff, kBf16Tolerance);
   RecordProperty("max_parameter_difference_bf16", fmt::format("{:.3g}", diff));
   auto fp32 = gpt("fp32", 1, 3, {"training.accumulate_steps=4"});

@@ -7,9 +7,8 @@
 // helpers (Vec, hsum, rowGrain, kGrain, geluAndSlope) it uses.
 // Values are computed in float32: a bfloat16 row is widened into a float
 // buffer of the thread's, and rounded to nearest even (ATen's conversion)
-// when stored. The row maximum and exp are
-// models/softmax_rows.h's, whose builds follow the same choice of
-// instruction set.
+// when stored. The row maximum and exp are models/softmax_rows.h's, whose
+// builds follow the same choice of instruction set.
 
 #include <c10/util/BFloat16.h>
 
