@@ -7,7 +7,8 @@
 // (models/linear.h) against at::linear at the GPT's and decoding's shapes;
 // one-pixel convolutions as a product over their window
 // (models/window_conv.h) and weight-heavy ones over the unfolded input
-// (models/gemm_conv.h) against the module's forward;
+// (models/gemm_conv.h) against the module's forward; the bfloat16 forms
+// (the attention's causal softmax, GELU) against ATen's bfloat16 ops;
 // on 1 and 2 threads. Both sides allocate as a cohort rank does
 // (compute.allocator: keep, core/malloc_policy.h), unless another allocator
 // is preloaded. Prints the CPU, a table, and one JSON line per row.

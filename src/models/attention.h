@@ -65,8 +65,8 @@ at::Tensor cachedAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 namespace detail {
 
-// Queries per block of causalBlocksAttention. The GPT example's bf16 step
-// (T = 256) measured 40.2K and 41.2K tokens/s at 128, 37.5K and 38.6K at 64,
+// Queries per block of causalBlocksAttention. cohort_bench_gpt's bf16 job
+// on 1 rank x 1 thread (T = 256) measured 40.2K and 41.2K tokens/s at 128, 37.5K and 38.6K at 64,
 // 36.6K and 35.8K at 32: smaller blocks skip more keys but their products
 // run slower.
 constexpr int64_t kCausalQueryBlock = 128;
