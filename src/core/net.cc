@@ -5,6 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <utility>
+
 #include "cohort/core/error.h"
 #include "cohort/core/fd.h"
 
@@ -39,17 +44,54 @@ std::optional<std::string> localAddressTowards(const std::string& host, int port
   return out;
 }
 
-int freeTcpPort() {
+namespace {
+
+// Binds an IPv4 stream socket to `port` on every address (0: the kernel
+// picks) and returns the port it holds, or 0 when the bind fails. The socket
+// is closed on return; without SO_REUSEADDR a port that a connection still
+// holds in TIME_WAIT counts as taken.
+int tryBind(int port) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in any{};
   any.sin_family = AF_INET;
-  any.sin_port = 0;
+  any.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof any;
   if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&any), sizeof any) != 0 ||
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&any), &len) != 0) {
-    throw IoError("cannot find a free TCP port: no socket could be bound");
+    return 0;
   }
   return ntohs(any.sin_port);
+}
+
+// The kernel's ephemeral range (net.ipv4.ip_local_port_range), Linux's
+// default when it cannot be read.
+std::pair<int, int> ephemeralRange() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (in >> low >> high && 0 < low && low <= high && high < 65536) return {low, high};
+  return {32768, 60999};
+}
+
+}  // namespace
+
+int freeTcpPort() {
+  // A port from the ephemeral range can be taken between this call and the
+  // server's bind by any connection this machine opens (its local port) or by
+  // any other program asking the kernel for a port. So the port comes from
+  // the half of the range below the ephemeral ones, at random, and is checked
+  // free by binding it; only if none of those is free does the kernel pick.
+  const auto [low, high] = ephemeralRange();
+  const int from = std::max(1024, low / 2), to = low - 1;
+  if (to - from >= 64) {
+    std::mt19937 pick(std::random_device{}());
+    std::uniform_int_distribution<int> port(from, to);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      if (const int p = tryBind(port(pick)); p > 0) return p;
+    }
+  }
+  const int p = tryBind(0);
+  if (p == 0) throw IoError("cannot find a free TCP port: no socket could be bound");
+  return p;
 }
 
 std::string hostName() {

@@ -2,9 +2,15 @@
 // what they write, and how they refuse bad input (exit 2, nothing left).
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "util/jobs.h"
 
@@ -92,8 +98,20 @@ TEST(Submit, FreePortPrintsATcpPort) {
   const auto r = test::cohort({"free-port"});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   const int port = std::stoi(r.out);
-  EXPECT_GT(port, 0);
-  EXPECT_LT(port, 65536);
+  // Below the kernel's ephemeral range, where no outgoing connection's local
+  // port lands between this command and the server's bind.
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  ASSERT_TRUE(range >> low >> high);
+  EXPECT_GE(port, 1024);
+  EXPECT_LT(port, low);
+  // And free: a server can listen on it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << port << ": " << std::strerror(errno);
+  ::close(fd);
 }
 
 TEST(Submit, K8sPrintsAnIndexedJob) {

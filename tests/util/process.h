@@ -88,7 +88,8 @@ class TempDir {
 void writeText(const std::string& path, const std::string& text);
 std::string readText(const std::string& path);
 
-// A free TCP port on 127.0.0.1 (bound then released).
+// A free TCP port (cohort::freeTcpPort: below the ephemeral range, so no
+// connection the suite opens takes it before the test's server binds it).
 int freePort();
 
 }  // namespace cohort::test

@@ -18,7 +18,10 @@ bool isLoopbackAddress(const std::string& host);
 std::optional<std::string> localAddressTowards(const std::string& host, int port);
 
 // A TCP port no socket of this machine holds now (bound on every address,
-// then released), for a server about to start here. Throws IoError.
+// then released), for a server about to start here. It is picked at random
+// below the kernel's ephemeral range, where neither outgoing connections nor
+// other programs' "any port" binds land before the server binds it. Throws
+// IoError.
 int freeTcpPort();
 
 // This machine's host name (gethostname); "unknown" when it has none.
