@@ -116,6 +116,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   unitsInSharedMemory_ = options_.zeroStage == 3 && inShm;
   stagingInSharedMemory_ = options_.zeroStage >= 2 && inShm;
   shardedGradients_ = options_.zeroStage >= 2 && comm_.worldSize > 1;
+  withoutBuckets_ = options_.zeroStage == 0 && comm_.worldSize == 1 && !shm_ && !options_.bucketsOnOneRank;
   stagingShmOffset_ = static_cast<size_t>(options_.zeroStage == 3 ? totalFloats_ / parts : totalFloats_);
   weightsShmOffset_ = options_.zeroStage == 2 ? 0 : static_cast<size_t>(totalFloats_);
   size_t shmOffset = 0;
@@ -125,6 +126,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     // (stage 3) are in the segment.
     b.shmOffset = shmOffset;
     shmOffset += static_cast<size_t>(unitsInSharedMemory_ ? total / parts : total);
+    if (withoutBuckets_) continue;  // no flat buffer, no views: the gradients stay autograd's
     if (shm_ && options_.zeroStage < 2) {
       // A view of this rank's region; the deleter keeps the mapping alive
       // as long as any gradient tensor points into it.
@@ -330,10 +332,10 @@ bool DistributedDataParallel::gradientsFinite() const {
   ++finitenessPasses_;
   torch::NoGradGuard noGrad;
   bool finite = true;
-  for (const Bucket& b : buckets_) {
-    // A sum is finite exactly when no element is NaN or Inf, unless finite
-    // values overflow it: then the gradient is useless too.
-    if (!std::isfinite(ownGradients(b).sum().item<double>())) {
+  // A sum is finite exactly when no element is NaN or Inf, unless finite
+  // values overflow it: then the gradient is useless too.
+  for (const at::Tensor& g : ownGradientTensors()) {
+    if (!std::isfinite(g.sum().item<double>())) {
       finite = false;
       break;
     }
@@ -384,6 +386,10 @@ void DistributedDataParallel::settleGradient(Param& p) {
   // fresh one; otherwise something (a zero_grad that sets .grad to None, a
   // user) replaced it. Accumulated in place: already there.
   at::Tensor& grad = p.tensor.mutable_grad();
+  if (withoutBuckets_) {
+    settleWithoutBucket(p);
+    return;
+  }
   if (grad.defined() && grad.is_same(p.gradView)) return;
   torch::NoGradGuard noGrad;
   // No gradient came in (the pre-hook did not run): the bucket may still be unallocated.
@@ -399,6 +405,23 @@ void DistributedDataParallel::settleGradient(Param& p) {
     checkedFinite_ = checkedFinite_ && *finite;
   }
   grad = p.gradView;
+}
+
+void DistributedDataParallel::settleWithoutBucket(Param& p) {
+  // An inner micro-step: the next one adds to this gradient, and the check
+  // is of the sum, at the step that synchronizes.
+  if (!sync_) return;
+  at::Tensor& grad = p.tensor.mutable_grad();
+  torch::NoGradGuard noGrad;
+  if (!grad.defined()) {
+    grad = at::zeros_like(p.tensor);
+    ++checkedGradients_;
+    return;
+  }
+  if (const std::optional<bool> finite = detail::allFinite(grad)) {
+    ++checkedGradients_;
+    checkedFinite_ = checkedFinite_ && *finite;
+  }
 }
 
 bool DistributedDataParallel::sumInSharedMemory(size_t k) {

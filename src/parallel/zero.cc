@@ -211,9 +211,11 @@ void DistributedDataParallel::gatherParameters() {
 double DistributedDataParallel::gradientSquaredNorm() {
   torch::NoGradGuard noGrad;
   double sum = 0;
-  for (const Bucket& b : buckets_) {
-    const at::Tensor g = ownGradients(b);
-    sum += g.dot(g).item<double>();
+  for (const at::Tensor& g : ownGradientTensors()) {
+    // A gradient autograd left in a parameter's layout (one rank, no
+    // buckets) is dense but maybe not contiguous: dot() takes vectors.
+    const at::Tensor flat = g.is_contiguous() ? g.view(-1) : g.contiguous().view(-1);
+    sum += flat.dot(flat).item<double>();
   }
   if (options_.zeroStage < 2 || comm_.worldSize == 1) return sum;
   at::Tensor total = torch::full({1}, sum, torch::kDouble);
@@ -223,7 +225,19 @@ double DistributedDataParallel::gradientSquaredNorm() {
 
 void DistributedDataParallel::scaleGradients(double factor) {
   torch::NoGradGuard noGrad;
-  for (Bucket& b : buckets_) ownGradients(b).mul_(factor);
+  for (at::Tensor& g : ownGradientTensors()) g.mul_(factor);
+}
+
+std::vector<at::Tensor> DistributedDataParallel::ownGradientTensors() const {
+  std::vector<at::Tensor> out;
+  if (withoutBuckets_) {
+    for (const Param& p : params_) {
+      if (p.tensor.grad().defined()) out.push_back(p.tensor.grad());
+    }
+    return out;
+  }
+  for (const Bucket& b : buckets_) out.push_back(ownGradients(b));
+  return out;
 }
 
 }  // namespace cohort::parallel

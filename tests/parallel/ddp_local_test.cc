@@ -1,5 +1,7 @@
 // The DDP engine within one process (world size 1): bucketing, gradient
-// views, hook-driven launches, unused parameters, accumulation.
+// views, hook-driven launches, unused parameters, accumulation (with the
+// buckets kept as several ranks have them); and one rank as a job runs it,
+// without buckets.
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -8,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "cohort/core/error.h"
 #include "cohort/parallel/ddp.h"
@@ -21,6 +24,14 @@ DdpOptions options(double bucketCapMb, bool findUnusedParameters) {
   DdpOptions o;
   o.bucketCapMb = bucketCapMb;
   o.findUnusedParameters = findUnusedParameters;
+  return o;
+}
+
+// The same with the buckets kept on this one rank, as several ranks have
+// them: for the tests of where gradients live in the buckets.
+DdpOptions bucketed(double bucketCapMb, bool findUnusedParameters) {
+  DdpOptions o = options(bucketCapMb, findUnusedParameters);
+  o.bucketsOnOneRank = true;
   return o;
 }
 
@@ -43,6 +54,25 @@ struct Net : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return b(torch::relu(a(x))); }
   torch::nn::Linear a{nullptr}, b{nullptr}, unused{nullptr};
 };
+
+struct ConvNet : torch::nn::Module {
+  ConvNet() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)));
+    fc = register_module("fc", torch::nn::Linear(4 * 3 * 3, 2));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc(torch::relu(conv(x)).flatten(1)); }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+
+// Replaces element 7 of a.weight's gradient by `bad` until removed.
+unsigned poisonAt7(Net& net, float bad) {
+  return net.a->weight.register_hook([bad](const at::Tensor& g) {
+    at::Tensor out = g.clone();
+    out.view(-1)[7] = bad;
+    return out;
+  });
+}
 
 // `to` takes `from`'s parameter values (the same architecture).
 void copyParameters(torch::nn::Module& from, torch::nn::Module& to) {
@@ -97,7 +127,7 @@ TEST(DdpLocal, TheNextBackwardFillsTheBucketsWithItsOwnGradients) {
   auto net = std::make_shared<Net>();
   auto plain = std::make_shared<Net>();
   copyParameters(*net, *plain);
-  DistributedDataParallel ddp(net, soloComm(), options(1000, false));
+  DistributedDataParallel ddp(net, soloComm(), bucketed(1000, false));
   for (int step = 0; step < 3; ++step) {
     at::Tensor x = torch::randn({5, 4});
     ddp.setSyncGradients(true);
@@ -123,18 +153,14 @@ TEST(DdpLocal, TheNextBackwardFillsTheBucketsWithItsOwnGradients) {
 TEST(DdpLocal, OneRankFindsANonFiniteGradientInTheCopyIntoItsBucket) {
   torch::manual_seed(5);
   auto net = std::make_shared<Net>();
-  DistributedDataParallel ddp(net, soloComm(), options(1e-9, false));
+  DistributedDataParallel ddp(net, soloComm(), bucketed(1e-9, false));
   // Step 0 accumulates into the buckets as built (unchecked); then a NaN,
   // +Inf and -Inf in one element of a.weight's gradient; then none.
   const float poison[] = {0.0f, std::nanf(""), std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(), 0.0f};
   for (int step = 0; step < 5; ++step) {
     const float bad = poison[step];
-    auto hook = net->a->weight.register_hook([bad](const at::Tensor& g) {
-      at::Tensor out = g.clone();
-      out.view(-1)[7] = bad;
-      return out;
-    });
+    const unsigned hook = poisonAt7(*net, bad);
     ddp.setSyncGradients(true);
     net->forward(torch::randn({3, 4})).sum().backward();
     ddp.finishGradients();
@@ -190,10 +216,36 @@ TEST(GradCopy, EveryNonFiniteElementIsFoundWhereverItIs) {
   EXPECT_EQ(detail::copyCheckingFinite(view, grad), std::optional<bool>(false));
 }
 
+// The check alone (one rank without buckets): the same verdicts, nothing
+// written; a tensor it cannot read as plain floats is left unchecked.
+TEST(GradCopy, TheCheckAloneFindsEveryNonFiniteElement) {
+  const int64_t n = (1 <<17) + 3;
+  const at::Tensor base = torch::randn({n});
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (const int64_t where : {int64_t{0}, int64_t{1} << 15, n / 2, n - 1}) {
+      at::Tensor t = base.clone();
+      t[where] = bad;
+      EXPECT_EQ(detail::allFinite(t), std::optional<bool>(false)) << bad << " at " << where;
+    }
+  }
+  at::Tensor t = base.clone();
+  t[0] = std::numeric_limits<float>::max();
+  t[n - 1] = -std::numeric_limits<float>::max();
+  t[1] = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(detail::allFinite(t), std::optional<bool>(true));
+  at::Tensor img = torch::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_EQ(detail::allFinite(img), std::optional<bool>(true));
+  img[1][2][3][4] = std::nanf("");
+  EXPECT_EQ(detail::allFinite(img), std::optional<bool>(false));
+  EXPECT_EQ(detail::allFinite(torch::randn({4, 4}).t().slice(0, 0, 4, 2)), std::nullopt);
+  EXPECT_EQ(detail::allFinite(torch::randn({8}, torch::kDouble)), std::nullopt);
+}
+
 TEST(DdpLocal, AccumulationSkipsExchangeAndSumsGradients) {
   torch::manual_seed(2);
   auto net = std::make_shared<Net>();
-  DistributedDataParallel ddp(net, soloComm(), options(25, false));
+  DistributedDataParallel ddp(net, soloComm(), bucketed(25, false));
   at::Tensor x = torch::randn({6, 4});
   ddp.setSyncGradients(false);
   net->forward(x).sum().backward();
@@ -251,7 +303,7 @@ TEST(DdpLocal, UnusedParameterAllowedUnderTheFlag) {
 
 TEST(DdpLocal, ReplacedGradientIsPutBackIntoItsBucket) {
   auto net = std::make_shared<Net>();
-  DistributedDataParallel ddp(net, soloComm(), options(25, false));
+  DistributedDataParallel ddp(net, soloComm(), bucketed(25, false));
   net->a->weight.mutable_grad() = at::Tensor();  // what zero_grad(set_to_none) does
   ddp.setSyncGradients(true);
   net->forward(torch::randn({3, 4})).sum().backward();
@@ -266,15 +318,6 @@ TEST(DdpLocal, ReplacedGradientIsPutBackIntoItsBucket) {
 // gradient lives in its bucket with the weight's own strides, so autograd
 // writes it in place, and the values are plain autograd's.
 TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
-  struct ConvNet : torch::nn::Module {
-    ConvNet() {
-      conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)));
-      fc = register_module("fc", torch::nn::Linear(4 * 3 * 3, 2));
-    }
-    at::Tensor forward(const at::Tensor& x) { return fc(torch::relu(conv(x)).flatten(1)); }
-    torch::nn::Conv2d conv{nullptr};
-    torch::nn::Linear fc{nullptr};
-  };
   torch::manual_seed(3);
   auto net = std::make_shared<ConvNet>();
   auto plain = std::make_shared<ConvNet>();
@@ -284,7 +327,7 @@ TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
     net->conv->weight.set_data(net->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
   }
   ASSERT_FALSE(net->conv->weight.is_contiguous());
-  DistributedDataParallel ddp(net, soloComm(), options(1000, false));
+  DistributedDataParallel ddp(net, soloComm(), bucketed(1000, false));
   at::Tensor x = torch::randn({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
   for (int step = 0; step < 2; ++step) {
     ddp.setSyncGradients(true);
@@ -302,6 +345,93 @@ TEST(DdpLocal, ChannelsLastWeightsGetGradientsInTheirBucketWithTheirStrides) {
   EXPECT_TRUE(at >= base && at < base + floats * sizeof(float)) << "conv.weight's gradient left its bucket";
   EXPECT_TRUE(torch::allclose(g, plain->conv->weight.grad(), 1e-5, 1e-6));
   EXPECT_TRUE(torch::allclose(net->fc->weight.grad(), plain->fc->weight.grad(), 1e-5, 1e-6));
+}
+
+// One rank at stage 0, as a job runs it: no buckets. Each gradient is the
+// tensor autograd made (its own storage, no copy), equal to plain
+// autograd's; the next backward replaces it; each step's NaN or Inf is
+// found as the gradient arrives, with no pass of its own.
+TEST(DdpOneRank, GradientsStayAutogradsAndAreCheckedAsTheyArrive) {
+  torch::manual_seed(6);
+  auto net = std::make_shared<Net>();
+  auto plain = std::make_shared<Net>();
+  copyParameters(*net, *plain);
+  DistributedDataParallel ddp(net, soloComm(), options(1000, false));
+  const float poison[] = {0.0f, std::nanf(""), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), 0.0f};
+  for (int step = 0; step < 5; ++step) {
+    const float bad = poison[step];
+    const std::optional<unsigned> hook = std::isfinite(bad) ? std::nullopt : std::optional(poisonAt7(*net, bad));
+    at::Tensor x = torch::randn({5, 4});
+    ddp.setSyncGradients(true);
+    net->forward(x).pow(2).sum().backward();
+    ddp.finishGradients();
+    EXPECT_EQ(ddp.gradientsFinite(), std::isfinite(bad)) << "step " << step;
+    if (hook) net->a->weight.remove_hook(*hook);
+    plain->zero_grad();
+    plain->forward(x).pow(2).sum().backward();
+    auto p = net->parameters(), q = plain->parameters();
+    for (size_t k = 0; k < p.size(); ++k) {
+      if (std::isfinite(bad)) EXPECT_TRUE(torch::equal(p[k].grad(), q[k].grad())) << "step " << step << ", " << k;
+      EXPECT_EQ(p[k].grad().storage().nbytes(), p[k].numel() * sizeof(float))
+          << "step " << step << ": parameter " << k << "'s gradient is part of a larger buffer";
+    }
+    ddp.zeroGrad();
+    for (const auto& t : net->parameters()) EXPECT_FALSE(t.grad().defined());
+  }
+  EXPECT_EQ(ddp.stats().finitenessPasses, 0) << "every step's verdict came from the checks on arrival";
+}
+
+// Micro-steps add onto autograd's gradient; the check is of their sum, at
+// the step that synchronizes: a NaN from an inner micro-step is found.
+TEST(DdpOneRank, MicroStepsSumAndTheSumIsChecked) {
+  torch::manual_seed(7);
+  auto net = std::make_shared<Net>();
+  DistributedDataParallel ddp(net, soloComm(), options(25, false));
+  const at::Tensor x = torch::randn({6, 4});
+  for (const float bad : {std::nanf(""), 0.0f}) {
+    const std::optional<unsigned> hook = std::isfinite(bad) ? std::nullopt : std::optional(poisonAt7(*net, bad));
+    ddp.setSyncGradients(false);
+    net->forward(x).sum().backward();
+    ddp.finishGradients();  // nothing to do on an inner micro-step
+    if (hook) net->a->weight.remove_hook(*hook);
+    const at::Tensor once = net->a->weight.grad().clone();
+    ddp.setSyncGradients(true);
+    net->forward(x).sum().backward();
+    ddp.finishGradients();
+    EXPECT_EQ(ddp.gradientsFinite(), std::isfinite(bad));
+    if (std::isfinite(bad)) EXPECT_TRUE(torch::allclose(net->a->weight.grad(), 2 * once));
+    ddp.zeroGrad();
+  }
+  EXPECT_EQ(ddp.stats().syncs, 2);
+  EXPECT_EQ(ddp.stats().finitenessPasses, 0);
+}
+
+// Clipping's norm and scale reach every gradient without buckets, the
+// channels-last weight's in its own layout.
+TEST(DdpOneRank, NormAndScaleReachEveryGradient) {
+  torch::manual_seed(8);
+  auto net = std::make_shared<ConvNet>();
+  {
+    torch::NoGradGuard g;
+    net->conv->weight.set_data(net->conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  DistributedDataParallel ddp(net, soloComm(), options(1000, false));
+  ddp.setSyncGradients(true);
+  net->forward(torch::randn({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast)).pow(2).sum().backward();
+  ddp.finishGradients();
+  double expected = 0;
+  std::vector<at::Tensor> before;
+  for (const auto& p : net->parameters()) {
+    expected += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    before.push_back(p.grad().clone());
+  }
+  ASSERT_GT(expected, 0);
+  EXPECT_NEAR(ddp.gradientSquaredNorm(), expected, 1e-5 * expected);
+  ddp.scaleGradients(0.5);
+  auto p = net->parameters();
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(torch::allclose(p[k].grad(), 0.5 * before[k])) << k;
+  EXPECT_EQ(net->conv->weight.grad().strides(), net->conv->weight.strides());
 }
 
 }  // namespace

@@ -124,7 +124,9 @@ class DistributedDataParallel {
   // and the hook copies it into the bucket (where zeroing the bucket and
   // adding onto it touched it twice more); later micro-steps add to it
   // there. A parameter without one has its slot zeroed when the exchange
-  // begins. At stages 2 and 3 the buckets are zeroed.
+  // begins. At stages 2 and 3 the buckets are zeroed. Stage 0 on one rank
+  // has no buckets: the fresh gradient stays (later micro-steps add to it),
+  // and a parameter without one gets zeros.
   void zeroGrad();
 
   // What the optimizer steps: the trainable parameters, in registration
@@ -230,6 +232,8 @@ class DistributedDataParallel {
   // Puts parameter p's gradient into its bucket slot when autograd left
   // it elsewhere (a fresh tensor, or none: zeros). mutex_ held.
   void settleGradient(Param& p);
+  // settleGradient without buckets: checks the gradient, or gives zeros.
+  void settleWithoutBucket(Param& p);
   void launchReadyBuckets(bool fromHook);  // mutex_ held
   void resetReadiness();                   // mutex_ held
   // Notes the launch of b's Gloo allreduce and, on completion, its time.
@@ -246,6 +250,8 @@ class DistributedDataParallel {
   void completeReduceScatter(size_t k);
   // This rank's part of bucket b's gradients (all of them at stage 0).
   at::Tensor ownGradients(const Bucket& b) const;
+  // ownGradients of every bucket; without buckets, each parameter's .grad.
+  std::vector<at::Tensor> ownGradientTensors() const;
   // Stage 3 (zero3.cc): buckets by unit; the parts made the only copy;
   // bucket k's parameters gathered (launched, waited for) and freed; its
   // gradient bucket allocated; the runner's hooks before each backward;
@@ -274,6 +280,10 @@ class DistributedDataParallel {
   // their sum is the part's own .grad. On shared memory the reduce-scatter
   // goes through a staging area of one bucket in the segment.
   bool shardedGradients_ = false;
+  // Stage 0 on one rank: nothing to exchange, so no buckets. Each gradient
+  // stays the tensor autograd made (its copy into a bucket was a pass over
+  // every gradient each step); the hook only checks it is finite.
+  bool withoutBuckets_ = false;
   bool stagingInSharedMemory_ = false;
   size_t stagingShmOffset_ = 0;  // the staging area's floats into this rank's region
   class Runner;

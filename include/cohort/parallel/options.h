@@ -42,6 +42,12 @@ struct DdpOptions {
   // Gloo, and shares the result with its machine. Falls back to Gloo among
   // all ranks, with a log line saying why, when that is not possible.
   bool sharedMemory = true;
+  // Stage 0 on one rank has nothing to exchange: no buckets are made, and
+  // each gradient stays the tensor autograd produced (checked for NaN and
+  // Inf in place), which saves a copy of every gradient each step and the
+  // buckets' memory. true keeps the buckets there as on several ranks: for
+  // tests of the bucket machinery within one process; a job never sets it.
+  bool bucketsOnOneRank = false;
   // The gradients on Gloo's wire (the exchange among all ranks, or among
   // one rank per machine): float32, or rounded to a 16-bit type, summed,
   // and widened back. fp16 is summed by Gloo in fp16; Gloo has no bfloat16
