@@ -139,7 +139,11 @@ TEST_F(ContinuousBatching, AClientThatLeavesMidStreamFreesItsBlocks) {
     return false;  // the client goes away
   });
   EXPECT_GE(lines, 3);
-  EXPECT_GE(heldWhileStreaming, 3) << "9 prompt tokens and more in blocks of 4";
+  // At least the 8 positions a context shift keeps (block_size / 2,
+  // infer::Sequence): 2 blocks right after a shift, 3 or 4 in between
+  // (9 prompt tokens and more). The metric is read while the generation
+  // goes on, at any point of that cycle.
+  EXPECT_GE(heldWhileStreaming, 2) << "the window's tokens in blocks of 4";
   EXPECT_LE(heldWhileStreaming, 4) << "never more than the context's 16 positions";
   EXPECT_EQ(running, 1);
   EXPECT_TRUE(test::waitUntil([&] {
