@@ -11,7 +11,8 @@
 #   with ATen's CPU_CAPABILITY, which names the namespace of ATen's vector
 #   types, so that no AVX-512 copy of a member function stands in for the
 #   baseline's at link time; models/fused_kernels.cc calls the one ATen's
-#   own dispatch chose. train/fused_adamw_avx2.cc likewise for AdamW.
+#   own dispatch chose. train/fused_adamw_avx2.cc and train/fused_sgd_avx2.cc
+#   likewise for AdamW and SGD (train/fused_sgd.cc is SGD's baseline).
 # - at::parallel_for is a header template: it runs on LibTorch's OpenMP
 #   threads only where it is compiled with OpenMP, so with GCC the files
 #   that call it get -fopenmp (clang would need LLVM's OpenMP runtime beside
@@ -28,7 +29,9 @@ function(cohort_cpu_kernel_sources out root)
     find_package(OpenMP REQUIRED COMPONENTS CXX)
     set(openmp "${OpenMP_CXX_FLAGS}")
   endif()
-  set(files ${root}/train/fused_adamw.cc ${root}/models/fused_kernels_base.cc)
+  set(files ${root}/train/fused_adamw.cc ${root}/train/fused_sgd.cc ${root}/models/fused_kernels_base.cc)
+  set_source_files_properties(${root}/train/fused_sgd.cc PROPERTIES
+    SKIP_UNITY_BUILD_INCLUDE ON SKIP_PRECOMPILE_HEADERS ON)
   set_source_files_properties(${root}/train/fused_adamw.cc PROPERTIES
     SKIP_UNITY_BUILD_INCLUDE ON SKIP_PRECOMPILE_HEADERS ON
     COMPILE_OPTIONS "${openmp};-fno-math-errno")
@@ -38,8 +41,12 @@ function(cohort_cpu_kernel_sources out root)
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64)$")
     set(avx2 "-mavx2;-mfma")
     set(avx512 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma")
-    list(APPEND files ${root}/train/fused_adamw_avx2.cc ${root}/models/fused_kernels_avx2.cc
-         ${root}/models/fused_kernels_avx512.cc)
+    list(APPEND files ${root}/train/fused_adamw_avx2.cc ${root}/train/fused_sgd_avx2.cc
+         ${root}/models/fused_kernels_avx2.cc ${root}/models/fused_kernels_avx512.cc)
+    set_source_files_properties(${root}/train/fused_sgd_avx2.cc PROPERTIES
+      SKIP_UNITY_BUILD_INCLUDE ON SKIP_PRECOMPILE_HEADERS ON
+      COMPILE_OPTIONS "${avx2}"
+      COMPILE_DEFINITIONS "CPU_CAPABILITY=AVX2;CPU_CAPABILITY_AVX2")
     set_source_files_properties(${root}/train/fused_adamw_avx2.cc PROPERTIES
       SKIP_UNITY_BUILD_INCLUDE ON SKIP_PRECOMPILE_HEADERS ON
       COMPILE_OPTIONS "${avx2};-fno-math-errno"

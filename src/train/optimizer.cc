@@ -11,6 +11,7 @@
 #include "cohort/core/dense_floats.h"
 #include "cohort/core/error.h"
 #include "train/detail/fused_adamw.h"
+#include "train/detail/fused_sgd_arrays.h"
 
 namespace cohort::train {
 namespace {
@@ -18,7 +19,9 @@ namespace {
 std::string key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 // SGD with momentum, Nesterov and L2 weight decay, as LibTorch's SGD computes
-// it, but for each float32 CPU parameter in one pass over its memory:
+// it (operation by operation: train/detail/fused_sgd_loop.h), but for each
+// float32 CPU parameter in one pass over its memory, with AVX2 and FMA where
+// the CPU has them (train/fused_sgd_avx2.cc):
 //
 //   g = grad + wd * p;  buf = momentum * buf + (1 - dampening) * g  (buf = g at the first step)
 //   p -= lr * (nesterov ? g + momentum * buf : buf)
@@ -84,51 +87,19 @@ class FusedSgd final : public torch::optim::SGD {
       }
       buf = s->momentum_buffer().data_ptr<float>();
     }
-    float* w = p.data_ptr<float>();
-    const float* g = grad.data_ptr<float>();
-    const float lr = static_cast<float>(o.lr());
-    const float wd = static_cast<float>(o.weight_decay());
-    const float m = static_cast<float>(momentum);
-    const float keep = static_cast<float>(1 - o.dampening());
-    const bool nesterov = o.nesterov();
-    // One loop per case, so that each vectorizes without branches. Each
-    // chunk of parallel_for hands the body restrict pointers: in the
-    // function OpenMP outlines, captured pointers could alias and the loop
-    // would stay scalar (2x slower on one thread).
-    const int64_t n = p.numel();
-    auto each = [=](auto body) {
-      at::parallel_for(0, n, 1 << 15, [=](int64_t begin, int64_t end) {
-        float* __restrict__ wr = w;
-        float* __restrict__ br = buf;
-        const float* __restrict__ gr = g;
-        for (int64_t i = begin; i < end; ++i) body(wr, br, gr, i);
-      });
-    };
-    using W = float* __restrict__;
-    using G = const float* __restrict__;
-    if (buf == nullptr) {
-      each([=](W wr, W, G gr, int64_t i) { wr[i] -= lr * (gr[i] + wd * wr[i]); });
-    } else if (first) {
-      each([=](W wr, W br, G gr, int64_t i) {
-        const float d = gr[i] + wd * wr[i];
-        br[i] = d;
-        wr[i] -= lr * (nesterov ? d + m * d : d);
-      });
-    } else if (nesterov) {
-      each([=](W wr, W br, G gr, int64_t i) {
-        const float d = gr[i] + wd * wr[i];
-        const float b = m * br[i] + keep * d;
-        br[i] = b;
-        wr[i] -= lr * (d + m * b);
-      });
-    } else {
-      each([=](W wr, W br, G gr, int64_t i) {
-        const float d = gr[i] + wd * wr[i];
-        const float b = m * br[i] + keep * d;
-        br[i] = b;
-        wr[i] -= lr * b;
-      });
-    }
+    detail::SgdArrays arrays;
+    arrays.param = p.data_ptr<float>();
+    arrays.grad = grad.data_ptr<float>();
+    arrays.momentumBuffer = buf;
+    detail::SgdScalars scalars;
+    scalars.lr = static_cast<float>(o.lr());
+    scalars.weightDecay = static_cast<float>(o.weight_decay());
+    scalars.momentum = static_cast<float>(momentum);
+    scalars.keep = static_cast<float>(1 - o.dampening());
+    scalars.nesterov = o.nesterov();
+    scalars.firstStep = first;
+    at::parallel_for(0, p.numel(), 1 << 15,
+                     [&](int64_t begin, int64_t end) { detail::sgdUpdate(arrays, scalars, begin, end); });
   }
 };
 

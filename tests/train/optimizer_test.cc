@@ -2,7 +2,11 @@
 #include <torch/optim/sgd.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "cohort/train/optimizer.h"
+#include "train/detail/fused_sgd_arrays.h"
 #include "util/optimizer_parameters.h"
 
 namespace cohort::train {
@@ -71,6 +75,15 @@ TEST_P(FusedSgd, MatchesLibTorchsSgd) {
   ASSERT_EQ(before, 0.0);
   const double diff = maxDifference(*ours, pa, reference, pb, 5);
   EXPECT_LT(diff, 1e-5);
+#if defined(__x86_64__)
+  // The AVX2 build does LibTorch's operations with the multiply-adds of
+  // ATen's own AVX2 and AVX-512 kernels: the same bits.
+  const char* held = std::getenv("ATEN_CPU_CAPABILITY");  // "default": ATen's generic vectors
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      (held == nullptr || std::string(held) != "default")) {
+    EXPECT_EQ(diff, 0.0);
+  }
+#endif
   // The parameters did move (a step that does nothing would also match at 0).
   auto fresh = test::optimizerParameters();
   EXPECT_GT((pa[1] - fresh[1]).abs().max().item<double>(), 1e-2);
@@ -108,6 +121,61 @@ TEST(FusedSgdState, ARestoredContiguousBufferOfAChannelsLastWeightContinuesTheSa
   auto second = createOptimizer(oc, pa);
   loadOptimizerState(*second, {"a", "b", "c"}, saved, "test");
   EXPECT_LT(maxDifference(*second, pa, reference, pb, 3), 1e-5);
+}
+
+// The loop's builds (baseline, and AVX2 with FMA where the CPU has them)
+// against LibTorch's arithmetic in double, on sizes around the vector
+// widths; a range cut in two pieces anywhere gives the same bits as one.
+TEST(FusedSgdLoop, EveryBuildStepsEveryElementAlike) {
+  using Update = void (*)(const detail::SgdArrays&, const detail::SgdScalars&, int64_t, int64_t);
+  std::vector<std::pair<const char*, Update>> builds = {{"baseline", detail::sgdUpdateBaseline}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) builds.emplace_back("avx2", detail::sgdUpdateAvx2);
+#endif
+  torch::manual_seed(11);
+  for (const int64_t n : {1, 7, 8, 9, 16, 17, 37, 1003}) {
+    const at::Tensor p0 = torch::randn({n}), g = torch::randn({n}), b0 = torch::randn({n});
+    for (const bool momentum : {false, true}) {
+      for (const bool first : {false, true}) {
+        for (const bool nesterov : {false, true}) {
+          detail::SgdScalars s;
+          s.lr = 0.05f;
+          s.weightDecay = nesterov ? 1e-3f : 0.0f;
+          s.momentum = momentum ? 0.9f : 0.0f;
+          s.keep = first ? 1.0f : 0.9f;
+          s.nesterov = nesterov && momentum;
+          s.firstStep = first && momentum;
+          // LibTorch's operations in double.
+          const at::Tensor pd = p0.to(at::kDouble), gd = g.to(at::kDouble);
+          at::Tensor d = gd + s.weightDecay * pd, step = d, bd;
+          if (momentum) {
+            bd = s.firstStep ? d : b0.to(at::kDouble) * s.momentum + s.keep * d;
+            step = s.nesterov ? d + s.momentum * bd : bd;
+          }
+          const at::Tensor want = pd - s.lr * step;
+          for (const auto& [name, update] : builds) {
+            const std::string what = std::string(name) + " n " + std::to_string(n) + (momentum ? " momentum" : "") +
+                                     (s.firstStep ? " first" : "") + (s.nesterov ? " nesterov" : "");
+            at::Tensor p = p0.clone(), b = b0.clone();
+            detail::SgdArrays a{p.data_ptr<float>(), g.data_ptr<float>(), momentum ? b.data_ptr<float>() : nullptr};
+            update(a, s, 0, n);
+            EXPECT_LT((p.to(at::kDouble) - want).abs().max().item<double>(), 1e-6) << what;
+            if (momentum) EXPECT_LT((b.to(at::kDouble) - bd).abs().max().item<double>(), 1e-6) << what;
+            if (!momentum) EXPECT_TRUE(torch::equal(b, b0)) << what << ": the buffer was written";
+            for (const int64_t cut : {int64_t{1}, n / 2, n - 1}) {
+              if (cut <= 0 || cut >= n) continue;
+              at::Tensor q = p0.clone(), c = b0.clone();
+              detail::SgdArrays pieces{q.data_ptr<float>(), g.data_ptr<float>(), momentum ? c.data_ptr<float>() : nullptr};
+              update(pieces, s, 0, cut);
+              update(pieces, s, cut, n);
+              EXPECT_TRUE(torch::equal(q, p)) << what << ", cut at " << cut;
+              EXPECT_TRUE(torch::equal(c, b)) << what << ", cut at " << cut;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
