@@ -1,0 +1,173 @@
+// The fused SGD step (src/train/optimizer.cc, its loop
+// src/train/detail/fused_sgd_loop.h) against LibTorch's torch::optim::SGD:
+// a numeric kernel whose vector loop and partial last vector take any size.
+//
+// Input: a header of hyperparameters (lr, momentum, dampening, Nesterov,
+// weight decay, steps) and tensor sizes (1, primes, up to ~4100), then the
+// bytes the parameters' and gradients' values are made of (moderate finite
+// floats of both signs, exact zeros among them). Each float32 parameter
+// must agree with the reference within 1e-5 of the magnitudes its steps
+// went through (its largest |p| and the sum of the update terms'
+// magnitudes, computed in double); a float64 parameter, which takes
+// LibTorch's operations, must agree bitwise; so must the momentum buffers'
+// presence.
+
+#include <torch/optim/sgd.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cohort/train/optimizer.h"
+#include "fuzz_util.h"
+
+namespace {
+
+class Bytes {
+ public:
+  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  // The next byte; once the input is used up, a deterministic sequence.
+  uint8_t next() {
+    if (pos_ < size_) return data_[pos_++];
+    state_ = state_ * 1103515245u + 12345u;
+    return static_cast<uint8_t>(state_ >> 16);
+  }
+  // A float m * 2^e of 7 bits of mantissa, e in [-20, 8], or 0.
+  float value() {
+    const uint8_t a = next(), b = next();
+    if (a == 0) return 0;
+    const float mantissa = static_cast<float>(a & 0x7f) / 64.0f - 1.0f;
+    return std::ldexp(mantissa == 0 ? 1.0f : mantissa, static_cast<int>(b % 29) - 20);
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+  uint32_t state_ = 1;
+};
+
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
+constexpr int64_t kSizes[] = {1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 33, 127, 1031, 2053, 4099};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace cohort;
+  if (size < 8) return 0;
+  Bytes in(data, size);
+  const uint8_t flags = in.next();
+  const bool withDouble = (flags & 1) != 0;
+  const int tensors = 1 + (flags >> 1) % 8;
+  const int steps = 1 + in.next() % 5;
+  const double lrs[] = {1e-4, 1e-3, 1e-2, 0.1, 0.5, 1.0};
+  const double momenta[] = {0.0, 0.5, 0.9, 0.99};
+  const double dampenings[] = {0.0, 0.1, 0.5};
+  const double decays[] = {0.0, 1e-4, 1e-2, 0.1};
+  const uint8_t h = in.next(), k = in.next();
+  const double momentum = momenta[(h / 6) % 4];
+  // LibTorch's SGD refuses Nesterov without momentum or with dampening.
+  const bool nesterov = momentum != 0 && (k & 1) != 0;
+  torch::optim::SGDOptions o(lrs[h % 6]);
+  o.momentum(momentum).nesterov(nesterov).weight_decay(decays[(k / 2) % 4]);
+  o.dampening(nesterov ? 0.0 : dampenings[(k / 8) % 3]);
+
+  torch::NoGradGuard noGrad;
+  std::vector<at::Tensor> fused, reference;
+  for (int t = 0; t < tensors; ++t) {
+    const uint8_t s = in.next();
+    const int64_t n = s < 224 ? kSizes[s % 16] : 1 + (static_cast<int64_t>(s) * 131 + in.next()) % 4100;
+    at::Tensor p = torch::empty({n});
+    float* w = p.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) w[i] = in.value();
+    fused.push_back(p);
+    reference.push_back(p.clone());
+  }
+  if (withDouble) {
+    at::Tensor p = torch::empty({7}, torch::kFloat64);
+    for (int64_t i = 0; i < 7; ++i) p.data_ptr<double>()[i] = in.value();
+    fused.push_back(p);
+    reference.push_back(p.clone());
+  }
+  std::vector<at::Tensor> initial;
+  for (const auto& p : reference) initial.push_back(p.clone());
+  std::vector<std::vector<at::Tensor>> grads(steps);
+  for (auto& g : grads) {
+    for (const auto& p : fused) {
+      at::Tensor x = torch::empty_like(p);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        if (x.scalar_type() == at::kFloat) {
+          x.data_ptr<float>()[i] = in.value();
+        } else {
+          x.data_ptr<double>()[i] = in.value();
+        }
+      }
+      g.push_back(x);
+    }
+  }
+
+  OptimizerConfig c;
+  c.name = OptimizerKind::sgd;
+  c.lr = o.lr();
+  c.momentum = o.momentum();
+  c.nesterov = o.nesterov();
+  c.weightDecay = o.weight_decay();
+  auto ours = train::createOptimizer(c, fused);
+  for (auto& group : ours->param_groups()) {
+    static_cast<torch::optim::SGDOptions&>(group.options()).dampening(o.dampening());
+  }
+  torch::optim::SGD theirs(reference, o);
+  for (int s = 0; s < steps; ++s) {
+    for (size_t t = 0; t < fused.size(); ++t) {
+      fused[t].mutable_grad() = grads[s][t].clone();
+      reference[t].mutable_grad() = grads[s][t].clone();
+    }
+    ours->step();
+    theirs.step();
+  }
+
+  const double lr = o.lr(), wd = o.weight_decay(), keep = 1 - o.dampening();
+  for (size_t t = 0; t < fused.size(); ++t) {
+    if (fused[t].scalar_type() != at::kFloat) {
+      fuzz::require(torch::equal(fused[t], reference[t]), "a float64 parameter differs from SGD's");
+      continue;
+    }
+    const float* a = fused[t].data_ptr<float>();
+    const float* b = reference[t].data_ptr<float>();
+    const float* p0 = initial[t].data_ptr<float>();
+    for (int64_t i = 0; i < fused[t].numel(); ++i) {
+      // The steps in double, with the magnitudes of their terms.
+      double p = p0[i], buf = 0, bufMagnitude = 0, largest = std::fabs(p), terms = 0;
+      for (int s = 0; s < steps; ++s) {
+        const double g = grads[s][t].data_ptr<float>()[i];
+        const double d = g + wd * p;
+        const double dMagnitude = std::fabs(g) + wd * std::fabs(p);
+        double step = d, stepMagnitude = dMagnitude;
+        if (momentum != 0) {
+          buf = s == 0 ? d : momentum * buf + keep * d;
+          bufMagnitude = s == 0 ? dMagnitude : momentum * bufMagnitude + keep * dMagnitude;
+          step = nesterov ? d + momentum * buf : buf;
+          stepMagnitude = nesterov ? dMagnitude + momentum * bufMagnitude : bufMagnitude;
+        }
+        p -= lr * step;
+        terms += lr * stepMagnitude;
+        largest = std::max(largest, std::fabs(p));
+      }
+      const double tolerance = 1e-5 * (largest + terms) + 1e-30;
+      if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= tolerance)) {
+        fuzz::finding("parameter " + std::to_string(t) + " (" + std::to_string(fused[t].numel()) +
+                      " elements) element " + std::to_string(i) + ": fused " + number(a[i]) + ", SGD " +
+                      number(b[i]) + ", tolerance " + number(tolerance));
+      }
+    }
+  }
+  return 0;
+}
