@@ -19,49 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_tensor.h"
 #include "fuzz_util.h"
 #include "train/detail/fused_adamw.h"
 
-namespace {
-
-class Bytes {
- public:
-  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  // The next byte; once the input is used up, a deterministic sequence.
-  uint8_t next() {
-    if (pos_ < size_) return data_[pos_++];
-    state_ = state_ * 1103515245u + 12345u;
-    return static_cast<uint8_t>(state_ >> 16);
-  }
-  // A float m * 2^e of 7 bits of mantissa, e in [-20, 8], or 0.
-  float value() {
-    const uint8_t a = next(), b = next();
-    if (a == 0) return 0;
-    const float mantissa = static_cast<float>(a & 0x7f) / 64.0f - 1.0f;
-    return std::ldexp(mantissa == 0 ? 1.0f : mantissa, static_cast<int>(b % 29) - 20);
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-  uint32_t state_ = 1;
-};
-
-std::string number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", x);
-  return buf;
-}
-
-constexpr int64_t kSizes[] = {1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 33, 127, 1031, 2053, 4099};
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cohort;
   if (size < 8) return 0;
-  Bytes in(data, size);
+  fuzz::ByteStream in(data, size);
   const uint8_t flags = in.next();
   const bool amsgrad = (flags & 1) != 0;
   const bool withDouble = (flags & 2) != 0;
@@ -80,17 +46,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   torch::NoGradGuard noGrad;
   std::vector<at::Tensor> fused, reference;
   for (int t = 0; t < tensors; ++t) {
-    const uint8_t s = in.next();
-    const int64_t n = s < 224 ? kSizes[s % 16] : 1 + (static_cast<int64_t>(s) * 131 + in.next()) % 4100;
-    at::Tensor p = torch::empty({n});
-    float* w = p.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) w[i] = in.value();
+    at::Tensor p = torch::empty({in.size()});
+    in.fill(p);
     fused.push_back(p);
     reference.push_back(p.clone());
   }
   if (withDouble) {
     at::Tensor p = torch::empty({7}, torch::kFloat64);
-    for (int64_t i = 0; i < 7; ++i) p.data_ptr<double>()[i] = in.value();
+    in.fill(p);
     fused.push_back(p);
     reference.push_back(p.clone());
   }
@@ -103,13 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (auto& g : grads) {
     for (const auto& p : fused) {
       at::Tensor x = torch::empty_like(p);
-      for (int64_t i = 0; i < x.numel(); ++i) {
-        if (x.scalar_type() == at::kFloat) {
-          x.data_ptr<float>()[i] = in.value();
-        } else {
-          x.data_ptr<double>()[i] = in.value();
-        }
-      }
+      in.fill(x);
       g.push_back(x);
     }
   }
@@ -154,8 +111,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const double tolerance = 1e-5 * (largest + terms) + 1e-30;
       if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= tolerance)) {
         fuzz::finding("parameter " + std::to_string(t) + " (" + std::to_string(fused[t].numel()) +
-                      " elements) element " + std::to_string(i) + ": fused " + number(a[i]) + ", AdamW " +
-                      number(b[i]) + ", tolerance " + number(tolerance));
+                      " elements) element " + std::to_string(i) + ": fused " + fuzz::number(a[i]) + ", AdamW " +
+                      fuzz::number(b[i]) + ", tolerance " + fuzz::number(tolerance));
       }
     }
   }

@@ -4,8 +4,11 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace cohort::fuzz {
@@ -21,6 +24,56 @@ inline at::Tensor inputValues(const uint8_t* data, size_t size, size_t offset, c
     p[i] = (static_cast<int>(data[offset + static_cast<size_t>(i) % (size - offset)]) - 128) / 32.0;
   }
   return t;
+}
+
+// The input as a stream of bytes for the optimizer targets (fused_adamw,
+// fused_sgd): once it is used up, a deterministic sequence, so that any
+// input describes a whole case.
+class ByteStream {
+ public:
+  ByteStream(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t next() {
+    if (pos_ < size_) return data_[pos_++];
+    state_ = state_ * 1103515245u + 12345u;
+    return static_cast<uint8_t>(state_ >> 16);
+  }
+  // A float m * 2^e of 7 bits of mantissa, e in [-20, 8], or 0.
+  float value() {
+    const uint8_t a = next(), b = next();
+    if (a == 0) return 0;
+    const float mantissa = static_cast<float>(a & 0x7f) / 64.0f - 1.0f;
+    return std::ldexp(mantissa == 0 ? 1.0f : mantissa, static_cast<int>(b % 29) - 20);
+  }
+  // A tensor size: mostly 1, primes and the vector widths around them; one
+  // draw in eight anything up to 4100.
+  int64_t size() {
+    static constexpr int64_t kSizes[] = {1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 33, 127, 1031, 2053, 4099};
+    const uint8_t s = next();
+    return s < 224 ? kSizes[s % 16] : 1 + (static_cast<int64_t>(s) * 131 + next()) % 4100;
+  }
+  // t's elements from value(), float32 or float64.
+  void fill(at::Tensor& t) {
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (t.scalar_type() == at::kFloat) {
+        t.data_ptr<float>()[i] = value();
+      } else {
+        t.data_ptr<double>()[i] = value();
+      }
+    }
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+  uint32_t state_ = 1;
+};
+
+// x with 9 significant digits, for a finding's message.
+inline std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
 }
 
 }  // namespace cohort::fuzz

@@ -372,7 +372,9 @@ TEST(DdpOneRank, GradientsStayAutogradsAndAreCheckedAsTheyArrive) {
     plain->forward(x).pow(2).sum().backward();
     auto p = net->parameters(), q = plain->parameters();
     for (size_t k = 0; k < p.size(); ++k) {
-      if (std::isfinite(bad)) EXPECT_TRUE(torch::equal(p[k].grad(), q[k].grad())) << "step " << step << ", " << k;
+      if (std::isfinite(bad)) {
+        EXPECT_TRUE(torch::equal(p[k].grad(), q[k].grad())) << "step " << step << ", " << k;
+      }
       EXPECT_EQ(p[k].grad().storage().nbytes(), p[k].numel() * sizeof(float))
           << "step " << step << ": parameter " << k << "'s gradient is part of a larger buffer";
     }
@@ -400,7 +402,9 @@ TEST(DdpOneRank, MicroStepsSumAndTheSumIsChecked) {
     net->forward(x).sum().backward();
     ddp.finishGradients();
     EXPECT_EQ(ddp.gradientsFinite(), std::isfinite(bad));
-    if (std::isfinite(bad)) EXPECT_TRUE(torch::allclose(net->a->weight.grad(), 2 * once));
+    if (std::isfinite(bad)) {
+      EXPECT_TRUE(torch::allclose(net->a->weight.grad(), 2 * once));
+    }
     ddp.zeroGrad();
   }
   EXPECT_EQ(ddp.stats().syncs, 2);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "train/detail/fused_adamw_arrays.h"
+#include "train/detail/vector_slot.h"
 
 namespace cohort::train::detail {
 namespace {
@@ -25,39 +26,30 @@ struct AdamWVectors {
   Vec decay, beta1, oneMinusBeta1, beta2, oneMinusBeta2, correction2, eps, step;
 };
 
-// One vector of elements [i, i + n): the arithmetic of LibTorch's AdamW,
-// operation by operation (see fused_adamw.h). kPartial: n < Vec::size()
-// (loads and stores of n elements); otherwise n is Vec::size() and they are
-// whole vectors. Always inlined, so that the whole-vector loads and stores
-// are constant-sized copies the compiler turns into vector moves.
+// One vector of elements [i, i + n) (VectorSlot): the arithmetic of
+// LibTorch's AdamW, operation by operation (see fused_adamw.h). Always
+// inlined, so that whole vectors' loads and stores become vector moves.
 template <typename Vec, bool kPartial>
 __attribute__((always_inline)) inline void adamwVector(const AdamWArrays& a, const AdamWVectors<Vec>& c,
                                                        int64_t i, int64_t n) {
-  auto load = [&](const float* x) { return kPartial ? Vec::loadu(x + i, n) : Vec::loadu(x + i); };
-  auto store = [&](const Vec& v, float* x) {
-    if (kPartial) {
-      v.store(x + i, static_cast<int>(n));
-    } else {
-      v.store(x + i);
-    }
-  };
-  Vec p = load(a.param);
-  const Vec g = load(a.grad);
-  Vec m = load(a.expAvg);
-  Vec v = load(a.expAvgSq);
+  const VectorSlot<Vec, kPartial> slot{i, n};
+  Vec p = slot.load(a.param);
+  const Vec g = slot.load(a.grad);
+  Vec m = slot.load(a.expAvg);
+  Vec v = slot.load(a.expAvgSq);
   p = p * c.decay;
   m = at::vec::fmadd(g, c.oneMinusBeta1, m * c.beta1);
   v = v * c.beta2 + c.oneMinusBeta2 * g * g;
   Vec denomSq = v;
   if (a.maxExpAvgSq != nullptr) {
-    denomSq = at::vec::maximum(load(a.maxExpAvgSq), v);
-    store(denomSq, a.maxExpAvgSq);
+    denomSq = at::vec::maximum(slot.load(a.maxExpAvgSq), v);
+    slot.store(denomSq, a.maxExpAvgSq);
   }
   const Vec denom = denomSq.sqrt() / c.correction2 + c.eps;
   p = p + c.step * m / denom;
-  store(p, a.param);
-  store(m, a.expAvg);
-  store(v, a.expAvgSq);
+  slot.store(p, a.param);
+  slot.store(m, a.expAvg);
+  slot.store(v, a.expAvgSq);
 }
 
 // Whole vectors, then the last partial one through the same operations, so

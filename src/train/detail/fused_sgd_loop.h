@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "train/detail/fused_sgd_arrays.h"
+#include "train/detail/vector_slot.h"
 
 namespace cohort::train::detail {
 namespace {
@@ -34,30 +35,22 @@ struct SgdVectors {
   Vec negLr, weightDecay, momentum, keep;
 };
 
-// One vector of elements [i, i + n). kPartial: n < Vec::size() (loads and
-// stores of n elements); otherwise whole vectors. Always inlined, so that
-// the whole-vector loads and stores become vector moves.
+// One vector of elements [i, i + n) (VectorSlot). Always inlined, so that
+// whole vectors' loads and stores become vector moves.
 template <typename Vec, bool kPartial>
 __attribute__((always_inline)) inline void sgdVector(const SgdArrays& a, const SgdScalars& s,
                                                      const SgdVectors<Vec>& c, int64_t i, int64_t n) {
-  auto load = [&](const float* x) { return kPartial ? Vec::loadu(x + i, n) : Vec::loadu(x + i); };
-  auto store = [&](const Vec& v, float* x) {
-    if (kPartial) {
-      v.store(x + i, static_cast<int>(n));
-    } else {
-      v.store(x + i);
-    }
-  };
-  const Vec p = load(a.param);
-  const Vec g = load(a.grad);
+  const VectorSlot<Vec, kPartial> slot{i, n};
+  const Vec p = slot.load(a.param);
+  const Vec g = slot.load(a.grad);
   const Vec d = s.weightDecay != 0 ? at::vec::fmadd(p, c.weightDecay, g) : g;
   Vec step = d;
   if (a.momentumBuffer != nullptr) {
-    const Vec b = s.firstStep ? d : at::vec::fmadd(d, c.keep, load(a.momentumBuffer) * c.momentum);
-    store(b, a.momentumBuffer);
+    const Vec b = s.firstStep ? d : at::vec::fmadd(d, c.keep, slot.load(a.momentumBuffer) * c.momentum);
+    slot.store(b, a.momentumBuffer);
     step = s.nesterov ? at::vec::fmadd(b, c.momentum, d) : b;
   }
-  store(at::vec::fmadd(step, c.negLr, p), a.param);
+  slot.store(at::vec::fmadd(step, c.negLr, p), a.param);
 }
 
 // Whole vectors, then the last partial one through the same operations, so
