@@ -43,44 +43,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.betas({beta1s[(h / 6) % 4], beta2s[(h / 24) % 4]}).eps(epss[k % 4]).weight_decay(decays[(k / 4) % 4]);
   o.amsgrad(amsgrad);
 
-  torch::NoGradGuard noGrad;
-  std::vector<at::Tensor> fused, reference;
-  for (int t = 0; t < tensors; ++t) {
-    at::Tensor p = torch::empty({in.size()});
-    in.fill(p);
-    fused.push_back(p);
-    reference.push_back(p.clone());
-  }
-  if (withDouble) {
-    at::Tensor p = torch::empty({7}, torch::kFloat64);
-    in.fill(p);
-    fused.push_back(p);
-    reference.push_back(p.clone());
-  }
-  const std::vector<at::Tensor> initial = [&] {
-    std::vector<at::Tensor> out;
-    for (const auto& p : reference) out.push_back(p.clone());
-    return out;
-  }();
-  std::vector<std::vector<at::Tensor>> grads(steps);
-  for (auto& g : grads) {
-    for (const auto& p : fused) {
-      at::Tensor x = torch::empty_like(p);
-      in.fill(x);
-      g.push_back(x);
-    }
-  }
-
+  fuzz::OptimizerCase drawn = fuzz::drawOptimizerCase(in, tensors, withDouble, steps);
+  const std::vector<at::Tensor>& fused = drawn.fused;
+  const std::vector<at::Tensor>& reference = drawn.reference;
+  const std::vector<at::Tensor>& initial = drawn.initial;
+  const auto& grads = drawn.grads;
   train::detail::FusedAdamW ours(fused, o);
   torch::optim::AdamW theirs(reference, o);
-  for (int s = 0; s < steps; ++s) {
-    for (size_t t = 0; t < fused.size(); ++t) {
-      fused[t].mutable_grad() = grads[s][t].clone();
-      reference[t].mutable_grad() = grads[s][t].clone();
-    }
-    ours.step();
-    theirs.step();
-  }
+  fuzz::stepBoth(drawn, ours, theirs);
 
   const double lr = o.lr(), wd = o.weight_decay(), eps = o.eps();
   const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());

@@ -45,31 +45,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.momentum(momentum).nesterov(nesterov).weight_decay(decays[(k / 2) % 4]);
   o.dampening(nesterov ? 0.0 : dampenings[(k / 8) % 3]);
 
-  torch::NoGradGuard noGrad;
-  std::vector<at::Tensor> fused, reference;
-  for (int t = 0; t < tensors; ++t) {
-    at::Tensor p = torch::empty({in.size()});
-    in.fill(p);
-    fused.push_back(p);
-    reference.push_back(p.clone());
-  }
-  if (withDouble) {
-    at::Tensor p = torch::empty({7}, torch::kFloat64);
-    in.fill(p);
-    fused.push_back(p);
-    reference.push_back(p.clone());
-  }
-  std::vector<at::Tensor> initial;
-  for (const auto& p : reference) initial.push_back(p.clone());
-  std::vector<std::vector<at::Tensor>> grads(steps);
-  for (auto& g : grads) {
-    for (const auto& p : fused) {
-      at::Tensor x = torch::empty_like(p);
-      in.fill(x);
-      g.push_back(x);
-    }
-  }
-
+  fuzz::OptimizerCase drawn = fuzz::drawOptimizerCase(in, tensors, withDouble, steps);
+  const std::vector<at::Tensor>& fused = drawn.fused;
+  const std::vector<at::Tensor>& reference = drawn.reference;
+  const std::vector<at::Tensor>& initial = drawn.initial;
+  const auto& grads = drawn.grads;
   OptimizerConfig c;
   c.name = OptimizerKind::sgd;
   c.lr = o.lr();
@@ -81,14 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static_cast<torch::optim::SGDOptions&>(group.options()).dampening(o.dampening());
   }
   torch::optim::SGD theirs(reference, o);
-  for (int s = 0; s < steps; ++s) {
-    for (size_t t = 0; t < fused.size(); ++t) {
-      fused[t].mutable_grad() = grads[s][t].clone();
-      reference[t].mutable_grad() = grads[s][t].clone();
-    }
-    ours->step();
-    theirs.step();
-  }
+  fuzz::stepBoth(drawn, *ours, theirs);
 
   const double lr = o.lr(), wd = o.weight_decay(), keep = 1 - o.dampening();
   for (size_t t = 0; t < fused.size(); ++t) {

@@ -69,6 +69,51 @@ class ByteStream {
   uint32_t state_ = 1;
 };
 
+// One case of the optimizer targets, drawn from the input in this order:
+// `tensors` float32 parameters of drawn sizes and values, with
+// `withDouble` a float64 one of 7 values after them, then each step's
+// gradient of each. `fused` and `reference` start as copies of `initial`.
+struct OptimizerCase {
+  std::vector<at::Tensor> fused, reference, initial;
+  std::vector<std::vector<at::Tensor>> grads;  // [step][parameter]
+};
+
+inline OptimizerCase drawOptimizerCase(ByteStream& in, int tensors, bool withDouble, int steps) {
+  torch::NoGradGuard noGrad;
+  OptimizerCase c;
+  auto add = [&](at::Tensor p) {
+    in.fill(p);
+    c.initial.push_back(p);
+    c.fused.push_back(p.clone());
+    c.reference.push_back(p.clone());
+  };
+  for (int t = 0; t < tensors; ++t) add(torch::empty({in.size()}));
+  if (withDouble) add(torch::empty({7}, torch::kFloat64));
+  c.grads.resize(static_cast<size_t>(steps));
+  for (auto& g : c.grads) {
+    for (const auto& p : c.fused) {
+      at::Tensor x = torch::empty_like(p);
+      in.fill(x);
+      g.push_back(x);
+    }
+  }
+  return c;
+}
+
+// Steps `ours` (over c.fused) and `theirs` (over c.reference) once per
+// step with that step's gradients.
+inline void stepBoth(OptimizerCase& c, torch::optim::Optimizer& ours, torch::optim::Optimizer& theirs) {
+  torch::NoGradGuard noGrad;
+  for (const auto& step : c.grads) {
+    for (size_t t = 0; t < c.fused.size(); ++t) {
+      c.fused[t].mutable_grad() = step[t].clone();
+      c.reference[t].mutable_grad() = step[t].clone();
+    }
+    ours.step();
+    theirs.step();
+  }
+}
+
 // x with 9 significant digits, for a finding's message.
 inline std::string number(double x) {
   char buf[32];

@@ -385,11 +385,11 @@ void DistributedDataParallel::settleGradient(Param& p) {
   // Below stage 2 zeroGrad() dropped the gradient and autograd made a
   // fresh one; otherwise something (a zero_grad that sets .grad to None, a
   // user) replaced it. Accumulated in place: already there.
-  at::Tensor& grad = p.tensor.mutable_grad();
   if (withoutBuckets_) {
     settleWithoutBucket(p);
     return;
   }
+  at::Tensor& grad = p.tensor.mutable_grad();
   if (grad.defined() && grad.is_same(p.gradView)) return;
   torch::NoGradGuard noGrad;
   // No gradient came in (the pre-hook did not run): the bucket may still be unallocated.
