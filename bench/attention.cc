@@ -7,12 +7,13 @@
 // backward beyond q, k, v and its output: the [B, H, T, T] weights against
 // one logsumexp per row.
 //
-//   cohort_bench_attention [--repeat 7] [--iters 5] [--threads 1,2]
+//   cohort_bench_attention [--repeat 7] [--iters 5] [--threads 1,2] [--shape B,H,T,D]
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -57,6 +58,7 @@ double timeOnce(bool matmulOnly, const Shape& s, const at::Tensor& projected, co
 int main(int argc, char** argv) {
   int repeat = 7, iters = 5;
   std::vector<int> threads = {1, 2};
+  std::vector<Shape> shapes = {Shape{16, 4, 256, 32}, Shape{8, 12, 512, 64}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--repeat" && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
@@ -69,8 +71,16 @@ int main(int argc, char** argv) {
         threads.push_back(std::max(1, std::atoi(list.substr(p, q - p).c_str())));
         p = q + 1;
       }
+    } else if (a == "--shape" && i + 1 < argc) {
+      Shape s{};
+      if (std::sscanf(argv[++i], "%ld,%ld,%ld,%ld", &s.b, &s.h, &s.t, &s.d) != 4 || s.b < 1 || s.h < 1 || s.t < 1 ||
+          s.d < 1) {
+        std::cerr << "--shape wants B,H,T,D (positive), not '" << argv[i] << "'\n";
+        return 2;
+      }
+      shapes = {s};
     } else {
-      std::cerr << "usage: cohort_bench_attention [--repeat N] [--iters N] [--threads 1,2]\n";
+      std::cerr << "usage: cohort_bench_attention [--repeat N] [--iters N] [--threads 1,2] [--shape B,H,T,D]\n";
       return 2;
     }
   }
@@ -81,7 +91,7 @@ int main(int argc, char** argv) {
             << fmt::format("{:>3} {:>3} {:>5} {:>4} {:>3} | {:>11} {:>12} | {:>7} | {:>10} {:>10}\n", "B", "H", "T",
                            "D", "thr", "matmul ms", "blockwise ms", "speedup", "matmul MB", "block MB");
   std::vector<nlohmann::json> lines;
-  for (const Shape& s : {Shape{16, 4, 256, 32}, Shape{8, 12, 512, 64}}) {
+  for (const Shape& s : shapes) {
     torch::manual_seed(0);
     const at::Tensor projected = torch::randn({s.b, s.t, 3 * s.h * s.d}).set_requires_grad(true);
     const at::Tensor weight = torch::randn({s.b, s.t, s.h * s.d});

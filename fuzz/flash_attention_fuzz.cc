@@ -7,7 +7,11 @@
 // block size of 64 twice, D 1..40), then the values of q, k, v and the
 // output's weights in the loss, one byte each mapped onto [-4, 4) (bytes
 // past the end read as 0, so every input is a case). A difference beyond
-// 1e-9 (relative and absolute) is a finding.
+// 1e-9 (relative and absolute) is a finding. The same values in float32
+// (exact there: multiples of 1/32), which take the tile kernels of the
+// widest build (models/fused_kernels.h): a finding when the kernel's
+// distance from float64's result is more than 4 times the whole matrix's
+// own in float32, plus 1e-5 of the result's largest magnitude.
 
 #include <torch/torch.h>
 
@@ -35,6 +39,37 @@ void requireClose(const at::Tensor& got, const at::Tensor& want, const std::stri
                             std::to_string((got - want).abs().max().item<double>()));
 }
 
+double distance(const at::Tensor& a, const at::Tensor& b) {
+  return a.numel() == 0 ? 0.0 : (a.to(at::kDouble) - b).abs().max().item<double>();
+}
+
+// Float32's output and gradients against float64's (`want`, `wantGrads`).
+void checkFloat(const std::vector<at::Tensor>& qkv64, const at::Tensor& weight64, const at::Tensor& want,
+                const std::vector<at::Tensor>& wantGrads) {
+  auto floats = [&] {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& x : qkv64) out.push_back(x.detach().to(at::kFloat).set_requires_grad(true));
+    return out;
+  };
+  const at::Tensor weight = weight64.to(at::kFloat);
+  const std::vector<at::Tensor> mine = floats(), theirs = floats();
+  const at::Tensor got = cohort::models::flashAttention(mine[0], mine[1], mine[2]);
+  const at::Tensor whole = wholeMatrixAttention(theirs[0], theirs[1], theirs[2]);
+  const std::vector<at::Tensor> gotGrads = torch::autograd::grad({(got * weight).sum()}, mine);
+  const std::vector<at::Tensor> wholeGrads = torch::autograd::grad({(whole * weight).sum()}, theirs);
+  auto require = [](const at::Tensor& g, const at::Tensor& w, const at::Tensor& want, const std::string& what) {
+    const double mine = distance(g, want), aten = distance(w, want);
+    const double size = want.numel() == 0 ? 0.0 : want.abs().max().item<double>();
+    cohort::fuzz::require(mine <= 4 * aten + 1e-5 * (1 + size),
+                          "float32: " + what + " is " + std::to_string(mine) + " from float64's, the whole matrix " +
+                              std::to_string(aten));
+  };
+  require(got, whole, want, "the output");
+  for (size_t i = 0; i < 3; ++i) {
+    require(gotGrads[i], wholeGrads[i], wantGrads[i], std::string("the gradient of ") + "qkv"[i]);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -55,5 +90,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<at::Tensor> gotGrads = torch::autograd::grad({(got * weight).sum()}, qkv);
   const std::vector<at::Tensor> wantGrads = torch::autograd::grad({(want * weight).sum()}, qkv);
   for (size_t i = 0; i < 3; ++i) requireClose(gotGrads[i], wantGrads[i], std::string("the gradient of ") + "qkv"[i]);
+  checkFloat(qkv, weight, want.detach(), wantGrads);
   return 0;
 }

@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cohort/core/env.h"
 #include "cohort/core/error.h"
+#include "models/fused_kernels.h"
 #include "models/softmax_rows.h"
 
 namespace cohort::models {
@@ -30,11 +32,10 @@ constexpr int64_t kBlock = 64;
 // -1 unset (read COHORT_ATTENTION on first use), 0 blockwise, 1 matmul only.
 std::atomic<int> matmulOnlyState{-1};
 
-// Row-major C = alpha op(A) op(B) + beta C: BLAS (the OpenBLAS LibTorch
-// itself links), whose small-matrix kernels beat ATen's dispatch of a
-// matmul per block and loops of our own (docs/performance.md). Called from
-// inside at::parallel_for's threads, where OpenBLAS's OpenMP build runs
-// single-threaded.
+// Row-major C = alpha op(A) op(B) + beta C through BLAS (the OpenBLAS
+// LibTorch itself links): float64, and float32 on a CPU without AVX2 (or
+// held to the baseline). Called from inside at::parallel_for's threads,
+// where OpenBLAS's OpenMP build runs single-threaded.
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
@@ -47,6 +48,75 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alph
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
+
+// The products of the blocks: float32 through the tile kernels of the
+// widest build (models/detail/tile_kernels_impl.h), which read A in place
+// whatever its strides and B's rows in place, so a product with B
+// transposed (Q K^T, dOut V^T) reads a transposed copy of B's rows that the
+// kernel keeps per (batch, head); everything else through BLAS
+// (docs/performance.md).
+// A transposed copy of rows, [d x ld]: column c onwards (none when the
+// products are not tiled, and nothing was copied).
+template <class T>
+struct Transposed {
+  std::vector<T> data;
+  int64_t ld = 0;
+  const T* from(int64_t c) const { return data.empty() ? nullptr : data.data() + c; }
+};
+
+template <class T>
+struct Products {
+  const detail::TileKernelTable* tiles = nullptr;
+
+  static Products forThisCpu() {
+    Products p;
+    if constexpr (std::is_same_v<T, float>) p.tiles = detail::tileKernels();
+    return p;
+  }
+  bool tiled() const { return tiles != nullptr; }
+  // C = alpha A B^T + beta C: B's [n x k] rows at b, or (tiled) B^T's
+  // [k x n] rows from column `col` of bT.
+  void abT(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+           const Transposed<T>& bT, int64_t col, T beta, T* c, int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->product(m, n, k, alpha, a, lda, 1, bT.from(col), bT.ld, beta, c, ldc);
+    }
+    gemm(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // C = alpha A B + beta C.
+  void ab(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+          int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->product(m, n, k, alpha, a, lda, 1, b, ldb, beta, c, ldc);
+    }
+    gemm(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // C = alpha A^T B + beta C, A's [k x m] rows at a.
+  void aTb(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+           int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->product(m, n, k, alpha, a, 1, lda, b, ldb, beta, c, ldc);
+    }
+    gemm(true, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // Room for nt rows of d transposed (tiled only): rows nt rounded up to
+  // 16, plus 16, apart, so that a long sequence's rows are not a power of
+  // two apart (rows 2 KB apart share few L1 sets and evict one another
+  // within a product).
+  Transposed<T> transposedFor(int64_t nt, int64_t d) const {
+    Transposed<T> t;
+    if (!tiled()) return t;
+    t.ld = (nt + 15) / 16 * 16 + 16;
+    t.data.resize(d * t.ld);
+    return t;
+  }
+  // Rows [from, to) of x (rows of d, ld apart) into columns [from, to) of y.
+  void transposeRows(const T* x, int64_t ld, int64_t from, int64_t to, int64_t d, Transposed<T>& y) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles && to > from) tiles->transpose(x + from * ld, ld, to - from, d, y.data.data() + from, y.ld);
+    }
+  }
+};
 
 // x[i] = exp(x[i] - shift) for x[i] <= shift, and their sum: float32
 // through the row kernels (models/softmax_rows.h), float64 with std::exp.
@@ -153,19 +223,31 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
   const int64_t blocks = (nt + kBlock - 1) / kBlock;
   // Tasks in (batch, head, query block) order: a thread's contiguous range
   // of them costs about the same as another's.
+  const Products<T> products = Products<T>::forThisCpu();
   at::parallel_for(0, nb * nh * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> s(kBlock * kBlock), acc(kBlock * nd), m(kBlock), l(kBlock);
+    // The keys of one (batch, head) transposed, those before
+    // kUpTo done: a thread's tasks come in order, so each key is
+    // transposed about once.
+    Transposed<T> kT = products.transposedFor(nt, nd);
+    int64_t kOf = -1, kUpTo = 0;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, q0 = (task % blocks) * kBlock;
       const int64_t b = bh / nh, h = bh % nh, nq = std::min(kBlock, nt - q0);
       const T* qp = q.at(b, h, q0);
+      if (bh != kOf) {
+        kOf = bh;
+        kUpTo = 0;
+      }
+      products.transposeRows(k.at(b, h, 0), k.ld, kUpTo, std::max(kUpTo, q0 + nq), nd, kT);
+      kUpTo = std::max(kUpTo, q0 + nq);
       std::fill(acc.begin(), acc.begin() + nq * nd, T(0));
       std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
       std::fill(l.begin(), l.end(), T(0));
       // Keys 0 .. q0 + nq - 1: the blocks above the diagonal are never touched.
       for (int64_t k0 = 0; k0 < q0 + nq; k0 += kBlock) {
         const int64_t nk = std::min(kBlock, q0 + nq - k0);
-        gemm(false, true, nq, nk, nd, scale, qp, q.ld, k.at(b, h, k0), k.ld, T(0), s.data(), kBlock);
+        products.abT(nq, nk, nd, scale, qp, q.ld, k.at(b, h, k0), k.ld, kT, k0, T(0), s.data(), kBlock);
         for (int64_t r = 0; r < nq; ++r) {
           T* row = s.data() + r * kBlock;
           // Keys after query q0 + r are masked: only the diagonal block has any.
@@ -179,7 +261,7 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
           l[r] = l[r] * correction + sum;
           m[r] = mx;
         }
-        gemm(false, false, nq, nd, nk, T(1), s.data(), kBlock, v.at(b, h, k0), v.ld, T(1), acc.data(), nd);
+        products.ab(nq, nd, nk, T(1), s.data(), kBlock, v.at(b, h, k0), v.ld, T(1), acc.data(), nd);
       }
       for (int64_t r = 0; r < nq; ++r) {
         scaledCopy(out.at(b, h, q0 + r), acc.data() + r * nd, nd, T(1) / l[r]);
@@ -197,11 +279,16 @@ void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const 
                     const Rows<T>& dOut, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t nb,
                     int64_t nh, int64_t nt, int64_t nd) {
   const T scale = T(1) / std::sqrt(static_cast<T>(nd));
+  const Products<T> products = Products<T>::forThisCpu();
   at::parallel_for(0, nb * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> p(kBlock * kBlock), ds(kBlock * kBlock), dkAcc(kBlock * nd), dvAcc(kBlock * nd), rowDot(nt);
+    // The keys and values transposed (tiled only).
+    Transposed<T> kT = products.transposedFor(nt, nd), vT = products.transposedFor(nt, nd);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / nh, h = bh % nh;
       const T* rowLse = lse + bh * nt;
+      products.transposeRows(k.at(b, h, 0), k.ld, 0, nt, nd, kT);
+      products.transposeRows(v.at(b, h, 0), v.ld, 0, nt, nd, vT);
       // dOut . out per row: the softmax's backward subtracts it.
       for (int64_t t = 0; t < nt; ++t) rowDot[t] = dot(dOut.at(b, h, t), out.at(b, h, t), nd);
       for (int64_t k0 = 0; k0 < nt; k0 += kBlock) {
@@ -215,20 +302,20 @@ void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const 
           const int64_t nq = std::min(kBlock, nt - q0);
           const T* qp = q.at(b, h, q0);
           const T* dop = dOut.at(b, h, q0);
-          gemm(false, true, nq, nk, nd, scale, qp, q.ld, kp, k.ld, T(0), p.data(), kBlock);
+          products.abT(nq, nk, nd, scale, qp, q.ld, kp, k.ld, kT, k0, T(0), p.data(), kBlock);
           for (int64_t r = 0; r < nq; ++r) {
             T* row = p.data() + r * kBlock;
             const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + r - k0 + 1));
             expInPlace(row, valid, rowLse[q0 + r]);
             std::fill(row + valid, row + nk, T(0));
           }
-          gemm(true, false, nk, nd, nq, T(1), p.data(), kBlock, dop, dOut.ld, T(1), dvAcc.data(), nd);
-          gemm(false, true, nq, nk, nd, T(1), dop, dOut.ld, vp, v.ld, T(0), ds.data(), kBlock);
+          products.aTb(nk, nd, nq, T(1), p.data(), kBlock, dop, dOut.ld, T(1), dvAcc.data(), nd);
+          products.abT(nq, nk, nd, T(1), dop, dOut.ld, vp, v.ld, vT, k0, T(0), ds.data(), kBlock);
           for (int64_t r = 0; r < nq; ++r) {
             scoreGrad(ds.data() + r * kBlock, p.data() + r * kBlock, nk, rowDot[q0 + r]);
           }
-          gemm(false, false, nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, T(1), dq.at(b, h, q0), dq.ld);
-          gemm(true, false, nk, nd, nq, scale, ds.data(), kBlock, qp, q.ld, T(1), dkAcc.data(), nd);
+          products.ab(nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, T(1), dq.at(b, h, q0), dq.ld);
+          products.aTb(nk, nd, nq, scale, ds.data(), kBlock, qp, q.ld, T(1), dkAcc.data(), nd);
         }
         for (int64_t r = 0; r < nk; ++r) {
           std::copy_n(dkAcc.data() + r * nd, nd, dk.at(b, h, k0 + r));

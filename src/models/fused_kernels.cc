@@ -131,6 +131,19 @@ void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::
   bf16Kernels().geluBackward(gy, slope, gh, n);
 }
 
+const TileKernelTable* tileKernels() {
+  switch (kernelIsa()) {
+#if defined(__x86_64__)
+    case KernelIsa::avx512:
+      return &isa::avx512(TileKernelTable::Tag{});
+    case KernelIsa::avx2:
+      return &isa::avx2(TileKernelTable::Tag{});
+#endif
+    default:
+      return nullptr;
+  }
+}
+
 #define COHORT_FUSED_KERNELS(T)                                                                                   \
   template void biasGeluForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, bool);                          \
   template void biasGeluBackward<T>(const T*, const T*, T*, T*, int64_t, int64_t);                                 \

@@ -92,6 +92,23 @@ struct Bf16KernelTable {
   void (*geluBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t);
 };
 
+// The blockwise attention's float32 products and transposes
+// (models/detail/tile_kernels_impl.h), built for AVX2 and AVX-512 only.
+struct TileKernelTable {
+  struct Tag {};
+  // C[m x n] = alpha * A B + beta * C, A(i, p) at a[i * ars + p * acs] (A
+  // transposed: the strides swapped), B's rows ldb apart, C's ldc apart;
+  // beta 0 never reads C.
+  void (*product)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t ars, int64_t acs,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+  // y[c * ldy + r] = x[r * ldx + c] for r < rows, c < cols.
+  void (*transpose)(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y, int64_t ldy);
+};
+
+// The widest build's TileKernelTable (as the calls above choose), or null
+// where that is the baseline.
+const TileKernelTable* tileKernels();
+
 // The loops of one instruction set's build, for one dtype.
 template <typename T>
 struct FusedKernelTable {
@@ -118,9 +135,11 @@ const Bf16KernelTable& base(Bf16KernelTable::Tag);
 const FusedKernelTable<float>& avx2(float);
 const FusedKernelTable<double>& avx2(double);
 const Bf16KernelTable& avx2(Bf16KernelTable::Tag);
+const TileKernelTable& avx2(TileKernelTable::Tag);
 const FusedKernelTable<float>& avx512(float);
 const FusedKernelTable<double>& avx512(double);
 const Bf16KernelTable& avx512(Bf16KernelTable::Tag);
+const TileKernelTable& avx512(TileKernelTable::Tag);
 #endif
 }  // namespace isa
 

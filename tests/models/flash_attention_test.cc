@@ -2,7 +2,7 @@
 // the product of the whole score matrix written out in ATen: forward in
 // float32 (within 2e-5 + 1e-4 relative) and float64 (1e-12), gradients of q,
 // k and v in float64 against ATen's autograd (1e-10) and against finite
-// differences; shapes around the block size (64), primes, T = 1, D = 1,
+// differences, in float32 against float64's (1e-4 + 1e-3 relative); shapes around the block size (64), primes, T = 1, D = 1,
 // non-contiguous inputs as the GPT makes them, many heads; bfloat16.
 
 #include "models/flash_attention.h"
@@ -147,6 +147,31 @@ TEST(FlashAttention, GradientsEqualFiniteDifferences) {
       const double down = (flashAttention(qkv[0], qkv[1], qkv[2]) * weight).sum().item<double>();
       flat[j] = x;
       EXPECT_NEAR(grads[i].reshape({-1})[j].item<double>(), (up - down) / (2 * eps), 1e-7) << "qkv"[i] << " " << j;
+    }
+  }
+}
+
+// Float32's gradients, which the tile kernels of the widest build compute
+// (models/fused_kernels.h; BLAS at the baseline), against ATen's autograd of
+// the whole matrix in float64 on the same values: within float rounding of
+// sums over T terms (the run under `/avx2` takes the AVX2 build).
+TEST(FlashAttention, FloatGradientsEqualTheWholeMatrixsInDouble) {
+  torch::manual_seed(7);
+  std::vector<AttentionShape> shapes = kAttentionShapes;
+  shapes.push_back({2, 4, 256, 32});  // the GPT example's heads
+  for (const AttentionShape& s : shapes) {
+    const std::vector<at::Tensor> qkv = randomQkv(s, at::kFloat, true);
+    const at::Tensor weight = torch::randn({s.b, s.t, s.h * s.d});
+    const std::vector<at::Tensor> gotGrads =
+        torch::autograd::grad({(flashAttention(qkv[0], qkv[1], qkv[2]) * weight).sum()}, qkv);
+    std::vector<at::Tensor> wide;
+    for (const at::Tensor& x : qkv) wide.push_back(x.detach().to(at::kDouble).set_requires_grad(true));
+    const std::vector<at::Tensor> wantGrads = torch::autograd::grad(
+        {(referenceAttention(wide[0], wide[1], wide[2]) * weight.to(at::kDouble)).sum()}, wide);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(gotGrads[i].scalar_type(), at::kFloat);
+      EXPECT_TRUE(closeTo(gotGrads[i].to(at::kDouble), wantGrads[i], 1e-3, 1e-4))
+          << describe(s) << " gradient of " << "qkv"[i];
     }
   }
 }
