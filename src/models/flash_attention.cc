@@ -49,75 +49,6 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alph
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-// The products of the blocks: float32 through the tile kernels of the
-// widest build (models/detail/tile_kernels_impl.h), which read A in place
-// whatever its strides and B's rows in place, so a product with B
-// transposed (Q K^T, dOut V^T) reads a transposed copy of B's rows that the
-// kernel keeps per (batch, head); everything else through BLAS
-// (docs/performance.md).
-// A transposed copy of rows, [d x ld]: column c onwards (none when the
-// products are not tiled, and nothing was copied).
-template <class T>
-struct Transposed {
-  std::vector<T> data;
-  int64_t ld = 0;
-  const T* from(int64_t c) const { return data.empty() ? nullptr : data.data() + c; }
-};
-
-template <class T>
-struct Products {
-  const detail::TileKernelTable* tiles = nullptr;
-
-  static Products forThisCpu() {
-    Products p;
-    if constexpr (std::is_same_v<T, float>) p.tiles = detail::tileKernels();
-    return p;
-  }
-  bool tiled() const { return tiles != nullptr; }
-  // C = alpha A B^T + beta C: B's [n x k] rows at b, or (tiled) B^T's
-  // [k x n] rows from column `col` of bT.
-  void abT(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
-           const Transposed<T>& bT, int64_t col, T beta, T* c, int64_t ldc) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (tiles) return tiles->product(m, n, k, alpha, a, lda, 1, bT.from(col), bT.ld, beta, c, ldc);
-    }
-    gemm(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  // C = alpha A B + beta C.
-  void ab(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-          int64_t ldc) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (tiles) return tiles->product(m, n, k, alpha, a, lda, 1, b, ldb, beta, c, ldc);
-    }
-    gemm(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  // C = alpha A^T B + beta C, A's [k x m] rows at a.
-  void aTb(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-           int64_t ldc) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (tiles) return tiles->product(m, n, k, alpha, a, 1, lda, b, ldb, beta, c, ldc);
-    }
-    gemm(true, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  // Room for nt rows of d transposed (tiled only): rows nt rounded up to
-  // 16, plus 16, apart, so that a long sequence's rows are not a power of
-  // two apart (rows 2 KB apart share few L1 sets and evict one another
-  // within a product).
-  Transposed<T> transposedFor(int64_t nt, int64_t d) const {
-    Transposed<T> t;
-    if (!tiled()) return t;
-    t.ld = (nt + 15) / 16 * 16 + 16;
-    t.data.resize(d * t.ld);
-    return t;
-  }
-  // Rows [from, to) of x (rows of d, ld apart) into columns [from, to) of y.
-  void transposeRows(const T* x, int64_t ld, int64_t from, int64_t to, int64_t d, Transposed<T>& y) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (tiles && to > from) tiles->transpose(x + from * ld, ld, to - from, d, y.data.data() + from, y.ld);
-    }
-  }
-};
-
 // x[i] = exp(x[i] - shift) for x[i] <= shift, and their sum: float32
 // through the row kernels (models/softmax_rows.h), float64 with std::exp.
 float expInPlace(float* x, int64_t n, float shift) { return detail::expShiftedInPlace(x, n, shift); }
@@ -185,6 +116,115 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
+// A transposed copy of rows, [d x ld]: column c onwards (none when the
+// steps are not tiled, and nothing was copied).
+template <class T>
+struct Transposed {
+  std::vector<T> data;
+  int64_t ld = 0;
+  const T* from(int64_t c) const { return data.empty() ? nullptr : data.data() + c; }
+};
+
+// The steps over blocks: float32 through the attention kernels of the
+// widest build (models/detail/attention_kernels_impl.h), whose products
+// read A in place whatever its strides and B's rows in place, so a product
+// with B transposed (Q K^T, dOut V^T) reads a transposed copy of B's rows
+// that the kernel keeps per (batch, head); float64 and the baseline build
+// through BLAS and the loops above (docs/performance.md).
+template <class T>
+struct BlockSteps {
+  const detail::AttentionKernelTable* tiles = nullptr;
+
+  static BlockSteps forThisCpu() {
+    BlockSteps p;
+    if constexpr (std::is_same_v<T, float>) p.tiles = detail::attentionKernels();
+    return p;
+  }
+  bool tiled() const { return tiles != nullptr; }
+  // C = alpha A B^T + beta C: B's [n x k] rows at b, or (tiled) B^T's
+  // [k x n] rows from column `col` of bT.
+  void abT(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+           const Transposed<T>& bT, int64_t col, T beta, T* c, int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->product(m, n, k, alpha, a, lda, 1, bT.from(col), bT.ld, beta, c, ldc);
+    }
+    gemm(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // C = alpha A B + beta C.
+  void ab(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+          int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->product(m, n, k, alpha, a, lda, 1, b, ldb, beta, c, ldc);
+    }
+    gemm(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // C = alpha A^T B + beta C, A's [k x m] rows at a.
+  void aTb(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+           int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->product(m, n, k, alpha, a, 1, lda, b, ldb, beta, c, ldc);
+    }
+    gemm(true, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // Room for nt rows of d transposed (tiled only): rows nt rounded up to
+  // 16, plus 16, apart, so that a long sequence's rows are not a power of
+  // two apart (rows 2 KB apart share few L1 sets and evict one another
+  // within a product).
+  Transposed<T> transposedFor(int64_t nt, int64_t d) const {
+    Transposed<T> t;
+    if (!tiled()) return t;
+    t.ld = (nt + 15) / 16 * 16 + 16;
+    t.data.resize(d * t.ld);
+    return t;
+  }
+  // Rows [from, to) of x (rows of d, ld apart) into columns [from, to) of y.
+  void transposeRows(const T* x, int64_t ld, int64_t from, int64_t to, int64_t d, Transposed<T>& y) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles && to > from) tiles->transpose(x + from * ld, ld, to - from, d, y.data.data() + from, y.ld);
+    }
+  }
+  // Over a block of scores [rows x cols] whose row r keeps its first
+  // clamp(diag + r + 1, 0, cols) values (the causal mask; 0 in the others
+  // afterwards): the forward's online softmax step, the running maximum m
+  // and sum l per row, the rows' nd outputs in acc rescaled.
+  void softmax(T* s, int64_t lds, int64_t rows, int64_t cols, int64_t diag, T* m, T* l, T* acc, int64_t nd) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->softmaxBlock(s, lds, rows, cols, diag, m, l, acc, nd);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = s + r * lds;
+      const int64_t kept = std::clamp<int64_t>(diag + r + 1, 0, cols);
+      const T mx = std::max(m[r], rowMax(row, kept));
+      const T sum = expInPlace(row, kept, mx);
+      std::fill(row + kept, row + cols, T(0));
+      // The first block's correction multiplies zeros: exp(-inf) = 0.
+      const T correction = m[r] == mx ? T(1) : std::exp(m[r] - mx);
+      if (correction != T(1)) scaleRow(acc + r * nd, nd, correction);
+      l[r] = l[r] * correction + sum;
+      m[r] = mx;
+    }
+  }
+  // The backward's probabilities from the scores: exp(p - shift[r]).
+  void probabilities(T* p, int64_t ldp, int64_t rows, int64_t cols, int64_t diag, const T* shift) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->expBlock(p, ldp, rows, cols, diag, shift);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = p + r * ldp;
+      const int64_t kept = std::clamp<int64_t>(diag + r + 1, 0, cols);
+      expInPlace(row, kept, shift[r]);
+      std::fill(row + kept, row + cols, T(0));
+    }
+  }
+  // The scores' gradient from the probabilities' (in ds): p (ds - d[r]).
+  void scoreGradient(T* ds, const T* p, int64_t ld, int64_t rows, int64_t cols, const T* d) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tiles) return tiles->scoreGradBlock(ds, p, ld, rows, cols, d);
+    }
+    for (int64_t r = 0; r < rows; ++r) scoreGrad(ds + r * ld, p + r * ld, cols, d[r]);
+  }
+};
+
 // One of q, k, v (or a gradient) as rows of D contiguous elements: element
 // (b, h, t, d) at p[b * sB + h * sH + t * ld + d].
 template <class T>
@@ -223,13 +263,13 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
   const int64_t blocks = (nt + kBlock - 1) / kBlock;
   // Tasks in (batch, head, query block) order: a thread's contiguous range
   // of them costs about the same as another's.
-  const Products<T> products = Products<T>::forThisCpu();
+  const BlockSteps<T> steps = BlockSteps<T>::forThisCpu();
   at::parallel_for(0, nb * nh * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> s(kBlock * kBlock), acc(kBlock * nd), m(kBlock), l(kBlock);
     // The keys of one (batch, head) transposed, those before
     // kUpTo done: a thread's tasks come in order, so each key is
     // transposed about once.
-    Transposed<T> kT = products.transposedFor(nt, nd);
+    Transposed<T> kT = steps.transposedFor(nt, nd);
     int64_t kOf = -1, kUpTo = 0;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, q0 = (task % blocks) * kBlock;
@@ -239,7 +279,7 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
         kOf = bh;
         kUpTo = 0;
       }
-      products.transposeRows(k.at(b, h, 0), k.ld, kUpTo, std::max(kUpTo, q0 + nq), nd, kT);
+      steps.transposeRows(k.at(b, h, 0), k.ld, kUpTo, std::max(kUpTo, q0 + nq), nd, kT);
       kUpTo = std::max(kUpTo, q0 + nq);
       std::fill(acc.begin(), acc.begin() + nq * nd, T(0));
       std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
@@ -247,21 +287,10 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
       // Keys 0 .. q0 + nq - 1: the blocks above the diagonal are never touched.
       for (int64_t k0 = 0; k0 < q0 + nq; k0 += kBlock) {
         const int64_t nk = std::min(kBlock, q0 + nq - k0);
-        products.abT(nq, nk, nd, scale, qp, q.ld, k.at(b, h, k0), k.ld, kT, k0, T(0), s.data(), kBlock);
-        for (int64_t r = 0; r < nq; ++r) {
-          T* row = s.data() + r * kBlock;
-          // Keys after query q0 + r are masked: only the diagonal block has any.
-          const int64_t valid = std::min(nk, q0 + r - k0 + 1);
-          const T mx = std::max(m[r], rowMax(row, valid));
-          const T sum = expInPlace(row, valid, mx);
-          std::fill(row + valid, row + nk, T(0));
-          // The first block's correction multiplies zeros: exp(-inf) = 0.
-          const T correction = m[r] == mx ? T(1) : std::exp(m[r] - mx);
-          if (correction != T(1)) scaleRow(acc.data() + r * nd, nd, correction);
-          l[r] = l[r] * correction + sum;
-          m[r] = mx;
-        }
-        products.ab(nq, nd, nk, T(1), s.data(), kBlock, v.at(b, h, k0), v.ld, T(1), acc.data(), nd);
+        steps.abT(nq, nk, nd, scale, qp, q.ld, k.at(b, h, k0), k.ld, kT, k0, T(0), s.data(), kBlock);
+        // Keys after query q0 + r are masked: only the diagonal block has any.
+        steps.softmax(s.data(), kBlock, nq, nk, q0 - k0, m.data(), l.data(), acc.data(), nd);
+        steps.ab(nq, nd, nk, T(1), s.data(), kBlock, v.at(b, h, k0), v.ld, T(1), acc.data(), nd);
       }
       for (int64_t r = 0; r < nq; ++r) {
         scaledCopy(out.at(b, h, q0 + r), acc.data() + r * nd, nd, T(1) / l[r]);
@@ -279,16 +308,16 @@ void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const 
                     const Rows<T>& dOut, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t nb,
                     int64_t nh, int64_t nt, int64_t nd) {
   const T scale = T(1) / std::sqrt(static_cast<T>(nd));
-  const Products<T> products = Products<T>::forThisCpu();
+  const BlockSteps<T> steps = BlockSteps<T>::forThisCpu();
   at::parallel_for(0, nb * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> p(kBlock * kBlock), ds(kBlock * kBlock), dkAcc(kBlock * nd), dvAcc(kBlock * nd), rowDot(nt);
     // The keys and values transposed (tiled only).
-    Transposed<T> kT = products.transposedFor(nt, nd), vT = products.transposedFor(nt, nd);
+    Transposed<T> kT = steps.transposedFor(nt, nd), vT = steps.transposedFor(nt, nd);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / nh, h = bh % nh;
       const T* rowLse = lse + bh * nt;
-      products.transposeRows(k.at(b, h, 0), k.ld, 0, nt, nd, kT);
-      products.transposeRows(v.at(b, h, 0), v.ld, 0, nt, nd, vT);
+      steps.transposeRows(k.at(b, h, 0), k.ld, 0, nt, nd, kT);
+      steps.transposeRows(v.at(b, h, 0), v.ld, 0, nt, nd, vT);
       // dOut . out per row: the softmax's backward subtracts it.
       for (int64_t t = 0; t < nt; ++t) rowDot[t] = dot(dOut.at(b, h, t), out.at(b, h, t), nd);
       for (int64_t k0 = 0; k0 < nt; k0 += kBlock) {
@@ -302,20 +331,13 @@ void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const 
           const int64_t nq = std::min(kBlock, nt - q0);
           const T* qp = q.at(b, h, q0);
           const T* dop = dOut.at(b, h, q0);
-          products.abT(nq, nk, nd, scale, qp, q.ld, kp, k.ld, kT, k0, T(0), p.data(), kBlock);
-          for (int64_t r = 0; r < nq; ++r) {
-            T* row = p.data() + r * kBlock;
-            const int64_t valid = std::max<int64_t>(0, std::min(nk, q0 + r - k0 + 1));
-            expInPlace(row, valid, rowLse[q0 + r]);
-            std::fill(row + valid, row + nk, T(0));
-          }
-          products.aTb(nk, nd, nq, T(1), p.data(), kBlock, dop, dOut.ld, T(1), dvAcc.data(), nd);
-          products.abT(nq, nk, nd, T(1), dop, dOut.ld, vp, v.ld, vT, k0, T(0), ds.data(), kBlock);
-          for (int64_t r = 0; r < nq; ++r) {
-            scoreGrad(ds.data() + r * kBlock, p.data() + r * kBlock, nk, rowDot[q0 + r]);
-          }
-          products.ab(nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, T(1), dq.at(b, h, q0), dq.ld);
-          products.aTb(nk, nd, nq, scale, ds.data(), kBlock, qp, q.ld, T(1), dkAcc.data(), nd);
+          steps.abT(nq, nk, nd, scale, qp, q.ld, kp, k.ld, kT, k0, T(0), p.data(), kBlock);
+          steps.probabilities(p.data(), kBlock, nq, nk, q0 - k0, rowLse + q0);
+          steps.aTb(nk, nd, nq, T(1), p.data(), kBlock, dop, dOut.ld, T(1), dvAcc.data(), nd);
+          steps.abT(nq, nk, nd, T(1), dop, dOut.ld, vp, v.ld, vT, k0, T(0), ds.data(), kBlock);
+          steps.scoreGradient(ds.data(), p.data(), kBlock, nq, nk, rowDot.data() + q0);
+          steps.ab(nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, T(1), dq.at(b, h, q0), dq.ld);
+          steps.aTb(nk, nd, nq, scale, ds.data(), kBlock, qp, q.ld, T(1), dkAcc.data(), nd);
         }
         for (int64_t r = 0; r < nk; ++r) {
           std::copy_n(dkAcc.data() + r * nd, nd, dk.at(b, h, k0 + r));

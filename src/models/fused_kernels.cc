@@ -131,13 +131,13 @@ void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::
   bf16Kernels().geluBackward(gy, slope, gh, n);
 }
 
-const TileKernelTable* tileKernels() {
+const AttentionKernelTable* attentionKernels() {
   switch (kernelIsa()) {
 #if defined(__x86_64__)
     case KernelIsa::avx512:
-      return &isa::avx512(TileKernelTable::Tag{});
+      return &isa::avx512(AttentionKernelTable::Tag{});
     case KernelIsa::avx2:
-      return &isa::avx2(TileKernelTable::Tag{});
+      return &isa::avx2(AttentionKernelTable::Tag{});
 #endif
     default:
       return nullptr;

@@ -93,8 +93,8 @@ struct Bf16KernelTable {
 };
 
 // The blockwise attention's float32 products and transposes
-// (models/detail/tile_kernels_impl.h), built for AVX2 and AVX-512 only.
-struct TileKernelTable {
+// (models/detail/attention_kernels_impl.h), built for AVX2 and AVX-512 only.
+struct AttentionKernelTable {
   struct Tag {};
   // C[m x n] = alpha * A B + beta * C, A(i, p) at a[i * ars + p * acs] (A
   // transposed: the strides swapped), B's rows ldb apart, C's ldc apart;
@@ -103,11 +103,23 @@ struct TileKernelTable {
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
   // y[c * ldy + r] = x[r * ldx + c] for r < rows, c < cols.
   void (*transpose)(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y, int64_t ldy);
+  // Over a block of scores [rows x cols] (rows lds or ld apart) whose row r
+  // keeps its first clamp(diag + r + 1, 0, cols) values (the causal mask)
+  // and holds 0 in the others afterwards; exp is models/softmax_rows.h's.
+  // The forward's online softmax: per row, the running maximum m and sum l
+  // take in the kept scores, which become exp(s - m), and the row's nd
+  // outputs in acc are scaled by exp(old m - new m).
+  void (*softmaxBlock)(float* s, int64_t lds, int64_t rows, int64_t cols, int64_t diag, float* m, float* l,
+                       float* acc, int64_t nd);
+  // The backward's probabilities: p = exp(p - shift[r]).
+  void (*expBlock)(float* p, int64_t ldp, int64_t rows, int64_t cols, int64_t diag, const float* shift);
+  // The scores' gradient from the probabilities': ds = p * (ds - d[r]).
+  void (*scoreGradBlock)(float* ds, const float* p, int64_t ld, int64_t rows, int64_t cols, const float* d);
 };
 
-// The widest build's TileKernelTable (as the calls above choose), or null
+// The widest build's AttentionKernelTable (as the calls above choose), or null
 // where that is the baseline.
-const TileKernelTable* tileKernels();
+const AttentionKernelTable* attentionKernels();
 
 // The loops of one instruction set's build, for one dtype.
 template <typename T>
@@ -135,11 +147,11 @@ const Bf16KernelTable& base(Bf16KernelTable::Tag);
 const FusedKernelTable<float>& avx2(float);
 const FusedKernelTable<double>& avx2(double);
 const Bf16KernelTable& avx2(Bf16KernelTable::Tag);
-const TileKernelTable& avx2(TileKernelTable::Tag);
+const AttentionKernelTable& avx2(AttentionKernelTable::Tag);
 const FusedKernelTable<float>& avx512(float);
 const FusedKernelTable<double>& avx512(double);
 const Bf16KernelTable& avx512(Bf16KernelTable::Tag);
-const TileKernelTable& avx512(TileKernelTable::Tag);
+const AttentionKernelTable& avx512(AttentionKernelTable::Tag);
 #endif
 }  // namespace isa
 

@@ -2,4 +2,4 @@
 // (models/detail/fused_kernels_impl.h; flags in cmake/cpu_kernels.cmake).
 #include "models/detail/fused_kernels_impl.h"
 #include "models/detail/bf16_kernels_impl.h"
-#include "models/detail/tile_kernels_impl.h"
+#include "models/detail/attention_kernels_impl.h"

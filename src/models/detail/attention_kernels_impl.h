@@ -1,10 +1,11 @@
 #pragma once
 
-// The blockwise attention's products and transposes (models/fused_kernels.h,
-// TileKernelTable), written once over ATen's Vectorized<float> and compiled
-// for AVX2 and for AVX-512 by models/fused_kernels_{avx2,avx512}.cc, with
-// COHORT_KERNEL_ISA naming the build. The baseline has no table: there the
-// attention calls BLAS.
+// The blockwise attention's float32 block steps (models/fused_kernels.h,
+// AttentionKernelTable): its products, transposes and the softmax's steps
+// over a block of scores, written once over ATen's Vectorized<float> and
+// compiled for AVX2 and for AVX-512 by models/fused_kernels_{avx2,avx512}.cc,
+// with COHORT_KERNEL_ISA naming the build. The baseline has no table: there
+// the attention calls BLAS and the row kernels of models/softmax_rows.h.
 //
 // Why not BLAS: the attention's products are 64 x 64 x D blocks (D the
 // head's width, 32-128), too small for a library's packing of its operands
@@ -15,16 +16,20 @@
 
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "models/fused_kernels.h"
+#include "models/softmax_rows.h"
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #endif
 
 #ifndef COHORT_KERNEL_ISA
-#error "models/detail/tile_kernels_impl.h: COHORT_KERNEL_ISA names the build (avx2, avx512)"
+#error "models/detail/attention_kernels_impl.h: COHORT_KERNEL_ISA names the build (avx2, avx512)"
 #endif
 
 namespace cohort::models::detail::tiles {
@@ -188,13 +193,85 @@ void transpose(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y
   }
 }
 
+// The softmax's steps over a block of scores, one call per block where the
+// kernel made a few per row (a profile of the GPT's attention put a sixth
+// of its time in the row calls of models/softmax_rows.h and in loops of the
+// baseline build). Row r of a
+// block keeps its first clamp(diag + r + 1, 0, cols) values (the causal
+// mask: diag = first query - first key); the others become 0.
+int64_t keptOf(int64_t r, int64_t diag, int64_t cols) { return std::clamp<int64_t>(diag + r + 1, 0, cols); }
+
+// A row's exp and maximum: models/softmax_rows.h's kernels of this build
+// (Cephes' expf, within 2 ulp, inline vector code where ATen's SLEEF call
+// took twice as long in the kernel's profile).
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr RowBuild kRowBuild = RowBuild::avx512;
+#else
+constexpr RowBuild kRowBuild = RowBuild::avx2;
+#endif
+
+// x[0, n) = exp(x - shift), and their sum.
+float expRow(float* x, int64_t n, float shift) { return expShiftedInPlace(kRowBuild, x, n, shift); }
+
+float maxRow(const float* x, int64_t n) { return rowMax(kRowBuild, x, n); }
+
+// The forward's online softmax over one block of scores s (rows lds apart):
+// per row, the running maximum m and sum l take in the block's kept values,
+// which become exp(s - m); the row's output accumulator (acc, nd values per
+// row) is scaled by exp(old m - new m).
+void softmaxBlock(float* s, int64_t lds, int64_t rows, int64_t cols, int64_t diag, float* m, float* l, float* acc,
+                  int64_t nd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * lds;
+    const int64_t kept = keptOf(r, diag, cols);
+    const float mx = std::max(m[r], maxRow(row, kept));
+    const float sum = kept > 0 ? expRow(row, kept, mx) : 0.f;
+    std::fill(row + kept, row + cols, 0.f);
+    // The first block's correction multiplies zeros: exp(-inf) = 0.
+    const float correction = m[r] == mx ? 1.f : std::exp(m[r] - mx);
+    if (correction != 1.f) {
+      float* a = acc + r * nd;
+      const V vc(correction);
+      int64_t j = 0;
+      for (; j + kWidth <= nd; j += kWidth) (V::loadu(a + j) * vc).store(a + j);
+      for (; j < nd; ++j) a[j] *= correction;
+    }
+    l[r] = l[r] * correction + sum;
+    m[r] = mx;
+  }
+}
+
+// The backward's probabilities from the scores: p = exp(p - shift[r]) where
+// kept, 0 beyond.
+void expBlock(float* p, int64_t ldp, int64_t rows, int64_t cols, int64_t diag, const float* shift) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = p + r * ldp;
+    const int64_t kept = keptOf(r, diag, cols);
+    if (kept > 0) expRow(row, kept, shift[r]);
+    std::fill(row + kept, row + cols, 0.f);
+  }
+}
+
+// The scores' gradient from the probabilities' (in ds): ds = p * (ds - d[r]).
+void scoreGradBlock(float* ds, const float* p, int64_t ld, int64_t rows, int64_t cols, const float* d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = ds + r * ld;
+    const float* pr = p + r * ld;
+    const V vd(d[r]);
+    int64_t j = 0;
+    for (; j + kWidth <= cols; j += kWidth) (V::loadu(pr + j) * (V::loadu(g + j) - vd)).store(g + j);
+    for (; j < cols; ++j) g[j] = pr[j] * (g[j] - d[r]);
+  }
+}
+
 }  // namespace
 }  // namespace cohort::models::detail::tiles
 
 namespace cohort::models::detail::isa {
 
-const TileKernelTable& COHORT_KERNEL_ISA(TileKernelTable::Tag) {
-  static const TileKernelTable t{&tiles::product, &tiles::transpose};
+const AttentionKernelTable& COHORT_KERNEL_ISA(AttentionKernelTable::Tag) {
+  static const AttentionKernelTable t{&tiles::product, &tiles::transpose, &tiles::softmaxBlock, &tiles::expBlock,
+                                     &tiles::scoreGradBlock};
   return t;
 }
 

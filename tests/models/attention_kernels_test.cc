@@ -1,5 +1,5 @@
 // The blockwise attention's products and transposes (models/fused_kernels.h,
-// TileKernelTable) in every build this CPU runs (AVX2, AVX-512): against the
+// AttentionKernelTable) in every build this CPU runs (AVX2, AVX-512): against the
 // same product summed in double, on sizes around the vector widths (8, 16)
 // and the kernels' tiles (6, 4, 8, 12 and 16 rows), A read row-wise and
 // transposed, beta 0 (C never read: it holds NaN), 1 and 0.5; transposes
@@ -19,20 +19,20 @@
 namespace cohort::models::detail {
 namespace {
 
-struct TileBuild {
+struct AttentionBuild {
   std::string name;
-  const TileKernelTable* table;
+  const AttentionKernelTable* table;
 };
 
-std::vector<TileBuild> tileBuildsHere() {
-  std::vector<TileBuild> builds;
+std::vector<AttentionBuild> attentionBuildsHere() {
+  std::vector<AttentionBuild> builds;
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    builds.push_back({"avx2", &isa::avx2(TileKernelTable::Tag{})});
+    builds.push_back({"avx2", &isa::avx2(AttentionKernelTable::Tag{})});
   }
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    builds.push_back({"avx512", &isa::avx512(TileKernelTable::Tag{})});
+    builds.push_back({"avx512", &isa::avx512(AttentionKernelTable::Tag{})});
   }
 #endif
   return builds;
@@ -45,12 +45,12 @@ std::vector<float> randomFloats(size_t n, std::mt19937& gen) {
   return v;
 }
 
-TEST(TileKernels, EveryBuildsProductEqualsTheSumInDouble) {
-  const auto builds = tileBuildsHere();
+TEST(AttentionKernels, EveryBuildsProductEqualsTheSumInDouble) {
+  const auto builds = attentionBuildsHere();
   if (builds.empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512";
   std::mt19937 gen(7);
   const std::vector<int64_t> sizes = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65};
-  for (const TileBuild& build : builds) {
+  for (const AttentionBuild& build : builds) {
     int cases = 0;
     for (int64_t m : {1, 5, 6, 7, 12, 13, 16, 17, 64}) {
       for (int64_t n : sizes) {
@@ -104,11 +104,11 @@ TEST(TileKernels, EveryBuildsProductEqualsTheSumInDouble) {
   }
 }
 
-TEST(TileKernels, EveryBuildTransposesExactlyEdgesIncluded) {
-  const auto builds = tileBuildsHere();
+TEST(AttentionKernels, EveryBuildTransposesExactlyEdgesIncluded) {
+  const auto builds = attentionBuildsHere();
   if (builds.empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512";
   std::mt19937 gen(8);
-  for (const TileBuild& build : builds) {
+  for (const AttentionBuild& build : builds) {
     for (int64_t rows : {1, 7, 8, 9, 16, 37, 64}) {
       for (int64_t cols : {1, 5, 8, 13, 32, 33}) {
         const int64_t ldx = cols + 4, ldy = rows + 3;
@@ -128,15 +128,15 @@ TEST(TileKernels, EveryBuildTransposesExactlyEdgesIncluded) {
 
 // The attention takes the widest build, the one ATEN_CPU_CAPABILITY holds
 // LibTorch's kernels to, or none (BLAS) at the baseline.
-TEST(TileKernels, TheCallsTakeTheBuildTheFusedOpsTake) {
+TEST(AttentionKernels, TheCallsTakeTheBuildTheFusedOpsTake) {
   const std::string isa = fusedKernelsIsa();
-  const TileKernelTable* taken = tileKernels();
+  const AttentionKernelTable* taken = attentionKernels();
   if (isa == "base") {
     EXPECT_EQ(taken, nullptr);
     return;
   }
 #if defined(__x86_64__)
-  EXPECT_EQ(taken, isa == "avx512" ? &isa::avx512(TileKernelTable::Tag{}) : &isa::avx2(TileKernelTable::Tag{}));
+  EXPECT_EQ(taken, isa == "avx512" ? &isa::avx512(AttentionKernelTable::Tag{}) : &isa::avx2(AttentionKernelTable::Tag{}));
 #endif
   const char* held = std::getenv("ATEN_CPU_CAPABILITY");
   if (held != nullptr && std::string(held) == "avx2") {
