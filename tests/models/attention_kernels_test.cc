@@ -3,10 +3,13 @@
 // same product summed in double, on sizes around the vector widths (8, 16)
 // and the kernels' tiles (6, 4, 8, 12 and 16 rows), A read row-wise and
 // transposed, beta 0 (C never read: it holds NaN), 1 and 0.5; transposes
-// exactly, edges included; and the table the calls take.
+// exactly, edges included; the softmax's block steps against the same
+// steps in double, with the causal mask cutting rows anywhere (none, some,
+// all of a row's values kept); and the table the calls take.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -119,6 +122,91 @@ TEST(AttentionKernels, EveryBuildTransposesExactlyEdgesIncluded) {
           for (int64_t r = 0; r < ldy; ++r) {
             const float want = r < rows ? x[r * ldx + c] : -1.f;
             ASSERT_EQ(y[c * ldy + r], want) << build.name << " " << rows << " x " << cols << " at (" << r << ", " << c << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// exp(arg) in float: 2 ulp of the row kernels' exp, and the rounding of
+// the shifted argument (half an ulp of |arg|, relative in the result).
+double expTolerance(double want, double arg) { return want == 0 ? 1e-38 : want * (2.4e-7 + 6e-8 * std::fabs(arg)) + 1e-38; }
+
+// A row's values kept under the causal mask (attention_kernels_impl.h).
+int64_t keptOf(int64_t r, int64_t diag, int64_t cols) { return std::clamp<int64_t>(diag + r + 1, 0, cols); }
+
+TEST(AttentionKernels, EveryBuildsSoftmaxStepsEqualThemInDouble) {
+  const auto builds = attentionBuildsHere();
+  if (builds.empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512";
+  std::mt19937 gen(9);
+  for (const AttentionBuild& build : builds) {
+    for (int64_t rows : {1, 7, 64}) {
+      for (int64_t cols : {1, 9, 16, 33, 64}) {
+        for (int64_t diag : {-3, 0, 5, 64}) {
+          const std::string where = build.name + ": " + std::to_string(rows) + " x " + std::to_string(cols) +
+                                    " diag " + std::to_string(diag);
+          const int64_t ld = cols + 3, nd = 13;
+          // The forward's step, twice: from the first block (m = -inf) and
+          // then from the running values it left.
+          std::vector<float> m(rows, -std::numeric_limits<float>::infinity()), l(rows, 0.f);
+          std::vector<float> acc = randomFloats(rows * nd, gen);
+          std::vector<double> wantM(m.begin(), m.end()), wantL(rows, 0.0), wantAcc(acc.begin(), acc.end());
+          for (int pass = 0; pass < 2; ++pass) {
+            std::vector<float> s = randomFloats(rows * ld, gen);
+            for (float& x : s) x *= 4;
+            const std::vector<float> in = s;
+            build.table->softmaxBlock(s.data(), ld, rows, cols, diag, m.data(), l.data(), acc.data(), nd);
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t kept = keptOf(r, diag, cols);
+              double mx = wantM[r];
+              for (int64_t j = 0; j < kept; ++j) mx = std::max(mx, double(in[r * ld + j]));
+              double sum = 0;
+              for (int64_t j = 0; j < cols; ++j) {
+                const double arg = double(in[r * ld + j]) - mx;
+                const double want = j < kept ? std::exp(arg) : 0.0;
+                sum += want;
+                ASSERT_NEAR(s[r * ld + j], want, expTolerance(want, arg)) << where << " pass " << pass << " (" << r
+                                                                           << ", " << j << ")";
+              }
+              for (int64_t j = cols; j < ld; ++j) ASSERT_EQ(s[r * ld + j], in[r * ld + j]) << where << ": wrote past the block";
+              const double correction = wantM[r] == mx ? 1.0 : std::exp(wantM[r] - mx);
+              for (int64_t j = 0; j < nd; ++j) {
+                wantAcc[r * nd + j] *= correction;
+                ASSERT_NEAR(acc[r * nd + j], wantAcc[r * nd + j], 1e-6 * (1 + std::fabs(wantAcc[r * nd + j]))) << where;
+                wantAcc[r * nd + j] = acc[r * nd + j];
+              }
+              wantL[r] = wantL[r] * correction + sum;
+              ASSERT_NEAR(l[r], wantL[r], 1e-6 * (1 + wantL[r])) << where << " row " << r;
+              wantL[r] = l[r];
+              wantM[r] = mx;
+              ASSERT_EQ(m[r], float(mx)) << where << " row " << r;
+            }
+          }
+          // The backward's probabilities and their gradient.
+          std::vector<float> p = randomFloats(rows * ld, gen), shift = randomFloats(rows, gen);
+          for (float& x : shift) x = std::fabs(x) * 4 + 4;  // at or above the scores, as a logsumexp is
+          const std::vector<float> scores = p;
+          build.table->expBlock(p.data(), ld, rows, cols, diag, shift.data());
+          std::vector<float> ds = randomFloats(rows * ld, gen), d = randomFloats(rows, gen);
+          const std::vector<float> dp = ds;
+          build.table->scoreGradBlock(ds.data(), p.data(), ld, rows, cols, d.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t kept = keptOf(r, diag, cols);
+            for (int64_t j = 0; j < ld; ++j) {
+              const int64_t at = r * ld + j;
+              if (j >= cols) {
+                ASSERT_EQ(p[at], scores[at]) << where << ": wrote past the block";
+                ASSERT_EQ(ds[at], dp[at]) << where << ": wrote past the block";
+                continue;
+              }
+              const double arg = double(scores[at]) - shift[r];
+              const double want = j < kept ? std::exp(arg) : 0.0;
+              ASSERT_NEAR(p[at], want, expTolerance(want, arg)) << where << " (" << r << ", " << j << ")";
+              const double grad = double(p[at]) * (double(dp[at]) - d[r]);
+              ASSERT_NEAR(ds[at], grad, 2.4e-7 * std::fabs(p[at]) * (std::fabs(dp[at]) + std::fabs(d[r])) + 1e-38)
+                  << where << " (" << r << ", " << j << ")";
+            }
           }
         }
       }
