@@ -176,7 +176,7 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
     const at::Tensor cols = unfold(x, g);
     const at::Tensor y = detail::weightProduct(cols, matrixOf(weight, g), hasBias ? bias : at::Tensor(),
                                                "cohort::gemm_conv",
-                                               /*transposeFewRows=*/true);
+                                               detail::WeightProductForm::convolution);
     ctx->save_for_backward({cols, weight});
     ctx->saved_data["geometry"] = geometry;
     ctx->saved_data["bias"] = hasBias;

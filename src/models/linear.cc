@@ -34,7 +34,7 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = weight.size(0);
   return detail::weightProduct(x.reshape({rows, weight.size(1)}).contiguous(), weight.contiguous(), bias,
-                               "cohort::linear", /*transposeFewRows=*/false)
+                               "cohort::linear", detail::WeightProductForm::linear)
       .view(shape);
 }
 
@@ -130,7 +130,8 @@ int64_t oneDnnLinearCalls() { return oneDnnCalls.load(std::memory_order_relaxed)
 namespace detail {
 
 at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const char* name,
-                         bool transposeFewRows) {
+                         WeightProductForm form) {
+  const bool transposeFewRows = form == WeightProductForm::convolution;
   const int64_t m = x.size(0), in = x.size(1), out = weight.size(0);
   at::Tensor y = at::empty({m, out}, x.options());
   if (m == 0 || out == 0) return y;
@@ -144,8 +145,14 @@ at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at
     y.copy_(yt.t());
   } else {
     RECORD_FUNCTION(name, std::vector<c10::IValue>({x, weight}));
-    oneDnnSgemm(false, true, m, out, in, 1.0f, x.data_ptr<float>(), in, weight.data_ptr<float>(), in, 0.0f,
-                y.data_ptr<float>(), out);
+    if (form == WeightProductForm::linear && m >= kRowsForTransposedWeight) {
+      const at::Tensor wt = weight.t().contiguous();
+      oneDnnSgemm(false, false, m, out, in, 1.0f, x.data_ptr<float>(), in, wt.data_ptr<float>(), out, 0.0f,
+                  y.data_ptr<float>(), out);
+    } else {
+      oneDnnSgemm(false, true, m, out, in, 1.0f, x.data_ptr<float>(), in, weight.data_ptr<float>(), in, 0.0f,
+                  y.data_ptr<float>(), out);
+    }
   }
   if (bias.defined()) y.add_(bias);
   return y;

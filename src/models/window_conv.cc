@@ -90,7 +90,7 @@ class WindowConvFunction : public torch::autograd::Function<WindowConvFunction> 
     at::Tensor w2 = at::empty({out, weight.size(1) * rows * cols}, weight.options());
     windowTaps(weight, w2, rows, cols, padH, padW, false);
     const at::Tensor y = detail::weightProduct(x2, w2, hasBias ? bias : at::Tensor(), "cohort::window_conv",
-                                               /*transposeFewRows=*/true);
+                                               detail::WeightProductForm::convolution);
     ctx->save_for_backward({x2, w2});
     ctx->saved_data["x"] = x.sizes().vec();
     ctx->saved_data["w"] = weight.sizes().vec();

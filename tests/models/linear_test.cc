@@ -1,7 +1,8 @@
 // Linear layers through oneDNN's sgemm (models/linear.h) against at::linear
 // in float64: values and the gradients of x, W and b, on odd shapes (1,
 // primes, empty), non-contiguous inputs and weights, 3-D inputs, a frozen
-// weight; double backward; the paths that keep LibTorch's; and a GPT's
+// weight; a row's bits whatever batch it is in; double backward; the paths
+// that keep LibTorch's; and a GPT's
 // gradients with and without oneDNN.
 
 #include <ATen/Context.h>
@@ -88,11 +89,41 @@ TEST(Linear, AgreesWithAtenInFloat64OnOddShapesAndLayouts) {
       {{5, 64}, 17, true, true, false},       {{2, 3, 257}, 7, false, false, false},
       {{1, 768}, 3072, true, true, true},     {{8, 1, 96}, 96, true, true, true},
       // Both sides of 16 and 128 rows, where the convolutions' products run
-      // transposed (models/detail/weight_product.h) and linear layers' not.
+      // transposed (models/detail/weight_product.h) and linear layers' not,
+      // and of 2048, where linear layers take W transposed.
       {{15, 40}, 24, true, true, true},       {{16, 40}, 24, true, true, true},
       {{127, 9}, 33, false, true, true},      {{128, 9}, 33, true, true, true},
+      {{2047, 24}, 40, true, true, true},     {{2, 1024, 24}, 40, true, true, false},
+      {{2049, 7}, 3, false, false, true},
   };
   for (const LinearCase& c : cases) checkCase(c);
+}
+
+// Each row of a linear layer's output is the same bits whatever batch of 16
+// to 2047 rows, or of 2048 or more, it is computed in (one process against
+// data-parallel ranks, serving's batches; models/detail/weight_product.h),
+// on the GPT's shapes and odd ones.
+TEST(Linear, ARowComesOutAlikeInAnyBatch) {
+  torch::manual_seed(12);
+  torch::NoGradGuard noGrad;
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{128, 512}, {512, 128}, {128, 384}, {67, 13}}) {
+    const at::Tensor x = torch::randn({4096, in});
+    const at::Tensor w = torch::randn({out, in}), b = torch::randn({out});
+    const at::Tensor whole = models::linear(x, w, b);
+    const at::Tensor few = models::linear(x.slice(0, 0, 2047), w, b);
+    for (const auto& [from, rows] : {std::pair<int64_t, int64_t>{0, 16}, {5, 32}, {100, 17}, {1000, 64}}) {
+      const at::Tensor part = models::linear(x.slice(0, from, from + rows), w, b);
+      EXPECT_TRUE(torch::equal(part, few.slice(0, from, from + rows)))
+          << in << " -> " << out << ": rows " << from << ".." << from + rows << " differ by "
+          << (part - few.slice(0, from, from + rows)).abs().max().item<double>();
+    }
+    for (const auto& [from, rows] : {std::pair<int64_t, int64_t>{0, 2048}, {2048, 2048}, {1000, 3000}}) {
+      const at::Tensor part = models::linear(x.slice(0, from, from + rows), w, b);
+      EXPECT_TRUE(torch::equal(part, whole.slice(0, from, from + rows)))
+          << in << " -> " << out << ": rows " << from << ".." << from + rows << " differ by "
+          << (part - whole.slice(0, from, from + rows)).abs().max().item<double>();
+    }
+  }
 }
 
 TEST(Linear, EmptyInputsGiveEmptyOrZeroResults) {

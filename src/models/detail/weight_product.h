@@ -6,7 +6,7 @@
 // the convolutions taken as products (models/window_conv.h,
 // models/gemm_conv.h) run their forward through it.
 //
-// With `transposeFewRows`, a product of a few dozen rows (16 <= m < 128)
+// For the convolutions, a product of a few dozen rows (16 <= m < 128)
 // computes y^T = W x^T and transposes that. oneDNN 2.6's (N, T) sgemm of so
 // few rows ran at what one thread does: on the AMD EPYC of
 // docs/benchmarks.md, 2 threads, the operator profile of ResNet-50 at
@@ -16,16 +16,36 @@
 // little beside it. Fewer rows (decoding) and more took the (N, T) product
 // as fast or faster. The convolutions take it; linear layers do not: the
 // two products sum a row in different orders, and a linear layer's rows
-// must come out bitwise alike however a batch is split (one process
-// against data-parallel ranks, serving's batches), which the convolutions'
-// per-shape choice does not promise anyway. `name`: what profilers see
-// (x, W) as; monitor/operator_table.cc counts its FLOPs.
+// come out bitwise alike however a batch of 16 to 2047 rows, or of 2048 or
+// more, is split (one process against data-parallel ranks, serving's
+// batches), which the convolutions' per-shape choice does not promise
+// anyway (nor does oneDNN below 16 rows, where it takes other kernels:
+// tests/models/linear_test.cc).
+//
+// For linear layers, from kRowsForTransposedWeight rows on (training's
+// batches of sequences), the product is x W^T with W copied transposed
+// first, oneDNN's (N, N) form: 261-272 GFLOP/s against 252-257 for (N, T)
+// on the GPT example's shapes on one EPYC core (4096 rows; a throwaway
+// program), and the example's MFU 1.6 points higher on average (3 pairs of
+// `cohort run`, alternating; docs/performance.md). The copy reads and writes W once: at 2048 rows that is at
+// most 3% of the product's time even for a W read from memory (0.5 ns an
+// element against 16 ns of products); with fewer rows it would eat the
+// gain.
+//
+// `name`: what profilers see (x, W) as; monitor/operator_table.cc counts
+// its FLOPs.
 
 #include <ATen/core/Tensor.h>
 
 namespace cohort::models::detail {
 
+constexpr int64_t kRowsForTransposedWeight = 2048;
+
+// How a product chooses its form: the convolutions transpose the result
+// of few rows, linear layers transpose the weight for many.
+enum class WeightProductForm { convolution, linear };
+
 at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const char* name,
-                         bool transposeFewRows);
+                         WeightProductForm form);
 
 }  // namespace cohort::models::detail
