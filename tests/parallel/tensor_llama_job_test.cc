@@ -129,7 +129,9 @@ TEST_F(TensorLlamaJob, CheckpointsResumeInAnotherSplit) {
                     {"training.batch_size=8", "training.max_steps=9", "distribution.tensor=1"});
   EXPECT_NE(log("t1", 0).find("(written by no pipeline, distribution.tensor 2) in no pipeline"), std::string::npos)
       << log("t1", 0);
-  if (!t1.empty()) EXPECT_LT(test::maxDifference(whole, t1), kTolerance);
+  if (!t1.empty()) {
+    EXPECT_LT(test::maxDifference(whole, t1), kTolerance);
+  }
 
   // And the other way: one rank's step 6 goes on at T = 2.
   auto single = llama("single", 1, 8, {"checkpoint.every_steps=3", "checkpoint.when_behind=wait",
@@ -137,7 +139,9 @@ TEST_F(TensorLlamaJob, CheckpointsResumeInAnotherSplit) {
   auto t2 = resumed("single", "t2", dir.file("single/checkpoints/step-6"), "2",
                     {"training.batch_size=8", "training.max_steps=9", "distribution.tensor=2"});
   EXPECT_NE(log("t2", 0).find("in no pipeline, distribution.tensor 2"), std::string::npos) << log("t2", 0);
-  if (!t2.empty()) EXPECT_LT(test::maxDifference(single, t2), kTolerance);
+  if (!t2.empty()) {
+    EXPECT_LT(test::maxDifference(single, t2), kTolerance);
+  }
 }
 
 TEST_F(TensorLlamaJob, SizesTheRanksCannotSplitExit2NamingTheKey) {
