@@ -259,6 +259,18 @@ std::optional<std::string> atenCpuCapability() {
   return v;
 }
 
+std::string instructionSetHolds() {
+  std::string holds;
+  auto add = [&](const char* name, const std::optional<std::string>& value) {
+    if (!value || value->empty()) return;
+    holds += (holds.empty() ? "" : " ") + std::string(name) + "=" + *value;
+  };
+  add("ATEN_CPU_CAPABILITY", get("ATEN_CPU_CAPABILITY"));
+  add(get("ONEDNN_MAX_CPU_ISA") ? "ONEDNN_MAX_CPU_ISA" : "DNNL_MAX_CPU_ISA", onednnMaxIsa());
+  add("OPENBLAS_CORETYPE", get("OPENBLAS_CORETYPE"));
+  return holds;
+}
+
 ParseOnly parseOnly() {
   const auto v = get("COHORT_PARSE_ONLY");
   if (!v) return ParseOnly::no;

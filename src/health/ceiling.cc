@@ -27,7 +27,8 @@ constexpr const char* kProducts = "torch::mm, oneDNN sgemm";
 // The entry for c's machine, dtype and threads, of any cohort.
 bool sameKey(const nlohmann::json& e, const GemmCeiling& c) {
   return e.is_object() && e.value("cpu", "") == c.cpu && e.value("dtype", "") == c.dtype &&
-         e.value("threads", 0) == c.threads && e.value("n", 0) == c.n && e.value("libtorch", "") == c.libtorch;
+         e.value("threads", 0) == c.threads && e.value("n", 0) == c.n && e.value("libtorch", "") == c.libtorch &&
+         e.value("holds", "") == c.holds;
 }
 
 // ... measured as this cohort measures it.
@@ -55,6 +56,7 @@ GemmCeiling keyOf(const std::string& dtype, int threads) {
   c.n = kN;
   c.cpu = describe(cpuInfo());
   c.libtorch = torchVersion();
+  c.holds = env::instructionSetHolds();
   c.file = ceilingCacheFile();
   return c;
 }
@@ -86,6 +88,7 @@ void store(const GemmCeiling& c) {
                      {"threads", c.threads},
                      {"n", c.n},
                      {"libtorch", c.libtorch},
+                     {"holds", c.holds},
                      {"products", kProducts},
                      {"library", c.library},
                      {"gflops", c.gflops},
@@ -137,9 +140,9 @@ GemmCeiling remeasureGemmCeiling(const std::string& dtype, int threads, double s
 }
 
 std::string describe(const GemmCeiling& c) {
-  return fmt::format("{:.1f} GFLOP/s {} x {} thread{} (n {}, {}, measured {})", c.gflops, c.dtype, c.threads,
+  return fmt::format("{:.1f} GFLOP/s {} x {} thread{} (n {}, {}, measured {}{})", c.gflops, c.dtype, c.threads,
                      c.threads == 1 ? "" : "s", c.n, c.library.empty() ? "torch::mm" : c.library,
-                     c.measuredAt.empty() ? "now" : c.measuredAt);
+                     c.measuredAt.empty() ? "now" : c.measuredAt, c.holds.empty() ? "" : ", held: " + c.holds);
 }
 
 }  // namespace cohort::health

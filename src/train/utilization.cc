@@ -66,7 +66,8 @@ nlohmann::json utilizationJson(const Utilization& u, double samplesPerS, int wor
     j["gemm_ceiling"] = {{"gflops_per_s", c.gflops}, {"dtype", c.dtype}, {"threads", c.threads},
                          {"n", c.n},                 {"cpu", c.cpu},     {"measured_at", c.measuredAt},
                          {"cache", c.file},          {"cached", c.cached},
-                         {"busy", c.busy},           {"library", c.library}};
+                         {"busy", c.busy},           {"library", c.library},
+                         {"holds", c.holds}};
     j["mfu"] = utilizationFraction(u, samplesPerS, worldSize);
   } else {
     j["gemm_ceiling"] = nullptr;

@@ -11,9 +11,12 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "cohort/comm/comm.h"
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/file.h"
 #include "cohort/health/ceiling.h"
@@ -275,6 +278,45 @@ TEST(HealthCeiling, AnEntryOfTorchMmAloneIsMeasuredAgain) {
   EXPECT_FALSE(health::gemmCeiling("float32", 1, health::Measure::no).has_value());
   ASSERT_TRUE(health::gemmCeiling("float32", 1, health::Measure::keep, 0.05).has_value());
   EXPECT_EQ(nlohmann::json::parse(readFile(first->file)).at("entries").size(), 1u) << "the old entry was replaced";
+}
+
+// A ceiling measured with the kernels held to a narrower instruction set
+// (ONEDNN_MAX_CPU_ISA and the like) is another entry: utilization under a
+// hold is against what the held kernels reach. (oneDNN reads the variable
+// once per process, so what is checked here is the cache's key; the
+// benchmarks' --isa runs measure under the hold in their own processes.)
+TEST(HealthCeiling, AnInstructionSetHoldIsAnotherEntry) {
+  test::TempDir dir;
+  CacheDir cache(dir.path());
+  const char* names[] = {"ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+    unsetenv(n);
+  }
+  const auto unheld = health::gemmCeiling("float32", 1, health::Measure::keep, 0.05);
+  ASSERT_TRUE(unheld.has_value());
+  EXPECT_EQ(unheld->holds, "");
+  setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  EXPECT_EQ(env::instructionSetHolds(), "ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell");
+  EXPECT_FALSE(health::gemmCeiling("float32", 1, health::Measure::no).has_value()) << "the unheld entry served";
+  const auto held = health::gemmCeiling("float32", 1, health::Measure::keep, 0.05);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->holds, "ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell");
+  EXPECT_NE(health::describe(*held).find("held: ONEDNN_MAX_CPU_ISA=AVX2"), std::string::npos)
+      << health::describe(*held);
+  const auto j = nlohmann::json::parse(readFile(held->file));
+  EXPECT_EQ(j.at("entries").size(), 2u) << j.dump(2);
+  unsetenv("ONEDNN_MAX_CPU_ISA");
+  unsetenv("OPENBLAS_CORETYPE");
+  const auto again = health::gemmCeiling("float32", 1, health::Measure::no);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->measuredAt, unheld->measuredAt);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i]) setenv(names[i], saved[i]->c_str(), 1);
+  }
 }
 
 TEST(HealthCeiling, ACacheFileCohortCannotReadIsMeasuredAgainAndReplaced) {

@@ -109,6 +109,12 @@ std::optional<std::string> onednnMaxIsa();
 // own vector loops follow it (models/fused_kernels.h).
 std::optional<std::string> atenCpuCapability();
 
+// The instruction-set holds in effect, "NAME=value" joined by spaces in a
+// fixed order (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA,
+// OPENBLAS_CORETYPE); "" when none is set. A GEMM ceiling measured under
+// one hold is not another's (health/ceiling.h).
+std::string instructionSetHolds();
+
 // COHORT_PARSE_ONLY: the command line is parsed and nothing is run (exit 0
 // when it parses, 2 naming what is wrong otherwise): how the tests check
 // every command line the documentation prints. "partial": a missing

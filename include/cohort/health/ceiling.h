@@ -8,7 +8,8 @@
 // it. It is measured once per machine and kept in
 // <machineCacheDir()>/gemm-ceiling.json (core/env.h: COHORT_CACHE_DIR,
 // $XDG_CACHE_HOME/cohort or ~/.cache/cohort), one entry per CPU, dtype,
-// thread count and LibTorch version; a later measurement of the same entry
+// thread count, LibTorch version and instruction-set hold (an MFU under
+// ONEDNN_MAX_CPU_ISA=AVX2 is against what AVX2 reaches); a later measurement of the same entry
 // replaces it only when higher (a ceiling first measured on a busy machine
 // rises the next time `cohort health` runs on a quiet one).
 //
@@ -27,6 +28,7 @@ struct GemmCeiling {
   int n = 1024;            // n x n x n
   std::string cpu;         // describe(cpuInfo())
   std::string libtorch;    // LibTorch's version
+  std::string holds;       // env::instructionSetHolds() when measured; "" none
   std::string measuredAt;  // UTC, ISO 8601
   std::string file;        // the cache file it was read from or written to
   bool cached = false;     // read from the file (else measured now)
