@@ -253,6 +253,14 @@ std::optional<std::string> onednnMaxIsa() {
   return get("DNNL_MAX_CPU_ISA");
 }
 
+bool onednnHeldBelowBf16() {
+  const auto held = onednnMaxIsa();
+  if (!held) return false;
+  std::string isa = *held;
+  for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return isa == "SSE41" || isa == "AVX" || isa == "AVX2" || isa == "AVX2_VNNI";
+}
+
 std::optional<std::string> atenCpuCapability() {
   auto v = get("ATEN_CPU_CAPABILITY");
   if (v) std::transform(v->begin(), v->end(), v->begin(), [](unsigned char c) { return std::tolower(c); });

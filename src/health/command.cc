@@ -208,7 +208,14 @@ void runHealthRankAndExit(const HealthCommandOptions& o, std::ostream& out) {
     std::vector<GemmCeiling> ceilings;
     if (o.rank == 0) {
       ceilings.push_back(remeasureGemmCeiling("float32", threads));
-      if (bf16Kernels()) ceilings.push_back(remeasureGemmCeiling("bfloat16", threads));
+      if (bf16Kernels()) {
+        // As training runs bf16 there (train/compute.h): with oneDNN held
+        // to a set without bf16 kernels, LibTorch's own.
+        const bool oneDnn = at::globalContext().userEnabledMkldnn();
+        if (env::onednnHeldBelowBf16()) at::globalContext().setUserEnabledMkldnn(false);
+        ceilings.push_back(remeasureGemmCeiling("bfloat16", threads));
+        at::globalContext().setUserEnabledMkldnn(oneDnn);
+      }
     }
     comm::barrier(comm, "GEMM ceiling");
     if (o.rank == 0) {

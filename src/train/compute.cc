@@ -48,14 +48,10 @@ std::string oneDnnHeld;  // applyCompute's note (oneDnnNote)
 
 std::string fitOneDnnToPrecision(const JobConfig& job, Precision precision) {
   if (precision != Precision::bf16 || !at::globalContext().userEnabledMkldnn()) return "";
-  const auto held = env::onednnMaxIsa();
-  if (!held) return "";
-  std::string isa = *held;
-  for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (isa != "SSE41" && isa != "AVX" && isa != "AVX2" && isa != "AVX2_VNNI") return "";
+  if (!env::onednnHeldBelowBf16()) return "";
   const std::string why = fmt::format("oneDNN is held to {} (ONEDNN_MAX_CPU_ISA), which has no bf16 kernels, "
                                       "and LibTorch sends bf16 to it on this CPU",
-                                      *held);
+                                      *env::onednnMaxIsa());
   if (job.compute.onednn == OneDnn::on) {
     throw ConfigError("compute.onednn: on with training.precision bf16: " + why +
                       "; set compute.onednn: auto (LibTorch's own kernels run) or lift the limit");

@@ -347,6 +347,27 @@ TEST(HealthCli, TheTablePrintsTheGemmCeilingAndKeepsIt) {
   EXPECT_GT(j["entries"][0].at("gflops").get<double>(), 0);
 }
 
+// With oneDNN held to AVX2, which has no bf16 kernels, the bfloat16
+// ceiling (measured where the CPU has avx512_bf16 or AMX) is LibTorch's own
+// product, as training's bf16 is there, and not a failed oneDNN primitive;
+// both ceilings name the hold.
+TEST(HealthCli, UnderAnAvx2HoldTheCeilingsAreMeasuredAndNameTheHold) {
+  test::TempDir dir;
+  auto r = test::cohort({"health", "--procs", "1", "--set", "health.disk_dir=" + dir.path(), "--set",
+                         "distribution.threads_per_rank=1"},
+                        {{"COHORT_CACHE_DIR", dir.path() + "/cache"}, {"ONEDNN_MAX_CPU_ISA", "AVX2"},
+                         {"ATEN_CPU_CAPABILITY", "avx2"}},
+                        3min);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.out.find("float32 x 1 thread"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("held: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(readFile(dir.path() + "/cache/gemm-ceiling.json"));
+  for (const auto& e : j.at("entries")) {
+    EXPECT_NE(e.value("holds", "").find("ONEDNN_MAX_CPU_ISA=AVX2"), std::string::npos) << e.dump();
+    EXPECT_GT(e.value("gflops", 0.0), 0) << e.dump();
+  }
+}
+
 TEST(HealthMeasure, DiskErrorNamesThePath) {
   test::TempDir dir;
   try {

@@ -104,6 +104,11 @@ bool linearGemmAten();
 // set oneDNN is held to, as set; nullopt when neither is.
 std::optional<std::string> onednnMaxIsa();
 
+// Whether onednnMaxIsa() holds oneDNN to an instruction set without bf16
+// kernels (SSE41, AVX, AVX2, AVX2_VNNI, any case): LibTorch then fails its
+// bf16 products on a CPU with avx512_bf16 unless its oneDNN path is off.
+bool onednnHeldBelowBf16();
+
 // ATEN_CPU_CAPABILITY: the instruction set LibTorch's kernels are held to
 // ("default", "avx2", "avx512"), lowercased; nullopt when unset. cohort's
 // own vector loops follow it (models/fused_kernels.h).
