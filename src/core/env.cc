@@ -227,12 +227,27 @@ void pauseForTest(const char* point) {
   }
 }
 
-bool attentionMatmulOnly() {
+namespace {
+
+// COHORT_ATTENTION's value: "auto" when unset.
+std::string attentionChoice() {
   const auto v = get("COHORT_ATTENTION");
-  if (!v || *v == "auto") return false;
-  if (*v == "matmul") return true;
-  throw ConfigError("environment variable COHORT_ATTENTION must be auto or matmul, got '" + *v + "'");
+  if (!v || *v == "auto" || *v == "matmul" || *v == "blas") return v.value_or("auto");
+  throw ConfigError("environment variable COHORT_ATTENTION must be auto, matmul or blas, got '" + *v + "'");
 }
+
+// COHORT_GEMM's value: "auto" when unset.
+std::string gemmChoice() {
+  const auto v = get("COHORT_GEMM");
+  if (!v || *v == "auto" || *v == "aten" || *v == "onednn-nt") return v.value_or("auto");
+  throw ConfigError("environment variable COHORT_GEMM must be auto, aten or onednn-nt, got '" + *v + "'");
+}
+
+}  // namespace
+
+bool attentionMatmulOnly() { return attentionChoice() == "matmul"; }
+
+bool attentionBlasBlocks() { return attentionChoice() == "blas"; }
 
 bool fusedOpsOff() {
   const auto v = get("COHORT_FUSED_OPS");
@@ -241,12 +256,9 @@ bool fusedOpsOff() {
   throw ConfigError("environment variable COHORT_FUSED_OPS must be auto or off, got '" + *v + "'");
 }
 
-bool linearGemmAten() {
-  const auto v = get("COHORT_GEMM");
-  if (!v || *v == "auto") return false;
-  if (*v == "aten") return true;
-  throw ConfigError("environment variable COHORT_GEMM must be auto or aten, got '" + *v + "'");
-}
+bool linearGemmAten() { return gemmChoice() == "aten"; }
+
+bool linearForwardNt() { return gemmChoice() == "onednn-nt"; }
 
 std::optional<std::string> onednnMaxIsa() {
   if (auto v = get("ONEDNN_MAX_CPU_ISA")) return v;

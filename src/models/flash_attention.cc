@@ -137,7 +137,9 @@ struct BlockSteps {
 
   static BlockSteps forThisCpu() {
     BlockSteps p;
-    if constexpr (std::is_same_v<T, float>) p.tiles = detail::attentionKernels();
+    // COHORT_ATTENTION=blas: the way before the block steps, to compare.
+    static const bool blas = env::attentionBlasBlocks();
+    if constexpr (std::is_same_v<T, float>) p.tiles = blas ? nullptr : detail::attentionKernels();
     return p;
   }
   bool tiled() const { return tiles != nullptr; }

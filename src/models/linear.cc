@@ -122,7 +122,8 @@ bool oneDnnLinearOn() {
 
 std::string linearGemmDescription() {
   if (env::linearGemmAten()) return "aten (COHORT_GEMM)";
-  return at::globalContext().userEnabledMkldnn() ? "onednn" : "aten (compute.onednn off)";
+  if (!at::globalContext().userEnabledMkldnn()) return "aten (compute.onednn off)";
+  return env::linearForwardNt() ? "onednn, (N, T) forward (COHORT_GEMM)" : "onednn";
 }
 
 int64_t oneDnnLinearCalls() { return oneDnnCalls.load(std::memory_order_relaxed); }
@@ -145,7 +146,9 @@ at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at
     y.copy_(yt.t());
   } else {
     RECORD_FUNCTION(name, std::vector<c10::IValue>({x, weight}));
-    if (form == WeightProductForm::linear && m >= kRowsForTransposedWeight) {
+    // COHORT_GEMM=onednn-nt: (N, T) at every size, to compare the forms.
+    static const bool ntOnly = env::linearForwardNt();
+    if (form == WeightProductForm::linear && m >= kRowsForTransposedWeight && !ntOnly) {
       const at::Tensor wt = weight.t().contiguous();
       oneDnnSgemm(false, false, m, out, in, 1.0f, x.data_ptr<float>(), in, wt.data_ptr<float>(), out, 0.0f,
                   y.data_ptr<float>(), out);

@@ -18,7 +18,9 @@
 #include "cohort/core/malloc_policy.h"
 #include "cohort/train/compute.h"
 #include "util/errors.h"
+#include "util/corpus.h"
 #include "util/jobs.h"
+#include "util/runs.h"
 #include "util/skip.h"
 
 namespace cohort {
@@ -213,7 +215,51 @@ TEST(Compute, CohortGemmAtenKeepsAtensProductsAndABadValueIsRefused) {
                                "training.max_steps=2"},
                               {{"COHORT_GEMM", "mkl"}});
   EXPECT_EQ(r.exitCode, 2) << r.describe();
-  EXPECT_NE((r.out + r.err).find("COHORT_GEMM must be auto or aten, got 'mkl'"), std::string::npos) << r.describe();
+  EXPECT_NE((r.out + r.err).find("COHORT_GEMM must be auto, aten or onednn-nt, got 'mkl'"), std::string::npos) << r.describe();
+}
+
+// The switches that run the older paths for comparisons (core/env.h):
+// COHORT_ATTENTION=blas (the blockwise attention's float32 blocks through
+// BLAS) and COHORT_GEMM=onednn-nt (every linear forward in oneDNN's (N, T)
+// form) train a float32 GPT whose linear layers see 2304 rows to the same
+// weights as the default paths, within float rounding; the summary names
+// the linear form; a bad value is refused naming the variable and what it
+// takes.
+TEST(Compute, TheComparisonSwitchesTrainAsTheDefaultPathsDo) {
+  test::TempDir dir;
+  test::writeText(dir.file("corpus.txt"), test::corpus(60'000));
+  const auto tok = test::cohort({"data", "tokenize", dir.file("corpus.txt"), dir.file("tok"), "--no-progress"});
+  ASSERT_EQ(tok.exitCode, 0) << tok.describe();
+  // Heads of 32 over blocks of 64 positions, and sums of 64 and more terms:
+  // long enough for the paths' orders of addition to differ.
+  const std::string yaml = test::tinyTokenJobYaml("gpt", dir.file("tok/train"),
+                                                  "{arch: gpt, n_layer: 2, n_head: 2, n_embd: 64, block_size: 64}");
+  const std::vector<std::string> sets = {"training.precision=fp32", "training.batch_size=36", "training.max_steps=3"};
+  auto train = [&](const std::string& tag, const std::map<std::string, std::string>& env) {
+    const auto r = test::runJob(dir, tag, yaml, 1, sets, env);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
+  };
+  const ckpt::StateDict base = train("auto", {});
+  // BLAS sums the attention's blocks in other orders than the tiles: not
+  // bitwise the default's where the tiles run (the switch took another
+  // path), within rounding of it.
+  const double attention = test::maxDifference(base, train("blas", {{"COHORT_ATTENTION", "blas"}}));
+  EXPECT_LT(attention, 1e-4);
+  const char* held = std::getenv("ATEN_CPU_CAPABILITY");
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      !(held != nullptr && std::string(held) == "default")) {
+    EXPECT_GT(attention, 0) << "COHORT_ATTENTION=blas trained bitwise as the tiles: the switch changed nothing";
+  }
+  // oneDNN's two forms may sum alike (on an AVX-512 EPYC they gave the same
+  // bits): within rounding, and the summary names the form.
+  EXPECT_LT(test::maxDifference(base, train("nt", {{"COHORT_GEMM", "onednn-nt"}})), 1e-4);
+  std::ifstream in(dir.file("nt/summary.json"));
+  EXPECT_EQ(nlohmann::json::parse(in).at("compute").value("gemm", ""), "onednn, (N, T) forward (COHORT_GEMM)");
+  const auto bad = test::runJob(dir, "bad", yaml, 1, sets, {{"COHORT_ATTENTION", "tiles"}});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
+  EXPECT_NE((bad.out + bad.err).find("COHORT_ATTENTION must be auto, matmul or blas, got 'tiles'"), std::string::npos)
+      << bad.describe();
 }
 
 TEST(Compute, TheJobFileOverridesEveryChoice) {

@@ -83,10 +83,14 @@ std::optional<CheckpointPause> checkpointPause();
 void pauseForTest(const char* point);
 
 // COHORT_ATTENTION: "matmul" holds causal attention to the product of the
-// whole score matrix (models/flash_attention.h), to compare the two; unset
-// or "auto", the blockwise kernel wherever it applies. Throws ConfigError
-// on another value.
+// whole score matrix (models/flash_attention.h), to compare the two; "blas"
+// runs the blockwise kernel's float32 blocks through BLAS and the row
+// kernels one row at a time, as before 2026-12-07, to compare with its
+// per-instruction-set block steps; unset or "auto", the blockwise kernel
+// with those steps wherever it applies. Throws ConfigError on another
+// value.
 bool attentionMatmulOnly();
+bool attentionBlasBlocks();
 
 // COHORT_FUSED_OPS: "off" keeps the ATen ops the fused training ops
 // replace (models/fused_ops.h), to compare the two; unset or "auto", the
@@ -95,10 +99,13 @@ bool attentionMatmulOnly();
 bool fusedOpsOff();
 
 // COHORT_GEMM: "aten" holds linear layers to LibTorch's product
-// (cohort/models/linear.h), to compare the two; unset or "auto", CPU
-// float32 linear layers run oneDNN's sgemm. Throws ConfigError on another
-// value.
+// (cohort/models/linear.h), to compare the two; "onednn-nt" keeps oneDNN
+// but holds every forward product to its (N, T) form, as before
+// 2026-12-07 (models/detail/weight_product.h), to compare the forms;
+// unset or "auto", CPU float32 linear layers run oneDNN's sgemm. Throws
+// ConfigError on another value.
 bool linearGemmAten();
+bool linearForwardNt();
 
 // ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA): the instruction
 // set oneDNN is held to, as set; nullopt when neither is.

@@ -26,11 +26,15 @@
 // batches of sequences), the product is x W^T with W copied transposed
 // first, oneDNN's (N, N) form: 261-272 GFLOP/s against 252-257 for (N, T)
 // on the GPT example's shapes on one EPYC core (4096 rows; a throwaway
-// program), and the example's MFU 1.6 points higher on average (3 pairs of
-// `cohort run`, alternating; docs/performance.md). The copy reads and writes W once: at 2048 rows that is at
-// most 3% of the product's time even for a W read from memory (0.5 ns an
-// element against 16 ns of products); with fewer rows it would eat the
-// gain.
+// program calling dnnl_sgemm), and the example's MFU 1.6 points higher on
+// average (3 pairs of `cohort run`, alternating with COHORT_GEMM=onednn-nt,
+// which holds every forward to (N, T); docs/performance.md). The copy
+// reads and writes W once: at 2048 rows that is at most 3% of the
+// product's time even for a W read from memory (0.5 ns an element against
+// 16 ns of products); with fewer rows it would eat the gain. The two forms
+// may round differently: on that EPYC they gave the same bits on the
+// example's shapes; held to AVX2, 457 of the 524,288 values of a 4096 x 512
+// x 128 product differed.
 //
 // `name`: what profilers see (x, W) as; monitor/operator_table.cc counts
 // its FLOPs.
