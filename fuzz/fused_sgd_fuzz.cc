@@ -90,12 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         terms += lr * stepMagnitude;
         largest = std::max(largest, std::fabs(p));
       }
-      const double tolerance = 1e-5 * (largest + terms) + 1e-30;
-      if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= tolerance)) {
-        fuzz::finding("parameter " + std::to_string(t) + " (" + std::to_string(fused[t].numel()) +
-                      " elements) element " + std::to_string(i) + ": fused " + fuzz::number(a[i]) + ", SGD " +
-                      fuzz::number(b[i]) + ", tolerance " + fuzz::number(tolerance));
-      }
+      fuzz::requireElement(t, fused[t].numel(), i, a[i], b[i], largest, terms, "SGD");
     }
   }
   return 0;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_util.h"
+
 namespace cohort::fuzz {
 
 // A float64 tensor of `sizes` filled with the input's bytes from `offset`
@@ -119,6 +121,20 @@ inline std::string number(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.9g", x);
   return buf;
+}
+
+// The fused optimizer's element i of parameter t (`got`) against the
+// reference's (`want`), both steps computed from the same values: a finding
+// beyond 1e-5 of the largest parameter value and the summed step sizes
+// (`largest`, `terms`), naming the element and the `reference` optimizer.
+inline void requireElement(size_t t, int64_t numel, int64_t i, float got, float want, double largest, double terms,
+                           const std::string& reference) {
+  const double tolerance = 1e-5 * (largest + terms) + 1e-30;
+  if (!(std::fabs(static_cast<double>(got) - want) <= tolerance)) {
+    finding("parameter " + std::to_string(t) + " (" + std::to_string(numel) + " elements) element " +
+            std::to_string(i) + ": fused " + number(got) + ", " + reference + " " + number(want) + ", tolerance " +
+            number(tolerance));
+  }
 }
 
 }  // namespace cohort::fuzz
