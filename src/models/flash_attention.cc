@@ -195,7 +195,7 @@ struct BlockSteps {
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* row = s + r * lds;
-      const int64_t kept = std::clamp<int64_t>(diag + r + 1, 0, cols);
+      const int64_t kept = detail::causalKept(r, diag, cols);
       const T mx = std::max(m[r], rowMax(row, kept));
       const T sum = expInPlace(row, kept, mx);
       std::fill(row + kept, row + cols, T(0));
@@ -213,7 +213,7 @@ struct BlockSteps {
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* row = p + r * ldp;
-      const int64_t kept = std::clamp<int64_t>(diag + r + 1, 0, cols);
+      const int64_t kept = detail::causalKept(r, diag, cols);
       expInPlace(row, kept, shift[r]);
       std::fill(row + kept, row + cols, T(0));
     }

@@ -117,6 +117,12 @@ struct AttentionKernelTable {
   void (*scoreGradBlock)(float* ds, const float* p, int64_t ld, int64_t rows, int64_t cols, const float* d);
 };
 
+// How many of row r's cols scores a block keeps under the causal mask
+// (AttentionKernelTable: diag = the block's first query - its first key).
+inline int64_t causalKept(int64_t r, int64_t diag, int64_t cols) {
+  return diag + r + 1 < 0 ? 0 : (diag + r + 1 > cols ? cols : diag + r + 1);
+}
+
 // The widest build's AttentionKernelTable (as the calls above choose), or null
 // where that is the baseline.
 const AttentionKernelTable* attentionKernels();

@@ -196,10 +196,8 @@ void transpose(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y
 // The softmax's steps over a block of scores, one call per block where the
 // kernel made a few per row (a profile of the GPT's attention put a sixth
 // of its time in the row calls of models/softmax_rows.h and in loops of the
-// baseline build). Row r of a
-// block keeps its first clamp(diag + r + 1, 0, cols) values (the causal
-// mask: diag = first query - first key); the others become 0.
-int64_t keptOf(int64_t r, int64_t diag, int64_t cols) { return std::clamp<int64_t>(diag + r + 1, 0, cols); }
+// baseline build). Row r of a block keeps its first causalKept(r, diag,
+// cols) values (models/fused_kernels.h); the others become 0.
 
 // A row's exp and maximum: models/softmax_rows.h's kernels of this build
 // (Cephes' expf, within 2 ulp, inline vector code where ATen's SLEEF call
@@ -223,7 +221,7 @@ void softmaxBlock(float* s, int64_t lds, int64_t rows, int64_t cols, int64_t dia
                   int64_t nd) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * lds;
-    const int64_t kept = keptOf(r, diag, cols);
+    const int64_t kept = causalKept(r, diag, cols);
     const float mx = std::max(m[r], maxRow(row, kept));
     const float sum = kept > 0 ? expRow(row, kept, mx) : 0.f;
     std::fill(row + kept, row + cols, 0.f);
@@ -246,7 +244,7 @@ void softmaxBlock(float* s, int64_t lds, int64_t rows, int64_t cols, int64_t dia
 void expBlock(float* p, int64_t ldp, int64_t rows, int64_t cols, int64_t diag, const float* shift) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = p + r * ldp;
-    const int64_t kept = keptOf(r, diag, cols);
+    const int64_t kept = causalKept(r, diag, cols);
     if (kept > 0) expRow(row, kept, shift[r]);
     std::fill(row + kept, row + cols, 0.f);
   }
