@@ -70,6 +70,16 @@ void biasGeluBackward(const T* gy, const T* slope, T* gh, T* gb, int64_t rows, i
 }
 
 template <typename T>
+void columnSums(const T* g, T* out, int64_t rows, int64_t n) {
+  kernels<T>().columnSums(g, out, rows, n);
+}
+
+template <typename T>
+void addToRows(T* y, const T* b, int64_t rows, int64_t n) {
+  kernels<T>().addToRows(y, b, rows, n);
+}
+
+template <typename T>
 void addLayerNormForward(const T* x, const T* d, const T* w, const T* b, T* s, T* y, T* mean, T* rstd,
                          int64_t rows, int64_t n, double eps) {
   kernels<T>().addLayerNormForward(x, d, w, b, s, y, mean, rstd, rows, n, eps);
@@ -154,7 +164,9 @@ const AttentionKernelTable* attentionKernels() {
   template void batchNormStats<T>(const T*, BnShape, T*, T*);                                                     \
   template void batchNormReluForward<T>(const T*, const T*, const T*, T*, BnShape);                               \
   template void batchNormReluBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*,  \
-                                         BnShape);
+                                         BnShape);                                                                \
+  template void columnSums<T>(const T*, T*, int64_t, int64_t);                                                    \
+  template void addToRows<T>(T*, const T*, int64_t, int64_t);
 COHORT_FUSED_KERNELS(float)
 COHORT_FUSED_KERNELS(double)
 #undef COHORT_FUSED_KERNELS

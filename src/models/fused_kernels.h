@@ -40,6 +40,14 @@ template <typename T>
 void addLayerNormBackward(const T* gs, const T* gy, const T* s, const T* mean, const T* rstd, const T* w, T* gx,
                           T* gw, T* gb, int64_t rows, int64_t n);
 
+// A linear layer's bias over `rows` rows of `n` (models/linear.cc):
+// out = g summed over the rows (its gradient from the output's; blocks of
+// rows as above), and y += b on every row (ATen's y.add_(b), bitwise).
+template <typename T>
+void columnSums(const T* g, T* out, int64_t rows, int64_t n);
+template <typename T>
+void addToRows(T* y, const T* b, int64_t rows, int64_t n);
+
 // A batch of images [n, c, hw] (channels-first) or [n, hw, c] (channels-last).
 struct BnShape {
   int64_t n = 0, c = 0, hw = 0;
@@ -138,6 +146,8 @@ struct FusedKernelTable {
   void (*batchNormStats)(const T*, BnShape, T*, T*);
   void (*batchNormReluForward)(const T*, const T*, const T*, T*, BnShape);
   void (*batchNormReluBackward)(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, BnShape);
+  void (*columnSums)(const T*, T*, int64_t, int64_t);
+  void (*addToRows)(T*, const T*, int64_t, int64_t);
 };
 
 // The build the calls above take: "avx512", "avx2" or "base".

@@ -194,7 +194,7 @@ class GemmConvFunction : public torch::autograd::Function<GemmConvFunction> {
     // [rows, out]: a view when the gradient is channels-last.
     const at::Tensor gy = grads[0].permute({0, 2, 3, 1}).reshape({g.rows(), g.out}).contiguous();
     at::Tensor gx, gw, gb;
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy.sum(0);
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = detail::biasGradient(gy);
     if (ctx->needs_input_grad(0)) {
       at::Tensor gcols = at::empty({g.rows(), g.taps()}, cols.options());
       {

@@ -11,6 +11,7 @@
 #include "cohort/core/env.h"
 #include "cohort/core/sgemm.h"
 #include "models/detail/weight_product.h"
+#include "models/fused_kernels.h"
 
 namespace cohort::models {
 namespace {
@@ -59,7 +60,7 @@ class OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFuncti
     const at::Tensor g = grads[0].reshape({m, out}).contiguous();
     const c10::IntArrayRef shape = saved[0].sizes();
     at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = g.sum(0);
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) gb = detail::biasGradient(g);
     if (torch::GradMode::is_enabled()) {
       // The graph of the gradients is kept: ATen's products, differentiable.
       if (ctx->needs_input_grad(0)) gx = g.mm(w).view(shape);
@@ -157,8 +158,28 @@ at::Tensor weightProduct(const at::Tensor& x, const at::Tensor& weight, const at
                   y.data_ptr<float>(), out);
     }
   }
-  if (bias.defined()) y.add_(bias);
+  if (bias.defined()) {
+    const at::Tensor b = bias.contiguous();
+    addToRows<float>(y.data_ptr<float>(), b.data_ptr<float>(), m, out);
+  }
   return y;
+}
+
+at::Tensor biasGradient(const at::Tensor& g) {
+  const at::ScalarType t = g.scalar_type();
+  // A gradient whose graph is kept (double backward) differentiates through ATen's sum.
+  if ((torch::GradMode::is_enabled() && g.requires_grad()) || g.dim() != 2 || !g.device().is_cpu() ||
+      g.layout() != at::kStrided || (t != at::kFloat && t != at::kDouble)) {
+    return g.sum(0);
+  }
+  const at::Tensor gc = g.contiguous();
+  at::Tensor out = at::empty({g.size(1)}, g.options());
+  if (t == at::kFloat) {
+    columnSums<float>(gc.data_ptr<float>(), out.data_ptr<float>(), g.size(0), g.size(1));
+  } else {
+    columnSums<double>(gc.data_ptr<double>(), out.data_ptr<double>(), g.size(0), g.size(1));
+  }
+  return out;
 }
 
 }  // namespace detail

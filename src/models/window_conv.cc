@@ -110,7 +110,7 @@ class WindowConvFunction : public torch::autograd::Function<WindowConvFunction> 
     const int64_t n = x2.size(0), k = x2.size(1), out = w2.size(0);
     const at::Tensor g = grads[0].reshape({n, out}).contiguous();
     at::Tensor gx, gw, gb;
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = g.sum(0);
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = detail::biasGradient(g);
     if (ctx->needs_input_grad(0)) {
       at::Tensor g2 = at::zeros({n, k}, x2.options());
       if (n > 0 && out > 0 && k > 0) {

@@ -74,7 +74,7 @@ void checkEveryBuild(int64_t rows, int64_t n) {
   const std::vector<T> w = values<T>(n, 1.0, 4), b = values<T>(n, 0.5, 5);
   struct Out {
     std::vector<T> y, gh, gb, s, ln, mean, rstd, gx, gw, gb2;
-    std::vector<T> slope = {}, yTanh = {}, slopeTanh = {};
+    std::vector<T> slope = {}, yTanh = {}, slopeTanh = {}, sums = {}, plusBias = {};
   };
   std::vector<Out> outs;
   for (const Build<T>& build : builds) {
@@ -94,6 +94,10 @@ void checkEveryBuild(int64_t rows, int64_t n) {
                           o.rstd.data(), rows, n, 1e-5);
     k.addLayerNormBackward(d.data(), g.data(), o.s.data(), o.mean.data(), o.rstd.data(), w.data(), o.gx.data(),
                            o.gw.data(), o.gb2.data(), rows, n);
+    o.sums.resize(n);
+    k.columnSums(g.data(), o.sums.data(), rows, n);
+    o.plusBias = x;
+    k.addToRows(o.plusBias.data(), b.data(), rows, n);
     outs.push_back(std::move(o));
   }
   for (size_t i = 1; i < builds.size(); ++i) {
@@ -107,6 +111,8 @@ void checkEveryBuild(int64_t rows, int64_t n) {
     expectNear(outs[i].ln, outs[0].ln, name + " add+layernorm", n);
     expectNear(outs[i].gx, outs[0].gx, name + " add+layernorm dx", n, n == 1);
     expectNear(outs[i].gw, outs[0].gw, name + " add+layernorm dw", rows, n == 1);
+    expectNear(outs[i].sums, outs[0].sums, name + " column sums", rows);
+    EXPECT_EQ(outs[i].plusBias, outs[0].plusBias) << name << " bias added to rows";
   }
 }
 
@@ -135,6 +141,31 @@ void checkEveryBuildBatchNorm(BnShape sh) {
   // Statistics and the backward's sums go over a channel's n * hw values.
   for (size_t i = 1; i < builds.size(); ++i) {
     expectNear(outs[i], outs[0], builds[i].name + " batchnorm+relu", sh.n * sh.hw);
+  }
+}
+
+// A linear layer's bias (models/detail/weight_product.h): added to every row
+// as ATen's add_ adds it, bitwise; its gradient, the column sums, within
+// float rounding of ATen's sum in double, over more rows than one block.
+TEST(FusedKernels, ALinearLayersBiasAddsAsAtenAndSumsItsGradient) {
+  for (int64_t rows : {0, 1, 63, 64, 65, 1000}) {
+    for (int64_t n : {1, 17, 384}) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " n " << n);
+      torch::manual_seed(rows * 1000 + n);
+      const at::Tensor y = torch::randn({rows, n}), b = torch::randn({n}), g = torch::randn({rows, n});
+      at::Tensor ours = y.clone();
+      addToRows<float>(ours.data_ptr<float>(), b.data_ptr<float>(), rows, n);
+      EXPECT_TRUE(torch::equal(ours, y + b));
+      at::Tensor sums = torch::full({n}, 7.0f);
+      columnSums<float>(g.data_ptr<float>(), sums.data_ptr<float>(), rows, n);
+      const at::Tensor want = g.to(torch::kDouble).sum(0);
+      const double bound = 1e-6 * (1 + double(rows));
+      EXPECT_LE((sums.to(torch::kDouble) - want).abs().max().item<double>(), bound);
+      at::Tensor sumsD = torch::full({n}, 7.0, torch::kDouble);
+      const at::Tensor gd = g.to(torch::kDouble);
+      columnSums<double>(gd.data_ptr<double>(), sumsD.data_ptr<double>(), rows, n);
+      EXPECT_LE((sumsD - want).abs().max().item<double>(), 1e-12 * (1 + double(rows)));
+    }
   }
 }
 

@@ -164,34 +164,62 @@ void biasGeluForward(const T* h, const T* b, T* y, T* slope, int64_t rows, int64
   });
 }
 
-template <typename T>
-void biasGeluBackward(const T* gy, const T* slope, T* gh, T* gb, int64_t rows, int64_t n) {
-  // Blocks of rows; each sums its rows' gradients for the bias in float,
-  // at most kBlockRows values per sum.
+// Over blocks of kBlockRows rows, on the intra-op threads: row(r, acc)
+// handles row r and adds what it sums into acc (n values, zeros at each
+// block's start; acc is null when out is); the blocks' sums go into out
+// (when not null) in block order, whatever the threads.
+template <typename T, typename Row>
+void overRowBlocks(int64_t rows, int64_t n, T* out, Row row) {
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
-  std::vector<double> part(gb != nullptr ? static_cast<size_t>(blocks * n) : 0);
+  std::vector<double> part(out != nullptr ? static_cast<size_t>(blocks * n) : 0);
   double* partData = part.data();
   at::parallel_for(0, blocks, std::max<int64_t>(1, rowGrain(n) / kBlockRows), [=](int64_t b0, int64_t b1) {
-    std::vector<T> acc(gb != nullptr ? static_cast<size_t>(n) : 0);
+    std::vector<T> acc(out != nullptr ? static_cast<size_t>(n) : 0);
+    T* accData = out != nullptr ? acc.data() : nullptr;
     for (int64_t blk = b0; blk < b1; ++blk) {
       std::fill(acc.begin(), acc.end(), T(0));
       const int64_t rEnd = std::min(rows, (blk + 1) * kBlockRows);
-      for (int64_t r = blk * kBlockRows; r < rEnd; ++r) {
-        const T* gyr = gy + r * n;
-        const T* sr = slope + r * n;
-        T* ghr = gh + r * n;
-        eachVector<T>(n, [&](int64_t j, int64_t k) {
-          const Vec<T> g = load(gyr + j, k) * load(sr + j, k);
-          g.store(ghr + j, static_cast<int>(k));
-          if (gb != nullptr) (load(acc.data() + j, k) + g).store(acc.data() + j, static_cast<int>(k));
-        });
-      }
-      if (gb != nullptr) {
+      for (int64_t r = blk * kBlockRows; r < rEnd; ++r) row(r, accData);
+      if (out != nullptr) {
         for (int64_t j = 0; j < n; ++j) partData[blk * n + j] = acc[static_cast<size_t>(j)];
       }
     }
   });
-  if (gb != nullptr) sumBlocks(part, blocks, n, gb);
+  if (out != nullptr) sumBlocks(part, blocks, n, out);
+}
+
+template <typename T>
+void biasGeluBackward(const T* gy, const T* slope, T* gh, T* gb, int64_t rows, int64_t n) {
+  overRowBlocks<T>(rows, n, gb, [=](int64_t r, T* acc) {
+    const T* gyr = gy + r * n;
+    const T* sr = slope + r * n;
+    T* ghr = gh + r * n;
+    eachVector<T>(n, [&](int64_t j, int64_t k) {
+      const Vec<T> g = load(gyr + j, k) * load(sr + j, k);
+      g.store(ghr + j, static_cast<int>(k));
+      if (acc != nullptr) (load(acc + j, k) + g).store(acc + j, static_cast<int>(k));
+    });
+  });
+}
+
+// --- A linear layer's bias ---------------------------------------------------
+
+template <typename T>
+void columnSums(const T* g, T* out, int64_t rows, int64_t n) {
+  overRowBlocks<T>(rows, n, out, [=](int64_t r, T* acc) {
+    const T* gr = g + r * n;
+    eachVector<T>(n, [&](int64_t j, int64_t k) { (load(acc + j, k) + load(gr + j, k)).store(acc + j, static_cast<int>(k)); });
+  });
+}
+
+template <typename T>
+void addToRows(T* y, const T* b, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, rowGrain(n), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* yr = y + r * n;
+      eachVector<T>(n, [&](int64_t j, int64_t k) { (load(yr + j, k) + load(b + j, k)).store(yr + j, static_cast<int>(k)); });
+    }
+  });
 }
 
 template <typename T>
@@ -510,8 +538,9 @@ void batchNormReluBackward(const T* gy, const T* x, const T* mean, const T* invs
 
 template <typename T>
 FusedKernelTable<T> table() {
-  return {&biasGeluForward<T>,     &biasGeluBackward<T>,     &addLayerNormForward<T>, &addLayerNormBackward<T>,
-          &batchNormStats<T>,      &batchNormReluForward<T>, &batchNormReluBackward<T>};
+  return {&biasGeluForward<T>,      &biasGeluBackward<T>, &addLayerNormForward<T>,
+          &addLayerNormBackward<T>,  &batchNormStats<T>,   &batchNormReluForward<T>,
+          &batchNormReluBackward<T>, &columnSums<T>,       &addToRows<T>};
 }
 
 }  // namespace
