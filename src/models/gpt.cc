@@ -94,7 +94,14 @@ class MlpImpl : public nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) {
     // GELU keeping its slope for the backward where fused ops are on
-    // (models/fused_ops.h), else ATen's.
+    // (models/fused_ops.h), else ATen's. Where the fused kernels take
+    // c_fc's tensors, its bias is added in GELU's pass and its gradient
+    // summed in GELU's backward pass, instead of a pass of each over the
+    // [rows, 4 C] activations (the same sums: h + b, then GELU).
+    const at::Tensor& b = c_fc_->bias;
+    if (fusedOpsOn() && b.defined() && !c_fc_->adapted() && detail::fusedKernelsTake({x, c_fc_->weight, b})) {
+      return dropout_(c_proj_(biasGelu(models::linear(x, c_fc_->weight), b, tanh_)));
+    }
     const at::Tensor h = biasGelu(c_fc_(x), at::Tensor(), tanh_);
     return dropout_(c_proj_(h));
   }

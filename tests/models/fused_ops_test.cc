@@ -10,7 +10,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
 #include <cstdlib>
+#include <set>
 #include <limits>
 #include <string>
 #include <vector>
@@ -423,6 +426,45 @@ TEST(FusedOps, GptTrainsAlikeWithAndWithoutTheFusedOps) {
       expectSameStep(*m, torch::randint(11, {3, 8}, torch::kLong), kFloatTol);
     }
   }
+}
+
+// Whether the gradient of the parameter `name` of `m` reaches it from a
+// node of `output`'s graph whose name contains `node`.
+bool gradientComesThrough(const Model& m, const at::Tensor& output, const std::string& node, const std::string& name) {
+  const at::Tensor param = m.named_parameters()[name];
+  std::vector<torch::autograd::Node*> todo{output.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    for (const torch::autograd::Edge& e : n->next_edges()) {
+      auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(e.function.get());
+      if (acc != nullptr && acc->variable.is_same(param) && n->name().find(node) != std::string::npos) return true;
+      todo.push_back(e.function.get());
+    }
+  }
+  return false;
+}
+
+// The GPT's c_fc bias is added in the fused GELU's pass, and its gradient
+// summed in that op's backward; with fused ops off, by the linear layer.
+TEST(FusedOps, TheGptsMlpBiasGoesThroughTheFusedGelu) {
+  GptOptions o;
+  o.vocabSize = 11;
+  o.blockSize = 8;
+  o.nLayer = 1;
+  o.nHead = 2;
+  o.nEmbd = 16;
+  o.dropout = 0;
+  torch::manual_seed(3);
+  std::shared_ptr<Model> m = createGpt(o);
+  m->train();
+  const at::Tensor tokens = torch::randint(11, {2, 8}, torch::kLong);
+  const std::string bias = "transformer.h.0.mlp.c_fc.bias";
+  EXPECT_TRUE(gradientComesThrough(*m, m->forward(tokens), "BiasGelu", bias));
+  FusedOpsScope off(false);
+  EXPECT_FALSE(gradientComesThrough(*m, m->forward(tokens), "BiasGelu", bias));
 }
 
 TEST(FusedOps, ResNetTrainsAlikeWithAndWithoutTheFusedOps) {
