@@ -1,7 +1,9 @@
 // The fused training ops (src/models/fused_ops.h) against the ATen ops they
 // replace, forward and backward, on shapes and values the input picks.
 //
-// Input: byte 0 the op (bias+GELU, add+LayerNorm, BatchNorm+ReLU), byte 1
+// Input: byte 0 the op (bias+GELU, add+LayerNorm, BatchNorm+ReLU, a linear
+// layer's bias: models/linear.h through oneDNN, its bias added to the rows
+// and its gradient summed over them by the fused kernels), byte 1
 // flags (float64, non-contiguous or channels-last, GELU's tanh, a bias),
 // bytes 2-5 the sizes (each from 1, 2, 3, 5, 7, 8, 9, 16, 17, 31), the rest
 // the values, in [-4, 4) by 1/32, repeated to fill. The reference is the
@@ -19,6 +21,7 @@
 
 #include "fuzz_tensor.h"
 #include "fuzz_util.h"
+#include "cohort/models/linear.h"
 #include "models/fused_ops.h"
 
 namespace {
@@ -94,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   }();
   (void)once;
-  const int op = data[0] % 3;
+  const int op = data[0] % 4;
   const uint8_t flags = data[1];
   const at::ScalarType dtype = (flags & 1) ? at::kDouble : at::kFloat;
   const double tol = dtype == at::kDouble ? 1e-9 : 1e-4;
@@ -142,6 +145,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     compare(df.grad(), dr.grad(), tol, "add+layer_norm ddelta", gradOf(da));
     compare(wf.grad(), wr.grad(), tol, "add+layer_norm dweight", gradOf(wa));
     if (bias) compare(bf.grad(), br.grad(), tol, "add+layer_norm dbias", gradOf(ba));
+  } else if (op == 3) {
+    // Rows up to 31 x 31: several of the column sums' blocks of 64. The
+    // linear layer takes float32 only (float64 goes to ATen's).
+    const int64_t rows = in.dim() * in.dim(), din = in.dim(), dout = in.dim();
+    const at::Tensor x = inputValues(data, size, v, {rows, din}), w = inputValues(data, size, v + 1, {dout, din});
+    const at::Tensor b = inputValues(data, size, v + 2, {dout}), g = inputValues(data, size, v + 3, {rows, dout});
+    at::Tensor xf = asInput(x, at::kFloat, layout == 1 ? 1 : 0), wf = asInput(w, at::kFloat, 0);
+    at::Tensor bf = asInput(b, at::kFloat, layout == 1 ? 1 : 0);
+    at::Tensor xr = leaf(x), wr = leaf(w), br = leaf(b);
+    at::Tensor y = models::linear(xf, wf, bf);
+    const at::Tensor want = torch::nn::functional::linear(xr, wr, br);
+    at::Tensor xa = asInput(x, at::kFloat, 0), wa = asInput(w, at::kFloat, 0), ba = asInput(b, at::kFloat, 0);
+    const at::Tensor ya = torch::nn::functional::linear(xa, wa, ba);
+    compare(y, want, 1e-4, "linear y", ya);
+    y.backward(g.to(at::kFloat));
+    want.backward(g);
+    ya.backward(g.to(at::kFloat));
+    compare(xf.grad(), xr.grad(), 1e-4, "linear dx", xa.grad());
+    compare(wf.grad(), wr.grad(), 1e-4, "linear dw", wa.grad());
+    compare(bf.grad(), br.grad(), 1e-4, "linear db", ba.grad(), g.abs().sum(0));
   } else {
     const int64_t n = in.dim(), c = in.dim(), h = in.dim(), w = in.dim();
     const at::Tensor x = inputValues(data, size, v, {n, c, h, w});
