@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -258,6 +259,12 @@ Rows<T> headRows(T* p, int64_t t, int64_t h, int64_t d) {
   return {p, t * h * d, d, h * d};
 }
 
+// Rows of a [B, T, H, D] view with unit stride along D.
+template <class T>
+Rows<T> rowsOfBthd(const at::Tensor& x) {
+  return {const_cast<T*>(x.data_ptr<T>()), x.stride(0), x.stride(2), x.stride(1)};
+}
+
 template <class T>
 void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& out, T* lse, int64_t nb,
                    int64_t nh, int64_t nt, int64_t nd) {
@@ -304,7 +311,8 @@ void forwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const R
 
 // Blocks of keys outside, blocks of queries inside: one (batch, head) per
 // task, so that its dq, dk and dv rows have one writer and no thread waits
-// on another. dq must hold zeros.
+// on another. dq, dk and dv may hold anything: each row is written before
+// it is added to.
 template <class T>
 void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& out, const T* lse,
                     const Rows<T>& dOut, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t nb,
@@ -338,7 +346,9 @@ void backwardKernel(const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const 
           steps.aTb(nk, nd, nq, T(1), p.data(), kBlock, dop, dOut.ld, T(1), dvAcc.data(), nd);
           steps.abT(nq, nk, nd, T(1), dop, dOut.ld, vp, v.ld, vT, k0, T(0), ds.data(), kBlock);
           steps.scoreGradient(ds.data(), p.data(), kBlock, nq, nk, rowDot.data() + q0);
-          steps.ab(nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, T(1), dq.at(b, h, q0), dq.ld);
+          // The first block of keys (k0 = 0, which every query block sees)
+          // writes dq; the others add to it.
+          steps.ab(nq, nd, nk, scale, ds.data(), kBlock, kp, k.ld, k0 == 0 ? T(0) : T(1), dq.at(b, h, q0), dq.ld);
           steps.aTb(nk, nd, nq, scale, ds.data(), kBlock, qp, q.ld, T(1), dkAcc.data(), nd);
         }
         for (int64_t r = 0; r < nk; ++r) {
@@ -358,6 +368,33 @@ bool matmulOnly() {
   }
   return state == 1;
 }
+
+// One projection's q, k, v side by side (models/flash_attention.h,
+// flashAttentionPacked): float32 or float64 only (flashAttentionApplies).
+class FlashAttentionPackedFunction : public torch::autograd::Function<FlashAttentionPackedFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
+    const at::Tensor whole = qkv.contiguous();
+    const auto [q, k, v] = headsOf(whole, heads);
+    auto [out, lse] = detail::flashForward(q, k, v);
+    ctx->save_for_backward({whole, out, lse});
+    ctx->saved_data["heads"] = heads;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& whole = saved[0];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t b = whole.size(0), t = whole.size(1), c = whole.size(2) / 3;
+    const auto [q, k, v] = headsOf(whole, heads);
+    // [B, T, 3, H, D]: dq, dk, dv where q, k, v are in qkv.
+    at::Tensor g = at::empty({b, t, 3, heads, c / heads}, whole.options());
+    detail::flashBackwardInto(q, k, v, saved[1], saved[2], grads[0], g.select(2, 0), g.select(2, 1), g.select(2, 2));
+    return {g.view({b, t, 3 * c}), at::Tensor()};
+  }
+};
 
 class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFunction> {
  public:
@@ -390,6 +427,7 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
 }  // namespace
 
 using flash::FlashAttentionFunction;
+using flash::FlashAttentionPackedFunction;
 
 bool flashAttentionTakes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const at::ScalarType t = q.scalar_type();
@@ -400,6 +438,24 @@ bool flashAttentionTakes(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 bool flashAttentionApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return q.scalar_type() != at::kBFloat16 && flashAttentionTakes(q, k, v) && !flash::matmulOnly();
+}
+
+std::array<at::Tensor, 3> headsOf(const at::Tensor& qkv, int64_t heads) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  auto part = [&](int64_t i) { return qkv.narrow(2, i * c, c).view({b, t, heads, c / heads}).transpose(1, 2); };
+  return {part(0), part(1), part(2)};
+}
+
+bool flashAttentionPackedApplies(const at::Tensor& qkv, int64_t heads) {
+  if (qkv.dim() != 3 || heads <= 0 || qkv.size(2) % (3 * heads) != 0 || qkv.size(2) == 0) return false;
+  const auto [q, k, v] = headsOf(qkv, heads);  // splitting a dimension is a view at any strides
+  return flashAttentionApplies(q, k, v);
+}
+
+at::Tensor flashAttentionPacked(const at::Tensor& qkv, int64_t heads) {
+  COHORT_ASSERT(flashAttentionPackedApplies(qkv, heads), "flashAttentionPacked: qkv ", qkv.sizes(), " ",
+                qkv.scalar_type(), ", ", heads, " heads");
+  return FlashAttentionPackedFunction::apply(qkv, heads);
 }
 
 void setAttentionMatmulOnly(bool only) { flash::matmulOnlyState.store(only ? 1 : 0, std::memory_order_relaxed); }
@@ -426,25 +482,38 @@ std::pair<at::Tensor, at::Tensor> flashForward(const at::Tensor& qIn, const at::
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flashBackward(const at::Tensor& qIn, const at::Tensor& kIn,
-                                                             const at::Tensor& vIn, const at::Tensor& outIn,
-                                                             const at::Tensor& lseIn, const at::Tensor& dOutIn) {
-  const at::Tensor q = flash::readable(qIn), k = flash::readable(kIn), v = flash::readable(vIn);
-  const at::Tensor out = outIn.contiguous(), lse = lseIn.contiguous(), dOut = dOutIn.contiguous();
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flashBackward(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const at::Tensor& out,
+                                                             const at::Tensor& lse, const at::Tensor& dOut) {
   const int64_t nb = q.size(0), nh = q.size(1), nt = q.size(2), nd = q.size(3);
   // Laid out [B, T, H, D] as the model's q, k, v are (views of one
   // projection), returned as [B, H, T, D] views.
-  at::Tensor dq = at::zeros({nb, nt, nh, nd}, q.options());
+  at::Tensor dq = at::empty({nb, nt, nh, nd}, q.options());
   at::Tensor dk = at::empty({nb, nt, nh, nd}, q.options());
   at::Tensor dv = at::empty({nb, nt, nh, nd}, q.options());
+  flashBackwardInto(q, k, v, out, lse, dOut, dq, dk, dv);
+  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
+}
+
+void flashBackwardInto(const at::Tensor& qIn, const at::Tensor& kIn, const at::Tensor& vIn, const at::Tensor& outIn,
+                       const at::Tensor& lseIn, const at::Tensor& dOutIn, const at::Tensor& dq, const at::Tensor& dk,
+                       const at::Tensor& dv) {
+  const at::Tensor q = flash::readable(qIn), k = flash::readable(kIn), v = flash::readable(vIn);
+  const at::Tensor out = outIn.contiguous(), lse = lseIn.contiguous(), dOut = dOutIn.contiguous();
+  const int64_t nb = q.size(0), nh = q.size(1), nt = q.size(2), nd = q.size(3);
+  for (const at::Tensor* g : {&dq, &dk, &dv}) {
+    COHORT_ASSERT(g->dim() == 4 && g->size(0) == nb && g->size(1) == nt && g->size(2) == nh && g->size(3) == nd &&
+                      (nd == 1 || g->stride(3) == 1) && g->scalar_type() == q.scalar_type(),
+                  "flashBackwardInto: a gradient of ", g->sizes(), " ", g->scalar_type(), " for q ", q.sizes());
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flashBackward", [&] {
     using flash::rowsOf;
+    using flash::rowsOfBthd;
     auto heads = [&](const at::Tensor& x) { return flash::headRows(x.data_ptr<scalar_t>(), nt, nh, nd); };
     flash::backwardKernel<scalar_t>(rowsOf<scalar_t>(q), rowsOf<scalar_t>(k), rowsOf<scalar_t>(v), heads(out),
-                                    lse.data_ptr<scalar_t>(), heads(dOut), heads(dq), heads(dk), heads(dv), nb, nh, nt,
-                                    nd);
+                                    lse.data_ptr<scalar_t>(), heads(dOut), rowsOfBthd<scalar_t>(dq),
+                                    rowsOfBthd<scalar_t>(dk), rowsOfBthd<scalar_t>(dv), nb, nh, nt, nd);
   });
-  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
 }
 
 }  // namespace detail

@@ -56,14 +56,11 @@ class CausalSelfAttentionImpl : public nn::Module {
 
   // x [B, T, C] -> [B, T, C]; position t attends to positions <= t.
   at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
-    const std::vector<at::Tensor> qkv = c_attn_(x).split(c, 2);
-    auto split = [&](const at::Tensor& m) { return m.view({b, t, heads_, d}).transpose(1, 2); };
     // Dropout only where it drops something: without it the attention
     // weights need not exist whole (models/flash_attention.h).
     std::function<at::Tensor(const at::Tensor&)> drop;
     if (is_training() && attnDropout_->options.p() > 0) drop = [this](const at::Tensor& a) { return attnDropout_(a); };
-    const at::Tensor y = causalAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), bias_, x.options(), drop);
+    const at::Tensor y = causalAttentionPacked(c_attn_(x), heads_, bias_, x.options(), drop);
     return residDropout_(c_proj_(y));
   }
 
@@ -323,6 +320,16 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   att = causalSoftmax(att);
   if (dropAttention) att = dropAttention(att);
   return torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, heads * d});
+}
+
+at::Tensor causalAttentionPacked(const at::Tensor& qkv, int64_t heads, at::Tensor& mask,
+                                 const at::TensorOptions& maskOptions,
+                                 const std::function<at::Tensor(const at::Tensor&)>& dropAttention) {
+  if (!dropAttention && flashAttentionPackedApplies(qkv, heads)) return flashAttentionPacked(qkv, heads);
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  const std::vector<at::Tensor> parts = qkv.split(c, 2);
+  auto split = [&](const at::Tensor& m) { return m.reshape({b, t, heads, c / heads}).transpose(1, 2); };
+  return causalAttention(split(parts[0]), split(parts[1]), split(parts[2]), mask, maskOptions, dropAttention);
 }
 
 namespace detail {

@@ -55,10 +55,7 @@ class AttentionImpl : public nn::Module {
   // `sequence`: x and the result are this rank's slice of the sequence.
   at::Tensor forward(const at::Tensor& x, bool sequence) {
     const at::Tensor all = sequence ? qkv_->forwardGathered(x, 1) : qkv_(x);
-    const int64_t b = all.size(0), s = all.size(1), local = qkv_->weight.size(0) / 3, d = local / heads_;
-    const std::vector<at::Tensor> qkv = all.split(local, 2);
-    auto split = [&](const at::Tensor& m) { return m.reshape({b, s, heads_, d}).transpose(1, 2); };
-    const at::Tensor y = models::causalAttention(split(qkv[0]), split(qkv[1]), split(qkv[2]), mask_, x.options());
+    const at::Tensor y = models::causalAttentionPacked(all, heads_, mask_, x.options());
     return sequence ? proj_->forwardScattered(y, 1) : proj_(y);
   }
 

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "cohort/models/gpt.h"
@@ -197,6 +199,92 @@ TEST(FlashAttention, TakesTheGptsNonContiguousViews) {
     const at::Tensor wantGrad = torch::autograd::grad({(want * weight).sum()}, {projected})[0];
     EXPECT_TRUE(closeTo(got, want, 1e-12, 1e-12)) << describe(s);
     EXPECT_TRUE(closeTo(gotGrad, wantGrad, 1e-10, 1e-10)) << describe(s);
+  }
+}
+
+// One projection taken whole (flashAttentionPacked, which the GPT's
+// causalAttentionPacked takes): the same values as the kernel on its three
+// views, bitwise, and one gradient equal to the three side by side; float32
+// and float64, a non-contiguous projection, and what it does not take.
+TEST(FlashAttention, APackedProjectionGivesTheViewsResultAndOneGradient) {
+  torch::manual_seed(7);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    for (const AttentionShape& s : {AttentionShape{2, 4, 67, 8}, AttentionShape{1, 3, 1, 5}, AttentionShape{2, 2, 130, 1}}) {
+      for (bool strided : {false, true}) {
+        SCOPED_TRACE(describe(s) + (strided ? " strided" : "") + (dtype == at::kFloat ? " float" : " double"));
+        const int64_t c = s.h * s.d;
+        at::Tensor wide = torch::randn({s.b, s.t, strided ? 6 * c : 3 * c}, dtype);
+        const at::Tensor base = strided ? wide.slice(2, 0, 6 * c, 2) : wide;
+        const at::Tensor packed = base.detach().set_requires_grad(true);
+        ASSERT_TRUE(flashAttentionPackedApplies(packed, s.h));
+        const at::Tensor viewsOf = base.detach().clone().set_requires_grad(true);
+        const auto views = headsOf(viewsOf, s.h);
+        const at::Tensor weight = torch::randn({s.b, s.t, c}, dtype);
+        const at::Tensor got = flashAttentionPacked(packed, s.h);
+        const at::Tensor want = flashAttention(views[0], views[1], views[2]);
+        EXPECT_TRUE(torch::equal(got, want));
+        const at::Tensor gotGrad = torch::autograd::grad({(got * weight).sum()}, {packed})[0];
+        const at::Tensor wantGrad = torch::autograd::grad({(want * weight).sum()}, {viewsOf})[0];
+        EXPECT_EQ(gotGrad.sizes(), packed.sizes());
+        EXPECT_TRUE(torch::equal(gotGrad, wantGrad));
+      }
+    }
+  }
+  const at::Tensor qkv = torch::randn({2, 5, 24});
+  EXPECT_FALSE(flashAttentionPackedApplies(qkv, 5)) << "24 is not 3 x a multiple of 5 heads";
+  EXPECT_FALSE(flashAttentionPackedApplies(qkv.to(at::kBFloat16), 2));
+  EXPECT_FALSE(flashAttentionPackedApplies(qkv.view({2, 5, 2, 12}), 2));
+  // With dropout on the weights causalAttentionPacked splits the projection
+  // and keeps the whole matrix: the same values up to rounding.
+  at::Tensor mask;
+  const at::Tensor flash = causalAttentionPacked(qkv, 2, mask, torch::dtype(torch::kFloat));
+  EXPECT_FALSE(mask.defined());
+  const at::Tensor dropped =
+      causalAttentionPacked(qkv, 2, mask, torch::dtype(torch::kFloat), [](const at::Tensor& a) { return a; });
+  EXPECT_TRUE(mask.defined());
+  EXPECT_TRUE(closeTo(flash, dropped, 1e-4, 2e-5));
+
+  // The GPT's attention takes it.
+  GptOptions o;
+  o.vocabSize = 11;
+  o.blockSize = 8;
+  o.nLayer = 1;
+  o.nHead = 2;
+  o.nEmbd = 16;
+  o.dropout = 0;
+  const std::shared_ptr<Model> gpt = createGpt(o);
+  gpt->train();
+  const at::Tensor logits = gpt->forward(torch::randint(11, {2, 8}, torch::kLong));
+  std::vector<torch::autograd::Node*> todo{logits.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  bool packedNode = false;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    packedNode = packedNode || n->name().find("FlashAttentionPacked") != std::string::npos;
+    for (const torch::autograd::Edge& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  EXPECT_TRUE(packedNode);
+}
+
+// The backward writes every row of dq, dk and dv before adding to it:
+// gradients given full of NaN come out as into fresh memory, float32
+// (the kernels' tiles) and float64 (BLAS).
+TEST(FlashAttention, TheBackwardOverwritesTheGradientsItIsGiven) {
+  torch::manual_seed(8);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    const AttentionShape s{2, 3, 131, 8};
+    const std::vector<at::Tensor> qkv = randomQkv(s, dtype, false);
+    const auto [out, lse] = detail::flashForward(qkv[0], qkv[1], qkv[2]);
+    const at::Tensor dOut = torch::randn_like(out);
+    const auto [dq, dk, dv] = detail::flashBackward(qkv[0], qkv[1], qkv[2], out, lse, dOut);
+    std::vector<at::Tensor> into;
+    for (int i = 0; i < 3; ++i) into.push_back(torch::full({s.b, s.t, s.h, s.d}, NAN, out.options()));
+    detail::flashBackwardInto(qkv[0], qkv[1], qkv[2], out, lse, dOut, into[0], into[1], into[2]);
+    EXPECT_TRUE(torch::equal(into[0].transpose(1, 2), dq)) << dtype;
+    EXPECT_TRUE(torch::equal(into[1].transpose(1, 2), dk)) << dtype;
+    EXPECT_TRUE(torch::equal(into[2].transpose(1, 2), dv)) << dtype;
   }
 }
 

@@ -63,6 +63,15 @@ at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const at::TensorOptions& maskOptions,
                            const std::function<at::Tensor(const at::Tensor&)>& dropAttention = {});
 
+// The same over one projection's output qkv [B, S, 3 H D] (q, k and v side
+// by side, as c_attn makes them), `heads` heads. Where the blockwise kernel
+// applies, it takes qkv whole and its backward writes one gradient for it
+// (no concatenation of three); otherwise qkv is split and causalAttention
+// runs.
+at::Tensor causalAttentionPacked(const at::Tensor& qkv, int64_t heads, at::Tensor& mask,
+                                 const at::TensorOptions& maskOptions,
+                                 const std::function<at::Tensor(const at::Tensor&)>& dropAttention = {});
+
 // Throws ConfigError naming the model.* key when the options cannot work
 // (n_embd not divisible by n_head, a size < 1). `part`: only those blocks
 // (models/model.h); the whole model by default.
