@@ -235,7 +235,13 @@ TEST(Compute, TheComparisonSwitchesTrainAsTheDefaultPathsDo) {
   const std::string yaml = test::tinyTokenJobYaml("gpt", dir.file("tok/train"),
                                                   "{arch: gpt, n_layer: 2, n_head: 2, n_embd: 64, block_size: 64}");
   const std::vector<std::string> sets = {"training.precision=fp32", "training.batch_size=36", "training.max_steps=3"};
-  auto train = [&](const std::string& tag, const std::map<std::string, std::string>& env) {
+  // Every run holds OpenBLAS to its Haswell kernels, which sum a block's
+  // products in another order than the tiles. OpenBLAS's own choice on a
+  // CPU with avx512_bf16 (its Cooper Lake kernels) sums them in the tiles'
+  // order, bitwise (seen on an AMD EPYC), which would hide whether the
+  // switch took the other path. All runs alike: nothing else may differ.
+  auto train = [&](const std::string& tag, std::map<std::string, std::string> env) {
+    env["OPENBLAS_CORETYPE"] = "Haswell";
     const auto r = test::runJob(dir, tag, yaml, 1, sets, env);
     EXPECT_EQ(r.exitCode, 0) << r.describe();
     return ckpt::readStateDict(dir.file(tag + "/model/final.pt"));
