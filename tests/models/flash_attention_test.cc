@@ -13,12 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "cohort/models/gpt.h"
 #include "models/softmax_rows.h"
+#include "util/autograd_graph.h"
+#include "util/gpt.h"
 
 namespace cohort::models {
 namespace {
@@ -245,25 +246,12 @@ TEST(FlashAttention, APackedProjectionGivesTheViewsResultAndOneGradient) {
   EXPECT_TRUE(closeTo(flash, dropped, 1e-4, 2e-5));
 
   // The GPT's attention takes it.
-  GptOptions o;
-  o.vocabSize = 11;
-  o.blockSize = 8;
-  o.nLayer = 1;
-  o.nHead = 2;
-  o.nEmbd = 16;
-  o.dropout = 0;
-  const std::shared_ptr<Model> gpt = createGpt(o);
+  const std::shared_ptr<Model> gpt = createGpt(test::gptSizes(11, 8, 1, 2, 16));
   gpt->train();
-  const at::Tensor logits = gpt->forward(torch::randint(11, {2, 8}, torch::kLong));
-  std::vector<torch::autograd::Node*> todo{logits.grad_fn().get()};
-  std::set<torch::autograd::Node*> seen;
+  const at::Tensor logits = gpt->forward(torch::randint(11, {2, 8}, torch::kLong));  // holds the graph
   bool packedNode = false;
-  while (!todo.empty()) {
-    torch::autograd::Node* n = todo.back();
-    todo.pop_back();
-    if (n == nullptr || !seen.insert(n).second) continue;
+  for (torch::autograd::Node* n : test::graphNodes(logits)) {
     packedNode = packedNode || n->name().find("FlashAttentionPacked") != std::string::npos;
-    for (const torch::autograd::Edge& e : n->next_edges()) todo.push_back(e.function.get());
   }
   EXPECT_TRUE(packedNode);
 }

@@ -13,7 +13,6 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <cstdlib>
-#include <set>
 #include <limits>
 #include <string>
 #include <vector>
@@ -22,6 +21,8 @@
 #include "cohort/models/model.h"
 #include "models/fused_kernels.h"
 #include "models/fused_ops.h"
+#include "util/autograd_graph.h"
+#include "util/gpt.h"
 
 namespace cohort::models {
 namespace {
@@ -432,16 +433,11 @@ TEST(FusedOps, GptTrainsAlikeWithAndWithoutTheFusedOps) {
 // node of `output`'s graph whose name contains `node`.
 bool gradientComesThrough(const Model& m, const at::Tensor& output, const std::string& node, const std::string& name) {
   const at::Tensor param = m.named_parameters()[name];
-  std::vector<torch::autograd::Node*> todo{output.grad_fn().get()};
-  std::set<torch::autograd::Node*> seen;
-  while (!todo.empty()) {
-    torch::autograd::Node* n = todo.back();
-    todo.pop_back();
-    if (n == nullptr || !seen.insert(n).second) continue;
+  for (torch::autograd::Node* n : test::graphNodes(output)) {
+    if (n->name().find(node) == std::string::npos) continue;
     for (const torch::autograd::Edge& e : n->next_edges()) {
       auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(e.function.get());
-      if (acc != nullptr && acc->variable.is_same(param) && n->name().find(node) != std::string::npos) return true;
-      todo.push_back(e.function.get());
+      if (acc != nullptr && acc->variable.is_same(param)) return true;
     }
   }
   return false;
@@ -450,15 +446,8 @@ bool gradientComesThrough(const Model& m, const at::Tensor& output, const std::s
 // The GPT's c_fc bias is added in the fused GELU's pass, and its gradient
 // summed in that op's backward; with fused ops off, by the linear layer.
 TEST(FusedOps, TheGptsMlpBiasGoesThroughTheFusedGelu) {
-  GptOptions o;
-  o.vocabSize = 11;
-  o.blockSize = 8;
-  o.nLayer = 1;
-  o.nHead = 2;
-  o.nEmbd = 16;
-  o.dropout = 0;
   torch::manual_seed(3);
-  std::shared_ptr<Model> m = createGpt(o);
+  std::shared_ptr<Model> m = createGpt(test::gptSizes(11, 8, 1, 2, 16));
   m->train();
   const at::Tensor tokens = torch::randint(11, {2, 8}, torch::kLong);
   const std::string bias = "transformer.h.0.mlp.c_fc.bias";
