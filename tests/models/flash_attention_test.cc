@@ -210,7 +210,8 @@ TEST(FlashAttention, TakesTheGptsNonContiguousViews) {
 TEST(FlashAttention, APackedProjectionGivesTheViewsResultAndOneGradient) {
   torch::manual_seed(7);
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
-    for (const AttentionShape& s : {AttentionShape{2, 4, 67, 8}, AttentionShape{1, 3, 1, 5}, AttentionShape{2, 2, 130, 1}}) {
+    for (const AttentionShape& s :
+         {AttentionShape{2, 4, 67, 8}, AttentionShape{1, 3, 1, 5}, AttentionShape{2, 2, 130, 1}}) {
       for (bool strided : {false, true}) {
         SCOPED_TRACE(describe(s) + (strided ? " strided" : "") + (dtype == at::kFloat ? " float" : " double"));
         const int64_t c = s.h * s.d;

@@ -208,7 +208,9 @@ template <typename T>
 void columnSums(const T* g, T* out, int64_t rows, int64_t n) {
   overRowBlocks<T>(rows, n, out, [=](int64_t r, T* acc) {
     const T* gr = g + r * n;
-    eachVector<T>(n, [&](int64_t j, int64_t k) { (load(acc + j, k) + load(gr + j, k)).store(acc + j, static_cast<int>(k)); });
+    eachVector<T>(n, [&](int64_t j, int64_t k) {
+      (load(acc + j, k) + load(gr + j, k)).store(acc + j, static_cast<int>(k));
+    });
   });
 }
 
@@ -217,7 +219,9 @@ void addToRows(T* y, const T* b, int64_t rows, int64_t n) {
   at::parallel_for(0, rows, rowGrain(n), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       T* yr = y + r * n;
-      eachVector<T>(n, [&](int64_t j, int64_t k) { (load(yr + j, k) + load(b + j, k)).store(yr + j, static_cast<int>(k)); });
+      eachVector<T>(n, [&](int64_t j, int64_t k) {
+        (load(yr + j, k) + load(b + j, k)).store(yr + j, static_cast<int>(k));
+      });
     }
   });
 }
