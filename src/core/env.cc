@@ -168,12 +168,13 @@ std::optional<Fault> fault() {
   auto v = get("COHORT_FAULT");
   if (!v) return std::nullopt;
   static const std::regex re(
-      R"(((exit|sleep|slow)(\d+)|kill|nan|segv|throw)@rank(\d+):step(\d+)(:always)?)");
+      R"(((exit|sleep|slow)(\d+)|kill|nan|segv|throw|commfail)@rank(\d+):step(\d+)(:always)?)");
   std::smatch m;
   if (!std::regex_match(*v, m, re)) {
     throw ConfigError(fmt::format(
         "environment variable COHORT_FAULT: expected "
-        "'<exitN|kill|sleepS|slowMS|nan|segv|throw>@rank<R>:step<S>[:always]', got '{}'",
+        "'<exitN|kill|sleepS|slowMS|nan|segv|throw|commfail>@rank<R>:step<S>[:always]', "
+        "got '{}'",
         *v));
   }
   Fault f;
@@ -186,6 +187,8 @@ std::optional<Fault> fault() {
     f.action = Fault::Action::segv;
   } else if (action == "throw") {
     f.action = Fault::Action::throwError;
+  } else if (action == "commfail") {
+    f.action = Fault::Action::commFail;
   } else if (action == "exit") {
     f.exitCode = parseInt("COHORT_FAULT", m[3]);
   } else {

@@ -34,9 +34,16 @@ void FaultPlan::delayForward(int64_t step) const {
   }
 }
 
+void FaultPlan::failCollective(int64_t step) const {
+  if (!is(A::commFail) || step != fault_->step) return;
+  log::warn("COHORT_FAULT: the last collective of step {} fails on this rank", step);
+  throw CommError(fmt::format("rank {}: COHORT_FAULT: step {}'s last collective failed on this rank", rank_, step));
+}
+
 void FaultPlan::afterStep(int64_t step) const {
   if (!fault_ || fault_->rank != rank_ || fault_->step != step) return;
-  if (fault_->action == A::slow || fault_->action == A::nan) return;  // in the step itself
+  // In the step itself.
+  if (fault_->action == A::slow || fault_->action == A::nan || fault_->action == A::commFail) return;
   if (fault_->action == A::sleep) {
     log::warn("COHORT_FAULT: hanging for {} s after step {}", fault_->amount, step);
     std::this_thread::sleep_for(std::chrono::seconds(fault_->amount));

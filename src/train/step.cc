@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cohort/core/env.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/time.h"
@@ -50,6 +51,8 @@ StepRunner::StepRunner(const JobConfig& job, parallel::Plan& plan, torch::optim:
       skipNonfinite_(job.training.onNonfinite == OnNonfinite::skip),
       labelSmoothing_(job.training.labelSmoothing),
       clipGradNorm_(job.training.clipGradNorm),
+      agreeToStep_(env::elasticStateDir().has_value() &&
+                   (plan.mesh().tensorSplit() || plan.mesh().pipelined())),
       precision_(precision) {
   if (lossScalingOn(job.training.lossScale, precision)) scaler_.emplace(job.training.lossScale);
 }
@@ -139,6 +142,22 @@ parallel::MicroBatchOps::Loss StepRunner::loss(const at::Tensor& output, size_t 
   return l;
 }
 
+// A split model's state is whole in the nodes' memory only when the ranks
+// holding its parts on a node all took a step or all did not. A collective
+// over the machines can complete on some ranks and fail on others (a peer
+// lost halfway through it); a rank whose collective failed holds the last
+// step and exits (trainer.cc). So before changing any state, the ranks of
+// each tensor group, then of each pipeline, wait for each other: a rank
+// that passes both knows that every rank of its replica got past the
+// step's collectives. A node-mate that left fails the wait at once, and
+// those that fail here hold the same last step as the one that left.
+void StepRunner::agreeToStep() {
+  monitor::TimelineSpan span("agreement to step", "comm");
+  const parallel::Mesh& mesh = plan_.mesh();
+  comm::barrier(mesh.tensor, "agreement of the tensor slices to step");
+  comm::barrier(mesh.pipeline, "agreement of the pipeline stages to step");
+}
+
 StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
                                       ckpt::Checkpointer* checkpointer) {
   const auto t3 = SteadyClock::now();
@@ -172,6 +191,8 @@ StepRunner::Update StepRunner::update(double lr, int64_t step, int64_t epoch,
         if (factor < 1) plan_.scaleGradients(factor);
       }
     }
+    faults_.failCollective(step + 1);
+    if (agreeToStep_) agreeToStep();
     // From here to the end of the step the state is between two steps: an
     // elastic rank that fails now cannot hold it (trainer.cc).
     StateMutating mutating;

@@ -5,7 +5,8 @@
 // and it goes back to 2. Every sample of every epoch is trained on exactly
 // once. With elastic.gives: stages, the replicas stay and the pipeline
 // gives: the survivors' state is restaged into one stage. A tensor-parallel
-// job keeps its split: one replica of 2 slices per host.
+// job keeps its split: one replica of 2 slices per host. When one slice's
+// collective fails where the other's completed, both hold the same step.
 // Needs root; skips with the reason otherwise.
 
 #include <gtest/gtest.h>
@@ -41,11 +42,13 @@ class ElasticSplit : public ::testing::Test {
     const ProcessResult tok = cohort({"data", "tokenize", dir_.file("corpus.txt"), dir_.file("tok"), "--no-progress"});
     ASSERT_EQ(tok.exitCode, 0) << tok.describe();
   }
-  // 2 nodes x 2 ranks: 2 replicas of a 2-stage pipeline (`split`), 2 epochs.
-  void writeJob(const std::string& elastic, const std::string& split = "pipeline: {stages: 2}") {
+  // `nodes` x 2 ranks: a replica of a 2-stage pipeline (`split`) on each,
+  // `epochs` epochs.
+  void writeJob(const std::string& elastic, const std::string& split = "pipeline: {stages: 2}", int nodes = 2,
+                int epochs = 2) {
     job_ = dir_.file("job.yaml");
-    writeText(job_, elasticGptJobYaml(dir_.file("runs"), dir_.file("tok/train"), 2, 2,
-                                      "  nodes: 2\n  procs_per_node: 2\n  " + split) +
+    writeText(job_, elasticGptJobYaml(dir_.file("runs"), dir_.file("tok/train"), 2, epochs,
+                                      fmt::format("  nodes: {}\n  procs_per_node: 2\n  {}", nodes, split)) +
                         "  state_dir: " + dir_.file("shm") + "\n" + elastic);
   }
   std::unique_ptr<Process> agentOn(const TestNetwork& net, int host, const std::string& rdzv) {
@@ -126,6 +129,31 @@ TEST_F(ElasticSplit, ATensorSplitJobKeepsItsSplitAcrossResizes) {
       << log;
   EXPECT_NE(log.find("mesh: 2 data replicas x 1 pipeline stages x 2 tensor ranks"), std::string::npos) << log;
   EXPECT_NE(log.find("from the nodes' memory"), std::string::npos) << log;
+}
+
+// A collective over the machines can complete on one slice and fail on the
+// other (a peer lost halfway through it). The slice whose collective failed
+// holds the last step and leaves; the other must not take the step either,
+// or the node would hold two different steps and no whole state.
+TEST_F(ElasticSplit, WhenOneSlicesCollectiveFailsBothSlicesHoldTheSameStep) {
+  writeJob("", "tensor: 2", 1, 1);
+  const std::string rdzv = "store://127.0.0.1:" + std::to_string(freePort()) + "/slices";
+  AgentSpec a{"host-0", rdzv, "1:1", job_, dir_.file("run"), {}, {}};
+  auto env = elasticEnv(dir_.file("samples"), 0);
+  env["COHORT_FAULT"] = "commfail@rank1:step20";
+  auto agent = startAgent(a, env);
+  const ProcessResult r = agent->wait(3min);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string log = rank0();
+  // Rank 0 stopped at the step rank 1 failed in, not one step later.
+  EXPECT_NE(log.find("the round broke at step 20"), std::string::npos) << log;
+  EXPECT_NE(log.find("state of step 19 held in"), std::string::npos) << log;
+  EXPECT_NE(log.find("taking up step 19 from the nodes' memory"), std::string::npos) << log;
+  EXPECT_EQ(log.find("is not whole"), std::string::npos) << log;
+  EXPECT_GE(rounds(), 2u);
+  const size_t n = windows();
+  ASSERT_GT(n, 1000u) << log;
+  expectExactlyOnce(dir_.file("samples"), 1, n);
 }
 
 }  // namespace

@@ -44,12 +44,15 @@ std::optional<std::string> sentencePieceLibrary();
 // Syntax "<action>@rank<R>:step<S>[:always]" with action "exit<code>",
 // "kill" (SIGKILL to itself), "sleep<seconds>" (the rank hangs after step S),
 // "slow<ms>" (every step from S on computes that much longer: a straggler)
-// "nan" (the images of step S+1 are NaN), "segv" (SIGSEGV to itself) or
-// "throw" (an exception ends its training), e.g. "exit3@rank1:step5". It fires
+// "nan" (the images of step S+1 are NaN), "segv" (SIGSEGV to itself),
+// "throw" (an exception ends its training) or "commfail" (step S's last
+// collective fails on this rank alone, after it completed on the others, as
+// when a peer on another machine is lost mid-collective), e.g.
+// "exit3@rank1:step5". It fires
 // in the first attempt of a job only (see restartCount), or in every one
 // with ":always".
 struct Fault {
-  enum class Action { exit, kill, sleep, slow, nan, segv, throwError } action = Action::exit;
+  enum class Action { exit, kill, sleep, slow, nan, segv, throwError, commFail } action = Action::exit;
   int exitCode = 1;
   int amount = 0;  // sleep: seconds; slow: milliseconds
   int rank = 0;

@@ -23,6 +23,9 @@ class FaultPlan {
   bool poisonInputs(int64_t step) const;
   // slow: this rank's forward takes `amount` ms longer from the step on.
   void delayForward(int64_t step) const;
+  // commfail: throws CommError where step `step` (counted from 1) has run
+  // its last collective and not yet changed any state.
+  void failCollective(int64_t step) const;
   // exit, kill, sleep: after optimizer step `step` (counted from 1) the
   // process exits with the code, is killed with SIGKILL, or hangs.
   void afterStep(int64_t step) const;

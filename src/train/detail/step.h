@@ -108,6 +108,9 @@ class StepRunner : public parallel::MicroBatchOps {
   // The fault plan's poisoned forward: NaN inputs (images, activations) or
   // NaN outputs (tokens).
   at::Tensor poisoned(models::Model& model, const at::Tensor& inputs);
+  // Under `cohort agent`, with the model split (tensor slices or pipeline
+  // stages): after the step's last collective, before any state changes.
+  void agreeToStep();
   const comm::Comm& comm_;  // the job's
   parallel::Plan& plan_;
   models::Model& model_;    // this rank's part
@@ -121,6 +124,7 @@ class StepRunner : public parallel::MicroBatchOps {
   bool skipNonfinite_;
   double labelSmoothing_;
   double clipGradNorm_;  // training.clip_grad_norm; 0: off
+  bool agreeToStep_;     // agreeToStep() before each optimizer step
   Precision precision_;
   bool cycleLossNonfinite_ = false;       // a loss of this step was NaN or Inf here
   double lastLoss_ = 0;
