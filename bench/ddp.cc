@@ -216,20 +216,22 @@ int runBench(int argc, char** argv) {
   int repeat = 2;
   int zero = 0;
   std::string isa = "native";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  // Every option takes a value: a lone or unknown one prints the usage.
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--only") {
-      only = argv[i + 1];
-    } else if (a == "--steps-scale") {
-      scale = std::atof(argv[i + 1]);
-    } else if (a == "--repeat") {
-      repeat = std::max(1, std::atoi(argv[i + 1]));
-    } else if (a == "--zero") {
-      zero = std::atoi(argv[i + 1]);
-    } else if (a == "--allocator") {
-      allocator = argv[i + 1];
-    } else if (a == "--isa") {
-      isa = argv[i + 1];
+    const std::string v = i + 1 < argc ? argv[i + 1] : "";
+    if (a == "--only" && (v == "resnet18" || v == "resnet50")) {
+      only = v;
+    } else if (a == "--steps-scale" && std::atof(v.c_str()) > 0) {
+      scale = std::atof(v.c_str());
+    } else if (a == "--repeat" && !v.empty()) {
+      repeat = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--zero" && !v.empty()) {
+      zero = std::atoi(v.c_str());
+    } else if (a == "--allocator" && !v.empty()) {
+      allocator = v;
+    } else if (a == "--isa" && !v.empty()) {
+      isa = v;
     } else {
       std::cerr << "usage: cohort_bench_ddp [--only resnet18|resnet50] [--steps-scale F] "
                    "[--repeat N] [--isa native|avx2|env] [--zero S] [--allocator glibc|tcmalloc|jemalloc]\n";
