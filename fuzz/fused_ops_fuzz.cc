@@ -3,7 +3,8 @@
 //
 // Input: byte 0 the op (bias+GELU, add+LayerNorm, BatchNorm+ReLU, a linear
 // layer's bias: models/linear.h through oneDNN, its bias added to the rows
-// and its gradient summed over them by the fused kernels), byte 1
+// and its gradient summed over them by the fused kernels, or with the
+// float64 flag under bfloat16 autocast), byte 1
 // flags (float64, non-contiguous or channels-last, GELU's tanh, a bias),
 // bytes 2-5 the sizes (each from 1, 2, 3, 5, 7, 8, 9, 16, 17, 31), the rest
 // the values, in [-4, 4) by 1/32, repeated to fill. The reference is the
@@ -14,6 +15,7 @@
 // channel, which ATen refuses alike.
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -145,6 +147,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     compare(df.grad(), dr.grad(), tol, "add+layer_norm ddelta", gradOf(da));
     compare(wf.grad(), wr.grad(), tol, "add+layer_norm dweight", gradOf(wa));
     if (bias) compare(bf.grad(), br.grad(), tol, "add+layer_norm dbias", gradOf(ba));
+  } else if (op == 3 && (flags & 1)) {
+    // Under bfloat16 autocast, a 3-D input (models/linear.h): LibTorch's
+    // product and cohort's bias give LibTorch's linear bitwise, and the
+    // same input and weight gradients; the float32 bias's gradient is the
+    // float32 sum of the bfloat16 output gradient.
+    const int64_t rows = in.dim() * in.dim(), din = in.dim(), dout = in.dim();
+    const at::Tensor x = inputValues(data, size, v, {1, rows, din}), w = inputValues(data, size, v + 1, {dout, din});
+    const at::Tensor b = inputValues(data, size, v + 2, {dout});
+    const at::Tensor g = inputValues(data, size, v + 3, {1, rows, dout}).to(at::kBFloat16);
+    const int xl = layout == 1 ? 1 : 0;
+    at::Tensor xf = asInput(x, at::kFloat, xl), wf = asInput(w, at::kFloat, 0), bf = asInput(b, at::kFloat, xl);
+    at::Tensor xa = asInput(x, at::kFloat, xl), wa = asInput(w, at::kFloat, 0), ba = asInput(b, at::kFloat, xl);
+    at::Tensor y, want;
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    try {
+      y = models::linear(xf, wf, bf);
+      want = torch::nn::functional::linear(xa, wa, ba);
+    } catch (...) {
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+      throw;
+    }
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+    cohort::fuzz::require(y.scalar_type() == at::kBFloat16 && torch::equal(y, want), "bf16 linear y is not LibTorch's");
+    y.backward(g);
+    want.backward(g);
+    cohort::fuzz::require(torch::equal(xf.grad(), xa.grad()), "bf16 linear dx is not LibTorch's");
+    cohort::fuzz::require(torch::equal(wf.grad(), wa.grad()), "bf16 linear dw is not LibTorch's");
+    const at::Tensor gd = g.to(torch::kDouble).reshape({rows, dout});
+    compare(bf.grad(), gd.sum(0), 1e-6, "bf16 linear db", {}, gd.abs().sum(0));
   } else if (op == 3) {
     // Rows up to 31 x 31: several of the column sums' blocks of 64. The
     // linear layer takes float32 only (float64 goes to ATen's).

@@ -141,6 +141,14 @@ void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::
   bf16Kernels().geluBackward(gy, slope, gh, n);
 }
 
+void addToRowsBf16(c10::BFloat16* y, const float* b, int64_t rows, int64_t n) {
+  bf16Kernels().addToRows(y, b, rows, n);
+}
+
+void columnSumsBf16(const c10::BFloat16* g, float* out, int64_t rows, int64_t n) {
+  bf16Kernels().columnSums(g, out, rows, n);
+}
+
 const AttentionKernelTable* attentionKernels() {
   switch (kernelIsa()) {
 #if defined(__x86_64__)

@@ -90,6 +90,14 @@ void geluForwardBf16(const c10::BFloat16* h, c10::BFloat16* y, c10::BFloat16* sl
 // gh = gy * slope over n bfloat16 values (the product in float32).
 void geluBackwardBf16(const c10::BFloat16* gy, const c10::BFloat16* slope, c10::BFloat16* gh, int64_t n);
 
+// A linear layer's float32 bias on a bfloat16 product (models/linear.cc,
+// under autocast), over `rows` rows of `n`: y += b on every row, in float32
+// and rounded once (ATen's y.add_(b), bitwise); out = g summed over the
+// rows in float32 (blocks of rows as columnSums), the bias's gradient
+// without a bfloat16 rounding between.
+void addToRowsBf16(c10::BFloat16* y, const float* b, int64_t rows, int64_t n);
+void columnSumsBf16(const c10::BFloat16* g, float* out, int64_t rows, int64_t n);
+
 // The bfloat16 loops of one instruction set's build.
 struct Bf16KernelTable {
   struct Tag {};
@@ -98,6 +106,8 @@ struct Bf16KernelTable {
                                 int64_t);
   void (*geluForward)(const c10::BFloat16*, c10::BFloat16*, c10::BFloat16*, int64_t, bool);
   void (*geluBackward)(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t);
+  void (*addToRows)(c10::BFloat16*, const float*, int64_t, int64_t);
+  void (*columnSums)(const c10::BFloat16*, float*, int64_t, int64_t);
 };
 
 // The blockwise attention's float32 products and transposes

@@ -92,12 +92,71 @@ class OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFuncti
   }
 };
 
+// Whether the bias of a product under CPU autocast goes through the
+// bfloat16 kernels: a float32 bias on the CPU, the product bfloat16, an
+// input of more than 2 dimensions (LibTorch's C++ linear adds the float32
+// bias to its bfloat16 product there, output += bias; a 2-D input takes
+// addmm, which autocast casts the bias for).
+bool bf16BiasTakes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return bias.defined() && x.dim() > 2 && at::autocast::is_cpu_enabled() &&
+         at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 && !at::autocast::is_enabled() &&
+         x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu() && bias.dim() == 1 &&
+         bias.scalar_type() == at::kFloat && bias.layout() == at::kStrided && weight.dim() == 2 &&
+         bias.size(0) == weight.size(0);
+}
+
+// y += bias on each row, y a contiguous bfloat16 product [..., n], the
+// float32 bias: in place.
+void addBiasBf16(at::Tensor& y, const at::Tensor& bias) {
+  const at::Tensor b = bias.contiguous();
+  const int64_t n = b.size(0);
+  detail::addToRowsBf16(y.data_ptr<c10::BFloat16>(), b.data_ptr<float>(), n == 0 ? 0 : y.numel() / n, n);
+}
+
+class Bf16BiasFunction : public torch::autograd::Function<Bf16BiasFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor y, const at::Tensor& bias) {
+    addBiasBf16(y, bias);
+    ctx->mark_dirty({y});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& g = grads[0];
+    const int64_t n = g.size(-1);
+    at::Tensor gb;
+    if (!ctx->needs_input_grad(1)) return {g, gb};
+    if (torch::GradMode::is_enabled()) {
+      // The graph of the gradients is kept (double backward): ATen's sum.
+      gb = g.reshape({-1, n}).sum(0).to(at::kFloat);
+    } else {
+      const at::Tensor gc = g.contiguous();
+      gb = at::empty({n}, gc.options().dtype(at::kFloat));
+      detail::columnSumsBf16(gc.data_ptr<c10::BFloat16>(), gb.data_ptr<float>(), n == 0 ? 0 : gc.numel() / n, n);
+    }
+    return {g, gb};
+  }
+};
+
+// The product in LibTorch (autocast's bfloat16), then the bias.
+at::Tensor linearBf16Bias(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  at::Tensor y = torch::nn::functional::linear(x, weight);
+  if (y.scalar_type() != at::kBFloat16 || !y.is_contiguous() || y.dim() == 0 || y.size(-1) != bias.size(0)) {
+    return y += bias;  // what LibTorch's linear does after its product
+  }
+  if (torch::GradMode::is_enabled() && (y.requires_grad() || bias.requires_grad())) {
+    return Bf16BiasFunction::apply(y, bias);
+  }
+  addBiasBf16(y, bias);
+  return y;
+}
+
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   // LibTorch's nn::Linear computes it so (a product, then the bias added in
   // place; at::linear fuses the bias into the product for some shapes and
   // rounds otherwise under autocast): the same numbers as the modules.
+  if (bf16BiasTakes(x, weight, bias)) return linearBf16Bias(x, weight, bias);
   if (!takesOneDnn(x, weight, bias)) return torch::nn::functional::linear(x, weight, bias);
   oneDnnCalls.fetch_add(1, std::memory_order_relaxed);
   const bool grads = torch::GradMode::is_enabled() &&

@@ -4,8 +4,8 @@
 // one past them; what lies above the diagonal ignored; non-contiguous
 // scores; the fallbacks; the same bits on any thread count and on each
 // instruction set's build. GELU with its slope kept: values and gradients
-// within rounding, exact and tanh, on sizes that leave vector tails. A GPT
-// under bf16 autocast taking both.
+// within rounding, exact and tanh, on sizes that leave vector tails. A linear
+// layer's bias. A GPT under bf16 autocast taking both.
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -323,6 +323,36 @@ TEST(Bf16Gelu, EveryBuildGivesWhatTheBaselineGives) {
       const at::Tensor a = 1 + h.to(torch::kDouble).abs(), g = gy.to(torch::kDouble).abs();
       expectWithin(got.first, base.first, kBf16Rel * base.first.abs() + 4e-7 * a, "values");
       expectWithin(got.second, base.second, kGradRel * base.second.abs() + 8e-7 * g * a, "gradient");
+    }
+  }
+}
+
+// A linear layer's bias on bfloat16 products (models/linear.h): every
+// build adds as ATen's add_ and sums the rows in one order, so all give the
+// baseline's bits, vector tails included.
+TEST(Bf16Bias, EveryBuildGivesWhatTheBaselineGivesAndAtensAdd) {
+  for (int64_t rows : {0, 1, 64, 131}) {
+    for (int64_t n : {1, 15, 16, 17, 33, 384}) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " n " << n);
+      torch::manual_seed(rows * 1000 + n);
+      const at::Tensor y = torch::randn({rows, n}).to(at::kBFloat16), b = torch::randn({n});
+      auto run = [&](const detail::Bf16KernelTable& k) {
+        at::Tensor sum = y.clone(), cols = torch::full({n}, 7.0f);
+        k.addToRows(sum.data_ptr<c10::BFloat16>(), b.data_ptr<float>(), rows, n);
+        k.columnSums(y.data_ptr<c10::BFloat16>(), cols.data_ptr<float>(), rows, n);
+        return std::pair{sum, cols};
+      };
+      const auto builds = bf16Builds();
+      const auto base = run(*builds[0].second);
+      EXPECT_TRUE(torch::equal(base.first, y.clone().add_(b)));
+      EXPECT_LE((base.second.to(torch::kDouble) - y.to(torch::kDouble).sum(0)).abs().max().item<double>(),
+                1e-6 * (1 + double(rows)));
+      for (size_t k = 1; k < builds.size(); ++k) {
+        SCOPED_TRACE(builds[k].first);
+        const auto got = run(*builds[k].second);
+        EXPECT_TRUE(torch::equal(got.first, base.first));
+        EXPECT_TRUE(torch::equal(got.second, base.second));
+      }
     }
   }
 }

@@ -2,7 +2,7 @@
 // in float64: values and the gradients of x, W and b, on odd shapes (1,
 // primes, empty), non-contiguous inputs and weights, 3-D inputs, a frozen
 // weight; a row's bits whatever batch it is in; double backward; the paths
-// that keep LibTorch's; and a GPT's
+// that keep LibTorch's; the bias under bfloat16 autocast; and a GPT's
 // gradients with and without oneDNN.
 
 #include <ATen/Context.h>
@@ -195,6 +195,76 @@ TEST(Linear, OtherDtypesAutocastAndOneDnnOffKeepLibTorchsLinear) {
   EXPECT_EQ(linearGemmDescription(), "onednn");
   models::linear(x, w);
   EXPECT_EQ(oneDnnLinearCalls(), before + 1);
+}
+
+// Under CPU autocast to bfloat16 the product of a 3-D input is LibTorch's
+// and the bias is cohort's kernel: the bits of LibTorch's C++ linear (its
+// bfloat16 product += the float32 bias), the same input and weight
+// gradients, and the bias's gradient summed in float32 (within float32
+// rounding of the float64 sum, where a bfloat16 sum is 2^-9 off).
+// A 2-D input keeps LibTorch's linear (addmm, the bias in the product).
+TEST(Linear, UnderBf16AutocastTheBiasAddsAsAtenAndItsGradientSumsInFloat32) {
+  namespace F = torch::nn::functional;
+  struct Autocast {
+    Autocast() {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+    ~Autocast() {
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    }
+  };
+  for (const std::vector<int64_t>& xs :
+       std::vector<std::vector<int64_t>>{{2, 1, 24}, {1, 65, 24}, {3, 333, 24}, {2, 0, 24}, {2, 2, 3, 24}}) {
+    for (int64_t out : {1, 17, 33, 384}) {
+      SCOPED_TRACE(testing::Message() << "x " << c10::str(xs) << " out " << out);
+      torch::manual_seed(out + xs.front());
+      const at::Tensor x0 = torch::randn(xs), w0 = torch::randn({out, 24}) / 5, b0 = torch::randn({out});
+      std::vector<int64_t> ys = xs;
+      ys.back() = out;
+      const at::Tensor gy = torch::randn(ys).to(at::kBFloat16);
+      const at::Tensor x = leaf(x0), w = leaf(w0), b = leaf(b0);
+      const at::Tensor xr = leaf(x0), wr = leaf(w0), br = leaf(b0);
+      at::Tensor y, yr;
+      {
+        Autocast on;
+        y = models::linear(x, w, b);
+        yr = F::linear(xr, wr, br);
+      }
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(torch::equal(y, yr));
+      {
+        Autocast on;
+        torch::NoGradGuard noGrad;
+        EXPECT_TRUE(torch::equal(F::linear(x0, w0) += b0, yr)) << "LibTorch's product += the bias";
+        const at::Tensor x2 = x0.reshape({-1, 24});
+        EXPECT_TRUE(torch::equal(models::linear(x2, w0, b0), F::linear(x2, w0, b0))) << "2-D";
+      }
+      y.backward(gy);
+      yr.backward(gy);
+      EXPECT_TRUE(torch::equal(x.grad(), xr.grad()));
+      EXPECT_TRUE(torch::equal(w.grad(), wr.grad()));
+      ASSERT_EQ(b.grad().scalar_type(), torch::kFloat);
+      const at::Tensor exact = gy.to(torch::kDouble).reshape({-1, out}).sum(0);
+      const double rows = static_cast<double>(gy.numel() / out);
+      EXPECT_LE((b.grad().to(torch::kDouble) - exact).abs().max().item<double>(), 1e-6 * (1 + rows));
+      // Without gradients, and with only the bias's: the same values.
+      {
+        Autocast on;
+        torch::NoGradGuard noGrad;
+        EXPECT_TRUE(torch::equal(models::linear(x0, w0, b0), yr));
+      }
+      const at::Tensor bOnly = leaf(b0);
+      {
+        Autocast on;
+        const at::Tensor y1 = models::linear(x0, w0, bOnly);
+        EXPECT_TRUE(torch::equal(y1, yr));
+        y1.backward(gy);
+      }
+      EXPECT_TRUE(torch::equal(bOnly.grad(), b.grad()));
+    }
+  }
 }
 
 TEST(Linear, SgemmTakesEitherOperandTransposed) {

@@ -13,6 +13,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstring>
+#include <vector>
 
 #include "models/softmax_rows.h"
 
@@ -184,6 +185,41 @@ void geluBackward(const Bf16* gy, const Bf16* slope, Bf16* gh, int64_t n) {
   });
 }
 
+// --- A linear layer's bias ---------------------------------------------------
+
+// y += b per row of n: the sum in float32, rounded to nearest even once.
+void addToRows(Bf16* y, const float* bw, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, rowGrain(n), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      Bf16* yr = y + r * n;
+      forVectors<kB>(
+          n,
+          [&](int64_t j) {
+            const auto [lo, hi] = at::vec::convert_bfloat16_float(Vec<Bf16>::loadu(yr + j));
+            at::vec::convert_float_bfloat16(lo + Vec<float>::loadu(bw + j), hi + Vec<float>::loadu(bw + j + kF))
+                .store(yr + j);
+          },
+          [&](int64_t i) { yr[i] = static_cast<Bf16>(static_cast<float>(yr[i]) + bw[i]); });
+    }
+  });
+}
+
+// out = g summed over the rows, in float32 per block of rows, the blocks in
+// double (overRowBlocks).
+void columnSums(const Bf16* g, float* out, int64_t rows, int64_t n) {
+  overRowBlocks<float>(rows, n, out, [=](int64_t r, float* acc) {
+    const Bf16* gr = g + r * n;
+    forVectors<kB>(
+        n,
+        [&](int64_t j) {
+          const auto [lo, hi] = at::vec::convert_bfloat16_float(Vec<Bf16>::loadu(gr + j));
+          (Vec<float>::loadu(acc + j) + lo).store(acc + j);
+          (Vec<float>::loadu(acc + j + kF) + hi).store(acc + j + kF);
+        },
+        [&](int64_t i) { acc[i] += static_cast<float>(gr[i]); });
+  });
+}
+
 }  // namespace
 }  // namespace cohort::models::detail::kernels
 
@@ -195,7 +231,8 @@ namespace cohort::models::detail::isa {
 
 const Bf16KernelTable& COHORT_KERNEL_ISA(Bf16KernelTable::Tag) {
   static const Bf16KernelTable t{&kernels::causalSoftmaxForward, &kernels::causalSoftmaxBackward,
-                                 &kernels::geluForward, &kernels::geluBackward};
+                                 &kernels::geluForward, &kernels::geluBackward,
+                                 &kernels::addToRows,   &kernels::columnSums};
   return t;
 }
 
