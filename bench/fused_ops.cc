@@ -8,7 +8,8 @@
 // one-pixel convolutions as a product over their window
 // (models/window_conv.h) and weight-heavy ones over the unfolded input
 // (models/gemm_conv.h) against the module's forward; the bfloat16 forms
-// (the attention's causal softmax, GELU) against ATen's bfloat16 ops;
+// (the attention's causal softmax, GELU, a linear layer's bias under
+// autocast) against ATen's bfloat16 ops;
 // on 1 and 2 threads. Both sides allocate as a cohort rank does
 // (compute.allocator: keep, core/malloc_policy.h), unless another allocator
 // is preloaded. Prints the CPU, a table, and one JSON line per row.
@@ -17,6 +18,7 @@
 //                                      [--only SUBSTRING-OF-OP]
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -131,6 +133,24 @@ std::vector<Case> cases() {
     auto g = torch::randn({rows, width});
     out.push_back({"linear (onednn)", fmt::format("[4096,{}]x[{},{}]^T", in, width, in),
                    [=] { at::linear(x, w, b).backward(g); }, [=] { models::linear(x, w, b).backward(g); }});
+  }
+  // Under bf16 autocast: the same bfloat16 product on both sides, then
+  // LibTorch's C++ linear adds the float32 bias (output += bias) where
+  // cohort's bfloat16 kernel does (models/linear.h); forward and backward.
+  for (const auto& [in, width] : std::vector<std::pair<int64_t, int64_t>>{{128, 384}, {128, 512}, {512, 128}}) {
+    auto x = leaf({16, 256, in}), w = leaf({width, in}), b = leaf({width});
+    auto g = torch::randn({16, 256, width}).to(at::kBFloat16);
+    auto autocast = [](const std::function<at::Tensor()>& f) {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::Tensor y = f();
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+      return y;
+    };
+    out.push_back({"linear bias bf16", fmt::format("[16,256,{}]x[{},{}]^T", in, width, in),
+                   [=] { autocast([&] { return torch::nn::functional::linear(x, w, b); }).backward(g); },
+                   [=] { autocast([&] { return models::linear(x, w, b); }).backward(g); }});
   }
   for (const auto& [m, in, width] :
        std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 768, 3072}, {8, 768, 768}}) {
