@@ -8,8 +8,8 @@
 // one-pixel convolutions as a product over their window
 // (models/window_conv.h) and weight-heavy ones over the unfolded input
 // (models/gemm_conv.h) against the module's forward; the bfloat16 forms
-// (the attention's causal softmax, GELU, a linear layer's bias under
-// autocast) against ATen's bfloat16 ops;
+// (the attention's causal softmax, GELU, a linear layer's bias and the
+// residual add + LayerNorm under autocast) against ATen's bfloat16 ops;
 // on 1 and 2 threads. Both sides allocate as a cohort rank does
 // (compute.allocator: keep, core/malloc_policy.h), unless another allocator
 // is preloaded. Prints the CPU, a table, and one JSON line per row.
@@ -100,6 +100,33 @@ std::vector<Case> cases() {
                    },
                    [=] {
                      const models::AddNorm a = models::detail::addLayerNormFused(x, d, w, b, 1e-5);
+                     torch::autograd::backward({a.sum, a.norm}, {gs, gy});
+                   }});
+  }
+  {
+    // Under bf16 autocast: a float32 residual stream, a bfloat16 branch.
+    auto x = leaf({16, 256, 128}), w = leaf({128}), b = leaf({128});
+    auto d = torch::randn({16, 256, 128}).to(at::kBFloat16).requires_grad_(true);
+    auto gs = torch::randn({16, 256, 128}), gy = torch::randn({16, 256, 128});
+    auto autocast = [](const std::function<void()>& f) {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      f();
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    };
+    out.push_back({"add+layer_norm bf16", "[16,256,128]+bf16",
+                   [=] {
+                     at::Tensor s, y;
+                     autocast([&] {
+                       s = x + d;
+                       y = torch::layer_norm(s, {128}, w, b, 1e-5);
+                     });
+                     torch::autograd::backward({s, y}, {gs, gy});
+                   },
+                   [=] {
+                     models::AddNorm a;
+                     autocast([&] { a = models::addLayerNorm(x, d, w, b, 1e-5); });
                      torch::autograd::backward({a.sum, a.norm}, {gs, gy});
                    }});
   }

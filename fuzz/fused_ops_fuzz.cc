@@ -4,7 +4,8 @@
 // Input: byte 0 the op (bias+GELU, add+LayerNorm, BatchNorm+ReLU, a linear
 // layer's bias: models/linear.h through oneDNN, its bias added to the rows
 // and its gradient summed over them by the fused kernels, or with the
-// float64 flag under bfloat16 autocast), byte 1
+// float64 flag under bfloat16 autocast; add+LayerNorm with the tanh flag in
+// float32 takes a bfloat16 delta under autocast), byte 1
 // flags (float64, non-contiguous or channels-last, GELU's tanh, a bias),
 // bytes 2-5 the sizes (each from 1, 2, 3, 5, 7, 8, 9, 16, 17, 31), the rest
 // the values, in [-4, 4) by 1/32, repeated to fill. The reference is the
@@ -124,10 +125,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int64_t rows = in.dim(), n = in.dim();
     const at::Tensor x = inputValues(data, size, v, {rows, n}), d = inputValues(data, size, v + 5, {rows, n});
     const at::Tensor w = inputValues(data, size, v + 2, {n}), b = inputValues(data, size, v + 7, {n});
-    at::Tensor xf = asInput(x, dtype, layout), df = asInput(d, dtype, layout), wf = asInput(w, dtype, 0);
+    // With the tanh flag in float32: under bf16 autocast, a bfloat16 delta
+    // (models::addLayerNorm widens it), against float64 on its values.
+    const bool branch = tanh && dtype == at::kFloat;
+    const at::Tensor dv = branch ? d.to(at::kBFloat16).to(torch::kDouble) : d;
+    at::Tensor xf = asInput(x, dtype, layout), wf = asInput(w, dtype, 0);
+    at::Tensor df = asInput(dv, branch ? at::kBFloat16 : dtype, layout);
     at::Tensor bf = bias ? asInput(b, dtype, 0) : at::Tensor();
-    at::Tensor xr = leaf(x), dr = leaf(d), wr = leaf(w), br = bias ? leaf(b) : at::Tensor();
-    const models::AddNorm got = models::detail::addLayerNormFused(xf, df, wf, bf, 1e-5);
+    at::Tensor xr = leaf(x), dr = leaf(dv), wr = leaf(w), br = bias ? leaf(b) : at::Tensor();
+    models::AddNorm got;
+    if (branch) {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      try {
+        got = models::addLayerNorm(xf, df, wf, bf, 1e-5);
+      } catch (...) {
+        at::autocast::set_cpu_enabled(false);
+        throw;
+      }
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    } else {
+      got = models::detail::addLayerNormFused(xf, df, wf, bf, 1e-5);
+    }
     const at::Tensor s = xr + dr, y = torch::layer_norm(s, {n}, wr, br, 1e-5);
     compare(got.sum, s, tol, "add+layer_norm s");
     compare(got.norm, y, tol, "add+layer_norm y");
@@ -137,14 +157,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The float32 ATen ops on the same values, for their error (compare()).
     at::Tensor xa, da, wa, ba;
     if (dtype == at::kFloat) {
-      xa = asInput(x, dtype, 0), da = asInput(d, dtype, 0), wa = asInput(w, dtype, 0);
+      xa = asInput(x, dtype, 0), da = asInput(dv, dtype, 0), wa = asInput(w, dtype, 0);
       ba = bias ? asInput(b, dtype, 0) : at::Tensor();
       const at::Tensor sa = xa + da, ya = torch::layer_norm(sa, {n}, wa, ba, 1e-5);
       ((sa * gs.to(dtype)).sum() + (ya * gy.to(dtype)).sum()).backward();
     }
     auto gradOf = [](const at::Tensor& t) { return t.defined() ? t.grad() : at::Tensor(); };
     compare(xf.grad(), xr.grad(), tol, "add+layer_norm dx", gradOf(xa));
-    compare(df.grad(), dr.grad(), tol, "add+layer_norm ddelta", gradOf(da));
+    // A bfloat16 delta's gradient is rounded to 8 bits.
+    compare(df.grad(), dr.grad(), branch ? 1.0 / 128 : tol, "add+layer_norm ddelta", gradOf(da));
     compare(wf.grad(), wr.grad(), tol, "add+layer_norm dweight", gradOf(wa));
     if (bias) compare(bf.grad(), br.grad(), tol, "add+layer_norm dbias", gradOf(ba));
   } else if (op == 3 && (flags & 1)) {

@@ -15,6 +15,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// CPU autocast off for the scope, back on after it.
+struct AutocastOff {
+  AutocastOff() { at::autocast::set_cpu_enabled(false); }
+  ~AutocastOff() { at::autocast::set_cpu_enabled(true); }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+};
+
 std::atomic<int64_t> fusedCalls{0};
 thread_local int fusedScope = -1;  // -1: fusedOpsByDefault(); else the innermost FusedOpsScope's
 
@@ -321,8 +329,34 @@ at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh) {
   return detail::biasGeluFused(h, bias, tanh);
 }
 
+namespace {
+
+// Under CPU autocast to bfloat16, a float32 residual stream x and a
+// bfloat16 branch delta (a linear layer's output), the LayerNorm's
+// parameters float32 (autocast runs layer_norm in float32).
+bool residualUnderBf16Autocast(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                               const at::Tensor& bias) {
+  if (!at::autocast::is_cpu_enabled() || at::autocast::is_enabled() ||
+      at::autocast::get_autocast_cpu_dtype() != at::kBFloat16 || delta.scalar_type() != at::kBFloat16 ||
+      !delta.device().is_cpu() || delta.layout() != at::kStrided) {
+    return false;
+  }
+  AutocastOff off;
+  return detail::fusedKernelsTake({x, weight, bias}) && x.scalar_type() == at::kFloat;
+}
+
+}  // namespace
+
 AddNorm addLayerNorm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, const at::Tensor& bias,
                      double eps) {
+  if (fusedOpsOn() && x.sizes() == delta.sizes() && residualUnderBf16Autocast(x, delta, weight, bias)) {
+    // ATen adds them through a float32 copy of delta (type promotion) and
+    // then takes layer_norm in float32: the same sum here, delta widened
+    // (exactly), and the float32 fused op. Its gradient goes back to delta
+    // through the widening, rounded to bfloat16 as add's would be.
+    AutocastOff off;
+    return detail::addLayerNormFused(x, delta.to(at::kFloat), weight, bias, eps);
+  }
   if (!fusedOpsOn() || !detail::fusedKernelsTake({x, delta, weight, bias}) || x.sizes() != delta.sizes()) {
     at::Tensor s = x + delta;
     at::Tensor y = torch::layer_norm(s, {weight.size(0)}, weight, bias, eps);

@@ -224,6 +224,56 @@ TEST(FusedOps, AddLayerNormWithOneOutputUnused) {
   expectClose(w.grad(), w2.grad(), kDoubleTol, "dweight");
 }
 
+// Under bf16 autocast a float32 residual stream gets a bfloat16 branch: the
+// fused op takes them, with the sum's bits (the branch widened exactly),
+// the norm and the gradients within float32 rounding of autocast's ATen
+// ops, the branch's gradient in bfloat16.
+TEST(FusedOps, UnderBf16AutocastAddLayerNormTakesAFloatStreamAndABfloat16Branch) {
+  FusedOpsScope on(true);
+  torch::manual_seed(5);
+  for (int64_t n : {7, 128}) {
+    SCOPED_TRACE(n);
+    const at::Tensor x0 = torch::randn({3, 17, n}) * 3, d0 = torch::randn({3, 17, n}).to(at::kBFloat16);
+    const at::Tensor w0 = torch::randn({n}), b0 = torch::randn({n});
+    const at::Tensor gs = torch::randn({3, 17, n}), gy = torch::randn({3, 17, n});
+    auto run = [&](bool fused) {
+      auto leaf = [](const at::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+      at::Tensor x = leaf(x0), d = leaf(d0), w = leaf(w0), b = leaf(b0);
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      const int64_t before = fusedOpCalls();
+      AddNorm a;
+      if (fused) {
+        a = addLayerNorm(x, d, w, b, 1e-5);
+      } else {
+        a.sum = x + d;
+        a.norm = torch::layer_norm(a.sum, {n}, w, b, 1e-5);
+      }
+      const int64_t calls = fusedOpCalls() - before;
+      EXPECT_TRUE(at::autocast::is_cpu_enabled()) << "autocast left off";
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+      ((a.sum * gs).sum() + (a.norm * gy).sum()).backward();
+      return std::tuple{calls, a, x.grad(), d.grad(), w.grad(), b.grad()};
+    };
+    const auto [calls, got, dx, dd, dw, db] = run(true);
+    const auto [plainCalls, want, dx2, dd2, dw2, db2] = run(false);
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(plainCalls, 0);
+    EXPECT_EQ(got.sum.scalar_type(), at::kFloat);
+    EXPECT_EQ(got.norm.scalar_type(), want.norm.scalar_type());
+    EXPECT_TRUE(torch::equal(got.sum, want.sum));
+    expectClose(got.norm, want.norm, kFloatTol, "layer_norm(s)");
+    expectClose(dx, dx2, kFloatTol, "dx");
+    ASSERT_EQ(dd.scalar_type(), at::kBFloat16);
+    // The branch's gradient: the same float32 value rounded to bfloat16,
+    // so at most one bfloat16 step apart.
+    expectClose(dd.to(at::kFloat), dd2.to(at::kFloat), 1.0 / 128, "ddelta");
+    expectClose(dw, dw2, kFloatTol, "dweight");
+    expectClose(db, db2, kFloatTol, "dbias");
+  }
+}
+
 // --- BatchNorm + ReLU (training) ---------------------------------------------
 
 void checkBatchNormRelu(std::vector<int64_t> sizes, at::ScalarType dtype, const std::string& layout) {

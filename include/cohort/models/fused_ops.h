@@ -39,7 +39,10 @@ at::Tensor biasGelu(const at::Tensor& h, const at::Tensor& bias, bool tanh);
 
 // s = x + delta and layer_norm(s) over the last dimension (weight [n],
 // bias [n] or undefined), as one op: a transformer block's residual add and
-// the LayerNorm after it.
+// the LayerNorm after it. Under CPU autocast to bfloat16, a float32 x and a
+// bfloat16 delta (the branch's linear layer's output) take it too: delta
+// widened exactly, then the float32 op, s and the norm in float32 as
+// autocast's add and layer_norm give them.
 struct AddNorm {
   at::Tensor sum;   // s
   at::Tensor norm;  // layer_norm(s)
