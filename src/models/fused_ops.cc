@@ -15,10 +15,11 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// CPU autocast off for the scope, back on after it.
+// CPU autocast off for the scope, as it was after it.
 struct AutocastOff {
-  AutocastOff() { at::autocast::set_cpu_enabled(false); }
-  ~AutocastOff() { at::autocast::set_cpu_enabled(true); }
+  AutocastOff() : was_(at::autocast::is_cpu_enabled()) { at::autocast::set_cpu_enabled(false); }
+  ~AutocastOff() { at::autocast::set_cpu_enabled(was_); }
+  bool was_;
   AutocastOff(const AutocastOff&) = delete;
   AutocastOff& operator=(const AutocastOff&) = delete;
 };

@@ -23,9 +23,8 @@
 // LibTorch's product comes back in bfloat16 and its float32 bias is added
 // by cohort's kernel (models/fused_kernels.h): the bits of the mixed-dtype
 // `output += bias` LibTorch's C++ linear runs there, in one vectorized
-// pass; the bias's
-// gradient is summed in float32 straight into the float32 bias, where ATen
-// sums in bfloat16 and autocast's cast widens it back.
+// pass. The bias's gradient is summed in float32 straight into the float32
+// bias, where ATen sums in bfloat16 and autocast's cast widens it back.
 //
 // Profilers see the products as "cohort::linear" (x [m, in], W [out, in]),
 // "cohort::linear_grad_input" (dy [m, out], W) and
