@@ -21,7 +21,12 @@ using detail::processAlive;
 
 namespace {
 
-constexpr uint32_t kMagic = 0x53484d31;  // "SHM1"
+constexpr uint32_t kMagic = 0x53484d32;  // "SHM2"
+
+// The claimed sum's unit of work: 256 KB of each region. Small enough that
+// ranks share a bucket's sum evenly, large enough that claiming costs
+// nothing next to summing.
+constexpr size_t kClaimFloats = size_t{1} << 16;
 
 struct alignas(64) Counter {
   std::atomic<uint64_t> value{0};
@@ -33,10 +38,21 @@ struct ShmAllreduce::Header {
   uint32_t magic;
   uint32_t world;
   uint64_t floatsPerRank;
-  alignas(64) std::atomic<uint32_t> generation[2];  // futex words, bumped on every arrival
+  // Futex words, bumped on every arrival; [2]: the claimed sum's
+  // publications and completions.
+  alignas(64) std::atomic<uint32_t> generation[3];
   Counter arrived[2][kMaxRanks];                    // last sequence number each rank reached
   Counter nonfinite[kMaxRanks];  // 1: a NaN or Inf in the rank's share of the last sum
   std::atomic<int32_t> pid[kMaxRanks];              // each rank's process, to notice one that died
+  // The claimed sum (publish, sumPublished). Each counter only grows:
+  // published: the rank's step and how much of its region that step wrote,
+  // as call * (floatsPerRank + 1) + floats, counting the calls before;
+  // claimed: chunks over all calls so far; summed: the last call whose claims the rank summed;
+  // lastNonfinite: the last call whose sum held a NaN or Inf.
+  Counter published[kMaxRanks];
+  Counter summed[kMaxRanks];
+  Counter claimed;
+  Counter lastNonfinite;
 };
 
 ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int worldSize, size_t floatsPerRank,
@@ -98,16 +114,21 @@ void ShmAllreduce::arrive(int phase, uint64_t seq) {
 }
 
 void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline) {
+  waitFor(phase, [&](int r) {
+    return header_->arrived[phase][r].value.load(std::memory_order_acquire) >= seq;
+  }, fmt::format("exchange {}", seq), deadline);
+}
+
+void ShmAllreduce::waitFor(int phase, const std::function<bool(int)>& there, const std::string& what,
+                           std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     const uint32_t generation = header_->generation[phase].load(std::memory_order_acquire);
     bool all = true;
-    for (int r = 0; r < world_ && all; ++r) {
-      all = header_->arrived[phase][r].value.load(std::memory_order_acquire) >= seq;
-    }
+    for (int r = 0; r < world_ && all; ++r) all = there(r);
     if (all) return;
     if (collectivesAbandoned()) {
-      throw CommError(fmt::format("rank {}: shared-memory exchange {} abandoned: the round re-forms",
-                                  nameOf(rank_), seq));
+      throw CommError(fmt::format("rank {}: shared-memory {} abandoned: the round re-forms",
+                                  nameOf(rank_), what));
     }
     // A rank whose process is gone will never arrive: fail now, not at the
     // deadline (the same machine, so its pid says). Its arrival is read
@@ -116,23 +137,19 @@ void ShmAllreduce::waitAll(int phase, uint64_t seq, std::chrono::steady_clock::t
     // exchange), and it did arrive.
     for (int r = 0; r < world_; ++r) {
       const pid_t pid = header_->pid[r].load(std::memory_order_acquire);
-      auto arrived = [&] { return header_->arrived[phase][r].value.load(std::memory_order_acquire) >= seq; };
-      if (!arrived() && pid > 0 && !processAlive(pid) && !arrived()) {
-        throw CommError(fmt::format("rank {}: shared-memory exchange {}: rank {} (pid {}) has exited",
-                                    nameOf(rank_), seq, nameOf(r), pid));
+      if (!there(r) && pid > 0 && !processAlive(pid) && !there(r)) {
+        throw CommError(fmt::format("rank {}: shared-memory {}: rank {} (pid {}) has exited",
+                                    nameOf(rank_), what, nameOf(r), pid));
       }
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 0; r < world_; ++r) {
-        if (header_->arrived[phase][r].value.load(std::memory_order_acquire) < seq) {
-          missing.push_back(nameOf(r));
-        }
+        if (!there(r)) missing.push_back(nameOf(r));
       }
-      throw TimeoutError(fmt::format(
-          "rank {}: shared-memory exchange {} timed out waiting for rank(s) {}", nameOf(rank_), seq,
-          fmt::join(missing, ", ")));
+      throw TimeoutError(fmt::format("rank {}: shared-memory {} timed out waiting for rank(s) {}",
+                                     nameOf(rank_), what, fmt::join(missing, ", ")));
     }
     // Sleep until a rank arrives (the generation changes), at most 10 ms so
     // the deadline is checked.
@@ -160,26 +177,87 @@ bool ShmAllreduce::allreduce(size_t offset, size_t n, std::chrono::milliseconds 
   const size_t per = ((n + world_ - 1) / world_ + 15) / 16 * 16;
   const size_t begin = std::min(n, per * static_cast<size_t>(rank_));
   const size_t end = std::min(n, begin + per);
+  const bool finite = sumIntoEveryRegion(offset + begin, offset + end);
+  return agreeFinite(finite, seq, deadline);
+}
+
+bool ShmAllreduce::sumIntoEveryRegion(size_t begin, size_t end) {
   bool finite = true;
-  if (begin < end) {
-    float* regions[kMaxRanks];
-    for (int r = 0; r < world_; ++r) regions[r] = data_ + regionStride_ * static_cast<size_t>(r) + offset;
-    constexpr size_t kBlock = 2048;  // sum a block in a local buffer, then write it to every region
-    float sum[kBlock];
-    for (size_t at = begin; at < end; at += kBlock) {
-      const size_t len = std::min(kBlock, end - at);
-      std::memcpy(sum, regions[0] + at, len * sizeof(float));
-      for (int r = 1; r < world_; ++r) {
-        const float* src = regions[r] + at;
-        for (size_t i = 0; i < len; ++i) sum[i] += src[i];
+  float* regions[kMaxRanks];
+  for (int r = 0; r < world_; ++r) regions[r] = data_ + regionStride_ * static_cast<size_t>(r);
+  constexpr size_t kBlock = 2048;  // sum a block in a local buffer, then write it to every region
+  float sum[kBlock];
+  for (size_t at = begin; at < end; at += kBlock) {
+    const size_t len = std::min(kBlock, end - at);
+    std::memcpy(sum, regions[0] + at, len * sizeof(float));
+    for (int r = 1; r < world_; ++r) {
+      const float* src = regions[r] + at;
+      for (size_t i = 0; i < len; ++i) sum[i] += src[i];
+    }
+    // While the block is in the cache: the finiteness check costs almost
+    // nothing here, where a separate pass would read every gradient again.
+    finite = allFinite(sum, len) && finite;
+    for (int r = 0; r < world_; ++r) std::memcpy(regions[r] + at, sum, len * sizeof(float));
+  }
+  return finite;
+}
+
+void ShmAllreduce::publish(size_t end) {
+  COHORT_ASSERT(end <= floatsPerRank_, "published ", end, " floats of ", floatsPerRank_);
+  const uint64_t position = sums_ * (floatsPerRank_ + 1) + end;
+  Counter& mine = header_->published[rank_];
+  if (position <= mine.value.load(std::memory_order_relaxed)) return;
+  mine.value.store(position, std::memory_order_release);
+  header_->generation[2].fetch_add(1, std::memory_order_acq_rel);
+  futexWakeAll(&header_->generation[2]);
+}
+
+bool ShmAllreduce::sumPublished(size_t n, std::chrono::milliseconds timeout) {
+  COHORT_ASSERT(n <= floatsPerRank_, "sum of ", n, " floats of ", floatsPerRank_);
+  if (world_ == 1) {
+    ++sums_;
+    return allFinite(region(), n);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  publish(n);
+  const uint64_t call = ++sums_;
+  const uint64_t base = (call - 1) * (floatsPerRank_ + 1);  // this call's publications start here
+  const uint64_t chunks = (n + kClaimFloats - 1) / kClaimFloats;
+  const uint64_t first = chunkBase_;
+  const uint64_t last = first + chunks;
+  chunkBase_ = last;
+  bool finite = true;
+  Counter& claimed = header_->claimed;
+  for (;;) {
+    // Compare-and-swap, not an add: a claim past this call's last chunk
+    // would take the next call's first.
+    uint64_t next = claimed.value.load(std::memory_order_acquire);
+    if (next >= last) break;
+    COHORT_ASSERT(next >= first, "claimed chunk ", next, " before this sum's first, ", first);
+    if (!claimed.value.compare_exchange_weak(next, next + 1, std::memory_order_acq_rel)) continue;
+    const size_t begin = static_cast<size_t>(next - first) * kClaimFloats;
+    const size_t end = std::min(n, begin + kClaimFloats);
+    // Every rank must have written the chunk: the one still in backward
+    // publishes it as its bucket fills.
+    waitFor(2, [&](int r) {
+      return header_->published[r].value.load(std::memory_order_acquire) >= base + end;
+    }, fmt::format("sum {}: floats {}-{}", call, begin, end), deadline);
+    finite = sumIntoEveryRegion(begin, end) && finite;
+    if (!finite) {
+      // Only grows: a later call may have marked itself already.
+      uint64_t marked = header_->lastNonfinite.value.load(std::memory_order_relaxed);
+      while (marked < call && !header_->lastNonfinite.value.compare_exchange_weak(marked, call)) {
       }
-      // While the block is in the cache: the finiteness check costs almost
-      // nothing here, where a separate pass would read every gradient again.
-      finite = allFinite(sum, len) && finite;
-      for (int r = 0; r < world_; ++r) std::memcpy(regions[r] + at, sum, len * sizeof(float));
     }
   }
-  return agreeFinite(finite, seq, deadline);
+  // This rank's claims are summed into every region. Once every rank says
+  // so, every chunk is (the claims ran out before any rank got here).
+  header_->summed[rank_].value.store(call, std::memory_order_release);
+  header_->generation[2].fetch_add(1, std::memory_order_acq_rel);
+  futexWakeAll(&header_->generation[2]);
+  waitFor(2, [&](int r) { return header_->summed[r].value.load(std::memory_order_acquire) >= call; },
+          fmt::format("sum {}", call), deadline);
+  return header_->lastNonfinite.value.load(std::memory_order_acquire) < call;
 }
 
 uint64_t ShmAllreduce::enter(std::chrono::steady_clock::time_point deadline) {

@@ -240,6 +240,12 @@ void DistributedDataParallel::setUpExchange(int64_t totalFloats, bool floatOnCpu
   plan_ = std::make_unique<detail::ExchangePlan>(
       detail::planExchange(comm_, shm, why, totalFloats, /*acrossMachines=*/!sharded));
   shm_ = plan_->shm;
+  // The whole exchange in shared memory, every rank holding every sum: one
+  // sum claimed in chunks after backward (comm/shm.h) instead of one per
+  // bucket inside it, where the rank that got there first waited for the
+  // others. The hierarchical exchange sums each bucket as it fills, for its
+  // leader to send on at once; ZeRO stages 2 and 3 scatter the sums.
+  claimedSum_ = shm_ != nullptr && plan_->exchange == Exchange::sharedMemory && !sharded;
   stats_.exchange = plan_->exchange;
   stats_.machines = plan_->machines;
   stats_.sharedMemory = shm_ != nullptr;
@@ -424,18 +430,25 @@ void DistributedDataParallel::settleWithoutBucket(Param& p) {
   }
 }
 
-bool DistributedDataParallel::sumInSharedMemory(size_t k) {
-  Bucket& b = buckets_[k];
+bool DistributedDataParallel::sumInSharedMemory(std::optional<size_t> k) {
   const auto start = std::chrono::steady_clock::now();
   const auto wallStart = monitor::Timeline::Clock::now();
   comm::CollectiveWait waiting("gradient allreduce (shared memory)");
   const bool finite =
-      shm_->allreduce(b.shmOffset, static_cast<size_t>(b.flat.numel()), comm_.timeout);
+      k ? shm_->allreduce(buckets_[*k].shmOffset, static_cast<size_t>(buckets_[*k].flat.numel()),
+                          comm_.timeout)
+        : shm_->sumPublished(static_cast<size_t>(totalFloats_), comm_.timeout);
   stats_.sharedMemorySeconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (monitor::Timeline* t = monitor::timeline()) {
-    t->complete(fmt::format("allreduce bucket {} (shared memory)", k), "comm", wallStart,
-                monitor::Timeline::Clock::now(), 0, bucketArgs(b.flat, b.params.size()));
+    if (k) {
+      const Bucket& b = buckets_[*k];
+      t->complete(fmt::format("allreduce bucket {} (shared memory)", *k), "comm", wallStart,
+                  monitor::Timeline::Clock::now(), 0, bucketArgs(b.flat, b.params.size()));
+    } else {
+      t->complete("allreduce (shared memory)", "comm", wallStart, monitor::Timeline::Clock::now(), 0,
+                  fmt::format(R"({{"bytes":{},"buckets":{}}})", totalFloats_ * 4, buckets_.size()));
+    }
   }
   return finite;
 }
@@ -456,7 +469,11 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
       // Synchronous: on a shared machine the sum is a pass over memory,
       // cheaper done here than handed to a thread competing for the cores.
       // Hierarchical: this machine's sum, which its leader then sends on.
-      if (shm_) exchangeFinite_ = sumInSharedMemory(nextLaunch_) && exchangeFinite_;
+      if (claimedSum_) {
+        shm_->publish(b.shmOffset + static_cast<size_t>(b.flat.numel()));
+      } else if (shm_) {
+        exchangeFinite_ = sumInSharedMemory(nextLaunch_) && exchangeFinite_;
+      }
       c10d::ProcessGroup* pg = plan_->exchange == Exchange::gloo ? comm_.pg.get()
                                : plan_->across                   ? plan_->across.get()
                                                                  : nullptr;
@@ -497,6 +514,9 @@ void DistributedDataParallel::finishExchange(bool count) {
     }
   }
   launchReadyBuckets(/*fromHook=*/false);
+  if (claimedSum_ && comm_.worldSize > 1) {
+    exchangeFinite_ = sumInSharedMemory(std::nullopt) && exchangeFinite_;
+  }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<size_t> compressed;
   for (size_t k = 0; k < buckets_.size(); ++k) {

@@ -4,7 +4,9 @@
 // the broadcast from any root, alone and between allreduces. The
 // shared-memory channel between two processes: messages in order through a
 // ring that wraps, a writer held back by a full ring, a size mismatch and a
-// peer that exited named at once.
+// peer that exited named at once. The claimed sum (publish, sumPublished)
+// against allreduce's bits, a rank's published part summed by another while
+// it still writes, and a rank gone or late named.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -103,6 +105,128 @@ TEST_P(ShmSums, EveryRankLearnsOfANonFiniteElementAnywhere) {
   });
   creator.unlink();
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+// The claimed sum: buckets published in turn, then sumPublished, for
+// several steps and lengths (0, under one chunk, not a whole number of
+// chunks). Every rank ends with allreduce's bits (the ranks' values added
+// in rank order) in every element, and NaN anywhere is reported everywhere.
+TEST_P(ShmSums, AClaimedSumGivesEveryRankAllreducesSumAndFiniteness) {
+  const int world = GetParam();
+  const std::vector<size_t> lengths = {(size_t{3} << 16) + 7, 0, 1000, size_t{1} << 17, 5};
+  const size_t capacity = size_t{1} << 18;
+  const std::string name = segmentName("claimed");
+  ShmAllreduce creator(name, 0, world, capacity, true);
+  auto value = [](int rank, size_t i, size_t step) {
+    return float(rank + 1) * 0.37f + float((i * 7 + step) % 101) * 1.3f;
+  };
+  const auto codes = forkRanks(world, [&](int rank) {
+    ShmAllreduce shm(name, rank, world, capacity, false);
+    float* mine = shm.region();
+    for (size_t step = 0; step < 12; ++step) {
+      const size_t n = lengths[step % lengths.size()];
+      // Three "buckets", published as each is written.
+      const size_t cuts[] = {n / 3, 2 * n / 3, n};
+      size_t at = 0;
+      for (size_t cut : cuts) {
+        for (; at < cut; ++at) mine[at] = value(rank, at, step);
+        shm.publish(cut);
+      }
+      const bool poisoned = step % 4 == 3 && n > 0;
+      if (poisoned && rank == world - 1) mine[n - 1] = std::numeric_limits<float>::quiet_NaN();
+      if (shm.sumPublished(n, std::chrono::seconds(60)) == poisoned) return 10 + int(step);
+      for (size_t i = 0; i + (poisoned ? 1 : 0) < n; ++i) {
+        float expect = value(0, i, step);
+        for (int r = 1; r < world; ++r) expect += value(r, i, step);
+        if (mine[i] != expect) {
+          std::fprintf(stderr, "rank %d step %zu: element %zu of %zu: %g, expected %g\n", rank, step,
+                       i, n, mine[i], expect);
+          return 2;
+        }
+      }
+    }
+    // Allreduce and the claimed sum in turn over the same segment.
+    mine[3] = float(rank);
+    shm.allreduce(0, 4, std::chrono::seconds(60));
+    mine[3] = 1.0f;
+    shm.sumPublished(4, std::chrono::seconds(60));
+    return mine[3] == float(world) ? 0 : 4;
+  });
+  creator.unlink();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+}
+
+// What a rank still writing has published is summed by a rank that has
+// finished: rank 1 publishes everything and sums; rank 0 publishes its first
+// two chunks only, and sees their sum arrive in its own region before it
+// writes the rest.
+TEST(Shm, ARankStillWritingGetsWhatItPublishedSummedByOneThatFinished) {
+  const size_t chunk = size_t{1} << 16;  // the claimed sum's unit
+  const size_t n = 5 * chunk;
+  const std::string name = segmentName("early");
+  ShmAllreduce creator(name, 0, 2, n, true);
+  const auto codes = forkRanks(2, [&](int rank) {
+    ShmAllreduce shm(name, rank, 2, n, false);
+    float* mine = shm.region();
+    if (rank == 1) {
+      for (size_t i = 0; i < n; ++i) mine[i] = 2.0f;
+      return shm.sumPublished(n, std::chrono::seconds(60)) && mine[n - 1] == 3.0f ? 0 : 1;
+    }
+    for (size_t i = 0; i < 2 * chunk; ++i) mine[i] = 1.0f;
+    shm.publish(2 * chunk);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    const volatile float* seen = mine;  // written by the other process
+    auto summed = [&] { return seen[0] == 3.0f && seen[2 * chunk - 1] == 3.0f; };
+    while (!summed()) {
+      if (std::chrono::steady_clock::now() > deadline) return 5;
+      std::this_thread::yield();
+    }
+    for (size_t i = 2 * chunk; i < n; ++i) mine[i] = 1.0f;
+    if (!shm.sumPublished(n, std::chrono::seconds(60))) return 6;
+    for (size_t i = 0; i < n; ++i) {
+      if (mine[i] != 3.0f) return 7;
+    }
+    return 0;
+  });
+  creator.unlink();
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+// A rank that exited before publishing is named at once; one that never
+// publishes is named when the wait times out.
+TEST(Shm, AClaimedSumNamesARankThatExitedOrNeverPublished) {
+  const std::string name = segmentName("claimgone");
+  ShmAllreduce creator(name, 0, 3, 1 << 17, true);
+  const auto codes = forkRanks(3, [&](int rank) {
+    ShmAllreduce shm(name, rank, 3, 1 << 17, false);
+    if (rank == 2) return 0;  // opened the segment, then left without calling
+    if (rank == 1) shm.publish(1 << 16);
+    try {
+      shm.sumPublished(1 << 17, std::chrono::minutes(10));  // the exit is noticed long before
+    } catch (const CommError& e) {
+      return std::string(e.what()).find("rank 2 (pid") != std::string::npos ? 0 : 4;
+    }
+    return 5;
+  });
+  creator.unlink();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r;
+
+  const std::string late = segmentName("claimlate");
+  ShmAllreduce second(late, 0, 2, 64, true);
+  const auto waited = forkRanks(1, [&](int) {
+    ShmAllreduce shm(late, 0, 2, 64, false);
+    try {
+      shm.sumPublished(64, std::chrono::milliseconds(300));
+    } catch (const TimeoutError& e) {
+      const std::string m = e.what();
+      if (m.find("waiting for rank(s) 1") == std::string::npos) std::fprintf(stderr, "%s\n", m.c_str());
+      return m.find("waiting for rank(s) 1") != std::string::npos ? 0 : 4;
+    }
+    return 5;
+  });
+  second.unlink();
+  EXPECT_EQ(waited[0], 0);
 }
 
 TEST(Shm, AllFiniteFindsNaNAndInfButNotLargeOrTinyValues) {

@@ -13,6 +13,13 @@
 //     sum into all N regions                          // reduce-scatter + all-gather in one pass
 //   arrive(2); wait until every rank arrived(2)       // all sums are written
 //
+// publish(end) and sumPublished(n) split the same sum over a step: each
+// rank publishes how much of its region it has written as its buckets fill
+// during backward, and sumPublished cuts [0, n) into chunks that any rank
+// claims. A rank done with backward early sums the chunks the others have
+// published while they still compute, instead of waiting for them at every
+// bucket; every chunk's sum still goes into every region.
+//
 // broadcast(offset, n, root) copies root's range into every other region,
 // between the same two barriers (the first makes root's data final, the
 // second keeps root from overwriting it before every rank has copied).
@@ -25,6 +32,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +71,18 @@ class ShmAllreduce {
   // naming the ranks that did not arrive within `timeout`.
   bool allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
 
+  // The sum of allreduce(0, n), claimed in chunks over one step. publish(end):
+  // floats [0, end) of this rank's region hold its input of the next
+  // sumPublished (ends grow over the step; a smaller one is ignored).
+  // sumPublished(n) publishes n, then claims chunks and sums each one once
+  // every rank has published it, and returns when every chunk's sum is in
+  // every region, with whether all are finite (the same answer on every
+  // rank). The sums' bits are allreduce's. Every rank makes the same
+  // sumPublished calls with the same n; throws as allreduce (naming the
+  // ranks that have not published, or not summed what they claimed).
+  void publish(size_t end);
+  bool sumPublished(size_t n, std::chrono::milliseconds timeout);
+
   // Copies floats [offset, offset + n) of rank `root`'s region into every
   // other rank's region. Blocks until every rank has made this call; root
   // also until every rank has copied (the others return as soon as they
@@ -95,6 +115,13 @@ class ShmAllreduce {
   struct Header;
   void arrive(int phase, uint64_t seq);
   void waitAll(int phase, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  // Waits on futex word `phase` until there(r) holds for every rank r;
+  // throws naming the ranks it does not hold for (`what`: the operation).
+  void waitFor(int phase, const std::function<bool(int)>& there, const std::string& what,
+               std::chrono::steady_clock::time_point deadline);
+  // Sums floats [begin, end) of every region into all of them; whether the
+  // sum is finite.
+  bool sumIntoEveryRegion(size_t begin, size_t end);
   // Every call's first barrier: numbers the call, arrives, waits for every
   // rank (their inputs are final); returns the call's number.
   uint64_t enter(std::chrono::steady_clock::time_point deadline);
@@ -116,6 +143,8 @@ class ShmAllreduce {
   float* data_ = nullptr;
   size_t regionStride_ = 0;  // floats from one rank's region to the next
   uint64_t seq_ = 0;
+  uint64_t sums_ = 0;       // sumPublished calls made
+  uint64_t chunkBase_ = 0;  // their chunks in all
   bool creator_ = false;
   bool unlinked_ = false;
   std::vector<int> names_;

@@ -320,8 +320,9 @@ class DistributedDataParallel {
   int64_t frozenFloats_ = 0;       // of every frozen bucket, with padding
   // Decides the exchange with every rank (detail/exchange.h) and logs it.
   void setUpExchange(int64_t totalFloats, bool floatOnCpu);
-  // The shared-memory sum of bucket k inside backward; whether it is finite.
-  bool sumInSharedMemory(size_t k);
+  // The shared-memory sum of bucket k inside backward, or without k the
+  // claimed sum of every bucket after it; whether it is finite.
+  bool sumInSharedMemory(std::optional<size_t> k);
   // Waits for every launched bucket with one overall deadline; returns the
   // first failure instead of throwing.
   std::exception_ptr waitAll(std::vector<c10::intrusive_ptr<c10d::Work>> works,
@@ -336,6 +337,7 @@ class DistributedDataParallel {
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<detail::ExchangePlan> plan_;
   std::shared_ptr<comm::ShmAllreduce> shm_;  // this machine's ranks, if they share memory
+  bool claimedSum_ = false;  // shm_ holds the whole exchange: sumPublished after backward
   int64_t totalFloats_ = 0;  // gradient floats of every bucket, with ZeRO's padding
   // ZeRO stages 1 and 2 on one machine: where the flat parameters start in
   // each region. (At stage 3 each bucket's shmOffset is where its part is.)
