@@ -239,12 +239,15 @@ bool ShmAllreduce::sumPublished(size_t n, std::chrono::milliseconds timeout) {
     const size_t end = std::min(n, begin + kClaimFloats);
     // Every rank must have written the chunk: the one still in backward
     // publishes it as its bucket fills.
-    waitFor(2, [&](int r) {
+    auto published = [&](int r) {
       return header_->published[r].value.load(std::memory_order_acquire) >= base + end;
-    }, fmt::format("sum {}: floats {}-{}", call, begin, end), deadline);
+    };
+    bool all = true;
+    for (int r = 0; r < world_ && all; ++r) all = published(r);
+    if (!all) waitFor(2, published, fmt::format("sum {}: floats {}-{}", call, begin, end), deadline);
     finite = sumIntoEveryRegion(begin, end) && finite;
     if (!finite) {
-      // Only grows: a later call may have marked itself already.
+      // Only grows (a compare-and-swap loop: an atomic maximum).
       uint64_t marked = header_->lastNonfinite.value.load(std::memory_order_relaxed);
       while (marked < call && !header_->lastNonfinite.value.compare_exchange_weak(marked, call)) {
       }
