@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cctype>
 #include <climits>
-#include <cmath>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -198,43 +197,30 @@ double passSeconds(models::Model& model, const at::Tensor& x, const at::Tensor& 
 
 // Times both layouts, alternating so that a change in the machine's load
 // hits both alike; the fastest pass of each counts. A warm-up pass of each
-// first (oneDNN builds its kernels then), then timed rounds for as long as
-// anotherLayoutRound says.
+// first (oneDNN builds its kernels then), then up to kRounds timed rounds,
+// fewer once kBudgetS is spent (at least 2; 1 for a model whose passes
+// take seconds each).
 // Returns the fastest pass of each: {contiguous, channels_last} seconds.
 std::array<double, 2> measure(models::Model& model, const at::Tensor& x, const at::Tensor& y,
                               Precision precision) {
+  constexpr int kRounds = 4;
+  constexpr double kBudgetS = 3.0;
   const bool layouts[2] = {false, true};  // contiguous, channels_last
   double best[2] = {1e300, 1e300};
   double spent = 0;
-  for (int round = 0;; ++round) {
+  for (int round = 0; round <= kRounds; ++round) {
     for (int k = 0; k < 2; ++k) {
       model.setChannelsLast(layouts[k]);
       const double s = passSeconds(model, x, y, precision);
       if (round > 0) best[k] = std::min(best[k], s);
       spent += s;
     }
-    if (!detail::anotherLayoutRound(round, best[0], best[1], spent)) break;
+    if ((round >= 2 && spent > kBudgetS) || (round >= 1 && spent > 4 * kBudgetS)) break;
   }
   return {best[0], best[1]};
 }
 
 }  // namespace
-
-namespace detail {
-
-bool anotherLayoutRound(int rounds, double contiguousS, double channelsLastS, double spentS) {
-  constexpr int kRounds = 4;        // timed rounds, when the budget allows
-  constexpr int kCloseRounds = 8;   // when the layouts are within kClose of each other
-  constexpr double kClose = 0.10;
-  constexpr double kBudgetS = 3.0;  // ResNet-50 at 64 px, batch 8: 4 rounds on one thread
-  if (rounds >= 2 && spentS > kBudgetS) return false;
-  if (rounds >= 1 && spentS > 4 * kBudgetS) return false;  // passes of seconds each: one round
-  if (rounds < kRounds) return true;
-  const bool close = std::abs(contiguousS - channelsLastS) < kClose * std::min(contiguousS, channelsLastS);
-  return close && rounds < kCloseRounds;
-}
-
-}  // namespace detail
 
 MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& config,
                                       int64_t batch, int64_t channels, int64_t height,

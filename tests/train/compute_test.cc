@@ -287,25 +287,6 @@ TEST(Compute, TheJobFileOverridesEveryChoice) {
   EXPECT_NE(log.find("memory format contiguous"), std::string::npos) << log;
 }
 
-// The layout measurement's rounds: 4 timed rounds, up to 8 when the two
-// layouts are within 10% of each other, cut short by the time budget.
-TEST(Compute, ACloseLayoutCallTakesTwiceTheRounds) {
-  using train::detail::anotherLayoutRound;
-  EXPECT_TRUE(anotherLayoutRound(0, 1e300, 1e300, 0.2));  // after the warm-up
-  EXPECT_TRUE(anotherLayoutRound(3, 0.130, 0.110, 0.9));
-  // Apart by 15%: 4 rounds decide.
-  EXPECT_FALSE(anotherLayoutRound(4, 0.130, 0.113, 1.2));
-  // Within 10% (128.1 against 131.8 ms, a start-up that chose the slower
-  // layout on 4 rounds): on to 8.
-  EXPECT_TRUE(anotherLayoutRound(4, 0.1281, 0.1318, 1.2));
-  EXPECT_TRUE(anotherLayoutRound(7, 0.1281, 0.1318, 2.1));
-  EXPECT_FALSE(anotherLayoutRound(8, 0.1281, 0.1318, 2.3));
-  // The budget: 3 s after at least 2 rounds, one round of passes of seconds.
-  EXPECT_FALSE(anotherLayoutRound(2, 1.0, 1.01, 3.5));
-  EXPECT_TRUE(anotherLayoutRound(1, 1.0, 1.01, 3.5));
-  EXPECT_FALSE(anotherLayoutRound(1, 5.0, 5.1, 20.0));
-}
-
 TEST(Compute, RanksAgreeOnAMeasuredLayout) {
   test::TempDir dir;
   const nlohmann::json c = runCompute(dir, "measured", 2, {"model.memory_format=auto"});

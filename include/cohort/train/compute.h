@@ -89,16 +89,6 @@ MemoryFormatChoice chooseMemoryFormat(models::Model& model, const ModelConfig& c
                                       int64_t width, const comm::Comm& comm,
                                       Precision precision);
 
-namespace detail {
-// Whether chooseMemoryFormat times another round of both layouts after
-// `rounds` timed rounds (0: the warm-up alone), given the fastest pass of
-// each so far and the seconds spent: 4 rounds, 8 while the two are within
-// 10% of each other (a close call decided on 4 rounds went the slower way
-// in 1 of 8 start-ups of a ResNet-50 on a shared machine); fewer once 3 s
-// are spent (at least 2 rounds), and 1 when passes take seconds each.
-bool anotherLayoutRound(int rounds, double contiguousS, double channelsLastS, double spentS);
-}  // namespace detail
-
 // Which convolutions run as products over their unfolded input
 // (models/gemm_conv.h), chosen per shape by measurement: one forward pass
 // of `model` on a random batch of `batch` samples (eval mode, no
