@@ -431,7 +431,9 @@ TrainSummary finish(TrainState& s, SteadyClock::time_point runStart) {
   if (summary.stopped) return summary;
   env::pauseForTest("final");
   const parallel::DdpStats ds = s.plan->stats();
-  log::info("gradient exchanges: {}; bucket allreduces started during backward: {}, after it: {}; "
+  // A bucket is handed over when it is full: Gloo's allreduce starts, or
+  // (one machine) the shared-memory segment learns it may be summed.
+  log::info("gradient exchanges: {}; buckets handed to the exchange during backward: {}, after it: {}; "
             "path: {}",
             ds.syncs, ds.launchedDuringBackward, ds.launchedAtFinish, parallel::exchangeName(ds.exchange));
   summary.imagesPerS = s.trainSeconds > 0 ? double(summary.images) / s.trainSeconds : 0;

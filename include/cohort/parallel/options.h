@@ -96,7 +96,8 @@ const char* exchangeName(Exchange e);
 struct DdpStats {
   int64_t buckets = 0;
   int64_t syncs = 0;                  // finishGradients calls that exchanged gradients
-  int64_t launchedDuringBackward = 0; // bucket allreduces started from hooks
+  int64_t launchedDuringBackward = 0; // buckets handed to the exchange from hooks (Gloo's
+                                      // allreduce started, or published to the shared-memory sum)
   int64_t launchedAtFinish = 0;       // started by finishGradients (unused parameters)
   // gradientsFinite() calls that read the buckets again (the exchange or
   // the copies into the buckets had not checked every element).
