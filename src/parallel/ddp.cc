@@ -466,9 +466,10 @@ void DistributedDataParallel::launchReadyBuckets(bool fromHook) {
         ++nextLaunch_;
         continue;
       }
-      // Synchronous: on a shared machine the sum is a pass over memory,
-      // cheaper done here than handed to a thread competing for the cores.
-      // Hierarchical: this machine's sum, which its leader then sends on.
+      // One machine: published now, summed after backward by whichever
+      // rank is free (finishExchange). Hierarchical: this machine's sum,
+      // here and synchronously (a pass over memory, cheaper than a thread
+      // competing for the cores), which its leader then sends on.
       if (claimedSum_) {
         shm_->publish(b.shmOffset + static_cast<size_t>(b.flat.numel()));
       } else if (shm_) {
