@@ -125,15 +125,16 @@ TEST_P(ShmSums, AClaimedSumGivesEveryRankAllreducesSumAndFiniteness) {
     float* mine = shm.region();
     for (size_t step = 0; step < 12; ++step) {
       const size_t n = lengths[step % lengths.size()];
-      // Three "buckets", published as each is written.
+      // Three "buckets", published as each is written (a NaN in the last
+      // rank's last element, every fourth step).
+      const bool poisoned = step % 4 == 3 && n > 0;
       const size_t cuts[] = {n / 3, 2 * n / 3, n};
       size_t at = 0;
       for (size_t cut : cuts) {
         for (; at < cut; ++at) mine[at] = value(rank, at, step);
+        if (poisoned && rank == world - 1 && cut == n) mine[n - 1] = std::numeric_limits<float>::quiet_NaN();
         shm.publish(cut);
       }
-      const bool poisoned = step % 4 == 3 && n > 0;
-      if (poisoned && rank == world - 1) mine[n - 1] = std::numeric_limits<float>::quiet_NaN();
       if (shm.sumPublished(n, std::chrono::seconds(60)) == poisoned) return 10 + int(step);
       for (size_t i = 0; i + (poisoned ? 1 : 0) < n; ++i) {
         float expect = value(0, i, step);
