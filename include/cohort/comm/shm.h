@@ -4,8 +4,8 @@
 // segment, instead of Gloo's loopback TCP: no sockets, no kernel copies.
 //
 // The segment holds one region per rank of `floatsPerRank` floats; a caller
-// keeps its data there (DDP's gradient buckets are allocated in it, so
-// gradients are produced in place). allreduce(offset, n) sums the n floats
+// keeps its data there (DDP's gradient buckets are allocated in it, and its
+// hook copies each gradient into them). allreduce(offset, n) sums the n floats
 // at `offset` of every rank's region and leaves the sum in every region:
 //
 //   arrive(1); wait until every rank arrived(1)      // all inputs are final
